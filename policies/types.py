@@ -1,0 +1,126 @@
+"""Value types shared by the calibration-free layers above: what a decision asks, what a fast read
+returns, and what the router decided. Immutable, hashable where it matters, cheap to build."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+QuestionKind = Literal["choice", "noul", "score"]
+Route = Literal["fast", "slow", "cache", "unverified", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One allowed answer: its name (what the caller gets back) and an optional description."""
+
+    name: str
+    description: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    """One question with a fixed set of options about one state.
+
+    ``instructions`` is the question text, ``context`` the shared instructions that precede every
+    question of a request (System One's top-level ``instructions``; the system message of a chat
+    request). ``state`` is the canonical text of what is being decided about.
+    """
+
+    question_id: str
+    instructions: str
+    options: tuple[Option, ...]
+    state: str
+    context: str = ""
+    kind: QuestionKind = "choice"
+    samples: int = 1
+    seed: int = 42
+    policy: str | None = None  # a policy name the caller asked for, else looked up by signature
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)
+
+    def signature(self) -> str:
+        """Hash of what defines the *question* (not the state): kind, context, text, ordered options."""
+        payload = {
+            "kind": self.kind,
+            "context": self.context,
+            "instructions": self.instructions,
+            "options": [[o.name, o.description] for o in self.options],
+        }
+        return canonical_hash(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class OptionScores:
+    """A fast backend's read: one probability per option, in the request's option order.
+
+    ``proba`` sums to 1 (backends normalise). ``raw`` carries backend diagnostics worth logging
+    (entropy, label mass, draws); it never influences routing.
+    """
+
+    options: tuple[str, ...]
+    proba: tuple[float, ...]
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.options) != len(self.proba):
+            raise ValueError(
+                f"proba has {len(self.proba)} values for {len(self.options)} options"
+            )
+        total = math.fsum(self.proba)
+        if not math.isclose(total, 1.0, abs_tol=1e-4):
+            raise ValueError(f"proba sums to {total:.6f}, not 1")
+
+    @property
+    def top_index(self) -> int:
+        return max(range(len(self.proba)), key=self.proba.__getitem__)
+
+    @property
+    def top(self) -> tuple[str, float]:
+        i = self.top_index
+        return self.options[i], self.proba[i]
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(self.options, self.proba))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a policy says about one calibrated read."""
+
+    accept: bool
+    index: int  # the chosen option (the calibrated argmax)
+    probability: float  # its calibrated probability
+    threshold: float | None  # the bar it was held to (None: the rule has no single bar)
+    reason: str  # short, for logs and the response ("above threshold", "margin 0.03 < 0.10", ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The router's answer to one DecisionRequest."""
+
+    decision_id: str
+    question_id: str
+    answer: str | None
+    route: Route
+    probability: float | None  # calibrated probability of the answer under the fast read
+    raw_probability: float | None  # the fast backend's own probability of the answer
+    threshold: float | None
+    policy_id: str
+    latency_ms: float
+    probabilities: dict[str, float] | None = None  # calibrated, per option
+    note: str | None = None  # e.g. "escalation unavailable: fast answer below threshold"
+
+
+def canonical_json(payload: Any) -> bytes:
+    """The one canonical JSON encoding used for hashes and fingerprints."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def canonical_hash(payload: Any) -> str:
+    return hashlib.sha256(canonical_json(payload)).hexdigest()

@@ -1,0 +1,1 @@
+"""Fast backends: one protocol (``base.FastBackend``), one file per implementation."""

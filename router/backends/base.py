@@ -1,0 +1,49 @@
+"""The fast-backend protocol: a batch of decision requests in, one probability per option out.
+
+Contract for every implementation (checked by ``tests/router/backends/test_contract.py``):
+- ``read(requests)`` returns one ``OptionScores`` per request, in order, whose ``options`` are
+  exactly the request's option names in the request's order and whose ``proba`` sums to 1.
+- Failures raise ``router.errors.BackendError`` subclasses (never a foreign exception): the
+  service escalates on them. A wrong or partial answer is ``BackendMalformed``.
+- ``fingerprint`` identifies everything that changes what a read returns (model, prompt
+  template version, canvas, samples, label alphabet...). Policies are tuned for one fingerprint
+  and cache keys include it, so it must change whenever reads could change.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policies.types import DecisionRequest, OptionScores, canonical_hash
+
+
+class FastBackend(ABC):
+    """Base class of fast backends. Subclasses set ``name`` and implement ``read``."""
+
+    name: str = "backend"
+
+    @abstractmethod
+    async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
+        """Read every request; see the module docstring for the contract."""
+
+    def identity(self) -> Mapping[str, Any]:
+        """What goes into the fingerprint. Override to add model, template, canvas, samples."""
+        return {"backend": self.name}
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.identity())
+
+    async def ready(self) -> bool:
+        """True when the backend can serve reads now (``/readyz``). Cheap; no model call."""
+        return True
+
+    async def aclose(self) -> None:
+        """Release connections and models. Idempotent."""
+
+
+def fingerprint_of(identity: Mapping[str, Any]) -> str:
+    """A short stable hash of a backend's identity (16 hex chars are plenty to tell configs apart)."""
+    return canonical_hash(dict(identity))[:16]

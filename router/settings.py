@@ -1,0 +1,132 @@
+"""All of slotgate's settings, read once at start-up (YAML file, then ``SLOTGATE_*`` environment
+variables, which win) and passed down. Fitted artifacts (models, policies) are files named here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torch"]
+
+
+class FastBackendSettings(BaseModel):
+    """Which fast backend to build and its options (each backend documents its own ``options``)."""
+
+    kind: BackendKind = "sklearn"
+    model_path: Path | None = None  # sklearn/embedding artifact, or a local model folder
+    url: str | None = None  # systemone / vllm server
+    api_key: SecretStr | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(0.25, gt=0)  # past it the decision escalates
+    max_concurrency: int = Field(64, ge=1)
+
+
+class SlowPathSettings(BaseModel):
+    """The slow LLM behind litellm. ``model`` is any litellm model string; None = no escalation."""
+
+    model: str | None = None
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(30.0, gt=0)
+    max_concurrency: int = Field(32, ge=1)
+    # Models a passthrough request may name; empty = only ``model`` itself.
+    allowed_models: list[str] = Field(default_factory=list)
+    # When the slow path is down, answer with the fast read marked "unverified" instead of an error.
+    serve_unverified_on_failure: bool = False
+
+
+class CacheSettings(BaseModel):
+    redis_url: str | None = None  # None: in-process LRU
+    ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    max_entries: int = Field(100_000, ge=1)  # in-process LRU size
+    namespace: str = "default"
+
+
+class PolicySettings(BaseModel):
+    files: list[Path] = Field(default_factory=list)  # tuned policy files (slotgate tune --out)
+    default: str | None = None  # name of the policy used when none matches the signature
+    # The rule for decisions no tuned policy covers and no default names:
+    fallback_threshold: float = Field(0.9, ge=0, le=1)
+    allow_fingerprint_mismatch: bool = False
+
+
+class LogSettings(BaseModel):
+    decision_log_path: Path = Path("var/decisions.jsonl")
+    redis_stream: str = "slotgate:v1:log"
+
+
+class Settings(BaseSettings):
+    """slotgate's configuration. Nested fields use ``__`` in the environment, e.g.
+    ``SLOTGATE_CACHE__REDIS_URL``. ``SLOTGATE_SLOW_MODEL`` / ``SLOTGATE_SLOW_API_BASE`` are
+    accepted as shorthands for ``slow.model`` / ``slow.api_base``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SLOTGATE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    max_options: int = Field(1024, ge=2)
+    max_questions: int = Field(64, ge=1)
+    max_queue: int = Field(1024, ge=1)  # decisions waiting beyond the backend caps -> 429
+    api_key_hashes: list[str] = Field(default_factory=list)  # sha256 hex of client keys; empty = open
+    fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
+    slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    slow_model: str | None = None  # shorthand, folded into slow.model
+    slow_api_base: str | None = None  # shorthand, folded into slow.api_base
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hex_hashes(cls, value: list[str]) -> list[str]:
+        for h in value:
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
+                raise ValueError("api_key_hashes must be sha256 hex digests (64 hex characters)")
+        return [h.lower() for h in value]
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.slow_model and not self.slow.model:
+            self.slow.model = self.slow_model
+        if self.slow_api_base and not self.slow.api_base:
+            self.slow.api_base = self.slow_api_base
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = init_settings.init_kwargs.pop("_yaml_file", None)  # type: ignore[attr-defined]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from an optional YAML file plus the environment; ``overrides`` win over both."""
+    if config is not None:
+        if not config.is_file():
+            raise FileNotFoundError(f"config file not found: {config}")
+        # Parse once here so a YAML error names the file, not a pydantic internals path.
+        try:
+            yaml.safe_load(config.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{config}: not valid YAML: {exc}") from exc
+        return Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
+    return Settings(**overrides)
