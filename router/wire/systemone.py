@@ -1,0 +1,329 @@
+"""Parse and validate a System One ``POST /v1/systemone`` body, as the vLLM example server accepts
+it, into typed questions ordered in dependency stages. Errors speak the example server's dialect.
+
+Accepted: ``model`` (echoed), ``state`` (required; a string as is, anything else as JSON text),
+``questions`` (id -> ``{type, criteria, instructions, depends_on, ask_if}``; types ``noul``
+(``bool``/``boolean`` too), ``choice``, ``score``), top-level ``instructions`` (shared context),
+``samples`` (``"auto"`` or 1..32, larger counts capped), ``seed``, ``ask`` (a subset of ids) and the
+slotgate extension ``policy`` (a tuned policy's name, top level or per question). The example
+server's engine knobs (``steps``, ``think``, ``chunk_*``, ``auto_*``, ``sequential``, ``alone``)
+are accepted and ignored: they tune a read that slotgate's backends configure themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from email import policy as email_policy
+from email.parser import BytesParser
+from typing import Any
+
+from policies.types import Option, QuestionKind
+from router.errors import InvalidRequest
+
+MAX_SAMPLES = 32  # the example server's cap; larger counts are clamped, not refused
+DEFAULT_SEED = 42
+NOUL_ANSWERS = ("yes", "no")
+_KINDS: dict[str, QuestionKind] = {
+    "noul": "noul", "bool": "noul", "boolean": "noul", "choice": "choice", "score": "score",
+}
+
+
+class SystemOneError(InvalidRequest):
+    """A schema error in a System One body: 422 ``validation_error``, as the example server says it."""
+
+    status_code = 422
+    error_type = "validation_error"
+
+
+class InvalidBody(SystemOneError):
+    """A body that is not a JSON object (or a form without a ``request`` part): 400."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One validated question. ``options`` are what the fast backend reads: ``yes``/``no`` for a
+    noul, the option names for a choice, the level strings (in order) for a score."""
+
+    id: str
+    kind: QuestionKind
+    instructions: str
+    options: tuple[Option, ...]
+    depends_on: tuple[str, ...] = ()
+    ask_if: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (dependency, wanted answers), in order
+    policy: str | None = None
+
+    @property
+    def answer_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        """``depends_on`` plus every ``ask_if`` key, each once, in the order given."""
+        return tuple(dict.fromkeys(self.depends_on + tuple(dep for dep, _ in self.ask_if)))
+
+
+@dataclass(frozen=True, slots=True)
+class SystemOneRequest:
+    """A validated body. ``stages`` lists question ids stage by stage: a question comes after every
+    question it depends on; within a stage ids keep the request's order."""
+
+    model: str | None
+    state: str
+    context: str
+    questions: tuple[Question, ...]
+    stages: tuple[tuple[str, ...], ...]
+    samples: int
+    seed: int
+    policy: str | None = None
+
+    def question(self, question_id: str) -> Question:
+        return next(q for q in self.questions if q.id == question_id)
+
+
+def decode_body(body: bytes, *, content_type: str | None) -> Any:
+    """The JSON payload of a body: the whole body, or a multipart form's ``request`` part."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media == "multipart/form-data":
+        body = _request_part(body, content_type or "")
+    try:
+        return json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+        raise InvalidBody(f"invalid body: {exc}") from exc
+
+
+def parse_request(payload: Any, *, max_questions: int, max_options: int) -> SystemOneRequest:
+    """Validate a decoded payload; raises ``SystemOneError`` (or ``InvalidBody``) naming the field."""
+    if not isinstance(payload, dict):
+        raise InvalidBody("invalid body: expected a JSON object")
+    if payload.get("state") is None:
+        raise SystemOneError("state: required", field="state")
+    raw_questions = payload.get("questions")
+    if not isinstance(raw_questions, dict) or not raw_questions:
+        raise SystemOneError("questions: needs a non-empty map of id -> question", field="questions")
+    if len(raw_questions) > max_questions:
+        raise SystemOneError(f"schema: at most {max_questions} questions", field="questions")
+    if payload.get("images"):
+        raise SystemOneError("images: slotgate reads text state only; send no images", field="images")
+    questions = {
+        qid: _question(qid, raw, max_options=max_options) for qid, raw in raw_questions.items()
+    }
+    _check_references(questions)
+    asked = _asked(payload.get("ask"), questions)
+    model = payload.get("model")
+    return SystemOneRequest(
+        model=model if isinstance(model, str) else None,
+        state=_text(payload["state"]),
+        context=_text(payload.get("instructions", "")),
+        questions=tuple(asked.values()),
+        stages=_stages(asked),
+        samples=_samples(payload.get("samples", "auto")),
+        seed=_seed(payload.get("seed", DEFAULT_SEED)),
+        policy=_policy_name(payload.get("policy"), "policy"),
+    )
+
+
+def _question(qid: str, raw: Any, *, max_options: int) -> Question:
+    where = f"question '{qid}'"
+    if not isinstance(qid, str) or not qid.strip() or ":" in qid or "\n" in qid or "\r" in qid:
+        raise SystemOneError(
+            f"{where}: ids must be non-empty after trimming, with no ':' or newline",
+            field="questions",
+        )
+    if not isinstance(raw, dict):
+        raise SystemOneError(f"{where}: needs an object with a type", field=f"questions.{qid}")
+    kind_raw = raw.get("type")
+    if kind_raw is None:
+        raise SystemOneError(f"{where}: type: required", field=f"questions.{qid}.type")
+    kind = _KINDS.get(kind_raw) if isinstance(kind_raw, str) else None
+    if kind is None:
+        raise SystemOneError(f"{where}: unknown type '{kind_raw}'", field=f"questions.{qid}.type")
+    options = _options(where, kind, raw.get("criteria"))
+    if len(options) < 2:
+        raise SystemOneError(f"{where}: needs at least two alternatives", field=f"questions.{qid}")
+    if len(options) > max_options:
+        raise SystemOneError(f"{where}: at most {max_options} alternatives", field=f"questions.{qid}")
+    return Question(
+        id=qid,
+        kind=kind,
+        instructions=_text(raw["instructions"]) if "instructions" in raw else "",
+        options=options,
+        depends_on=_depends_on(where, raw.get("depends_on")),
+        ask_if=_ask_if(where, raw.get("ask_if")),
+        policy=_policy_name(raw.get("policy"), f"questions.{qid}.policy"),
+    )
+
+
+def _options(where: str, kind: QuestionKind, criteria: Any) -> tuple[Option, ...]:
+    if kind == "noul":
+        criteria = {} if criteria is None else criteria
+        if not isinstance(criteria, dict) or not set(criteria) <= {"true", "false"} or not all(
+            v is None or isinstance(v, str) for v in criteria.values()
+        ):
+            raise SystemOneError(
+                f'{where}: noul criteria must be {{"true": description, "false": description}}',
+                field="criteria",
+            )
+        return (Option("yes", criteria.get("true")), Option("no", criteria.get("false")))
+    if kind == "choice":
+        if not isinstance(criteria, dict):
+            raise SystemOneError(
+                f"{where}: choice criteria must map each option to a description or null",
+                field="criteria",
+            )
+        for name, description in criteria.items():
+            if not isinstance(name, str) or not name.strip():
+                raise SystemOneError(f"{where}: option names must be non-empty", field="criteria")
+            if description is not None and not isinstance(description, str):
+                raise SystemOneError(
+                    f"{where}: option '{name}' needs a description string or null",
+                    field="criteria",
+                )
+        return tuple(Option(name, description) for name, description in criteria.items())
+    if not isinstance(criteria, list):
+        raise SystemOneError(f"{where}: score criteria must be an ordered list of levels",
+                             field="criteria")
+    levels = [_level(where, level) for level in criteria]
+    duplicates = sorted({level for level in levels if levels.count(level) > 1})
+    if duplicates:
+        raise SystemOneError(f"{where}: duplicate level '{duplicates[0]}'", field="criteria")
+    return tuple(Option(level) for level in levels)
+
+
+def _level(where: str, level: Any) -> str:
+    # Levels are sent as strings; a bare number is taken as its text so [1, 2, 3] still works.
+    if isinstance(level, (int, float)) and not isinstance(level, bool):
+        level = str(level)
+    if not isinstance(level, str) or not level.strip():
+        raise SystemOneError(f"{where}: score levels must be non-empty strings", field="criteria")
+    return level
+
+
+def _depends_on(where: str, raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(dep, str) for dep in raw):
+        raise SystemOneError(f"{where}: depends_on must be a list of question ids",
+                             field="depends_on")
+    return tuple(dict.fromkeys(raw))
+
+
+def _ask_if(where: str, raw: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if raw is None:
+        return ()
+    bad = SystemOneError(
+        f"{where}: ask_if must map a question id to a non-empty list of its answers",
+        field="ask_if",
+    )
+    if not isinstance(raw, dict):
+        raise bad
+    out = []
+    for dep, wanted in raw.items():
+        if not isinstance(wanted, list) or not wanted:
+            raise bad
+        if not all(isinstance(w, (str, int, float)) and not isinstance(w, bool) for w in wanted):
+            raise bad
+        out.append((dep, tuple(dict.fromkeys(str(w) for w in wanted))))
+    return tuple(out)
+
+
+def _check_references(questions: dict[str, Question]) -> None:
+    for q in questions.values():
+        for dep in q.dependencies:
+            if dep == q.id or dep not in questions:
+                raise SystemOneError(f"question '{q.id}': depends on unknown question '{dep}'",
+                                     field="depends_on")
+        for dep, wanted in q.ask_if:
+            allowed = questions[dep].answer_names
+            if any(w not in allowed for w in wanted):
+                raise SystemOneError(
+                    f"question '{q.id}': ask_if values for '{dep}' must be among {list(allowed)}",
+                    field="ask_if",
+                )
+
+
+def _asked(raw: Any, questions: dict[str, Question]) -> dict[str, Question]:
+    """The ``ask`` subset (default: every question); it must hold everything it depends on."""
+    if raw is None:
+        return questions
+    if not isinstance(raw, list) or not raw or not all(isinstance(i, str) for i in raw):
+        raise SystemOneError("ask: needs a non-empty list of question ids", field="ask")
+    for qid in raw:
+        if qid not in questions:
+            raise SystemOneError(f"ask: unknown question '{qid}'", field="ask")
+        missing = [dep for dep in questions[qid].dependencies if dep not in raw]
+        if missing:
+            raise SystemOneError(f"ask: '{qid}' depends on '{missing[0]}', which is not asked",
+                                 field="ask")
+    return {qid: q for qid, q in questions.items() if qid in raw}
+
+
+def _stages(questions: dict[str, Question]) -> tuple[tuple[str, ...], ...]:
+    placed: set[str] = set()
+    stages: list[tuple[str, ...]] = []
+    while len(placed) < len(questions):
+        ready = tuple(
+            qid for qid, q in questions.items()
+            if qid not in placed and all(dep in placed for dep in q.dependencies)
+        )
+        if not ready:
+            stuck = ", ".join(qid for qid in questions if qid not in placed)
+            raise SystemOneError(f"schema: dependency cycle among {stuck}", field="questions")
+        stages.append(ready)
+        placed.update(ready)
+    return tuple(stages)
+
+
+def _samples(raw: Any) -> int:
+    # "auto" lets the example server re-read on high entropy; slotgate's backends read once.
+    if raw == "auto":
+        return 1
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
+        return min(raw, MAX_SAMPLES)
+    raise SystemOneError('schema: samples must be a positive count or "auto"', field="samples")
+
+
+def _seed(raw: Any) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    raise SystemOneError("seed: must be an integer", field="seed")
+
+
+def _policy_name(raw: Any, field: str) -> str | None:
+    if raw is None or (isinstance(raw, str) and raw):
+        return raw
+    raise SystemOneError(f"{field}: must be a policy name", field=field)
+
+
+def _text(value: Any) -> str:
+    """Strings as they are, anything else as JSON text (unescaped non-ASCII, as [DG] fixed it)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _request_part(body: bytes, content_type: str) -> bytes:
+    """The ``request`` part of a multipart form (stdlib parser: no python-multipart needed)."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
+    message = BytesParser(policy=email_policy.HTTP).parsebytes(head + body)
+    if not message.is_multipart():
+        raise InvalidBody("invalid body: a multipart form needs a 'request' part")
+    found: bytes | None = None
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if name == "request" and found is None:
+            payload = part.get_payload(decode=True)
+            found = payload if isinstance(payload, bytes) else b""
+        elif part.get_filename() is not None or name in ("image", "images"):
+            raise SystemOneError("images: slotgate reads text state only; send no image parts",
+                                 field="images")
+        else:
+            raise InvalidBody(f"invalid body: unexpected form part {name!r}")
+    if found is None:
+        raise InvalidBody("invalid body: a multipart form needs a 'request' part")
+    return found
