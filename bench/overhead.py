@@ -1,0 +1,164 @@
+"""Router overhead: latency slotgate and the LiteLLM proxy add over calling one instant upstream
+directly, and the requests/s each path sustains, all paths interleaved in one run.
+
+    python bench/overhead.py --quick      (< 3 min; writes bench/results/overhead.json)
+    python bench/overhead.py --profile    (also py-spy's profile of slotgate's decision path)
+
+Paths: direct (the upstream); slotgate_decision (a json_schema enum decision, fast read by a mock
+backend sure of its answer: no upstream call, the router's own cost); slotgate_passthrough (a
+plain chat through slotgate's slow path, litellm in-process, to the upstream); litellm (the
+LiteLLM proxy, one worker, to the upstream). The last line printed is one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+
+# (rounds, requests per path per round, seconds cap per segment) for each concurrency.
+PLANS = {
+    "quick": {1: (4, 300, 3.0), 32: (3, 3000, 2.5)},
+    "full": {1: (8, 1000, 8.0), 32: (5, 10000, 6.0)},
+}
+
+
+def targets(upstream: str, slotgate: str, litellm: str, api_key: str) -> list[common.Target]:
+    auth = {"authorization": f"Bearer {api_key}"}
+    return [
+        common.Target("direct", f"{upstream}/v1/chat/completions", common.chat_body),
+        common.Target("slotgate_decision", f"{slotgate}/v1/chat/completions",
+                      common.decision_body, auth),
+        common.Target("slotgate_passthrough", f"{slotgate}/v1/chat/completions",
+                      common.chat_body, auth),
+        common.Target("litellm", f"{litellm}/v1/chat/completions", common.chat_body, auth,
+                      timing_header="x-litellm-overhead-duration-ms"),
+    ]
+
+
+def analyse(stats: dict[str, common.PathStats]) -> dict[str, Any]:
+    direct = common.summarize(stats["direct"].latencies_ms)
+    out: dict[str, Any] = {}
+    for name, s in stats.items():
+        summary = common.summarize(s.latencies_ms)
+        out[name] = {
+            **summary,
+            "added_p50_ms": summary["p50_ms"] - direct["p50_ms"],
+            "added_p99_ms": summary["p99_ms"] - direct["p99_ms"],
+            "requests_per_s": common.median(s.rounds_rps),
+            "rounds_rps": s.rounds_rps,
+            "errors": s.errors,
+            "first_error": s.first_error,
+        }
+        if s.header_ms:
+            out[name]["self_reported_overhead_p50_ms"] = common.median(s.header_ms)
+    return out
+
+
+def profile_top(collapsed: Path, *, n: int = 15) -> dict[str, Any]:
+    """Top functions of py-spy's collapsed stacks: self time (leaf) and inclusive time, as a
+    share of samples taken while the server was busy (idle event-loop waits left out)."""
+    self_n: dict[str, int] = {}
+    incl_n: dict[str, int] = {}
+    busy = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames or "select (selectors.py" in frames[-1] or "run_forever" in frames[-1]:
+            continue
+        if any("_run_once" in f for f in frames) and frames[-1].startswith("select"):
+            continue
+        count = int(count_s)
+        busy += count
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + count
+        for f in set(frames):
+            incl_n[f] = incl_n.get(f, 0) + count
+
+    def top(d: dict[str, int]) -> list[dict[str, Any]]:
+        ranked = sorted(d.items(), key=lambda kv: -kv[1])[:n]
+        return [{"frame": f, "share": c / busy} for f, c in ranked]
+
+    return {"busy_samples": busy, "top_self": top(self_n), "top_inclusive": top(incl_n)}
+
+
+async def measure(plan: dict[int, tuple[int, int, float]], paths: list[common.Target],
+                  ) -> dict[str, Any]:
+    by_concurrency: dict[str, Any] = {}
+    for concurrency, (rounds, per_round, segment_s) in plan.items():
+        stats = await common.interleaved(paths, concurrency=concurrency, rounds=rounds,
+                                         per_round=per_round, segment_s=segment_s,
+                                         warmup=max(50, concurrency * 4))
+        by_concurrency[str(concurrency)] = analyse(stats)
+    return by_concurrency
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller run, < 3 minutes")
+    parser.add_argument("--profile", action="store_true", help="run slotgate under py-spy")
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    common.use_uvloop()
+    api_key = "sk-" + secrets.token_hex(24)
+    t0 = time.monotonic()
+    machine = common.machine_info()
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        work = Path(tmp)
+        profile = None
+        with common.upstream_server() as up, \
+                common.litellm_proxy(up.url, work, master_key=api_key) as ll, \
+                common.slotgate_server(common.slotgate_settings(up.url, work, api_key), work) as sg:
+            assert sg.proc is not None
+            spy = common.Profiler(sg.proc.pid, work / "slotgate.collapsed") if args.profile else None
+            results = asyncio.run(measure(PLANS[mode], targets(up.url, sg.url, ll.url, api_key)))
+            collapsed = spy.stop() if spy else None
+            profile = profile_top(collapsed) if collapsed else None
+
+    c1, c32 = results["1"], results["32"]
+    sg_p50 = c1["slotgate_decision"]["added_p50_ms"]
+    ll_p50 = c1["litellm"]["added_p50_ms"]
+    headline = {
+        "slotgate_p50_ms": round(sg_p50, 3),
+        "slotgate_p99_ms": round(c1["slotgate_decision"]["added_p99_ms"], 3),
+        "slotgate_passthrough_p50_ms": round(c1["slotgate_passthrough"]["added_p50_ms"], 3),
+        "slotgate_passthrough_p99_ms": round(c1["slotgate_passthrough"]["added_p99_ms"], 3),
+        "litellm_p50_ms": round(ll_p50, 3),
+        "litellm_p99_ms": round(c1["litellm"]["added_p99_ms"], 3),
+        # An overhead below the timer's resolution would make the ratio meaningless: floor 0.01 ms.
+        "litellm_over_slotgate": round(ll_p50 / max(sg_p50, 0.01), 1),
+        "slotgate_decision_rps_c32": round(c32["slotgate_decision"]["requests_per_s"], 1),
+        "slotgate_passthrough_rps_c32": round(c32["slotgate_passthrough"]["requests_per_s"], 1),
+        "litellm_rps_c32": round(c32["litellm"]["requests_per_s"], 1),
+        "direct_rps_c32": round(c32["direct"]["requests_per_s"], 1),
+    }
+    payload = {
+        "benchmark": "overhead", "mode": mode, "headline": headline, "by_concurrency": results,
+        "command": "python bench/overhead.py" + (" --quick" if args.quick else "")
+        + (" --profile" if args.profile else ""),
+        "machine": machine, "loadavg_at_end": list(__import__("os").getloadavg()),
+        "wall_s": round(time.monotonic() - t0, 1), "profile": profile,
+        "litellm_version": common.litellm_version(),
+    }
+    out = common.write_json("overhead.json", payload)
+    for conc, res in results.items():
+        common.print_table(
+            f"overhead at concurrency {conc} (ms; added = path - direct)",
+            ["path", "n", "p50", "p99", "added p50", "added p99", "req/s", "errors"],
+            [[k, v["n"], v["p50_ms"], v["p99_ms"], v["added_p50_ms"], v["added_p99_ms"],
+              v["requests_per_s"], v["errors"]] for k, v in res.items()])
+    print(f"wrote {out}", file=sys.stderr)
+    print(json.dumps(headline))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
