@@ -1,0 +1,65 @@
+"""Builds the configured fast backend. Each backend module is imported only when its kind is
+configured, so a deployment never loads torch or an HTTP client it does not use."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+from policies.types import DecisionRequest
+from router.backends.base import FastBackend
+from router.errors import ConfigError
+from router.settings import FastBackendSettings
+
+# kind -> (module, class). A module may instead offer ``build(settings) -> FastBackend``;
+# otherwise the class is built with ``from_settings(settings)`` when it has it.
+_BACKENDS = {
+    "sklearn": ("router.backends.sklearn", "SklearnBackend"),
+    "embedding": ("router.backends.embedding", "EmbeddingBackend"),
+    "systemone": ("router.backends.systemone", "SystemOneBackend"),
+    "vllm": ("router.backends.vllm", "VllmBackend"),
+    "torch": ("router.backends.torch_read", "TorchBackend"),
+}
+
+
+def build_backend(settings: FastBackendSettings) -> FastBackend:
+    """The backend ``settings.kind`` names; ConfigError (naming the kind) when it cannot be built."""
+    if settings.kind == "mock":
+        return _mock_backend(settings)
+    module_name, class_name = _BACKENDS[settings.kind]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"fast backend kind {settings.kind!r}: cannot import {module_name} ({exc})") from exc
+    try:
+        if hasattr(module, "build"):
+            backend = module.build(settings)
+        else:
+            cls: Any = getattr(module, class_name, None)
+            if cls is None or not hasattr(cls, "from_settings"):
+                raise ConfigError(
+                    f"fast backend kind {settings.kind!r}: {module_name} has neither build(settings) "
+                    f"nor {class_name}.from_settings(settings)")
+            backend = cls.from_settings(settings)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"fast backend kind {settings.kind!r}: {exc}") from exc
+    if not isinstance(backend, FastBackend):
+        raise ConfigError(f"fast backend kind {settings.kind!r} did not build a FastBackend")
+    return backend
+
+
+def _mock_backend(settings: FastBackendSettings) -> FastBackend:
+    """A demo backend: ``options.top_proba`` on the first option (default: uniform)."""
+    from router.backends.mock import MockBackend
+
+    top = settings.options.get("top_proba")
+
+    def handler(request: DecisionRequest) -> Sequence[float]:
+        k = len(request.options)
+        if top is None:
+            return [1.0 / k] * k
+        return [float(top)] + [(1.0 - float(top)) / (k - 1)] * (k - 1)
+
+    return MockBackend(handler, label=f"config-mock:{top}")

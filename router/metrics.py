@@ -1,0 +1,91 @@
+"""Prometheus metrics of one app instance, on its own CollectorRegistry (never the global one),
+so two apps in one process (tests, workers) never share or collide on counters."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+STAGES = ("cache", "fast", "slow", "total")
+# Fast reads are tens of ms, slow calls seconds: one bucket ladder covering both.
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """The counters the router keeps; methods name the event, not the metric type."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._requests = Counter(
+            "slotgate_requests", "HTTP requests by surface and outcome route",
+            ["surface", "route"], registry=r)
+        self._responses = Counter(
+            "slotgate_responses", "HTTP responses by surface and status code",
+            ["surface", "status"], registry=r)
+        self._decisions = Counter(
+            "slotgate_decisions", "Decisions by route", ["route"], registry=r)
+        self._escalation_rate = Gauge(
+            "slotgate_escalation_rate",
+            "Share of decisions sent to the slow path or its cache, since start", registry=r)
+        self._latency = Histogram(
+            "slotgate_stage_latency_seconds", "Latency per stage", ["stage"],
+            buckets=_BUCKETS_S, registry=r)
+        self._cache = Counter(
+            "slotgate_cache_lookups", "Cache lookups by store (read|slow) and result (hit|miss)",
+            ["store", "result"], registry=r)
+        self._cache_errors = Counter(
+            "slotgate_cache_errors", "Cache operations that failed (served without the cache)",
+            registry=r)
+        self._backend_errors = Counter(
+            "slotgate_backend_errors", "Fast-backend failures by kind (each one escalated)",
+            ["kind"], registry=r)
+        self._queue_rejections = Counter(
+            "slotgate_queue_rejections", "Requests refused with 429 because a queue was full",
+            ["backend"], registry=r)
+        self._n_decisions = 0
+        self._n_escalated = 0
+        for stage in STAGES:  # expose every stage from the start, so dashboards see zeros
+            self._latency.labels(stage=stage)
+
+    def request(self, *, surface: str, route: str) -> None:
+        self._requests.labels(surface=surface, route=route).inc()
+
+    def response(self, *, surface: str, status: int) -> None:
+        self._responses.labels(surface=surface, status=str(status)).inc()
+
+    def decision(self, *, route: str, escalated: bool) -> None:
+        self._decisions.labels(route=route).inc()
+        self._n_decisions += 1
+        self._n_escalated += int(escalated)
+        self._escalation_rate.set(self._n_escalated / self._n_decisions)
+
+    def stage(self, stage: str, seconds: float) -> None:
+        self._latency.labels(stage=stage).observe(seconds)
+
+    def cache_lookups(self, *, store: str, hits: int, misses: int) -> None:
+        if hits:
+            self._cache.labels(store=store, result="hit").inc(hits)
+        if misses:
+            self._cache.labels(store=store, result="miss").inc(misses)
+
+    def cache_error(self, _message: str = "") -> None:
+        """The cache's ``on_error`` callback."""
+        self._cache_errors.inc()
+
+    def backend_error(self, kind: str) -> None:
+        self._backend_errors.labels(kind=kind).inc()
+
+    def queue_rejected(self, backend: str) -> None:
+        self._queue_rejections.labels(backend=backend).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

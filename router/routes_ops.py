@@ -1,0 +1,34 @@
+"""Operational routes: liveness (``/healthz``), readiness (``/readyz``: a configured Redis and the
+fast backend must answer) and Prometheus metrics (``/metrics``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+
+def make_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", tags=["ops"], response_model=None)
+    async def readyz(request: Request) -> JSONResponse:
+        service = request.app.state.service
+        settings = request.app.state.settings
+        checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
+        if settings.cache.redis_url:
+            checks["redis"] = bool(await service.cache.ping())
+        ready = all(checks.values())
+        body = {"status": "ready" if ready else "unavailable", "checks": checks,
+                "escalation_available": service.escalation_available}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @router.get("/metrics", tags=["ops"])
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.metrics
+        return Response(registry.render(), media_type=registry.content_type)
+
+    return router

@@ -1,0 +1,308 @@
+"""The OpenAI chat-completions subset slotgate speaks: request models, detection of a *decision*
+request (an answer constrained to a finite set of strings), and the ``chat.completion`` reply."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.types import Decision, DecisionRequest, Option
+from router.errors import InvalidRequest
+
+Shape = Literal["enum", "object", "choice"]
+_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for json_schema.name
+_FORMAT = "response_format.json_schema"
+# When several questions of one request took different routes, the summary names the least
+# verified one, so a client reading only the summary never mistakes an unverified answer.
+_ROUTE_PRIORITY = ("unverified", "slow", "fast", "cache", "none")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class SlotgateOptions(BaseModel):
+    """slotgate's own request extension (``extra_body={"slotgate": {...}}`` in the OpenAI SDK)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str | None = Field(None, min_length=1, max_length=200)
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields slotgate reads; every other field is kept and forwarded untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM: {"choice": [...]} among others
+    guided_choice: list[Any] | None = None  # vLLM's older spelling
+    stream: bool = False
+    n: int | None = None
+    slotgate: SlotgateOptions | None = None
+
+    def upstream_body(self) -> dict[str, Any]:
+        """The request as the client sent it, minus slotgate's own extension."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"slotgate"})
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionPlan:
+    """A chat request recognised as one or more decisions, and how to render the answers."""
+
+    shape: Shape
+    requests: list[DecisionRequest]
+    messages: list[dict[str, Any]]  # the original messages, for the slow path's prompt
+
+
+def plan_decisions(
+    body: ChatCompletionRequest, *, max_options: int, max_questions: int
+) -> DecisionPlan | None:
+    """The decisions a request asks for, or None when it is an ordinary chat (passed through).
+    Raises InvalidRequest naming the field when the request is a decision but a malformed one."""
+    found = _find_questions(body, max_questions=max_questions)
+    if found is None:
+        return None
+    shape, questions = found
+    if body.n not in (None, 1):
+        raise InvalidRequest("n: a decision request has exactly one answer; send n=1", field="n")
+    context, state = _split_messages(body.messages)
+    policy = body.slotgate.policy if body.slotgate else None
+    requests = [
+        DecisionRequest(
+            question_id=qid,
+            instructions=instructions,
+            options=tuple(Option(_option(v, field=f"{where}.{i}"))
+                          for i, v in enumerate(_enum(values, where=where, max_options=max_options))),
+            state=state,
+            context=context,
+            policy=policy,
+        )
+        for qid, instructions, values, where in questions
+    ]
+    messages = [m.model_dump(mode="json", exclude_unset=True) for m in body.messages]
+    return DecisionPlan(shape=shape, requests=requests, messages=messages)
+
+
+_Question = tuple[str, str, Any, str]  # (question_id, instructions, enum values, field path)
+
+
+def _find_questions(
+    body: ChatCompletionRequest, *, max_questions: int
+) -> tuple[Shape, list[_Question]] | None:
+    choice = body.guided_choice
+    where = "guided_choice"
+    if choice is None and body.structured_outputs and "choice" in body.structured_outputs:
+        choice, where = body.structured_outputs["choice"], "structured_outputs.choice"
+    if choice is not None:
+        return "choice", [("choice", "", choice, where)]
+    fmt = body.response_format
+    if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
+        return None
+    spec = fmt.json_schema
+    schema = spec.schema_ or {}
+    if "enum" in schema:
+        _check_id(spec.name, field=f"{_FORMAT}.name", schema_name=True)
+        instructions = str(schema.get("description") or spec.description or spec.name)
+        return "enum", [(spec.name, instructions, schema["enum"], f"{_FORMAT}.schema.enum")]
+    properties = schema.get("properties")
+    if schema.get("type") != "object" or not isinstance(properties, dict) or not properties:
+        return None
+    if not all(isinstance(p, dict) and "enum" in p for p in properties.values()):
+        return None  # structured output of another kind: the slow model's job, unchanged
+    if len(properties) > max_questions:
+        raise InvalidRequest(
+            f"{_FORMAT}.schema.properties: at most {max_questions} questions per request, "
+            f"got {len(properties)}", field=f"{_FORMAT}.schema.properties")
+    questions = []
+    for name, prop in properties.items():
+        where = f"{_FORMAT}.schema.properties.{name}"
+        _check_id(name, field=where)
+        instructions = str(prop.get("description") or prop.get("title") or name)
+        questions.append((name, instructions, prop["enum"], f"{where}.enum"))
+    return "object", questions
+
+
+def _check_id(question_id: str, *, field: str, schema_name: bool = False) -> None:
+    # ':' and newlines would blur the decision log and anything else built from ids.
+    valid = bool(question_id.strip()) and not any(c in question_id for c in ":\r\n")
+    if schema_name:
+        valid = valid and _SCHEMA_NAME.match(question_id) is not None
+    if not valid:
+        rule = "letters, digits, '_' and '-', 1 to 64" if schema_name else "non-empty, no ':' or newline"
+        raise InvalidRequest(f"{field}: {question_id!r} is not a valid question id ({rule})",
+                             field=field)
+
+
+def _enum(values: Any, *, where: str, max_options: int) -> list[Any]:
+    if not isinstance(values, list):
+        raise InvalidRequest(f"{where}: must be a list of strings", field=where)
+    if len(values) < 2:
+        raise InvalidRequest(
+            f"{where}: needs at least two options, got {len(values)}", field=where)
+    if len(values) > max_options:
+        raise InvalidRequest(
+            f"{where}: at most {max_options} options, got {len(values)}", field=where)
+    if len(set(map(repr, values))) != len(values):
+        raise InvalidRequest(f"{where}: options must be distinct", field=where)
+    return values
+
+
+def _option(value: Any, *, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(
+            f"{field}: options must be non-empty strings, got {json.dumps(value)}", field=field)
+    return value
+
+
+def _split_messages(messages: Sequence[ChatMessage]) -> tuple[str, str]:
+    """(context, state): system/developer messages are the context, the rest is the state. A lone
+    user message is its own text, so a classifier trained on raw texts reads what it was trained on."""
+    context: list[str] = []
+    turns: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        text = _text(message, field=f"messages.{i}.content")
+        if message.role in ("system", "developer"):
+            context.append(text)
+        else:
+            turns.append((message.role, text))
+    if not turns or not any(text.strip() for _, text in turns):
+        raise InvalidRequest(
+            "messages: a decision needs at least one non-system message with text (the state)",
+            field="messages")
+    if len(turns) == 1 and turns[0][0] == "user":
+        state = turns[0][1]
+    else:
+        state = "\n".join(f"{role}: {text}" for role, text in turns)
+    return "\n\n".join(context), state
+
+
+def _text(message: ChatMessage, *, field: str) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequest(
+                f"{field}.{j}: decision requests take text parts only", field=f"{field}.{j}")
+        parts.append(part["text"])
+    return "\n".join(parts)
+
+
+def render_reply(
+    body: ChatCompletionRequest, plan: DecisionPlan, decisions: Sequence[Decision]
+) -> dict[str, Any]:
+    """A ``chat.completion`` whose content satisfies the request's schema, plus ``slotgate``."""
+    return {
+        "id": f"chatcmpl-{decisions[0].decision_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": content_of(plan, decisions),
+                        "refusal": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "slotgate": routing_facts(decisions),
+    }
+
+
+def content_of(plan: DecisionPlan, decisions: Sequence[Decision]) -> str:
+    if plan.shape == "choice":
+        return decisions[0].answer or ""  # vLLM answers a choice with the bare text
+    if plan.shape == "enum":
+        return json.dumps(decisions[0].answer, ensure_ascii=False)
+    return json.dumps({d.question_id: d.answer for d in decisions}, ensure_ascii=False)
+
+
+def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
+    """The ``slotgate`` object: a summary (the least verified route, the lowest probability) and
+    one entry per question."""
+    each = [_facts(d) for d in decisions]
+    if len(each) == 1:
+        return {**each[0], "decisions": each}
+    routes = {d.route for d in decisions}
+    notes = [d.note for d in decisions if d.note]
+    summary: dict[str, Any] = {
+        "route": next(r for r in _ROUTE_PRIORITY if r in routes),
+        "probability": _min(d.probability for d in decisions),
+        "raw_probability": _min(d.raw_probability for d in decisions),
+        "threshold": _max(d.threshold for d in decisions),
+        "policy_id": ",".join(dict.fromkeys(d.policy_id for d in decisions)),
+        "decision_id": ",".join(d.decision_id for d in decisions),
+        "latency_ms": max(d.latency_ms for d in decisions),
+        "decisions": each,
+    }
+    if notes:
+        summary["note"] = "; ".join(dict.fromkeys(notes))
+    return summary
+
+
+def routing_headers(facts: dict[str, Any]) -> dict[str, str]:
+    """``x-slotgate-*`` response headers carrying the summary of ``routing_facts``."""
+    headers = {}
+    for key in ("route", "probability", "raw_probability", "threshold", "policy_id",
+                "decision_id", "latency_ms", "note"):
+        value = facts.get(key)
+        if value is not None:
+            text = f"{value:.6g}" if isinstance(value, float) else str(value)
+            headers[f"x-slotgate-{key.replace('_', '-')}"] = text.encode("ascii", "replace").decode()
+    return headers
+
+
+def _facts(d: Decision) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "question_id": d.question_id,
+        "answer": d.answer,
+        "route": d.route,
+        "probability": d.probability,
+        "raw_probability": d.raw_probability,
+        "threshold": d.threshold,
+        "policy_id": d.policy_id,
+        "decision_id": d.decision_id,
+        "latency_ms": round(d.latency_ms, 3),
+    }
+    if d.note:
+        facts["note"] = d.note
+    return facts
+
+
+def _min(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _max(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
