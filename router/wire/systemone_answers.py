@@ -9,7 +9,9 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
   fast answer is the raw read's argmax, so with a calibrator that moves the argmax the chosen
   answer need not be the calibrated top: ``answer`` always names the routed answer.
 - An answer from the slow LLM has no distribution: ``probabilities`` and ``confidence`` are null,
-  ``noul`` is 1.0 for yes and 0.0 for no, and ``score`` is the chosen level's 0-based index.
+  ``noul`` is 1.0 for yes and 0.0 for no, and ``score`` is the chosen level's 0-based index. A
+  ``cache`` answer is shown like that too unless it looks like an accepted fast read (see
+  ``_accepted_fast``: a Decision does not tell a cached fast read from a cached slow answer).
 - ``usage`` has ``input_tokens`` and ``output_tokens`` set to 0: slotgate does not see its
   backends' token counts. It adds ``decisions`` (questions asked) and ``escalations`` (slow answers).
 """
@@ -143,7 +145,20 @@ def render_response(
 def _calibrated(names: tuple[str, ...], decision: Decision) -> list[float] | None:
     if decision.probabilities is None or decision.route not in _ROUTES_WITH_DISTRIBUTION:
         return None
-    return [float(decision.probabilities.get(name, 0.0)) for name in names]
+    proba = [float(decision.probabilities.get(name, 0.0)) for name in names]
+    if decision.route == "cache" and not _accepted_fast(names, proba, decision):
+        return None
+    return proba
+
+
+def _accepted_fast(names: tuple[str, ...], proba: list[float], decision: Decision) -> bool:
+    """Whether a ``cache`` decision is a cached fast read the policy accepted rather than a cached
+    slow answer (a Decision does not say): its answer cleared the threshold, or, with no single
+    threshold, is the strict top of the calibrated distribution."""
+    p = proba[names.index(str(decision.answer))]
+    if decision.threshold is not None and decision.probability is not None:
+        return decision.probability >= decision.threshold
+    return sum(q >= p for q in proba) == 1
 
 
 def _route_facts(decision: Decision) -> dict[str, Any]:

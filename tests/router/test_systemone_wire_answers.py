@@ -166,3 +166,15 @@ async def test_response_usage_and_route_facts() -> None:
                              "escalations": 0}
     assert body["diagnostics"]["routes"]["kind"]["decision_id"] == "d-kind"
     assert body["diagnostics"]["timing"] == {"total_ms": 12.346}
+
+
+def test_cache_route_shows_the_distribution_only_for_an_accepted_fast_read() -> None:
+    q, req = one({"type": "noul"})
+    proba = {"yes": 0.6, "no": 0.4}
+    accepted = decision(req, "yes", route="cache", proba=proba)  # threshold 0.9 in `decision`
+    assert render_answer(q, accepted)["noul"] == 1.0  # type: ignore[index]  # 0.6 < 0.9: slow
+    fast = Decision("d", "q", "yes", "cache", 0.95, 0.9, 0.9, "p", 1.0, {"yes": 0.95, "no": 0.05})
+    out = render_answer(q, fast)
+    assert out is not None and out["noul"] == 0.95 and out["confidence"] == 0.95
+    no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba)
+    assert render_answer(q, no_bar)["confidence"] is None  # type: ignore[index]
