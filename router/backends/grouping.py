@@ -1,0 +1,145 @@
+"""Reading a choice with more options than a server accepts in one question (26 on the vLLM
+example server, 128 labels per vLLM slot), by splitting the options into groups.
+
+Combined read (the default): every group question and one question over the groups are read in
+parallel, and the answers are combined into one distribution over all options::
+
+    P(option) = P(group(option)) * P(option | group(option))
+
+The assumption, stated because the result depends on it: the group question's probabilities are
+taken as the mass of each group, and each within-group read is taken as the conditional
+distribution given that group, independent of how the group was chosen (the within-group read
+never sees the other groups). Then the products sum to 1 over all options. When the groups
+themselves exceed the cap, the group question is read the same way, recursively.
+
+Chained read (for comparison only; lossy): read the group question, take its argmax, read only
+that group. Options of the other groups get probability 0, so an error at the first step cannot
+be recovered and its probabilities are not a distribution over the real alternatives. This is the
+ask_if pipeline of the field report, run by the router so it also works on servers that ignore
+``ask_if`` (OpenJev).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal
+
+from policies.types import DecisionRequest, Option, OptionScores
+
+ReadOne = Callable[[DecisionRequest], Awaitable[OptionScores]]
+GroupingMode = Literal["combined", "chained"]
+GROUP_PROMPT = "Answer with the group whose list holds the answer."
+
+
+def split_groups(
+    options: Sequence[Option], *, max_options: int, group_size: int | None = None
+) -> list[tuple[Option, ...]]:
+    """Contiguous groups (request order kept), as few as the cap allows, sizes within one of
+    each other. ``group_size`` asks for smaller groups (never larger than ``max_options``)."""
+    if max_options < 2:
+        raise ValueError(f"max_options must be >= 2, got {max_options}")
+    size = min(group_size or max_options, max_options)
+    if size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    n_groups = math.ceil(len(options) / size)
+    base, extra = divmod(len(options), n_groups)
+    groups, start = [], 0
+    for i in range(n_groups):
+        stop = start + base + (1 if i < extra else 0)
+        groups.append(tuple(options[start:stop]))
+        start = stop
+    return groups
+
+
+def group_request(request: DecisionRequest, groups: Sequence[tuple[Option, ...]]) -> DecisionRequest:
+    """The question over the groups: one option per group, its members named in the description."""
+    options = tuple(
+        Option(f"group_{i + 1}", "one of: " + ", ".join(o.name for o in group))
+        for i, group in enumerate(groups)
+    )
+    instructions = f"{request.instructions} {GROUP_PROMPT}".strip()
+    return dataclasses.replace(request, options=options, instructions=instructions)
+
+
+def member_request(request: DecisionRequest, group: tuple[Option, ...]) -> DecisionRequest:
+    return dataclasses.replace(request, options=group)
+
+
+async def grouped_read(
+    request: DecisionRequest,
+    read_one: ReadOne,
+    *,
+    max_options: int,
+    mode: GroupingMode = "combined",
+    group_size: int | None = None,
+) -> OptionScores:
+    """Read ``request`` through ``read_one`` (which accepts at most ``max_options`` options)."""
+    if mode == "combined":
+        return await _combined(request, read_one, max_options=max_options, group_size=group_size)
+    if mode == "chained":
+        return await _chained(request, read_one, max_options=max_options, group_size=group_size)
+    raise ValueError(f"mode must be 'combined' or 'chained', got {mode!r}")
+
+
+async def _read_small(request: DecisionRequest, read_one: ReadOne) -> OptionScores:
+    if len(request.options) == 1:  # nothing to read: one alternative has all the mass
+        return OptionScores(request.option_names, (1.0,), {"reads": 0})
+    return await read_one(request)
+
+
+async def _combined(
+    request: DecisionRequest, read_one: ReadOne, *, max_options: int, group_size: int | None
+) -> OptionScores:
+    if len(request.options) <= max_options:
+        return await _read_small(request, read_one)
+    groups = split_groups(request.options, max_options=max_options, group_size=group_size)
+    reads = [group_request(request, groups)] + [member_request(request, g) for g in groups]
+    group_scores, *member_scores = await asyncio.gather(
+        *(_combined(r, read_one, max_options=max_options, group_size=group_size) for r in reads)
+    )
+    proba = [
+        p_group * p_member
+        for p_group, members in zip(group_scores.proba, member_scores)
+        for p_member in members.proba
+    ]
+    total = math.fsum(proba)
+    raw = {
+        "grouped": {
+            "mode": "combined",
+            "groups": len(groups),
+            "group_proba": list(group_scores.proba),
+            "reads": 1 + len(groups),
+        }
+    }
+    return OptionScores(request.option_names, tuple(p / total for p in proba), raw)
+
+
+async def _chained(
+    request: DecisionRequest, read_one: ReadOne, *, max_options: int, group_size: int | None
+) -> OptionScores:
+    if len(request.options) <= max_options:
+        return await _read_small(request, read_one)
+    groups = split_groups(request.options, max_options=max_options, group_size=group_size)
+    group_scores = await _chained(
+        group_request(request, groups), read_one, max_options=max_options, group_size=group_size
+    )
+    chosen = group_scores.top_index
+    member = await _chained(
+        member_request(request, groups[chosen]), read_one,
+        max_options=max_options, group_size=group_size,
+    )
+    within = dict(zip(member.options, member.proba))
+    proba = tuple(within.get(name, 0.0) for name in request.option_names)
+    raw = {
+        "grouped": {
+            "mode": "chained",
+            "groups": len(groups),
+            "group_proba": list(group_scores.proba),
+            "chosen_group": chosen,
+            "reads": 2,
+        }
+    }
+    return OptionScores(request.option_names, proba, raw)
