@@ -3,18 +3,23 @@ slow path, the real routing service, cache and policies (fallback threshold 0.9)
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
 
 from policies.types import DecisionRequest
 from router.app import create_app
 from router.backends.mock import MockBackend
 from router.settings import Settings
 from router.slow import SlowAnswer
+from tests.conftest import free_port
 
 
 def confident(request: DecisionRequest) -> Sequence[float]:
@@ -68,10 +73,23 @@ def slow() -> RecordingSlow:
 
 
 @pytest.fixture
-async def client(slow: RecordingSlow, tmp_path: Any) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(max_options=200)
-    app = create_app(settings, backend=MockBackend(confident), slow=slow,
-                     decision_log=MemoryLog())
+def reads() -> list[str]:
+    """Question ids the fast backend was asked, in order."""
+    return []
+
+
+def make_app(slow: RecordingSlow, reads: list[str]) -> FastAPI:
+    def handler(request: DecisionRequest) -> Sequence[float]:
+        reads.append(request.question_id)
+        return confident(request)
+
+    settings = Settings(max_options=200, max_body_bytes=4096)
+    return create_app(settings, backend=MockBackend(handler), slow=slow, decision_log=MemoryLog())
+
+
+@pytest.fixture
+async def client(slow: RecordingSlow, reads: list[str]) -> AsyncIterator[httpx.AsyncClient]:
+    app = make_app(slow, reads)
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=transport, base_url="http://test"
@@ -163,20 +181,45 @@ async def test_escalated_answer_has_no_distribution(
          "question 'q\n': ids must be non-empty after trimming, with no ':' or newline"),
     ],
 )
-async def test_422_dialect(client: httpx.AsyncClient, slow: RecordingSlow,
+async def test_422_dialect(client: httpx.AsyncClient, slow: RecordingSlow, reads: list[str],
                            payload: dict[str, Any], message: str) -> None:
     r = await post(client, payload)
     assert r.status_code == 422
-    assert r.json() == {"error": {"message": message, "type": "validation_error",
-                                  "field": r.json()["error"]["field"]}}
-    assert slow.asked == []
+    assert r.json() == {"error": {"message": message, "type": "validation_error"}}
+    assert slow.asked == [] and reads == []
 
 
-async def test_malformed_json_400_dialect(client: httpx.AsyncClient) -> None:
+async def test_malformed_json_400_dialect(client: httpx.AsyncClient, reads: list[str]) -> None:
     r = await client.post("/v1/systemone", content=b"{not json",
                           headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["message"].startswith("invalid body: ") and reads == []
+
+
+async def test_body_over_the_limit_is_413_in_the_dialect(
+    client: httpx.AsyncClient, reads: list[str]
+) -> None:
+    r = await post(client, {"state": "x" * 5000, "questions": {"q": {"type": "noul"}}})
+    assert r.status_code == 413 and set(r.json()["error"]) == {"message", "type"}
+    assert reads == []
+
+
+async def test_multipart_request_part(client: httpx.AsyncClient) -> None:
+    request = {"state": "s", "questions": {"urgent": {"type": "noul"}}}
+    r = await client.post("/v1/systemone", files={"request": (None, json.dumps(request))})
+    assert r.status_code == 200, r.text
+    assert r.json()["answers"]["urgent"]["answer"] == "yes"
+
+
+async def test_escalation_unavailable_is_503_in_the_dialect(
+    client: httpx.AsyncClient, slow: RecordingSlow
+) -> None:
+    slow.available = False
+    r = await post(client, {"state": "s", "questions": {"q": {"type": "noul",
+                                                               "instructions": "unsure"}}})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "upstream_error"
+    assert "escalation" in r.json()["error"]["message"].lower() and slow.asked == []
 
 
 async def test_cached_fast_read_keeps_its_distribution(client: httpx.AsyncClient) -> None:
@@ -185,3 +228,25 @@ async def test_cached_fast_read_keeps_its_distribution(client: httpx.AsyncClient
     second = (await post(client, payload)).json()["answers"]["urgent"]
     assert (first["route"], second["route"]) == ("fast", "cache")
     assert second["noul"] == pytest.approx(first["noul"]) and second["confidence"] is not None
+
+
+async def test_ask_if_chain_over_real_http(slow: RecordingSlow, reads: list[str]) -> None:
+    """The same chain through uvicorn on loopback: a real socket, real content-length."""
+    port = free_port()
+    config = uvicorn.Config(make_app(slow, reads), host="127.0.0.1", port=port,
+                            log_level="warning", lifespan="on", ws="none")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            await asyncio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+            r = await c.post("/v1/systemone", json=CHAIN)
+        assert r.status_code == 200, r.text
+        assert r.json()["diagnostics"]["skipped"]["notify"]["was"] is None
+        assert reads == ["fraud", "explain"]
+    finally:
+        server.should_exit = True
+        await task
