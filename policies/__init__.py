@@ -1,5 +1,23 @@
 """Routing policies and the value types shared upward (pure logic: numpy only, no I/O beyond policy files)."""
 
+from policies.file import PolicyFile, PolicyFileError, load_policy
+from policies.rules import BudgetRule, MarginRule, Rule, ThresholdRule, rule_from_dict
+from policies.tuned import TunedPolicy
 from policies.types import Decision, DecisionRequest, Option, OptionScores, Verdict
 
-__all__ = ["Decision", "DecisionRequest", "Option", "OptionScores", "Verdict"]
+__all__ = [
+    "BudgetRule",
+    "Decision",
+    "DecisionRequest",
+    "MarginRule",
+    "Option",
+    "OptionScores",
+    "PolicyFile",
+    "PolicyFileError",
+    "Rule",
+    "ThresholdRule",
+    "TunedPolicy",
+    "Verdict",
+    "load_policy",
+    "rule_from_dict",
+]

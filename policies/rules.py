@@ -1,0 +1,156 @@
+"""Acceptance rules: given calibrated probabilities and the answer (the raw argmax of the fast
+read), accept the fast answer or escalate. Threshold (global or per option), margin, budget.
+
+Every rule is a small object with ``verdict(options, calibrated, index) -> Verdict`` and
+``to_dict()``; ``rule_from_dict`` reads them back from a policy file.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from policies.types import Verdict
+
+
+class Rule(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+        """Accept or escalate the answer ``options[index]`` whose calibrated proba is given."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def _check_unit(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class ThresholdRule:
+    """Accept when the answer's calibrated probability >= its bar: ``per_option[answer]`` if set,
+    else ``threshold``. A bar of None escalates everything: no threshold passed the guarantee."""
+
+    threshold: float | None
+    per_option: Mapping[str, float] = field(default_factory=dict)
+    kind: str = field(default="threshold", init=False)
+
+    def __post_init__(self) -> None:
+        if self.threshold is not None:
+            _check_unit("threshold", self.threshold)
+        for name, bar in self.per_option.items():
+            _check_unit(f"per_option[{name!r}]", bar)
+
+    def bar(self, option: str) -> float | None:
+        return self.per_option.get(option, self.threshold)
+
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+        p, bar = float(calibrated[index]), self.bar(options[index])
+        if bar is None:
+            return Verdict(False, index, p, None, "no guaranteed threshold: escalate everything")
+        if p >= bar:
+            return Verdict(True, index, p, bar, f"p {p:.3f} >= threshold {bar:.3f}")
+        return Verdict(False, index, p, bar, f"p {p:.3f} < threshold {bar:.3f}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "threshold": self.threshold, "per_option": dict(self.per_option)}
+
+
+@dataclass(frozen=True)
+class MarginRule:
+    """Accept when the answer's calibrated probability beats every other option's by at least
+    ``min_margin`` (top-1 minus top-2 when the calibrator kept the argmax; negative otherwise)."""
+
+    min_margin: float
+    kind: str = field(default="margin", init=False)
+
+    def __post_init__(self) -> None:
+        _check_unit("min_margin", self.min_margin)
+
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+        p = float(calibrated[index])
+        runner_up = max((float(q) for j, q in enumerate(calibrated) if j != index), default=0.0)
+        margin = p - runner_up
+        ok = margin >= self.min_margin
+        sign = ">=" if ok else "<"
+        return Verdict(ok, index, p, None, f"margin {margin:.3f} {sign} {self.min_margin:.3f}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "min_margin": self.min_margin}
+
+
+class BudgetRule:
+    """A base rule plus a cap on the escalation rate over the last ``window`` decisions.
+
+    While fewer than ``max_escalation * window`` of the last ``window`` decisions escalated, the
+    base rule decides alone. Once the budget is used up, an answer the base rule would escalate is
+    ACCEPTED instead, and its Verdict says so: ``reason`` starts with "budget exhausted" and
+    ``threshold`` stays the base rule's bar, so probability < threshold is visible. Such answers
+    are outside the tuned guarantee. The window starts empty, so the first ``max_escalation *
+    window`` escalations are always allowed. State is per process and not thread-safe (one event
+    loop); ``reset()`` clears it.
+    """
+
+    kind = "budget"
+
+    def __init__(self, base: Rule, *, max_escalation: float, window: int = 1000) -> None:
+        _check_unit("max_escalation", max_escalation)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        self.base = base
+        self.max_escalation = max_escalation
+        self.window = window
+        self._recent: deque[bool] = deque(maxlen=window)  # True = escalated
+
+    @property
+    def escalation_rate(self) -> float:
+        """Escalations over the last ``window`` decisions (counting an unfilled window as accepts)."""
+        return sum(self._recent) / self.window
+
+    def reset(self) -> None:
+        self._recent.clear()
+
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+        base = self.base.verdict(options, calibrated, index)
+        if base.accept:
+            self._recent.append(False)
+            return base
+        # Would this escalation push the window past its budget?
+        if sum(self._recent) + 1 > self.max_escalation * self.window:
+            self._recent.append(False)
+            reason = (
+                f"budget exhausted (max escalation {self.max_escalation:.2f} of the last "
+                f"{self.window}): accepted below the rule, outside the guarantee; {base.reason}"
+            )
+            return Verdict(True, base.index, base.probability, base.threshold, reason)
+        self._recent.append(True)
+        return base
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base": self.base.to_dict(),
+                "max_escalation": self.max_escalation, "window": self.window}
+
+
+def rule_from_dict(data: Mapping[str, Any]) -> Rule:
+    """Rebuild a rule from ``to_dict()``; unknown kinds or fields raise ValueError naming them."""
+    kind = data.get("kind")
+    fields = {k: v for k, v in data.items() if k != "kind"}
+    try:
+        if kind == "threshold":
+            return ThresholdRule(fields.get("threshold"), dict(fields.get("per_option") or {}))
+        if kind == "margin":
+            return MarginRule(float(fields["min_margin"]))
+        if kind == "budget":
+            return BudgetRule(rule_from_dict(fields["base"]),
+                              max_escalation=float(fields["max_escalation"]),
+                              window=int(fields.get("window", 1000)))
+    except KeyError as exc:
+        raise ValueError(f"rule of kind {kind!r} is missing {exc.args[0]!r}") from exc
+    except TypeError as exc:
+        raise ValueError(f"rule of kind {kind!r}: {exc}") from exc
+    raise ValueError(f"unknown rule kind {kind!r} (threshold, margin, budget)")

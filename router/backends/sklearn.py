@@ -1,0 +1,171 @@
+"""The ``sklearn`` fast backend: a scikit-learn text classifier (TF-IDF word + character n-grams
+and logistic regression, or embeddings + logistic regression, see ``embedding.py``) trained on
+labelled text and saved as a versioned joblib artifact.
+
+Artifact: a joblib dict ``{"format": "slotgate/text-model", "version": 1, "kind", "labels",
+"pipeline", "n_train", "data_hash", "created_at"}``. joblib files are pickles: load only
+artifacts you made. The fingerprint is the artifact file's sha256 plus its kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from policies.types import DecisionRequest, OptionScores
+from router.backends.base import FastBackend
+from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
+
+MODEL_FORMAT = "slotgate/text-model"
+MODEL_VERSION = 1
+MODEL_KINDS = ("tfidf", "wordllama", "minilm")
+
+
+def build_tfidf_pipeline(*, seed: int = 0) -> Any:
+    """TF-IDF over word 1-2-grams and character 3-5-grams, then multinomial logistic regression.
+    Sized so 10k short texts train in well under a minute on 2 cores (~0.91 on BANKING77)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    features = FeatureUnion([
+        ("word", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)),
+        ("char", TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True,
+                                 min_df=3, max_features=20_000)),
+    ])
+    classifier = LogisticRegression(C=10.0, max_iter=300, tol=1e-3, random_state=seed)
+    return Pipeline([("features", features), ("classifier", classifier)])
+
+
+def train_text_model(texts: Sequence[str], labels: Sequence[str], *, kind: str, seed: int = 0
+                     ) -> Any:
+    """A fitted pipeline of the given kind (``tfidf``, ``wordllama`` or ``minilm``)."""
+    if kind == "tfidf":
+        pipeline = build_tfidf_pipeline(seed=seed)
+    elif kind in MODEL_KINDS:
+        from router.backends.embedding import build_embedding_pipeline
+
+        pipeline = build_embedding_pipeline(kind, seed=seed)
+    else:
+        raise ValueError(f"kind must be one of {MODEL_KINDS}, got {kind!r}")
+    if len(set(labels)) < 2:
+        raise ValueError("labels must hold at least 2 distinct classes")
+    return pipeline.fit(list(texts), list(labels))
+
+
+def save_text_model(path: Path, pipeline: Any, *, kind: str, n_train: int, data_hash: str) -> None:
+    """Write the versioned artifact atomically (a failed write leaves nothing behind)."""
+    import joblib
+
+    payload = {
+        "format": MODEL_FORMAT, "version": MODEL_VERSION, "kind": kind,
+        "labels": [str(c) for c in pipeline.classes_], "pipeline": pipeline,
+        "n_train": n_train, "data_hash": data_hash,
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        joblib.dump(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """A loaded artifact: ``predict_proba(texts)`` has one column per label, in ``labels`` order."""
+
+    path: Path
+    kind: str
+    labels: tuple[str, ...]
+    pipeline: Any
+    sha256: str
+    meta: Mapping[str, Any]
+
+    def predict_proba(self, texts: Sequence[str]) -> NDArray[np.float64]:
+        return np.asarray(self.pipeline.predict_proba(list(texts)), dtype=np.float64)
+
+
+def load_text_model(path: Path) -> TextModel:
+    """Load and check an artifact; anything wrong raises ConfigError naming the file and field."""
+    import joblib
+
+    try:
+        data = path.read_bytes()
+        payload = joblib.load(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: model file not found", field="model") from exc
+    except Exception as exc:  # unpickling can raise almost anything; all mean "not our artifact"
+        raise ConfigError(f"{path}: not a slotgate model artifact: {exc}", field="model") from exc
+    if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
+        raise ConfigError(f"{path}: field 'format' is not {MODEL_FORMAT!r}", field="format")
+    if payload.get("version") != MODEL_VERSION:
+        raise ConfigError(f"{path}: field 'version' is {payload.get('version')!r}, this slotgate "
+                          f"reads version {MODEL_VERSION} (re-run `slotgate train`)", field="version")
+    if payload.get("kind") not in MODEL_KINDS:
+        raise ConfigError(f"{path}: field 'kind' is {payload.get('kind')!r}", field="kind")
+    labels = tuple(payload["labels"])
+    if labels != tuple(str(c) for c in payload["pipeline"].classes_):
+        raise ConfigError(f"{path}: field 'labels' does not match the pipeline's classes",
+                          field="labels")
+    meta = {k: v for k, v in payload.items() if k != "pipeline"}
+    return TextModel(path=path, kind=payload["kind"], labels=labels, pipeline=payload["pipeline"],
+                     sha256=hashlib.sha256(data).hexdigest(), meta=meta)
+
+
+class SklearnBackend(FastBackend):
+    """Scores ``DecisionRequest.state`` with a trained text model. Each read covers exactly the
+    request's options: the model's probabilities restricted to them and renormalised (``raw``
+    keeps the mass they had). A requested option the model never learned is BackendRejected."""
+
+    name = "sklearn"
+
+    def __init__(self, model_path: Path | None = None, *, model: TextModel | None = None) -> None:
+        if model is None:
+            if model_path is None:
+                raise ConfigError("the sklearn backend needs a model_path", field="model_path")
+            model = load_text_model(Path(model_path))
+        self.model = model
+        self._index = {label: j for j, label in enumerate(model.labels)}
+
+    def identity(self) -> Mapping[str, Any]:
+        # "sklearn" for every kind, so the embedding subclass fingerprints the same file alike.
+        return {"backend": "sklearn", "kind": self.model.kind, "model_sha256": self.model.sha256}
+
+    def _columns(self, request: DecisionRequest) -> list[int]:
+        unknown = [name for name in request.option_names if name not in self._index]
+        if unknown:
+            raise BackendRejected(
+                f"question {request.question_id!r}: option(s) {unknown[:5]} are not classes of "
+                f"model {self.model.path.name} ({len(self._index)} classes)", field="options")
+        return [self._index[name] for name in request.option_names]
+
+    async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
+        if not requests:
+            return []
+        columns = [self._columns(r) for r in requests]
+        try:
+            proba = await asyncio.to_thread(self.model.predict_proba, [r.state for r in requests])
+        except (ImportError, OSError) as exc:
+            raise BackendUnavailable(f"{self.model.kind} model cannot run: {exc}") from exc
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise BackendMalformed(f"{self.model.kind} model failed to read: {exc}") from exc
+        out = []
+        for request, cols, row in zip(requests, columns, proba, strict=True):
+            sub = row[cols]
+            mass = float(sub.sum())
+            if not np.isfinite(mass) or mass <= 0.0:
+                raise BackendMalformed(f"question {request.question_id!r}: the model gives its "
+                                       "options no probability mass")
+            out.append(OptionScores(request.option_names, tuple(float(p) for p in sub / mass),
+                                    raw={"option_mass": mass}))
+        return out

@@ -1,0 +1,216 @@
+"""Reading labelled text (CSV or JSONL) and the predictions JSONL format every tuning step reads,
+validated once here so that a bad file fails with its name, row and field (PredictionsError).
+
+Predictions format, one JSON object per line::
+
+    {"id": str, "options": [str, ...], "proba": [float, ...], "label": str | null,
+     "text": str (optional), "signature": str (optional), "fingerprint": str (optional)}
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from router.errors import ConfigError
+
+SUM_TOLERANCE = 1e-4  # the same tolerance OptionScores accepts
+
+
+class PredictionsError(ConfigError):
+    """A bad input or predictions file; ``row`` is 1-based over data rows (None: the whole file)."""
+
+    def __init__(self, file: Path | str, row: int | None, field: str | None, message: str) -> None:
+        where = [str(file)]
+        if row is not None:
+            where.append(f"row {row}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        super().__init__(f"{': '.join(where)}: {message}", field=field)
+        self.file = str(file)
+        self.row = row
+
+
+@dataclass(frozen=True)
+class LabelledTexts:
+    """Rows of an input file: ids (the id column, else the 1-based row number), texts, labels."""
+
+    ids: list[str]
+    texts: list[str]
+    labels: list[str | None]
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """A validated predictions file. ``y_true`` is the label's option index, -1 where unknown."""
+
+    path: Path
+    ids: list[str]
+    options: tuple[str, ...]
+    proba: npt.NDArray[np.float64]
+    labels: list[str | None]
+    y_true: npt.NDArray[np.int64]
+    fingerprints: list[str | None]
+    signatures: list[str | None]
+    data_hash: str  # sha256 of the file's bytes
+
+    @property
+    def labelled(self) -> npt.NDArray[np.bool_]:
+        return self.y_true >= 0
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in {".jsonl", ".json", ".ndjson"}
+
+
+def _jsonl_records(path: Path) -> list[dict[str, Any]]:
+    """One dict per non-blank line."""
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PredictionsError(path, len(rows) + 1, None, f"not JSON: {exc}") from exc
+            if not isinstance(obj, dict):
+                raise PredictionsError(path, len(rows) + 1, None, "not a JSON object")
+            rows.append(obj)
+    return rows
+
+
+def _csv_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The header and one dict per row (CRLF-safe: the csv module with ``newline=''``)."""
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        rows: list[dict[str, Any]] = [dict(r) for r in reader]
+        return list(reader.fieldnames or []), rows
+
+
+def read_texts(
+    path: Path, *, text_column: str, label_column: str | None, id_column: str | None = None,
+    require_labels: bool = False,
+) -> LabelledTexts:
+    """Texts (and labels, when ``label_column`` is given) from a CSV or JSONL file."""
+    if not path.is_file():
+        raise PredictionsError(path, None, None, "file not found")
+    header: list[str] | None = None
+    if _is_jsonl(path):
+        records = _jsonl_records(path)
+    else:
+        header, records = _csv_records(path)
+    wanted = [c for c in (text_column, label_column, id_column) if c is not None]
+    for column in wanted:
+        # Checked on the header first, so a header-only file still names the missing column.
+        if header is not None and column not in header:
+            raise PredictionsError(path, None, column, f"missing column (columns: {header})")
+    if not records:
+        raise PredictionsError(path, None, None, "file is empty (no data rows)")
+    ids, texts, labels = [], [], []
+    for row, record in enumerate(records, start=1):
+        for column in wanted:
+            if column not in record:
+                raise PredictionsError(path, row, column, "missing column")
+        text = record[text_column]
+        if not isinstance(text, str) or not text.strip():
+            raise PredictionsError(path, row, text_column, "empty or not a string")
+        label = record[label_column] if label_column is not None else None
+        if label is not None and not isinstance(label, str):
+            raise PredictionsError(path, row, label_column, "label is not a string")
+        label = label or None
+        if require_labels and label is None:
+            raise PredictionsError(path, row, label_column, "label is empty")
+        ids.append(str(record[id_column]) if id_column else str(record.get("id") or row))
+        texts.append(text)
+        labels.append(label)
+    if len(set(ids)) != len(ids):
+        raise PredictionsError(path, None, id_column or "id", "ids are not unique")
+    return LabelledTexts(ids, texts, labels)
+
+
+def write_predictions(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write rows atomically (a temporary file renamed into place: a failure leaves nothing)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(dict(row), ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _check_row(path: Path, row: int, obj: dict[str, Any]) -> tuple[list[str], list[float]]:
+    for key in ("id", "options", "proba", "label"):
+        if key not in obj:
+            raise PredictionsError(path, row, key, "missing field")
+    if not isinstance(obj["id"], str) or not obj["id"]:
+        raise PredictionsError(path, row, "id", "must be a non-empty string")
+    options = obj["options"]
+    if not isinstance(options, list) or len(options) < 2 or not all(
+        isinstance(o, str) for o in options
+    ):
+        raise PredictionsError(path, row, "options", "must be a list of at least 2 strings")
+    if len(set(options)) != len(options):
+        raise PredictionsError(path, row, "options", "option names repeat")
+    proba = obj["proba"]
+    if not isinstance(proba, list) or len(proba) != len(options):
+        raise PredictionsError(path, row, "proba", f"must be a list of {len(options)} numbers")
+    for j, p in enumerate(proba):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise PredictionsError(path, row, "proba", f"value {p!r} at index {j} is outside [0, 1]")
+    total = math.fsum(proba)
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise PredictionsError(path, row, "proba", f"sums to {total:.6f}, not 1")
+    label = obj["label"]
+    if label is not None and label not in options:
+        raise PredictionsError(path, row, "label", f"{label!r} is not among the options")
+    return options, [float(p) for p in proba]
+
+
+def read_predictions(path: Path) -> Predictions:
+    """Read and validate a predictions file; any problem raises PredictionsError."""
+    if not path.is_file():
+        raise PredictionsError(path, None, None, "file not found")
+    data = path.read_bytes()
+    records = _jsonl_records(path)
+    if not records:
+        raise PredictionsError(path, None, None, "file is empty (no prediction rows)")
+    first: list[str] | None = None
+    ids: list[str] = []
+    probas: list[list[float]] = []
+    labels: list[str | None] = []
+    fingerprints: list[str | None] = []
+    signatures: list[str | None] = []
+    for row, obj in enumerate(records, start=1):
+        options, proba = _check_row(path, row, obj)
+        if first is None:
+            first = options
+        elif options != first:
+            raise PredictionsError(path, row, "options", "differ from row 1's options")
+        ids.append(obj["id"])
+        probas.append(proba)
+        labels.append(obj["label"])
+        fingerprints.append(obj.get("fingerprint"))
+        signatures.append(obj.get("signature"))
+    if len(set(ids)) != len(ids):
+        raise PredictionsError(path, None, "id", "ids are not unique")
+    assert first is not None
+    index = {name: j for j, name in enumerate(first)}
+    y_true = np.array([index[lab] if lab is not None else -1 for lab in labels], dtype=np.int64)
+    return Predictions(
+        path=path, ids=ids, options=tuple(first), proba=np.asarray(probas, dtype=np.float64),
+        labels=labels, y_true=y_true, fingerprints=fingerprints, signatures=signatures,
+        data_hash=hashlib.sha256(data).hexdigest(),
+    )
