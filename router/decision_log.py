@@ -1,0 +1,266 @@
+"""The decision log: every decision and every feedback label, append-only, for audit and for
+recalibration from production traffic (``export_predictions`` -> ``slotgate tune``).
+
+Durability: the JSONL file is the record of truth. Each record is one ``os.write`` on an
+O_APPEND descriptor before ``append`` returns (so before the caller's 2xx): it survives the
+process being killed; ``fsync`` runs at most every ``fsync_interval_s`` (0: on every record) and
+on ``aclose``, so a machine crash loses at most that interval. With Redis configured, records are
+*also* added to a Redis stream (and a per-decision key with a TTL, for ``get``): the JSONL copy
+means a Redis restart without persistence loses nothing, and a Redis outage fails no request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class DecisionLog(ABC):
+    """Append-only store of decision records (dicts with a ``decision_id``) and feedback."""
+
+    @abstractmethod
+    async def append(self, record: dict[str, Any]) -> None:
+        """Store one decision record durably (see the module docstring) before returning."""
+
+    @abstractmethod
+    async def get(self, decision_id: str) -> dict[str, Any] | None:
+        """A recent decision's record, or None when unknown."""
+
+    @abstractmethod
+    async def add_feedback(self, decision_id: str, label: str) -> None:
+        """Store the true answer of a logged decision."""
+
+    async def aclose(self) -> None:
+        """Flush everything to disk. Idempotent; a later append reopens."""
+
+
+class JsonlDecisionLog(DecisionLog):
+    """One JSON object per line; an in-memory index of the last ``max_index`` decisions (rebuilt
+    from the file's tail at start-up) serves ``get``."""
+
+    def __init__(self, path: Path | str, *, fsync_interval_s: float = 1.0,
+                 max_index: int = 100_000) -> None:
+        self.path = Path(path)
+        self.fsync_interval_s = fsync_interval_s
+        self.max_index = max_index
+        self._fd: int | None = None
+        self._last_fsync = time.monotonic()
+        self._index: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        for record in read_records(self.path):
+            if record.get("type", "decision") == "decision":
+                self._remember(record)
+
+    async def append(self, record: dict[str, Any]) -> None:
+        if not record.get("decision_id"):
+            raise ValueError("record needs a decision_id")
+        record = {"type": "decision", **record}
+        await self._write(record)
+        self._remember(record)
+
+    async def get(self, decision_id: str) -> dict[str, Any] | None:
+        return self._index.get(decision_id)
+
+    async def add_feedback(self, decision_id: str, label: str) -> None:
+        await self._write(feedback_record(decision_id, label))
+
+    async def aclose(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            await asyncio.to_thread(_fsync_close, fd)
+
+    async def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+        if self._fd is None:
+            self._fd = _open_for_append(self.path)
+        # One write per record on O_APPEND: lines from concurrent writers never interleave.
+        os.write(self._fd, (line + "\n").encode())
+        if time.monotonic() - self._last_fsync >= self.fsync_interval_s:
+            self._last_fsync = time.monotonic()
+            await asyncio.to_thread(os.fsync, self._fd)
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        self._index[str(record["decision_id"])] = record
+        self._index.move_to_end(str(record["decision_id"]))
+        while len(self._index) > self.max_index:
+            self._index.popitem(last=False)
+
+
+class RedisStreamDecisionLog(DecisionLog):
+    """XADD to a Redis stream plus a per-decision key with a TTL, on top of the JSONL file (which
+    is written first and is what ``export_predictions`` reads). Redis failures are logged and
+    counted, never raised: the JSONL copy already holds the record."""
+
+    def __init__(self, url: str, stream: str, *, also_jsonl: Path | str,
+                 ttl_s: int = 7 * 24 * 3600, max_stream_len: int = 1_000_000,
+                 timeout_s: float = 0.25) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.stream = stream
+        self.ttl_s = ttl_s
+        self.max_stream_len = max_stream_len
+        self.jsonl = JsonlDecisionLog(also_jsonl)
+        self.redis_errors = 0
+        self.client: Any = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0))
+
+    def _key(self, decision_id: str) -> str:
+        # Ids come from clients (feedback): hashed, so nothing they hold reaches a key.
+        return f"{self.stream}:decision:{hashlib.sha256(decision_id.encode()).hexdigest()}"
+
+    async def append(self, record: dict[str, Any]) -> None:
+        await self.jsonl.append(record)
+        data = json.dumps({"type": "decision", **record}, separators=(",", ":"), default=_jsonable)
+        await self._redis("append", self._xadd_and_set, data, str(record["decision_id"]))
+
+    async def get(self, decision_id: str) -> dict[str, Any] | None:
+        raw = await self._redis("get", self.client.get, self._key(decision_id))
+        if raw is not None:
+            value: dict[str, Any] = json.loads(raw)
+            return value
+        return await self.jsonl.get(decision_id)
+
+    async def add_feedback(self, decision_id: str, label: str) -> None:
+        await self.jsonl.add_feedback(decision_id, label)
+        record = feedback_record(decision_id, label)
+        await self._redis("add_feedback", self.client.xadd, self.stream,
+                          {"data": json.dumps(record)}, maxlen=self.max_stream_len,
+                          approximate=True)
+
+    async def aclose(self) -> None:
+        await self.jsonl.aclose()
+        await self.client.aclose()
+
+    async def _xadd_and_set(self, data: str, decision_id: str) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xadd(self.stream, {"data": data}, maxlen=self.max_stream_len, approximate=True)
+            pipe.set(self._key(decision_id), data, ex=self.ttl_s)
+            await pipe.execute()
+
+    async def _redis(self, operation: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            return await call(*args, **kwargs)
+        except (RedisError, OSError) as exc:  # OSError covers TimeoutError
+            self.redis_errors += 1
+            if self.redis_errors == 1 or self.redis_errors % 1000 == 0:
+                logger.warning("decision log: redis %s failed (%s, %d so far); the JSONL file has "
+                               "the record", operation, type(exc).__name__, self.redis_errors)
+            return None
+
+
+def make_decision_log(settings: Settings) -> DecisionLog:
+    """The Redis stream (plus JSONL) when a Redis URL is configured, else the JSONL file."""
+    if settings.cache.redis_url:
+        return RedisStreamDecisionLog(settings.cache.redis_url, settings.log.redis_stream,
+                                      also_jsonl=settings.log.decision_log_path,
+                                      ttl_s=settings.cache.ttl_s)
+    return JsonlDecisionLog(settings.log.decision_log_path)
+
+
+def feedback_record(decision_id: str, label: str) -> dict[str, Any]:
+    return {"type": "feedback", "decision_id": decision_id, "label": label, "time": time.time()}
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every parseable record of a JSONL log; a torn last line (a crash mid-write) is skipped."""
+    if not path.is_file():
+        return
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("decision_id"):
+                yield record
+
+
+def export_predictions(source: Settings | Path | str, out_path: Path | str, *,
+                       signature: str | None = None, labelled_only: bool = False) -> int:
+    """Join a JSONL decision log with its feedback into the predictions format (id, options, raw
+    proba, label or null, signature, fingerprint, text); returns the rows written. A predictions
+    file holds one question, so a log of several needs ``signature``. Decisions without a fast
+    read (no proba) are left out; the latest feedback label wins."""
+    from router.predictions import PredictionsError, write_predictions
+
+    path = Path(source) if isinstance(source, str | Path) else source.log.decision_log_path
+    decisions: dict[str, dict[str, Any]] = {}
+    labels: dict[str, str] = {}
+    for record in read_records(path):
+        decision_id = str(record["decision_id"])
+        if record.get("type") == "feedback":
+            labels[decision_id] = str(record["label"])
+        elif record.get("proba") is not None and record.get("options"):
+            decisions[decision_id] = record
+    by_signature: dict[str, list[str]] = {}
+    for decision_id, record in decisions.items():
+        by_signature.setdefault(_question(record), []).append(decision_id)
+    if signature is None and len(by_signature) > 1:
+        listing = ", ".join(f"{s} ({len(ids)} decisions)" for s, ids in
+                            sorted(by_signature.items(), key=lambda kv: -len(kv[1])))
+        raise PredictionsError(path, None, "signature", f"the log holds {len(by_signature)} "
+                               f"different questions; choose one with --signature: {listing}")
+    chosen = by_signature.get(signature, []) if signature else next(iter(by_signature.values()), [])
+    rows = []
+    for decision_id in chosen:
+        record = decisions[decision_id]
+        label = labels.get(decision_id)
+        row = {"id": decision_id, "options": list(record["options"]),
+               "proba": [float(p) for p in record["proba"]],
+               "label": label if label in record["options"] else None}
+        row.update({k: record[k] for k in ("signature", "fingerprint", "text") if record.get(k)})
+        if row["label"] is not None or not labelled_only:
+            rows.append(row)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    write_predictions(Path(out_path), rows)
+    return len(rows)
+
+
+def _question(record: dict[str, Any]) -> str:
+    """What one predictions file may hold: the signature, else the ordered options."""
+    return str(record.get("signature") or json.dumps(record["options"]))
+
+
+def _open_for_append(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    # A crash mid-write can leave a torn last line; end it so the next record starts clean.
+    size = os.fstat(fd).st_size
+    if size:
+        with path.open("rb") as f:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                os.write(fd, b"\n")
+    return fd
+
+
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays, paths and the like, as JSON can hold them."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
