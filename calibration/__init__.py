@@ -27,6 +27,7 @@ from calibration.metrics import (
     risk_coverage_curve,
     top_label_bins,
 )
+from calibration.plots import reliability_diagram, risk_coverage_plot
 from calibration.reliability import ReliabilityBins, reliability_bins
 from calibration.risk import (
     RiskControlResult,
@@ -65,6 +66,8 @@ __all__ = [
     "proportion_ci",
     "read_json_artifact",
     "reliability_bins",
+    "reliability_diagram",
+    "risk_coverage_plot",
     "risk_coverage_curve",
     "top_label_bins",
     "write_json_artifact",

@@ -1,0 +1,45 @@
+"""Versioned JSON artifacts: round trip, header checks, clear errors naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calibration import read_json_artifact, write_json_artifact
+
+
+def test_round_trip_with_header(tmp_path: Path) -> None:
+    path = write_json_artifact(tmp_path / "sub" / "cal.json", "calibrator", {"kind": "none", "x": 1.5})
+    document = json.loads(path.read_text())
+    assert document["format"] == "slotgate/calibrator" and document["version"] == 1
+    assert read_json_artifact(path, "calibrator") == {"kind": "none", "x": 1.5}
+    assert [p.name for p in path.parent.iterdir()] == ["cal.json"]  # no temporary left behind
+
+
+def test_version_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({"format": "slotgate/policy", "version": 2}))
+    with pytest.raises(ValueError, match=r"version 2 is not supported .*reads version 1"):
+        read_json_artifact(path, "policy")
+
+
+def test_wrong_kind_and_bad_json_name_the_file(tmp_path: Path) -> None:
+    path = write_json_artifact(tmp_path / "a.json", "policy", {})
+    with pytest.raises(ValueError, match=r"a\.json: format is 'slotgate/policy'"):
+        read_json_artifact(path, "calibrator")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON"):
+        read_json_artifact(broken, "policy")
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        read_json_artifact(listed, "policy")
+
+
+def test_payload_cannot_shadow_the_header(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="header keys"):
+        write_json_artifact(tmp_path / "a.json", "policy", {"version": 3})
+    assert not (tmp_path / "a.json").exists()
