@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -24,7 +25,7 @@ def make_router() -> APIRouter:
     refused bodies over ``max_body_bytes`` and set the caller's cache namespace."""
     router = APIRouter()
 
-    @router.post("/v1/systemone", tags=["systemone"])
+    @router.post("/v1/systemone", tags=["systemone"], openapi_extra=_openapi_body())
     async def systemone(request: Request) -> JSONResponse:
         started = time.perf_counter()
         settings = request.app.state.settings
@@ -40,7 +41,46 @@ def make_router() -> APIRouter:
             return list(await service.decide(requests, namespace=namespace, messages=None))
 
         outcome = await run_stages(parsed, decide)
+        routes = {d.route for d in outcome.decisions.values()}
+        # One label per request: the costliest route any of its answers took.
+        route = next((r for r in ("slow", "unverified", "fast", "cache") if r in routes), "none")
+        request.app.state.metrics.request(surface="systemone", route=route)
         total_ms = (time.perf_counter() - started) * 1e3
         return JSONResponse(render_response(parsed, outcome, total_ms=total_ms))
 
     return router
+
+
+def _openapi_body() -> dict[str, Any]:
+    """The request body for /docs and schema-driven tests (the parser is the authority)."""
+    question = {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"enum": ["noul", "bool", "boolean", "choice", "score"]},
+            "instructions": {"type": "string"},
+            "criteria": {"anyOf": [
+                {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+                {"type": "array", "items": {"type": "string"}},
+            ]},
+            "depends_on": {"type": "array", "items": {"type": "string"}},
+            "ask_if": {"type": "object", "additionalProperties": {
+                "type": "array", "minItems": 1, "items": {"type": "string"}}},
+            "policy": {"type": "string"},
+        },
+    }
+    body = {
+        "type": "object",
+        "required": ["state", "questions"],
+        "properties": {
+            "model": {"type": "string"},
+            "state": {},
+            "questions": {"type": "object", "minProperties": 1, "additionalProperties": question},
+            "instructions": {"type": "string"},
+            "samples": {"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}]},
+            "seed": {"type": "integer"},
+            "ask": {"type": "array", "items": {"type": "string"}},
+            "policy": {"type": "string"},
+        },
+    }
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}

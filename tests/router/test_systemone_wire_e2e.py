@@ -250,3 +250,15 @@ async def test_ask_if_chain_over_real_http(slow: RecordingSlow, reads: list[str]
     finally:
         server.should_exit = True
         await task
+
+
+async def test_requests_are_counted_in_metrics(client: httpx.AsyncClient) -> None:
+    await post(client, {"state": "s", "questions": {"q": {"type": "noul"}}})
+    text = (await client.get("/metrics")).text
+    assert 'slotgate_requests_total{route="fast",surface="systemone"} 1.0' in text
+
+
+async def test_openapi_describes_the_body(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    body = spec["paths"]["/v1/systemone"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"]["required"] == ["state", "questions"]
