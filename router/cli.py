@@ -378,3 +378,31 @@ def compare(
         ("exact McNemar p", f"{result.p_value:.4g}"),
         ("unpaired rows A / B", f"{summary['unpaired_a']} / {summary['unpaired_b']}"),
     ])
+
+
+@app.command(name="export-log")
+def export_log(
+    out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log.")] = None,
+    log: Annotated[Path | None, typer.Option(help="Decision log JSONL (default: the config's).")] = None,
+    signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
+                                                  "holds several.")] = None,
+    labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
+) -> None:
+    """Join the decision log with its feedback labels into a predictions file."""
+    from router.decision_log import export_predictions
+    from router.predictions import PredictionsError
+    from router.settings import load_settings
+
+    check_out(out, "--out")
+    try:
+        source = log if log is not None else load_settings(config).log.decision_log_path
+    except (FileNotFoundError, ValueError) as exc:
+        fail(f"--config: {exc}")
+    if not source.is_file():
+        fail(f"decision log {source}: file not found")
+    try:
+        n = export_predictions(source, out, signature=signature, labelled_only=labelled_only)
+    except PredictionsError as exc:
+        fail(exc.message)
+    typer.echo(f"wrote {n} predictions from {source} to {out}")
