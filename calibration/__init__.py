@@ -67,8 +67,8 @@ __all__ = [
     "read_json_artifact",
     "reliability_bins",
     "reliability_diagram",
-    "risk_coverage_plot",
     "risk_coverage_curve",
+    "risk_coverage_plot",
     "top_label_bins",
     "write_json_artifact",
 ]

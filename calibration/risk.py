@@ -85,10 +85,12 @@ def guaranteed_threshold(confidence: ArrayLike, correct: ArrayLike, *, target_ac
     accuracy is monotone in the threshold. Here the order is every float in [0, 1], descending
     (fixed in advance); the accepted set only changes at observed confidences, so walking the
     distinct observed values tests the same hypotheses with the same outcomes, and every rejected
-    threshold, the kept one included, carries the guarantee. The start of the walk depends on the
-    confidences only, never on correctness, so given the confidences the order is still fixed.
-    Answers are exchangeable draws of the same source as the tuning rows is the one assumption;
-    ``tests/calibration/test_risk.py`` checks the violation rate by simulation.
+    threshold, the kept one included, carries the guarantee. Skipping the first few candidates
+    depends on the confidences only, never on correctness, so given the confidences the order
+    is still fixed; the argument is then exact for the accuracy expected on rows with these
+    confidences and approximate (to sampling noise in where the start falls) for new rows.
+    Assumed: new answers come from the same source as the tuning rows (exchangeable).
+    ``tests/calibration/test_risk.py`` checks the violation rate on fresh data by simulation.
     """
     conf, hits = check_confidence_correct(confidence, correct)
     target = check_fraction(target_accuracy, name="target_accuracy", low_open=True)
