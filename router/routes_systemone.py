@@ -11,8 +11,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from policies.types import Decision, DecisionRequest
-from router.wire.systemone import decode_body, parse_request
+from router.wire.systemone import parse_request
 from router.wire.systemone_answers import render_response, run_stages
+from router.wire.systemone_body import decode_body
 
 
 def make_router() -> APIRouter:

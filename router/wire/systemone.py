@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from email import policy as email_policy
-from email.parser import BytesParser
 from typing import Any
 
 from policies.types import Option, QuestionKind
@@ -82,17 +80,6 @@ class SystemOneRequest:
 
     def question(self, question_id: str) -> Question:
         return next(q for q in self.questions if q.id == question_id)
-
-
-def decode_body(body: bytes, *, content_type: str | None) -> Any:
-    """The JSON payload of a body: the whole body, or a multipart form's ``request`` part."""
-    media = (content_type or "").split(";")[0].strip().lower()
-    if media == "multipart/form-data":
-        body = _request_part(body, content_type or "")
-    try:
-        return json.loads(body, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
-        raise InvalidBody(f"invalid body: {exc}") from exc
 
 
 def parse_request(payload: Any, *, max_questions: int, max_options: int) -> SystemOneRequest:
@@ -301,29 +288,3 @@ def _policy_name(raw: Any, field: str) -> str | None:
 def _text(value: Any) -> str:
     """Strings as they are, anything else as JSON text (unescaped non-ASCII, as [DG] fixed it)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _request_part(body: bytes, content_type: str) -> bytes:
-    """The ``request`` part of a multipart form (stdlib parser: no python-multipart needed)."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
-    message = BytesParser(policy=email_policy.HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise InvalidBody("invalid body: a multipart form needs a 'request' part")
-    found: bytes | None = None
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if name == "request" and found is None:
-            payload = part.get_payload(decode=True)
-            found = payload if isinstance(payload, bytes) else b""
-        elif part.get_filename() is not None or name in ("image", "images"):
-            raise SystemOneError("images: slotgate reads text state only; send no image parts",
-                                 field="images")
-        else:
-            raise InvalidBody(f"invalid body: unexpected form part {name!r}")
-    if found is None:
-        raise InvalidBody("invalid body: a multipart form needs a 'request' part")
-    return found

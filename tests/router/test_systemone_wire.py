@@ -10,9 +10,9 @@ from router.wire.systemone import (
     InvalidBody,
     SystemOneError,
     SystemOneRequest,
-    decode_body,
     parse_request,
 )
+from router.wire.systemone_body import decode_body
 
 
 def parse(payload: Any, *, max_questions: int = 64, max_options: int = 1024) -> SystemOneRequest:

@@ -177,6 +177,8 @@ async def test_escalated_answer_has_no_distribution(
     [
         ({"questions": {"q": {"type": "noul"}}}, "state: required"),
         ({"state": "s", "questions": {"q": {"type": "rank"}}}, "question 'q': unknown type 'rank'"),
+        ({"state": "s", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},
+         "question 'q': needs at least two alternatives"),
         ({"state": "s", "questions": {"q\n": {"type": "noul"}}},
          "question 'q\n': ids must be non-empty after trimming, with no ':' or newline"),
     ],

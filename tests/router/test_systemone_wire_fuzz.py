@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.wire.systemone import SystemOneError, SystemOneRequest, decode_body, parse_request
+from router.wire.systemone import SystemOneError, SystemOneRequest, parse_request
+from router.wire.systemone_body import decode_body
 
 scalars = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(
     allow_nan=False, allow_infinity=False) | st.text(max_size=8)
