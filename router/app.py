@@ -89,25 +89,29 @@ async def _build_service(
     settings: Settings, stack: AsyncExitStack, *, backend: Any, slow: Any, cache: Any,
     decision_log: Any, metrics: Any,
 ) -> Any:
-    from router.backends.factory import build_backend
-    from router.cache import make_cache
-    from router.decision_log import make_decision_log
     from router.registry import PolicyRegistry
     from router.service import RoutingService
-    from router.slow import SlowPath
 
     # Closed in reverse order of registration: the log last, so it records every drained decision.
     if decision_log is None:
+        from router.decision_log import make_decision_log
+
         decision_log = make_decision_log(settings)
         stack.push_async_callback(decision_log.aclose)
     if cache is None:
+        from router.cache import make_cache
+
         cache = make_cache(settings.cache, on_error=metrics.cache_error)
         stack.push_async_callback(cache.aclose)
     if backend is None:
+        from router.backends.factory import build_backend
+
         backend = build_backend(settings.fast)
         stack.push_async_callback(backend.aclose)
     registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
     if slow is None:
+        from router.slow import SlowPath  # litellm itself is imported on the first slow call
+
         slow = SlowPath(settings.slow)
         stack.push_async_callback(slow.aclose)
     return RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,

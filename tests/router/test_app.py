@@ -1,0 +1,267 @@
+"""The whole proxy with real parts: uvicorn on loopback, the OpenAI Python SDK as the client, the
+real SlowPath (litellm) escalating to bench/standin_llm.py, which records every call. The fast
+backend is a MockBackend whose handler records what reached it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from bench.standin_llm import StandinHandle, start_standin
+from policies.types import DecisionRequest
+from router.app import create_app
+from router.backends.mock import MockBackend
+from router.settings import Settings
+from tests.conftest import free_port
+
+SLOW_MODEL = "openai/standin"
+INTENTS = ["card_arrival", "lost_card", "exchange_rate"]
+
+
+def enum_format(options: list[str], name: str = "intent") -> dict[str, Any]:
+    return {"type": "json_schema",
+            "json_schema": {"name": name, "schema": {"type": "string", "enum": options}}}
+
+
+class Recorder:
+    """The fast backend's handler: 0.97 on the first option when the text says 'sure', else a
+    spread read (0.5 top) that the 0.9 fallback threshold escalates. Records every state read."""
+
+    def __init__(self) -> None:
+        self.states: list[str] = []
+
+    def __call__(self, request: DecisionRequest) -> list[float]:
+        self.states.append(request.state)
+        k = len(request.options)
+        top = 0.97 if "sure" in request.state else 0.5
+        return [top] + [(1 - top) / (k - 1)] * (k - 1)
+
+
+class Server:
+    """create_app(settings) under uvicorn in a background thread, on a free loopback port."""
+
+    def __init__(self, settings: Settings, **parts: Any) -> None:
+        self.port = free_port()
+        self.app = create_app(settings, **parts)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                ws="none", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("slotgate did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+    def client(self, api_key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0,
+                             timeout=20)
+
+
+def settings_for(standin: StandinHandle | None, tmp_path: Path, **overrides: Any) -> Settings:
+    slow = {"model": SLOW_MODEL, "api_base": standin.api_base, "api_key": "sk-standin-0000",
+            "timeout_s": 10} if standin else {}
+    return Settings(slow={**slow, **overrides.pop("slow", {})},
+                    log={"decision_log_path": tmp_path / "decisions.jsonl"},
+                    policy={"fallback_threshold": 0.9}, **overrides)
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[StandinHandle]:
+    handle = start_standin()
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def server(standin: StandinHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    recorder = Recorder()
+    settings = settings_for(standin, tmp_path_factory.mktemp("app"), max_options=50)
+    with Server(settings, backend=MockBackend(recorder)) as running:
+        running.recorder = recorder  # type: ignore[attr-defined]
+        yield running
+
+
+@pytest.fixture
+def app(server: Server, standin: StandinHandle) -> Server:
+    standin.set_mode("ok")
+    standin.clear()
+    server.recorder.states.clear()  # type: ignore[attr-defined]
+    return server
+
+
+def test_enum_decision_is_answered_fast_through_the_sdk(app: Server, standin: StandinHandle) -> None:
+    raw = app.client().chat.completions.with_raw_response.create(
+        model="anything", response_format=enum_format(INTENTS),  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "I am sure my card has not arrived"}])
+    completion = raw.parse()
+    assert json.loads(completion.choices[0].message.content or "") == "card_arrival"
+    facts = completion.model_extra["slotgate"]  # type: ignore[index]
+    assert (facts["route"], facts["policy_id"], facts["threshold"]) == ("fast", "fallback", 0.9)
+    assert facts["probability"] == pytest.approx(0.97)
+    assert raw.headers["x-slotgate-route"] == "fast"
+    assert raw.headers["x-slotgate-decision-id"] == facts["decision_id"]
+    assert standin.calls() == []
+    assert app.recorder.states == ["I am sure my card has not arrived"]  # type: ignore[attr-defined]
+
+
+def test_object_schema_with_two_enum_properties(app: Server) -> None:
+    schema = {"type": "object", "properties": {
+        "intent": {"type": "string", "enum": INTENTS},
+        "urgent": {"type": "string", "enum": ["yes", "no"]}}}
+    completion = app.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "sure, lost it yesterday"}],
+        response_format={"type": "json_schema",  # type: ignore[typeddict-item]
+                         "json_schema": {"name": "triage", "schema": schema}})
+    assert json.loads(completion.choices[0].message.content or "") == {
+        "intent": "card_arrival", "urgent": "yes"}
+    facts = completion.model_extra["slotgate"]  # type: ignore[index]
+    assert [d["question_id"] for d in facts["decisions"]] == ["intent", "urgent"]
+    assert len(set(facts["decision_id"].split(","))) == 2
+
+
+def test_low_confidence_escalates_to_the_standin_and_only_then(
+    app: Server, standin: StandinHandle
+) -> None:
+    client = app.client()
+    confident = "sure: when does my card arrive?"
+    unsure = "I think my lost_card was stolen"
+    answers = {}
+    for text in (confident, unsure):
+        completion = client.chat.completions.create(
+            model="m", response_format=enum_format(INTENTS),  # type: ignore[arg-type]
+            messages=[{"role": "system", "content": "Banking support."},
+                      {"role": "user", "content": text}])
+        answers[text] = (json.loads(completion.choices[0].message.content or ""),
+                         completion.model_extra["slotgate"]["route"])  # type: ignore[index]
+    assert answers[confident] == ("card_arrival", "fast")
+    assert answers[unsure] == ("lost_card", "slow")  # the stand-in's rule: the option named
+    calls = standin.calls()
+    assert len(calls) == 1
+    sent = calls[0]["body"] if "body" in calls[0] else calls[0]
+    assert unsure in json.dumps(sent) and confident not in json.dumps(sent)
+
+
+def test_plain_chat_passes_through(app: Server, standin: StandinHandle) -> None:
+    completion = app.client().chat.completions.create(
+        model=SLOW_MODEL, messages=[{"role": "user", "content": "hello there"}])
+    assert completion.choices[0].message.content == "echo: hello there"
+    assert len(standin.calls()) == 1 and app.recorder.states == []  # type: ignore[attr-defined]
+
+
+def test_streamed_chat_passes_through_as_events(app: Server, standin: StandinHandle) -> None:
+    stream = app.client().chat.completions.create(
+        model=SLOW_MODEL, stream=True, messages=[{"role": "user", "content": "stream me"}])
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "echo: stream me"
+    assert len(standin.calls()) == 1
+
+
+def test_model_outside_the_allow_list_is_forbidden(app: Server, standin: StandinHandle) -> None:
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        app.client().chat.completions.create(
+            model="openai/gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["param"] == "model"  # type: ignore[index]
+    assert standin.calls() == []
+
+
+BAD_BODIES = [
+    (b'{"model": "m", "messages": [', "body"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": enum_format(["only"])}).encode(),
+     "response_format.json_schema.schema.enum"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": enum_format(["a", 7])}).encode(),
+     "response_format.json_schema.schema.enum.1"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": enum_format([f"o{i}" for i in range(51)])}).encode(),
+     "response_format.json_schema.schema.enum"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": enum_format(["a", "b"], name="a:b")}).encode(),
+     "response_format.json_schema.name"),
+    (json.dumps({"model": "m", "messages": [], "guided_choice": ["a", "b"]}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}],
+                 "guided_choice": ["a", "b"]}).encode(), "messages.0.role"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}],
+                 "guided_choice": ["a", "b"]}).encode(), "model"),
+]
+
+
+@pytest.mark.parametrize(("payload", "field"), BAD_BODIES)
+def test_bad_input_is_a_4xx_naming_the_field_and_reaches_no_backend(
+    app: Server, standin: StandinHandle, payload: bytes, field: str
+) -> None:
+    with httpx.Client(base_url=app.url, timeout=10) as http:
+        response = http.post("/v1/chat/completions", content=payload,
+                             headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and set(error) == {"message", "type", "param", "code"}
+    assert app.recorder.states == [] and standin.calls() == []  # type: ignore[attr-defined]
+
+
+def test_body_over_the_limit_is_413(standin: StandinHandle, tmp_path: Path) -> None:
+    recorder = Recorder()
+    with Server(settings_for(standin, tmp_path, max_body_bytes=4096),
+                backend=MockBackend(recorder)) as small, httpx.Client(base_url=small.url) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}],
+                "guided_choice": ["a", "b"]}
+        response = http.post("/v1/chat/completions", json=body)
+        chunked = http.post("/v1/chat/completions",
+                            content=iter([json.dumps(body).encode()[:3000]] * 2))
+    assert response.status_code == 413 and response.json()["error"]["param"] == "body"
+    assert chunked.status_code == 413
+    assert recorder.states == []
+
+
+def test_feedback_round_trip(app: Server, tmp_path: Path) -> None:
+    completion = app.client().chat.completions.create(
+        model="m", response_format=enum_format(INTENTS),  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "sure thing"}])
+    decision_id = completion.model_extra["slotgate"]["decision_id"]  # type: ignore[index]
+    with httpx.Client(base_url=app.url) as http:
+        ok = http.post("/v1/feedback", json={"decision_id": decision_id, "label": "lost_card"})
+        unknown = http.post("/v1/feedback", json={"decision_id": "nope", "label": "lost_card"})
+        bad_label = http.post("/v1/feedback", json={"decision_id": decision_id, "label": "zzz"})
+    assert ok.status_code == 200 and ok.json()["correct"] is False
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "decision_id"
+    assert bad_label.status_code == 400 and bad_label.json()["error"]["param"] == "label"
+    log_path = app.app.state.settings.log.decision_log_path
+    text = Path(log_path).read_text()
+    assert decision_id in text and "lost_card" in text
+
+
+def test_ops_routes(app: Server) -> None:
+    with httpx.Client(base_url=app.url) as http:
+        app.client().chat.completions.create(
+            model="m", response_format=enum_format(INTENTS),  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "sure"}])
+        assert http.get("/healthz").json() == {"status": "ok"}
+        ready = http.get("/readyz")
+        metrics = http.get("/metrics").text
+        models = http.get("/v1/models").json()
+    assert ready.status_code == 200 and ready.json()["escalation_available"] is True
+    assert 'slotgate_decisions_total{route="fast"}' in metrics
+    assert 'slotgate_stage_latency_seconds_count{stage="fast"}' in metrics
+    assert [m["id"] for m in models["data"]] == [SLOW_MODEL, "slotgate-fast:mock"]
