@@ -1,0 +1,95 @@
+"""The policy file: JSON round trip, a runnable policy, and load errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from calibration.calibrators import make_calibrator
+from policies.file import PolicyFile, PolicyFileError, load_policy
+from policies.rules import ThresholdRule
+from policies.types import OptionScores
+
+
+def make_policy(**overrides: Any) -> PolicyFile:
+    rng = np.random.default_rng(0)
+    proba = rng.dirichlet(np.ones(3) * 0.5, size=200)
+    y_true = np.array([rng.choice(3, p=p) for p in proba])
+    calibrator = make_calibrator("temperature").fit(proba, y_true)
+    fields: dict[str, Any] = dict(
+        name="intents", backend_fingerprint="abc123", calibrator=calibrator.to_dict(),
+        rule=ThresholdRule(0.8).to_dict(), threshold=0.8, target_accuracy=0.95, delta=0.05,
+        bound=0.951, coverage=0.6, n_tune=100, n_calibration=100, data_hash="0" * 64,
+    )
+    fields.update(overrides)
+    return PolicyFile(**fields)
+
+
+def test_round_trip_keeps_every_field_and_the_decisions(tmp_path: Path) -> None:
+    policy = make_policy()
+    path = tmp_path / "policy.json"
+    policy.write(path)
+    loaded = load_policy(path)
+    assert loaded == policy
+    assert loaded.policy_id == policy.policy_id and loaded.policy_id.startswith("intents@")
+    scores = OptionScores(("a", "b", "c"), (0.7, 0.2, 0.1))
+    assert loaded.runtime().decide(scores) == policy.runtime().decide(scores)
+
+
+def test_decide_answers_the_raw_argmax_with_its_calibrated_probability() -> None:
+    runtime = make_policy().runtime()
+    scores = OptionScores(("a", "b", "c"), (0.5, 0.3, 0.2))
+    verdict, calibrated = runtime.decide(scores)
+    assert verdict.index == 0
+    assert verdict.probability == pytest.approx(calibrated[0])
+    assert sum(calibrated) == pytest.approx(1.0)
+    assert verdict.accept == (calibrated[0] >= 0.8)
+
+
+def write(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"version": 2}, "version"),
+    ({"delta": 1.5}, "delta"),
+    ({"calibrator": {"kind": "magic"}}, "calibrator"),
+    ({"rule": {"kind": "threshold", "threshold": 3}}, "rule"),
+    ({"data_hash": "not-a-hash"}, "data_hash"),
+    ({"surprise": 1}, "surprise"),
+])
+def test_load_names_the_bad_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
+    data = json.loads(make_policy().model_dump_json())
+    data.update(change)
+    with pytest.raises(PolicyFileError) as info:
+        load_policy(write(tmp_path, data))
+    assert info.value.field == field
+    assert f"'{field}'" in str(info.value) and "policy.json" in str(info.value)
+
+
+def test_missing_field_is_named(tmp_path: Path) -> None:
+    data = json.loads(make_policy().model_dump_json())
+    del data["target_accuracy"]
+    with pytest.raises(PolicyFileError, match="'target_accuracy'"):
+        load_policy(write(tmp_path, data))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{not json", "not a readable JSON file"),
+    ("[1, 2]", "JSON object"),
+    ('{"format": "other"}', "'format'"),
+])
+def test_unreadable_files_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(PolicyFileError, match=message):
+        load_policy(write(tmp_path, text))
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(PolicyFileError, match="nope.json: policy file not found"):
+        load_policy(tmp_path / "nope.json")
