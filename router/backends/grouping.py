@@ -54,14 +54,25 @@ def split_groups(
     return groups
 
 
-def group_request(request: DecisionRequest, groups: Sequence[tuple[Option, ...]]) -> DecisionRequest:
-    """The question over the groups: one option per group, its members named in the description."""
+def group_request(
+    request: DecisionRequest, groups: Sequence[tuple[Option, ...]], *, depth: int = 0
+) -> DecisionRequest:
+    """The question over the groups: one option per group, naming in its description every base
+    option it holds (for a group of groups too, so the model never sees a name it cannot place)."""
+    prefix = "group" if depth == 0 else f"group{depth + 1}"  # distinct names at each level
     options = tuple(
-        Option(f"group_{i + 1}", "one of: " + ", ".join(o.name for o in group))
+        Option(f"{prefix}_{i + 1}", "one of: " + ", ".join(_leaves(o) for o in group))
         for i, group in enumerate(groups)
     )
-    instructions = f"{request.instructions} {GROUP_PROMPT}".strip()
+    instructions = request.instructions if depth else f"{request.instructions} {GROUP_PROMPT}".strip()
     return dataclasses.replace(request, options=options, instructions=instructions)
+
+
+def _leaves(option: Option) -> str:
+    """The base option names a (possibly group) option stands for, as listed in the prompt."""
+    if option.name.startswith("group") and (option.description or "").startswith("one of: "):
+        return (option.description or "").removeprefix("one of: ")
+    return option.name
 
 
 def member_request(request: DecisionRequest, group: tuple[Option, ...]) -> DecisionRequest:
@@ -91,14 +102,17 @@ async def _read_small(request: DecisionRequest, read_one: ReadOne) -> OptionScor
 
 
 async def _combined(
-    request: DecisionRequest, read_one: ReadOne, *, max_options: int, group_size: int | None
+    request: DecisionRequest, read_one: ReadOne, *, max_options: int, group_size: int | None,
+    depth: int = 0,
 ) -> OptionScores:
     if len(request.options) <= max_options:
         return await _read_small(request, read_one)
     groups = split_groups(request.options, max_options=max_options, group_size=group_size)
-    reads = [group_request(request, groups)] + [member_request(request, g) for g in groups]
     group_scores, *member_scores = await asyncio.gather(
-        *(_combined(r, read_one, max_options=max_options, group_size=group_size) for r in reads)
+        _combined(group_request(request, groups, depth=depth), read_one,
+                  max_options=max_options, group_size=group_size, depth=depth + 1),
+        *(_combined(member_request(request, g), read_one, max_options=max_options,
+                    group_size=group_size, depth=depth) for g in groups),
     )
     proba = [
         p_group * p_member
@@ -118,18 +132,20 @@ async def _combined(
 
 
 async def _chained(
-    request: DecisionRequest, read_one: ReadOne, *, max_options: int, group_size: int | None
+    request: DecisionRequest, read_one: ReadOne, *, max_options: int, group_size: int | None,
+    depth: int = 0,
 ) -> OptionScores:
     if len(request.options) <= max_options:
         return await _read_small(request, read_one)
     groups = split_groups(request.options, max_options=max_options, group_size=group_size)
     group_scores = await _chained(
-        group_request(request, groups), read_one, max_options=max_options, group_size=group_size
+        group_request(request, groups, depth=depth), read_one,
+        max_options=max_options, group_size=group_size, depth=depth + 1,
     )
     chosen = group_scores.top_index
     member = await _chained(
         member_request(request, groups[chosen]), read_one,
-        max_options=max_options, group_size=group_size,
+        max_options=max_options, group_size=group_size, depth=depth,
     )
     within = dict(zip(member.options, member.proba))
     proba = tuple(within.get(name, 0.0) for name in request.option_names)

@@ -22,9 +22,14 @@ from router.backends.base import FastBackend
 from router.backends.grouping import GroupingMode, grouped_read
 from router.backends.http_post import JsonPoster
 from router.errors import BackendMalformed, BackendRejected, ConfigError
+from router.settings import FastBackendSettings
 
 Dialect = Literal["example", "openjev", "jev"]
 YES_NAMES = frozenset({"yes", "true"})
+SETTINGS_OPTIONS = frozenset({
+    "dialect", "model", "max_options", "grouping", "group_size", "samples", "server_revision",
+    "retries_5xx", "max_retry_wait_s",
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,21 @@ class SystemOneBackend(FastBackend):
             base_url=url, api_key=api_key, timeout_s=timeout_s, max_concurrency=max_concurrency,
             retries_5xx=retries_5xx, max_retry_wait_s=max_retry_wait_s, transport=transport,
             what=f"System One server ({dialect})",
+        )
+
+    @classmethod
+    def from_settings(cls, settings: FastBackendSettings) -> SystemOneBackend:
+        """Built from ``fast.url``, ``fast.api_key``, ``fast.timeout_s``, ``fast.max_concurrency``
+        and ``fast.options`` (dialect, model, max_options, grouping, group_size, samples,
+        server_revision, retries_5xx, max_retry_wait_s)."""
+        if not settings.url:
+            raise ConfigError("the systemone backend needs fast.url", field="fast.url")
+        return cls(
+            url=settings.url,
+            api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+            timeout_s=settings.timeout_s,
+            max_concurrency=settings.max_concurrency,
+            **checked_options(settings.options, SETTINGS_OPTIONS, "systemone"),
         )
 
     def identity(self) -> Mapping[str, Any]:
@@ -197,6 +217,17 @@ class SystemOneBackend(FastBackend):
 
     async def aclose(self) -> None:
         await self._poster.aclose()
+
+
+def checked_options(options: Mapping[str, Any], allowed: frozenset[str], kind: str) -> dict[str, Any]:
+    """``fast.options`` as keyword arguments; ConfigError naming any option the backend lacks."""
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"fast.options {unknown} are not options of the {kind} backend "
+            f"(it takes {sorted(allowed)})", field="fast.options",
+        )
+    return dict(options)
 
 
 def _noul_order(request: DecisionRequest) -> tuple[int, int]:

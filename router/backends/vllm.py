@@ -29,7 +29,9 @@ from router.backends.base import FastBackend
 from router.backends.grouping import GroupingMode, grouped_read
 from router.backends.http_post import JsonPoster
 from router.backends.labels import LabelAlphabet, build_alphabet, check_alphabet, load_tokenizer
+from router.backends.systemone import checked_options
 from router.errors import BackendMalformed, ConfigError
+from router.settings import FastBackendSettings
 
 TEMPLATE_VERSION = "slotgate-vllm-v1"  # bump whenever the prompt or canvas layout changes
 DEFAULT_PREAMBLE = (
@@ -39,9 +41,15 @@ DEFAULT_PREAMBLE = (
 VLLM_LABEL_CAP = 128  # vLLM's per-request cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS)
 MISSING_LABEL_PENALTY = 5.0  # the example server's rule for labels absent from the logprobs
 DRAW_SEED_STEP = 7919  # draw j uses seed + 7919*j, as the example server does
+SETTINGS_OPTIONS = frozenset({
+    "model", "tokenizer_path", "labels", "label_cap", "preamble", "thought_block",
+    "answer_prefix", "turn_close_id", "pad_id", "canvas_length", "canvas_step", "vocab_size",
+    "top_logprobs", "samples", "server_samples", "constrained", "enable_thinking", "grouping",
+    "group_size", "retries_5xx", "max_retry_wait_s",
+})
 
 
-class VllmDiffusionBackend(FastBackend):
+class VllmBackend(FastBackend):
     """Reads ``POST {url}/v1/chat/completions`` with ``vllm_xargs`` diffusion fields.
 
     ``tokenizer_path`` is a LOCAL folder with the served model's tokenizer (or pass
@@ -124,6 +132,23 @@ class VllmDiffusionBackend(FastBackend):
             base_url=url, api_key=api_key, timeout_s=timeout_s, max_concurrency=max_concurrency,
             retries_5xx=retries_5xx, max_retry_wait_s=max_retry_wait_s, transport=transport,
             what="vLLM server",
+        )
+
+    @classmethod
+    def from_settings(cls, settings: FastBackendSettings) -> VllmBackend:
+        """Built from ``fast.url``, ``fast.model_path`` (the LOCAL tokenizer folder, unless
+        ``fast.options.tokenizer_path`` names it), ``fast.api_key``, ``fast.timeout_s``,
+        ``fast.max_concurrency`` and the remaining keyword options in ``fast.options``."""
+        if not settings.url:
+            raise ConfigError("the vllm backend needs fast.url", field="fast.url")
+        options = checked_options(settings.options, SETTINGS_OPTIONS, "vllm")
+        options.setdefault("tokenizer_path", settings.model_path)
+        return cls(
+            url=settings.url,
+            api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+            timeout_s=settings.timeout_s,
+            max_concurrency=settings.max_concurrency,
+            **options,
         )
 
     @property
