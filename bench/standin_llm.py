@@ -41,20 +41,26 @@ def rule_chooser(text: str, options: Sequence[str]) -> str:
 
 
 def model_chooser(model_path: Path) -> Chooser:
-    """A chooser backed by a joblib'd scikit-learn estimator (or a dict holding one under
-    ``pipeline``/``model``/``estimator``) with ``predict_proba`` and ``classes_`` over option names.
-    Its choice is restricted to the request's options; no overlap falls back to the rule."""
+    """A chooser backed by a model file: a slotgate text-model artifact (``slotgate train``:
+    TF-IDF or embeddings + logistic regression), or any joblib'd scikit-learn estimator with
+    ``predict_proba`` and ``classes_`` over option names. Its choice is restricted to the
+    request's options; when none of them is a class it knows, the rule decides."""
     import joblib
     import numpy as np
 
     artifact = joblib.load(model_path)
-    if isinstance(artifact, dict):
+    if isinstance(artifact, dict) and artifact.get("format") == "slotgate/text-model":
+        from router.backends.sklearn import load_text_model
+
+        artifact = load_text_model(Path(model_path)).pipeline  # checked: format, version, labels
+    elif isinstance(artifact, dict):
         artifact = next(artifact[k] for k in ("pipeline", "model", "estimator") if k in artifact)
     estimator: Any = artifact
     classes = [str(c) for c in estimator.classes_]
 
     def choose(text: str, options: Sequence[str]) -> str:
-        allowed = [i for i, c in enumerate(classes) if c in set(options)]
+        wanted = set(options)
+        allowed = [i for i, c in enumerate(classes) if c in wanted]
         if not allowed:
             return rule_chooser(text, options)
         proba = np.asarray(estimator.predict_proba([text]))[0]
@@ -279,7 +285,12 @@ def start_standin(*, chooser: Chooser | None = None, model_path: Path | None = N
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    import sys
+
     import uvicorn
+
+    # Run as a script, the repository root is not on sys.path; slotgate artifacts unpickle from it.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
