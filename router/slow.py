@@ -42,7 +42,9 @@ CREDENTIAL_FIELDS = frozenset({
     "headers", "organization", "deployment_id", "litellm_params", "aws_access_key_id",
     "aws_secret_access_key", "vertex_credentials", "azure_ad_token",
 })
-# OpenAI chat-completion fields a passthrough forwards; anything else is refused, named.
+# OpenAI chat-completion fields passed to litellm as arguments. Any other field goes to the
+# upstream in the request body (``extra_body``), never to litellm, whose own keyword arguments
+# (mock_response, fallbacks, callbacks...) a client must not reach.
 PASSTHROUGH_FIELDS = frozenset({
     "messages", "model", "stream", "stream_options", "temperature", "top_p", "n", "stop",
     "max_tokens", "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias",
@@ -176,7 +178,25 @@ class SlowPath:
         yield b"data: [DONE]\n\n"
 
     async def aclose(self) -> None:
-        """litellm keeps its HTTP clients in a process-wide cache; nothing of ours to release."""
+        """Close the HTTP clients litellm cached for the running event loop. litellm keeps them
+        process-wide, keyed by loop, and never closes them, so a stopped app would leave its
+        upstream connections (and its loop's transports) open. Other loops' clients are kept."""
+        import sys
+
+        if "litellm" not in sys.modules:
+            return
+        from litellm.caching.evicted_client_closer import running_loop_token
+
+        cache = _litellm().in_memory_llm_clients_cache
+        suffix = f"-{running_loop_token()}"
+        for key in [k for k in list(cache.cache_dict) if isinstance(k, str) and k.endswith(suffix)]:
+            client = cache.cache_dict.get(key)
+            cache._remove_key(key)
+            close = getattr(client, "aclose", None) or getattr(client, "close", None)
+            if close is not None:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
 
     def _require_model(self) -> str:
         if not self.settings.model:
@@ -187,11 +207,9 @@ class SlowPath:
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object", field="body")
         for name in body:
-            if name in CREDENTIAL_FIELDS:
+            if name in CREDENTIAL_FIELDS or name == "extra_body":
                 raise Forbidden(f"{name} cannot be set by clients; the upstream is configured "
                                 "by the operator", field=name)
-            if name not in PASSTHROUGH_FIELDS:
-                raise InvalidRequest(f"{name} is not supported on passthrough requests", field=name)
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise InvalidRequest("messages must be a non-empty list", field="messages")
         configured = self._require_model()
@@ -200,7 +218,9 @@ class SlowPath:
         if model not in allowed:
             raise Forbidden(f"model {model!r} is not allowed; allowed: {sorted(allowed)}",
                             field="model")
-        return {**{k: v for k, v in body.items() if k != "stream"}, "model": model}
+        kwargs = {k: v for k, v in body.items() if k in PASSTHROUGH_FIELDS and k != "stream"}
+        extra = {k: v for k, v in body.items() if k not in PASSTHROUGH_FIELDS}
+        return {**kwargs, "model": model, **({"extra_body": extra} if extra else {})}
 
     async def _acompletion(self, *, _acquire: bool = True, **kwargs: Any) -> Any:
         litellm = _litellm()

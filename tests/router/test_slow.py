@@ -152,7 +152,7 @@ async def test_passthrough_returns_an_openai_shaped_completion(llm: StandinHandl
     ({"api_base": "http://evil.example/v1"}, Forbidden, "api_base"),
     ({"base_url": "http://evil.example/v1"}, Forbidden, "base_url"),
     ({"api_key": "sk-theirs-123456789"}, Forbidden, "api_key"),
-    ({"mock_response": "x"}, InvalidRequest, "mock_response"),
+    ({"extra_body": {"api_base": "http://evil.example/v1"}}, Forbidden, "extra_body"),
     ({"messages": []}, InvalidRequest, "messages"),
 ])
 async def test_passthrough_refuses_what_clients_may_not_choose(
@@ -162,6 +162,16 @@ async def test_passthrough_refuses_what_clients_may_not_choose(
         await slow_path(llm).complete(full)
     assert getattr(info.value, "field", None) == field
     assert llm.calls() == []  # nothing reached the upstream
+
+
+async def test_unknown_fields_reach_the_upstream_body_not_litellm(llm: StandinHandle) -> None:
+    body = {"model": "openai/standin", "messages": [{"role": "user", "content": "hi"}],
+            "top_k": 5, "mock_response": "mocked", "chat_template_kwargs": {"x": 1}}
+    result = await slow_path(llm).complete(body)
+    assert result["choices"][0]["message"]["content"] == "echo: hi"  # not litellm's mock
+    sent = llm.calls()[0]["body"]
+    assert sent["top_k"] == 5 and sent["mock_response"] == "mocked"
+    assert sent["chat_template_kwargs"] == {"x": 1}
 
 
 async def test_passthrough_allows_listed_models(llm: StandinHandle) -> None:
