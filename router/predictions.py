@@ -110,6 +110,8 @@ def read_texts(
         records = _jsonl_records(path)
     else:
         header, records = _csv_records(path)
+    if not records and not header:
+        raise PredictionsError(path, None, None, "file is empty (no header, no rows)")
     wanted = [c for c in (text_column, label_column, id_column) if c is not None]
     for column in wanted:
         # Checked on the header first, so a header-only file still names the missing column.

@@ -20,11 +20,12 @@ def make_policy(**overrides: Any) -> PolicyFile:
     proba = rng.dirichlet(np.ones(3) * 0.5, size=200)
     y_true = np.array([rng.choice(3, p=p) for p in proba])
     calibrator = make_calibrator("temperature").fit(proba, y_true)
-    fields: dict[str, Any] = dict(
-        name="intents", backend_fingerprint="abc123", calibrator=calibrator.to_dict(),
-        rule=ThresholdRule(0.8).to_dict(), threshold=0.8, target_accuracy=0.95, delta=0.05,
-        bound=0.951, coverage=0.6, n_tune=100, n_calibration=100, data_hash="0" * 64,
-    )
+    fields: dict[str, Any] = {
+        "name": "intents", "backend_fingerprint": "abc123", "calibrator": calibrator.to_dict(),
+        "rule": ThresholdRule(0.8).to_dict(), "threshold": 0.8, "target_accuracy": 0.95,
+        "delta": 0.05, "bound": 0.951, "coverage": 0.6, "n_tune": 100, "n_calibration": 100,
+        "data_hash": "0" * 64,
+    }
     fields.update(overrides)
     return PolicyFile(**fields)
 

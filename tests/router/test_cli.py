@@ -34,15 +34,15 @@ def trained(banking77_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Tr
     """Trained once per session (TF-IDF on 70% of train.csv: ~15 s on 2 cores)."""
     work = tmp_path_factory.mktemp("cli")
     columns = ("--text-column", "text", "--label-column", "category")
-    code, out, err = invoke("train", "--data", banking77_dir / "train.csv", *columns,
+    code, _, err = invoke("train", "--data", banking77_dir / "train.csv", *columns,
                             "--kind", "tfidf", "--out", work / "model.joblib",
                             "--holdout", 0.3, "--holdout-out", work / "tune.csv")
     assert code == 0, err
     for name, data in (("tune", work / "tune.csv"), ("test", banking77_dir / "test.csv")):
-        code, out, err = invoke("predict", "--model", work / "model.joblib", "--data", data,
+        code, _, err = invoke("predict", "--model", work / "model.joblib", "--data", data,
                                 *columns, "--out", work / f"{name}.jsonl")
         assert code == 0, err
-    code, out, err = invoke("tune", "--preds", work / "tune.jsonl", "--target-accuracy", 0.95,
+    code, _, err = invoke("tune", "--preds", work / "tune.jsonl", "--target-accuracy", 0.95,
                             "--delta", 0.05, "--calibrator", "temperature",
                             "--out", work / "policy.json", "--report", work / "tune_report")
     assert code == 0, err
@@ -101,7 +101,7 @@ def test_tune_report_writes_pngs_and_the_policy_records_its_evidence(trained: Tr
 
 def test_max_escalation_keeps_the_guarantee_and_warns(trained: Trained, tmp_path: Path) -> None:
     out_path = tmp_path / "budget.json"
-    code, out, err = invoke("tune", "--preds", trained.tune_preds, "--max-escalation", 0.02,
+    code, _, err = invoke("tune", "--preds", trained.tune_preds, "--max-escalation", 0.02,
                             "--out", out_path)
     assert code == 0, err
     policy = json.loads(out_path.read_text())

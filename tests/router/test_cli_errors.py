@@ -149,7 +149,7 @@ def test_empty_input_file(tmp_path: Path, content: str) -> None:
     data.write_text(content)
     out = tmp_path / "m.joblib"
     result = invoke("train", "--data", data, "--label-column", "category", "--out", out)
-    assert result.exit_code == 2 and str(data) in result.stderr
+    assert result.exit_code == 2 and f"{data}: file is empty" in result.stderr
     assert not out.exists()
 
 
