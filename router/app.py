@@ -50,13 +50,13 @@ def create_app(
                 metrics=app.state.metrics)
             if not app.state.service.escalation_available:
                 log.warning(
-                    "slotgate: ESCALATION UNAVAILABLE: no slow model is configured "
+                    "ESCALATION UNAVAILABLE: no slow model is configured "
                     "(set SLOTGATE_SLOW_MODEL). Decisions below their threshold get %s.",
                     "the fast answer marked 'unverified'" if settings.slow.serve_unverified_on_failure
                     else "a 503 error saying so")
             yield
             if not await app.state.service.drain(timeout_s=SHUTDOWN_DRAIN_S):
-                log.warning("slotgate: shutdown with decisions still in flight after %.0f s",
+                log.warning("shutdown with decisions still in flight after %.0f s",
                             SHUTDOWN_DRAIN_S)
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 

@@ -406,3 +406,19 @@ def export_log(
     except PredictionsError as exc:
         fail(exc.message)
     typer.echo(f"wrote {n} predictions from {source} to {out}")
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config (default: ./slotgate.yaml "
+                                                "when present).")] = None,
+    host: Annotated[str | None, typer.Option(help="Interface (default: the config's).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: the config's).")] = None,
+) -> None:
+    """Run the routing proxy (OpenAI and System One routes) under uvicorn."""
+    from router.server import serve as run_server
+
+    try:
+        run_server(config=config, host=host, port=port)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(f"--config: {exc}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from router.settings import load_settings
 
 log = logging.getLogger("slotgate")
+DEFAULT_CONFIG = Path("slotgate.yaml")  # the repo's own config, read from the working directory
 
 
 def serve(*, config: Path | None = None, host: str | None = None, port: int | None = None) -> None:
@@ -19,10 +20,12 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
 
     from router.app import create_app
 
+    if config is None and DEFAULT_CONFIG.is_file():
+        config = DEFAULT_CONFIG
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(config, **overrides)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("slotgate: fast backend %s, slow model %s, cache %s, policies %s",
+    log.info("fast backend %s, slow model %s, cache %s, policies %s",
              settings.fast.kind, settings.slow.model or "NONE (escalation unavailable)",
              "redis" if settings.cache.redis_url else "in-process",
              [str(p) for p in settings.policy.files] or "none (fallback threshold only)")

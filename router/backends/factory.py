@@ -13,7 +13,7 @@ from router.errors import ConfigError
 from router.settings import FastBackendSettings
 
 # kind -> (module, class). A module may instead offer ``build(settings) -> FastBackend``;
-# otherwise the class is built with ``from_settings(settings)`` when it has it.
+# otherwise the class is built with ``from_settings(settings)``, or from ``model_path`` alone.
 _BACKENDS = {
     "sklearn": ("router.backends.sklearn", "SklearnBackend"),
     "embedding": ("router.backends.embedding", "EmbeddingBackend"),
@@ -21,6 +21,7 @@ _BACKENDS = {
     "vllm": ("router.backends.vllm", "VllmBackend"),
     "torch": ("router.backends.torch_read", "TorchBackend"),
 }
+_FROM_MODEL_PATH = ("sklearn", "embedding")  # their constructors take the artifact path only
 
 
 def build_backend(settings: FastBackendSettings) -> FastBackend:
@@ -33,17 +34,19 @@ def build_backend(settings: FastBackendSettings) -> FastBackend:
     except ImportError as exc:
         raise ConfigError(
             f"fast backend kind {settings.kind!r}: cannot import {module_name} ({exc})") from exc
+    cls: Any = getattr(module, class_name, None)
     try:
         if hasattr(module, "build"):
             backend = module.build(settings)
-        else:
-            cls: Any = getattr(module, class_name, None)
-            if cls is None or not hasattr(cls, "from_settings"):
-                raise ConfigError(
-                    f"fast backend kind {settings.kind!r}: {module_name} has neither build(settings) "
-                    f"nor {class_name}.from_settings(settings)")
+        elif cls is not None and hasattr(cls, "from_settings"):
             backend = cls.from_settings(settings)
-    except (OSError, ValueError, KeyError) as exc:
+        elif cls is not None and settings.kind in _FROM_MODEL_PATH:
+            backend = cls(settings.model_path)
+        else:
+            raise ConfigError(
+                f"fast backend kind {settings.kind!r}: {module_name} has neither build(settings) "
+                f"nor {class_name}.from_settings(settings)")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"fast backend kind {settings.kind!r}: {exc}") from exc
     if not isinstance(backend, FastBackend):
         raise ConfigError(f"fast backend kind {settings.kind!r} did not build a FastBackend")
