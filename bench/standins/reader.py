@@ -31,7 +31,7 @@ class Banking77Reader:
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
 
-        texts, labels = _read_split(Path(data_dir) / "train.csv", max_per_class, seed)
+        texts, labels = read_train(Path(data_dir) / "train.csv", max_per_class, seed)
         self.noise = noise
         self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)
         features = self.vectorizer.fit_transform(texts)
@@ -81,7 +81,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def _read_split(path: Path, max_per_class: int | None, seed: int) -> tuple[list[str], list[str]]:
+def read_train(path: Path, max_per_class: int | None, seed: int) -> tuple[list[str], list[str]]:
+    """train.csv as (texts, labels), at most ``max_per_class`` per intent (seeded sample)."""
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} not found: pass --data (the folder holding BANKING77's train.csv), "
