@@ -46,6 +46,9 @@ def build_backend(settings: FastBackendSettings) -> FastBackend:
             raise ConfigError(
                 f"fast backend kind {settings.kind!r}: {module_name} has neither build(settings) "
                 f"nor {class_name}.from_settings(settings)")
+    except ConfigError as exc:
+        raise ConfigError(f"fast backend kind {settings.kind!r}: {exc.message}",
+                          field=exc.field) from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"fast backend kind {settings.kind!r}: {exc}") from exc
     if not isinstance(backend, FastBackend):
