@@ -20,6 +20,7 @@ from calibration.base import Calibrator
 from calibration.calibrators import make_calibrator
 from calibration.risk import RiskControlResult, budget_threshold, guaranteed_threshold
 from policies.rules import BudgetRule, Rule, ThresholdRule
+from policies.tuned import TunedPolicy
 
 FloatArray = NDArray[np.float64]
 
@@ -87,7 +88,7 @@ def tune(proba: FloatArray, y_true: NDArray[np.int64], *, calibrator: str, targe
     )
 
 
-def evaluate(policy: Any, options: tuple[str, ...], proba: FloatArray, y_true: NDArray[np.int64],
+def evaluate(policy: TunedPolicy, options: tuple[str, ...], proba: FloatArray, y_true: NDArray[np.int64],
              *, n_resamples: int = 300, seed: int = 0) -> dict[str, Any]:
     """Apply a TunedPolicy row by row (as the router would) to labelled reads; metrics with 95%
     intervals (Clopper-Pearson for proportions, bootstrap for ECE)."""

