@@ -2,7 +2,14 @@
 two prediction files. One function per command; heavy imports inside the commands.
 
 Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
-every input is read and checked before the first output is written.
+every input is read and checked before the first output is written. A typical run::
+
+    slotgate train --data train.csv --label-column category --out m.joblib \
+        --holdout 0.3 --holdout-out tune.csv
+    slotgate predict --model m.joblib --data tune.csv --label-column category --out tune.jsonl
+    slotgate predict --model m.joblib --data test.csv --label-column category --out test.jsonl
+    slotgate tune --preds tune.jsonl --target-accuracy 0.95 --delta 0.05 --out policy.json
+    slotgate eval --preds test.jsonl --policy policy.json --json
 """
 
 from __future__ import annotations
@@ -224,9 +231,12 @@ def tune(
     report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
     seed: int = 0,
 ) -> None:
-    """Fit a calibrator on one part of the labelled predictions and choose the guaranteed
-    threshold on the other. With --max-escalation the guaranteed threshold still stands: the
-    policy caps escalation at runtime, and answers it accepts below the threshold say so."""
+    """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
+
+    The labelled rows are split with a fixed seed: one part fits the calibrator, the other
+    chooses the threshold. With --max-escalation the guaranteed threshold still stands: the
+    policy caps escalation at runtime, and answers it accepts below the threshold say so.
+    """
     from calibration.calibrators import calibrator_kinds
     from calibration.metrics import ece
     from policies.file import PolicyFile
@@ -276,6 +286,8 @@ def tune(
          else f"{risk.threshold:.4f}"),
         (f"accuracy lower bound (1-delta = {1 - delta:.2f})", f"{risk.bound:.4f}"),
         ("coverage on threshold rows", f"{risk.coverage:.4f}"),
+        ("escalation on threshold rows", f"{result.escalation_rate:.4f}" + (
+            "" if max_escalation is None else f" (budget {max_escalation}, window {budget_window})")),
         ("ECE before / after (threshold rows)",
          f"{ece(result.proba_before, result.y_true):.4f} / {ece(result.proba_after, result.y_true):.4f}"),
         ("backend fingerprint", fingerprint),
@@ -295,8 +307,11 @@ def evaluate(
     report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Apply a policy to labelled predictions: accuracy, accepted accuracy, coverage,
-    escalation rate, ECE before and after calibration, each with a 95% interval."""
+    """Evaluate a policy on labelled predictions.
+
+    Accuracy, accepted accuracy, coverage, escalation rate, ECE before and after calibration,
+    each with a 95% interval.
+    """
     from policies.file import PolicyFileError, load_policy
     from policies.tuning import evaluate as evaluate_policy
 
@@ -344,7 +359,7 @@ def compare(
     b: Annotated[Path, typer.Argument(help="Predictions JSONL of model B.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Pair rows by id: agreement, who won the discordant pairs, exact McNemar p."""
+    """Compare two prediction files row by row: discordant pairs, exact McNemar p."""
     import numpy as np
 
     from calibration.compare import paired_comparison
