@@ -128,8 +128,10 @@ def read_texts(
         if not isinstance(text, str) or not text.strip():
             raise PredictionsError(path, row, text_column, "empty or not a string")
         label = record[label_column] if label_column is not None else None
+        if isinstance(label, int) and not isinstance(label, bool):
+            label = str(label)  # JSONL class ids: the option is named by the number
         if label is not None and not isinstance(label, str):
-            raise PredictionsError(path, row, label_column, "label is not a string")
+            raise PredictionsError(path, row, label_column, f"label {label!r} is not a string")
         label = label or None
         if require_labels and label is None:
             raise PredictionsError(path, row, label_column, "label is empty")
