@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from router.backends.torch_diffusion import SlotItem, SlotRead, fork_cache
+from router.backends.torch_diffusion import SlotItem, SlotRead, cache_kwarg, fork_cache
 
 
 def label_read(logits: Any, items: Sequence[SlotItem]) -> list[SlotRead]:
@@ -51,6 +51,7 @@ class CausalSlotReader:
         self._entries = prefix_cache_entries
         self._prefixes: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         self.device = next(model.parameters()).device
+        self._cache_kw = cache_kwarg(model.get_decoder().forward)
 
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
         import torch
@@ -79,7 +80,7 @@ class CausalSlotReader:
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            self.model.get_decoder()(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
         self._prefixes[prefix_ids] = cache
         while len(self._prefixes) > self._entries:
             self._prefixes.popitem(last=False)
@@ -100,7 +101,7 @@ class CausalSlotReader:
         positions = (len(prefix) + torch.arange(width)).unsqueeze(0).repeat(len(seqs), 1)
         kwargs: dict[str, Any] = {}
         if prefix:
-            kwargs["past_key_values"] = fork_cache(self.prefix_cache(prefix), len(seqs))
+            kwargs[self._cache_kw] = fork_cache(self.prefix_cache(prefix), len(seqs))
         hidden = self.model.get_decoder()(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device), use_cache=bool(prefix), **kwargs,

@@ -32,7 +32,8 @@ def static_text(request: DecisionRequest, labels: tuple[str, ...], *, preamble: 
     lines += [preamble, f"Question {request.question_id}: {request.instructions}".rstrip()]
     for label, option in zip(labels, request.options):
         detail = f" ({option.description})" if option.description else ""
-        lines.append(f"  {label.strip()}: {option.name}{detail}")
+        shown = label.strip()
+        lines.append(f"  {shown}{detail}" if shown == option.name else f"  {shown}: {option.name}{detail}")
     return "\n".join(lines)
 
 

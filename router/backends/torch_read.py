@@ -16,7 +16,13 @@ from typing import Any, Literal
 
 from policies.types import DecisionRequest, OptionScores, canonical_hash
 from router.backends.base import FastBackend
-from router.backends.labels import LabelAlphabet, build_alphabet, check_alphabet, default_candidates
+from router.backends.labels import (
+    LabelAlphabet,
+    build_alphabet,
+    check_alphabet,
+    default_candidates,
+    single_token_id,
+)
 from router.backends.torch_diffusion import SlotItem, SlotRead
 from router.backends.torch_prompt import (
     DEFAULT_PREAMBLE,
@@ -40,7 +46,9 @@ class TorchBackend(FastBackend):
     ``model_id`` names the weights in the fingerprint (path plus a content hash when loaded from a
     folder). ``samples`` overrides the request's noise draws (diffusion only; the others are
     deterministic and read once). ``label_prefix`` is put before each label when it is checked
-    (" " for BPE models that read " A" after "Answer:").
+    (" " for BPE models that read " A" after "Answer:"). ``label_mode``: ``alphabet`` labels
+    options A, B, ...; ``names`` reads the option names themselves (each must be one distinct
+    token); ``auto`` reads the names when they qualify and the alphabet otherwise.
     """
 
     name = "torch"
@@ -52,13 +60,16 @@ class TorchBackend(FastBackend):
         samples: int | None = None, max_batch: int = 16, max_tokens: int = 512,
         canvas_length: int = 64, canvas_step: int = 16,
         thought_block: str = "<|channel>thought\n<channel|>", turn_close_id: int = 106,
-        pad_id: int = 0,
+        pad_id: int = 0, label_mode: Literal["alphabet", "names", "auto"] = "auto",
     ) -> None:
         if kind not in ("diffusion", "causal", "masked"):
             raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
         self.reader, self.tokenizer, self.kind, self.model_id = reader, tokenizer, kind, model_id
         self.label_prefix = (" " if kind != "masked" else "") if label_prefix is None else label_prefix
         self.alphabet = self._alphabet(labels)
+        if label_mode not in ("alphabet", "names", "auto"):
+            raise ConfigError(f"torch backend: label_mode must be alphabet, names or auto, got {label_mode!r}")
+        self.label_mode = label_mode
         self.preamble, self.answer_prefix = preamble, answer_prefix
         self.samples = samples if kind == "diffusion" else 1
         self.max_batch, self.max_tokens = max_batch, max_tokens
@@ -90,7 +101,8 @@ class TorchBackend(FastBackend):
             "backend": self.name, "kind": self.kind, "model": self.model_id,
             "template": TEMPLATE_VERSION,
             "prompt": canonical_hash([self.preamble, self.answer_prefix])[:16],
-            "labels": list(self.alphabet.labels), "samples": self.samples,
+            "labels": list(self.alphabet.labels), "label_mode": self.label_mode,
+            "samples": self.samples,
         }
         if self.kind == "diffusion":
             ident["canvas"] = self.canvas
@@ -118,15 +130,13 @@ class TorchBackend(FastBackend):
     def item(self, request: DecisionRequest) -> SlotItem:
         """The token-level read of one request; BackendRejected when it cannot be read."""
         n = len(request.options)
-        if n < 2 or n > len(self.alphabet):
-            raise BackendRejected(
-                f"torch backend reads 2 to {len(self.alphabet)} options, got {n}", field="options")
-        labels = self.alphabet.labels[:n]
+        if n < 2:
+            raise BackendRejected(f"torch backend reads 2 or more options, got {n}", field="options")
+        labels, label_ids = self.labels_for(request)
         try:
             prompt = self.prompt(request, labels)
         except ValueError as exc:
             raise BackendRejected(str(exc), field="options") from exc
-        label_ids = self.alphabet.ids[:n]
         if self.kind != "diffusion":
             return SlotItem(prompt.prefix_ids, prompt.suffix_ids, (), 0, label_ids, 1, request.seed)
         canvas = answer_canvas(
@@ -136,6 +146,22 @@ class TorchBackend(FastBackend):
             first_label_id=label_ids[0])
         return SlotItem(prompt.prefix_ids, prompt.suffix_ids, canvas.ids, canvas.slot, label_ids,
                         self.samples or request.samples, request.seed)
+
+    def labels_for(self, request: DecisionRequest) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The option labels and their token ids (see ``label_mode``)."""
+        if self.label_mode != "alphabet":
+            names = [self.label_prefix + name for name in request.option_names]
+            ids = [single_token_id(self.tokenizer, name) for name in names]
+            if None not in ids and len(set(ids)) == len(ids):
+                return tuple(names), tuple(i for i in ids if i is not None)
+            if self.label_mode == "names":
+                raise BackendRejected("option names are not distinct single tokens for this "
+                                      "tokenizer (label_mode names)", field="options")
+        n = len(request.options)
+        if n > len(self.alphabet):
+            raise BackendRejected(
+                f"torch backend reads up to {len(self.alphabet)} options, got {n}", field="options")
+        return self.alphabet.labels[:n], self.alphabet.ids[:n]
 
     def prompt(self, request: DecisionRequest, labels: tuple[str, ...]) -> PromptIds:
         if self.kind == "masked":
