@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 
 def default_data_dir() -> Path:
@@ -125,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/guarantee.json")
     args = parser.parse_args(argv)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # run as a script from a checkout without installing
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
