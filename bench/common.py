@@ -1,155 +1,24 @@
-"""Benchmark harness shared by bench/overhead.py and bench/cache.py: servers as subprocesses on
-free ports, a bounded async load generator, interleaved rounds across paths, percentiles, JSON.
-
-Also runnable as ``python bench/common.py upstream --port P``: an OpenAI-compatible upstream that
-answers at once (a hand-rolled asyncio HTTP/1.1 server, so the upstream costs next to nothing)."""
+"""Benchmark harness shared by bench/overhead.py and bench/cache.py: request bodies, a bounded
+async load generator, interleaved rounds across paths (so noise hits all alike), percentiles,
+the machine's description, JSON results and tables. The servers themselves: bench/peers.py."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
+import math
 import os
 import platform
 import random
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
-LITELLM_BIN = ROOT / "bench" / ".venv-litellm" / "bin" / "litellm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# ---------------------------------------------------------------- servers as subprocesses
-@dataclass
-class Server:
-    """A process we start on ``port`` and poll until ``ready_path`` answers 2xx. Its output goes
-    to a log file (a pipe nobody reads would fill and stall it)."""
-
-    name: str
-    argv: list[str]
-    port: int
-    ready_path: str | None = "/health"  # None: ready once the port accepts connections
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: Path = ROOT
-    ready_timeout_s: float = 90.0
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Self:
-        import httpx
-
-        fd, log = tempfile.mkstemp(prefix=f"bench-{self.name}-", suffix=".log")
-        self.log_path = Path(log)
-        self.proc = subprocess.Popen(
-            self.argv, cwd=self.cwd, env={**os.environ, **self.env},
-            stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        os.close(fd)
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early ({self.proc.returncode}):\n{self.tail()}")
-            if self._ready(httpx):
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"{self.name} not ready in {self.ready_timeout_s}s:\n{self.tail()}")
-
-    def _ready(self, httpx: Any) -> bool:
-        try:
-            if self.ready_path is None:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return True
-            return bool(httpx.get(self.url + self.ready_path, timeout=1.0).status_code < 300)
-        except (OSError, httpx.HTTPError):
-            return False
-
-    def tail(self, n_chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-n_chars:] if self.log_path else ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def upstream_server() -> Server:
-    port = free_port()
-    return Server("upstream", [sys.executable, str(Path(__file__)), "upstream", "--port", str(port)],
-                  port, ready_path="/health")
-
-
-def redis_server(workdir: Path) -> Server:
-    """A private redis-server on a free port (never the machine's 6379); nothing kept on disk."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not installed (Debian: apt-get install -y redis-server)")
-    port = free_port()
-    return Server("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no", "--dir", str(workdir)], port, ready_path=None)
-
-
-def litellm_proxy(upstream_url: str, workdir: Path, *, master_key: str,
-                  model: str = "standin") -> Server:
-    """The LiteLLM proxy (bench/.venv-litellm, see setup_litellm_env.sh) as a peer, one worker,
-    routing ``model`` to our upstream as an OpenAI-compatible endpoint. It refuses to start
-    without a master key, so clients send ``Authorization: Bearer <master_key>``."""
-    if not LITELLM_BIN.exists():
-        raise RuntimeError("LiteLLM proxy not installed: run bash bench/setup_litellm_env.sh")
-    cfg = workdir / "litellm.yaml"
-    cfg.write_text(
-        "model_list:\n"
-        f"  - model_name: {model}\n"
-        "    litellm_params:\n"
-        f"      model: openai/{model}\n"
-        f"      api_base: {upstream_url}/v1\n"
-        "      api_key: sk-bench\n"
-        # As LiteLLM's own benchmark config: no callbacks, no retries.
-        "litellm_settings:\n"
-        "  telemetry: false\n"
-        "  callbacks: []\n"
-        "  num_retries: 0\n"
-        "general_settings:\n"
-        f"  master_key: {master_key}\n"
-    )
-    port = free_port()
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "NO_DOCS": "True",
-           "DISABLE_ADMIN_UI": "True"}
-    return Server("litellm", [str(LITELLM_BIN), "--config", str(cfg), "--host", "127.0.0.1",
-                              "--port", str(port), "--num_workers", "1"],
-                  port, ready_path="/health/liveliness", env=env, ready_timeout_s=180.0)
 
 
 # ---------------------------------------------------------------- request bodies, settings
@@ -157,9 +26,14 @@ MODEL = "standin"
 OPTIONS = ["card_lost", "card_arrival", "balance", "refund", "other"]
 
 
-def chat_body(i: int) -> bytes:
-    return json.dumps({"model": MODEL, "max_tokens": 4,
+def chat_body(i: int, *, model: str = MODEL) -> bytes:
+    return json.dumps({"model": model, "max_tokens": 4,
                        "messages": [{"role": "user", "content": f"hello number {i}"}]}).encode()
+
+
+def slotgate_chat_body(i: int) -> bytes:
+    """A plain chat for slotgate's passthrough, which takes litellm's model string."""
+    return chat_body(i, model=f"openai/{MODEL}")
 
 
 def decision_body(i: int) -> bytes:
@@ -176,74 +50,15 @@ def slotgate_settings(upstream_url: str, workdir: Path, api_key: str, *,
                       redis_url: str | None = None) -> dict[str, Any]:
     """slotgate's settings for a benchmark: its slow path is our upstream through litellm."""
     return {
-        "fast": {"kind": "mock"},
+        # A mock fast read sure of the first option: a decision costs the router, nothing else.
+        "fast": {"kind": "mock", "options": {"top_proba": 0.97}},
         "slow": {"model": f"openai/{MODEL}", "api_base": f"{upstream_url}/v1",
-                 "api_key": "sk-bench", "allowed_models": [MODEL, f"openai/{MODEL}"]},
+                 "api_key": "sk-bench"},
         "cache": {"redis_url": redis_url},
         "log": {"decision_log_path": str(workdir / "decisions.jsonl")},
         # The LiteLLM proxy checks a master key on every request; slotgate checks one too.
         "api_key_hashes": [hashlib.sha256(api_key.encode()).hexdigest()],
     }
-
-
-def slotgate_server(settings: dict[str, Any], workdir: Path) -> Server:
-    """slotgate with ``settings`` (a Settings dict; host and port are filled in) and a mock fast
-    backend that is sure of the first option, so a decision costs the router and nothing else."""
-    import yaml
-
-    port = free_port()
-    cfg = workdir / f"slotgate-{port}.yaml"
-    cfg.write_text(yaml.safe_dump({**settings, "host": "127.0.0.1", "port": port}))
-    argv = [sys.executable, str(Path(__file__)), "slotgate", "--config", str(cfg)]
-    return Server(f"slotgate-{port}", argv, port, ready_path="/healthz")
-
-
-def _serve_slotgate(config: Path) -> None:
-    """The app `slotgate serve` runs, with MockBackend injected (create_app's test seam) and the
-    same server options (uvloop, httptools, no access log)."""
-    import uvicorn
-
-    from router.app import create_app
-    from router.backends.mock import MockBackend
-    from router.settings import load_settings
-
-    def sure_of_first(request: Any) -> list[float]:
-        k = len(request.options)
-        return [0.97] + [0.03 / (k - 1)] * (k - 1)
-
-    settings = load_settings(config)
-    app = create_app(settings, backend=MockBackend(sure_of_first, label="bench"))
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                access_log=False, log_level="warning")
-
-
-class Profiler:
-    """py-spy attached to a running server (``--pid``), sampling until ``stop()``; its output is
-    collapsed stacks (one ``frame;frame;... count`` line per distinct stack)."""
-
-    def __init__(self, pid: int, out: Path, *, rate_hz: int = 250) -> None:
-        spy = Path(sys.executable).parent / "py-spy"
-        if not spy.exists():
-            raise RuntimeError("py-spy not installed: .venv/bin/pip install py-spy")
-        self.out = out
-        self.proc = subprocess.Popen(
-            [str(spy), "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate_hz),
-             "--nonblocking", "--output", str(out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-
-    def stop(self) -> Path | None:
-        self.proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        return self.out if self.out.exists() else None
-
-
-def litellm_version() -> str:
-    py = LITELLM_BIN.parent / "python"
-    return subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-                          capture_output=True, text=True, check=False).stdout.strip()
 
 
 # ---------------------------------------------------------------- load generation
@@ -362,6 +177,15 @@ async def interleaved(paths: Sequence[Target], *, concurrency: int, rounds: int,
     return stats
 
 
+async def profile_load(path: Target, *, concurrency: int, seconds: float) -> LoadResult:
+    """Load on one path for ``seconds`` (while a profiler samples the server)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        return await run_load(session, path, concurrency=concurrency, n_requests=int(seconds * 3000),
+                              max_seconds=seconds, start_index=20_000_000)
+
+
 def summarize(latencies_ms: Sequence[float]) -> dict[str, float]:
     import numpy as np
 
@@ -411,86 +235,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
         table.add_column(c, justify="right" if c != columns[0] else "left")
     for row in rows:
         table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row))
-    Console(stderr=True).print(table)
+    Console(stderr=True, width=160).print(table)
 
 
-def use_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-# ---------------------------------------------------------------- the instant upstream
-_COMPLETION = (
-    b'{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"standin",'
-    b'"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
-    b'"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}'
-)
-_MODELS = b'{"object":"list","data":[{"id":"standin","object":"model","owned_by":"bench"}]}'
-_SSE = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,'
-        b'"model":"standin","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"},'
-        b'"finish_reason":null}]}\n\ndata: {"id":"chatcmpl-bench","object":"chat.completion.chunk",'
-        b'"created":1700000000,"model":"standin","choices":[{"index":0,"delta":{},'
-        b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
-
-
-def _response(body: bytes, content_type: bytes = b"application/json") -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: " + content_type + b"\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-
-class _Upstream(asyncio.Protocol):
-    """HTTP/1.1 with keep-alive and Content-Length bodies (what httpx, aiohttp and the OpenAI
-    SDK send); any POST gets one fixed chat.completion, or SSE chunks when it asks to stream."""
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.buf = b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buf[:end].lower()
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                if line.startswith(b"content-length:"):
-                    length = int(line[15:])
-            if len(self.buf) < end + 4 + length:
-                return
-            body = self.buf[end + 4:end + 4 + length]
-            self.buf = self.buf[end + 4 + length:]
-            if head.startswith(b"post"):
-                streaming = b'"stream":true' in body.replace(b" ", b"")
-                reply = _response(_SSE, b"text/event-stream") if streaming else _response(_COMPLETION)
-            else:
-                reply = _response(_MODELS if b"/models" in head.split(b"\r\n", 1)[0] else b"{}")
-            self.transport.write(reply)
-
-
-def _serve_upstream(port: int) -> None:
-    use_uvloop()
-
-    async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(_Upstream, "127.0.0.1", port)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("command", choices=["upstream", "slotgate"])
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--config", type=Path)
-    args = parser.parse_args()
-    if args.command == "upstream":
-        _serve_upstream(args.port)
-    else:
-        sys.path.insert(0, str(ROOT))
-        _serve_slotgate(args.config)
+def finite(value: float, digits: int = 3) -> float | None:
+    """``value`` rounded, or None where it is NaN/inf (no samples): JSON has no NaN."""
+    return round(value, digits) if math.isfinite(value) else None

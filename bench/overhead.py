@@ -23,9 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
+from bench import common, peers
 
 # (rounds, requests per path per round, seconds cap per segment) for each concurrency.
+PROFILE_S = 10.0  # decision-only load while py-spy samples slotgate
 PLANS = {
     "quick": {1: (4, 300, 3.0), 32: (3, 3000, 2.5)},
     "full": {1: (8, 1000, 8.0), 32: (5, 10000, 6.0)},
@@ -39,7 +40,7 @@ def targets(upstream: str, slotgate: str, litellm: str, api_key: str) -> list[co
         common.Target("slotgate_decision", f"{slotgate}/v1/chat/completions",
                       common.decision_body, auth),
         common.Target("slotgate_passthrough", f"{slotgate}/v1/chat/completions",
-                      common.chat_body, auth),
+                      common.slotgate_chat_body, auth),
         common.Target("litellm", f"{litellm}/v1/chat/completions", common.chat_body, auth,
                       timing_header="x-litellm-overhead-duration-ms"),
     ]
@@ -64,32 +65,6 @@ def analyse(stats: dict[str, common.PathStats]) -> dict[str, Any]:
     return out
 
 
-def profile_top(collapsed: Path, *, n: int = 15) -> dict[str, Any]:
-    """Top functions of py-spy's collapsed stacks: self time (leaf) and inclusive time, as a
-    share of samples taken while the server was busy (idle event-loop waits left out)."""
-    self_n: dict[str, int] = {}
-    incl_n: dict[str, int] = {}
-    busy = 0
-    for line in collapsed.read_text().splitlines():
-        stack, _, count_s = line.rpartition(" ")
-        frames = stack.split(";")
-        if not frames or "select (selectors.py" in frames[-1] or "run_forever" in frames[-1]:
-            continue
-        if any("_run_once" in f for f in frames) and frames[-1].startswith("select"):
-            continue
-        count = int(count_s)
-        busy += count
-        self_n[frames[-1]] = self_n.get(frames[-1], 0) + count
-        for f in set(frames):
-            incl_n[f] = incl_n.get(f, 0) + count
-
-    def top(d: dict[str, int]) -> list[dict[str, Any]]:
-        ranked = sorted(d.items(), key=lambda kv: -kv[1])[:n]
-        return [{"frame": f, "share": c / busy} for f, c in ranked]
-
-    return {"busy_samples": busy, "top_self": top(self_n), "top_inclusive": top(incl_n)}
-
-
 async def measure(plan: dict[int, tuple[int, int, float]], paths: list[common.Target],
                   ) -> dict[str, Any]:
     by_concurrency: dict[str, Any] = {}
@@ -107,38 +82,41 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="run slotgate under py-spy")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
-    common.use_uvloop()
+    peers.use_uvloop()
     api_key = "sk-" + secrets.token_hex(24)
     t0 = time.monotonic()
     machine = common.machine_info()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         work = Path(tmp)
         profile = None
-        with common.upstream_server() as up, \
-                common.litellm_proxy(up.url, work, master_key=api_key) as ll, \
-                common.slotgate_server(common.slotgate_settings(up.url, work, api_key), work) as sg:
-            assert sg.proc is not None
-            spy = common.Profiler(sg.proc.pid, work / "slotgate.collapsed") if args.profile else None
-            results = asyncio.run(measure(PLANS[mode], targets(up.url, sg.url, ll.url, api_key)))
-            collapsed = spy.stop() if spy else None
-            profile = profile_top(collapsed) if collapsed else None
+        with peers.upstream_server() as up, \
+                peers.litellm_proxy(up.url, work, master_key=api_key) as ll, \
+                peers.slotgate_server(common.slotgate_settings(up.url, work, api_key), work) as sg:
+            paths = targets(up.url, sg.url, ll.url, api_key)
+            results = asyncio.run(measure(PLANS[mode], paths))
+            if args.profile:  # after the measurement, so the sampler's CPU never skews it
+                assert sg.proc is not None
+                spy = peers.Profiler(sg.proc.pid, work / "slotgate.collapsed")
+                asyncio.run(common.profile_load(paths[1], concurrency=32, seconds=PROFILE_S))
+                collapsed = spy.stop()
+                profile = peers.profile_top(collapsed) if collapsed else None
 
     c1, c32 = results["1"], results["32"]
     sg_p50 = c1["slotgate_decision"]["added_p50_ms"]
     ll_p50 = c1["litellm"]["added_p50_ms"]
     headline = {
-        "slotgate_p50_ms": round(sg_p50, 3),
-        "slotgate_p99_ms": round(c1["slotgate_decision"]["added_p99_ms"], 3),
-        "slotgate_passthrough_p50_ms": round(c1["slotgate_passthrough"]["added_p50_ms"], 3),
-        "slotgate_passthrough_p99_ms": round(c1["slotgate_passthrough"]["added_p99_ms"], 3),
-        "litellm_p50_ms": round(ll_p50, 3),
-        "litellm_p99_ms": round(c1["litellm"]["added_p99_ms"], 3),
+        "slotgate_p50_ms": common.finite(sg_p50, 3),
+        "slotgate_p99_ms": common.finite(c1["slotgate_decision"]["added_p99_ms"], 3),
+        "slotgate_passthrough_p50_ms": common.finite(c1["slotgate_passthrough"]["added_p50_ms"], 3),
+        "slotgate_passthrough_p99_ms": common.finite(c1["slotgate_passthrough"]["added_p99_ms"], 3),
+        "litellm_p50_ms": common.finite(ll_p50, 3),
+        "litellm_p99_ms": common.finite(c1["litellm"]["added_p99_ms"], 3),
         # An overhead below the timer's resolution would make the ratio meaningless: floor 0.01 ms.
-        "litellm_over_slotgate": round(ll_p50 / max(sg_p50, 0.01), 1),
-        "slotgate_decision_rps_c32": round(c32["slotgate_decision"]["requests_per_s"], 1),
-        "slotgate_passthrough_rps_c32": round(c32["slotgate_passthrough"]["requests_per_s"], 1),
-        "litellm_rps_c32": round(c32["litellm"]["requests_per_s"], 1),
-        "direct_rps_c32": round(c32["direct"]["requests_per_s"], 1),
+        "litellm_over_slotgate": common.finite(ll_p50 / max(sg_p50, 0.01), 1),
+        "slotgate_decision_rps_c32": common.finite(c32["slotgate_decision"]["requests_per_s"], 1),
+        "slotgate_passthrough_rps_c32": common.finite(c32["slotgate_passthrough"]["requests_per_s"], 1),
+        "litellm_rps_c32": common.finite(c32["litellm"]["requests_per_s"], 1),
+        "direct_rps_c32": common.finite(c32["direct"]["requests_per_s"], 1),
     }
     payload = {
         "benchmark": "overhead", "mode": mode, "headline": headline, "by_concurrency": results,
@@ -146,7 +124,7 @@ def main() -> int:
         + (" --profile" if args.profile else ""),
         "machine": machine, "loadavg_at_end": list(__import__("os").getloadavg()),
         "wall_s": round(time.monotonic() - t0, 1), "profile": profile,
-        "litellm_version": common.litellm_version(),
+        "litellm_version": peers.litellm_version(),
     }
     out = common.write_json("overhead.json", payload)
     for conc, res in results.items():

@@ -1,0 +1,215 @@
+"""Cache throughput: decisions/s and p99 when every fast read is a cache hit, with Redis (a private
+redis-server) and with the in-process cache, at concurrency 1/32/128, beside the LiteLLM proxy's
+passthrough throughput in the same run, interleaved; and Redis commands per decision.
+
+    python bench/cache.py --quick      (< 3 min; writes bench/results/cache.json)
+
+Round trips per decision are counted from ``INFO commandstats`` deltas around a run of decisions
+sent one at a time, and round trips from the server's socket reads (``total_reads_processed``),
+so a pipeline of two commands counts as one round trip.
+The last line printed is one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common, peers
+
+N_STATES = 512  # distinct decisions, warmed once, then read again and again: every read a hit
+# (rounds, requests per path per round, seconds cap per segment) for each concurrency.
+PLANS = {
+    "quick": {1: (3, 1500, 1.5), 32: (3, 6000, 1.5), 128: (3, 6000, 1.5)},
+    "full": {1: (5, 5000, 6.0), 32: (5, 20000, 6.0), 128: (5, 20000, 6.0)},
+}
+
+
+def hit_body(i: int) -> bytes:
+    return common.decision_body(i % N_STATES)
+
+
+class RedisCounter:
+    """Snapshots of a Redis server's command calls (``INFO commandstats``) and socket reads
+    (``total_reads_processed``: one per round trip, a pipeline included), through one
+    connection so the snapshots' own cost is a constant that ``overhead_reads`` subtracts."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.snapshot()
+        first, second = self.snapshot(), self.snapshot()
+        self.overhead_reads = second[1] - first[1]
+
+    def snapshot(self) -> tuple[dict[str, int], int]:
+        commands = {k.removeprefix("cmdstat_"): int(v["calls"])
+                    for k, v in self.client.info("commandstats").items() if k != "cmdstat_info"}
+        return commands, int(self.client.info("stats")["total_reads_processed"])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+async def send_sequentially(url: str, bodies: list[bytes], api_key: str) -> list[dict[str, Any]]:
+    import aiohttp
+
+    headers = {"content-type": "application/json", "authorization": f"Bearer {api_key}"}
+    replies = []
+    async with aiohttp.ClientSession() as session:
+        for body in bodies:
+            async with session.post(f"{url}/v1/chat/completions", data=body, headers=headers) as r:
+                payload = await r.read()
+                if r.status >= 300:
+                    raise RuntimeError(f"slotgate answered {r.status}: {payload[:300]!r}")
+                replies.append({"headers": dict(r.headers), "body": json.loads(payload)})
+    return replies
+
+
+def route_of(reply: dict[str, Any]) -> str:
+    """The route slotgate reports (a header or the extra top-level field), for the hit check."""
+    for k, v in reply["headers"].items():
+        if k.lower() == "x-slotgate-route":
+            return str(v)
+    extra = reply["body"].get("slotgate") or {}
+    return str(extra.get("route", "unknown"))
+
+
+async def round_trips(sg_url: str, redis_url: str, api_key: str, n: int) -> dict[str, Any]:
+    """Redis commands and round trips per decision for ``n`` hits (warm states) and ``n``
+    misses (new states), sent one at a time so no two decisions share a round trip."""
+    counter = RedisCounter(redis_url)
+    out: dict[str, Any] = {}
+    try:
+        for kind, bodies in (("hit", [hit_body(i) for i in range(n)]),
+                             ("miss", [common.decision_body(50_000_000 + i) for i in range(n)])):
+            before, reads_before = counter.snapshot()
+            replies = await send_sequentially(sg_url, bodies, api_key)
+            await asyncio.sleep(0.5)  # let any write-behind (decision log, cache set) land
+            after, reads_after = counter.snapshot()
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            delta = {k: v for k, v in delta.items() if v}
+            routes: dict[str, int] = {}
+            for reply in replies:
+                routes[route_of(reply)] = routes.get(route_of(reply), 0) + 1
+            trips = reads_after - reads_before - counter.overhead_reads
+            out[kind] = {"decisions": n, "commands": delta, "routes": routes,
+                         "commands_per_decision": sum(delta.values()) / n,
+                         "round_trips_per_decision": trips / n,
+                         "cache_reads_per_decision": (delta.get("mget", 0) + delta.get("get", 0)) / n}
+    finally:
+        counter.close()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller run, < 3 minutes")
+    parser.add_argument("--profile", action="store_true",
+                        help="then py-spy on slotgate serving Redis hits")
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    peers.use_uvloop()
+    api_key = "sk-" + secrets.token_hex(24)
+    t0 = time.monotonic()
+    machine = common.machine_info()
+    with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
+        work = Path(tmp)
+        with peers.upstream_server() as up, peers.redis_server(work) as rd:
+            redis_url = f"redis://127.0.0.1:{rd.port}/0"
+            (work / "mem").mkdir()
+            with peers.litellm_proxy(up.url, work, master_key=api_key) as ll, \
+                    peers.slotgate_server(common.slotgate_settings(
+                        up.url, work, api_key, redis_url=redis_url), work) as sg_redis, \
+                    peers.slotgate_server(common.slotgate_settings(
+                        up.url, work / "mem", api_key), work / "mem") as sg_mem:
+                results, trips = asyncio.run(run_all(PLANS[mode], up.url, sg_redis.url,
+                                                     sg_mem.url, ll.url, redis_url, api_key))
+                profile = None
+                if args.profile:  # after the measurement, so the sampler never skews it
+                    assert sg_redis.proc is not None
+                    spy = peers.Profiler(sg_redis.proc.pid, work / "slotgate.collapsed")
+                    hits = common.Target("hits", f"{sg_redis.url}/v1/chat/completions", hit_body,
+                                         {"authorization": f"Bearer {api_key}"})
+                    asyncio.run(common.profile_load(hits, concurrency=32, seconds=10.0))
+                    collapsed = spy.stop()
+                    profile = peers.profile_top(collapsed) if collapsed else None
+
+    per_conc = {c: {name: v["requests_per_s"] for name, v in r.items()} for c, r in results.items()}
+    best = {name: max(r[name] for r in per_conc.values()) for name in next(iter(per_conc.values()))}
+    c1 = results["1"]
+    headline = {
+        "slotgate_decisions_per_s": round(best["slotgate_redis_hit"], 1),
+        "slotgate_memory_decisions_per_s": round(best["slotgate_memory_hit"], 1),
+        "litellm_passthrough_per_s": round(best["litellm"], 1),
+        "ratio": round(best["slotgate_redis_hit"] / best["litellm"], 2),
+        "redis_round_trips_per_decision": round(trips["hit"]["round_trips_per_decision"], 3),
+        "redis_cache_reads_per_decision": round(trips["hit"]["cache_reads_per_decision"], 3),
+        "redis_commands_per_decision": round(trips["hit"]["commands_per_decision"], 3),
+        "redis_round_trips_per_miss": round(trips["miss"]["round_trips_per_decision"], 3),
+        "slotgate_redis_hit_p99_ms_c1": round(c1["slotgate_redis_hit"]["p99_ms"], 3),
+        "slotgate_memory_hit_p99_ms_c1": round(c1["slotgate_memory_hit"]["p99_ms"], 3),
+        "litellm_p99_ms_c1": round(c1["litellm"]["p99_ms"], 3),
+    }
+    payload = {
+        "benchmark": "cache", "mode": mode, "headline": headline, "by_concurrency": results,
+        "round_trips": trips, "n_states": N_STATES, "profile": profile,
+        "command": "python bench/cache.py" + (" --quick" if args.quick else "")
+        + (" --profile" if args.profile else ""),
+        "machine": machine, "loadavg_at_end": list(os.getloadavg()),
+        "wall_s": round(time.monotonic() - t0, 1), "litellm_version": peers.litellm_version(),
+    }
+    out = common.write_json("cache.json", payload)
+    for conc, res in results.items():
+        common.print_table(
+            f"cache hits at concurrency {conc} (ms)",
+            ["path", "n", "p50", "p99", "req/s", "errors"],
+            [[k, v["n"], v["p50_ms"], v["p99_ms"], v["requests_per_s"], v["errors"]]
+             for k, v in res.items()])
+    common.print_table("Redis per decision (decisions sent one at a time)",
+                       ["reads", "decisions", "round trips", "commands", "commands", "routes"],
+                       [[k, v["decisions"], v["round_trips_per_decision"],
+                         v["commands_per_decision"], v["commands"], v["routes"]]
+                        for k, v in trips.items()])
+    print(f"wrote {out}", file=sys.stderr)
+    print(json.dumps(headline))
+    return 0
+
+
+async def run_all(plan: dict[int, tuple[int, int, float]], upstream: str, sg_redis: str,
+                  sg_mem: str, litellm: str, redis_url: str, api_key: str,
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    warm = [hit_body(i) for i in range(N_STATES)]
+    for url in (sg_redis, sg_mem):  # the first sight of each state fills the cache
+        await send_sequentially(url, warm, api_key)
+    auth = {"authorization": f"Bearer {api_key}"}
+    paths = [
+        common.Target("direct", f"{upstream}/v1/chat/completions", common.chat_body),
+        common.Target("slotgate_redis_hit", f"{sg_redis}/v1/chat/completions", hit_body, auth),
+        common.Target("slotgate_memory_hit", f"{sg_mem}/v1/chat/completions", hit_body, auth),
+        common.Target("litellm", f"{litellm}/v1/chat/completions", common.chat_body, auth),
+    ]
+    results: dict[str, Any] = {}
+    for concurrency, (rounds, per_round, segment_s) in plan.items():
+        stats = await common.interleaved(paths, concurrency=concurrency, rounds=rounds,
+                                         per_round=per_round, segment_s=segment_s,
+                                         warmup=max(50, concurrency * 2))
+        results[str(concurrency)] = {
+            name: {**common.summarize(s.latencies_ms), "requests_per_s": common.median(s.rounds_rps),
+                   "rounds_rps": s.rounds_rps, "errors": s.errors, "first_error": s.first_error}
+            for name, s in stats.items()}
+    trips = await round_trips(sg_redis, redis_url, api_key, n=200)
+    return results, trips
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
