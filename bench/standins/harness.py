@@ -9,7 +9,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass
@@ -51,12 +51,13 @@ class StandinServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        name = host.decode() if isinstance(host, bytes) else host
+        return f"http://{name}:{port}"
 
     def handle(self, method: str, path: str, body: bytes) -> Reply:
         raise NotImplementedError
 
-    def start(self) -> StandinServer:
+    def start(self) -> Self:
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
         return self
@@ -70,7 +71,7 @@ class StandinServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> StandinServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -112,10 +113,10 @@ def _make_handler(owner: StandinServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_GET(self) -> None:
             self._answer(owner._serve("GET", self.path, None, b""))
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length)
             self._answer(owner._serve("POST", self.path, self.headers.get("authorization"), body))
@@ -135,7 +136,7 @@ def _make_handler(owner: StandinServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # tests would drown in access lines
 
     return Handler

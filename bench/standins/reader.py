@@ -63,11 +63,11 @@ class Banking77Reader:
         if any(members):
             p = self.intent_proba(state)
             mass = np.array([p[m].sum() if m else 0.0 for m in members])
-            return np.log(np.maximum(mass, FLOOR))
+            return np.asarray(np.log(np.maximum(mass, FLOOR)), dtype=float)
         option_texts = [f"{name} {description or ''}".replace("_", " ") for name, description in options]
         vectors = self.vectorizer.transform([state, *option_texts])
         similarity = (vectors[1:] @ vectors[0].T).toarray().ravel()
-        return similarity / SIMILARITY_TEMPERATURE
+        return np.asarray(similarity, dtype=float) / SIMILARITY_TEMPERATURE
 
     def _intents_of(self, name: str, description: str | None) -> list[int]:
         if name in self._index:
@@ -78,7 +78,7 @@ class Banking77Reader:
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
-    return e / e.sum()
+    return np.asarray(e / e.sum(), dtype=float)
 
 
 def read_train(path: Path, max_per_class: int | None, seed: int) -> tuple[list[str], list[str]]:

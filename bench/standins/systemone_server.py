@@ -47,10 +47,11 @@ class SystemOneStandin(StandinServer):
             return Reply(404, {"error": {"message": "unknown route"}})
         try:
             request = json.loads(body)
-            if not isinstance(request, dict):
-                raise ValueError("expected a JSON object")
+            problem = "" if isinstance(request, dict) else "expected a JSON object"
         except ValueError as exc:
-            return Reply(400, {"error": {"message": f"invalid body: {exc}",
+            problem = str(exc)
+        if problem:
+            return Reply(400, {"error": {"message": f"invalid body: {problem}",
                                          "type": "invalid_request_error"}})
         try:
             return Reply(200, self.decide(request))
