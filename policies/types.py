@@ -115,6 +115,9 @@ class Decision:
     latency_ms: float
     probabilities: dict[str, float] | None = None  # calibrated, per option
     note: str | None = None  # e.g. "escalation unavailable: fast answer below threshold"
+    # True when the answer is the slow path's (fresh or from the slow-answer cache): a ``cache``
+    # route alone does not say whether a cached fast read or a cached slow answer was served.
+    escalated: bool = False
 
 
 def canonical_json(payload: Any) -> bytes:

@@ -189,7 +189,8 @@ class RoutingService:
             return Decision(
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
                 None, None, None, policy.policy_id, _ms(started),
-                note=f"fast backend failed ({read.failure}); answered by the slow path")
+                note=f"fast backend failed ({read.failure}); answered by the slow path",
+                escalated=True)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
         index = scores.top_index  # the fast answer is always the raw argmax
@@ -210,7 +211,8 @@ class RoutingService:
         return Decision(
             decision_id, request.question_id, answer, route,  # type: ignore[arg-type]
             calibrated[index], scores.proba[index], verdict.threshold, policy.policy_id,
-            _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note)
+            _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note,
+            escalated=route in ("slow", "cache") and not verdict.accept)
 
     async def _escalate(
         self, request: DecisionRequest, *, namespace: str, messages: list[dict[str, Any]] | None

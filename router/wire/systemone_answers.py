@@ -10,8 +10,7 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
   answer need not be the calibrated top: ``answer`` always names the routed answer.
 - An answer from the slow LLM has no distribution: ``probabilities`` and ``confidence`` are null,
   ``noul`` is 1.0 for yes and 0.0 for no, and ``score`` is the chosen level's 0-based index. A
-  ``cache`` answer is shown like that too unless it looks like an accepted fast read (see
-  ``_accepted_fast``: a Decision does not tell a cached fast read from a cached slow answer).
+  ``cache`` answer is shown like that too when it was a cached slow answer (``Decision.escalated``).
 - ``usage`` has ``input_tokens`` and ``output_tokens`` set to 0: slotgate does not see its
   backends' token counts. It adds ``decisions`` (questions asked) and ``escalations`` (slow answers).
 """
@@ -131,7 +130,7 @@ def render_response(
             "input_tokens": 0,
             "output_tokens": 0,
             "decisions": len(outcome.decisions),
-            "escalations": sum(d.route == "slow" for d in outcome.decisions.values()),
+            "escalations": sum(d.escalated for d in outcome.decisions.values()),
         },
         "diagnostics": {
             "stages": outcome.stages,
@@ -143,22 +142,10 @@ def render_response(
 
 
 def _calibrated(names: tuple[str, ...], decision: Decision) -> list[float] | None:
-    if decision.probabilities is None or decision.route not in _ROUTES_WITH_DISTRIBUTION:
+    if (decision.probabilities is None or decision.escalated
+            or decision.route not in _ROUTES_WITH_DISTRIBUTION):
         return None
-    proba = [float(decision.probabilities.get(name, 0.0)) for name in names]
-    if decision.route == "cache" and not _accepted_fast(names, proba, decision):
-        return None
-    return proba
-
-
-def _accepted_fast(names: tuple[str, ...], proba: list[float], decision: Decision) -> bool:
-    """Whether a ``cache`` decision is a cached fast read the policy accepted rather than a cached
-    slow answer (a Decision does not say): its answer cleared the threshold, or, with no single
-    threshold, is the strict top of the calibrated distribution."""
-    p = proba[names.index(str(decision.answer))]
-    if decision.threshold is not None and decision.probability is not None:
-        return decision.probability >= decision.threshold
-    return sum(q >= p for q in proba) == 1
+    return [float(decision.probabilities.get(name, 0.0)) for name in names]
 
 
 def _route_facts(decision: Decision) -> dict[str, Any]:

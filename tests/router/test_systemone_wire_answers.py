@@ -14,11 +14,12 @@ from router.wire.systemone_answers import render_answer, render_response, run_st
 
 
 def decision(request: DecisionRequest, answer: str | None, *, route: Route = "fast",
-             proba: dict[str, float] | None = None) -> Decision:
+             proba: dict[str, float] | None = None, escalated: bool | None = None) -> Decision:
     return Decision(
         decision_id=f"d-{request.question_id}", question_id=request.question_id, answer=answer,
         route=route, probability=None if proba is None or answer is None else proba[answer],
         raw_probability=None, threshold=0.9, policy_id="p", latency_ms=1.0, probabilities=proba,
+        escalated=route == "slow" if escalated is None else escalated,
     )
 
 
@@ -168,13 +169,13 @@ async def test_response_usage_and_route_facts() -> None:
     assert body["diagnostics"]["timing"] == {"total_ms": 12.346}
 
 
-def test_cache_route_shows_the_distribution_only_for_an_accepted_fast_read() -> None:
+def test_cache_route_shows_the_distribution_only_for_a_cached_fast_read() -> None:
     q, req = one({"type": "noul"})
     proba = {"yes": 0.6, "no": 0.4}
-    accepted = decision(req, "yes", route="cache", proba=proba)  # threshold 0.9 in `decision`
-    assert render_answer(q, accepted)["noul"] == 1.0  # type: ignore[index]  # 0.6 < 0.9: slow
+    cached_slow = decision(req, "yes", route="cache", proba=proba, escalated=True)
+    assert render_answer(q, cached_slow)["noul"] == 1.0  # type: ignore[index]
     fast = Decision("d", "q", "yes", "cache", 0.95, 0.9, 0.9, "p", 1.0, {"yes": 0.95, "no": 0.05})
     out = render_answer(q, fast)
     assert out is not None and out["noul"] == 0.95 and out["confidence"] == 0.95
-    no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba)
+    no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba, escalated=True)
     assert render_answer(q, no_bar)["confidence"] is None  # type: ignore[index]
