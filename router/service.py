@@ -70,6 +70,10 @@ class RoutingService:
         self.settings = settings
         self._fast_slots = asyncio.Semaphore(settings.fast.max_concurrency)
         self._fast_waiting = 0
+        # The slow path is capped and queued the same way: escalations beyond its cap plus
+        # max_queue get 429 at once instead of waiting until the slow timeout makes them 504s.
+        self._slow_slots = asyncio.Semaphore(settings.slow.max_concurrency)
+        self._slow_waiting = 0
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -226,10 +230,21 @@ class RoutingService:
             self.metrics.cache_lookups(store="slow", hits=1, misses=0)
             return blob.decode(), True
         self.metrics.cache_lookups(store="slow", hits=0, misses=1)
+        if self._slow_slots.locked() and self._slow_waiting >= self.settings.max_queue:
+            self.metrics.queue_rejected("slow")
+            raise TooManyRequests(
+                f"the slow path's queue is full ({self.settings.max_queue} waiting); retry later",
+                retry_after_s=1.0)
+        self._slow_waiting += 1
+        try:
+            await self._slow_slots.acquire()
+        finally:
+            self._slow_waiting -= 1
         t0 = time.perf_counter()
         try:
             answer = await self.slow.decide(request, messages=messages)
         finally:
+            self._slow_slots.release()
             self.metrics.stage("slow", time.perf_counter() - t0)
         await self.cache.set_many([(key, answer.answer.encode())])
         return answer.answer, False

@@ -111,6 +111,8 @@ class Switch:
         self.mode = "ok"
         self.slow_s = 1.0
         self.calls = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     async def __call__(self, request: DecisionRequest) -> list[float]:
         from router.errors import BackendUnavailable
@@ -120,7 +122,12 @@ class Switch:
         if self.mode == "down":
             raise BackendUnavailable("mock backend is down")
         if self.mode == "slow":
-            await asyncio.sleep(self.slow_s)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(self.slow_s)
+            finally:
+                self.in_flight -= 1
         if self.mode == "malformed":
             return [1.0 / (k - 1)] * (k - 1)
         top = 0.97 if "sure" in request.state else 0.5
