@@ -81,6 +81,7 @@ def create_app(
         default_namespace=settings.cache.namespace,
         max_body_bytes=settings.max_body_bytes,
         send_error=_send_error,
+        on_status=app.state.metrics.response,
     )
     return app
 

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.errors import PayloadTooLarge, SlotgateError, Unauthorized
 
 ErrorSender = Callable[[Scope, Send, SlotgateError], Any]  # async (scope, send, exc) -> None
+StatusCounter = Callable[[str, int], None]  # (path, status) -> None, for metrics
 _OPEN_PATHS = ("/healthz", "/readyz", "/metrics")  # probes and scrapes carry no client key
 
 
@@ -27,17 +28,21 @@ class Gate:
         default_namespace: str,
         max_body_bytes: int,
         send_error: ErrorSender,
+        on_status: StatusCounter | None = None,
     ) -> None:
         self.app = app
         self.api_key_hashes = [bytes.fromhex(h) for h in api_key_hashes]
         self.default_namespace = default_namespace
         self.max_body_bytes = max_body_bytes
         self.send_error = send_error
+        self.on_status = on_status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.on_status is not None:
+            send = _counting(send, scope["path"], self.on_status)
         try:
             namespace = self._namespace(scope)
             receive = await self._bounded_body(scope, receive)
@@ -95,6 +100,15 @@ class Gate:
             return replay.pop() if replay else await receive()
 
         return replaying_receive
+
+
+def _counting(send: Send, path: str, on_status: StatusCounter) -> Send:
+    async def counting_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            on_status(path, int(message["status"]))
+        await send(message)
+
+    return counting_send
 
 
 class _ClientGone(Exception):

@@ -17,6 +17,17 @@ STAGES = ("cache", "fast", "slow", "total")
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+_SURFACES = {"/v1/chat/completions": "openai", "/v1/systemone": "systemone",
+             "/v1/feedback": "feedback", "/v1/models": "openai"}
+
+
+def surface_of(path: str) -> str:
+    """A bounded label set: unknown paths (scans, typos) all count as "other"."""
+    if path in ("/healthz", "/readyz", "/metrics"):
+        return "ops"
+    return _SURFACES.get(path, "other")
+
+
 class Metrics:
     """The counters the router keeps; methods name the event, not the metric type."""
 
@@ -59,8 +70,9 @@ class Metrics:
     def request(self, *, surface: str, route: str) -> None:
         self._requests.labels(surface=surface, route=route).inc()
 
-    def response(self, *, surface: str, status: int) -> None:
-        self._responses.labels(surface=surface, status=str(status)).inc()
+    def response(self, path: str, status: int) -> None:
+        """Every HTTP response, by surface (from the path) and status; the gate calls it."""
+        self._responses.labels(surface=surface_of(path), status=str(status)).inc()
 
     def decision(self, *, route: str, escalated: bool) -> None:
         self._decisions.labels(route=route).inc()

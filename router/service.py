@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,12 +69,14 @@ class RoutingService:
         self.log = log
         self.metrics = metrics
         self.settings = settings
-        self._fast_slots = asyncio.Semaphore(settings.fast.max_concurrency)
-        self._fast_waiting = 0
+        self._fast_slots = BoundedSlots(
+            f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
+            max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
         # The slow path is capped and queued the same way: escalations beyond its cap plus
         # max_queue get 429 at once instead of waiting until the slow timeout makes them 504s.
-        self._slow_slots = asyncio.Semaphore(settings.slow.max_concurrency)
-        self._slow_waiting = 0
+        self._slow_slots = BoundedSlots(
+            "slow path", capacity=settings.slow.max_concurrency, max_waiting=settings.max_queue,
+            on_reject=lambda: metrics.queue_rejected("slow"))
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -150,26 +153,16 @@ class RoutingService:
     async def _read_backend(self, requests: list[DecisionRequest]) -> list[OptionScores]:
         """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
         and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
-        if self._fast_slots.locked() and self._fast_waiting >= self.settings.max_queue:
-            self.metrics.queue_rejected(self.backend.name)
-            raise TooManyRequests(
-                f"the fast backend's queue is full ({self.settings.max_queue} waiting); retry later",
-                retry_after_s=1.0)
-        self._fast_waiting += 1
-        try:
-            await self._fast_slots.acquire()
-        finally:
-            self._fast_waiting -= 1
         timeout_s = self.settings.fast.timeout_s
-        t0 = time.perf_counter()
-        try:
-            async with asyncio.timeout(timeout_s):
-                scores = await self.backend.read(requests)
-        except TimeoutError as exc:
-            raise BackendTimeout(f"the fast read took longer than {timeout_s} s") from exc
-        finally:
-            self._fast_slots.release()
-            self.metrics.stage("fast", time.perf_counter() - t0)
+        async with self._fast_slots.slot():
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    scores = await self.backend.read(requests)
+            except TimeoutError as exc:
+                raise BackendTimeout(f"the fast read took longer than {timeout_s} s") from exc
+            finally:
+                self.metrics.stage("fast", time.perf_counter() - t0)
         if len(scores) != len(requests) or any(
             s.options != r.option_names for s, r in zip(scores, requests)
         ):
@@ -230,24 +223,44 @@ class RoutingService:
             self.metrics.cache_lookups(store="slow", hits=1, misses=0)
             return blob.decode(), True
         self.metrics.cache_lookups(store="slow", hits=0, misses=1)
-        if self._slow_slots.locked() and self._slow_waiting >= self.settings.max_queue:
-            self.metrics.queue_rejected("slow")
-            raise TooManyRequests(
-                f"the slow path's queue is full ({self.settings.max_queue} waiting); retry later",
-                retry_after_s=1.0)
-        self._slow_waiting += 1
-        try:
-            await self._slow_slots.acquire()
-        finally:
-            self._slow_waiting -= 1
-        t0 = time.perf_counter()
-        try:
-            answer = await self.slow.decide(request, messages=messages)
-        finally:
-            self._slow_slots.release()
-            self.metrics.stage("slow", time.perf_counter() - t0)
+        async with self._slow_slots.slot():
+            t0 = time.perf_counter()
+            try:
+                answer = await self.slow.decide(request, messages=messages)
+            finally:
+                self.metrics.stage("slow", time.perf_counter() - t0)
         await self.cache.set_many([(key, answer.answer.encode())])
         return answer.answer, False
+
+
+class BoundedSlots:
+    """A concurrency cap with a bounded wait queue: past ``max_waiting`` waiters a caller gets
+    TooManyRequests (429 + Retry-After) at once, never unbounded memory or latency."""
+
+    def __init__(self, name: str, *, capacity: int, max_waiting: int,
+                 on_reject: Callable[[], None]) -> None:
+        self.name = name
+        self.max_waiting = max_waiting
+        self._slots = asyncio.Semaphore(capacity)
+        self._waiting = 0
+        self._on_reject = on_reject
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._slots.locked() and self._waiting >= self.max_waiting:
+            self._on_reject()
+            raise TooManyRequests(
+                f"the {self.name} queue is full ({self.max_waiting} waiting); retry later",
+                retry_after_s=1.0)
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 def _encode(scores: OptionScores) -> bytes:
@@ -285,6 +298,7 @@ def _record(
         "text": request.state,
         "answer": decision.answer,
         "route": decision.route,
+        "escalated": decision.escalated,
         "probability": decision.probability,
         "raw_probability": decision.raw_probability,
         "threshold": decision.threshold,

@@ -286,6 +286,7 @@ def _facts(d: Decision) -> dict[str, Any]:
         "question_id": d.question_id,
         "answer": d.answer,
         "route": d.route,
+        "escalated": d.escalated,  # the slow path's answer (fresh, or cached: route "cache")
         "probability": d.probability,
         "raw_probability": d.raw_probability,
         "threshold": d.threshold,

@@ -265,3 +265,70 @@ def test_ops_routes(app: Server) -> None:
     assert 'slotgate_decisions_total{route="fast"}' in metrics
     assert 'slotgate_stage_latency_seconds_count{stage="fast"}' in metrics
     assert [m["id"] for m in models["data"]] == [SLOW_MODEL, "slotgate-fast:mock"]
+
+
+def ask_raw(server: Server, text: str) -> httpx.Response:
+    with httpx.Client(base_url=server.url, timeout=20) as http:
+        return http.post("/v1/chat/completions", json={
+            "model": "m", "response_format": enum_format(INTENTS),
+            "messages": [{"role": "user", "content": text}]})
+
+
+def test_slow_path_failures_map_to_openai_errors(app: Server, standin: StandinHandle) -> None:
+    standin.set_mode("ratelimit", times=2, retry_after_s=7)  # the call and its one retry, if any
+    limited = ask_raw(app, "maybe about lost_card")
+    standin.set_mode("fail500")
+    down = ask_raw(app, "maybe about exchange_rate")
+    standin.set_mode("ok")
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "7"
+    assert limited.json()["error"]["code"] == "slow_path_rate_limited"
+    assert down.status_code in (502, 503) and "retry-after" in down.headers
+    assert set(down.json()["error"]) == {"message", "type", "param", "code"}
+    with httpx.Client(base_url=app.url) as http:
+        metrics = http.get("/metrics").text
+    assert 'slotgate_responses_total{status="429",surface="openai"}' in metrics
+
+
+def test_unverified_when_configured_and_the_slow_path_fails(
+    standin: StandinHandle, tmp_path: Path
+) -> None:
+    settings = settings_for(standin, tmp_path, slow={"serve_unverified_on_failure": True})
+    standin.set_mode("fail500")
+    try:
+        with Server(settings, backend=MockBackend(Recorder())) as server:
+            response = ask_raw(server, "maybe about lost_card")
+    finally:
+        standin.set_mode("ok")
+    assert response.status_code == 200
+    facts = response.json()["slotgate"]
+    assert facts["route"] == "unverified" and "not verified" in facts["note"]
+    assert response.headers["x-slotgate-route"] == "unverified"
+    assert json.loads(response.json()["choices"][0]["message"]["content"]) == "card_arrival"
+
+
+def test_no_slow_model_says_escalation_is_unavailable(tmp_path: Path) -> None:
+    with Server(settings_for(None, tmp_path), backend=MockBackend(Recorder())) as server:
+        response = ask_raw(server, "no idea")
+        confident = ask_raw(server, "sure")
+    assert response.status_code == 503 and "retry-after" in response.headers
+    assert "escalation unavailable" in response.json()["error"]["message"]
+    assert confident.status_code == 200
+
+
+def test_full_fast_queue_is_429_with_retry_after(standin: StandinHandle, tmp_path: Path) -> None:
+    import asyncio as aio
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def slow(request: DecisionRequest) -> list[float]:
+        await aio.sleep(0.5)
+        return [0.98, 0.01, 0.01]
+
+    settings = settings_for(standin, tmp_path, fast={"max_concurrency": 1, "timeout_s": 5},
+                            max_queue=1)
+    with Server(settings, backend=MockBackend(slow)) as server, ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda i: ask_raw(server, f"sure {i}"), range(4)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) >= 2 and 429 in statuses
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
