@@ -76,17 +76,18 @@ def mock_case() -> Case:
     )
 
 
-@functools.lru_cache(maxsize=4)
-def trained_artifact(data_dir: Path, folder: Path, kind: str, tag: str) -> Path:
-    """A small text-model artifact (POL's format), trained once per session and kind."""
+@functools.lru_cache(maxsize=2)
+def trained_artifacts(data_dir: Path, folder: Path, kind: str) -> tuple[Path, Path]:
+    """Two artifacts of one small model (POL's format) saved with different metadata, so their
+    files, hence fingerprints, differ: trained once per session and kind."""
     from router.backends.sklearn import save_text_model, train_text_model
 
     texts, labels = read_train(data_dir / "train.csv", 10, seed=0)
-    path = folder / f"{kind}-{tag}.joblib"
-    if not path.exists():
-        pipeline = train_text_model(texts, labels, kind=kind)
+    pipeline = train_text_model(texts, labels, kind=kind)
+    paths = (folder / f"{kind}-a.joblib", folder / f"{kind}-b.joblib")
+    for tag, path in zip("ab", paths):
         save_text_model(path, pipeline, kind=kind, n_train=len(texts), data_hash=tag * 64)
-    return path
+    return paths
 
 
 def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
@@ -97,7 +98,7 @@ def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
         from router.backends.sklearn import SklearnBackend as Backend
     else:
         from router.backends.embedding import EmbeddingBackend as Backend  # type: ignore[assignment]
-    paths = {tag: trained_artifact(data_dir, folder, kind, tag) for tag in ("a", "b")}
+    paths = dict(zip("ab", trained_artifacts(data_dir, folder, kind)))
     return Case(
         make=lambda tag="a": Backend(paths[tag]),
         variants={"model": {"tag": "b"}},
