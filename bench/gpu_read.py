@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.backends.torch_diffusion import (  # noqa: E402
+from router.backends.torch_diffusion import (
     DiffusionSlotReader,
     GroupBatch,
     SlotItem,
@@ -141,6 +141,48 @@ def empty_cache(reader: DiffusionSlotReader) -> Any:
     return cache
 
 
+def fuse_norms() -> None:
+    """Replace DiffusionGemma's RMSNorm (nine kernels: casts, pow, mean, add, pow, two muls) by one
+    compiled function, so each norm is one fused kernel."""
+    import torch
+    from transformers.models.diffusion_gemma import modeling_diffusion_gemma as mdg
+
+    raise_recompile_limit()
+
+    @torch.compile(dynamic=True)
+    def rms(x: Any, weight: Any, eps: float) -> Any:
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+        if weight is not None:
+            h = h * weight.float()
+        return h.type_as(x)
+
+    def forward(self: Any, hidden_states: Any) -> Any:
+        return rms(hidden_states, self.weight if self.with_scale else None, self.eps)
+
+    mdg.DiffusionGemmaRMSNorm.forward = forward
+
+
+def raise_recompile_limit(limit: int = 64) -> None:
+    """Norms see 2-D to 4-D inputs with and without a scale: more variants than dynamo's default 8."""
+    import torch
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, limit)
+
+
+def compile_layers(model: Any) -> None:
+    """torch.compile every encoder and decoder layer (dynamic shapes, so one compile serves every
+    batch and prompt length); the layers share code, so they share compiled graphs."""
+    import torch
+
+    raise_recompile_limit()
+    layers = [*model.model.encoder.language_model.layers, *model.model.decoder.layers]
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+
+
 def time_calls(fn: Callable[[], Any], device: Any, iters: int) -> list[float]:
     times = []
     for _ in range(iters):
@@ -152,50 +194,52 @@ def time_calls(fn: Callable[[], Any], device: Any, iters: int) -> list[float]:
     return times
 
 
-def measure(args: argparse.Namespace, model: Any, device: Any, log: Callable[[str], None]) -> dict[str, Any]:
+def measure(args: argparse.Namespace, model: Any, device: Any, log: Callable[[str], None],
+            *, tag: str = "", modes: list[str] | None = None, deadline: float | None = None,
+            configs: tuple[tuple[int, int], ...] | None = None) -> dict[str, Any]:
     import torch
 
     vocab = model.config.get_text_config().vocab_size
     results: dict[str, Any] = {}
-    deadline = time.monotonic() + args.budget_s
-    for mode in args.modes:
+    deadline = deadline or time.monotonic() + args.budget_s
+    configs = configs or ((1, 1), (1, args.batch), (4, 1), (4, args.batch))
+    for mode in modes or args.modes:
         for cached in (True, False):
             reader = DiffusionSlotReader(model, use_prefix_cache=cached)
-            for draws in (1, 4):
-                for batch in (1, args.batch):
-                    key = f"{mode}/{'cached' if cached else 'uncached'}/draws{draws}/batch{batch}"
-                    if time.monotonic() > deadline:
-                        results[key] = {"skipped": "time budget"}
-                        continue
-                    pool = make_items(args, vocab, max(8, batch) * 2, draws)
-                    try:
-                        if mode == "graph":
-                            graphed = GraphedRead(reader, pool[:batch], cached)
-                            call = graphed
-                        else:
-                            call = reader.read
-                        for k in range(2):
-                            call(pool[k * batch : (k + 1) * batch])
-                        n_sets = len(pool) // batch
-                        counter = iter(range(10**9))
+            for draws, batch in configs:
+                key = f"{tag}{mode}/{'cached' if cached else 'uncached'}/draws{draws}/batch{batch}"
+                if time.monotonic() > deadline:
+                    results[key] = {"skipped": "time budget"}
+                    continue
+                pool = make_items(args, vocab, max(8, batch) * 2, draws)
+                try:
+                    if mode == "graph":
+                        graphed = GraphedRead(reader, pool[:batch], cached)
+                        call = graphed
+                    else:
+                        call = reader.read
+                    for k in range(2):
+                        call(pool[k * batch : (k + 1) * batch])
+                    n_sets = len(pool) // batch
+                    counter = iter(range(10**9))
 
-                        def one() -> None:
-                            k = next(counter) % n_sets
-                            call(pool[k * batch : (k + 1) * batch])
+                    def one() -> None:
+                        k = next(counter) % n_sets
+                        call(pool[k * batch : (k + 1) * batch])
 
-                        times = time_calls(one, device, args.iters if batch == 1 else max(5, args.iters // 2))
-                        row = {
-                            "p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99),
-                            "reads_per_s": batch / (percentile(times, 50) / 1000), "n": len(times),
-                        }
-                        if mode == "graph":
-                            del graphed
-                    except Exception as exc:  # a failed variant is reported, the run goes on
-                        row = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-                    results[key] = row
-                    log(f"{key:40s} {json.dumps(row)}")
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+                    times = time_calls(one, device, args.iters if batch == 1 else max(5, args.iters // 2))
+                    row = {
+                        "p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99),
+                        "reads_per_s": batch / (percentile(times, 50) / 1000), "n": len(times),
+                    }
+                    if mode == "graph":
+                        del graphed
+                except Exception as exc:  # a failed variant is reported, the run goes on
+                    row = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                results[key] = row
+                log(f"{key:40s} {json.dumps(row)}")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     return results
 
 
@@ -243,6 +287,19 @@ def breakdown(args: argparse.Namespace, model: Any, device: Any, log: Callable[[
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=args.top_ops)
     log(table)
+    batch_items = make_items(args, vocab, args.batch, 1)
+    reader.read(batch_items)
+    with profile(activities=activities) as batch_prof:
+        reader.read(batch_items)
+        sync(device)
+    log(f"batch {args.batch}, cached prefix, eager:")
+    log(batch_prof.key_averages().table(sort_by=sort, row_limit=args.top_ops))
+    out["batch_top_ops"] = [
+        {"op": e.key[:60], "count": e.count, "device_ms": getattr(e, "device_time_total", 0) / 1000}
+        for e in sorted(batch_prof.key_averages(),
+                        key=lambda e: getattr(e, "device_time_total", 0) or e.cpu_time_total,
+                        reverse=True)[: args.top_ops]
+    ]
     events = prof.key_averages()
     if device.type == "cuda":
         gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
@@ -299,6 +356,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=420.0)
     parser.add_argument("--top-ops", type=int, default=15)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--opts", nargs="+", default=["base"],
+                        help="base, then cumulative optimisations: fused_norm, compiled_layers")
+    parser.add_argument("--opt-modes", nargs="+", default=["graph"])
     parser.add_argument("--out", default=str(ROOT / "bench/results/gpu_read.json"))
     args = parser.parse_args()
 
@@ -326,7 +386,34 @@ def main() -> None:
             info = breakdown(args, model, device, log)
         except Exception as exc:
             log(f"breakdown failed: {type(exc).__name__}: {exc}")
-    results = measure(args, model, device, log)
+    results: dict[str, Any] = {}
+    deadline = time.monotonic() + args.budget_s
+    for opt in args.opts:
+        if opt == "base":
+            results.update(measure(args, model, device, log, deadline=deadline))
+            continue
+        if time.monotonic() > deadline:
+            log(f"{opt}: skipped (time budget)")
+            continue
+        try:
+            fuse_norms() if opt == "fused_norm" else compile_layers(model)
+        except Exception as exc:
+            log(f"{opt}: could not apply: {type(exc).__name__}: {exc}")
+            continue
+        results.update(measure(args, model, device, log, tag=f"{opt}+", modes=args.opt_modes,
+                               deadline=deadline, configs=((1, 1), (4, 1), (1, args.batch))))
+        write(args, device, results, info, log, final=False)
+    write(args, device, results, info, log, final=True)
+    log(f"total {time.monotonic() - started:.0f} s")
+
+
+def write(args: argparse.Namespace, device: Any, results: dict[str, Any], info: dict[str, Any],
+          log: Callable[[str], None], *, final: bool) -> None:
+    """The JSON (rewritten after each optimisation, so a run cut short keeps what it measured)
+    and, at the end, the table."""
+    import torch
+    import transformers
+
     best = summary(results, args.batch)
     payload = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -341,6 +428,8 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=2))
+    if not final:
+        return
     log("")
     log(f"{'prefix':9s} {'p50 ms':>8s} {'p99 ms':>8s} {'mode':>6s} {'reads/s':>9s} {'4 draws/1':>10s}")
     for prefix, row in best.items():
@@ -349,7 +438,6 @@ def main() -> None:
         log(f"{prefix:9s} {fmt(row['single_p50_ms']):>8s} {fmt(row['single_p99_ms']):>8s} "
             f"{str(row['single_mode']):>6s} {fmt(row['batched_reads_per_s']):>9s} "
             f"{fmt(row['draws4_over_draws1']):>10s}")
-    log(f"total {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":
