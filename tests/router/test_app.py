@@ -56,6 +56,7 @@ class Server:
                                 ws="none", timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.clients: dict[str, openai.OpenAI] = {}
 
     @property
     def url(self) -> str:
@@ -71,12 +72,17 @@ class Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for client in self.clients.values():
+            client.close()
         self.server.should_exit = True
         self.thread.join(timeout=15)
 
     def client(self, api_key: str = "unused") -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0,
-                             timeout=20)
+        """One SDK client per key, closed with the server (no sockets left to the collector)."""
+        if api_key not in self.clients:
+            self.clients[api_key] = openai.OpenAI(
+                base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=20)
+        return self.clients[api_key]
 
 
 def settings_for(standin: StandinHandle | None, tmp_path: Path, **overrides: Any) -> Settings:
