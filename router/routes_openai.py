@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import InvalidRequest, SlowPathUnavailable
+from router.errors import Forbidden, InvalidRequest, SlowPathUnavailable
+from router.slow import CREDENTIAL_FIELDS
 from router.wire.openai import ChatCompletionRequest, plan_decisions, render_reply, routing_headers
 
 
@@ -34,6 +35,12 @@ def make_router() -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         app_state = request.app.state
         settings = app_state.settings
+        # Decisions never forward the body, but a client naming its own upstream or credentials
+        # is refused on every request, as passthrough requests are (403 naming the field).
+        chosen = sorted(CREDENTIAL_FIELDS & set(body.model_extra or {}))
+        if chosen:
+            raise Forbidden(f"{chosen[0]} cannot be set by clients; the upstream is configured "
+                            "by the operator", field=chosen[0])
         plan = plan_decisions(
             body, max_options=settings.max_options, max_questions=settings.max_questions)
         if plan is None:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import httpx
 import pytest
@@ -43,7 +44,7 @@ class Traffic:
                 i += 1
                 time.sleep(0.01)
 
-    def __enter__(self) -> Traffic:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
