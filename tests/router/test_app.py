@@ -20,6 +20,8 @@ from bench.standin_llm import StandinHandle, start_standin
 from policies.types import DecisionRequest
 from router.app import create_app
 from router.backends.mock import MockBackend
+from router.decision_log import export_predictions, read_records
+from router.predictions import read_predictions
 from router.settings import Settings
 from tests.conftest import free_port
 
@@ -253,9 +255,15 @@ def test_feedback_round_trip(app: Server, tmp_path: Path) -> None:
     assert ok.status_code == 200 and ok.json()["correct"] is False
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "decision_id"
     assert bad_label.status_code == 400 and bad_label.json()["error"]["param"] == "label"
-    log_path = app.app.state.settings.log.decision_log_path
-    text = Path(log_path).read_text()
-    assert decision_id in text and "lost_card" in text
+    # The label reaches the recalibration input: the decision log exported as predictions.
+    log_path = Path(app.app.state.settings.log.decision_log_path)
+    [record] = [r for r in read_records(log_path) if r["decision_id"] == decision_id
+                and r.get("type") == "decision"]
+    out = tmp_path / "preds.jsonl"
+    export_predictions(log_path, out, signature=record["signature"], labelled_only=True)
+    preds = read_predictions(out)
+    assert preds.ids == [decision_id] and preds.options == tuple(INTENTS)
+    assert preds.y_true.tolist() == [INTENTS.index("lost_card")]
 
 
 def test_ops_routes(app: Server) -> None:
