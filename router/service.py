@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +27,11 @@ from router.errors import (
     BackendTimeout,
     SlowPathError,
     SlowPathUnavailable,
-    TooManyRequests,
 )
 from router.metrics import Metrics
 from router.registry import PolicyRegistry, RuntimePolicy
 from router.settings import Settings
+from router.slots import BoundedSlots
 
 if TYPE_CHECKING:  # the log and slow path are injected; their modules load their own clients
     from router.decision_log import DecisionLog
@@ -231,36 +230,6 @@ class RoutingService:
                 self.metrics.stage("slow", time.perf_counter() - t0)
         await self.cache.set_many([(key, answer.answer.encode())])
         return answer.answer, False
-
-
-class BoundedSlots:
-    """A concurrency cap with a bounded wait queue: past ``max_waiting`` waiters a caller gets
-    TooManyRequests (429 + Retry-After) at once, never unbounded memory or latency."""
-
-    def __init__(self, name: str, *, capacity: int, max_waiting: int,
-                 on_reject: Callable[[], None]) -> None:
-        self.name = name
-        self.max_waiting = max_waiting
-        self._slots = asyncio.Semaphore(capacity)
-        self._waiting = 0
-        self._on_reject = on_reject
-
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._slots.locked() and self._waiting >= self.max_waiting:
-            self._on_reject()
-            raise TooManyRequests(
-                f"the {self.name} queue is full ({self.max_waiting} waiting); retry later",
-                retry_after_s=1.0)
-        self._waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
-        try:
-            yield
-        finally:
-            self._slots.release()
 
 
 def _encode(scores: OptionScores) -> bytes:
