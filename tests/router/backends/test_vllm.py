@@ -222,3 +222,21 @@ def test_option_descriptions_appear_in_the_prompt() -> None:
                                   options=(Option("a", "first"), Option("b", None)))
     text = backend.system_text(request)
     assert "  A: a (first)\n  B: b" in text
+
+
+async def test_concurrency_cap_holds_at_the_server(standin: VllmStandin) -> None:
+    standin.delay_s = 0.05
+    b = make_backend(standin.url, max_concurrency=2)
+    scores = await b.read([intent_request(FOUR, samples=3, seed=k) for k in range(3)])
+    assert len(scores) == 3 and standin.stats.requests == 9
+    assert standin.stats.max_in_flight == 2
+    await b.aclose()
+
+
+def test_the_app_factory_builds_it() -> None:
+    from router.backends.factory import build_backend
+
+    settings = FastBackendSettings(kind="vllm", url="http://127.0.0.1:1", model_path=tokenizer_dir(),
+                                   options={"turn_close_id": 102, "samples": 2})
+    backend = build_backend(settings)
+    assert isinstance(backend, VllmBackend) and backend.samples == 2
