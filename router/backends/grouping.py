@@ -11,6 +11,7 @@ taken as the mass of each group, and each within-group read is taken as the cond
 distribution given that group, independent of how the group was chosen (the within-group read
 never sees the other groups). Then the products sum to 1 over all options. When the groups
 themselves exceed the cap, the group question is read the same way, recursively.
+Cost: 1 + (number of groups) reads, all in parallel, against 2 sequential reads for the chain.
 
 Chained read (for comparison only; lossy): read the group question, take its argmax, read only
 that group. Options of the other groups get probability 0, so an error at the first step cannot
@@ -42,8 +43,8 @@ def split_groups(
     if max_options < 2:
         raise ValueError(f"max_options must be >= 2, got {max_options}")
     size = min(group_size or max_options, max_options)
-    if size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if size < 2:  # groups of one would make a group question as large as the original
+        raise ValueError(f"group_size must be >= 2, got {group_size}")
     n_groups = math.ceil(len(options) / size)
     base, extra = divmod(len(options), n_groups)
     groups, start = [], 0

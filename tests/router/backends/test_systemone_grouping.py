@@ -53,6 +53,8 @@ def test_split_groups_is_contiguous_balanced_and_within_the_cap() -> None:
     assert [len(g) for g in split_groups(options(77), max_options=26, group_size=9)] == [9] * 5 + [8] * 4
     with pytest.raises(ValueError, match="max_options"):
         split_groups(options(5), max_options=1)
+    with pytest.raises(ValueError, match="group_size"):
+        split_groups(options(5), max_options=4, group_size=1)
 
 
 @pytest.mark.parametrize(("n", "cap"), [(27, 26), (77, 26), (77, 9), (1000, 26)])
