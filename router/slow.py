@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import re
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -116,6 +118,10 @@ class SlowPath:
         secrets += [v for k, v in os.environ.items()
                     if k.endswith(("_API_KEY", "_KEY", "_TOKEN", "_SECRET")) and len(v) >= 8]
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        if settings.model and "litellm" not in sys.modules:
+            # litellm takes seconds to import: start now, off the event loop, so that the first
+            # escalation neither pays for it nor blocks the loop for every other request.
+            threading.Thread(target=_warm_up, name="slotgate-litellm-warm-up", daemon=True).start()
 
     @property
     def available(self) -> bool:
@@ -291,6 +297,16 @@ def _retry_after_s(exc: BaseException) -> float | None:
     except (TypeError, ValueError):
         return None
     return None
+
+
+def _warm_up() -> None:
+    """Import litellm and run one offline mock call, which loads the modules litellm imports
+    lazily on its first call (about a second more)."""
+    try:
+        _litellm().completion(model="openai/slotgate-warm-up", mock_response="ok",
+                              messages=[{"role": "user", "content": "warm-up"}])
+    except Exception as exc:  # noqa: BLE001 - best effort: the first real call reports real errors
+        logger.debug("litellm warm-up failed: %s", type(exc).__name__)
 
 
 def _litellm() -> Any:
