@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,11 +100,11 @@ class RoutingService:
             fingerprint = self.backend.fingerprint
             policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
             reads = await self._fast_reads(requests, namespace=namespace)
-            decisions = await asyncio.gather(*(
+            decisions = await _all_or_none([
                 self._route(request, read, policy, namespace=namespace, messages=messages,
                             started=started)
                 for request, read, policy in zip(requests, reads, policies, strict=True)
-            ))
+            ])
             await asyncio.gather(*(
                 self.log.append(_record(request, read, decision, namespace, self.backend))
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
@@ -230,6 +230,19 @@ class RoutingService:
                 self.metrics.stage("slow", time.perf_counter() - t0)
         await self.cache.set_many([(key, answer.answer.encode())])
         return answer.answer, False
+
+
+async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decision]:
+    """Every result, or the first error with the other questions cancelled: a request that
+    fails as a whole must not leave escalations running behind it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _encode(scores: OptionScores) -> bytes:

@@ -191,3 +191,28 @@ async def test_unknown_policy_name_is_a_request_error() -> None:
     with pytest.raises(InvalidRequest, match="no policy named 'nope'"):
         await service.decide([request("sure", policy="nope")], namespace="t")
     assert backend.calls == []  # type: ignore[attr-defined]
+
+
+async def test_a_failing_question_cancels_the_others_escalations() -> None:
+    class HalfBroken:
+        available = True
+        cancelled = False
+
+        async def decide(self, request: DecisionRequest, *, messages: Any = None) -> SlowAnswer:
+            if request.question_id == "a":
+                raise SlowPathTimeout("slow model timed out")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+            return SlowAnswer(request.option_names[0])
+
+    slow = HalfBroken()
+    service, _, log, _ = make_service(slow_path=slow)  # type: ignore[arg-type]
+    questions = [DecisionRequest(qid, "?", (Option("x"), Option("y"), Option("z")), "hmm")
+                 for qid in "ab"]
+    async with asyncio.timeout(5):
+        with pytest.raises(SlowPathTimeout):
+            await service.decide(questions, namespace="t")
+    assert slow.cancelled and log.records == []
