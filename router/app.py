@@ -25,6 +25,10 @@ from router.errors import (
     TooManyRequests,
 )
 from router.gate import Gate
+from router.metrics import Metrics
+from router.routes_openai import make_router as openai_routes
+from router.routes_ops import make_router as ops_routes
+from router.routes_systemone import make_router as systemone_routes
 from router.settings import Settings
 
 log = logging.getLogger("slotgate")
@@ -59,11 +63,6 @@ def create_app(
                 log.warning("shutdown with decisions still in flight after %.0f s",
                             SHUTDOWN_DRAIN_S)
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
-
-    from router.metrics import Metrics
-    from router.routes_openai import make_router as openai_routes
-    from router.routes_ops import make_router as ops_routes
-    from router.routes_systemone import make_router as systemone_routes
 
     app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
