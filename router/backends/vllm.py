@@ -28,7 +28,13 @@ from policies.types import DecisionRequest, OptionScores, canonical_hash
 from router.backends.base import FastBackend
 from router.backends.grouping import GroupingMode, grouped_read
 from router.backends.http_post import JsonPoster
-from router.backends.labels import LabelAlphabet, build_alphabet, check_alphabet, load_tokenizer
+from router.backends.labels import (
+    LabelAlphabet,
+    build_alphabet,
+    check_alphabet,
+    default_candidates,
+    load_tokenizer,
+)
 from router.backends.systemone import checked_options
 from router.errors import BackendMalformed, ConfigError
 from router.settings import FastBackendSettings
@@ -43,7 +49,8 @@ MISSING_LABEL_PENALTY = 5.0  # the example server's rule for labels absent from 
 DRAW_SEED_STEP = 7919  # draw j uses seed + 7919*j, as the example server does
 SETTINGS_OPTIONS = frozenset({
     "model", "tokenizer_path", "labels", "label_cap", "preamble", "thought_block",
-    "answer_prefix", "turn_close_id", "pad_id", "canvas_length", "canvas_step", "vocab_size",
+    "answer_prefix", "label_prefix", "turn_close_id", "pad_id", "canvas_length", "canvas_step",
+    "vocab_size",
     "top_logprobs", "samples", "server_samples", "constrained", "enable_thinking", "grouping",
     "group_size", "retries_5xx", "max_retry_wait_s",
 })
@@ -54,7 +61,9 @@ class VllmBackend(FastBackend):
 
     ``tokenizer_path`` is a LOCAL folder with the served model's tokenizer (or pass
     ``tokenizer``). ``labels`` names the label alphabet (checked strictly); by default it is
-    built from A-Z, a-z, 0-9, AA-ZZ. ``samples`` overrides the request's draws;
+    built from A-Z, a-z, 0-9, AA-ZZ. ``label_prefix`` is what precedes a label in the slot when
+    its token is looked up (" " where the model writes " A" after "answer:"; unverified for
+    DiffusionGemma, so it is a setting and part of the fingerprint). ``samples`` overrides the request's draws;
     ``server_samples`` sends them as one ``diffusion_samples`` request (newer vLLM) instead of
     parallel requests; ``constrained`` sends ``diffusion_constrained``.
     """
@@ -69,6 +78,7 @@ class VllmBackend(FastBackend):
         tokenizer_path: Path | str | None = None,
         tokenizer: Any = None,
         labels: Sequence[str] | None = None,
+        label_prefix: str = "",
         label_cap: int = VLLM_LABEL_CAP,
         preamble: str = DEFAULT_PREAMBLE,
         thought_block: str = "<|channel>thought\n<channel|>",
@@ -100,9 +110,12 @@ class VllmBackend(FastBackend):
             raise ConfigError(f"label_cap must be in [2, {VLLM_LABEL_CAP}], got {label_cap}")
         self.model = model
         self.alphabet: LabelAlphabet = (
-            check_alphabet(tokenizer, labels[:label_cap]) if labels
-            else build_alphabet(tokenizer, limit=label_cap)
+            check_alphabet(tokenizer, [label_prefix + label for label in labels[:label_cap]])
+            if labels else build_alphabet(
+                tokenizer, limit=label_cap,
+                candidates=[label_prefix + c for c in default_candidates()])
         )
+        self.label_prefix = label_prefix
         self.vocab_size = vocab_size or len(tokenizer)
         self.preamble = preamble
         self.canvas_length = canvas_length
@@ -209,7 +222,8 @@ class VllmBackend(FastBackend):
         """The static part of the prompt: identical for every state of one question."""
         lines = [request.context.strip(), ""] if request.context.strip() else []
         lines += [self.preamble, f"Question {request.question_id}: {request.instructions}"]
-        for label, option in zip(self.alphabet.labels, request.options):
+        shown = (label.removeprefix(self.label_prefix) for label in self.alphabet.labels)
+        for label, option in zip(shown, request.options):
             detail = f" ({option.description})" if option.description else ""
             lines.append(f"  {label}: {option.name}{detail}")
         return "\n".join(lines)

@@ -63,6 +63,10 @@ def test_label_alphabet_is_checked_against_the_tokenizer() -> None:
         check_alphabet(tok, ["A", "B", "zqxjv"])
     with pytest.raises(ConfigError, match="not a single token"):
         make_backend("http://127.0.0.1:1", labels=["A", "zqxjv"])
+    plain, spaced = make_backend("http://x"), make_backend("http://x", label_prefix=" ")
+    assert spaced.alphabet.ids == plain.alphabet.ids  # BERT drops the space; a BPE model would not
+    assert spaced.fingerprint != plain.fingerprint
+    assert spaced.system_text(intent_request(FOUR)) == plain.system_text(intent_request(FOUR))
 
 
 async def test_request_is_one_the_engine_accepts(standin: VllmStandin, backend: VllmBackend) -> None:
