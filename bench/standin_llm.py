@@ -5,7 +5,8 @@ plain chats (streamed too), records every call and fails on command.
 Run it:  python bench/standin_llm.py --port 8090 [--model MODEL.joblib]
 Routes:  POST /v1/chat/completions, GET /v1/models,
          GET /calls (every recorded call), DELETE /calls,
-         GET|POST /control  {"mode": "ok"|"fail500"|"stall"|"ratelimit"|"malformed"|"wrong_option",
+         GET|POST /control  {"mode": "ok"|"fail500"|"stall"|"ratelimit"|"malformed"|"wrong_option"
+                                      |"cut" (a stream drops its connection after two chunks),
                              "times": N (then back to "ok"; omit for "until changed"),
                              "retry_after_s": 7, "stall_s": 30, "chunk_delay_s": 0.0}
 In tests: ``handle = start_standin()``; ``handle.api_base`` for litellm; ``handle.stop()``.
@@ -28,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option")
+MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut")
 # (text, options) -> one of options
 Chooser = Callable[[str, Sequence[str]], str]
 
@@ -152,12 +153,15 @@ def completion(body: dict[str, Any], content: str) -> dict[str, Any]:
     }
 
 
-async def sse_chunks(state: StandinState, body: dict[str, Any], content: str) -> AsyncIterator[bytes]:
+async def sse_chunks(state: StandinState, body: dict[str, Any], content: str, *,
+                     cut: bool = False) -> AsyncIterator[bytes]:
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": body.get("model", "standin")}
     pieces = [content[i:i + 8] for i in range(0, len(content), 8)] or [""]
     deltas = [{"role": "assistant", "content": ""}] + [{"content": p} for p in pieces]
-    for delta in deltas:
+    for i, delta in enumerate(deltas):
+        if cut and i == 2:
+            raise ConnectionAbortedError("stand-in cut the stream (mode 'cut')")
         chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
         yield f"data: {json.dumps(chunk)}\n\n".encode()
         await asyncio.sleep(state.chunk_delay_s)
@@ -175,7 +179,7 @@ def create_app(state: StandinState) -> FastAPI:
         with state.lock:
             state.calls.append({"body": body, "mode": mode, "time": time.time(),
                                 "authorization": request.headers.get("authorization")})
-        if mode == "fail500":
+        if mode == "fail500" or (mode == "cut" and not body.get("stream")):
             return JSONResponse({"error": {"message": "stand-in failure", "type": "server_error"}},
                                 status_code=500)
         if mode == "ratelimit":
@@ -190,7 +194,7 @@ def create_app(state: StandinState) -> FastAPI:
                 await asyncio.sleep(0.05)
         content = answer_content(state, body, mode)
         if body.get("stream"):
-            return StreamingResponse(sse_chunks(state, body, content),
+            return StreamingResponse(sse_chunks(state, body, content, cut=mode == "cut"),
                                      media_type="text/event-stream")
         return completion(body, content)
 

@@ -130,11 +130,15 @@ class RedisStreamDecisionLog(DecisionLog):
         await self._redis("append", self._xadd_and_set, data, str(record["decision_id"]))
 
     async def get(self, decision_id: str) -> dict[str, Any] | None:
+        """This process's index first; Redis holds what other processes (workers) logged."""
+        local = await self.jsonl.get(decision_id)
+        if local is not None:
+            return local
         raw = await self._redis("get", self.client.get, self._key(decision_id))
-        if raw is not None:
-            value: dict[str, Any] = json.loads(raw)
-            return value
-        return await self.jsonl.get(decision_id)
+        if raw is None:
+            return None
+        value: dict[str, Any] = json.loads(raw)
+        return value
 
     async def add_feedback(self, decision_id: str, label: str) -> None:
         await self.jsonl.add_feedback(decision_id, label)

@@ -210,6 +210,18 @@ async def test_stream_failure_before_the_first_chunk_raises(llm: StandinHandle) 
             pass
 
 
+async def test_stream_cut_midway_ends_with_an_error_event(llm: StandinHandle) -> None:
+    llm.set_mode("cut", times=1)
+    body = {"model": "openai/standin", "stream": True,
+            "messages": [{"role": "user", "content": "a message long enough for many chunks"}]}
+    events = [e async for e in slow_path(llm).stream(body)]
+    assert len(events) >= 2 and events[0].startswith(b"data: {")
+    last = json.loads(events[-1][6:])
+    assert set(last) == {"error"} and last["error"]["type"] in {"upstream_error", "server_error"}
+    assert b"data: [DONE]\n\n" not in events  # a cut stream never claims to be complete
+    assert KEY not in last["error"]["message"]
+
+
 @pytest.mark.parametrize("mode", ["fail500", "ratelimit", "malformed", "stall"])
 async def test_provider_key_never_in_errors_or_logs(
         llm: StandinHandle, mode: str, caplog: pytest.LogCaptureFixture) -> None:
