@@ -129,3 +129,13 @@ def test_two_apps_keep_separate_metrics() -> None:
     first.state.metrics.decision(route="fast", escalated=False)
     assert b'slotgate_decisions_total{route="fast"} 1.0' in first.state.metrics.render()
     assert b'slotgate_decisions_total{route="fast"}' not in second.state.metrics.render()
+
+
+async def test_factory_builds_a_network_backend_without_touching_the_network() -> None:
+    from router.backends.systemone import SystemOneBackend
+
+    backend = build_backend(FastBackendSettings(kind="systemone", url="http://127.0.0.1:9"))
+    try:
+        assert isinstance(backend, SystemOneBackend) and len(backend.fingerprint) == 16
+    finally:
+        await backend.aclose()
