@@ -124,6 +124,13 @@ def predict(
     label_column: Annotated[str | None, typer.Option(help="Label column, if labelled.")] = None,
     id_column: IdColumn = None,
     batch_size: Annotated[int, typer.Option(min=1)] = 512,
+    torch_kind: Annotated[str | None, typer.Option(
+        help="Read with the in-process torch backend (causal | masked | diffusion): --model is "
+             "then a local model folder and the options are the data's sorted labels.")] = None,
+    question: Annotated[str, typer.Option(help="Question text of --torch-kind reads.")] = (
+        "Which intent does the customer's message express?"),
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="Read a seeded random subset of this many rows.")] = None,
 ) -> None:
     """Read every row with the fast model and write one prediction line per row."""
     import asyncio
@@ -135,18 +142,32 @@ def predict(
 
     check_out(out, "--out")
     try:
-        backend = SklearnBackend(model)
         rows = read_texts(data, text_column=text_column, label_column=label_column,
                           id_column=id_column)
+        if torch_kind is not None:  # TORCH's addition: in-process LM reads
+            from router.backends.torch_read import TorchBackend
+
+            options = sorted({label for label in rows.labels if label is not None})
+            backend: Any = TorchBackend.from_folder(torch_kind, model)
+        else:
+            backend = SklearnBackend(model)
+            options = backend.model.labels
     except SlotgateError as exc:
         fail(str(exc))
-    options = backend.model.labels
+    if limit is not None and limit < len(rows.texts):
+        import random
+
+        keep = sorted(random.Random(0).sample(range(len(rows.texts)), limit))
+        rows = type(rows)(**{name: [getattr(rows, name)[i] for i in keep]
+                             for name in ("ids", "texts", "labels")})
     for row, label in enumerate(rows.labels, start=1):
         if label is not None and label not in options:
             fail(f"{data}: row {row}: field {label_column!r}: label {label!r} is not among the "
                  f"model's {len(options)} options")
     choices = tuple(Option(name) for name in options)
-    requests = [DecisionRequest(question_id=i, instructions="", options=choices, state=text)
+    instructions = question if torch_kind is not None else ""
+    requests = [DecisionRequest(question_id=i if torch_kind is None else "intent",
+                                instructions=instructions, options=choices, state=text)
                 for i, text in zip(rows.ids, rows.texts, strict=True)]
 
     async def read_all() -> list[Any]:

@@ -90,11 +90,17 @@ class TorchBackend(FastBackend):
         kind = options.pop("kind", None)
         if settings.model_path is None or kind is None:
             raise ConfigError("torch backend needs fast.model_path and fast.options.kind")
+        return cls.from_folder(kind, settings.model_path, **options)
+
+    @classmethod
+    def from_folder(cls, kind: str, path: Path | str, **options: Any) -> TorchBackend:
+        """A backend over a LOCAL model folder (``device``, ``dtype``, ``prefix_cache`` and the
+        constructor's keyword options may be given)."""
         model, tokenizer, model_id = load_model(
-            kind, settings.model_path, device=options.pop("device", "cpu"),
-            dtype=options.pop("dtype", "float32"), gguf_file=options.pop("gguf_file", None))
+            kind, path, device=options.pop("device", "cpu"), dtype=options.pop("dtype", "float32"),
+            gguf_file=options.pop("gguf_file", None))
         reader = make_reader(kind, model, tokenizer, use_prefix_cache=options.pop("prefix_cache", True))
-        return cls(reader, tokenizer, kind=kind, model_id=model_id, **options)
+        return cls(reader, tokenizer, kind=kind, model_id=model_id, **options)  # type: ignore[arg-type]
 
     def identity(self) -> Mapping[str, Any]:
         ident: dict[str, Any] = {
