@@ -187,8 +187,6 @@ class SlowPath:
         """Close the HTTP clients litellm cached for the running event loop. litellm keeps them
         process-wide, keyed by loop, and never closes them, so a stopped app would leave its
         upstream connections (and its loop's transports) open. Other loops' clients are kept."""
-        import sys
-
         if "litellm" not in sys.modules:
             return
         from litellm.caching.evicted_client_closer import running_loop_token

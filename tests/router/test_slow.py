@@ -25,7 +25,7 @@ from router.errors import (
     SlowPathUnavailable,
 )
 from router.settings import SlowPathSettings
-from router.slow import NO_MODEL, SlowPath, parse_answer
+from router.slow import NO_MODEL, SlowPath, _litellm, parse_answer
 
 KEY = "sk-test-PROVIDERKEY-0123456789abcdef"
 OPTIONS = ("lost_card", "card_arrival", "exchange_rate")
@@ -241,6 +241,24 @@ async def test_a_key_inside_a_foreign_message_is_masked_and_dropped(llm: Standin
         slow._raise_translated(ValueError(f"upstream said: bad key {KEY} / Bearer abc.def"))
     assert KEY not in info.value.message and "abc.def" not in info.value.message
     assert "***" in info.value.message and info.value.__cause__ is None
+
+
+async def test_aclose_closes_the_clients_litellm_cached_for_this_loop(llm: StandinHandle) -> None:
+    slow = slow_path(llm)
+    litellm = _litellm()  # imported as slotgate imports it (no cost-map download)
+    from litellm.caching.evicted_client_closer import running_loop_token
+
+    cache = litellm.in_memory_llm_clients_cache
+    suffix = f"-{running_loop_token()}"
+    await slow.decide(request())
+    mine = [cache.cache_dict[k] for k in cache.cache_dict
+            if isinstance(k, str) and k.endswith(suffix)]
+    assert mine  # litellm keeps a client per loop...
+    await slow.aclose()
+    assert not [k for k in cache.cache_dict if isinstance(k, str) and k.endswith(suffix)]
+    assert all(getattr(c, "is_closed", lambda: True)() for c in mine)  # ...and never closes it
+    assert (await slow.decide(request())).answer == "card_arrival"  # a later call gets a new one
+    await slow.aclose()
 
 
 def test_parse_answer_accepts_only_options() -> None:
