@@ -99,14 +99,14 @@ class RoutingService:
             # Policies first: an unknown policy name is the caller's error, found before any read.
             fingerprint = self.backend.fingerprint
             policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
-            reads = await self._fast_reads(requests, namespace=namespace)
+            reads = await self._fast_reads(requests, namespace=namespace, fingerprint=fingerprint)
             decisions = await _all_or_none([
                 self._route(request, read, policy, namespace=namespace, messages=messages,
                             started=started)
                 for request, read, policy in zip(requests, reads, policies, strict=True)
             ])
             await asyncio.gather(*(
-                self.log.append(_record(request, read, decision, namespace, self.backend))
+                self.log.append(_record(request, read, decision, namespace, fingerprint))
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
             ))
             self.metrics.stage("total", time.perf_counter() - started)
@@ -125,8 +125,9 @@ class RoutingService:
             return False
         return True
 
-    async def _fast_reads(self, requests: Sequence[DecisionRequest], *, namespace: str) -> list[_Read]:
-        fingerprint = self.backend.fingerprint
+    async def _fast_reads(
+        self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str
+    ) -> list[_Read]:
         keys = [read_key(namespace, r, fingerprint) for r in requests]
         t0 = time.perf_counter()
         blobs = await self.cache.get_many(keys)
@@ -266,7 +267,7 @@ def _ms(started: float) -> float:
 
 
 def _record(
-    request: DecisionRequest, read: _Read, decision: Decision, namespace: str, backend: FastBackend
+    request: DecisionRequest, read: _Read, decision: Decision, namespace: str, fingerprint: str
 ) -> dict[str, Any]:
     return {
         "decision_id": decision.decision_id,
@@ -274,7 +275,7 @@ def _record(
         "namespace": namespace,
         "question_id": request.question_id,
         "signature": request.signature(),
-        "fingerprint": backend.fingerprint,
+        "fingerprint": fingerprint,
         "options": list(request.option_names),
         "proba": list(read.scores.proba) if read.scores is not None else None,
         "text": request.state,
