@@ -135,6 +135,7 @@ def _find_questions(
     properties = schema.get("properties")
     if schema.get("type") != "object" or not isinstance(properties, dict) or not properties:
         return None
+    properties = {name: _resolve(schema, prop) for name, prop in properties.items()}
     if not all(isinstance(p, dict) and "enum" in p for p in properties.values()):
         return None  # structured output of another kind: the slow model's job, unchanged
     if len(properties) > max_questions:
@@ -148,6 +149,20 @@ def _find_questions(
         instructions = str(prop.get("description") or prop.get("title") or name)
         questions.append((name, instructions, prop["enum"], f"{where}.enum"))
     return "object", questions
+
+
+def _resolve(root: dict[str, Any], prop: Any) -> Any:
+    """A property with its local ``$ref`` (``#/$defs/X``, as the OpenAI SDK writes an Enum field
+    of a pydantic model) replaced by the definition; sibling keys (a description) win."""
+    if not isinstance(prop, dict) or not isinstance(prop.get("$ref"), str):
+        return prop
+    *parents, name = prop["$ref"].removeprefix("#/").split("/")
+    if not prop["$ref"].startswith("#/") or len(parents) != 1:
+        return prop
+    target = (root.get(parents[0]) or {}).get(name)
+    if not isinstance(target, dict):
+        return prop
+    return {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
 
 
 def _check_id(question_id: str, *, field: str, schema_name: bool = False) -> None:

@@ -346,3 +346,25 @@ def test_full_fast_queue_is_429_with_retry_after(standin: StandinHandle, tmp_pat
     refused = next(r for r in responses if r.status_code == 429)
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_sdk_parse_with_a_pydantic_model(app: Server) -> None:
+    import enum
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Urgency(str, enum.Enum):
+        yes = "yes"
+        no = "no"
+
+    class Triage(BaseModel):
+        intent: Literal["card_arrival", "lost_card", "exchange_rate"]
+        urgent: Urgency
+
+    completion = app.client().chat.completions.parse(
+        model="m", response_format=Triage,
+        messages=[{"role": "user", "content": "sure: my card is late"}])
+    parsed = completion.choices[0].message.parsed
+    assert parsed == Triage(intent="card_arrival", urgent=Urgency.yes)
+    assert completion.model_extra["slotgate"]["route"] == "fast"  # type: ignore[index]

@@ -138,3 +138,14 @@ def test_choice_reply_is_the_bare_option() -> None:
     b = body(guided_choice=["yes", "no"])
     reply = render_reply(b, plan(b), [decision("choice", "no", "slow", 0.4)])
     assert reply["choices"][0]["message"]["content"] == "no"
+
+
+def test_sdk_pydantic_schema_with_an_enum_definition_is_resolved() -> None:
+    schema = {"$defs": {"Urgency": {"enum": ["yes", "no"], "type": "string"}},
+              "type": "object", "additionalProperties": False, "required": ["intent", "urgent"],
+              "properties": {"intent": {"enum": ["a", "b"], "type": "string"},
+                             "urgent": {"$ref": "#/$defs/Urgency", "description": "Urgent?"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "Triage", "schema": schema}}
+    p = plan(body(response_format=fmt))
+    assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
+        ("intent", "intent", ("a", "b")), ("urgent", "Urgent?", ("yes", "no"))]
