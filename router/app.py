@@ -26,6 +26,7 @@ from router.errors import (
 )
 from router.gate import Gate
 from router.metrics import Metrics
+from router.ratelimit import TokenBuckets
 from router.routes_openai import make_router as openai_routes
 from router.routes_ops import make_router as ops_routes
 from router.routes_systemone import make_router as systemone_routes
@@ -81,6 +82,8 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         send_error=_send_error,
         on_status=app.state.metrics.response,
+        rate_limit=TokenBuckets(rate_rps=settings.rate_limit_rps, burst=settings.rate_limit_burst)
+        if settings.rate_limit_rps else None,
     )
     return app
 

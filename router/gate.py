@@ -1,5 +1,6 @@
 """The ASGI gate in front of every route: client API keys (sha256 hashes, constant-time compare,
-per-key cache namespace) and the request body size limit, checked before any body parsing."""
+per-key cache namespace), an optional per-key rate limit and the request body size limit, all
+checked before any body parsing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.errors import PayloadTooLarge, SlotgateError, Unauthorized
+from router.ratelimit import TokenBuckets
 
 ErrorSender = Callable[[Scope, Send, SlotgateError], Any]  # async (scope, send, exc) -> None
 StatusCounter = Callable[[str, int], None]  # (path, status) -> None, for metrics
@@ -29,6 +31,7 @@ class Gate:
         max_body_bytes: int,
         send_error: ErrorSender,
         on_status: StatusCounter | None = None,
+        rate_limit: TokenBuckets | None = None,
     ) -> None:
         self.app = app
         self.api_key_hashes = [bytes.fromhex(h) for h in api_key_hashes]
@@ -36,6 +39,7 @@ class Gate:
         self.max_body_bytes = max_body_bytes
         self.send_error = send_error
         self.on_status = on_status
+        self.rate_limit = rate_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,6 +49,8 @@ class Gate:
             send = _counting(send, scope["path"], self.on_status)
         try:
             namespace = self._namespace(scope)
+            if self.rate_limit is not None and scope["path"] not in _OPEN_PATHS:
+                self.rate_limit.take(namespace)
             receive = await self._bounded_body(scope, receive)
         except SlotgateError as exc:
             await self.send_error(scope, send, exc)

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     max_questions: int = Field(64, ge=1)
     max_queue: int = Field(1024, ge=1)  # decisions waiting beyond the backend caps -> 429
     api_key_hashes: list[str] = Field(default_factory=list)  # sha256 hex of client keys; empty = open
+    # Per client key (one bucket for all when no keys are configured): requests per second, None = off.
+    rate_limit_rps: float | None = Field(None, gt=0)
+    rate_limit_burst: int = Field(20, ge=1)
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)

@@ -104,3 +104,25 @@ def test_api_keys_authenticate_and_separate_cache_namespaces(
     assert health.status_code == 200  # probes need no key
     assert [a1["route"], a2["route"], b1["route"]] == ["fast", "cache", "fast"]
     assert recorder.states == ["sure", "sure"]  # one read per key namespace
+
+
+def test_rate_limit_is_per_key_with_retry_after(standin: StandinHandle, tmp_path: Path) -> None:
+    hashes = [hashlib.sha256(k.encode()).hexdigest() for k in (KEY_A, KEY_B)]
+    settings = settings_for(standin, tmp_path, api_key_hashes=hashes, rate_limit_rps=0.5,
+                            rate_limit_burst=3)
+    body = {"model": "m", "guided_choice": ["a", "b"],
+            "messages": [{"role": "user", "content": "sure"}]}
+    with Server(settings, backend=MockBackend(Recorder())) as server, \
+            httpx.Client(base_url=server.url) as http:
+        def post(key: str) -> httpx.Response:
+            return http.post("/v1/chat/completions", json=body,
+                             headers={"authorization": f"Bearer {key}"})
+
+        a = [post(KEY_A).status_code for _ in range(3)]
+        refused = post(KEY_A)
+        b = post(KEY_B)
+        probes = [http.get("/healthz").status_code for _ in range(5)]
+    assert a == [200, 200, 200] and refused.status_code == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert b.status_code == 200 and probes == [200] * 5
