@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, peers
 
+QUICK_MEASURE_END_S = 140.0
 N_STATES = 512  # distinct decisions, warmed once, then read again and again: every read a hit
 # (rounds, requests per path per round, seconds cap per segment) for each concurrency.
 PLANS = {
-    "quick": {1: (3, 1500, 1.5), 32: (3, 6000, 1.5), 128: (3, 6000, 1.5)},
+    "quick": {1: (3, 1000, 1.2), 32: (3, 4000, 1.2), 128: (3, 4000, 1.2)},
     "full": {1: (5, 5000, 6.0), 32: (5, 20000, 6.0), 128: (5, 20000, 6.0)},
 }
 
@@ -122,6 +123,7 @@ def main() -> int:
     api_key = "sk-" + secrets.token_hex(24)
     t0 = time.monotonic()
     machine = common.machine_info()
+    print("starting servers (the LiteLLM proxy takes 20-60 s)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
         work = Path(tmp)
         with peers.upstream_server() as up, peers.redis_server(work) as rd:
@@ -132,8 +134,14 @@ def main() -> int:
                         up.url, work, api_key, redis_url=redis_url), work) as sg_redis, \
                     peers.slotgate_server(common.slotgate_settings(
                         up.url, work / "mem", api_key), work / "mem") as sg_mem:
+                # --quick ends its measurement by QUICK_MEASURE_END_S after start, however
+                # loaded the machine is (fewer rounds then), so the run stays under 3 minutes.
+                deadline = t0 + QUICK_MEASURE_END_S if args.quick else None
                 results, trips = asyncio.run(run_all(PLANS[mode], up.url, sg_redis.url,
-                                                     sg_mem.url, ll.url, redis_url, api_key))
+                                                     sg_mem.url, ll.url, redis_url, api_key,
+                                                     deadline=deadline))
+                gc_stats = {"redis": peers.read_gc_stats(sg_redis),
+                            "memory": peers.read_gc_stats(sg_mem)}
                 profile = None
                 if args.profile:  # after the measurement, so the sampler never skews it
                     assert sg_redis.proc is not None
@@ -162,7 +170,7 @@ def main() -> int:
     }
     payload = {
         "benchmark": "cache", "mode": mode, "headline": headline, "by_concurrency": results,
-        "round_trips": trips, "n_states": N_STATES, "profile": profile,
+        "round_trips": trips, "n_states": N_STATES, "profile": profile, "slotgate_gc": gc_stats,
         "command": "python bench/cache.py" + (" --quick" if args.quick else "")
         + (" --profile" if args.profile else ""),
         "machine": machine, "loadavg_at_end": list(os.getloadavg()),
@@ -186,11 +194,13 @@ def main() -> int:
 
 
 async def run_all(plan: dict[int, tuple[int, int, float]], upstream: str, sg_redis: str,
-                  sg_mem: str, litellm: str, redis_url: str, api_key: str,
-                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+                  sg_mem: str, litellm: str, redis_url: str, api_key: str, *,
+                  deadline: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    started = time.monotonic()
     warm = [hit_body(i) for i in range(N_STATES)]
-    for url in (sg_redis, sg_mem):  # the first sight of each state fills the cache
-        await send_sequentially(url, warm, api_key)
+    # The first sight of each state fills the cache (16 at a time, both servers at once).
+    await asyncio.gather(*(send_sequentially(url, warm[k::16], api_key)
+                           for url in (sg_redis, sg_mem) for k in range(16)))
     auth = {"authorization": f"Bearer {api_key}"}
     paths = [
         common.Target("direct", f"{upstream}/v1/chat/completions", common.chat_body),
@@ -199,15 +209,18 @@ async def run_all(plan: dict[int, tuple[int, int, float]], upstream: str, sg_red
         common.Target("litellm", f"{litellm}/v1/chat/completions", common.chat_body, auth),
     ]
     results: dict[str, Any] = {}
-    for concurrency, (rounds, per_round, segment_s) in plan.items():
+    print(f"cache filled in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    deadlines = common.split_deadlines(deadline, len(plan))
+    for k, (concurrency, (rounds, per_round, segment_s)) in enumerate(plan.items()):
         stats = await common.interleaved(paths, concurrency=concurrency, rounds=rounds,
                                          per_round=per_round, segment_s=segment_s,
-                                         warmup=max(50, concurrency * 2))
+                                         warmup=max(50, concurrency * 2), deadline=deadlines[k])
         results[str(concurrency)] = {
             name: {**common.summarize(s.latencies_ms), "requests_per_s": common.median(s.rounds_rps),
                    "rounds_rps": s.rounds_rps, "errors": s.errors, "first_error": s.first_error}
             for name, s in stats.items()}
-    trips = await round_trips(sg_redis, redis_url, api_key, n=200)
+        print(f"concurrency {concurrency} done at {time.monotonic() - started:.1f} s", file=sys.stderr)
+    trips = await round_trips(sg_redis, redis_url, api_key, n=100)
     return results, trips
 
 

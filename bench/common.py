@@ -142,11 +142,15 @@ class PathStats:
 
 
 async def interleaved(paths: Sequence[Target], *, concurrency: int, rounds: int,
-                      per_round: int, segment_s: float, warmup: int = 50,
-                      seed: int = 0) -> dict[str, PathStats]:
+                      per_round: int, segment_s: float, warmup: int = 50, seed: int = 0,
+                      index_base: int = 0, deadline: float | None = None,
+                      ) -> dict[str, PathStats]:
     """Runs ``rounds`` rounds; in each, every path gets ``per_round`` requests (at most
     ``segment_s`` seconds) in a shuffled order, so machine noise (other tenants, CPU frequency)
-    falls on all paths alike."""
+    falls on all paths alike. Request indices start at ``index_base`` (distinct bases keep
+    decision states distinct across calls). Past ``deadline`` (time.monotonic()) no further
+    round starts, though the first always runs: a loaded machine shortens the run, not the
+    bound."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=30.0)
@@ -157,14 +161,16 @@ async def interleaved(paths: Sequence[Target], *, concurrency: int, rounds: int,
     try:
         for p in paths:  # warm connections, JITs of caches, lazy imports on the servers
             await run_load(clients[p.name], p, concurrency=concurrency, n_requests=warmup,
-                           max_seconds=segment_s, start_index=10_000_000)
+                           max_seconds=segment_s, start_index=index_base + 900_000)
         for r in range(rounds):
+            if r > 0 and deadline is not None and time.monotonic() > deadline:
+                break
             order = list(paths)
             rng.shuffle(order)
             for p in order:
                 res = await run_load(clients[p.name], p, concurrency=concurrency,
                                      n_requests=per_round, max_seconds=segment_s,
-                                     start_index=r * per_round)
+                                     start_index=index_base + r * per_round)
                 s = stats[p.name]
                 s.latencies_ms.extend(res.latencies_ms)
                 s.rounds_rps.append(res.requests_per_s)
@@ -175,6 +181,15 @@ async def interleaved(paths: Sequence[Target], *, concurrency: int, rounds: int,
         for c in clients.values():
             await c.close()
     return stats
+
+
+def split_deadlines(deadline: float | None, n_parts: int) -> list[float | None]:
+    """Evenly spaced intermediate deadlines from now to ``deadline`` (None: no deadline)."""
+    if deadline is None:
+        return [None] * n_parts
+    now = time.monotonic()
+    step = max(0.0, deadline - now) / n_parts
+    return [now + step * (k + 1) for k in range(n_parts)]
 
 
 async def profile_load(path: Target, *, concurrency: int, seconds: float) -> LoadResult:
@@ -221,8 +236,7 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / name
-    out.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
-                                 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    out.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     return out
 
 

@@ -1,5 +1,5 @@
 """Writes docs/benchmarks.md from the JSON under bench/results/ (never typed by hand): the tables,
-the machine each ran on, the command for each, ratios and medians.
+the machine each ran on, the command for each, ratios, medians and the profile's top costs.
 
     python bench/make_docs.py [--results bench/results] [--out docs/benchmarks.md]"""
 
@@ -14,6 +14,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 ANCHOR_LITELLM = ("LiteLLM's published figures: 2-12 ms median and 13-43 ms p99 overhead "
                   "(their proxy on 4-vCPU machines, several instances, against a fake endpoint).")
+OVERHEAD_SETUP = (
+    "One instant upstream on loopback (a fixed `chat.completion`, hand-rolled asyncio server). "
+    "`direct` calls it; `slotgate_decision` is a JSON-schema enum decision whose fast read is a "
+    "mock backend sure of its answer (`fast.kind: mock`, no upstream call: the router's own "
+    "cost; every state is new, so every read misses the in-process cache and is logged); "
+    "`slotgate_passthrough` is a plain chat through slotgate's slow path (litellm in-process) "
+    "to the upstream; `litellm` is the LiteLLM proxy (its own venv, one worker, master key, no "
+    "callbacks) to the upstream. slotgate checks an API key too. Added = path minus direct at "
+    "the same percentile; req/s = median over rounds of a closed loop at that concurrency. The "
+    "load generator (aiohttp, same machine) shares the 2 cores with the servers. "
+    "`slotgate_decision_gc_frozen` (with `--gc-freeze-variant`) is the same decision through a "
+    "second slotgate whose process imported litellm and called `gc.freeze()` before serving: "
+    "a what-if for moving start-up state out of the collector's reach.")
+CACHE_SETUP = (
+    "{n} distinct decisions are sent once to fill the cache, then read again and again (every "
+    "read a hit), through slotgate with a private redis-server and through slotgate with the "
+    "in-process cache; the LiteLLM proxy's passthrough to the instant upstream in the same run, "
+    "interleaved. Headline throughputs are the best over the concurrencies; ratio = slotgate "
+    "Redis-hit decisions/s over LiteLLM passthrough req/s (target >= 3).")
 
 
 def fmt(value: Any, digits: int = 2) -> str:
@@ -27,91 +46,129 @@ def fmt(value: Any, digits: int = 2) -> str:
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "| " + " | ".join(columns) + " |\n|" + "|".join(
         " --- " if i == 0 else " ---: " for i in range(len(columns))) + "|\n"
-    return head + "".join("| " + " | ".join(fmt(v) for v in row) + " |\n" for row in rows)
+    return head + "".join("| " + " | ".join(fmt(v) for v in row) + " |\n" for row in rows) + "\n"
+
+
+def para(*text: str) -> str:
+    return "".join(text) + "\n\n"
 
 
 def machine(result: dict[str, Any]) -> str:
     m = result.get("machine", {})
     load_start = ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_start", []))
     load_end = ", ".join(f"{x:.2f}" for x in result.get("loadavg_at_end", []))
-    return (f"Machine: {m.get('nproc')} CPUs ({m.get('cpu_model')}), {m.get('mem_gib')} GiB, "
-            f"Python {m.get('python')}; LiteLLM proxy {result.get('litellm_version', '?')}. "
-            f"Load average (1/5/15 min) at start {load_start}, at end {load_end}: the machine is "
-            f"shared, so read the ratios, measured in the same run with the paths interleaved, "
-            f"rather than the absolute numbers. Mode `{result.get('mode')}`, "
-            f"{result.get('wall_s')} s wall.\n")
+    return para(
+        f"Machine: {m.get('nproc')} CPUs ({m.get('cpu_model')}), {m.get('mem_gib')} GiB, "
+        f"Python {m.get('python')}; LiteLLM proxy {result.get('litellm_version', '?')}. "
+        f"Load average (1/5/15 min) {load_start} at the start and {load_end} at the end: the "
+        "machine is shared with other engineers' work, so the absolute numbers are noisy; read "
+        "the ratios, measured in the same run with the paths interleaved. "
+        f"Mode `{result.get('mode')}`, {result.get('wall_s')} s wall.")
 
 
 def overhead_section(r: dict[str, Any]) -> str:
     h = r["headline"]
-    out = ["## Router overhead (`bench/overhead.py`)\n",
-           f"Command: `{r['command']}`\n",
-           machine(r),
-           ("One instant upstream on loopback (a fixed `chat.completion`). `direct` calls it; "
-           "`slotgate_decision` is a JSON-schema enum decision whose fast read is a mock backend "
-           "sure of its answer (no upstream call: the router's own cost, every state new so "
-           "every read misses the cache); `slotgate_passthrough` is a plain chat through "
-           "slotgate's slow path (litellm in-process) to the upstream; `litellm` is the LiteLLM "
-           "proxy (one worker, master key, no callbacks) to the upstream. Added = path minus "
-           "direct at the same percentile. req/s = median over rounds, closed loop.\n"),
+    out = ["## Router overhead (`bench/overhead.py`)\n\n", para(f"Command: `{r['command']}`"),
+           machine(r), para(OVERHEAD_SETUP),
            table(["headline", "value"], [[k, v] for k, v in h.items()]),
-           (f"\nslotgate decision overhead p50 {fmt(h['slotgate_p50_ms'])} ms, p99 "
-           f"{fmt(h['slotgate_p99_ms'])} ms (target <= 1 ms / <= 3 ms); LiteLLM proxy p50 "
-           f"{fmt(h['litellm_p50_ms'])} ms, p99 {fmt(h['litellm_p99_ms'])} ms: "
-           f"**{fmt(h['litellm_over_slotgate'], 1)}x** (target >= 5x). {ANCHOR_LITELLM}\n")]
+           para(f"slotgate decision overhead at concurrency 1: p50 {fmt(h['slotgate_p50_ms'])} ms, "
+                f"p99 {fmt(h['slotgate_p99_ms'])} ms (target <= 1 ms / <= 3 ms). LiteLLM proxy: "
+                f"p50 {fmt(h['litellm_p50_ms'])} ms, p99 {fmt(h['litellm_p99_ms'])} ms, so "
+                f"**{fmt(h['litellm_over_slotgate'], 1)}x** slotgate's p50 (target >= 5x). "
+                f"{ANCHOR_LITELLM}")]
     for conc, res in r["by_concurrency"].items():
-        out.append(f"\n### Concurrency {conc}\n\n")
-        rows = []
-        for name, v in res.items():
-            rows.append([name, v["n"], v["p50_ms"], v["p99_ms"], v["added_p50_ms"],
-                         v["added_p99_ms"], v["requests_per_s"], v["errors"],
-                         v.get("self_reported_overhead_p50_ms")])
-        out.append(table(["path", "n", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms",
-                          "req/s", "errors", "self-reported overhead p50 ms"], rows))
+        out.append(f"### Concurrency {conc}\n\n")
+        out.append(table(
+            ["path", "n", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "req/s", "errors",
+             "LiteLLM's self-reported overhead p50 ms"],
+            [[name, v["n"], v["p50_ms"], v["p99_ms"], v["added_p50_ms"], v["added_p99_ms"],
+              v["requests_per_s"], v["errors"], v.get("self_reported_overhead_p50_ms")]
+             for name, v in res.items()]))
+    gc_stats = r.get("slotgate_gc") or {}
+    out.append(gc_section(gc_stats if "generations" not in gc_stats else {"slotgate": gc_stats}))
+    if r.get("gc_probe") and "error" not in r["gc_probe"]:
+        g = r["gc_probe"]
+        out.append(para(
+            f"What one full collection costs, measured apart (CPU time, so the machine's load "
+            f"does not inflate it): a process holding slotgate's modules has "
+            f"{g['objects_router_only']:,} tracked objects; importing litellm (which the slow "
+            f"path does on first use, {g['litellm_import_s']:.1f} s) brings it to "
+            f"{g['objects_with_litellm']:,}, and a full collection then takes "
+            f"{g['full_collect_cpu_ms']:.0f} ms of CPU, during which no request moves; after "
+            f"`gc.freeze()` it takes {g['full_collect_cpu_ms_after_freeze']:.1f} ms."))
     if r.get("profile"):
         out.append(profile_section(r["profile"], what="decisions at concurrency 32"))
     return "".join(out)
+
+
+def gc_section(servers: dict[str, Any]) -> str:
+    rows = []
+    for name, stats in servers.items():
+        if not stats:
+            continue
+        gen2 = stats["generations"]["2"]
+        total_ms = sum(g["total_ms"] for g in stats["generations"].values())
+        rows.append([name, gen2["count"], gen2["total_ms"], gen2["max_ms"], total_ms,
+                     f"{100 * total_ms / 1000 / stats['wall_s']:.1f}%"])
+    if not rows:
+        return ""
+    return ("### Garbage-collector pauses in slotgate\n\n"
+            + para("Recorded in the server by a `gc.callbacks` hook (bench/peers.py) over its "
+                   "life up to the end of the measurement. A full (gen 2) collection walks every "
+                   "live object, litellm's module state included, and stops every request. "
+                   "Pauses are wall time: on a loaded machine they include time the process "
+                   "waited for a CPU.")
+            + table(["server", "gen-2 collections", "gen-2 total ms", "gen-2 max ms",
+                     "all GC ms", "share of wall"], rows))
 
 
 def profile_section(p: dict[str, Any], *, what: str) -> str:
     def rows(entries: list[dict[str, Any]]) -> list[list[str]]:
         return [[f"`{e['frame']}`", f"{100 * e['share']:.1f}%"] for e in entries]
 
-    return ("\n### Profile of slotgate under this load (py-spy)\n\n"
-            f"{p['samples']} samples of the server while busy (py-spy leaves idle waits out), "
-            f"taken after the measurement under {what} alone. Self time by package:\n\n"
-            + table(["package", "share"], rows(p["self_by_package"]))
-            + "\nSelf time (the function on top of the stack):\n\n"
+    shares = {e["frame"]: e["share"] for e in p["self_by_package"]}
+    logging_share = shares.get("logging", 0.0) + shares.get("secret_redaction", 0.0)
+    return ("### Profile of slotgate (py-spy)\n\n"
+            + para(f"{p['samples']} samples of the server while busy (py-spy leaves idle waits "
+                   f"out), taken after the measurement under {what} alone, so the sampler never "
+                   "skews the measured numbers. A frame's self time includes any garbage "
+                   "collection that its allocations triggered (py-spy does not show GC apart).")
+            + para(f"Named top costs: the HTTP stack (uvicorn, starlette, fastapi, pydantic) "
+                   f"{100 * sum(shares.get(k, 0.0) for k in ('uvicorn', 'starlette', 'fastapi', 'pydantic')):.0f}%; "
+                   f"slotgate's own code (router, policies, calibration) "
+                   f"{100 * sum(shares.get(k, 0.0) for k in ('router', 'policies', 'calibration')):.0f}%; "
+                   f"stdlib json {100 * shares.get('json', 0.0):.0f}%; the access log and the "
+                   f"secret-redaction filter litellm attaches to uvicorn's loggers "
+                   f"{100 * logging_share:.0f}%; the event loop (asyncio) "
+                   f"{100 * shares.get('asyncio', 0.0):.0f}%.")
+            + "Self time by package:\n\n" + table(["package", "share"], rows(p["self_by_package"]))
+            + "Self time (the function on top of the stack):\n\n"
             + table(["function", "share"], rows(p["top_self"]))
-            + "\nInclusive time of slotgate's own functions:\n\n"
+            + "Inclusive time of slotgate's own functions:\n\n"
             + table(["function", "share"], rows(p["top_inclusive_project"])))
 
 
 def cache_section(r: dict[str, Any]) -> str:
     h = r["headline"]
-    out = ["\n## Cache throughput (`bench/cache.py`)\n",
-           f"Command: `{r['command']}`\n",
-           machine(r),
-           (f"{r['n_states']} distinct decisions are sent once to fill the cache, then read "
-           "again and again (every read a hit), through slotgate with a private redis-server and "
-           "through slotgate with the in-process cache; the LiteLLM proxy's passthrough to the "
-           "instant upstream in the same run, interleaved. Headline throughputs are the best "
-           "over the concurrencies; ratio = slotgate Redis-hit decisions/s over LiteLLM "
-           "passthrough req/s (target >= 3).\n"),
+    out = ["## Cache throughput (`bench/cache.py`)\n\n", para(f"Command: `{r['command']}`"),
+           machine(r), para(CACHE_SETUP.format(n=r["n_states"])),
            table(["headline", "value"], [[k, v] for k, v in h.items()])]
     for conc, res in r["by_concurrency"].items():
-        out.append(f"\n### Concurrency {conc}\n\n")
+        out.append(f"### Concurrency {conc}\n\n")
         out.append(table(["path", "n", "p50 ms", "p99 ms", "req/s", "errors"],
                          [[k, v["n"], v["p50_ms"], v["p99_ms"], v["requests_per_s"], v["errors"]]
                           for k, v in res.items()]))
-    out.append("\n### Redis round trips per decision\n\nDecisions sent one at a time; commands "
-               "from `INFO commandstats` deltas, round trips from `total_reads_processed` deltas "
-               "(a pipeline is one), less the snapshots' own (target: one round trip for a hit).\n\n")
+    out.append("### Redis round trips per decision\n\n")
+    out.append(para("Decisions sent one at a time; commands from `INFO commandstats` deltas, "
+                    "round trips from `total_reads_processed` deltas (a pipeline is one), less "
+                    "the snapshots' own. Target: one round trip for a hit. The cache read is "
+                    "one MGET; the decision log adds its own pipelined XADD + SET."))
     out.append(table(["reads", "decisions", "round trips/decision", "commands/decision",
                       "commands", "routes"],
                      [[k, v["decisions"], v.get("round_trips_per_decision"),
                        v["commands_per_decision"], v["commands"], v["routes"]]
                       for k, v in r["round_trips"].items()]))
+    out.append(gc_section(r.get("slotgate_gc") or {}))
     if r.get("profile"):
         out.append(profile_section(r["profile"], what="Redis cache hits at concurrency 32"))
     return "".join(out)
@@ -119,15 +176,18 @@ def cache_section(r: dict[str, Any]) -> str:
 
 def other_section(name: str, r: dict[str, Any]) -> str:
     h = r.get("headline") or {k: v for k, v in r.items() if not isinstance(v, dict | list)}
-    return (f"\n## `{name}`\n\n" + (f"Command: `{r['command']}`\n\n" if "command" in r else "")
+    return (f"## Other results: `{name}`\n\n"
+            + para("Its top-level figures only (another engineer's benchmark; its own doc has "
+                   "the full account).")
+            + (para(f"Command: `{r['command']}`") if "command" in r else "")
             + table(["key", "value"], [[k, v] for k, v in h.items()]))
 
 
 def render(results_dir: Path) -> str:
     parts = ["# Benchmarks\n\n",
-             ("Generated by `python bench/make_docs.py` from the JSON under `bench/results/`; "
-             "do not edit by hand. Set up the LiteLLM peer once with "
-             "`bash bench/setup_litellm_env.sh`.\n\n")]
+             para("Generated by `python bench/make_docs.py` from the JSON under `bench/results/`; "
+                  "do not edit by hand. Set up the LiteLLM peer once with "
+                  "`bash bench/setup_litellm_env.sh`; `--profile` needs py-spy (dev extra).")]
     found = {p.name: json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))}
     if "overhead.json" in found:
         parts.append(overhead_section(found.pop("overhead.json")))
@@ -135,7 +195,7 @@ def render(results_dir: Path) -> str:
         parts.append(cache_section(found.pop("cache.json")))
     for name, r in found.items():
         parts.append(other_section(name, r))
-    return "".join(parts)
+    return "".join(parts).rstrip() + "\n"
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import sys
@@ -26,16 +27,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, peers
 
 # (rounds, requests per path per round, seconds cap per segment) for each concurrency.
+QUICK_MEASURE_END_S = 140.0
 PROFILE_S = 10.0  # decision-only load while py-spy samples slotgate
 PLANS = {
-    "quick": {1: (4, 300, 3.0), 32: (3, 3000, 2.5)},
+    "quick": {1: (4, 300, 2.5), 32: (3, 3000, 2.0)},
     "full": {1: (8, 1000, 8.0), 32: (5, 10000, 6.0)},
 }
 
 
-def targets(upstream: str, slotgate: str, litellm: str, api_key: str) -> list[common.Target]:
+def targets(upstream: str, slotgate: str, litellm: str, api_key: str,
+            frozen: str | None = None) -> list[common.Target]:
     auth = {"authorization": f"Bearer {api_key}"}
-    return [
+    variant = [common.Target("slotgate_decision_gc_frozen", f"{frozen}/v1/chat/completions",
+                             common.decision_body, auth)] if frozen else []
+    return variant + [
         common.Target("direct", f"{upstream}/v1/chat/completions", common.chat_body),
         common.Target("slotgate_decision", f"{slotgate}/v1/chat/completions",
                       common.decision_body, auth),
@@ -65,13 +70,15 @@ def analyse(stats: dict[str, common.PathStats]) -> dict[str, Any]:
     return out
 
 
-async def measure(plan: dict[int, tuple[int, int, float]], paths: list[common.Target],
-                  ) -> dict[str, Any]:
+async def measure(plan: dict[int, tuple[int, int, float]], paths: list[common.Target], *,
+                  deadline: float | None) -> dict[str, Any]:
     by_concurrency: dict[str, Any] = {}
-    for concurrency, (rounds, per_round, segment_s) in plan.items():
+    deadlines = common.split_deadlines(deadline, len(plan))
+    for k, (concurrency, (rounds, per_round, segment_s)) in enumerate(plan.items()):
         stats = await common.interleaved(paths, concurrency=concurrency, rounds=rounds,
                                          per_round=per_round, segment_s=segment_s,
-                                         warmup=max(50, concurrency * 4))
+                                         warmup=max(50, concurrency * 4), deadline=deadlines[k],
+                                         index_base=(k + 1) * 10_000_000)
         by_concurrency[str(concurrency)] = analyse(stats)
     return by_concurrency
 
@@ -80,24 +87,38 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller run, < 3 minutes")
     parser.add_argument("--profile", action="store_true", help="run slotgate under py-spy")
+    parser.add_argument("--gc-freeze-variant", action="store_true",
+                        help="also a slotgate that imports litellm and gc.freeze()s at start-up")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     peers.use_uvloop()
     api_key = "sk-" + secrets.token_hex(24)
     t0 = time.monotonic()
     machine = common.machine_info()
+    probe = peers.gc_probe()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         work = Path(tmp)
         profile = None
-        with peers.upstream_server() as up, \
-                peers.litellm_proxy(up.url, work, master_key=api_key) as ll, \
-                peers.slotgate_server(common.slotgate_settings(up.url, work, api_key), work) as sg:
-            paths = targets(up.url, sg.url, ll.url, api_key)
-            results = asyncio.run(measure(PLANS[mode], paths))
+        with contextlib.ExitStack() as stack:
+            up = stack.enter_context(peers.upstream_server())
+            ll = stack.enter_context(peers.litellm_proxy(up.url, work, master_key=api_key))
+            settings = common.slotgate_settings(up.url, work, api_key)
+            sg = stack.enter_context(peers.slotgate_server(settings, work))
+            frozen = stack.enter_context(peers.slotgate_server(
+                settings, work, gc_freeze=True)) if args.gc_freeze_variant else None
+            paths = targets(up.url, sg.url, ll.url, api_key, frozen.url if frozen else None)
+            # --quick ends its measurement by QUICK_MEASURE_END_S after start, however loaded
+            # the machine is (fewer rounds then), so the whole run stays under 3 minutes.
+            deadline = t0 + QUICK_MEASURE_END_S if args.quick else None
+            results = asyncio.run(measure(PLANS[mode], paths, deadline=deadline))
+            gc_stats = {"slotgate": peers.read_gc_stats(sg)}
+            if frozen:
+                gc_stats["slotgate_gc_frozen"] = peers.read_gc_stats(frozen)
             if args.profile:  # after the measurement, so the sampler's CPU never skews it
                 assert sg.proc is not None
+                decisions = next(p for p in paths if p.name == "slotgate_decision")
                 spy = peers.Profiler(sg.proc.pid, work / "slotgate.collapsed")
-                asyncio.run(common.profile_load(paths[1], concurrency=32, seconds=PROFILE_S))
+                asyncio.run(common.profile_load(decisions, concurrency=32, seconds=PROFILE_S))
                 collapsed = spy.stop()
                 profile = peers.profile_top(collapsed) if collapsed else None
 
@@ -118,12 +139,22 @@ def main() -> int:
         "litellm_rps_c32": common.finite(c32["litellm"]["requests_per_s"], 1),
         "direct_rps_c32": common.finite(c32["direct"]["requests_per_s"], 1),
     }
+    if "slotgate_decision_gc_frozen" in c1:
+        frozen_c1, frozen_c32 = c1["slotgate_decision_gc_frozen"], c32["slotgate_decision_gc_frozen"]
+        headline |= {
+            "gc_frozen_p50_ms": common.finite(frozen_c1["added_p50_ms"], 3),
+            "gc_frozen_p99_ms": common.finite(frozen_c1["added_p99_ms"], 3),
+            "gc_frozen_rps_c32": common.finite(frozen_c32["requests_per_s"], 1),
+            "slotgate_decision_p99_ms_c32": common.finite(c32["slotgate_decision"]["p99_ms"], 1),
+            "gc_frozen_p99_ms_c32": common.finite(frozen_c32["p99_ms"], 1),
+        }
     payload = {
         "benchmark": "overhead", "mode": mode, "headline": headline, "by_concurrency": results,
         "command": "python bench/overhead.py" + (" --quick" if args.quick else "")
-        + (" --profile" if args.profile else ""),
+        + (" --profile" if args.profile else "")
+        + (" --gc-freeze-variant" if args.gc_freeze_variant else ""),
         "machine": machine, "loadavg_at_end": list(__import__("os").getloadavg()),
-        "wall_s": round(time.monotonic() - t0, 1), "profile": profile,
+        "wall_s": round(time.monotonic() - t0, 1), "profile": profile, "slotgate_gc": gc_stats, "gc_probe": probe,
         "litellm_version": peers.litellm_version(),
     }
     out = common.write_json("overhead.json", payload)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -47,6 +48,7 @@ class Server:
     ready_timeout_s: float = 90.0
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    gc_stats_path: Path | None = None  # slotgate_server only
 
     @property
     def url(self) -> str:
@@ -148,22 +150,63 @@ def litellm_proxy(upstream_url: str, workdir: Path, *, master_key: str,
                   port, ready_path="/health/liveliness", env=env, ready_timeout_s=180.0)
 
 
-def slotgate_server(settings: dict[str, Any], workdir: Path) -> Server:
-    """`slotgate serve` with ``settings`` (a Settings dict; host and port are filled in)."""
+def slotgate_server(settings: dict[str, Any], workdir: Path, *, gc_freeze: bool = False,
+                    ) -> Server:
+    """`slotgate serve` with ``settings`` (a Settings dict; host and port are filled in). The
+    server also records its garbage-collector pauses (read_gc_stats). ``gc_freeze``: a what-if
+    variant that imports litellm before serving and moves everything alive then out of the
+    collector's reach (``gc.freeze()``), as a start-up hook in the app could."""
     import yaml
 
     port = free_port()
     cfg = workdir / f"slotgate-{port}.yaml"
     cfg.write_text(yaml.safe_dump({**settings, "host": "127.0.0.1", "port": port}))
-    argv = [sys.executable, str(Path(__file__)), "slotgate", "--config", str(cfg)]
-    return Server(f"slotgate-{port}", argv, port, ready_path="/healthz")
+    gc_stats = workdir / f"slotgate-{port}.gc.json"
+    argv = [sys.executable, str(Path(__file__)), "slotgate", "--config", str(cfg),
+            "--gc-stats", str(gc_stats), *(["--gc-freeze"] if gc_freeze else [])]
+    return Server(f"slotgate-{port}", argv, port, ready_path="/healthz", gc_stats_path=gc_stats)
 
 
-def _serve_slotgate(config: Path) -> None:
-    """What `slotgate serve --config` runs (router.server.serve), callable before the CLI has
-    the command."""
+def read_gc_stats(server: Server) -> dict[str, Any] | None:
+    """The GC pauses a slotgate_server has had so far (refreshed every gen-2 collection and
+    every 200 collections, so up to 200 young collections behind)."""
+    path = server.gc_stats_path
+    return json.loads(path.read_text()) if path is not None and path.exists() else None
+
+
+def _serve_slotgate(config: Path, gc_stats: Path, *, gc_freeze: bool) -> None:
+    """What `slotgate serve --config` runs (router.server.serve), plus a gc callback that
+    records the pauses: a full collection walks every live object, litellm's included."""
+    import gc
+
     from router.server import serve
 
+    started = time.monotonic()
+    stats: dict[str, Any] = {str(g): {"count": 0, "total_ms": 0.0, "max_ms": 0.0} for g in range(3)}
+    clock: dict[str, float] = {"t": 0.0, "n": 0}
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            clock["t"] = time.perf_counter()
+            return
+        pause_ms = (time.perf_counter() - clock["t"]) * 1000.0
+        g = stats[str(info["generation"])]
+        g["count"] += 1
+        g["total_ms"] += pause_ms
+        g["max_ms"] = max(g["max_ms"], pause_ms)
+        clock["n"] += 1
+        # Cheap on purpose (no object census here): the hook must not become a cost itself.
+        if info["generation"] == 2 or clock["n"] % 200 == 0:
+            gc_stats.write_text(json.dumps({"generations": stats,
+                                            "wall_s": time.monotonic() - started}))
+
+    gc.callbacks.append(on_gc)
+    if gc_freeze:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm  # noqa: F401 - imported for its module state, which is then frozen
+
+        gc.collect()
+        gc.freeze()
     serve(config=config)
 
 
@@ -233,6 +276,33 @@ def _short(frame: str) -> str:
 def _package(frame: str) -> str:
     where = frame.rpartition(" (")[2].rstrip(")")
     return where.split("/")[0] if "/" in where else where.removesuffix(".py")
+
+
+GC_PROBE = """
+import gc, json, os, sys, time
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path.insert(0, sys.argv[1])
+import router.app, router.service, router.slow, router.server
+before = len(gc.get_objects())
+t = time.perf_counter(); import litellm; import_s = time.perf_counter() - t
+def full_collect_ms():
+    t = time.process_time(); gc.collect(); return (time.process_time() - t) * 1000
+gc.collect()
+out = {"objects_router_only": before, "objects_with_litellm": len(gc.get_objects()),
+       "litellm_import_s": import_s, "full_collect_cpu_ms": min(full_collect_ms() for _ in range(3))}
+gc.freeze()
+out["full_collect_cpu_ms_after_freeze"] = min(full_collect_ms() for _ in range(3))
+print(json.dumps(out))
+"""
+
+
+def gc_probe() -> dict[str, Any]:
+    """What a full collection costs in a process holding slotgate's modules and litellm (CPU
+    time, so a loaded machine does not inflate it), and after ``gc.freeze()``."""
+    done = subprocess.run([sys.executable, "-c", GC_PROBE, str(ROOT)], capture_output=True,
+                          text=True, check=False, timeout=120)
+    lines = done.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-500:]}
 
 
 def litellm_version() -> str:
@@ -315,9 +385,11 @@ if __name__ == "__main__":
     parser.add_argument("command", choices=["upstream", "slotgate"])
     parser.add_argument("--port", type=int)
     parser.add_argument("--config", type=Path)
+    parser.add_argument("--gc-stats", type=Path)
+    parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args()
     if args.command == "upstream":
         _serve_upstream(args.port)
     else:
         sys.path.insert(0, str(ROOT))
-        _serve_slotgate(args.config)
+        _serve_slotgate(args.config, args.gc_stats, gc_freeze=args.gc_freeze)
