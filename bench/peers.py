@@ -124,8 +124,10 @@ def litellm_proxy(upstream_url: str, workdir: Path, *, master_key: str,
     """The LiteLLM proxy (bench/.venv-litellm, see setup_litellm_env.sh) as a peer, one worker,
     routing ``model`` to our upstream as an OpenAI-compatible endpoint. It refuses to start
     without a master key, so clients send ``Authorization: Bearer <master_key>``."""
-    if not LITELLM_BIN.exists():
-        raise RuntimeError("LiteLLM proxy not installed: run bash bench/setup_litellm_env.sh")
+    if not LITELLM_BIN.exists():  # first run on this machine: the peer sets itself up (~1 min)
+        print("installing the LiteLLM proxy into bench/.venv-litellm ...", file=sys.stderr)
+        subprocess.run(["bash", str(ROOT / "bench" / "setup_litellm_env.sh")], check=True,
+                       stdout=subprocess.DEVNULL)
     cfg = workdir / "litellm.yaml"
     cfg.write_text(
         "model_list:\n"
