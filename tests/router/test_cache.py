@@ -36,6 +36,8 @@ class CountingConnection(Connection):
 
 
 async def test_redis_round_trip_ttl_and_one_round_trip_per_batch(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url) as sync:  # the session's Redis: other tests' stats
+        sync.config_resetstat()
     cache = RedisCache(redis_url, ttl_s=120)
     cache.client.connection_pool.connection_class = CountingConnection
     try:
