@@ -159,7 +159,8 @@ def _resolve(root: dict[str, Any], prop: Any) -> Any:
     *parents, name = prop["$ref"].removeprefix("#/").split("/")
     if not prop["$ref"].startswith("#/") or len(parents) != 1:
         return prop
-    target = (root.get(parents[0]) or {}).get(name)
+    definitions = root.get(parents[0])
+    target = definitions.get(name) if isinstance(definitions, dict) else None
     if not isinstance(target, dict):
         return prop
     return {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
@@ -169,7 +170,7 @@ def _check_id(question_id: str, *, field: str, schema_name: bool = False) -> Non
     # ':' and newlines would blur the decision log and anything else built from ids.
     valid = bool(question_id.strip()) and not any(c in question_id for c in ":\r\n")
     if schema_name:
-        valid = valid and _SCHEMA_NAME.match(question_id) is not None
+        valid = valid and _SCHEMA_NAME.fullmatch(question_id) is not None
     if not valid:
         rule = "letters, digits, '_' and '-', 1 to 64" if schema_name else "non-empty, no ':' or newline"
         raise InvalidRequest(f"{field}: {question_id!r} is not a valid question id ({rule})",

@@ -149,3 +149,11 @@ def test_sdk_pydantic_schema_with_an_enum_definition_is_resolved() -> None:
     p = plan(body(response_format=fmt))
     assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
         ("intent", "intent", ("a", "b")), ("urgent", "Urgent?", ("yes", "no"))]
+
+
+@pytest.mark.parametrize("ref", ["#/$defs/Missing", "#/$defs", "#/a/b/c", "http://x/y", "#/$defs/U"])
+def test_unresolvable_refs_mean_passthrough(ref: str) -> None:
+    schema = {"$defs": ["not", "a", "map"] if ref == "#/$defs/U" else {},
+              "type": "object", "properties": {"u": {"$ref": ref}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    assert plan(body(response_format=fmt)) is None
