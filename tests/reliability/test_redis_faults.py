@@ -93,8 +93,11 @@ def test_redis_stopped_and_restarted_mid_run(redis: RedisServer, tmp_path: Path)
         routes_while_down = {r[1] for r in traffic.results[n_at_stop + 5:]}
         assert routes_while_down == {"fast"}  # served without the cache
 
+        n_while_down = len(traffic.results) - n_at_stop
         redis.start()  # same port, empty (no persistence)
+        t0 = time.monotonic()
         assert wait_for(lambda: http.get("/readyz").status_code == 200, within_s=10)
+        ready_after_s = time.monotonic() - t0
         n_at_restart = len(traffic.results)
         # Cache use resumes by itself: the cycle of 20 states is cached again and hit.
         assert wait_for(lambda: any(r[1] == "cache" for r in traffic.results[n_at_restart:]),
@@ -102,6 +105,9 @@ def test_redis_stopped_and_restarted_mid_run(redis: RedisServer, tmp_path: Path)
         cache_errors = server.metric("slotgate_cache_errors_total")
 
     failed = [r for r in traffic.results if r[0] != 200]
+    print(f"redis: {len(traffic.results)} requests ({n_while_down} while Redis was down), "
+          f"{len(failed)} failed; /readyz 200 again {ready_after_s:.2f} s after the restart; "
+          f"{cache_errors:g} cache errors counted")
     assert failed == [] and len(traffic.results) > 60
     assert cache_errors >= 1  # the outage is visible in metrics
     # Nothing lost: every 2xx decision and the feedback label are in the JSONL log.
