@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -26,10 +27,10 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere: bench/ and route
 
 TARGETS = (0.90, 0.95, 0.97, 0.99)
 ANCHORS = [
-    ("RouteLLM (Ong et al., 2024; published, not measured here): keeps 95% of GPT-4's quality on "
-    "MT-Bench with 14% of calls sent to GPT-4."),
-    ("Online cascade learning (Nie et al., 2024; published, not measured here): LLM-level "
-    "accuracy at up to 90% lower inference cost."),
+    ("RouteLLM (Ong et al., 2024): keeps 95% of GPT-4's quality on MT-Bench with 14% of calls "
+     "sent to GPT-4."),
+    ("Online cascade learning (Nie et al., 2024): LLM-level accuracy at up to 90% lower "
+     "inference cost."),
 ]
 
 
@@ -40,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from bench.common import machine_info
 
     args = parse_args(argv)
+    # SIGTERM exits through the context managers, so the proxy and stand-in processes stop too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     if not (args.data / "train.csv").is_file():
         sys.exit(f"BANKING77 not found at {args.data}: pass --data DIR (the folder with "
@@ -62,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "curves": offline["curves"],
         "live_checks": live["checks"],
         "anchors": ANCHORS,
+        "anchors_note": ("published figures from other work, placed beside ours for scale; "
+                         "not our results and not measured here"),
+        "comparison": comparison(rows, offline),
         "notes": notes(offline, live),
         "png": str(args.png.relative_to(ROOT)) if args.png.is_relative_to(ROOT) else str(args.png),
     }
@@ -90,6 +96,35 @@ def headline(rows: Sequence[dict[str, Any]], offline: dict[str, Any]) -> dict[st
     for tier, curve in offline["curves"].items():
         for key in ("escalation_for_95pct_of_slow_accuracy", "escalation_to_match_slow_accuracy"):
             out[f"{tier}_{key}"] = curve[key]
+    return out
+
+
+def comparison(rows: Sequence[dict[str, Any]], offline: dict[str, Any]) -> list[str]:
+    """Our figures in the anchors' terms: share of the slow tier's accuracy kept, and the tuned
+    point that reaches the slow tier's accuracy with the fewest slow calls."""
+    slow = offline["slow_accuracy"]
+    out = []
+    for tier in offline["curves"]:
+        points = [r for r in rows if r["tier"] == tier]
+        alone = next(r for r in points if r["target"] is None)
+        line = (f"{tier}: alone it keeps {alone['accuracy'] / slow:.1%} of the slow tier's "
+                f"accuracy ({alone['accuracy']:.4f} vs {slow:.4f}) with no slow call")
+        matching = [r for r in points if r["target"] and r["accuracy"] >= slow]
+        if matching:
+            best = min(matching, key=lambda r: r["escalation_rate"])
+            line += (f"; the policy tuned at {best['target']:g} reaches it "
+                     f"({best['accuracy']:.4f}) with {best['escalation_rate']:.1%} of decisions "
+                     f"escalated, {1 - best['escalation_rate']:.0%} fewer slow calls")
+        out.append(line + ".")
+    unguarded = [r["label"] for r in rows if r["target"] and r["threshold"] is None]
+    if unguarded:
+        out.append(f"{', '.join(unguarded)}: no threshold passed the guarantee on the tuning "
+                   "rows, so the policy escalates every decision.")
+    alone = [r["accuracy"] for r in rows if r["point"] == "fast alone"]
+    out.append(f"The tiers here are close ({min(alone):.3f}-{max(alone):.3f} alone against "
+               f"{slow:.3f}), much closer than the anchors' small and large LLMs, so keeping "
+               "95% of the slow tier's accuracy costs no slow call here: the comparable figure "
+               "is the escalation needed to match it.")
     return out
 
 
