@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.types import Decision
 from router.errors import InvalidRequest
@@ -157,3 +159,34 @@ def test_unresolvable_refs_mean_passthrough(ref: str) -> None:
               "type": "object", "properties": {"u": {"$ref": ref}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
     assert plan(body(response_format=fmt)) is None
+
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["enum", "type", "properties", "$ref", "$defs", "description", "x"]),
+        inner, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(schema=JSON, choice=st.none() | JSON, name=st.text(max_size=6))
+def test_any_schema_is_a_plan_none_or_a_named_request_error(
+    schema: Any, choice: Any, name: str
+) -> None:
+    fields: dict[str, Any] = {"response_format": {
+        "type": "json_schema", "json_schema": {"name": name or "n", "schema": schema}}}
+    if choice is not None:
+        fields["guided_choice"] = choice
+    try:
+        b = body(**fields)
+    except ValueError:  # pydantic refused the shape: the app answers that with a 400 itself
+        return
+    try:
+        p = plan(b)
+    except InvalidRequest as exc:
+        assert exc.field and exc.field in exc.message
+        return
+    if p is not None:
+        assert all(len(r.options) >= 2 for r in p.requests)
