@@ -216,3 +216,21 @@ def test_cache_keys_are_hashes_only(server: LiveServer, redis_url: str) -> None:
     client.close()
     assert len(keys) >= 2 * len(INJECTIONS)
     assert [k for k in keys if not KEY_RE.match(k)] == []
+
+
+def test_rate_limit_per_key(tmp_path: Path) -> None:
+    switch = Switch()
+    settings = settings_for(None, tmp_path, api_key_hashes=HASHES, rate_limit_rps=0.5,
+                            rate_limit_burst=3)
+    with LiveServer(settings, backend=MockBackend(switch)) as server:
+        a = [server.post("/v1/chat/completions", decision(f"sure, lost_card {i}"),
+                         headers=auth(KEY_A)) for i in range(5)]
+        b = server.post("/v1/chat/completions", decision("sure, lost_card b"), headers=auth(KEY_B))
+        probe = httpx.get(f"{server.url}/readyz")
+    assert [r.status_code for r in a] == [200, 200, 200, 429, 429]
+    for r in a[3:]:
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert int(r.headers["retry-after"]) >= 1
+    assert b.status_code == 200  # another key has its own bucket
+    assert probe.status_code == 200  # probes are not limited
+    assert switch.calls == 4  # refused requests never reached the backend
