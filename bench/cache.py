@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common, peers
+from bench import common, peers, profiling
 
 QUICK_MEASURE_END_S = 140.0
 N_STATES = 512  # distinct decisions, warmed once, then read again and again: every read a hit
@@ -145,12 +145,12 @@ def main() -> int:
                 profile = None
                 if args.profile:  # after the measurement, so the sampler never skews it
                     assert sg_redis.proc is not None
-                    spy = peers.Profiler(sg_redis.proc.pid, work / "slotgate.collapsed")
+                    spy = profiling.Profiler(sg_redis.proc.pid, work / "slotgate.collapsed")
                     hits = common.Target("hits", f"{sg_redis.url}/v1/chat/completions", hit_body,
                                          {"authorization": f"Bearer {api_key}"})
                     asyncio.run(common.profile_load(hits, concurrency=32, seconds=10.0))
                     collapsed = spy.stop()
-                    profile = peers.profile_top(collapsed) if collapsed else None
+                    profile = profiling.profile_top(collapsed) if collapsed else None
 
     per_conc = {c: {name: v["requests_per_s"] for name, v in r.items()} for c, r in results.items()}
     best = {name: max(r[name] for r in per_conc.values()) for name in next(iter(per_conc.values()))}

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common, peers
+from bench import common, peers, profiling
 
 # (rounds, requests per path per round, seconds cap per segment) for each concurrency.
 QUICK_MEASURE_END_S = 140.0
@@ -95,7 +95,7 @@ def main() -> int:
     api_key = "sk-" + secrets.token_hex(24)
     t0 = time.monotonic()
     machine = common.machine_info()
-    probe = peers.gc_probe()
+    probe = profiling.gc_probe()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         work = Path(tmp)
         profile = None
@@ -117,10 +117,10 @@ def main() -> int:
             if args.profile:  # after the measurement, so the sampler's CPU never skews it
                 assert sg.proc is not None
                 decisions = next(p for p in paths if p.name == "slotgate_decision")
-                spy = peers.Profiler(sg.proc.pid, work / "slotgate.collapsed")
+                spy = profiling.Profiler(sg.proc.pid, work / "slotgate.collapsed")
                 asyncio.run(common.profile_load(decisions, concurrency=32, seconds=PROFILE_S))
                 collapsed = spy.stop()
-                profile = peers.profile_top(collapsed) if collapsed else None
+                profile = profiling.profile_top(collapsed) if collapsed else None
 
     c1, c32 = results["1"], results["32"]
     sg_p50 = c1["slotgate_decision"]["added_p50_ms"]
