@@ -86,7 +86,7 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture(scope="session")
 def banking77_dir() -> Path:
-    """BANKING77 from ../shared/data/banking77 (or $SLOTGATE_DATA_DIR); skipped only if absent."""
+    """BANKING77 from ../shared/data/banking77 (or $SLOTGATE_DATA_DIR); a missing folder fails loudly."""
     path = Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))
     if not (path / "train.csv").is_file():
         pytest.fail(
