@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 QuestionKind = Literal["choice", "noul", "score"]
 Route = Literal["fast", "slow", "cache", "unverified", "none"]
 
@@ -39,6 +41,9 @@ class DecisionRequest:
     samples: int = 1
     seed: int = 42
     policy: str | None = None  # a policy name the caller asked for, else looked up by signature
+    # signature() memoised: the registry, the cache key and the decision log each need it, and
+    # hashing it is most of a cache hit's own CPU. Not part of equality, hashing or repr.
+    _signature: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -46,13 +51,17 @@ class DecisionRequest:
 
     def signature(self) -> str:
         """Hash of what defines the *question* (not the state): kind, context, text, ordered options."""
+        if self._signature is not None:
+            return self._signature
         payload = {
             "kind": self.kind,
             "context": self.context,
             "instructions": self.instructions,
             "options": [[o.name, o.description] for o in self.options],
         }
-        return canonical_hash(payload)
+        signature = canonical_hash(payload)
+        object.__setattr__(self, "_signature", signature)  # frozen: memoised once, never changed
+        return signature
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +130,19 @@ class Decision:
 
 
 def canonical_json(payload: Any) -> bytes:
-    """The one canonical JSON encoding used for hashes and fingerprints."""
+    """The one canonical JSON encoding used for hashes and fingerprints: sorted keys, no spaces,
+    UTF-8, the bytes ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
+    writes, so hashes already stored in policy files stay valid. orjson writes them about 10x
+    faster (this runs on every decision) except for floats below 1e-4 (``1e-05`` vs
+    ``0.00001``): output holding ``e-`` or ``0.0000`` (a checked superset of those floats), and
+    what orjson refuses (non-string keys, integers past 64 bits), goes to the stdlib encoder.
+    NaN and infinities (not JSON) come out as ``null``."""
+    try:
+        encoded = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+        if b"e-" not in encoded and b"0.0000" not in encoded:
+            return encoded
+    except TypeError:  # orjson.JSONEncodeError subclasses TypeError
+        pass
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

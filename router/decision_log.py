@@ -5,8 +5,9 @@ Durability: the JSONL file is the record of truth. Each record is one ``os.write
 O_APPEND descriptor before ``append`` returns (so before the caller's 2xx): it survives the
 process being killed; ``fsync`` runs at most every ``fsync_interval_s`` (0: on every record) and
 on ``aclose``, so a machine crash loses at most that interval. With Redis configured, records are
-*also* added to a Redis stream (and a per-decision key with a TTL, for ``get``): the JSONL copy
-means a Redis restart without persistence loses nothing, and a Redis outage fails no request.
+*also* added to a Redis stream (and a per-decision key with a TTL, for ``get``), write-behind:
+batched off the request path a few ms later. The JSONL copy means a Redis restart without
+persistence, an outage or records still queued at a crash lose nothing, and fail no request.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from router.settings import Settings
@@ -50,7 +53,8 @@ class DecisionLog(ABC):
 
 class JsonlDecisionLog(DecisionLog):
     """One JSON object per line; an in-memory index of the last ``max_index`` decisions (rebuilt
-    from the file's tail at start-up) serves ``get``."""
+    from the file's tail at start-up) serves ``get``. The index holds each record's JSON bytes,
+    not the dict: 100k dicts of dicts would be ~2M objects for every full collection to walk."""
 
     def __init__(self, path: Path | str, *, fsync_interval_s: float = 1.0,
                  max_index: int = 100_000) -> None:
@@ -59,54 +63,74 @@ class JsonlDecisionLog(DecisionLog):
         self.max_index = max_index
         self._fd: int | None = None
         self._last_fsync = time.monotonic()
-        self._index: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._index: OrderedDict[str, bytes] = OrderedDict()
         for record in read_records(self.path):
             if record.get("type", "decision") == "decision":
-                self._remember(record)
+                self._remember(str(record["decision_id"]), encode_record(record))
 
     async def append(self, record: dict[str, Any]) -> None:
+        await self.append_encoded(record)
+
+    async def append_encoded(self, record: dict[str, Any]) -> bytes:
+        """``append``, returning the record's JSON (no newline) for other copies to reuse."""
         if not record.get("decision_id"):
             raise ValueError("record needs a decision_id")
-        record = {"type": "decision", **record}
-        await self._write(record)
-        self._remember(record)
+        data = encode_record({"type": "decision", **record})
+        await self._write(data)
+        self._remember(str(record["decision_id"]), data)
+        return data
 
     async def get(self, decision_id: str) -> dict[str, Any] | None:
-        return self._index.get(decision_id)
+        data = self._index.get(decision_id)
+        if data is None:
+            return None
+        record: dict[str, Any] = orjson.loads(data)
+        return record
 
     async def add_feedback(self, decision_id: str, label: str) -> None:
-        await self._write(feedback_record(decision_id, label))
+        await self.add_feedback_encoded(decision_id, label)
+
+    async def add_feedback_encoded(self, decision_id: str, label: str) -> bytes:
+        data = encode_record(feedback_record(decision_id, label))
+        await self._write(data)
+        return data
 
     async def aclose(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             await asyncio.to_thread(_fsync_close, fd)
 
-    async def _write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+    async def _write(self, data: bytes) -> None:
         if self._fd is None:
             self._fd = _open_for_append(self.path)
         # One write per record on O_APPEND: lines from concurrent writers never interleave.
-        os.write(self._fd, (line + "\n").encode())
+        os.write(self._fd, data + b"\n")
         if time.monotonic() - self._last_fsync >= self.fsync_interval_s:
             self._last_fsync = time.monotonic()
             await asyncio.to_thread(os.fsync, self._fd)
 
-    def _remember(self, record: dict[str, Any]) -> None:
-        self._index[str(record["decision_id"])] = record
-        self._index.move_to_end(str(record["decision_id"]))
+    def _remember(self, decision_id: str, data: bytes) -> None:
+        self._index[decision_id] = data
+        self._index.move_to_end(decision_id)
         while len(self._index) > self.max_index:
             self._index.popitem(last=False)
 
 
 class RedisStreamDecisionLog(DecisionLog):
     """XADD to a Redis stream plus a per-decision key with a TTL, on top of the JSONL file (which
-    is written first and is what ``export_predictions`` reads). Redis failures are logged and
-    counted, never raised: the JSONL copy already holds the record."""
+    is written first and is what ``export_predictions`` reads).
+
+    Write-behind: ``append`` writes the JSONL line and queues the record; a background task sends
+    what was queued in the last ``batch_window_s`` as one pipeline, so a decision served from the
+    Redis cache costs one round trip on its request path (the cache read), and the log about
+    1/batch more, later. Redis failures (and records dropped past ``max_pending`` while Redis is
+    slower than traffic) are logged and counted per record, never raised: the JSONL copy already
+    holds the record."""
 
     def __init__(self, url: str, stream: str, *, also_jsonl: Path | str,
                  ttl_s: int = 7 * 24 * 3600, max_stream_len: int = 1_000_000,
-                 timeout_s: float = 0.25) -> None:
+                 timeout_s: float = 0.25, batch_window_s: float = 0.002,
+                 max_pending: int = 10_000) -> None:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -114,20 +138,28 @@ class RedisStreamDecisionLog(DecisionLog):
         self.stream = stream
         self.ttl_s = ttl_s
         self.max_stream_len = max_stream_len
+        self.batch_window_s = batch_window_s
+        self.max_pending = max_pending
         self.jsonl = JsonlDecisionLog(also_jsonl)
         self.redis_errors = 0
         self.client: Any = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0))
+        # (stream entry, decision id for the per-decision key or None for feedback), oldest first
+        self._pending: deque[tuple[bytes, str | None]] = deque()
+        # The flusher task and its event and lock belong to the event loop that created them.
+        self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._sending = asyncio.Lock()  # one batch at a time: the stream keeps the log's order
+        self._closing = False
 
     def _key(self, decision_id: str) -> str:
         # Ids come from clients (feedback): hashed, so nothing they hold reaches a key.
         return f"{self.stream}:decision:{hashlib.sha256(decision_id.encode()).hexdigest()}"
 
     async def append(self, record: dict[str, Any]) -> None:
-        await self.jsonl.append(record)
-        data = json.dumps({"type": "decision", **record}, separators=(",", ":"), default=_jsonable)
-        await self._redis("append", self._xadd_and_set, data, str(record["decision_id"]))
+        data = await self.jsonl.append_encoded(record)
+        self._enqueue(data, str(record["decision_id"]))
 
     async def get(self, decision_id: str) -> dict[str, Any] | None:
         """This process's index first; Redis holds what other processes (workers) logged."""
@@ -137,25 +169,79 @@ class RedisStreamDecisionLog(DecisionLog):
         raw = await self._redis("get", self.client.get, self._key(decision_id))
         if raw is None:
             return None
-        value: dict[str, Any] = json.loads(raw)
+        value: dict[str, Any] = orjson.loads(raw)
         return value
 
     async def add_feedback(self, decision_id: str, label: str) -> None:
-        await self.jsonl.add_feedback(decision_id, label)
-        record = feedback_record(decision_id, label)
-        await self._redis("add_feedback", self.client.xadd, self.stream,
-                          {"data": json.dumps(record)}, maxlen=self.max_stream_len,
-                          approximate=True)
+        data = await self.jsonl.add_feedback_encoded(decision_id, label)
+        self._enqueue(data, None)
+
+    async def flush(self) -> None:
+        """Send everything queued so far to Redis now (after any batch already on its way)."""
+        if not self._flusher_running():
+            await self._send(self._take())
+            return
+        async with self._sending:
+            await self._send(self._take())
 
     async def aclose(self) -> None:
+        if self._flusher_running():
+            assert self._flusher is not None
+            self._closing = True
+            self._wake.set()
+            await self._flusher  # it sends what is queued, then ends
+            self._closing = False
+        await self.flush()
+        self._flusher = None
         await self.jsonl.aclose()
         await self.client.aclose()
 
-    async def _xadd_and_set(self, data: str, decision_id: str) -> None:
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.stream, {"data": data}, maxlen=self.max_stream_len, approximate=True)
-            pipe.set(self._key(decision_id), data, ex=self.ttl_s)
-            await pipe.execute()
+    def _flusher_running(self) -> bool:
+        return (self._flusher is not None and not self._flusher.done()
+                and self._flusher.get_loop() is asyncio.get_running_loop())
+
+    def _enqueue(self, data: bytes, decision_id: str | None) -> None:
+        if len(self._pending) >= self.max_pending:
+            self._pending.popleft()
+            self._count_failure("append", "queue full")
+        self._pending.append((data, decision_id))
+        if not self._flusher_running():
+            if self._flusher is not None:  # a task of an earlier event loop: start afresh
+                self._wake, self._sending = asyncio.Event(), asyncio.Lock()
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        self._wake.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            if not self._closing:  # let the records of the next few ms join this batch
+                await asyncio.sleep(self.batch_window_s)
+            self._wake.clear()
+            async with self._sending:
+                await self._send(self._take())
+            if self._closing:
+                return
+
+    def _take(self) -> list[tuple[bytes, str | None]]:
+        batch = list(self._pending)
+        self._pending.clear()
+        return batch
+
+    async def _send(self, batch: list[tuple[bytes, str | None]]) -> None:
+        if not batch:
+            return
+        from redis.exceptions import RedisError
+
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for data, decision_id in batch:
+                    pipe.xadd(self.stream, {"data": data}, maxlen=self.max_stream_len,
+                              approximate=True)
+                    if decision_id is not None:
+                        pipe.set(self._key(decision_id), data, ex=self.ttl_s)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:  # OSError covers TimeoutError
+            self._count_failure("append", type(exc).__name__, n_records=len(batch))
 
     async def _redis(self, operation: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         from redis.exceptions import RedisError
@@ -163,11 +249,15 @@ class RedisStreamDecisionLog(DecisionLog):
         try:
             return await call(*args, **kwargs)
         except (RedisError, OSError) as exc:  # OSError covers TimeoutError
-            self.redis_errors += 1
-            if self.redis_errors == 1 or self.redis_errors % 1000 == 0:
-                logger.warning("decision log: redis %s failed (%s, %d so far); the JSONL file has "
-                               "the record", operation, type(exc).__name__, self.redis_errors)
+            self._count_failure(operation, type(exc).__name__)
             return None
+
+    def _count_failure(self, operation: str, reason: str, *, n_records: int = 1) -> None:
+        before = self.redis_errors
+        self.redis_errors += n_records
+        if before == 0 or before // 1000 != self.redis_errors // 1000:
+            logger.warning("decision log: redis %s failed (%s, %d so far); the JSONL file has "
+                           "the record", operation, reason, self.redis_errors)
 
 
 def make_decision_log(settings: Settings) -> DecisionLog:
@@ -181,6 +271,15 @@ def make_decision_log(settings: Settings) -> DecisionLog:
 
 def feedback_record(decision_id: str, label: str) -> dict[str, Any]:
     return {"type": "feedback", "decision_id": decision_id, "label": label, "time": time.time()}
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """A record's JSON, serialised once for the file, the index and Redis alike."""
+    try:
+        return orjson.dumps(record, default=_jsonable, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # orjson.JSONEncodeError: e.g. non-string keys, integers past 64 bits
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"),
+                          default=_jsonable).encode()
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -140,6 +140,37 @@ async def test_redis_stream_round_trip_and_jsonl_copy(redis_url: str, tmp_path: 
     await other.aclose()
 
 
+async def test_redis_writes_happen_behind_append_in_one_batch(redis_url: str,
+                                                              tmp_path: Path) -> None:
+    """append returns before Redis is touched; the records of one batch window reach Redis in
+    one round trip (one pipeline), in order, with the JSONL line already written."""
+    log = RedisStreamDecisionLog(redis_url, "s", also_jsonl=tmp_path / "d.jsonl",
+                                 batch_window_s=0.2)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert await log.get("unknown") is None  # opens the log's connection (its handshake)
+        reads_before = client.info("stats")["total_reads_processed"]
+        for i in range(20):
+            await log.append(record(i))
+        assert len(list(read_records(tmp_path / "d.jsonl"))) == 20
+        assert client.xlen("s") == 0  # nothing sent on the requests' path
+        polls = 1
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            polls += 1
+            if client.xlen("s") == 20:
+                break
+        reads_after = client.info("stats")["total_reads_processed"]
+        entries = client.xrange("s")
+        assert [json.loads(f[b"data"])["decision_id"] for _, f in entries] == [
+            f"d{i}" for i in range(20)]
+        assert reads_after - reads_before - polls - 1 == 1  # the log's own round trips
+        assert (await log.get("d3"))["text"] == "message 3"  # type: ignore[index]
+    finally:
+        await log.aclose()
+        client.close()
+
+
 async def test_redis_down_loses_nothing_and_raises_nothing(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()
@@ -150,6 +181,7 @@ async def test_redis_down_loses_nothing_and_raises_nothing(tmp_path: Path) -> No
         await log.append(record(1))
         await log.add_feedback("d1", "lost_card")
         assert (await log.get("d1"))["decision_id"] == "d1"  # type: ignore[index]
+        await log.flush()  # Redis is written behind the request: send the queue now
         assert log.redis_errors >= 2
         server.start()  # restarted empty (no persistence): the JSONL still has everything
         await log.append(record(2))
