@@ -25,6 +25,7 @@ from policies.types import DecisionRequest
 from router.errors import (
     Forbidden,
     InvalidRequest,
+    SlotgateError,
     SlowPathError,
     SlowPathInvalidAnswer,
     SlowPathRateLimited,
@@ -155,7 +156,7 @@ class SlowPath:
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A non-decision chat request passed through; returns the OpenAI-shaped response."""
         kwargs = self._passthrough(body)
-        response = await self._acompletion(**kwargs)
+        response = await self._acompletion(_caller_model=True, **kwargs)
         return dict(response.model_dump())
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -165,7 +166,8 @@ class SlowPath:
         kwargs = self._passthrough(body)
         sent_any = False
         async with self._semaphore:
-            response = await self._acompletion(_acquire=False, stream=True, **kwargs)
+            response = await self._acompletion(_acquire=False, _caller_model=True, stream=True,
+                                               **kwargs)
             try:
                 async for chunk in response:
                     sent_any = True
@@ -226,7 +228,11 @@ class SlowPath:
         extra = {k: v for k, v in body.items() if k not in PASSTHROUGH_FIELDS}
         return {**kwargs, "model": model, **({"extra_body": extra} if extra else {})}
 
-    async def _acompletion(self, *, _acquire: bool = True, **kwargs: Any) -> Any:
+    async def _acompletion(self, *, _acquire: bool = True, _caller_model: bool = False,
+                           **kwargs: Any) -> Any:
+        """litellm.acompletion under the timeout (and the semaphore unless ``_acquire`` is False).
+        ``_caller_model``: the model is the client's pick (passthrough), so a model litellm cannot
+        route is the client's error (400 naming ``model``), not a failing upstream (502)."""
         litellm = _litellm()
         kwargs.update(timeout=self.settings.timeout_s, max_retries=0, num_retries=0)
         if self.settings.api_base:
@@ -241,19 +247,25 @@ class SlowPath:
                 async with self._semaphore:
                     return await litellm.acompletion(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every litellm failure is translated once, here
-            self._raise_translated(exc)
+            self._raise_translated(exc, caller_model=_caller_model)
 
-    def _raise_translated(self, exc: Exception) -> NoReturn:
-        error = self._translate(exc)
+    def _raise_translated(self, exc: Exception, *, caller_model: bool = False) -> NoReturn:
+        error = self._translate(exc, caller_model=caller_model)
         leaked = self._sanitise(f"{exc}{exc!r}") != f"{exc}{exc!r}"
         logger.warning("slow path failed: %s: %s", type(error).__name__, error.message)
         if leaked:  # keep the foreign exception (and its key) out of every traceback
             raise error from None
         raise error from exc
 
-    def _translate(self, exc: BaseException) -> SlowPathError:
+    def _translate(self, exc: BaseException, *, caller_model: bool = False) -> SlotgateError:
         litellm = _litellm()
         detail = self._sanitise(str(exc))[:500]
+        if (caller_model and isinstance(exc, litellm.BadRequestError)
+                and "LLM Provider NOT provided" in str(exc)):
+            model = self._sanitise(str(getattr(exc, "model", None) or ""))[:200]
+            return InvalidRequest(
+                f"model {model!r} names no provider litellm can route (use a litellm model "
+                "string such as 'openai/<name>')", field="model")
         if isinstance(exc, litellm.RateLimitError):
             return SlowPathRateLimited(f"slow model rate limited: {detail}",
                                        retry_after_s=_retry_after_s(exc))

@@ -182,6 +182,25 @@ async def test_passthrough_allows_listed_models(llm: StandinHandle) -> None:
     assert llm.calls()[0]["body"]["model"] == "other"
 
 
+async def test_passthrough_model_litellm_cannot_route_is_the_callers_400(
+        llm: StandinHandle) -> None:
+    """An allowed alias without a provider prefix: litellm refuses it before any call; that is
+    a 400 naming ``model`` (not a 502 blaming the upstream), streaming or not. A decision's model
+    is the operator's, so there it stays a slow-path error."""
+    slow = slow_path(llm, allowed_models=["my-alias"])
+    body = {"model": "my-alias", "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(InvalidRequest) as caught:
+        await slow.complete(body)
+    assert caught.value.field == "model" and caught.value.status_code == 400
+    assert "my-alias" in caught.value.message
+    with pytest.raises(InvalidRequest):
+        async for _ in slow.stream({**body, "stream": True}):
+            pass
+    assert llm.calls() == []
+    with pytest.raises(SlowPathError):
+        await slow_path(llm, model="my-alias").decide(request())
+
+
 async def test_stream_passes_chunks_through_as_they_arrive(llm: StandinHandle) -> None:
     llm.set_mode("ok", chunk_delay_s=0.15)
     body = {"model": "openai/standin", "stream": True,
