@@ -74,11 +74,13 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
 
 class DiffusionSlotReader:
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
-    caches (keyed by their token ids). Not thread-safe: the backend serialises calls."""
+    caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
+    the shared weights for unpadded batches (torch_fused.py). Not thread-safe: the backend
+    serialises calls."""
 
     def __init__(
         self, model: Any, *, prefix_cache_entries: int = 8, use_prefix_cache: bool = True,
-        pad_id: int = 0,
+        pad_id: int = 0, fused_pass: bool = True,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
@@ -94,6 +96,12 @@ class DiffusionSlotReader:
         self._encoder_cache_kw = cache_kwarg(self.encoder.forward)
         self._decoder_cache_kw = cache_kwarg(self.decoder.forward)
         self.device = next(model.parameters()).device
+        self.fused: Any = None
+        if fused_pass:
+            from router.backends.torch_fused import FusedPass, ffn_weights_shared
+
+            if ffn_weights_shared(model):  # the fused pass needs the tied encoder/decoder weights
+                self.fused = FusedPass(model)
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
@@ -220,10 +228,11 @@ class DiffusionSlotReader:
         """Device-only work (no host syncs when no row is padded, so it can be graph-captured):
         encode the rest of the prompt onto a fork of ``base_cache``, run one decoder step, and
         return (label proba (R, L), full-vocab entropy (R,), label mass (R,))."""
-        import torch
-
         n_items = batch.input_ids.shape[0]
         cache = fork_cache(base_cache, n_items) if base_cache is not None else self.new_cache()
+        if self.fused is not None and batch.encoder_mask is None:
+            hidden = self.fused(batch, cache, batch.canvas.shape[0] == n_items)
+            return self.slot_read(hidden, batch)
         self.encoder(
             input_ids=batch.input_ids,
             attention_mask=batch.encoder_mask,
@@ -237,6 +246,12 @@ class DiffusionSlotReader:
             decoder_attention_mask=batch.decoder_mask,
             **{self._decoder_cache_kw: rows_cache},
         ).last_hidden_state
+        return self.slot_read(hidden, batch)
+
+    def slot_read(self, hidden: Any, batch: GroupBatch) -> tuple[Any, Any, Any]:
+        """Soft-capped logits at each row's slot: label softmax, full entropy, label mass."""
+        import torch
+
         at_slot = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.slots]
         logits = self.model.lm_head(at_slot).float()
         if self.softcap is not None:

@@ -150,3 +150,14 @@ def test_backend_reads_exactly_the_options_and_fingerprints_its_settings(tokeniz
     for change in ({"samples": 4}, {"canvas_length": 32}, {"model_id": "other"},
                    {"preamble": "Pick one."}):
         assert TorchBackend(reader, tokenizer, **{**kwargs, **change}).fingerprint != base
+
+
+def test_fused_pass_matches_the_two_pass_read(model: Any) -> None:
+    fused = DiffusionSlotReader(model)
+    assert fused.fused is not None  # the tiny model ties encoder and decoder weights
+    two_pass = DiffusionSlotReader(model, fused_pass=False)
+    for cached in (True, False):
+        fused.use_prefix_cache = two_pass.use_prefix_cache = cached
+        for items in ([item((70, 71, 72))], [item((70, 71, 72), draws=3), item((80, 81, 82), seed=4)]):
+            for a, b in zip(fused.read(items), two_pass.read(items)):
+                np.testing.assert_allclose(a.draws, b.draws, rtol=1e-4, atol=1e-6)
