@@ -73,14 +73,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     frontier_png(args.png, curves=offline["curves"], rows=rows,
                  slow_accuracy=offline["slow_accuracy"],
-                 title=(f"BANKING77 test ({offline['n_test']} rows): fast tier -> MiniLM + LR "
-                        f"(policies tuned at delta {args.delta}; x = {live['n']} sent via proxy)"))
+                 title=frontier_title(offline["n_test"], live["n"], delta=args.delta))
     result["loadavg_at_end"] = list(os.getloadavg())
     result["wall_s"] = round(time.monotonic() - started, 1)
     print_table(rows)
     write(args.out, result)
     print(json_line({"out": str(args.out), **result["headline"], "wall_s": result["wall_s"]}))
     return result
+
+
+def frontier_title(n_test: int, n_live: int, *, delta: float) -> str:
+    return (f"BANKING77 test ({n_test} rows): fast tier, escalations to MiniLM + LR\n"
+            f"policies tuned at delta {delta}; x: {n_live} messages sent through the proxy")
 
 
 def headline(rows: Sequence[dict[str, Any]], offline: dict[str, Any]) -> dict[str, Any]:
