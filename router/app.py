@@ -4,8 +4,10 @@ This module is also the one place that maps the error tree to HTTP responses."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -25,6 +27,7 @@ from router.errors import (
     TooManyRequests,
 )
 from router.gate import Gate
+from router.heap import freeze_after_warm_up, freeze_heap
 from router.metrics import Metrics
 from router.ratelimit import TokenBuckets
 from router.routes_openai import make_router as openai_routes
@@ -59,7 +62,15 @@ def create_app(
                     "(set SLOTGATE_SLOW_MODEL). Decisions below their threshold get %s.",
                     "the fast answer marked 'unverified'" if settings.slow.serve_unverified_on_failure
                     else "a 503 error saying so")
+            # Start-up state out of the garbage collector's reach (router/heap.py says why),
+            # now and again once the slow path's background import of litellm is done.
+            freeze_heap()
+            warmed_up = getattr(app.state.service.slow, "warmed_up", None)
+            refreeze = asyncio.create_task(freeze_after_warm_up(warmed_up)) if isinstance(
+                warmed_up, threading.Event) and not warmed_up.is_set() else None
             yield
+            if refreeze is not None:
+                refreeze.cancel()
             if not await app.state.service.drain(timeout_s=SHUTDOWN_DRAIN_S):
                 log.warning("shutdown with decisions still in flight after %.0f s",
                             SHUTDOWN_DRAIN_S)

@@ -36,6 +36,10 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         loop="uvloop" if _installed("uvloop") else "asyncio",
         http="httptools" if _installed("httptools") else "h11",
         log_level="info",
+        # Off by default: a line per request (and the secret-redaction filter litellm hangs on
+        # uvicorn's loggers) cost 5-9% of the server's CPU, and the decision log and /metrics
+        # already record every request.
+        access_log=settings.access_log,
         timeout_graceful_shutdown=30,
     )
 

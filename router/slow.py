@@ -119,10 +119,16 @@ class SlowPath:
         secrets += [v for k, v in os.environ.items()
                     if k.endswith(("_API_KEY", "_KEY", "_TOKEN", "_SECRET")) and len(v) >= 8]
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        # Set once litellm is imported and warm (or never will be here): the app freezes the
+        # start-up heap after it (router/heap.py).
+        self.warmed_up = threading.Event()
         if settings.model and "litellm" not in sys.modules:
             # litellm takes seconds to import: start now, off the event loop, so that the first
             # escalation neither pays for it nor blocks the loop for every other request.
-            threading.Thread(target=_warm_up, name="slotgate-litellm-warm-up", daemon=True).start()
+            threading.Thread(target=_warm_up, args=(self.warmed_up,),
+                             name="slotgate-litellm-warm-up", daemon=True).start()
+        else:
+            self.warmed_up.set()
 
     @property
     def available(self) -> bool:
@@ -309,14 +315,16 @@ def _retry_after_s(exc: BaseException) -> float | None:
     return None
 
 
-def _warm_up() -> None:
+def _warm_up(done: threading.Event) -> None:
     """Import litellm and run one offline mock call, which loads the modules litellm imports
-    lazily on its first call (about a second more)."""
+    lazily on its first call (about a second more); then set ``done``."""
     try:
         _litellm().completion(model="openai/slotgate-warm-up", mock_response="ok",
                               messages=[{"role": "user", "content": "warm-up"}])
     except Exception as exc:  # noqa: BLE001 - best effort: the first real call reports real errors
         logger.debug("litellm warm-up failed: %s", type(exc).__name__)
+    finally:
+        done.set()
 
 
 def _litellm() -> Any:
