@@ -32,17 +32,17 @@ def tiny_config() -> Any:
     from transformers import DiffusionGemmaConfig
 
     return DiffusionGemmaConfig(
-        text_config=dict(
-            vocab_size=4096, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-            layer_types=["sliding_attention", "full_attention"], num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-            num_experts=8, top_k_experts=2, moe_intermediate_size=32, sliding_window=1024,
-        ),
-        vision_config=dict(
-            model_type="gemma4_vision", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-            num_attention_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2,
-            position_embedding_size=64,
-        ),
+        text_config={
+            "vocab_size": 4096, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"], "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+            "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32, "sliding_window": 1024,
+        },
+        vision_config={
+            "model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "head_dim": 16, "patch_size": 4, "pooling_kernel_size": 2,
+            "position_embedding_size": 64,
+        },
         canvas_length=64,
     )
 
@@ -89,7 +89,7 @@ def sync(device: Any) -> None:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 class GraphedRead:
@@ -304,21 +304,18 @@ def measure(args: argparse.Namespace, model: Any, device: Any, log: Callable[[st
                         call = reader.read
                     for k in range(2):
                         call(pool[k * batch : (k + 1) * batch])
-                    n_sets = len(pool) // batch
-                    counter = iter(range(10**9))
-
-                    def one() -> None:
-                        k = next(counter) % n_sets
-                        call(pool[k * batch : (k + 1) * batch])
-
-                    times = time_calls(one, device, args.iters if batch == 1 else max(5, args.iters // 2))
+                    # rotate through several input sets, so no read repeats the last one's inputs
+                    sets = [pool[k * batch : (k + 1) * batch] for k in range(len(pool) // batch)]
+                    rotation = iter(sets * 10**4)
+                    times = time_calls(lambda call=call, rotation=rotation: call(next(rotation)),
+                                       device, args.iters if batch == 1 else max(5, args.iters // 2))
                     row = {
                         "p50_ms": percentile(times, 50), "p99_ms": percentile(times, 99),
                         "reads_per_s": batch / (percentile(times, 50) / 1000), "n": len(times),
                     }
                     if mode == "graph":
                         del graphed
-                except Exception as exc:  # a failed variant is reported, the run goes on
+                except Exception as exc:  # noqa: BLE001 (a failed variant is reported; the run goes on)
                     row = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 results[key] = row
                 log(f"{key:40s} {json.dumps(row)}")
@@ -403,7 +400,7 @@ def summary(results: dict[str, Any], batch: int) -> dict[str, Any]:
     """The headline numbers: the fastest mode that worked, per prefix setting."""
     best: dict[str, Any] = {}
     for prefix in ("cached", "uncached"):
-        def pick(draws: int, b: int, field: str) -> tuple[float | None, str | None]:
+        def pick(draws: int, b: int, field: str, prefix: str = prefix) -> tuple[float | None, str | None]:
             found = [
                 (row[field], key.split("/")[0]) for key, row in results.items()
                 if f"/{prefix}/draws{draws}/batch{b}" in key and field in row
@@ -482,7 +479,7 @@ def main() -> None:
     if not args.no_profile:
         try:
             info = breakdown(args, model, device, log)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (report and carry on: partial results still count)
             log(f"breakdown failed: {type(exc).__name__}: {exc}")
     results: dict[str, Any] = {}
     deadline = time.monotonic() + args.budget_s
@@ -502,7 +499,7 @@ def main() -> None:
                 compile_attention_inputs()
             else:
                 compile_layers(model)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (report and carry on: partial results still count)
             log(f"{opt}: could not apply: {type(exc).__name__}: {exc}")
             continue
         if opt in args.apply_only:
@@ -514,7 +511,7 @@ def main() -> None:
     if args.profile_after:
         try:
             info["after_opts"] = breakdown(args, model, device, log)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (report and carry on: partial results still count)
             log(f"breakdown after optimisations failed: {type(exc).__name__}: {exc}")
     write(args, device, results, info, log, final=True)
     log(f"total {time.monotonic() - started:.0f} s")
@@ -549,7 +546,7 @@ def write(args: argparse.Namespace, device: Any, results: dict[str, Any], info: 
         def fmt(v: Any) -> str:
             return f"{v:.1f}" if isinstance(v, float) else str(v)
         log(f"{prefix:9s} {fmt(row['single_p50_ms']):>8s} {fmt(row['single_p99_ms']):>8s} "
-            f"{str(row['single_mode']):>6s} {fmt(row['batched_reads_per_s']):>9s} "
+            f"{row['single_mode']!s:>6s} {fmt(row['batched_reads_per_s']):>9s} "
             f"{fmt(row['draws4_over_draws1']):>10s}")
 
 

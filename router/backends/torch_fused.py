@@ -33,7 +33,7 @@ def ffn_weights_shared(model: Any) -> bool:
     decoder = model.model.decoder.layers
     for enc, dec in zip(encoder, decoder, strict=True):
         for name, param in enc.named_parameters():
-            if name.startswith("self_attn.") or name.startswith("input_layernorm"):
+            if name.startswith(("self_attn.", "input_layernorm")):  # attention: per stream
                 continue
             if param.data_ptr() != dict(dec.named_parameters())[name].data_ptr():
                 return False

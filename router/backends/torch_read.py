@@ -73,7 +73,7 @@ class TorchBackend(FastBackend):
         self.preamble, self.answer_prefix = preamble, answer_prefix
         self.samples = samples if kind == "diffusion" else 1
         self.max_batch, self.max_tokens = max_batch, max_tokens
-        self.canvas = {"length": canvas_length, "step": canvas_step, "thought_block": thought_block,
+        self.canvas: dict[str, Any] = {"length": canvas_length, "step": canvas_step, "thought_block": thought_block,
                        "turn_close_id": turn_close_id, "pad_id": pad_id}
         self._static: dict[str, tuple[tuple[int, ...], str]] = {}
         self._lock = asyncio.Lock()
@@ -218,11 +218,12 @@ def load_model(kind: str, path: Path | str, *, device: str = "cpu", dtype: str =
         extra["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **extra)
+        model_cls: Any = AutoModelForCausalLM if kind == "causal" else AutoModelForMaskedLM
         if kind == "diffusion":
-            from transformers import DiffusionGemmaForBlockDiffusion as model_cls
-        else:
-            model_cls = AutoModelForCausalLM if kind == "causal" else AutoModelForMaskedLM
-        model = model_cls.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
+            from transformers import DiffusionGemmaForBlockDiffusion
+
+            model_cls = DiffusionGemmaForBlockDiffusion
+        model: Any = model_cls.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
     except (OSError, ValueError, ImportError, AttributeError) as exc:
         raise ConfigError(f"torch backend: cannot load a {kind} model from {folder}: {exc}") from exc
     return model.to(device).eval(), tokenizer, f"{folder.resolve()}#{folder_hash(folder)}"

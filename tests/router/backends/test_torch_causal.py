@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from policies.types import DecisionRequest, Option  # noqa: E402
-from router.backends.torch_read import TorchBackend, load_model, make_reader  # noqa: E402
-from tests.router.backends.torch_models import smollm2_folder, tiny_bert_folder  # noqa: E402
+from policies.types import DecisionRequest, Option
+from router.backends.torch_read import TorchBackend, load_model, make_reader
+from tests.router.backends.torch_models import smollm2_folder, tiny_bert_folder
 
 SENTIMENT = (Option("positive"), Option("negative"))
 EASY = [

@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from policies.types import DecisionRequest, Option  # noqa: E402
-from router.backends.torch_diffusion import (  # noqa: E402
+from policies.types import DecisionRequest, Option
+from router.backends.torch_diffusion import (
     DiffusionSlotReader,
     SlotItem,
     draw_noise,
@@ -25,18 +25,18 @@ CANVAS = 16
 
 def tiny_model(*, vocab: int = VOCAB, window: int = 64, seed: int = 0) -> Any:
     config = transformers.DiffusionGemmaConfig(
-        text_config=dict(
-            vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-            layer_types=["sliding_attention", "full_attention"], num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-            num_experts=4, top_k_experts=2, moe_intermediate_size=16, sliding_window=window,
-            initializer_range=0.5,  # large weights: reads far from uniform, differences visible
-        ),
-        vision_config=dict(
-            model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-            num_attention_heads=2, head_dim=8, patch_size=4, pooling_kernel_size=2,
-            position_embedding_size=16,
-        ),
+        text_config={
+            "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"], "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+            "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16, "sliding_window": window,
+            "initializer_range": 0.5,  # large weights: reads far from uniform, differences visible
+        },
+        vision_config={
+            "model_type": "gemma4_vision", "hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "head_dim": 8, "patch_size": 4, "pooling_kernel_size": 2,
+            "position_embedding_size": 16,
+        },
         canvas_length=CANVAS,
     )
     torch.manual_seed(seed)
