@@ -33,7 +33,7 @@ from router.backends.torch_prompt import (
     encode,
     masked_prompt,
 )
-from router.errors import BackendRejected, BackendUnavailable, ConfigError
+from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 from router.settings import FastBackendSettings
 
 ReadKind = Literal["diffusion", "causal", "masked"]
@@ -73,8 +73,10 @@ class TorchBackend(FastBackend):
         self.preamble, self.answer_prefix = preamble, answer_prefix
         self.samples = samples if kind == "diffusion" else 1
         self.max_batch, self.max_tokens = max_batch, max_tokens
-        self.canvas: dict[str, Any] = {"length": canvas_length, "step": canvas_step, "thought_block": thought_block,
-                       "turn_close_id": turn_close_id, "pad_id": pad_id}
+        self.canvas: dict[str, Any] = {
+            "length": canvas_length, "step": canvas_step, "thought_block": thought_block,
+            "turn_close_id": turn_close_id, "pad_id": pad_id,
+        }
         self._static: dict[str, tuple[tuple[int, ...], str]] = {}
         self._lock = asyncio.Lock()
 
@@ -122,8 +124,10 @@ class TorchBackend(FastBackend):
                 chunk = items[start : start + self.max_batch]
                 try:
                     reads += await asyncio.to_thread(self.reader.read, chunk)
-                except (RuntimeError, MemoryError) as exc:
+                except (RuntimeError, MemoryError) as exc:  # device errors, out of memory
                     raise BackendUnavailable(f"torch {self.kind} read failed: {exc}") from exc
+                except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
+                    raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
         return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
 
     def _scores(self, request: DecisionRequest, read: SlotRead) -> OptionScores:
