@@ -117,20 +117,27 @@ def proportion_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 def bootstrap_ci(metric_fn: Callable[..., float], *arrays: ArrayLike, n_resamples: int = 1000,
                  level: float = 0.95, seed: int = 0, **kwargs: Any) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``metric_fn(*arrays, **kwargs)``, resampling rows of all
-    ``arrays`` together (they share the first axis), e.g. ``bootstrap_ci(ece, proba, y_true)``."""
+    """Bootstrap interval of ``metric_fn(*arrays, **kwargs)``, resampling rows of all ``arrays``
+    together (they share the first axis), e.g. ``bootstrap_ci(ece, proba, y_true)``.
+
+    The *basic* (reverse-percentile) interval from ``scipy.stats.bootstrap``: binned calibration
+    errors are biased upward on resamples (duplicated rows fill bins more unevenly), so a plain
+    percentile interval can miss the estimate itself; the basic interval reflects that bias back.
+    Bounds are clipped at 0, the floor of every error metric this is used for."""
+    from scipy.stats import bootstrap
+
     check_fraction(level, name="level", low_open=True, high_open=True)
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples!r}")
     columns = [np.asarray(array) for array in arrays]
     if not columns or len({len(column) for column in columns}) != 1 or len(columns[0]) == 0:
         raise ValueError("arrays must be one or more non-empty arrays with the same number of rows")
-    rng = np.random.default_rng(seed)
-    n = len(columns[0])
-    values = np.empty(n_resamples)
-    for index in range(n_resamples):
-        rows = rng.integers(0, n, size=n)
-        values[index] = metric_fn(*(column[rows] for column in columns), **kwargs)
-    tail = (1.0 - level) / 2.0
-    low, high = np.nanquantile(values, [tail, 1.0 - tail])
-    return float(low), float(high)
+
+    def on_rows(rows: np.ndarray) -> float:
+        return metric_fn(*(column[rows] for column in columns), **kwargs)
+
+    result = bootstrap((np.arange(len(columns[0])),), on_rows, vectorized=False,
+                       n_resamples=n_resamples, confidence_level=level, method="basic",
+                       rng=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    return max(float(low), 0.0), max(float(high), 0.0)
