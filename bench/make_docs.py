@@ -24,10 +24,21 @@ OVERHEAD_SETUP = (
     "callbacks) to the upstream. slotgate checks an API key too. Added = path minus direct at "
     "the same percentile (an added p99 can come out negative when the machine's noise, not the "
     "path, sets the tail); req/s = median over rounds of a closed loop at that concurrency. The "
-    "load generator (aiohttp, same machine) shares the 2 cores with the servers. "
+    "load generator (aiohttp, same machine) shares the 2 cores with the servers.")
+GC_VARIANT = (
     "`slotgate_decision_gc_frozen` (with `--gc-freeze-variant`) is the same decision through a "
     "second slotgate whose process imported litellm and called `gc.freeze()` before serving: "
-    "a what-if for moving start-up state out of the collector's reach.")
+    "a what-if for moving start-up state out of the collector's reach (slotgate now does this "
+    "itself at the end of start-up, router/heap.py).")
+FIXES = (
+    "Fixes between the two runs (PERF): the app freezes its start-up heap out of the garbage "
+    "collector's reach once start-up and litellm's background import are done (router/heap.py); "
+    "uvicorn's access log is off by default (`access_log` setting); the decision signature is "
+    "hashed once per request and canonical JSON goes through orjson (same bytes); the decision "
+    "log serialises each record once with orjson, keeps bytes in its index, and writes Redis "
+    "behind the request in batches (the JSONL line is still written before the reply). Both "
+    "runs are `--quick` on the same shared 2-core machine at different times and loads, so "
+    "compare each run's ratios first; single figures move with the load.")
 CACHE_SETUP = (
     "{n} distinct decisions are sent once to fill the cache, then read again and again (every "
     "read a hit), through slotgate with a private redis-server and through slotgate with the "
@@ -70,7 +81,7 @@ def machine(result: dict[str, Any]) -> str:
 def overhead_section(r: dict[str, Any]) -> str:
     h = r["headline"]
     out = ["## Router overhead (`bench/overhead.py`)\n\n", para(f"Command: `{r['command']}`"),
-           machine(r), para(OVERHEAD_SETUP),
+           machine(r), para(OVERHEAD_SETUP + (" " + GC_VARIANT if "gc_frozen_p50_ms" in h else "")),
            table(["headline", "value"], [[k, v] for k, v in h.items()]),
            para(f"slotgate decision overhead at concurrency 1: p50 {fmt(h['slotgate_p50_ms'])} ms, "
                 f"p99 {fmt(h['slotgate_p99_ms'])} ms (target <= 1 ms / <= 3 ms). LiteLLM proxy: "
@@ -109,8 +120,11 @@ def gc_section(servers: dict[str, Any]) -> str:
             continue
         gen2 = stats["generations"]["2"]
         total_ms = sum(g["total_ms"] for g in stats["generations"].values())
+        serving = stats.get("serving") or {}
         rows.append([name, gen2["count"], gen2["total_ms"], gen2["max_ms"], total_ms,
-                     f"{100 * total_ms / 1000 / stats['wall_s']:.1f}%"])
+                     f"{100 * total_ms / 1000 / stats['wall_s']:.1f}%",
+                     serving.get("gen2_count"), serving.get("gen2_total_ms"),
+                     serving.get("gen2_max_ms")])
     if not rows:
         return ""
     return ("### Garbage-collector pauses in slotgate\n\n"
@@ -118,9 +132,12 @@ def gc_section(servers: dict[str, Any]) -> str:
                    "life up to the end of the measurement. A full (gen 2) collection walks every "
                    "live object, litellm's module state included, and stops every request. "
                    "Pauses are wall time: on a loaded machine they include time the process "
-                   "waited for a CPU.")
+                   "waited for a CPU. The last three columns (runs after the PERF fixes) count "
+                   "only the gen-2 pauses once the server was started and warm: start-up's, "
+                   "while litellm is imported and before the heap is frozen, are left out.")
             + table(["server", "gen-2 collections", "gen-2 total ms", "gen-2 max ms",
-                     "all GC ms", "share of wall"], rows))
+                     "all GC ms", "share of wall", "gen-2 while serving", "their total ms",
+                     "their max ms"], rows))
 
 
 def profile_section(p: dict[str, Any], *, what: str) -> str:
@@ -160,19 +177,46 @@ def cache_section(r: dict[str, Any]) -> str:
                          [[k, v["n"], v["p50_ms"], v["p99_ms"], v["requests_per_s"], v["errors"]]
                           for k, v in res.items()]))
     out.append("### Redis round trips per decision\n\n")
-    out.append(para("Decisions sent one at a time; commands from `INFO commandstats` deltas, "
-                    "round trips from `total_reads_processed` deltas (a pipeline is one), less "
-                    "the snapshots' own. Target: one round trip for a hit. The cache read is "
-                    "one MGET; the decision log adds its own pipelined XADD + SET."))
-    out.append(table(["reads", "decisions", "round trips/decision", "commands/decision",
-                      "commands", "routes"],
-                     [[k, v["decisions"], v.get("round_trips_per_decision"),
-                       v["commands_per_decision"], v["commands"], v["routes"]]
-                      for k, v in r["round_trips"].items()]))
+    out.append(para("Decisions sent one at a time (`hit`, `miss`) or 32 at a time; commands "
+                    "from `INFO commandstats` deltas, round trips in all from "
+                    "`total_reads_processed` deltas (a pipeline is one), less the snapshots' "
+                    "own. On the request path: the cache's own calls (one MGET per read; on a "
+                    "miss also one SET pipeline), counted from the commands; the decision log's "
+                    "XADD + SET are written behind the reply, batched (the rest of the round "
+                    "trips). Target: one round trip for a hit."))
+    out.append(table(["reads", "decisions", "round trips on the request path",
+                      "round trips in all", "commands/decision", "commands", "routes"],
+                     [[k, v["decisions"], v.get("request_path_round_trips_per_decision"),
+                       v.get("round_trips_per_decision"), v["commands_per_decision"],
+                       v["commands"], v["routes"]] for k, v in r["round_trips"].items()]))
     out.append(gc_section(r.get("slotgate_gc") or {}))
     if r.get("profile"):
         out.append(profile_section(r["profile"], what="Redis cache hits at concurrency 32"))
     return "".join(out)
+
+
+def before_after_section(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Headline figures of the committed runs before the hot-path fixes beside the latest."""
+    rows = []
+    for name in ("overhead.json", "cache.json"):
+        if name not in before or name not in after:
+            continue
+        old, new = before[name]["headline"], after[name]["headline"]
+        rows.append([f"{name[:-5]}: load average (1 min) at start",
+                     before[name]["machine"]["loadavg_at_start"][0],
+                     after[name]["machine"]["loadavg_at_start"][0]])
+        rows += [[f"{name[:-5]}: {k}", old.get(k), new.get(k)]
+                 for k in dict.fromkeys([*old, *new]) if not k.startswith("gc_frozen")]
+    if not rows:
+        return ""
+    commands = "; ".join(f"`{before[n]['command']}` then `{after[n]['command']}`"
+                         for n in ("overhead.json", "cache.json") if n in before and n in after)
+    return ("## Before and after the hot-path fixes\n\n" + para(FIXES) + para(f"Commands: {commands}.")
+            + para("Before, the decision log's XADD + SET pipeline ran on the request path, so "
+                   "its `redis_round_trips_per_decision` (2.0 for a hit) counted both round "
+                   "trips a hit waited for; after, that key counts the request path only and "
+                   "`..._total` adds the write-behind batches.")
+            + table(["figure", "before", "after"], rows))
 
 
 def other_section(name: str, r: dict[str, Any]) -> str:
@@ -216,6 +260,10 @@ def render(results_dir: Path) -> str:
                   "do not edit by hand. Set up the LiteLLM peer once with "
                   "`bash bench/setup_litellm_env.sh`; `--profile` needs py-spy (dev extra).")]
     found = {p.name: json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))}
+    # bench/results/before/: the runs committed before the PERF fixes, kept for the comparison.
+    before = {p.name: json.loads(p.read_text())
+              for p in sorted((results_dir / "before").glob("*.json"))}
+    parts.append(before_after_section(before, found))
     if "overhead.json" in found:
         parts.append(overhead_section(found.pop("overhead.json")))
     if "cache.json" in found:

@@ -35,12 +35,9 @@ PLANS = {
 }
 
 
-def targets(upstream: str, slotgate: str, litellm: str, api_key: str,
-            frozen: str | None = None) -> list[common.Target]:
+def targets(upstream: str, slotgate: str, litellm: str, api_key: str) -> list[common.Target]:
     auth = {"authorization": f"Bearer {api_key}"}
-    variant = [common.Target("slotgate_decision_gc_frozen", f"{frozen}/v1/chat/completions",
-                             common.decision_body, auth)] if frozen else []
-    return variant + [
+    return [
         common.Target("direct", f"{upstream}/v1/chat/completions", common.chat_body),
         common.Target("slotgate_decision", f"{slotgate}/v1/chat/completions",
                       common.decision_body, auth),
@@ -87,8 +84,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller run, < 3 minutes")
     parser.add_argument("--profile", action="store_true", help="run slotgate under py-spy")
-    parser.add_argument("--gc-freeze-variant", action="store_true",
-                        help="also a slotgate that imports litellm and gc.freeze()s at start-up")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     peers.use_uvloop()
@@ -104,16 +99,12 @@ def main() -> int:
             ll = stack.enter_context(peers.litellm_proxy(up.url, work, master_key=api_key))
             settings = common.slotgate_settings(up.url, work, api_key)
             sg = stack.enter_context(peers.slotgate_server(settings, work))
-            frozen = stack.enter_context(peers.slotgate_server(
-                settings, work, gc_freeze=True)) if args.gc_freeze_variant else None
-            paths = targets(up.url, sg.url, ll.url, api_key, frozen.url if frozen else None)
+            paths = targets(up.url, sg.url, ll.url, api_key)
             # --quick ends its measurement by QUICK_MEASURE_END_S after start, however loaded
             # the machine is (fewer rounds then), so the whole run stays under 3 minutes.
             deadline = t0 + QUICK_MEASURE_END_S if args.quick else None
             results = asyncio.run(measure(PLANS[mode], paths, deadline=deadline))
             gc_stats = {"slotgate": peers.read_gc_stats(sg)}
-            if frozen:
-                gc_stats["slotgate_gc_frozen"] = peers.read_gc_stats(frozen)
             if args.profile:  # after the measurement, so the sampler's CPU never skews it
                 assert sg.proc is not None
                 decisions = next(p for p in paths if p.name == "slotgate_decision")
@@ -139,20 +130,11 @@ def main() -> int:
         "litellm_rps_c32": common.finite(c32["litellm"]["requests_per_s"], 1),
         "direct_rps_c32": common.finite(c32["direct"]["requests_per_s"], 1),
     }
-    if "slotgate_decision_gc_frozen" in c1:
-        frozen_c1, frozen_c32 = c1["slotgate_decision_gc_frozen"], c32["slotgate_decision_gc_frozen"]
-        headline |= {
-            "gc_frozen_p50_ms": common.finite(frozen_c1["added_p50_ms"], 3),
-            "gc_frozen_p99_ms": common.finite(frozen_c1["added_p99_ms"], 3),
-            "gc_frozen_rps_c32": common.finite(frozen_c32["requests_per_s"], 1),
-            "slotgate_decision_p99_ms_c32": common.finite(c32["slotgate_decision"]["p99_ms"], 1),
-            "gc_frozen_p99_ms_c32": common.finite(frozen_c32["p99_ms"], 1),
-        }
+    headline["slotgate_decision_p99_ms_c32"] = common.finite(c32["slotgate_decision"]["p99_ms"], 1)
     payload = {
         "benchmark": "overhead", "mode": mode, "headline": headline, "by_concurrency": results,
         "command": "python bench/overhead.py" + (" --quick" if args.quick else "")
-        + (" --profile" if args.profile else "")
-        + (" --gc-freeze-variant" if args.gc_freeze_variant else ""),
+        + (" --profile" if args.profile else ""),
         "machine": machine, "loadavg_at_end": list(__import__("os").getloadavg()),
         "wall_s": round(time.monotonic() - t0, 1), "profile": profile, "slotgate_gc": gc_stats, "gc_probe": probe,
         "litellm_version": peers.litellm_version(),

@@ -48,6 +48,10 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     gc_stats_path: Path | None = None  # slotgate_server only
+    # A line the server logs once it is warm (after readiness): measuring before it would time
+    # its start-up work (slotgate: litellm's background import, then the heap freeze).
+    warm_log_marker: str | None = None
+    warm_at: float | None = None  # time.time() once started and warm
 
     @property
     def url(self) -> str:
@@ -68,10 +72,20 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited early ({self.proc.returncode}):\n{self.tail()}")
             if self._ready(httpx):
+                self._wait_warm(deadline)
+                self.warm_at = time.time()
                 return self
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"{self.name} not ready in {self.ready_timeout_s}s:\n{self.tail()}")
+
+    def _wait_warm(self, deadline: float) -> None:
+        while self.warm_log_marker and self.warm_log_marker not in self.tail(n_chars=10**7):
+            if time.monotonic() > deadline:
+                print(f"{self.name}: no {self.warm_log_marker!r} in its log; measuring anyway",
+                      file=sys.stderr)
+                return
+            time.sleep(0.2)
 
     def _ready(self, httpx: Any) -> bool:
         try:
@@ -151,12 +165,11 @@ def litellm_proxy(upstream_url: str, workdir: Path, *, master_key: str,
                   port, ready_path="/health/liveliness", env=env, ready_timeout_s=180.0)
 
 
-def slotgate_server(settings: dict[str, Any], workdir: Path, *, gc_freeze: bool = False,
-                    ) -> Server:
+def slotgate_server(settings: dict[str, Any], workdir: Path) -> Server:
     """`slotgate serve` with ``settings`` (a Settings dict; host and port are filled in). The
-    server also records its garbage-collector pauses (read_gc_stats). ``gc_freeze``: a what-if
-    variant that imports litellm before serving and moves everything alive then out of the
-    collector's reach (``gc.freeze()``), as a start-up hook in the app could."""
+    server also records its garbage-collector pauses (read_gc_stats); with a slow model it
+    counts as started once it has frozen its start-up heap (router/heap.py), after litellm's
+    background import."""
     import yaml
 
     port = free_port()
@@ -164,18 +177,29 @@ def slotgate_server(settings: dict[str, Any], workdir: Path, *, gc_freeze: bool 
     cfg.write_text(yaml.safe_dump({**settings, "host": "127.0.0.1", "port": port}))
     gc_stats = workdir / f"slotgate-{port}.gc.json"
     argv = [sys.executable, str(Path(__file__)), "slotgate", "--config", str(cfg),
-            "--gc-stats", str(gc_stats), *(["--gc-freeze"] if gc_freeze else [])]
-    return Server(f"slotgate-{port}", argv, port, ready_path="/healthz", gc_stats_path=gc_stats)
+            "--gc-stats", str(gc_stats)]
+    return Server(f"slotgate-{port}", argv, port, ready_path="/healthz", gc_stats_path=gc_stats,
+                  # logged once litellm's background import is done (only with a slow model)
+                  warm_log_marker="start-up heap frozen" if (settings.get("slow") or {}).get(
+                      "model") else None)
 
 
 def read_gc_stats(server: Server) -> dict[str, Any] | None:
     """The GC pauses a slotgate_server has had so far (refreshed every gen-2 collection and
-    every 200 collections, so up to 200 young collections behind)."""
+    every 200 collections, so up to 200 young collections behind), with ``serving``: the gen-2
+    pauses since it was started and warm (start-up's, during litellm's import, left out)."""
     path = server.gc_stats_path
-    return json.loads(path.read_text()) if path is not None and path.exists() else None
+    if path is None or not path.exists():
+        return None
+    stats: dict[str, Any] = json.loads(path.read_text())
+    since = server.warm_at or 0.0
+    pauses = [ms for t, ms in stats.get("gen2_pauses", []) if t >= since]
+    stats["serving"] = {"gen2_count": len(pauses), "gen2_total_ms": sum(pauses),
+                        "gen2_max_ms": max(pauses, default=0.0)}
+    return stats
 
 
-def _serve_slotgate(config: Path, gc_stats: Path, *, gc_freeze: bool) -> None:
+def _serve_slotgate(config: Path, gc_stats: Path) -> None:
     """What `slotgate serve --config` runs (router.server.serve), plus a gc callback that
     records the pauses: a full collection walks every live object, litellm's included."""
     import gc
@@ -185,6 +209,7 @@ def _serve_slotgate(config: Path, gc_stats: Path, *, gc_freeze: bool) -> None:
     started = time.monotonic()
     stats: dict[str, Any] = {str(g): {"count": 0, "total_ms": 0.0, "max_ms": 0.0} for g in range(3)}
     clock: dict[str, float] = {"t": 0.0, "n": 0}
+    gen2_pauses: list[tuple[float, float]] = []  # (time.time(), ms): rare, so kept one by one
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -196,18 +221,14 @@ def _serve_slotgate(config: Path, gc_stats: Path, *, gc_freeze: bool) -> None:
         g["total_ms"] += pause_ms
         g["max_ms"] = max(g["max_ms"], pause_ms)
         clock["n"] += 1
+        if info["generation"] == 2:
+            gen2_pauses.append((time.time(), pause_ms))
         # Cheap on purpose (no object census here): the hook must not become a cost itself.
         if info["generation"] == 2 or clock["n"] % 200 == 0:
-            gc_stats.write_text(json.dumps({"generations": stats,
+            gc_stats.write_text(json.dumps({"generations": stats, "gen2_pauses": gen2_pauses,
                                             "wall_s": time.monotonic() - started}))
 
     gc.callbacks.append(on_gc)
-    if gc_freeze:
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm  # noqa: F401 - imported for its module state, which is then frozen
-
-        gc.collect()
-        gc.freeze()
     serve(config=config)
 
 
@@ -292,10 +313,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int)
     parser.add_argument("--config", type=Path)
     parser.add_argument("--gc-stats", type=Path)
-    parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args()
     if args.command == "upstream":
         _serve_upstream(args.port)
     else:
         sys.path.insert(0, str(ROOT))
-        _serve_slotgate(args.config, args.gc_stats, gc_freeze=args.gc_freeze)
+        _serve_slotgate(args.config, args.gc_stats)
