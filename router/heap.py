@@ -8,7 +8,9 @@ into a permanent generation the collector skips (CPython's documented pattern fo
 start-up state); later garbage is still collected as before. Objects frozen while a request was
 in flight are never reclaimed if they later become cyclic garbage: a one-off, bounded cost.
 The collector's thresholds are left at their defaults: with the start-up heap frozen, a full
-collection walks only what requests have left alive, so it is short wherever it falls.
+collection walks only what requests have left alive (~2 ms here). Measured (2 runs each, 10 s
+at concurrency 1 and 32, shared 2-core machine): gen-0 threshold 50,000 removed those pauses
+but did not beat the defaults (p99 at concurrency 1: 4.2-4.3 ms vs 3.0-3.1 ms).
 """
 
 from __future__ import annotations
