@@ -69,13 +69,17 @@ def machine(result: dict[str, Any]) -> str:
     m = result.get("machine", {})
     load_start = ", ".join(f"{x:.2f}" for x in m.get("loadavg_at_start", []))
     load_end = ", ".join(f"{x:.2f}" for x in result.get("loadavg_at_end", []))
+    litellm = (f"; LiteLLM proxy {result['litellm_version']}" if "litellm_version" in result
+               else "")
     return para(
         f"Machine: {m.get('nproc')} CPUs ({m.get('cpu_model')}), {m.get('mem_gib')} GiB, "
-        f"Python {m.get('python')}; LiteLLM proxy {result.get('litellm_version', '?')}. "
-        f"Load average (1/5/15 min) {load_start} at the start and {load_end} at the end: the "
+        f"Python {m.get('python')}{litellm}. "
+        f"Load average (1/5/15 min) {load_start} at the start"
+        + (f" and {load_end} at the end" if load_end else "") + ": the "
         "machine is shared with other engineers' work, so the absolute numbers are noisy; read "
         "the ratios, measured in the same run with the paths interleaved. "
-        f"Mode `{result.get('mode')}`, {result.get('wall_s')} s wall.")
+        + (f"Mode `{result['mode']}`, " if result.get("mode") else "")
+        + f"{result.get('wall_s')} s wall.")
 
 
 def overhead_section(r: dict[str, Any]) -> str:
@@ -219,6 +223,23 @@ def before_after_section(before: dict[str, Any], after: dict[str, Any]) -> str:
             + table(["figure", "before", "after"], rows))
 
 
+def ab_section(r: dict[str, Any]) -> str:
+    """bench/ab.py: two commits' slotgate under the same decision load, interleaved."""
+    h = r["headline"]
+    rows = [[f"concurrency {conc}", side, v["n"], v["p50_ms"], v["p90_ms"], v["p99_ms"],
+             v["requests_per_s"]]
+            for conc, res in r["by_concurrency"].items() for side, v in res.items()]
+    return ("### Same run, side by side (`bench/ab.py`)\n\n" + para(f"Command: `{r['command']}`")
+            + machine(r)
+            + para(f"slotgate as of `{h['before_rev']}` (before the fixes) and `{h['after_rev']}` "
+                   "(after), both started at once, warm, and sent the decision load of "
+                   "`bench/overhead.py` (no upstream call) in alternating rounds (ABBA). Latency "
+                   "here is the whole request as the client sees it, not added over direct. "
+                   f"Throughput after/before: {fmt(h['c1_rps_after_over_before'])}x at "
+                   f"concurrency 1, {fmt(h['c32_rps_after_over_before'])}x at 32.")
+            + table(["load", "side", "n", "p50 ms", "p90 ms", "p99 ms", "req/s"], rows))
+
+
 def other_section(name: str, r: dict[str, Any]) -> str:
     h = r.get("headline") or {k: v for k, v in r.items() if not isinstance(v, dict | list)}
     return (f"## Other results: `{name}`\n\n"
@@ -264,6 +285,8 @@ def render(results_dir: Path) -> str:
     before = {p.name: json.loads(p.read_text())
               for p in sorted((results_dir / "before").glob("*.json"))}
     parts.append(before_after_section(before, found))
+    if "ab.json" in found:
+        parts.append(ab_section(found.pop("ab.json")))
     if "overhead.json" in found:
         parts.append(overhead_section(found.pop("overhead.json")))
     if "cache.json" in found:
