@@ -100,7 +100,7 @@ class Settings(BaseSettings):
                 raise ValueError("api_key_hashes must be sha256 hex digests (64 hex characters)")
         return [h.lower() for h in value]
 
-    def model_post_init(self, __context: Any) -> None:
+    def model_post_init(self, context: Any, /) -> None:
         if self.slow_model and not self.slow.model:
             self.slow.model = self.slow_model
         if self.slow_api_base and not self.slow.api_base:
