@@ -110,7 +110,8 @@ class JsonlDecisionLog(DecisionLog):
             await asyncio.to_thread(os.fsync, self._fd)
 
     def _remember(self, decision_id: str, data: bytes) -> None:
-        self._index[decision_id] = data
+        # A compact copy: orjson's output keeps its ~4 KiB working buffer (see MemoryCache).
+        self._index[decision_id] = bytes(memoryview(data))
         self._index.move_to_end(decision_id)
         while len(self._index) > self.max_index:
             self._index.popitem(last=False)

@@ -151,3 +151,23 @@ def test_namespace_charset_is_enforced(namespace: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         read_key(namespace, request(), "fp")
     assert info.value.field == "namespace"
+
+
+async def test_memory_cache_keeps_compact_copies_of_orjson_output() -> None:
+    """orjson's bytes keep a ~4 KiB working buffer; a cache holding them grew RSS by 8 KiB per
+    decision under load (bench/load.py). Entries must cost about their length."""
+    import tracemalloc
+
+    import orjson
+
+    cache = MemoryCache(max_entries=10_000, ttl_s=60)
+    tracemalloc.start()
+    try:
+        values = [orjson.dumps({"options": ["a", "b"], "proba": [0.5, 0.5], "i": i})
+                  for i in range(1000)]
+        await cache.set_many([(f"k{i}", v) for i, v in enumerate(values)])
+        del values
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1000 * 512, f"{held / 1000:.0f} bytes per 50-byte entry"
