@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.standin_llm import StandinHandle, start_standin
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -93,3 +95,12 @@ def banking77_dir() -> Path:
             f"BANKING77 not found at {path}: set SLOTGATE_DATA_DIR to the folder holding train.csv"
         )
     return path
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[StandinHandle]:
+    """The OpenAI-compatible stand-in LLM (bench/standin_llm.py) on a free loopback port, one per
+    test module; it records every call and has fault switches (``set_mode``)."""
+    handle = start_standin()
+    yield handle
+    handle.stop()

@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from bench.standin_llm import StandinHandle, start_standin
+from bench.standin_llm import StandinHandle
 from policies.types import DecisionRequest
 from router.app import create_app
 from router.settings import Settings
@@ -175,13 +174,6 @@ def established(remote_port: int) -> int:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[StandinHandle]:
-    handle = start_standin()
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture

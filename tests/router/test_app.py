@@ -16,7 +16,7 @@ import openai
 import pytest
 import uvicorn
 
-from bench.standin_llm import StandinHandle, start_standin
+from bench.standin_llm import StandinHandle
 from policies.types import DecisionRequest
 from router.app import create_app
 from router.backends.mock import MockBackend
@@ -93,13 +93,6 @@ def settings_for(standin: StandinHandle | None, tmp_path: Path, **overrides: Any
     return Settings(slow={**slow, **overrides.pop("slow", {})},
                     log={"decision_log_path": tmp_path / "decisions.jsonl"},
                     policy={"fallback_threshold": 0.9}, **overrides)
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[StandinHandle]:
-    handle = start_standin()
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")

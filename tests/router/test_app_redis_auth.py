@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from bench.standin_llm import StandinHandle, start_standin
+from bench.standin_llm import StandinHandle
 from router.backends.mock import MockBackend
 from tests.conftest import RedisServer
 from tests.router.test_app import INTENTS, Recorder, Server, enum_format, settings_for
 
 KEY_A, KEY_B = "client-key-a-0123456789", "client-key-b-0123456789"
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[StandinHandle]:
-    handle = start_standin()
-    yield handle
-    handle.stop()
 
 
 def ask(server: Server, text: str, api_key: str = "unused") -> dict[str, object]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,13 +28,6 @@ from router.slow import NO_MODEL, SlowPath, _litellm, parse_answer
 
 KEY = "sk-test-PROVIDERKEY-0123456789abcdef"
 OPTIONS = ("lost_card", "card_arrival", "exchange_rate")
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[StandinHandle]:
-    handle = start_standin()
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ def enum_body(options: list[str], text: str, *, shape: str = "object") -> dict[s
     return {"model": "standin", "messages": [{"role": "user", "content": text}],
             "response_format": {"type": "json_schema",
                                 "json_schema": {"name": "d", "schema": schema, "strict": True}}}
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[StandinHandle]:
-    handle = start_standin()
-    yield handle
-    handle.stop()
 
 
 def content(response: httpx.Response) -> str:
