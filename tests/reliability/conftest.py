@@ -7,59 +7,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from bench.standin_llm import StandinHandle
 from policies.types import DecisionRequest
-from router.app import create_app
 from router.settings import Settings
-from tests.conftest import free_port
+from tests.live import LiveServer as BaseLiveServer
 
 SLOW_MODEL = "openai/standin"
 SECRET = "sk-test-SECRET-0123456789abcdef"  # the upstream key; must never come back out
 OPTIONS = ["card_arrival", "lost_card", "exchange_rate"]
 
 
-class LiveServer:
-    """``create_app(settings, **parts)`` under uvicorn on a free loopback port, in a thread that
-    runs its own event loop, kept so tests can count the server's asyncio tasks."""
-
-    def __init__(self, settings: Settings, **parts: Any) -> None:
-        self.port = free_port()
-        self.app = create_app(settings, **parts)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                loop="asyncio", ws="none", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        await self.server.serve()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("slotgate did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+class LiveServer(BaseLiveServer):
+    """The shared live server, plus what reliability tests read off it: tasks, metrics."""
 
     def tasks(self) -> int:
         """asyncio tasks alive in the server's loop (the counting task itself excluded)."""

@@ -5,25 +5,21 @@ backend is a MockBackend whose handler records what reached it."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from bench.standin_llm import StandinHandle
 from policies.types import DecisionRequest
-from router.app import create_app
 from router.backends.mock import MockBackend
 from router.decision_log import export_predictions, read_records
 from router.predictions import read_predictions
 from router.settings import Settings
-from tests.conftest import free_port
+from tests.live import LiveServer
 
 SLOW_MODEL = "openai/standin"
 INTENTS = ["card_arrival", "lost_card", "exchange_rate"]
@@ -48,36 +44,17 @@ class Recorder:
         return [top] + [(1 - top) / (k - 1)] * (k - 1)
 
 
-class Server:
-    """create_app(settings) under uvicorn in a background thread, on a free loopback port."""
+class Server(LiveServer):
+    """The shared live server, plus one OpenAI SDK client per API key, closed with the server."""
 
     def __init__(self, settings: Settings, **parts: Any) -> None:
-        self.port = free_port()
-        self.app = create_app(settings, **parts)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                ws="none", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(settings, **parts)
         self.clients: dict[str, openai.OpenAI] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("slotgate did not start")
-            time.sleep(0.02)
-        return self
 
     def __exit__(self, *exc: object) -> None:
         for client in self.clients.values():
             client.close()
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+        super().__exit__(*exc)
 
     def client(self, api_key: str = "unused") -> openai.OpenAI:
         """One SDK client per key, closed with the server (no sockets left to the collector)."""

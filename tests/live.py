@@ -1,0 +1,50 @@
+"""slotgate's app under a real uvicorn on a free loopback port, in a background thread: the one
+live-server harness the HTTP tests share (tests that need more subclass it)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Self
+
+import uvicorn
+
+from router.app import create_app
+from router.settings import Settings
+from tests.conftest import free_port
+
+
+class LiveServer:
+    """``create_app(settings, **parts)`` served in a thread that runs its own asyncio loop, kept
+    in ``loop`` so tests can inspect the server side (e.g. count its tasks)."""
+
+    def __init__(self, settings: Settings, **parts: Any) -> None:
+        self.port = free_port()
+        self.app = create_app(settings, **parts)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                loop="asyncio", ws="none", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("slotgate did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
