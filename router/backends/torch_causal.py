@@ -6,12 +6,12 @@ tail (right-padded batches).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from router.backends.prefix_lru import PrefixLRU
 from router.backends.torch_diffusion import SlotItem, SlotRead, cache_kwarg, fork_cache
 
 
@@ -48,8 +48,7 @@ class CausalSlotReader:
         self.model = model.eval()
         self.pad_id = pad_id
         self.use_prefix_cache = use_prefix_cache
-        self._entries = prefix_cache_entries
-        self._prefixes: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._prefixes = PrefixLRU(max_entries=prefix_cache_entries)
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model.get_decoder().forward)
 
@@ -73,18 +72,14 @@ class CausalSlotReader:
         import torch
         from transformers import DynamicCache
 
-        cached = self._prefixes.get(prefix_ids)
-        if cached is not None:
-            self._prefixes.move_to_end(prefix_ids)
-            return cached
-        cache = DynamicCache(config=self.model.config)
-        ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            self.model.get_decoder()(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
-        self._prefixes[prefix_ids] = cache
-        while len(self._prefixes) > self._entries:
-            self._prefixes.popitem(last=False)
-        return cache
+        def build() -> Any:
+            cache = DynamicCache(config=self.model.config)
+            ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
+            with torch.inference_mode():
+                self.model.get_decoder()(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
+            return cache
+
+        return self._prefixes.get_or_build(prefix_ids, build)
 
     def _read_group(self, prefix: tuple[int, ...], items: list[SlotItem]) -> list[SlotRead]:
         import torch

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from router.backends.prefix_lru import PrefixLRU
 
 DRAW_SEED_STRIDE = 7919  # System One: draw j of a read adds 7919*j to the seed
 
@@ -85,8 +86,7 @@ class DiffusionSlotReader:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
         self.pad_id = pad_id
-        self._entries = prefix_cache_entries
-        self._prefixes: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._prefixes = PrefixLRU(max_entries=prefix_cache_entries)
         text_config = model.config.get_text_config()
         self.text_config = text_config
         self.vocab_size = int(text_config.vocab_size)
@@ -123,19 +123,16 @@ class DiffusionSlotReader:
         """The encoder KV cache of ``prefix_ids`` (batch 1), encoded once and then reused."""
         import torch
 
-        cached = self._prefixes.get(prefix_ids)
-        if cached is not None:
-            self._prefixes.move_to_end(prefix_ids)
-            return cached
-        cache = self.new_cache()
-        ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
-        positions = torch.arange(len(prefix_ids), device=self.device).unsqueeze(0)
-        with torch.inference_mode():
-            self.encoder(input_ids=ids, position_ids=positions, **{self._encoder_cache_kw: cache})
-        self._prefixes[prefix_ids] = cache
-        while len(self._prefixes) > self._entries:
-            self._prefixes.popitem(last=False)
-        return cache
+        def build() -> Any:
+            cache = self.new_cache()
+            ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
+            positions = torch.arange(len(prefix_ids), device=self.device).unsqueeze(0)
+            with torch.inference_mode():
+                self.encoder(input_ids=ids, position_ids=positions,
+                             **{self._encoder_cache_kw: cache})
+            return cache
+
+        return self._prefixes.get_or_build(prefix_ids, build)
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
