@@ -37,10 +37,10 @@ test: setup
 	$(BIN)/pytest -q
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not long"
 
 lint: setup
-	$(BIN)/ruff check router policies calibration tests bench
+	$(BIN)/ruff check router policies calibration tests bench standins
 	$(BIN)/mypy
 
 clean:

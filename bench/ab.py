@@ -1,7 +1,7 @@
 """Before/after: the same decision load through slotgate as of two commits, run side by side,
 interleaved round by round, so the shared machine's noise falls on both alike.
 
-    python bench/ab.py --before e15408c [--after WORKTREE] [--quick]   (writes bench/results/ab.json)
+    python -m bench.ab --before e15408c [--after WORKTREE] [--quick]   (writes bench/results/ab.json)
 
 The ``--before`` commit is exported with ``git archive`` into a temporary folder (the repository
 is not touched) and served by this checkout's virtual environment; the after side is this
@@ -24,14 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench import common, peers
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_S = 20.0  # litellm's background import takes 4-10 s on the shared machine
 SERVE = "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; " \
-        "from router.server import serve; serve(config=Path(sys.argv[2]))"
+        "from router.http.server import serve; serve(config=Path(sys.argv[2]))"
 
 
 def export_commit(rev: str, dest: Path) -> Path:
@@ -108,7 +106,7 @@ def main() -> int:
         headline[f"c{conc}_rps_after_over_before"] = common.finite(
             res["after"]["requests_per_s"] / res["before"]["requests_per_s"], 2)
     payload = {"benchmark": "ab", "headline": headline, "by_concurrency": results,
-               "command": "python bench/ab.py --before " + args.before
+               "command": "python -m bench.ab --before " + args.before
                + (" --quick" if args.quick else ""),
                "machine": machine, "loadavg_at_end": list(os.getloadavg()),
                "mode": "quick" if args.quick else "full",

@@ -2,7 +2,7 @@
 redis-server) and with the in-process cache, at concurrency 1/32/128, beside the LiteLLM proxy's
 passthrough throughput in the same run, interleaved; and Redis commands per decision.
 
-    python bench/cache.py --quick      (< 3 min; writes bench/results/cache.json)
+    python -m bench.cache --quick      (< 3 min; writes bench/results/cache.json)
 
 Redis commands per decision are counted from ``INFO commandstats`` deltas around a run of
 decisions, round trips in all from the server's socket reads (``total_reads_processed``: a
@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, peers, profiling
 
@@ -195,7 +193,7 @@ def main() -> int:
     payload = {
         "benchmark": "cache", "mode": mode, "headline": headline, "by_concurrency": results,
         "round_trips": trips, "n_states": N_STATES, "profile": profile, "slotgate_gc": gc_stats,
-        "command": "python bench/cache.py" + (" --quick" if args.quick else "")
+        "command": "python -m bench.cache" + (" --quick" if args.quick else "")
         + (" --profile" if args.profile else ""),
         "machine": machine, "loadavg_at_end": list(os.getloadavg()),
         "wall_s": round(time.monotonic() - t0, 1), "litellm_version": peers.litellm_version(),

@@ -1,7 +1,7 @@
 """The cost-accuracy frontier on BANKING77: fast tiers (TF-IDF + LR, wordllama + LR) in front of a
 slow tier (MiniLM + LR behind the stand-in LLM, reached through `slotgate serve` and litellm).
 
-    python bench/cascade.py [--n 500] [--quick] [--data DIR] [--out JSON] [--png PNG]
+    python -m bench.cascade [--n 500] [--quick] [--data DIR] [--out JSON] [--png PNG]
 
 Models learn only from train.csv; 30% of it (seeded) is carved out to tune one policy per fast tier
 and target (0.90, 0.95, 0.97, 0.99; delta 0.05). Offline, every operating point is scored on all of
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere: bench/ and router/ importable
 
 TARGETS = (0.90, 0.95, 0.97, 0.99)
 ANCHORS = [
@@ -54,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     live = live_run(args.data, args.work, offline, n=args.n, seed=args.seed)
     rows = offline["rows"]
     result: dict[str, Any] = {
-        "command": "python bench/cascade.py" + (" --quick" if args.quick else f" --n {args.n}"),
+        "command": "python -m bench.cascade" + (" --quick" if args.quick else f" --n {args.n}"),
         "mode": "quick" if args.quick else "full",
         "machine": machine,
         "seed": args.seed, "delta": args.delta, "targets": list(TARGETS),
@@ -143,7 +142,7 @@ def notes(offline: dict[str, Any], live: dict[str, Any]) -> list[str]:
         "-> litellm -> the stand-in LLM, all on loopback): latency per decision as the client saw "
         "it (mean, p50, p99), the measured escalation share and slow calls per 1,000, and every "
         "answer checked against the offline answer for the same row."),
-        ("Slow tier: MiniLM + LR (all of train.csv) answering as bench/standin_llm.py. Its "
+        ("Slow tier: MiniLM + LR (all of train.csv) answering as standins/llm.py. Its "
         "latency is a CPU sentence encoder's on a shared 2-core machine, not a hosted LLM's "
         "(hundreds of ms to seconds): the cost that carries over is slow calls per 1,000."),
         ("fast alone: a policy accepting every fast read. slow alone: a policy escalating every "
@@ -153,7 +152,7 @@ def notes(offline: dict[str, Any], live: dict[str, Any]) -> list[str]:
         "the marked points are tuned policies (30% of train.csv, seeded; target, delta 0.05)."),
         ("The machine is shared by several engineers' test runs: absolute latencies are noisy; "
         "the points are interleaved so the noise hits all alike."),
-        ("SmolLM2-135M causal read (router/backends/torch_read.py): not run. On this shared "
+        ("SmolLM2-135M causal read (router/backends/torch/backend.py): not run. On this shared "
          "2-core CPU a 600-row read of BANKING77 with it took 23 minutes, beyond this "
          "benchmark's time bound; it is an optional reference tier."),
     ]

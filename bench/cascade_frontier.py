@@ -104,7 +104,7 @@ def count_rows(path: Path) -> int:
 def load_tier(kind: str, preds_path: Path, labels: list[str]
               ) -> tuple[Tier, NDArray[np.float64], tuple[str, ...]]:
     """A tier's answers on test.csv (rows in file order), raw probabilities and options."""
-    from router.predictions import read_predictions
+    from router.tuning.predictions import read_predictions
 
     preds = read_predictions(preds_path)
     if [str(x) for x in preds.labels] != labels:

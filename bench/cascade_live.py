@@ -70,7 +70,7 @@ def standin(model: Path, work: Path) -> Any:
     from bench.e2e_banking77 import free_port
 
     port = free_port()
-    return process([sys.executable, str(ROOT / "bench/standin_llm.py"), "--port", str(port),
+    return process([sys.executable, str(ROOT / "standins/llm.py"), "--port", str(port),
                     "--model", str(model)], port=port, log=work / "standin.log",
                    ready_path="/v1/models")
 

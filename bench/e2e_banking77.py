@@ -2,7 +2,7 @@
 at 95% accuracy, escalation through litellm to the stand-in LLM (wordllama embeddings + logistic
 regression), Redis as cache, and N test messages sent through the OpenAI SDK, twice.
 
-    python bench/e2e_banking77.py --n 500 [--data DIR] [--redis-url URL] [--out JSON]
+    python -m bench.e2e_banking77 --n 500 [--data DIR] [--redis-url URL] [--out JSON]
 
 It checks that every answer is one of the 77 intents, that the fast share matches what
 `slotgate eval` predicts for the policy, that the stand-in saw exactly the escalated messages,
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere: bench/ and router/ importable
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -55,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     predicted = eval_json(work / "test-preds.jsonl", artifacts["policy"])
     on_sample = eval_json(work / "sample-preds.jsonl", artifacts["policy"])
 
-    from bench.standin_llm import last_user_text, start_standin
+    from standins.llm import last_user_text, start_standin
 
     standin = start_standin(model_path=artifacts["slow"])
     with redis(args.redis_url) as redis_url, proxy(artifacts, standin.api_base, redis_url, work,
@@ -202,7 +201,7 @@ def proxy(artifacts: dict[str, Path], api_base: str, redis_url: str, work: Path,
     the stand-in as slow model and Redis as cache."""
     import uvicorn
 
-    from router.app import create_app
+    from router.http.app import create_app
     from router.settings import Settings
 
     settings = Settings(

@@ -1,4 +1,4 @@
-"""Speed of a DiffusionGemma one-step slot read (router/backends/torch_diffusion.py) on a GPU.
+"""Speed of a DiffusionGemma one-step slot read (router/backends/torch/diffusion.py) on a GPU.
 
 Builds the full DiffusionGemma-26B-A4B architecture with random bf16 weights (speed does not depend
 on weight values), a 1,600-token prompt (1,400 static tokens + 200 message tokens), canvas 64, 77
@@ -6,21 +6,19 @@ labels, and times single reads (p50/p99) and batched reads per second, with the 
 cached and not, for 1 and 4 noise draws, eager and replayed as CUDA graphs. ``--tiny`` runs the
 same code on a tiny config (CPU is fine) to catch bugs before a device call.
 
-    python bench/gpu_read.py --config .devcarry/diffusiongemma-26B-A4B-it.config.json
+    python -m bench.gpu_read --config .devcarry/diffusiongemma-26B-A4B-it.config.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from bench.gpu_speedups import (
     GraphedRead,
@@ -29,7 +27,7 @@ from bench.gpu_speedups import (
     compile_layers,
     fuse_norms,
 )
-from router.backends.torch_diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
 
 
 def tiny_config() -> Any:
@@ -167,7 +165,7 @@ def breakdown(args: argparse.Namespace, model: Any, device: Any, log: Callable[[
     if device.type == "cuda":
         batch = reader.prepare(item[1:], prefix_len=len(item[0].prefix_ids))
         base = reader.prefix_cache(item[0].prefix_ids)
-        from router.backends.torch_diffusion import fork_cache, select_cache_rows
+        from router.backends.torch.diffusion import fork_cache, select_cache_rows
 
         with torch.inference_mode():
             for _ in range(2):

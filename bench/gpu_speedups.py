@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.backends.torch_diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
 
 
 class GraphedRead:

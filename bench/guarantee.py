@@ -20,7 +20,7 @@ splits reuse one pool, so they are not independent: the interval printed for the
 (Clopper-Pearson over splits) is a guide, not an exact test. When no threshold passes at a target
 the policy escalates everything: coverage 0, and that split cannot violate.
 
-Usage: .venv/bin/python bench/guarantee.py [--data DIR] [--splits 200] [--out FILE]
+Usage: .venv/bin/python -m bench.guarantee [--data DIR] [--splits 200] [--out FILE]
 The last stdout line is one JSON object keyed by target.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ def default_data_dir() -> Path:
 def build_pool(data_dir: Path, *, train_fraction: float, seed: int) -> dict[str, Any]:
     """Train on a fixed part of train.csv; predict the rest of train.csv and test.csv."""
     from router.backends.sklearn import train_text_model
-    from router.predictions import read_texts
+    from router.tuning.predictions import read_texts
 
     if not (data_dir / "train.csv").is_file():
         raise SystemExit(f"BANKING77 not found in {data_dir}: pass --data DIR (the folder holding "
@@ -124,8 +123,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/guarantee.json")
     args = parser.parse_args(argv)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # run as a script from a checkout without installing
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table

@@ -4,8 +4,8 @@ and passthrough chats to an instant upstream through litellm. Reports throughput
 kind, every non-2xx by status, and the server's resident memory (VmRSS) after warm-up and at the
 end; writes bench/results/load.json; the last stdout line is one JSON object.
 
-    python bench/load.py            # 60 s at 200 clients after a 10 s warm-up
-    python bench/load.py --quick    # 15 s at 200 clients after a 5 s warm-up
+    python -m bench.load            # 60 s at 200 clients after a 10 s warm-up
+    python -m bench.load --quick    # 15 s at 200 clients after a 5 s warm-up
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: make the project root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info, summarize, write_json
 from bench.peers import slotgate_server, upstream_server
@@ -153,7 +150,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     all_latencies = [x for v in tally.latencies_ms.values() for x in v]
     growth = (rss_end - rss_warm) / rss_warm
     return {
-        "command": "python bench/load.py" + (" --quick" if args.quick else ""),
+        "command": "python -m bench.load" + (" --quick" if args.quick else ""),
         "clients": args.clients, "seconds": args.seconds, "warmup_s": args.warmup_s,
         "elapsed_s": round(elapsed_s, 2),
         "requests": sum(tally.statuses.values()), "ok": n_ok, "shed_429": shed,

@@ -1,8 +1,8 @@
 """Router overhead: latency slotgate and the LiteLLM proxy add over calling one instant upstream
 directly, and the requests/s each path sustains, all paths interleaved in one run.
 
-    python bench/overhead.py --quick      (< 3 min; writes bench/results/overhead.json)
-    python bench/overhead.py --profile    (also py-spy's profile of slotgate's decision path)
+    python -m bench.overhead --quick      (< 3 min; writes bench/results/overhead.json)
+    python -m bench.overhead --profile    (also py-spy's profile of slotgate's decision path)
 
 Paths: direct (the upstream); slotgate_decision (a json_schema enum decision, fast read by a mock
 backend sure of its answer: no upstream call, the router's own cost); slotgate_passthrough (a
@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common, peers, profiling
 
@@ -133,7 +131,7 @@ def main() -> int:
     headline["slotgate_decision_p99_ms_c32"] = common.finite(c32["slotgate_decision"]["p99_ms"], 1)
     payload = {
         "benchmark": "overhead", "mode": mode, "headline": headline, "by_concurrency": results,
-        "command": "python bench/overhead.py" + (" --quick" if args.quick else "")
+        "command": "python -m bench.overhead" + (" --quick" if args.quick else "")
         + (" --profile" if args.profile else ""),
         "machine": machine, "loadavg_at_end": list(__import__("os").getloadavg()),
         "wall_s": round(time.monotonic() - t0, 1), "profile": profile, "slotgate_gc": gc_stats, "gc_probe": probe,

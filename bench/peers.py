@@ -2,9 +2,9 @@
 polling: the instant upstream, the LiteLLM proxy (its own venv), `slotgate serve` (with its
 garbage-collector pauses recorded) and a private redis-server.
 
-Also runnable as ``python bench/peers.py upstream --port P``: an OpenAI-compatible upstream that
+Also runnable as ``python -m bench.peers upstream --port P``: an OpenAI-compatible upstream that
 answers at once (a hand-rolled asyncio HTTP/1.1 server, so the upstream costs next to nothing),
-and ``python bench/peers.py slotgate --config C`` (what `slotgate serve --config C` runs)."""
+and ``python -m bench.peers slotgate --config C`` (what `slotgate serve --config C` runs)."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def litellm_proxy(upstream_url: str, workdir: Path, *, master_key: str,
 def slotgate_server(settings: dict[str, Any], workdir: Path) -> Server:
     """`slotgate serve` with ``settings`` (a Settings dict; host and port are filled in). The
     server also records its garbage-collector pauses (read_gc_stats); with a slow model it
-    counts as started once it has frozen its start-up heap (router/heap.py), after litellm's
+    counts as started once it has frozen its start-up heap (router/http/heap.py), after litellm's
     background import."""
     import yaml
 
@@ -200,11 +200,11 @@ def read_gc_stats(server: Server) -> dict[str, Any] | None:
 
 
 def _serve_slotgate(config: Path, gc_stats: Path) -> None:
-    """What `slotgate serve --config` runs (router.server.serve), plus a gc callback that
+    """What `slotgate serve --config` runs (router.http.server.serve), plus a gc callback that
     records the pauses: a full collection walks every live object, litellm's included."""
     import gc
 
-    from router.server import serve
+    from router.http.server import serve
 
     started = time.monotonic()
     stats: dict[str, Any] = {str(g): {"count": 0, "total_ms": 0.0, "max_ms": 0.0} for g in range(3)}
@@ -317,5 +317,4 @@ if __name__ == "__main__":
     if args.command == "upstream":
         _serve_upstream(args.port)
     else:
-        sys.path.insert(0, str(ROOT))
         _serve_slotgate(args.config, args.gc_stats)

@@ -86,7 +86,7 @@ GC_PROBE = """
 import gc, json, os, sys, time
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, sys.argv[1])
-import router.app, router.service, router.slow, router.server
+import router.http.app, router.routing.service, router.routing.slow, router.http.server
 before = len(gc.get_objects())
 t = time.perf_counter(); import litellm; import_s = time.perf_counter() - t
 def full_collect_ms():

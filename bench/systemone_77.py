@@ -3,7 +3,7 @@ enforces the example server's 26-option cap and answers from a real model (TF-ID
 regression trained on train.csv): the combined grouped read against the chained group-then-option
 read on the same test messages, with an exact McNemar test.
 
-    .venv/bin/python bench/systemone_77.py --n 500 [--data ../shared/data/banking77]
+    .venv/bin/python -m bench.systemone_77 --n 500 [--data ../shared/data/banking77]
 
 Prints a table; writes bench/results/systemone_77.json; the last line is one JSON object.
 """
@@ -14,21 +14,17 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the project root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
-from bench.standins.reader import Banking77Reader, read_test
-from bench.standins.systemone_server import SystemOneStandin
 from policies.types import DecisionRequest, Option, OptionScores
 from router.backends.grouping import split_groups
 from router.backends.systemone import SystemOneBackend
+from standins.reader import Banking77Reader, read_test
+from standins.systemone_server import SystemOneStandin
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS = "Which banking intent does the customer's message express?"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.standin_llm import StandinHandle, start_standin
+from standins.llm import StandinHandle, start_standin
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +99,7 @@ def banking77_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def standin() -> Iterator[StandinHandle]:
-    """The OpenAI-compatible stand-in LLM (bench/standin_llm.py) on a free loopback port, one per
+    """The OpenAI-compatible stand-in LLM (standins/llm.py) on a free loopback port, one per
     test module; it records every call and has fault switches (``set_mode``)."""
     handle = start_standin()
     yield handle

@@ -10,7 +10,7 @@ from typing import Any, Self
 
 import uvicorn
 
-from router.app import create_app
+from router.http.app import create_app
 from router.settings import Settings
 from tests.conftest import free_port
 

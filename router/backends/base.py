@@ -18,6 +18,10 @@ from typing import Any
 
 from policies.types import DecisionRequest, OptionScores, canonical_hash
 
+# System One's draw seeds: draw j of a read with seed s uses s + DRAW_SEED_STRIDE * j (the example
+# server's rule; the vllm and torch readers follow it so that their draws match).
+DRAW_SEED_STRIDE = 7919
+
 
 class FastBackend(ABC):
     """Base class of fast backends. Subclasses set ``name`` and implement ``read``."""

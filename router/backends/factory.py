@@ -19,7 +19,7 @@ _BACKENDS = {
     "embedding": ("router.backends.embedding", "EmbeddingBackend"),
     "systemone": ("router.backends.systemone", "SystemOneBackend"),
     "vllm": ("router.backends.vllm", "VllmBackend"),
-    "torch": ("router.backends.torch_read", "TorchBackend"),
+    "torch": ("router.backends.torch.backend", "TorchBackend"),
 }
 _FROM_MODEL_PATH = ("sklearn", "embedding")  # their constructors take the artifact path only
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from policies.types import DecisionRequest, OptionScores, canonical_hash
-from router.backends.base import FastBackend
+from router.backends.base import DRAW_SEED_STRIDE, FastBackend
 from router.backends.grouping import GroupingMode, grouped_read
 from router.backends.http_post import JsonPoster
 from router.backends.labels import (
@@ -46,7 +46,6 @@ DEFAULT_PREAMBLE = (
 )
 VLLM_LABEL_CAP = 128  # vLLM's per-request cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS)
 MISSING_LABEL_PENALTY = 5.0  # the example server's rule for labels absent from the logprobs
-DRAW_SEED_STEP = 7919  # draw j uses seed + 7919*j, as the example server does
 SETTINGS_OPTIONS = frozenset({
     "model", "tokenizer_path", "labels", "label_cap", "preamble", "thought_block",
     "answer_prefix", "label_prefix", "turn_close_id", "pad_id", "canvas_length", "canvas_step",
@@ -238,7 +237,7 @@ class VllmBackend(FastBackend):
                    server_draws: int | None = None) -> dict[str, Any]:
         label_ids = sorted(self.alphabet.ids[: len(request.options)])
         xargs: dict[str, Any] = {
-            "diffusion_seed_canvas": self.seed_canvas(request.seed + DRAW_SEED_STEP * draw),
+            "diffusion_seed_canvas": self.seed_canvas(request.seed + DRAW_SEED_STRIDE * draw),
             "diffusion_canvas_length": self.canvas_width,
             "diffusion_read_only": True,
         }

@@ -1,5 +1,5 @@
 """Reliability fixtures: the real app under uvicorn on loopback in a thread whose event loop the
-test can inspect (task counts), the stand-in LLM (bench/standin_llm.py), a switchable MockBackend
+test can inspect (task counts), the stand-in LLM (standins/llm.py), a switchable MockBackend
 and counters of open upstream connections read from /proc/net/tcp."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.standin_llm import StandinHandle
 from policies.types import DecisionRequest
 from router.settings import Settings
+from standins.llm import StandinHandle
 from tests.live import LiveServer as BaseLiveServer
 
 SLOW_MODEL = "openai/standin"

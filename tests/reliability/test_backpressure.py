@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.standin_llm import StandinHandle
 from router.backends.mock import MockBackend
+from standins.llm import StandinHandle
 from tests.reliability.conftest import LiveServer, Switch, decision, settings_for
 
 N_CLIENTS = 12

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from bench.standin_llm import StandinHandle
 from router.backends.mock import MockBackend
+from standins.llm import StandinHandle
 from tests.reliability.conftest import (
     SLOW_MODEL,
     LiveServer,

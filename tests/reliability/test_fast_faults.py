@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.standin_llm import StandinHandle
-from bench.standins.harness import Reply, StandinServer
 from router.backends.mock import MockBackend
+from standins.harness import Reply, StandinServer
+from standins.llm import StandinHandle
 from tests.conftest import free_port
 from tests.reliability.conftest import LiveServer, Switch, answer_of, decision, settings_for
 

@@ -15,8 +15,8 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 
-from bench.standin_llm import StandinHandle
 from router.backends.mock import MockBackend
+from standins.llm import StandinHandle
 from tests.reliability.conftest import LiveServer, Switch, settings_for
 
 MIN_REQUESTS = 1000
@@ -49,7 +49,7 @@ def check(method: str, path: str, response: requests.Response) -> None:
         assert set(error) == {"message", "type", "param", "code"}, where
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_schema_fuzz_every_route(server: LiveServer) -> None:
     import schemathesis
     from schemathesis.generation.modes import GenerationMode
@@ -170,9 +170,9 @@ def test_decision_bodies_fuzz(server: LiveServer) -> None:
 
 
 def test_systemone_bodies_fuzz(server: LiveServer) -> None:
-    """S1's parser strategies (tests/router/test_systemone_wire_fuzz.py), sent through the live
+    """S1's parser strategies (tests/router/http/systemone/test_fuzz.py), sent through the live
     server: the parser property holds end to end, error handler and routing included."""
-    from tests.router.test_systemone_wire_fuzz import payloads, plausible
+    from tests.router.http.systemone.test_fuzz import payloads, plausible
 
     session = requests.Session()
     counts: Counter[int] = Counter()

@@ -17,12 +17,12 @@ import httpx
 import pytest
 import yaml
 
-from bench.standin_llm import StandinHandle
-from router.decision_log import read_records
+from router.store.decision_log import read_records
+from standins.llm import StandinHandle
 from tests.conftest import ROOT, free_port
 from tests.reliability.conftest import SECRET, SLOW_MODEL, decision
 
-SERVE = "import sys; from pathlib import Path; from router.server import serve; " \
+SERVE = "import sys; from pathlib import Path; from router.http.server import serve; " \
         "serve(config=Path(sys.argv[1]))"
 N_CLIENTS = 12
 STALL_S = 0.4  # every decision escalates and the stand-in takes this long: many are in flight
@@ -60,7 +60,7 @@ class Client(threading.Thread):
                 i += 1
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_under_load_loses_nothing(fresh_standin: StandinHandle, tmp_path: Path) -> None:
     port = free_port()
     log_path = tmp_path / "decisions.jsonl"

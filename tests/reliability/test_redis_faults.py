@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from router.backends.mock import MockBackend
-from router.decision_log import read_records
+from router.store.decision_log import read_records
 from tests.conftest import RedisServer
 from tests.reliability.conftest import LiveServer, Switch, answer_of, decision, settings_for
 

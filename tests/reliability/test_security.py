@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from bench.standin_llm import StandinHandle
 from router.backends.mock import MockBackend
+from standins.llm import StandinHandle
 from tests.reliability.conftest import (
     SECRET,
     SLOW_MODEL,
@@ -68,7 +68,7 @@ def test_every_hash_is_compared(server: LiveServer, monkeypatch: pytest.MonkeyPa
     """No early exit: the time taken does not say which hash (if any) matched."""
     import hmac
 
-    import router.gate
+    import router.http.admission
 
     calls: list[int] = []
     real = hmac.compare_digest
@@ -77,7 +77,7 @@ def test_every_hash_is_compared(server: LiveServer, monkeypatch: pytest.MonkeyPa
         calls.append(1)
         return real(a, b)
 
-    monkeypatch.setattr(router.gate.hmac, "compare_digest", counting)
+    monkeypatch.setattr(router.http.admission.hmac, "compare_digest", counting)
     for key in (KEY_A, KEY_B, "nope"):
         calls.clear()
         server.post("/v1/feedback", {"decision_id": "x", "label": "y"}, headers=auth(key))

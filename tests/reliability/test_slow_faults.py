@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.standin_llm import StandinHandle, start_standin
 from router.backends.mock import MockBackend
+from standins.llm import StandinHandle, start_standin
 from tests.reliability.conftest import (
     OPTIONS,
     LiveServer,

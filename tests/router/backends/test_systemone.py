@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.standins.harness import Reply
-from bench.standins.systemone_server import SystemOneStandin
 from policies.types import DecisionRequest, Option
 from router.backends.systemone import SystemOneBackend
 from router.errors import (
@@ -24,6 +22,8 @@ from router.errors import (
     ConfigError,
 )
 from router.settings import FastBackendSettings
+from standins.harness import Reply
+from standins.systemone_server import SystemOneStandin
 from tests.conftest import free_port
 from tests.router.backends.standins import intent_names, intent_request, small_reader
 

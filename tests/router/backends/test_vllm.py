@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.standins.harness import Reply
-from bench.standins.vllm_server import VllmStandin
 from policies.types import Option
 from router.backends.labels import build_alphabet, check_alphabet
 from router.backends.vllm import MISSING_LABEL_PENALTY, VllmBackend, slot_distribution
 from router.errors import BackendRejected, BackendUnavailable, ConfigError
 from router.settings import FastBackendSettings
+from standins.harness import Reply
+from standins.vllm_server import VllmStandin
 from tests.conftest import free_port
 from tests.router.backends.standins import (
     intent_names,

@@ -1,0 +1,245 @@
+"""The ``torch`` fast backend: in-process slot reads with transformers (extra ``torch``).
+
+``kind`` picks the reader: ``diffusion`` (DiffusionGemma one-step read, torch_diffusion.py),
+``causal`` (next-token read, torch_causal.py) or ``masked`` (``[MASK]`` read, torch_masked.py).
+Each option is shown with a one-token label (labels.py); the read is the softmax of the slot's
+logits over those label ids. Reads run in a worker thread, one batch at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from policies.types import DecisionRequest, OptionScores, canonical_hash
+from router.backends.base import FastBackend
+from router.backends.labels import (
+    LabelAlphabet,
+    build_alphabet,
+    check_alphabet,
+    default_candidates,
+    single_token_id,
+)
+from router.backends.torch.diffusion import SlotItem, SlotRead
+from router.backends.torch.prompt import (
+    DEFAULT_PREAMBLE,
+    TEMPLATE_VERSION,
+    PromptIds,
+    answer_canvas,
+    chat_static,
+    encode,
+    masked_prompt,
+)
+from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
+from router.settings import FastBackendSettings
+
+ReadKind = Literal["diffusion", "causal", "masked"]
+MAX_LABELS = 128
+
+
+class TorchBackend(FastBackend):
+    """Reads with ``reader`` (a Diffusion/Causal/MaskedSlotReader) and ``tokenizer``.
+
+    ``model_id`` names the weights in the fingerprint (path plus a content hash when loaded from a
+    folder). ``samples`` overrides the request's noise draws (diffusion only; the others are
+    deterministic and read once). ``label_prefix`` is put before each label when it is checked
+    (" " for BPE models that read " A" after "Answer:"). ``label_mode``: ``alphabet`` labels
+    options A, B, ...; ``names`` reads the option names themselves (each must be one distinct
+    token); ``auto`` reads the names when they qualify and the alphabet otherwise.
+    """
+
+    name = "torch"
+
+    def __init__(
+        self, reader: Any, tokenizer: Any, *, kind: ReadKind, model_id: str,
+        labels: Sequence[str] | None = None, label_prefix: str | None = None,
+        preamble: str = DEFAULT_PREAMBLE, answer_prefix: str = "Answer:",
+        samples: int | None = None, max_batch: int = 16, max_tokens: int = 512,
+        canvas_length: int = 64, canvas_step: int = 16,
+        thought_block: str = "<|channel>thought\n<channel|>", turn_close_id: int = 106,
+        pad_id: int = 0, label_mode: Literal["alphabet", "names", "auto"] = "auto",
+    ) -> None:
+        if kind not in ("diffusion", "causal", "masked"):
+            raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
+        self.reader, self.tokenizer, self.kind, self.model_id = reader, tokenizer, kind, model_id
+        self.label_prefix = (" " if kind != "masked" else "") if label_prefix is None else label_prefix
+        self.alphabet = self._alphabet(labels)
+        if label_mode not in ("alphabet", "names", "auto"):
+            raise ConfigError(f"torch backend: label_mode must be alphabet, names or auto, got {label_mode!r}")
+        self.label_mode = label_mode
+        self.preamble, self.answer_prefix = preamble, answer_prefix
+        self.samples = samples if kind == "diffusion" else 1
+        self.max_batch, self.max_tokens = max_batch, max_tokens
+        self.canvas: dict[str, Any] = {
+            "length": canvas_length, "step": canvas_step, "thought_block": thought_block,
+            "turn_close_id": turn_close_id, "pad_id": pad_id,
+        }
+        self._static: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._lock = asyncio.Lock()
+
+    def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:
+        if labels is not None:
+            return check_alphabet(self.tokenizer, [self.label_prefix + label for label in labels])
+        candidates = [self.label_prefix + c for c in default_candidates()]
+        return build_alphabet(self.tokenizer, limit=MAX_LABELS, candidates=candidates)
+
+    @classmethod
+    def from_settings(cls, settings: FastBackendSettings) -> TorchBackend:
+        options = dict(settings.options)
+        kind = options.pop("kind", None)
+        if settings.model_path is None or kind is None:
+            raise ConfigError("torch backend needs fast.model_path and fast.options.kind")
+        return cls.from_folder(kind, settings.model_path, **options)
+
+    @classmethod
+    def from_folder(cls, kind: str, path: Path | str, **options: Any) -> TorchBackend:
+        """A backend over a LOCAL model folder (``device``, ``dtype``, ``prefix_cache`` and the
+        constructor's keyword options may be given)."""
+        model, tokenizer, model_id = load_model(
+            kind, path, device=options.pop("device", "cpu"), dtype=options.pop("dtype", "float32"),
+            gguf_file=options.pop("gguf_file", None))
+        reader = make_reader(kind, model, tokenizer, use_prefix_cache=options.pop("prefix_cache", True))
+        return cls(reader, tokenizer, kind=kind, model_id=model_id, **options)  # type: ignore[arg-type]
+
+    def identity(self) -> Mapping[str, Any]:
+        ident: dict[str, Any] = {
+            "backend": self.name, "kind": self.kind, "model": self.model_id,
+            "template": TEMPLATE_VERSION,
+            "prompt": canonical_hash([self.preamble, self.answer_prefix])[:16],
+            "labels": list(self.alphabet.labels), "label_mode": self.label_mode,
+            "samples": self.samples,
+        }
+        if self.kind == "diffusion":
+            ident["canvas"] = self.canvas
+        return ident
+
+    async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
+        items = [self.item(request) for request in requests]
+        reads: list[SlotRead] = []
+        async with self._lock:  # one model, one batch at a time
+            for start in range(0, len(items), self.max_batch):
+                chunk = items[start : start + self.max_batch]
+                try:
+                    reads += await asyncio.to_thread(self.reader.read, chunk)
+                except (RuntimeError, MemoryError) as exc:  # device errors, out of memory
+                    raise BackendUnavailable(f"torch {self.kind} read failed: {exc}") from exc
+                except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
+                    raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
+        return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
+
+    def _scores(self, request: DecisionRequest, read: SlotRead) -> OptionScores:
+        proba = [float(p) for p in read.proba.astype("float64")]
+        total = sum(proba)
+        raw = {"draws": int(read.draws.shape[0]), "entropy_nats": read.entropy_nats,
+               "label_mass": read.label_mass}
+        return OptionScores(request.option_names, tuple(p / total for p in proba), raw)
+
+    def item(self, request: DecisionRequest) -> SlotItem:
+        """The token-level read of one request; BackendRejected when it cannot be read."""
+        n = len(request.options)
+        if n < 2:
+            raise BackendRejected(f"torch backend reads 2 or more options, got {n}", field="options")
+        labels, label_ids = self.labels_for(request)
+        try:
+            prompt = self.prompt(request, labels)
+        except ValueError as exc:
+            raise BackendRejected(str(exc), field="options") from exc
+        if self.kind != "diffusion":
+            return SlotItem(prompt.prefix_ids, prompt.suffix_ids, (), 0, label_ids, 1, request.seed)
+        canvas = answer_canvas(
+            self.tokenizer, request.question_id, thought_block=self.canvas["thought_block"],
+            turn_close_id=self.canvas["turn_close_id"], pad_id=self.canvas["pad_id"],
+            canvas_length=self.canvas["length"], canvas_step=self.canvas["step"],
+            first_label_id=label_ids[0])
+        return SlotItem(prompt.prefix_ids, prompt.suffix_ids, canvas.ids, canvas.slot, label_ids,
+                        self.samples or request.samples, request.seed)
+
+    def labels_for(self, request: DecisionRequest) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The option labels and their token ids (see ``label_mode``)."""
+        if self.label_mode != "alphabet":
+            names = [self.label_prefix + name for name in request.option_names]
+            ids = [single_token_id(self.tokenizer, name) for name in names]
+            if None not in ids and len(set(ids)) == len(ids):
+                return tuple(names), tuple(i for i in ids if i is not None)
+            if self.label_mode == "names":
+                raise BackendRejected("option names are not distinct single tokens for this "
+                                      "tokenizer (label_mode names)", field="options")
+        n = len(request.options)
+        if n > len(self.alphabet):
+            raise BackendRejected(
+                f"torch backend reads up to {len(self.alphabet)} options, got {n}", field="options")
+        return self.alphabet.labels[:n], self.alphabet.ids[:n]
+
+    def prompt(self, request: DecisionRequest, labels: tuple[str, ...]) -> PromptIds:
+        if self.kind == "masked":
+            return masked_prompt(self.tokenizer, request, labels, preamble=self.preamble,
+                                 answer_prefix=self.answer_prefix, max_tokens=self.max_tokens)
+        # The static part is tokenized once per question (its ids are the prefix cache's key).
+        key = request.signature()
+        static = self._static.get(key)
+        if static is None:
+            kwargs = {"enable_thinking": False} if self.kind == "diffusion" else {}
+            static = chat_static(self.tokenizer, request, labels, preamble=self.preamble, **kwargs)
+            if len(self._static) >= 256:
+                self._static.clear()
+            self._static[key] = static
+        prefix, after = static
+        suffix = encode(self.tokenizer, request.state) + encode(self.tokenizer, after + self.answer_prefix)
+        return PromptIds(prefix, suffix)
+
+
+def make_reader(kind: str, model: Any, tokenizer: Any, *, use_prefix_cache: bool = True) -> Any:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if kind == "diffusion":
+        from router.backends.torch.diffusion import DiffusionSlotReader
+
+        return DiffusionSlotReader(model, use_prefix_cache=use_prefix_cache, pad_id=pad)
+    if kind == "causal":
+        from router.backends.torch.causal import CausalSlotReader
+
+        return CausalSlotReader(model, pad_id=pad, use_prefix_cache=use_prefix_cache)
+    if kind == "masked":
+        from router.backends.torch.masked import MaskedSlotReader
+
+        return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)
+    raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
+
+
+def load_model(kind: str, path: Path | str, *, device: str = "cpu", dtype: str = "float32",
+               gguf_file: str | None = None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, model id) from a LOCAL folder; ConfigError when it cannot load."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"torch backend: model folder {folder} does not exist")
+    extra: dict[str, Any] = {"local_files_only": True}
+    if gguf_file:
+        extra["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **extra)
+        model_cls: Any = AutoModelForCausalLM if kind == "causal" else AutoModelForMaskedLM
+        if kind == "diffusion":
+            from transformers import DiffusionGemmaForBlockDiffusion
+
+            model_cls = DiffusionGemmaForBlockDiffusion
+        model: Any = model_cls.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
+    except (OSError, ValueError, ImportError, AttributeError) as exc:
+        raise ConfigError(f"torch backend: cannot load a {kind} model from {folder}: {exc}") from exc
+    return model.to(device).eval(), tokenizer, f"{folder.resolve()}#{folder_hash(folder)}"
+
+
+def folder_hash(folder: Path) -> str:
+    """A cheap content id of a model folder: its config files' bytes and its other files' sizes."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        digest.update(file.name.encode())
+        if file.suffix == ".json":
+            digest.update(file.read_bytes())
+        else:
+            digest.update(str(file.stat().st_size).encode())
+    return digest.hexdigest()[:16]

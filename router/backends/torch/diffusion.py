@@ -1,0 +1,288 @@
+"""DiffusionGemma one-step slot read on a transformers ``DiffusionGemmaForBlockDiffusion``.
+
+The prompt is encoded into the encoder's KV cache (a static prefix's cache is kept and reused
+across requests), the canvas holds the answer template with uniform random noise at the slot only,
+one decoder step runs, and the slot's soft-capped logits are read over the label ids.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from router.backends.base import DRAW_SEED_STRIDE
+from router.backends.torch.prefix_lru import PrefixLRU
+
+
+@dataclass(frozen=True, slots=True)
+class SlotItem:
+    """One read: prompt ids split into the static prefix (cached) and the rest, the canvas
+    template, the slot to noise and read, the label ids, and the noise draws."""
+
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+    canvas_ids: tuple[int, ...]
+    slot: int
+    label_ids: tuple[int, ...]
+    draws: int = 1
+    seed: int = 42
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRead:
+    """A read's label distribution (mean of the draws) and what the draws said."""
+
+    proba: np.ndarray  # (n_labels,)
+    draws: np.ndarray  # (draws, n_labels)
+    entropy_nats: float  # over the full vocabulary at the slot, mean over draws
+    label_mass: float  # the labels' share of the full-vocabulary softmax, mean over draws
+
+
+@dataclass
+class GroupBatch:
+    """Device tensors for one forward over items that share a prefix and a canvas width."""
+
+    input_ids: Any  # (B, S) prompt ids after the cached prefix (the whole prompt when uncached)
+    position_ids: Any  # (B, S)
+    encoder_mask: Any  # (B, P+S) bool, or None when no row is padded
+    canvas: Any  # (R, C) one row per (item, draw)
+    canvas_positions: Any  # (R, C)
+    decoder_mask: Any  # (R, P+S+C) bool, or None
+    row_item: Any  # (R,) which item each canvas row reads for
+    slots: Any  # (R,)
+    label_index: Any  # (R, L) label ids, padded with 0
+    label_valid: Any  # (R, L) bool
+
+
+def cache_kwarg(function: Callable[..., Any]) -> str:
+    """transformers 5.17 names the KV cache ``past_key_values``; later versions ``cache``."""
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+
+
+def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int]:
+    """The uniform noise ids for one draw, from a CPU generator so reads repeat across devices."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + DRAW_SEED_STRIDE * draw)
+    return torch.randint(0, vocab_size, (count,), generator=generator).tolist()
+
+
+class DiffusionSlotReader:
+    """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
+    caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
+    the shared weights for unpadded batches (torch_fused.py). Not thread-safe: the backend
+    serialises calls."""
+
+    def __init__(
+        self, model: Any, *, prefix_cache_entries: int = 8, use_prefix_cache: bool = True,
+        pad_id: int = 0, fused_pass: bool = True,
+    ) -> None:
+        self.model = model.eval()
+        self.use_prefix_cache = use_prefix_cache
+        self.pad_id = pad_id
+        self._prefixes = PrefixLRU(max_entries=prefix_cache_entries)
+        text_config = model.config.get_text_config()
+        self.text_config = text_config
+        self.vocab_size = int(text_config.vocab_size)
+        self.softcap = text_config.final_logit_softcapping
+        self.encoder = model.model.encoder
+        self.decoder = model.model.decoder
+        self._encoder_cache_kw = cache_kwarg(self.encoder.forward)
+        self._decoder_cache_kw = cache_kwarg(self.decoder.forward)
+        self.device = next(model.parameters()).device
+        self.fused: Any = None
+        if fused_pass:
+            from router.backends.torch.fused import FusedPass, ffn_weights_shared
+
+            if ffn_weights_shared(model):  # the fused pass needs the tied encoder/decoder weights
+                self.fused = FusedPass(model)
+
+    # -- public -------------------------------------------------------------------------
+    def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
+        """Read every item; items sharing a prefix and canvas width run as one batch."""
+        import torch
+
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault((item.prefix_ids, len(item.canvas_ids)), []).append(index)
+        out: list[SlotRead | None] = [None] * len(items)
+        with torch.inference_mode():
+            for indices in groups.values():
+                group = [items[i] for i in indices]
+                for i, result in zip(indices, self._read_group(group)):
+                    out[i] = result
+        return [r for r in out if r is not None]
+
+    def prefix_cache(self, prefix_ids: tuple[int, ...]) -> Any:
+        """The encoder KV cache of ``prefix_ids`` (batch 1), encoded once and then reused."""
+        import torch
+
+        def build() -> Any:
+            cache = self.new_cache()
+            ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
+            positions = torch.arange(len(prefix_ids), device=self.device).unsqueeze(0)
+            with torch.inference_mode():
+                self.encoder(input_ids=ids, position_ids=positions,
+                             **{self._encoder_cache_kw: cache})
+            return cache
+
+        return self._prefixes.get_or_build(prefix_ids, build)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.text_config)
+
+    # -- one group ------------------------------------------------------------------------
+    def _read_group(self, items: list[SlotItem]) -> list[SlotRead]:
+        prefix = items[0].prefix_ids if self.use_prefix_cache else ()
+        base = self.prefix_cache(prefix) if prefix else None
+        batch = self.prepare(items, prefix_len=len(prefix))
+        proba, entropy, mass = self.forward(batch, base)
+        proba_np = proba.float().cpu().numpy()
+        entropy_np = entropy.float().cpu().numpy()
+        mass_np = mass.float().cpu().numpy()
+        results, row = [], 0
+        for item in items:
+            n = len(item.label_ids)
+            draws = proba_np[row : row + item.draws, :n]
+            results.append(
+                SlotRead(
+                    proba=draws.mean(axis=0),
+                    draws=draws,
+                    entropy_nats=float(entropy_np[row : row + item.draws].mean()),
+                    label_mass=float(mass_np[row : row + item.draws].mean()),
+                )
+            )
+            row += item.draws
+        return results
+
+    def prepare(self, items: list[SlotItem], *, prefix_len: int) -> GroupBatch:
+        """Pad the prompts (right), noise the canvases, and move everything to the device."""
+        import torch
+
+        seqs = [
+            list(item.suffix_ids) if prefix_len else list(item.prefix_ids + item.suffix_ids)
+            for item in items
+        ]
+        lengths = [len(s) for s in seqs]
+        width = max(lengths)
+        padded = any(n < width for n in lengths)
+        ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), prefix_len + width), dtype=torch.bool)
+        mask[:, :prefix_len] = True
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[i, prefix_len : prefix_len + len(seq)] = True
+        canvas_len = len(items[0].canvas_ids)
+        canvases, positions, row_item, slots, labels = [], [], [], [], []
+        for i, item in enumerate(items):
+            for draw in range(item.draws):
+                canvas = list(item.canvas_ids)
+                # The model has no mask token: uniform noise at the slot is the mask.
+                canvas[item.slot] = draw_noise(
+                    seed=item.seed, draw=draw, vocab_size=self.vocab_size, count=1
+                )[0]
+                canvases.append(canvas)
+                start = prefix_len + lengths[i]
+                positions.append(list(range(start, start + canvas_len)))
+                row_item.append(i)
+                slots.append(item.slot)
+                labels.append(list(item.label_ids))
+        n_labels = max(len(lab) for lab in labels)
+        label_index = torch.zeros((len(labels), n_labels), dtype=torch.long)
+        label_valid = torch.zeros((len(labels), n_labels), dtype=torch.bool)
+        for r, lab in enumerate(labels):
+            label_index[r, : len(lab)] = torch.tensor(lab, dtype=torch.long)
+            label_valid[r, : len(lab)] = True
+        rows = torch.tensor(row_item, dtype=torch.long)
+        decoder_mask = None
+        if padded:
+            decoder_mask = torch.cat(
+                [mask[rows], torch.ones((len(rows), canvas_len), dtype=torch.bool)], dim=1
+            )
+        dev = self.device
+        return GroupBatch(
+            input_ids=ids.to(dev),
+            position_ids=(prefix_len + torch.arange(width)).unsqueeze(0).repeat(len(items), 1).to(dev),
+            encoder_mask=mask.to(dev) if padded else None,
+            canvas=torch.tensor(canvases, dtype=torch.long, device=dev),
+            canvas_positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            decoder_mask=decoder_mask.to(dev) if decoder_mask is not None else None,
+            row_item=rows.to(dev),
+            slots=torch.tensor(slots, dtype=torch.long, device=dev),
+            label_index=label_index.to(dev),
+            label_valid=label_valid.to(dev),
+        )
+
+    def forward(self, batch: GroupBatch, base_cache: Any | None) -> tuple[Any, Any, Any]:
+        """Device-only work (no host syncs when no row is padded, so it can be graph-captured):
+        encode the rest of the prompt onto a fork of ``base_cache``, run one decoder step, and
+        return (label proba (R, L), full-vocab entropy (R,), label mass (R,))."""
+        n_items = batch.input_ids.shape[0]
+        cache = fork_cache(base_cache, n_items) if base_cache is not None else self.new_cache()
+        if self.fused is not None and batch.encoder_mask is None:
+            hidden = self.fused(batch, cache, batch.canvas.shape[0] == n_items)
+            return self.slot_read(hidden, batch)
+        self.encoder(
+            input_ids=batch.input_ids,
+            attention_mask=batch.encoder_mask,
+            position_ids=batch.position_ids,
+            **{self._encoder_cache_kw: cache},
+        )
+        rows_cache = select_cache_rows(cache, batch.row_item)
+        hidden = self.decoder(
+            decoder_input_ids=batch.canvas,
+            decoder_position_ids=batch.canvas_positions,
+            decoder_attention_mask=batch.decoder_mask,
+            **{self._decoder_cache_kw: rows_cache},
+        ).last_hidden_state
+        return self.slot_read(hidden, batch)
+
+    def slot_read(self, hidden: Any, batch: GroupBatch) -> tuple[Any, Any, Any]:
+        """Soft-capped logits at each row's slot: label softmax, full entropy, label mass."""
+        import torch
+
+        at_slot = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.slots]
+        logits = self.model.lm_head(at_slot).float()
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        log_p = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_p.exp() * log_p).sum(dim=-1)
+        label_logits = logits.gather(1, batch.label_index)
+        label_logits = label_logits.masked_fill(~batch.label_valid, float("-inf"))
+        proba = torch.softmax(label_logits, dim=-1)
+        mass = log_p.gather(1, batch.label_index).exp().masked_fill(~batch.label_valid, 0).sum(-1)
+        return proba, entropy, mass
+
+
+def fork_cache(cache: Any, batch: int) -> Any:
+    """A new cache object over the same prefix tensors, expanded to ``batch`` rows. Encoder
+    updates reassign (torch.cat) rather than write in place, so the shared prefix never changes."""
+    fork = copy.copy(cache)
+    fork.layers = []
+    for layer in cache.layers:
+        twin = copy.copy(layer)
+        if getattr(layer, "is_initialized", False):
+            twin.keys = layer.keys.expand(batch, -1, -1, -1)
+            twin.values = layer.values.expand(batch, -1, -1, -1)
+        fork.layers.append(twin)
+    return fork
+
+
+def select_cache_rows(cache: Any, rows: Any) -> Any:
+    """A cache whose row r is ``cache`` row ``rows[r]`` (one per noise draw)."""
+    fork = copy.copy(cache)
+    fork.layers = []
+    for layer in cache.layers:
+        twin = copy.copy(layer)
+        if getattr(layer, "is_initialized", False):
+            twin.keys = layer.keys.index_select(0, rows)
+            twin.values = layer.values.index_select(0, rows)
+        fork.layers.append(twin)
+    return fork

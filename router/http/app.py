@@ -1,0 +1,195 @@
+"""The app factory: ``create_app(settings)`` builds the FastAPI app, its parts (fast backend, cache,
+slow path, policies, decision log, metrics) at start-up, and closes them, drained, at shutdown.
+This module is also the one place that maps the error tree to HTTP responses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from router.backends.base import FastBackend
+from router.errors import (
+    InvalidRequest,
+    SlotgateError,
+    SlowPathRateLimited,
+    SlowPathUnavailable,
+    TooManyRequests,
+)
+from router.http.admission import AdmissionGuard
+from router.http.heap import freeze_after_warm_up, freeze_heap
+from router.http.openai.routes import make_router as openai_routes
+from router.http.ops import make_router as ops_routes
+from router.http.ratelimit import TokenBuckets
+from router.http.systemone.routes import make_router as systemone_routes
+from router.settings import Settings
+from router.store.metrics import Metrics
+
+log = logging.getLogger("slotgate")
+SHUTDOWN_DRAIN_S = 30.0  # in-flight decisions get this long to finish (and be logged) at shutdown
+
+
+def create_app(
+    settings: Settings,
+    *,
+    backend: FastBackend | None = None,
+    slow: Any | None = None,
+    cache: Any | None = None,
+    decision_log: Any | None = None,
+) -> FastAPI:
+    """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
+    are and left open at shutdown; parts the app builds itself, it closes."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            app.state.service = await _build_service(
+                settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
+                metrics=app.state.metrics)
+            if not app.state.service.escalation_available:
+                log.warning(
+                    "ESCALATION UNAVAILABLE: no slow model is configured "
+                    "(set SLOTGATE_SLOW_MODEL). Decisions below their threshold get %s.",
+                    "the fast answer marked 'unverified'" if settings.slow.serve_unverified_on_failure
+                    else "a 503 error saying so")
+            # Start-up state out of the garbage collector's reach (router/http/heap.py says why),
+            # now and again once the slow path's background import of litellm is done.
+            freeze_heap()
+            warmed_up = getattr(app.state.service.slow, "warmed_up", None)
+            refreeze = asyncio.create_task(freeze_after_warm_up(warmed_up)) if isinstance(
+                warmed_up, threading.Event) and not warmed_up.is_set() else None
+            yield
+            if refreeze is not None:
+                refreeze.cancel()
+            if not await app.state.service.drain(timeout_s=SHUTDOWN_DRAIN_S):
+                log.warning("shutdown with decisions still in flight after %.0f s",
+                            SHUTDOWN_DRAIN_S)
+            # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
+
+    app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.include_router(openai_routes())
+    app.include_router(systemone_routes())
+    app.include_router(ops_routes())
+    app.add_exception_handler(SlotgateError, _on_slotgate_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _on_http_exception)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_middleware(
+        AdmissionGuard,
+        api_key_hashes=settings.api_key_hashes,
+        default_namespace=settings.cache.namespace,
+        max_body_bytes=settings.max_body_bytes,
+        send_error=_send_error,
+        on_status=app.state.metrics.response,
+        rate_limit=TokenBuckets(rate_rps=settings.rate_limit_rps, burst=settings.rate_limit_burst)
+        if settings.rate_limit_rps else None,
+    )
+    return app
+
+
+async def _build_service(
+    settings: Settings, stack: AsyncExitStack, *, backend: Any, slow: Any, cache: Any,
+    decision_log: Any, metrics: Any,
+) -> Any:
+    from router.routing.registry import PolicyRegistry
+    from router.routing.service import RoutingService
+
+    # Closed in reverse order of registration: the log last, so it records every drained decision.
+    if decision_log is None:
+        from router.store.decision_log import make_decision_log
+
+        decision_log = make_decision_log(settings)
+        stack.push_async_callback(decision_log.aclose)
+    if cache is None:
+        from router.store.cache import make_cache
+
+        cache = make_cache(settings.cache, on_error=metrics.cache_error)
+        stack.push_async_callback(cache.aclose)
+    if backend is None:
+        from router.backends.factory import build_backend
+
+        backend = build_backend(settings.fast)
+        stack.push_async_callback(backend.aclose)
+    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
+    if slow is None:
+        from router.routing.slow import (
+            SlowPath,  # litellm itself is imported on the first slow call
+        )
+
+        slow = SlowPath(settings.slow)
+        stack.push_async_callback(slow.aclose)
+    return RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
+                          log=decision_log, metrics=metrics, settings=settings)
+
+
+# ---- the one mapping from the error tree to HTTP -------------------------------------------
+
+def error_response(path: str, exc: SlotgateError) -> JSONResponse:
+    """The error in the dialect of the route that failed: System One's ``{"error": {message,
+    type}}`` under /v1/systemone, OpenAI's ``{"error": {message, type, param, code}}`` elsewhere."""
+    error: dict[str, Any] = {"message": exc.message, "type": exc.error_type}
+    if not path.startswith("/v1/systemone"):
+        error["param"] = exc.field
+        error["code"] = _snake(type(exc).__name__)
+    headers = {}
+    retry_after_s = getattr(exc, "retry_after_s", None)
+    if isinstance(exc, TooManyRequests | SlowPathRateLimited | SlowPathUnavailable):
+        default_s = 10.0 if isinstance(exc, SlowPathUnavailable) else 1.0
+        headers["Retry-After"] = str(max(1, round(retry_after_s or default_s)))
+    return JSONResponse({"error": error}, status_code=exc.status_code, headers=headers)
+
+
+async def _send_error(scope: Scope, send: Send, exc: SlotgateError) -> None:
+    async def nothing() -> Any:
+        return {"type": "http.disconnect"}
+
+    receive: Receive = nothing
+    await error_response(scope["path"], exc)(scope, receive, send)
+
+
+async def _on_slotgate_error(request: Request, exc: SlotgateError) -> JSONResponse:
+    if exc.status_code >= 500:
+        log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__,
+                    exc.message)
+    return error_response(request.url.path, exc)
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """Pydantic's first complaint, as a 400 naming the field (``body`` for unparseable JSON)."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid" or not loc and first.get("type") == "missing":
+        field, message = "body", "body: not a valid JSON object"
+    else:
+        field = ".".join(loc) or "body"
+        message = f"{field}: {first.get('msg', 'invalid value')}"
+    return error_response(request.url.path, InvalidRequest(message, field=field))
+
+
+async def _on_http_exception(request: Request, exc: HTTPException) -> JSONResponse:
+    error = InvalidRequest(str(exc.detail))
+    error.status_code = exc.status_code  # 404 unknown route, 405 wrong method
+    error.error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(request.url.path, error)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s: unexpected error", request.method, request.url.path)
+    error = SlotgateError("internal error (logged on the server)")
+    return error_response(request.url.path, error)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

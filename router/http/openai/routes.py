@@ -1,0 +1,134 @@
+"""The OpenAI-compatible routes: ``POST /v1/chat/completions`` (decisions routed, everything else
+passed to the slow path), ``POST /v1/feedback`` and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.errors import Forbidden, InvalidRequest, SlowPathUnavailable
+from router.http.openai.wire import (
+    ChatCompletionRequest,
+    plan_decisions,
+    render_reply,
+    routing_headers,
+)
+from router.routing.slow import CREDENTIAL_FIELDS
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision_id: str = Field(min_length=1, max_length=128)
+    label: str = Field(min_length=1)
+
+
+class UnknownDecision(InvalidRequest):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+def make_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions", tags=["openai"], response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        app_state = request.app.state
+        settings = app_state.settings
+        # Decisions never forward the body, but a client naming its own upstream or credentials
+        # is refused on every request, as passthrough requests are (403 naming the field).
+        chosen = sorted(CREDENTIAL_FIELDS & set(body.model_extra or {}))
+        if chosen:
+            raise Forbidden(f"{chosen[0]} cannot be set by clients; the upstream is configured "
+                            "by the operator", field=chosen[0])
+        plan = plan_decisions(
+            body, max_options=settings.max_options, max_questions=settings.max_questions)
+        if plan is None:
+            app_state.metrics.request(surface="openai_passthrough", route="slow")
+            return await _passthrough(app_state.service.slow, body)
+        decisions = await app_state.service.decide(
+            plan.requests, namespace=request.state.namespace, messages=plan.messages)
+        reply = render_reply(body, plan, decisions)
+        app_state.metrics.request(surface="openai_decision", route=reply["slotgate"]["route"])
+        headers = routing_headers(reply["slotgate"])
+        if body.stream:
+            return StreamingResponse(_as_events(reply), media_type="text/event-stream",
+                                     headers=headers)
+        return JSONResponse(reply, headers=headers)
+
+    @router.post("/v1/feedback", tags=["slotgate"])
+    async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
+        """The true answer of a logged decision (for recalibration: ``slotgate export-log``)."""
+        service = request.app.state.service
+        record = await service.log.get(body.decision_id)
+        # Another tenant's decision ids are as unknown to this caller as ids that never existed.
+        if record is None or record.get("namespace", request.state.namespace) != request.state.namespace:
+            raise UnknownDecision(f"decision_id: no decision {body.decision_id!r} in the log",
+                                  field="decision_id")
+        if body.label not in record["options"]:
+            raise InvalidRequest(
+                f"label: {body.label!r} is not one of the decision's {len(record['options'])} options",
+                field="label")
+        await service.log.add_feedback(body.decision_id, body.label)
+        request.app.state.metrics.request(surface="feedback", route="none")
+        return {"decision_id": body.decision_id, "label": body.label,
+                "correct": body.label == record.get("answer")}
+
+    @router.get("/v1/models", tags=["openai"])
+    async def models(request: Request) -> dict[str, Any]:
+        settings = request.app.state.settings
+        service = request.app.state.service
+        slow_models = dict.fromkeys(
+            [m for m in [settings.slow.model, *settings.slow.allowed_models] if m])
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "slotgate:slow"}
+                for m in slow_models]
+        data.append({"id": f"slotgate-fast:{service.backend.name}", "object": "model",
+                     "created": 0, "owned_by": "slotgate:fast",
+                     "fingerprint": service.backend.fingerprint})
+        return {"object": "list", "data": data}
+
+    return router
+
+
+async def _passthrough(slow: Any, body: ChatCompletionRequest) -> Response:
+    if slow is None or not slow.available:
+        raise SlowPathUnavailable(
+            "passthrough unavailable: no slow model is configured (set SLOTGATE_SLOW_MODEL)")
+    upstream = body.upstream_body()
+    if not body.stream:
+        return JSONResponse(await slow.complete(upstream))
+    events = slow.stream(upstream)
+    # The first event is awaited here, so a failing upstream is still an HTTP error, not a
+    # 200 with a broken stream.
+    first = await anext(aiter(events), None)
+    return StreamingResponse(_chain(first, events), media_type="text/event-stream")
+
+
+async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        if first is not None:
+            yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        aclose = getattr(rest, "aclose", None)
+        if aclose is not None:
+            await aclose()  # on client disconnect too: no upstream connection is left open
+
+
+async def _as_events(reply: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A decision as a ``chat.completion.chunk`` stream: the whole answer, then the stop."""
+    base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    content = reply["choices"][0]["message"]["content"]
+    first = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": content},
+                                 "finish_reason": None}],
+                    "slotgate": reply["slotgate"]}
+    last = base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    for chunk in (first, last):
+        yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    yield b"data: [DONE]\n\n"

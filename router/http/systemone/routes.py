@@ -1,0 +1,87 @@
+"""``POST /v1/systemone``: the System One decision protocol as the vLLM example server speaks it,
+answered through the routing service. Errors use that server's dialect, not OpenAI's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from policies.types import Decision, DecisionRequest
+from router.http.systemone.answers import render_response, run_stages
+from router.http.systemone.body import decode_body
+from router.http.systemone.wire import parse_request
+
+
+def make_router() -> APIRouter:
+    """The System One routes. The handler reads ``app.state.settings`` (limits, namespace) and
+    ``app.state.service`` (a RoutingService) at request time, so one router fits any app.
+
+    Errors are raised, not rendered here: the app's one error mapping answers every path under
+    ``/v1/systemone`` as ``{"error": {"message", "type"}}`` (422 ``validation_error`` for schema
+    errors, 400 ``invalid_request_error`` for a body that is not JSON), and its gate has already
+    refused bodies over ``max_body_bytes`` and set the caller's cache namespace."""
+    router = APIRouter()
+
+    @router.post("/v1/systemone", tags=["systemone"], openapi_extra=_openapi_body())
+    async def systemone(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        settings = request.app.state.settings
+        parsed = parse_request(
+            decode_body(await request.body(), content_type=request.headers.get("content-type")),
+            max_questions=settings.max_questions,
+            max_options=settings.max_options,
+        )
+        service = request.app.state.service
+        namespace = getattr(request.state, "namespace", None) or settings.cache.namespace
+
+        async def decide(requests: Sequence[DecisionRequest]) -> list[Decision]:
+            return list(await service.decide(requests, namespace=namespace, messages=None))
+
+        outcome = await run_stages(parsed, decide)
+        routes = {d.route for d in outcome.decisions.values()}
+        # One label per request: the costliest route any of its answers took.
+        route = next((r for r in ("slow", "unverified", "fast", "cache") if r in routes), "none")
+        request.app.state.metrics.request(surface="systemone", route=route)
+        total_ms = (time.perf_counter() - started) * 1e3
+        return JSONResponse(render_response(parsed, outcome, total_ms=total_ms))
+
+    return router
+
+
+def _openapi_body() -> dict[str, Any]:
+    """The request body for /docs and schema-driven tests (the parser is the authority)."""
+    question = {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"enum": ["noul", "bool", "boolean", "choice", "score"]},
+            "instructions": {"type": "string"},
+            "criteria": {"anyOf": [
+                {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+                {"type": "array", "items": {"type": "string"}},
+            ]},
+            "depends_on": {"type": "array", "items": {"type": "string"}},
+            "ask_if": {"type": "object", "additionalProperties": {
+                "type": "array", "minItems": 1, "items": {"type": "string"}}},
+            "policy": {"type": "string"},
+        },
+    }
+    body = {
+        "type": "object",
+        "required": ["state", "questions"],
+        "properties": {
+            "model": {"type": "string"},
+            "state": {},
+            "questions": {"type": "object", "minProperties": 1, "additionalProperties": question},
+            "instructions": {"type": "string"},
+            "samples": {"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1}]},
+            "seed": {"type": "integer"},
+            "ask": {"type": "array", "items": {"type": "string"}},
+            "policy": {"type": "string"},
+        },
+    }
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}

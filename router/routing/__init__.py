@@ -1,0 +1,1 @@
+"""Routing: the service (fast read, calibrated policy, escalation), policy registry, backpressure, slow path."""

@@ -1,0 +1,291 @@
+"""The routing service: cache, fast read, calibrated policy, escalation, decision log. It speaks
+DecisionRequest/Decision only (no HTTP types), so every wire surface shares one behaviour.
+
+Failure semantics: a fast backend that fails or passes ``fast.timeout_s`` escalates (counted);
+an escalation with no usable slow path raises ``SlowPathUnavailable`` (503, its message says
+escalation is unavailable) unless ``slow.serve_unverified_on_failure``, which returns the fast
+answer with route ``unverified`` and a note. A full fast-backend queue raises ``TooManyRequests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from policies.types import Decision, DecisionRequest, OptionScores
+from router.backends.base import FastBackend
+from router.errors import (
+    BackendError,
+    BackendMalformed,
+    BackendTimeout,
+    SlowPathError,
+    SlowPathUnavailable,
+)
+from router.routing.backpressure import ConcurrencyLimit
+from router.routing.registry import PolicyRegistry, RuntimePolicy
+from router.settings import Settings
+from router.store.cache import Cache, read_key, slow_key
+from router.store.metrics import Metrics
+
+if TYPE_CHECKING:  # the log and slow path are injected; their modules load their own clients
+    from router.routing.slow import SlowPath
+    from router.store.decision_log import DecisionLog
+
+NO_SLOW_MODEL = "escalation unavailable: no slow model is configured (set SLOTGATE_SLOW_MODEL)"
+
+
+@dataclass(slots=True)
+class _Read:
+    """The fast read of one request: scores (None when the backend failed) and where they came from."""
+
+    scores: OptionScores | None
+    cached: bool
+    failure: str | None = None
+
+
+class RoutingService:
+    def __init__(
+        self,
+        *,
+        backend: FastBackend,
+        cache: Cache,
+        registry: PolicyRegistry,
+        slow: SlowPath | None,
+        log: DecisionLog,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.registry = registry
+        self.slow = slow
+        self.log = log
+        self.metrics = metrics
+        self.settings = settings
+        self._fast_limit = ConcurrencyLimit(
+            f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
+            max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
+        # The slow path is capped and queued the same way: escalations beyond its cap plus
+        # max_queue get 429 at once instead of waiting until the slow timeout makes them 504s.
+        self._slow_limit = ConcurrencyLimit(
+            "slow path", capacity=settings.slow.max_concurrency, max_waiting=settings.max_queue,
+            on_reject=lambda: metrics.queue_rejected("slow"))
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def escalation_available(self) -> bool:
+        return self.slow is not None and self.slow.available
+
+    async def decide(
+        self,
+        requests: Sequence[DecisionRequest],
+        *,
+        namespace: str,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> list[Decision]:
+        """One Decision per request, in order; every one is in the decision log when this returns."""
+        self._in_flight += 1
+        self._idle.clear()
+        started = time.perf_counter()
+        try:
+            # Policies first: an unknown policy name is the caller's error, found before any read.
+            fingerprint = self.backend.fingerprint
+            policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
+            reads = await self._fast_reads(requests, namespace=namespace, fingerprint=fingerprint)
+            decisions = await _all_or_none([
+                self._route(request, read, policy, namespace=namespace, messages=messages,
+                            started=started)
+                for request, read, policy in zip(requests, reads, policies, strict=True)
+            ])
+            await asyncio.gather(*(
+                self.log.append(_record(request, read, decision, namespace, fingerprint))
+                for request, read, decision in zip(requests, reads, decisions, strict=True)
+            ))
+            self.metrics.stage("total", time.perf_counter() - started)
+            return list(decisions)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def drain(self, *, timeout_s: float) -> bool:
+        """Wait until no decision is in flight (graceful shutdown); False if time ran out."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _fast_reads(
+        self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str
+    ) -> list[_Read]:
+        keys = [read_key(namespace, r, fingerprint) for r in requests]
+        t0 = time.perf_counter()
+        blobs = await self.cache.get_many(keys)
+        self.metrics.stage("cache", time.perf_counter() - t0)
+        reads = [_Read(_decode(blob, request), cached=True) for blob, request in zip(blobs, requests)]
+        misses = [i for i, read in enumerate(reads) if read.scores is None]
+        self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
+        if not misses:
+            return reads
+        try:
+            fresh = await self._read_backend([requests[i] for i in misses])
+        except BackendError as exc:
+            kind = type(exc).__name__
+            self.metrics.backend_error(kind)
+            for i in misses:
+                reads[i] = _Read(None, cached=False, failure=f"{kind}: {exc.message}")
+            return reads
+        for i, scores in zip(misses, fresh):
+            reads[i] = _Read(scores, cached=False)
+        await self.cache.set_many([(keys[i], _encode(s)) for i, s in zip(misses, fresh)])
+        return reads
+
+    async def _read_backend(self, requests: list[DecisionRequest]) -> list[OptionScores]:
+        """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
+        and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
+        timeout_s = self.settings.fast.timeout_s
+        async with self._fast_limit.acquire():
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    scores = await self.backend.read(requests)
+            except TimeoutError as exc:
+                raise BackendTimeout(f"the fast read took longer than {timeout_s} s") from exc
+            finally:
+                self.metrics.stage("fast", time.perf_counter() - t0)
+        if len(scores) != len(requests) or any(
+            s.options != r.option_names for s, r in zip(scores, requests)
+        ):
+            raise BackendMalformed("the fast backend answered other options than were asked")
+        return scores
+
+    async def _route(
+        self,
+        request: DecisionRequest,
+        read: _Read,
+        policy: RuntimePolicy,
+        *,
+        namespace: str,
+        messages: list[dict[str, Any]] | None,
+        started: float,
+    ) -> Decision:
+        decision_id = uuid.uuid4().hex
+        if read.scores is None:  # the fast backend failed: only the slow path can answer
+            answer, from_cache = await self._escalate(request, namespace=namespace, messages=messages)
+            self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
+            return Decision(
+                decision_id, request.question_id, answer, "cache" if from_cache else "slow",
+                None, None, None, policy.policy_id, _ms(started),
+                note=f"fast backend failed ({read.failure}); answered by the slow path",
+                escalated=True)
+        scores = read.scores
+        verdict, calibrated = policy.decide(scores)
+        index = scores.top_index  # the fast answer is always the raw argmax
+        answer, route, note = scores.options[index], "cache" if read.cached else "fast", None
+        if not verdict.accept:
+            try:
+                answer, from_cache = await self._escalate(
+                    request, namespace=namespace, messages=messages)
+                route = "cache" if from_cache else "slow"
+            except SlowPathError as exc:
+                if not self.settings.slow.serve_unverified_on_failure:
+                    raise
+                route = "unverified"
+                note = (f"{exc.message}; the fast answer is below the threshold "
+                        f"({verdict.reason}) and was not verified")
+            index = scores.options.index(answer)
+        self.metrics.decision(route=route, escalated=not verdict.accept)
+        return Decision(
+            decision_id, request.question_id, answer, route,  # type: ignore[arg-type]
+            calibrated[index], scores.proba[index], verdict.threshold, policy.policy_id,
+            _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note,
+            escalated=route in ("slow", "cache") and not verdict.accept)
+
+    async def _escalate(
+        self, request: DecisionRequest, *, namespace: str, messages: list[dict[str, Any]] | None
+    ) -> tuple[str, bool]:
+        """(answer, served from the slow cache). Raises SlowPathError subclasses."""
+        if self.slow is None or not self.slow.available:
+            raise SlowPathUnavailable(NO_SLOW_MODEL)
+        key = slow_key(namespace, request, self.settings.slow.model or "")
+        [blob] = await self.cache.get_many([key])
+        if blob is not None and blob.decode(errors="replace") in request.option_names:
+            self.metrics.cache_lookups(store="slow", hits=1, misses=0)
+            return blob.decode(), True
+        self.metrics.cache_lookups(store="slow", hits=0, misses=1)
+        async with self._slow_limit.acquire():
+            t0 = time.perf_counter()
+            try:
+                answer = await self.slow.decide(request, messages=messages)
+            finally:
+                self.metrics.stage("slow", time.perf_counter() - t0)
+        await self.cache.set_many([(key, answer.answer.encode())])
+        return answer.answer, False
+
+
+async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decision]:
+    """Every result, or the first error with the other questions cancelled: a request that
+    fails as a whole must not leave escalations running behind it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _encode(scores: OptionScores) -> bytes:
+    return orjson.dumps({"options": scores.options, "proba": scores.proba})
+
+
+def _decode(blob: bytes | None, request: DecisionRequest) -> OptionScores | None:
+    """A cached read, or None when absent or unusable (then it is read again, never trusted)."""
+    if blob is None:
+        return None
+    try:
+        payload = orjson.loads(blob)
+        scores = OptionScores(tuple(payload["options"]), tuple(payload["proba"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return scores if scores.options == request.option_names else None
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+def _record(
+    request: DecisionRequest, read: _Read, decision: Decision, namespace: str, fingerprint: str
+) -> dict[str, Any]:
+    return {
+        "decision_id": decision.decision_id,
+        "time": time.time(),
+        "namespace": namespace,
+        "question_id": request.question_id,
+        "signature": request.signature(),
+        "fingerprint": fingerprint,
+        "options": list(request.option_names),
+        "proba": list(read.scores.proba) if read.scores is not None else None,
+        "text": request.state,
+        "answer": decision.answer,
+        "route": decision.route,
+        "escalated": decision.escalated,
+        "probability": decision.probability,
+        "raw_probability": decision.raw_probability,
+        "threshold": decision.threshold,
+        "policy_id": decision.policy_id,
+        "latency_ms": decision.latency_ms,
+        "note": decision.note,
+    }

@@ -1,0 +1,336 @@
+"""The slow path: the one module that imports litellm (lazily: it takes seconds to import).
+Decisions go to the slow model with the options enforced by a JSON-schema response format, are
+validated, and get one corrective retry; other chat requests pass through, streaming included.
+
+litellm's exceptions are translated once, here, into router.errors' SlowPathError subtree.
+Messages are sanitised first: provider keys never reach an error, a log line or a response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from policies.types import DecisionRequest
+from router.errors import (
+    Forbidden,
+    InvalidRequest,
+    SlotgateError,
+    SlowPathError,
+    SlowPathInvalidAnswer,
+    SlowPathRateLimited,
+    SlowPathTimeout,
+    SlowPathUnavailable,
+)
+
+if TYPE_CHECKING:
+    from router.settings import SlowPathSettings
+
+logger = logging.getLogger(__name__)
+
+NO_MODEL = "escalation unavailable: no slow model configured (set SLOTGATE_SLOW_MODEL)"
+# Body fields that would let a client pick the upstream or its credentials: refused, named.
+CREDENTIAL_FIELDS = frozenset({
+    "api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "extra_headers",
+    "headers", "organization", "deployment_id", "litellm_params", "aws_access_key_id",
+    "aws_secret_access_key", "vertex_credentials", "azure_ad_token",
+})
+# OpenAI chat-completion fields passed to litellm as arguments. Any other field goes to the
+# upstream in the request body (``extra_body``), never to litellm, whose own keyword arguments
+# (mock_response, fallbacks, callbacks...) a client must not reach.
+PASSTHROUGH_FIELDS = frozenset({
+    "messages", "model", "stream", "stream_options", "temperature", "top_p", "n", "stop",
+    "max_tokens", "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias",
+    "user", "response_format", "seed", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
+    "top_logprobs", "reasoning_effort", "modalities", "prediction", "audio", "service_tier",
+    "store", "functions", "function_call",
+})
+_KEY_PATTERNS = re.compile(r"(Bearer\s+)\S+|\b(sk|pk|rk|key|token)-[A-Za-z0-9_\-]{6,}",
+                           re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowAnswer:
+    answer: str
+    model: str
+    latency_ms: float
+    attempts: int  # 1, or 2 after the corrective retry
+
+
+def response_format(options: Sequence[str]) -> dict[str, Any]:
+    """The JSON-schema response format that confines the answer to ``options``."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": list(options)}},
+              "required": ["answer"], "additionalProperties": False}
+    return {"type": "json_schema",
+            "json_schema": {"name": "slotgate_decision", "schema": schema, "strict": True}}
+
+
+def options_prompt(request: DecisionRequest) -> str:
+    lines = [f"- {o.name}" + (f": {o.description}" if o.description else "") for o in request.options]
+    return "\n".join([
+        *([request.context] if request.context else []),
+        f"Question: {request.instructions}", "Options:", *lines,
+        'Answer with JSON {"answer": "<option>"} where <option> is exactly one option name.',
+    ])
+
+
+def decision_messages(request: DecisionRequest,
+                      messages: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The question and its options as a system message, then the caller's messages (or the
+    state as the user message): the last user message stays the input being decided about."""
+    system = {"role": "system", "content": options_prompt(request)}
+    if messages:
+        return [system, *messages]
+    return [system, {"role": "user", "content": request.state}]
+
+
+def parse_answer(content: str | None, options: Sequence[str]) -> str | None:
+    """The option in ``content`` ({"answer": x}, a JSON string, or the bare name), else None."""
+    if not content:
+        return None
+    text = content.strip()
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = text
+    if isinstance(value, dict):
+        value = value.get("answer")
+    return value if isinstance(value, str) and value in options else None
+
+
+class SlowPath:
+    """The slow LLM behind litellm, configured by ``settings.slow``."""
+
+    def __init__(self, settings: SlowPathSettings) -> None:
+        self.settings = settings
+        self._semaphore = asyncio.Semaphore(settings.max_concurrency)
+        # Everything that could be a provider key: ours, and the key variables litellm reads.
+        secrets = [settings.api_key.get_secret_value()] if settings.api_key else []
+        secrets += [v for k, v in os.environ.items()
+                    if k.endswith(("_API_KEY", "_KEY", "_TOKEN", "_SECRET")) and len(v) >= 8]
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        # Set once litellm is imported and warm (or never will be here): the app freezes the
+        # start-up heap after it (router/http/heap.py).
+        self.warmed_up = threading.Event()
+        if settings.model and "litellm" not in sys.modules:
+            # litellm takes seconds to import: start now, off the event loop, so that the first
+            # escalation neither pays for it nor blocks the loop for every other request.
+            threading.Thread(target=_warm_up, args=(self.warmed_up,),
+                             name="slotgate-litellm-warm-up", daemon=True).start()
+        else:
+            self.warmed_up.set()
+
+    @property
+    def available(self) -> bool:
+        return bool(self.settings.model)
+
+    @property
+    def model(self) -> str | None:
+        return self.settings.model
+
+    async def decide(self, request: DecisionRequest, *,
+                     messages: list[dict[str, Any]] | None = None) -> SlowAnswer:
+        """One of ``request``'s options from the slow model; raises SlowPathError subclasses."""
+        model = self._require_model()
+        options = request.option_names
+        convo = decision_messages(request, messages)
+        start = time.perf_counter()
+        content: str | None = None
+        for attempt in (1, 2):
+            response = await self._acompletion(
+                model=model, messages=convo, response_format=response_format(options))
+            content = response.choices[0].message.content if response.choices else None
+            answer = parse_answer(content, options)
+            if answer is not None:
+                return SlowAnswer(answer, model, (time.perf_counter() - start) * 1e3, attempt)
+            convo = [*convo, {"role": "assistant", "content": (content or "")[:2000]},
+                     {"role": "user", "content": _correction(content, options)}]
+        raise SlowPathInvalidAnswer(
+            f"slow model {model} gave no valid option after one corrective retry "
+            f"(last answer: {self._sanitise((content or '')[:200])!r})")
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A non-decision chat request passed through; returns the OpenAI-shaped response."""
+        kwargs = self._passthrough(body)
+        response = await self._acompletion(_caller_model=True, **kwargs)
+        return dict(response.model_dump())
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """SSE bytes as chunks arrive: ``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``.
+        Failures before the first chunk raise SlowPathError (the caller can still answer with an
+        error status); later ones end the stream with an SSE ``{"error": ...}`` event."""
+        kwargs = self._passthrough(body)
+        sent_any = False
+        async with self._semaphore:
+            response = await self._acompletion(_acquire=False, _caller_model=True, stream=True,
+                                               **kwargs)
+            try:
+                async for chunk in response:
+                    sent_any = True
+                    yield b"data: " + json.dumps(chunk.model_dump(exclude_none=True)).encode() + b"\n\n"
+            except Exception as exc:  # noqa: BLE001 - translated once, here
+                error = self._translate(exc)
+                if not sent_any:
+                    raise error from None
+                body_ = {"error": {"message": error.message, "type": error.error_type}}
+                yield b"data: " + json.dumps(body_).encode() + b"\n\n"
+                return
+            finally:
+                closer = getattr(response, "aclose", None)
+                if closer is not None:
+                    await closer()
+        yield b"data: [DONE]\n\n"
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients litellm cached for the running event loop. litellm keeps them
+        process-wide, keyed by loop, and never closes them, so a stopped app would leave its
+        upstream connections (and its loop's transports) open. Other loops' clients are kept."""
+        if "litellm" not in sys.modules:
+            return
+        from litellm.caching.evicted_client_closer import running_loop_token
+
+        cache = _litellm().in_memory_llm_clients_cache
+        suffix = f"-{running_loop_token()}"
+        for key in [k for k in list(cache.cache_dict) if isinstance(k, str) and k.endswith(suffix)]:
+            client = cache.cache_dict.get(key)
+            cache._remove_key(key)
+            close = getattr(client, "aclose", None) or getattr(client, "close", None)
+            if close is not None:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+
+    def _require_model(self) -> str:
+        if not self.settings.model:
+            raise SlowPathUnavailable(NO_MODEL)
+        return self.settings.model
+
+    def _passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object", field="body")
+        for name in body:
+            if name in CREDENTIAL_FIELDS or name == "extra_body":
+                raise Forbidden(f"{name} cannot be set by clients; the upstream is configured "
+                                "by the operator", field=name)
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise InvalidRequest("messages must be a non-empty list", field="messages")
+        configured = self._require_model()
+        model = body.get("model") or configured
+        allowed = {configured, *self.settings.allowed_models}
+        if model not in allowed:
+            raise Forbidden(f"model {model!r} is not allowed; allowed: {sorted(allowed)}",
+                            field="model")
+        kwargs = {k: v for k, v in body.items() if k in PASSTHROUGH_FIELDS and k != "stream"}
+        extra = {k: v for k, v in body.items() if k not in PASSTHROUGH_FIELDS}
+        return {**kwargs, "model": model, **({"extra_body": extra} if extra else {})}
+
+    async def _acompletion(self, *, _acquire: bool = True, _caller_model: bool = False,
+                           **kwargs: Any) -> Any:
+        """litellm.acompletion under the timeout (and the semaphore unless ``_acquire`` is False).
+        ``_caller_model``: the model is the client's pick (passthrough), so a model litellm cannot
+        route is the client's error (400 naming ``model``), not a failing upstream (502)."""
+        litellm = _litellm()
+        kwargs.update(timeout=self.settings.timeout_s, max_retries=0, num_retries=0)
+        if self.settings.api_base:
+            kwargs["api_base"] = self.settings.api_base
+        if self.settings.api_key:
+            kwargs["api_key"] = self.settings.api_key.get_secret_value()
+        try:
+            # The outer bound guards against a provider that ignores ``timeout``.
+            async with asyncio.timeout(self.settings.timeout_s + 1.0):
+                if not _acquire:
+                    return await litellm.acompletion(**kwargs)
+                async with self._semaphore:
+                    return await litellm.acompletion(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - every litellm failure is translated once, here
+            self._raise_translated(exc, caller_model=_caller_model)
+
+    def _raise_translated(self, exc: Exception, *, caller_model: bool = False) -> NoReturn:
+        error = self._translate(exc, caller_model=caller_model)
+        leaked = self._sanitise(f"{exc}{exc!r}") != f"{exc}{exc!r}"
+        logger.warning("slow path failed: %s: %s", type(error).__name__, error.message)
+        if leaked:  # keep the foreign exception (and its key) out of every traceback
+            raise error from None
+        raise error from exc
+
+    def _translate(self, exc: BaseException, *, caller_model: bool = False) -> SlotgateError:
+        litellm = _litellm()
+        detail = self._sanitise(str(exc))[:500]
+        if (caller_model and isinstance(exc, litellm.BadRequestError)
+                and "LLM Provider NOT provided" in str(exc)):
+            model = self._sanitise(str(getattr(exc, "model", None) or ""))[:200]
+            return InvalidRequest(
+                f"model {model!r} names no provider litellm can route (use a litellm model "
+                "string such as 'openai/<name>')", field="model")
+        if isinstance(exc, litellm.RateLimitError):
+            return SlowPathRateLimited(f"slow model rate limited: {detail}",
+                                       retry_after_s=_retry_after_s(exc))
+        if isinstance(exc, (litellm.Timeout, TimeoutError)):
+            return SlowPathTimeout(f"slow model timed out after {self.settings.timeout_s:g} s: {detail}")
+        if isinstance(exc, (litellm.APIConnectionError, litellm.ServiceUnavailableError,
+                            litellm.InternalServerError, litellm.BadGatewayError)):
+            return SlowPathUnavailable(f"slow model unavailable: {detail}")
+        return SlowPathError(f"slow model call failed: {type(exc).__name__}: {detail}")
+
+    def _sanitise(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return _KEY_PATTERNS.sub(lambda m: (m.group(1) or "") + "***", text)
+
+
+def _correction(content: str | None, options: Sequence[str]) -> str:
+    return (f"Your answer {(content or '')[:200]!r} is not valid. Reply with JSON "
+            '{"answer": "<option>"} where <option> is exactly one of: '
+            + ", ".join(json.dumps(o) for o in options))
+
+
+def _retry_after_s(exc: BaseException) -> float | None:
+    """Retry-After (seconds or an HTTP date) or retry-after-ms from the upstream's headers."""
+    response = getattr(exc, "response", None)
+    headers = dict(getattr(response, "headers", None) or {})
+    headers.update(getattr(exc, "headers", None) or {})
+    headers = {k.lower(): v for k, v in headers.items()}
+    try:
+        if "retry-after-ms" in headers:
+            return max(0.0, float(headers["retry-after-ms"]) / 1e3)
+        if "retry-after" in headers:
+            value = headers["retry-after"]
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+def _warm_up(done: threading.Event) -> None:
+    """Import litellm and run one offline mock call, which loads the modules litellm imports
+    lazily on its first call (about a second more); then set ``done``."""
+    try:
+        _litellm().completion(model="openai/slotgate-warm-up", mock_response="ok",
+                              messages=[{"role": "user", "content": "warm-up"}])
+    except Exception as exc:  # noqa: BLE001 - best effort: the first real call reports real errors
+        logger.debug("litellm warm-up failed: %s", type(exc).__name__)
+    finally:
+        done.set()
+
+
+def _litellm() -> Any:
+    """Import litellm on first use, with its cost map read locally (no network at start-up)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True  # its "Give Feedback" banner would go to stdout per error
+    return litellm

@@ -1,1 +1,0 @@
-"""Wire formats: request parsing and response rendering for each HTTP surface (OpenAI, System One)."""

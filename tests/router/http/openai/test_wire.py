@@ -1,0 +1,192 @@
+"""Detection of decision requests in OpenAI chat bodies, and the reply that satisfies the schema."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.types import Decision
+from router.errors import InvalidRequest
+from router.http.openai.wire import (
+    ChatCompletionRequest,
+    plan_decisions,
+    render_reply,
+    routing_headers,
+)
+
+USER = [{"role": "user", "content": "my card has not arrived"}]
+
+
+def body(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": USER, **fields})
+
+
+def enum_format(enum: Any, name: str = "intent", **schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": {"enum": enum, **schema}}}
+
+
+def plan(b: ChatCompletionRequest, **limits: int) -> Any:
+    return plan_decisions(b, max_options=limits.get("max_options", 100),
+                          max_questions=limits.get("max_questions", 8))
+
+
+def test_string_enum_schema_is_one_decision_on_the_user_text() -> None:
+    p = plan(body(response_format=enum_format(["card_arrival", "lost_card"], type="string"),
+                  messages=[{"role": "system", "content": "Banking intents."}, *USER]))
+    [r] = p.requests
+    assert (p.shape, r.question_id, r.option_names) == ("enum", "intent",
+                                                        ("card_arrival", "lost_card"))
+    assert r.state == "my card has not arrived" and r.context == "Banking intents."
+
+
+def test_object_of_enums_is_one_question_per_property() -> None:
+    schema = {"type": "object", "properties": {
+        "intent": {"type": "string", "enum": ["a", "b"], "description": "Which intent?"},
+        "urgent": {"type": "string", "enum": ["yes", "no"]}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "triage", "schema": schema}}
+    p = plan(body(response_format=fmt))
+    assert p.shape == "object"
+    assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
+        ("intent", "Which intent?", ("a", "b")), ("urgent", "urgent", ("yes", "no"))]
+
+
+@pytest.mark.parametrize("fields", [
+    {"structured_outputs": {"choice": ["x", "y"]}},
+    {"guided_choice": ["x", "y"]},
+])
+def test_vllm_choice_spellings(fields: dict[str, Any]) -> None:
+    p = plan(body(**fields))
+    assert p.shape == "choice" and p.requests[0].option_names == ("x", "y")
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"enum": ["p", "q"]}, "b": {"type": "string"}}}}}},
+    {"structured_outputs": {"regex": "[a-z]+"}},
+])
+def test_other_requests_are_passthrough(fields: dict[str, Any]) -> None:
+    assert plan(body(**fields)) is None
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"response_format": enum_format(["only"])}, "response_format.json_schema.schema.enum"),
+    ({"response_format": enum_format(["a", 3])}, "response_format.json_schema.schema.enum.1"),
+    ({"response_format": enum_format(["a", "a"])}, "response_format.json_schema.schema.enum"),
+    ({"response_format": enum_format([f"o{i}" for i in range(101)])},
+     "response_format.json_schema.schema.enum"),
+    ({"response_format": enum_format(["a", "b"], name="bad:id")}, "response_format.json_schema.name"),
+    ({"guided_choice": ["a"]}, "guided_choice"),
+    ({"guided_choice": ["a", "b"], "n": 2}, "n"),
+    ({"guided_choice": ["a", "b"], "messages": [{"role": "system", "content": "only"}]}, "messages"),
+    ({"guided_choice": ["a", "b"],
+      "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages.0.content.0"),
+])
+def test_bad_decisions_name_the_field(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        plan(body(**fields))
+    assert info.value.field == field and field in info.value.message
+
+
+def test_property_names_with_colon_or_newline_are_refused() -> None:
+    schema = {"type": "object", "properties": {"a\nb": {"enum": ["x", "y"]}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    with pytest.raises(InvalidRequest, match="not a valid question id"):
+        plan(body(response_format=fmt))
+
+
+def test_multi_turn_state_names_the_roles() -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": [{"type": "text", "text": "card lost"}]}]
+    [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
+    assert r.state == "user: hi\nassistant: hello\nuser: card lost"
+
+
+def decision(qid: str, answer: str, route: str, p: float, note: str | None = None) -> Decision:
+    return Decision(f"id-{qid}", qid, answer, route, p, p, 0.9, "pol@1", 3.0,  # type: ignore[arg-type]
+                    note=note)
+
+
+def test_reply_content_satisfies_the_schema_and_carries_routing_facts() -> None:
+    b = body(response_format=enum_format(["card_arrival", "lost_card"]))
+    reply = render_reply(b, plan(b), [decision("intent", "lost_card", "fast", 0.97)])
+    assert json.loads(reply["choices"][0]["message"]["content"]) == "lost_card"
+    assert reply["object"] == "chat.completion"
+    facts = reply["slotgate"]
+    assert (facts["route"], facts["decision_id"], facts["threshold"]) == ("fast", "id-intent", 0.9)
+    headers = routing_headers(facts)
+    assert headers["x-slotgate-route"] == "fast" and headers["x-slotgate-probability"] == "0.97"
+
+
+def test_object_reply_summarises_the_least_verified_route() -> None:
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}, "b": {"enum": ["u", "v"]}}}
+    b = body(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    ds = [decision("a", "x", "fast", 0.99), decision("b", "v", "unverified", 0.6, note="no slow")]
+    reply = render_reply(b, plan(b), ds)
+    assert json.loads(reply["choices"][0]["message"]["content"]) == {"a": "x", "b": "v"}
+    facts = reply["slotgate"]
+    assert facts["route"] == "unverified" and facts["probability"] == 0.6
+    assert facts["note"] == "no slow" and [d["route"] for d in facts["decisions"]] == [
+        "fast", "unverified"]
+
+
+def test_choice_reply_is_the_bare_option() -> None:
+    b = body(guided_choice=["yes", "no"])
+    reply = render_reply(b, plan(b), [decision("choice", "no", "slow", 0.4)])
+    assert reply["choices"][0]["message"]["content"] == "no"
+
+
+def test_sdk_pydantic_schema_with_an_enum_definition_is_resolved() -> None:
+    schema = {"$defs": {"Urgency": {"enum": ["yes", "no"], "type": "string"}},
+              "type": "object", "additionalProperties": False, "required": ["intent", "urgent"],
+              "properties": {"intent": {"enum": ["a", "b"], "type": "string"},
+                             "urgent": {"$ref": "#/$defs/Urgency", "description": "Urgent?"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "Triage", "schema": schema}}
+    p = plan(body(response_format=fmt))
+    assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
+        ("intent", "intent", ("a", "b")), ("urgent", "Urgent?", ("yes", "no"))]
+
+
+@pytest.mark.parametrize("ref", ["#/$defs/Missing", "#/$defs", "#/a/b/c", "http://x/y", "#/$defs/U"])
+def test_unresolvable_refs_mean_passthrough(ref: str) -> None:
+    schema = {"$defs": ["not", "a", "map"] if ref == "#/$defs/U" else {},
+              "type": "object", "properties": {"u": {"$ref": ref}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    assert plan(body(response_format=fmt)) is None
+
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["enum", "type", "properties", "$ref", "$defs", "description", "x"]),
+        inner, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(schema=JSON, choice=st.none() | JSON, name=st.text(max_size=6))
+def test_any_schema_is_a_plan_none_or_a_named_request_error(
+    schema: Any, choice: Any, name: str
+) -> None:
+    fields: dict[str, Any] = {"response_format": {
+        "type": "json_schema", "json_schema": {"name": name or "n", "schema": schema}}}
+    if choice is not None:
+        fields["guided_choice"] = choice
+    try:
+        b = body(**fields)
+    except ValueError:  # pydantic refused the shape: the app answers that with a 400 itself
+        return
+    try:
+        p = plan(b)
+    except InvalidRequest as exc:
+        assert exc.field and exc.field in exc.message
+        return
+    if p is not None:
+        assert all(len(r.options) >= 2 for r in p.requests)

@@ -1,0 +1,181 @@
+"""Running System One stages (ask_if between stages, cascading skips) and rendering the answers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from policies.types import Decision, DecisionRequest, Route
+from router.http.systemone.answers import render_answer, render_response, run_stages
+from router.http.systemone.wire import parse_request
+
+
+def decision(request: DecisionRequest, answer: str | None, *, route: Route = "fast",
+             proba: dict[str, float] | None = None, escalated: bool | None = None) -> Decision:
+    return Decision(
+        decision_id=f"d-{request.question_id}", question_id=request.question_id, answer=answer,
+        route=route, probability=None if proba is None or answer is None else proba[answer],
+        raw_probability=None, threshold=0.9, policy_id="p", latency_ms=1.0, probabilities=proba,
+        escalated=route == "slow" if escalated is None else escalated,
+    )
+
+
+class ScriptedDecide:
+    """Answers each question with a fixed answer; records every call (one per stage)."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.calls: list[list[DecisionRequest]] = []
+
+    async def __call__(self, requests: Sequence[DecisionRequest]) -> list[Decision]:
+        self.calls.append(list(requests))
+        return [decision(r, self.answers[r.question_id]) for r in requests]
+
+
+CHAIN = {
+    "state": "My card was charged twice.",
+    "instructions": "You triage bank tickets.",
+    "seed": 5,
+    "samples": 3,
+    "questions": {
+        "money": {"type": "noul", "instructions": "About money?"},
+        "kind": {"type": "choice", "criteria": {"charge": None, "refund": None, "fraud": None},
+                 "ask_if": {"money": ["yes"]}},
+        "severity": {"type": "score", "criteria": ["low", "high"],
+                     "ask_if": {"kind": ["fraud", "charge"]}},
+        "escalate": {"type": "noul", "ask_if": {"severity": ["high"], "money": ["yes"]}},
+    },
+}
+
+
+def parse(payload: dict[str, Any]):  # type: ignore[no-untyped-def]
+    return parse_request(payload, max_questions=64, max_options=1024)
+
+
+async def test_chain_asked_all_the_way() -> None:
+    parsed = parse(CHAIN)
+    decide = ScriptedDecide({"money": "yes", "kind": "charge", "severity": "high", "escalate": "no"})
+    outcome = await run_stages(parsed, decide)
+    assert outcome.stages == [["money"], ["kind"], ["severity"], ["escalate"]]
+    assert outcome.skipped == {}
+    first = decide.calls[0][0]
+    assert (first.state, first.context, first.kind, first.samples, first.seed) == (
+        "My card was charged twice.", "You triage bank tickets.", "noul", 3, 5)
+    assert decide.calls[1][0].option_names == ("charge", "refund", "fraud")
+    assert decide.calls[2][0].kind == "score" and decide.calls[2][0].option_names == ("low", "high")
+
+
+async def test_skip_cascades_with_was_null() -> None:
+    decide = ScriptedDecide({"money": "no"})
+    outcome = await run_stages(parse(CHAIN), decide)
+    assert [[r.question_id for r in call] for call in decide.calls] == [["money"]]
+    assert outcome.skipped == {
+        "kind": {"because": "money", "was": "no", "wanted": ["yes"]},
+        "severity": {"because": "kind", "was": None, "wanted": ["fraud", "charge"]},
+        "escalate": {"because": "severity", "was": None, "wanted": ["high"]},
+    }
+    body = render_response(parse(CHAIN), outcome, total_ms=2.5)
+    assert body["answers"]["kind"] is None and body["answers"]["escalate"] is None
+    assert body["answers"]["money"]["noul"] == 0.0  # scripted with no distribution
+    assert body["diagnostics"]["stages"] == [["money"]]
+    assert list(body["answers"]) == ["money", "kind", "severity", "escalate"]
+
+
+async def test_partial_chain_one_asked_one_skipped() -> None:
+    decide = ScriptedDecide({"money": "yes", "kind": "refund"})
+    outcome = await run_stages(parse(CHAIN), decide)
+    assert set(outcome.decisions) == {"money", "kind"}
+    assert outcome.skipped["severity"] == {"because": "kind", "was": "refund",
+                                           "wanted": ["fraud", "charge"]}
+    assert outcome.skipped["escalate"]["was"] is None
+
+
+async def test_one_stage_is_one_decide_call() -> None:
+    payload = {"state": "s", "questions": {f"q{i}": {"type": "noul"} for i in range(5)}}
+    decide = ScriptedDecide({f"q{i}": "yes" for i in range(5)})
+    await run_stages(parse(payload), decide)
+    assert len(decide.calls) == 1 and len(decide.calls[0]) == 5
+
+
+def one(question: dict[str, Any]):  # type: ignore[no-untyped-def]
+    parsed = parse({"state": "s", "questions": {"q": question}})
+    q = parsed.questions[0]
+    return q, DecisionRequest("q", "", q.options, "s", kind=q.kind)
+
+
+def test_noul_shape_uses_the_calibrated_yes_probability() -> None:
+    q, req = one({"type": "noul"})
+    out = render_answer(q, decision(req, "yes", proba={"yes": 0.8, "no": 0.2}))
+    assert out == {"type": "noul", "noul": 0.8, "answer": "yes", "route": "fast", "confidence": 0.8}
+
+
+def test_choice_shape() -> None:
+    q, req = one({"type": "choice", "criteria": {"a": None, "b": None, "c": None}})
+    proba = {"a": 0.1, "b": 0.7, "c": 0.2}
+    out = render_answer(q, decision(req, "b", proba=proba))
+    assert out is not None
+    assert out["choice"] == "b" and out["probabilities"] == proba and out["confidence"] == 0.7
+    assert list(out["probabilities"]) == ["a", "b", "c"]
+
+
+def test_score_shape_is_zero_indexed_expectation() -> None:
+    q, req = one({"type": "score", "criteria": ["low", "mid", "high"]})
+    out = render_answer(q, decision(req, "high", proba={"low": 0.2, "mid": 0.3, "high": 0.5}))
+    assert out is not None
+    assert math.isclose(out["score"], 0 * 0.2 + 1 * 0.3 + 2 * 0.5)
+    assert out["legend"] == {"0": "low", "1": "mid", "2": "high"}
+    assert out["probabilities"] == {"0": 0.2, "1": 0.3, "2": 0.5}
+    assert out["confidence"] == 0.5 and out["answer"] == "high"
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "key", "value"),
+    [
+        ({"type": "noul"}, "yes", "noul", 1.0),
+        ({"type": "noul"}, "no", "noul", 0.0),
+        ({"type": "score", "criteria": ["low", "mid", "high"]}, "mid", "score", 1.0),
+        ({"type": "choice", "criteria": {"a": None, "b": None}}, "b", "choice", "b"),
+    ],
+)
+def test_slow_answers_have_no_distribution_and_agree_with_the_answer(
+    question: dict[str, Any], answer: str, key: str, value: Any
+) -> None:
+    q, req = one(question)
+    # Even if the service left the fast read's distribution on a slow decision, it is not shown.
+    out = render_answer(q, decision(req, answer, route="slow",
+                                    proba={n: 1 / len(q.options) for n in q.answer_names}))
+    assert out is not None
+    assert out[key] == value and out["route"] == "slow" and out["confidence"] is None
+    assert out.get("probabilities") is None
+
+
+def test_unanswered_decision_renders_null() -> None:
+    q, req = one({"type": "noul"})
+    assert render_answer(q, decision(req, None, route="none")) is None
+
+
+async def test_response_usage_and_route_facts() -> None:
+    parsed = parse({"model": "jev-latest", **CHAIN})
+    outcome = await run_stages(parsed, ScriptedDecide(
+        {"money": "yes", "kind": "charge", "severity": "high", "escalate": "no"}))
+    body = render_response(parsed, outcome, total_ms=12.34567)
+    assert body["model"] == "jev-latest"
+    assert body["usage"] == {"input_tokens": 0, "output_tokens": 0, "decisions": 4,
+                             "escalations": 0}
+    assert body["diagnostics"]["routes"]["kind"]["decision_id"] == "d-kind"
+    assert body["diagnostics"]["timing"] == {"total_ms": 12.346}
+
+
+def test_cache_route_shows_the_distribution_only_for_a_cached_fast_read() -> None:
+    q, req = one({"type": "noul"})
+    proba = {"yes": 0.6, "no": 0.4}
+    cached_slow = decision(req, "yes", route="cache", proba=proba, escalated=True)
+    assert render_answer(q, cached_slow)["noul"] == 1.0  # type: ignore[index]
+    fast = Decision("d", "q", "yes", "cache", 0.95, 0.9, 0.9, "p", 1.0, {"yes": 0.95, "no": 0.05})
+    out = render_answer(q, fast)
+    assert out is not None and out["noul"] == 0.95 and out["confidence"] == 0.95
+    no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba, escalated=True)
+    assert render_answer(q, no_bar)["confidence"] is None  # type: ignore[index]

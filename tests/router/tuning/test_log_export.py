@@ -1,0 +1,80 @@
+"""`slotgate export-log`: decision log + feedback -> predictions file -> `slotgate tune` reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from router.store.decision_log import JsonlDecisionLog
+from router.tuning.cli import app
+from router.tuning.predictions import read_predictions
+
+OPTIONS = ["yes", "no"]
+
+
+def write_log(path: Path, n: int) -> None:
+    """n logged decisions (a fixed seed) of which every other one got feedback."""
+    rng = random.Random(7)
+
+    async def fill() -> None:
+        log = JsonlDecisionLog(path)
+        for i in range(n):
+            p = round(rng.uniform(0.5, 1.0), 4)
+            await log.append({"decision_id": f"d{i}", "options": OPTIONS, "proba": [p, 1 - p],
+                              "signature": "sig", "fingerprint": "fp", "text": f"t{i}"})
+            if i % 2 == 0:
+                await log.add_feedback(f"d{i}", "yes" if rng.random() < p else "no")
+        await log.aclose()
+
+    asyncio.run(fill())
+
+
+def test_export_log_writes_predictions_from_the_configured_log(tmp_path: Path) -> None:
+    log = tmp_path / "var" / "decisions.jsonl"
+    write_log(log, 40)
+    config = tmp_path / "slotgate.yaml"
+    config.write_text(f"log:\n  decision_log_path: {log}\n")
+    out = tmp_path / "preds.jsonl"
+    result = CliRunner().invoke(app, ["export-log", "--config", str(config), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote 40 predictions" in result.output
+    preds = read_predictions(out)
+    assert len(preds.ids) == 40 and int(preds.labelled.sum()) == 20
+
+    labelled = tmp_path / "labelled.jsonl"
+    result = CliRunner().invoke(app, ["export-log", "--log", str(log), "--out", str(labelled),
+                                      "--labelled-only"])
+    assert result.exit_code == 0 and "wrote 20 predictions" in result.output
+
+
+def test_export_log_bad_input_exits_2_naming_the_problem(tmp_path: Path) -> None:
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(app, ["export-log", "--log", str(tmp_path / "none.jsonl"),
+                                      "--out", str(out)])
+    assert result.exit_code == 2 and "file not found" in result.output and not out.exists()
+    result = CliRunner().invoke(app, ["export-log", "--log", str(tmp_path / "none.jsonl"),
+                                      "--out", str(tmp_path / "missing" / "p.jsonl")])
+    assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_feedback_export_tune_round_trip(tmp_path: Path) -> None:
+    """Production traffic recalibrates: the exported labels tune a policy for the logged question."""
+    import json
+
+    log = tmp_path / "decisions.jsonl"
+    write_log(log, 1200)
+    preds = tmp_path / "p.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(app, ["export-log", "--log", str(log), "--out", str(preds),
+                                 "--labelled-only"])
+    assert result.exit_code == 0, result.output
+    policy = tmp_path / "policy.json"
+    result = runner.invoke(app, ["tune", "--preds", str(preds), "--out", str(policy),
+                                 "--target-accuracy", "0.7"])
+    assert result.exit_code == 0, result.output
+    tuned = json.loads(policy.read_text())
+    assert tuned["signature"] == "sig" and tuned["backend_fingerprint"] == "fp"
+    assert tuned["n_tune"] + tuned["n_calibration"] == 600 and tuned["bound"] >= 0.7
