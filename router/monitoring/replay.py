@@ -68,8 +68,8 @@ def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
         elif kind == "alarm":
             alarms.setdefault(str(record.get("policy_id")), []).append(record)
     if not decisions:
-        raise LogError(f"{log_path}: the log holds no decisions with a fast read (no record of "
-                       "type 'decision' with 'proba')", field="type")
+        raise LogError(f"{log_path}: field 'type': the log holds no decisions (no record of "
+                       "type 'decision' with a fast read in 'proba')", field="type")
     out = []
     for policy in policies:
         records = decisions.get(policy.policy_id)
@@ -103,7 +103,7 @@ def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
         out.append(series)
     if not out:
         known = ", ".join(sorted(decisions)) or "none"
-        raise LogError(f"{log_path}: no decision was made by the given policies "
+        raise LogError(f"{log_path}: field 'policy_id': no decision was made by the given policies "
                        f"({', '.join(p.policy_id for p in policies)}); policy ids in the log: "
                        f"{known}", field="policy_id")
     return out
