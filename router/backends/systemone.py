@@ -139,7 +139,8 @@ class SystemOneBackend(FastBackend):
         self, request: DecisionRequest, batch: Sequence[DecisionRequest]
     ) -> Mapping[str, Any]:
         # The id is prompt text upstream; a joint read's answer also depends on its co-questions.
-        inputs = {**super().read_inputs(request, batch), "question_id": question_id(request)}
+        inputs = {**super().read_inputs(request, batch), "question_id": question_id(request),
+                  "samples_auto": request.samples_auto}
         for group in self._joint_groups(batch):
             if len(group) > 1 and any(batch[i] == request for i in group):
                 inputs["joint"] = [[question_id(batch[i]), batch[i].signature()] for i in group]
@@ -156,10 +157,11 @@ class SystemOneBackend(FastBackend):
         order, at most the server's questions per body."""
         if not self.options.joint:
             return []
-        by_key: dict[tuple[str, str, int, int], list[int]] = {}
+        by_key: dict[tuple[str, str, int, bool, int], list[int]] = {}
         for i, r in enumerate(batch):
             if not self._alone(r):
-                by_key.setdefault((r.state, r.context, r.samples, r.seed), []).append(i)
+                key = (r.state, r.context, r.samples, r.samples_auto, r.seed)
+                by_key.setdefault(key, []).append(i)
         return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
                 for k in range(0, len(idx), MAX_QUESTIONS)]
 
@@ -209,7 +211,7 @@ class SystemOneBackend(FastBackend):
         ids = list(ids) if ids is not None else wire_ids(requests)
         o = self.options
         samples: int | str = (o.samples if o.samples is not None else
-                              "auto" if first.samples == 0 else first.samples)
+                              "auto" if first.samples_auto else first.samples)
         body: dict[str, Any] = {
             "model": self.model,
             "state": first.state,

@@ -114,7 +114,7 @@ async def test_a_stage_is_read_jointly_as_the_server_reads_it(standin: SystemOne
 
 async def test_auto_samples_and_engine_knobs_are_forwarded(standin: SystemOneStandin) -> None:
     backend = SystemOneBackend(standin.url, SystemOneOptions(think=16, chunk_prompt="shared"))
-    await backend.read([intent_request(FOUR, samples=0)])  # 0: the caller asked for "auto"
+    await backend.read([intent_request(FOUR, samples_auto=True)])
     body: dict[str, Any] = standin.stats.bodies[0]
     assert (body["samples"], body["think"], body["chunk_prompt"]) == ("auto", 16, "shared")
     await backend.aclose()
