@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,21 +152,31 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
                 yield record
 
 
-def export_predictions(source: Settings | Path | str, out_path: Path | str, *,
-                       signature: str | None = None, labelled_only: bool = False) -> int:
-    """Join a JSONL decision log with its feedback into the predictions format (id, options, raw
-    proba, label or null, signature, fingerprint, text); returns the rows written. A predictions
-    file holds one question, so a log of several needs ``signature``. Decisions without a fast
-    read (no proba) are left out; the latest feedback label wins."""
+def export_predictions(source: Settings | Path | str | Sequence[Path | str], out_path: Path | str,
+                       *, signature: str | None = None, labelled_only: bool = False) -> int:
+    """Join JSONL decision logs with their feedback into the predictions format (id, options,
+    raw proba, label or null, signature, fingerprint, text); returns the rows written. Several
+    logs (one per replica) are joined as one: feedback sent to replica B for a decision made on
+    A is in B's file. A predictions file holds one question, so a log of several needs
+    ``signature``. Decisions without a fast read (no proba) are left out; the latest feedback
+    label (by its time) wins; a record repeated (at-least-once delivery) counts once."""
     from router.tuning.predictions import PredictionsError, write_predictions
 
-    path = Path(source) if isinstance(source, str | Path) else source.log.decision_log_path
+    if isinstance(source, str | Path):
+        paths = [Path(source)]
+    elif isinstance(source, Sequence):
+        paths = [Path(p) for p in source]
+    else:
+        paths = [source.log.decision_log_path]
+    path = paths[0]
     decisions: dict[str, dict[str, Any]] = {}
-    labels: dict[str, str] = {}
-    for record in read_records(path):
+    labels: dict[str, tuple[float, str]] = {}  # decision id -> (time, label)
+    for record in (r for p in paths for r in read_records(p)):
         decision_id = str(record["decision_id"])
         if record.get("type") == "feedback":
-            labels[decision_id] = str(record["label"])
+            at = float(record.get("time") or 0.0)
+            if decision_id not in labels or at >= labels[decision_id][0]:
+                labels[decision_id] = (at, str(record["label"]))
         elif record.get("proba") is not None and record.get("options"):
             decisions[decision_id] = record
     by_signature: dict[str, list[str]] = {}
@@ -181,7 +191,7 @@ def export_predictions(source: Settings | Path | str, out_path: Path | str, *,
     rows = []
     for decision_id in chosen:
         record = decisions[decision_id]
-        label = labels.get(decision_id)
+        label = labels[decision_id][1] if decision_id in labels else None
         row = {"id": decision_id, "options": list(record["options"]),
                "proba": [float(p) for p in record["proba"]],
                "label": label if label in record["options"] else None}

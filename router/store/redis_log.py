@@ -213,12 +213,13 @@ class RedisStreamDecisionLog(DecisionLog):
     async def _send_batch(self) -> bool:
         """One pipeline: this replica's marker, up to ``keys_per_batch`` queued stream entries
         (and ``max_batch_bytes``), up to ``keys_per_batch`` per-decision keys. False (and everything kept for later) on failure."""
-        entries, size = [], 0
-        for entry in self._pending:  # a bounded pipeline: a huge one would pass the socket timeout
+        entries: list[tuple[int, bytes]] = []
+        size = 0
+        for queued in self._pending:  # a bounded pipeline: a huge one would pass the socket timeout
             if len(entries) >= self.keys_per_batch or (entries and size > self.max_batch_bytes):
                 break
-            entries.append(entry)
-            size += len(entry[1])
+            entries.append(queued)
+            size += len(queued[1])
         ids = self.jsonl.index.unsynced(self.keys_per_batch)
         if not entries and not ids:
             return True
@@ -257,8 +258,9 @@ class RedisStreamDecisionLog(DecisionLog):
             # Redis lost what this replica wrote (a restart without persistence, a flush): every
             # decision still in the index gets its key again, in batches.
             index.mark_all_unsynced()
-            logger.warning("decision log: redis lost this replica's keys (restart without "
-                           "persistence?); re-sending %d", index.n_unsynced)
+            if index.n_unsynced:
+                logger.warning("decision log: redis lost this replica's keys (restart without "
+                               "persistence?); re-sending %d", index.n_unsynced)
         self._known, self._retry_at = True, 0.0
         return True
 
