@@ -141,6 +141,10 @@ class RedisStreamDecisionLog(DecisionLog):
         data = await self.jsonl.add_feedback_encoded(decision_id, label)
         self._enqueue(data)
 
+    async def add_event(self, record: dict[str, Any]) -> None:
+        data = await self.jsonl.add_event_encoded(record)
+        self._enqueue(data)
+
     async def flush(self) -> bool:
         """Send everything queued so far to Redis now (after any batch already on its way);
         True when nothing is left unsent."""
