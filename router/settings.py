@@ -62,6 +62,15 @@ class PolicySettings(BaseModel):
     allow_fingerprint_mismatch: bool = False
 
 
+class MonitoringSettings(BaseModel):
+    """Production monitoring of tuned policies (docs/monitoring.md); what to audit and what an
+    alarm does are per policy, in the policy files."""
+
+    enabled: bool = True
+    audit_queue: int = Field(1000, ge=1)  # audits waiting beyond it are dropped (counted)
+    audit_workers: int = Field(2, ge=1)  # concurrent audit calls to the slow model
+
+
 class LogSettings(BaseModel):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
@@ -96,6 +105,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
 

@@ -124,7 +124,6 @@ async def _build_service(
 
         backend = build_backend(settings.fast)
         stack.push_async_callback(backend.aclose)
-    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
     if slow is None:
         from router.routing.slow import (
             SlowPath,  # litellm itself is imported on the first slow call
@@ -132,8 +131,18 @@ async def _build_service(
 
         slow = SlowPath(settings.slow)
         stack.push_async_callback(slow.aclose)
+    monitor = None
+    if settings.monitoring.enabled:
+        from router.monitoring.monitor import make_monitor, restore_from_log
+
+        monitor = make_monitor(settings, metrics=metrics, decision_log=decision_log, slow=slow)
+        stack.push_async_callback(monitor.aclose)  # audits finish before the slow path closes
+    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
+                                   monitor=monitor)
+    if monitor is not None:
+        restore_from_log(monitor, settings.log.decision_log_path)
     return RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
-                          log=decision_log, metrics=metrics, settings=settings)
+                          log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
 
 
 # ---- the one mapping from the error tree to HTTP -------------------------------------------

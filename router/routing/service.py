@@ -35,6 +35,7 @@ from router.store.cache import Cache, read_key, slow_key
 from router.store.metrics import Metrics
 
 if TYPE_CHECKING:  # the log and slow path are injected; their modules load their own clients
+    from router.monitoring.monitor import Monitor
     from router.routing.slow import SlowPath
     from router.store.decision_log import DecisionLog
 
@@ -61,8 +62,10 @@ class RoutingService:
         log: DecisionLog,
         metrics: Metrics,
         settings: Settings,
+        monitor: Monitor | None = None,
     ) -> None:
         self.backend = backend
+        self.monitor = monitor  # production monitoring: told of every decision, queues audits
         self.cache = cache
         self.registry = registry
         self.slow = slow
@@ -110,6 +113,8 @@ class RoutingService:
                 self.log.append(_record(request, read, decision, namespace, fingerprint))
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
             ))
+            if self.monitor is not None:  # audits are queued, answered after the reply
+                self.monitor.after(requests, decisions, messages=messages)
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
         finally:
