@@ -9,6 +9,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.types import Decision, DecisionRequest, OptionScores, Verdict
@@ -17,6 +18,7 @@ from router.monitoring.watch import Alarm, PolicyWatch, WatchSettings
 
 if TYPE_CHECKING:
     from router.routing.registry import RuntimePolicy
+    from router.settings import Settings
     from router.store.metrics import Metrics
 
 logger = logging.getLogger("slotgate.monitoring")
@@ -180,3 +182,35 @@ class Monitor:
             await self._events(record)
         except OSError as exc:
             logger.warning("monitoring record not written to the decision log: %s", exc)
+
+
+def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
+                 slow: Any) -> Monitor:
+    """The app's monitor: alarms and audit labels go to the decision log, audits to the slow
+    path (when one is configured), alarms recorded in the log before a restart are re-armed
+    once the policies are wrapped (``restore_from_log``)."""
+
+    async def answer(request: DecisionRequest, messages: list[dict[str, Any]] | None) -> str:
+        if slow is None or not slow.available:
+            from router.errors import SlowPathUnavailable
+
+            raise SlowPathUnavailable("no slow model to audit with")
+        return str((await slow.decide(request, messages=messages)).answer)
+
+    return Monitor(metrics=metrics, events=getattr(decision_log, "add_event", None),
+                   answer=answer, audit_capacity=settings.monitoring.audit_queue,
+                   audit_workers=settings.monitoring.audit_workers)
+
+
+def restore_from_log(monitor: Monitor, path: Path) -> int:
+    """Re-arm the alarms a decision log holds for the policies ``monitor`` watches."""
+    from router.store.decision_log import read_records
+
+    if not monitor.watches:
+        return 0
+    restored = monitor.restore(r for r in read_records(path, events=True)
+                               if r.get("type") == "alarm")
+    if restored:
+        logger.warning("%d policy alarm(s) restored from %s: those policies stay in alarm "
+                       "until re-tuned", restored, path)
+    return restored
