@@ -132,9 +132,7 @@ class RedisStreamDecisionLog(DecisionLog):
                  ttl_s: int = 7 * 24 * 3600, max_stream_len: int = 1_000_000,
                  timeout_s: float = 0.25, batch_window_s: float = 0.002,
                  max_pending: int = 10_000) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from router.store.redis_client import redis_client
 
         self.stream = stream
         self.ttl_s = ttl_s
@@ -143,9 +141,7 @@ class RedisStreamDecisionLog(DecisionLog):
         self.max_pending = max_pending
         self.jsonl = JsonlDecisionLog(also_jsonl)
         self.redis_errors = 0
-        self.client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0))
+        self.client: Any = redis_client(url, timeout_s=timeout_s)
         # (stream entry, decision id for the per-decision key or None for feedback), oldest first
         self._pending: deque[tuple[bytes, str | None]] = deque()
         # The flusher task and its event and lock belong to the event loop that created them.
