@@ -31,7 +31,7 @@ from router.http.admission import AdmissionGuard
 from router.http.heap import freeze_after_warm_up, freeze_heap
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
-from router.http.ratelimit import TokenBuckets
+from router.http.ratelimit import make_rate_limit
 from router.http.state import AppState
 from router.http.systemone.routes import make_router as systemone_routes
 from router.routing.backpressure import ConcurrencyLimit
@@ -63,6 +63,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            if rate_limit is not None:
+                stack.push_async_callback(rate_limit.aclose)
             service, feedback = await _build_service(
                 settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
                 metrics=state.metrics)
@@ -87,6 +89,7 @@ def create_app(
                             SHUTDOWN_DRAIN_S)
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 
+    rate_limit = make_rate_limit(settings)  # shared through Redis when one is configured
     app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
     app.state.slotgate = state  # read back only through router.http.state.app_state
     app.include_router(openai_routes())
@@ -103,8 +106,7 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         send_error=_send_error,
         on_status=state.metrics.response,
-        rate_limit=TokenBuckets(rate_rps=settings.rate_limit_rps, burst=settings.rate_limit_burst)
-        if settings.rate_limit_rps else None,
+        rate_limit=rate_limit,
     )
     return app
 
@@ -134,7 +136,6 @@ async def _build_service(
 
         backend = build_backend(settings.fast)
         stack.push_async_callback(backend.aclose)
-    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
     if slow is None:
         from router.routing.slow import SlowPath  # litellm itself is imported lazily
 
@@ -146,8 +147,18 @@ async def _build_service(
         built_slow = SlowPath(settings.slow, limit=limit)
         stack.push_async_callback(built_slow.aclose)
         slow = built_slow
+    monitor = None
+    if settings.monitoring.enabled:
+        from router.monitoring.monitor import make_monitor, restore_from_log
+
+        monitor = make_monitor(settings, metrics=metrics, decision_log=decision_log, slow=slow)
+        stack.push_async_callback(monitor.aclose)  # audits finish before the slow path closes
+    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
+                                   monitor=monitor)
+    if monitor is not None:
+        restore_from_log(monitor, settings.log.decision_log_path)
     service = RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
-                             log=decision_log, metrics=metrics, settings=settings)
+                             log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
     return service, decision_log
 
 

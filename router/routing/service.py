@@ -11,11 +11,12 @@ a note. A full fast-backend or slow-model queue raises ``TooManyRequests``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -34,6 +35,9 @@ from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.settings import Settings
 from router.store.cache import read_key, slow_key
 from router.store.metrics import Metrics
+
+if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
+    from router.monitoring.monitor import Monitor
 
 
 @dataclass(slots=True)
@@ -59,8 +63,10 @@ class RoutingService:
         log: DecisionSink,
         metrics: Metrics,
         settings: Settings,
+        monitor: Monitor | None = None,
     ) -> None:
         self.backend = backend
+        self.monitor = monitor  # production monitoring: told of every decision, queues audits
         self.cache = cache
         self.registry = registry
         self.slow = slow
@@ -98,6 +104,8 @@ class RoutingService:
                 self.log.append(_record(request, read, decision, namespace, fingerprint))
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
             ))
+            if self.monitor is not None:  # audits are queued, answered after the reply
+                self.monitor.after(requests, decisions)
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
         finally:
@@ -143,6 +151,7 @@ class RoutingService:
         """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
         and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
         timeout_s = self.settings.fast.timeout_s
+        requests = [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
         async with self._fast_limit.acquire():
             t0 = time.perf_counter()
             try:
@@ -229,6 +238,14 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decis
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
+    """The request as the fast tier reads it: the head of the state, at most ``max_chars``. A
+    read of a 900 KB message outlives its timeout and, in a thread, keeps running after it."""
+    if len(request.state) <= max_chars:
+        return request
+    return dataclasses.replace(request, state=request.state[:max_chars])
 
 
 def _encode(scores: OptionScores) -> bytes:

@@ -71,6 +71,9 @@ def make_router() -> APIRouter:
                 f"label: {body.label!r} is not one of the decision's {len(record['options'])} options",
                 field="label")
         await state.feedback.add_feedback(body.decision_id, body.label)
+        monitor = state.service.monitor
+        if monitor is not None:  # a human label for the accuracy sequence
+            await monitor.feedback(record, body.label)
         state.metrics.request(surface="feedback", route="none")
         return {"decision_id": body.decision_id, "label": body.label,
                 "correct": body.label == record.get("answer")}
