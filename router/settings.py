@@ -27,6 +27,9 @@ class FastBackendSettings(BaseModel):
     api_key: SecretStr | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(0.25, gt=0)  # past it the decision escalates
+    # The fast tier reads at most this many characters of the state (the head): a 900 KB
+    # message must not make every read time out and keep working after it did.
+    max_input_chars: int = Field(20_000, ge=1)
     max_concurrency: int = Field(64, ge=1)
 
 
@@ -71,6 +74,10 @@ class MonitoringSettings(BaseModel):
 class LogSettings(BaseModel):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
+    # The in-memory index /v1/feedback reads (recent decisions; older ones are found in Redis
+    # when configured): bounded by entries and by bytes, whatever the messages' size.
+    max_index: int = Field(100_000, ge=1)
+    max_index_bytes: int = Field(32 * 2**20, ge=1024)
 
 
 class Settings(BaseSettings):

@@ -30,7 +30,7 @@ from router.http.admission import AdmissionGuard
 from router.http.heap import freeze_after_warm_up, freeze_heap
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
-from router.http.ratelimit import TokenBuckets
+from router.http.ratelimit import make_rate_limit
 from router.http.systemone.routes import make_router as systemone_routes
 from router.settings import Settings
 from router.store.metrics import Metrics
@@ -53,6 +53,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            if rate_limit is not None:
+                stack.push_async_callback(rate_limit.aclose)
             app.state.service = await _build_service(
                 settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
                 metrics=app.state.metrics)
@@ -76,6 +78,7 @@ def create_app(
                             SHUTDOWN_DRAIN_S)
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 
+    rate_limit = make_rate_limit(settings)  # shared through Redis when one is configured
     app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = Metrics()
@@ -93,8 +96,7 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         send_error=_send_error,
         on_status=app.state.metrics.response,
-        rate_limit=TokenBuckets(rate_rps=settings.rate_limit_rps, burst=settings.rate_limit_burst)
-        if settings.rate_limit_rps else None,
+        rate_limit=rate_limit,
     )
     return app
 

@@ -10,6 +10,7 @@ answer with route ``unverified`` and a note. A full fast-backend queue raises ``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Coroutine, Sequence
@@ -159,6 +160,7 @@ class RoutingService:
         """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
         and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
         timeout_s = self.settings.fast.timeout_s
+        requests = [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
         async with self._fast_limit.acquire():
             t0 = time.perf_counter()
             try:
@@ -249,6 +251,14 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decis
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
+    """The request as the fast tier reads it: the head of the state, at most ``max_chars``. A
+    read of a 900 KB message outlives its timeout and, in a thread, keeps running after it."""
+    if len(request.state) <= max_chars:
+        return request
+    return dataclasses.replace(request, state=request.state[:max_chars])
 
 
 def _encode(scores: OptionScores) -> bytes:
