@@ -41,8 +41,9 @@ class DecisionLog(ABC):
 
     @abstractmethod
     async def get(self, decision_id: str) -> dict[str, Any] | None:
-        """What feedback needs of a decision (``decision_id``, ``namespace``, ``options``,
-        ``answer``), or None when unknown. The full record is in the file, not in memory."""
+        """What feedback needs of a decision (``decision_index.feedback_view``: id, options,
+        answer, namespace, policy, route, escalated), or None when unknown. The full record is
+        in the file, not in memory."""
 
     @abstractmethod
     async def add_feedback(self, decision_id: str, label: str) -> None:
@@ -123,9 +124,8 @@ class JsonlDecisionLog(DecisionLog):
 
     def _remember(self, record: dict[str, Any], *, unsynced: bool = False) -> None:
         answer = record.get("answer")
-        self.index.add(str(record["decision_id"]), str(record.get("namespace") or ""),
-                       [str(o) for o in record.get("options") or ()],
-                       None if answer is None else str(answer), unsynced=unsynced)
+        self.index.add(str(record["decision_id"]), [str(o) for o in record.get("options") or ()],
+                       None if answer is None else str(answer), record, unsynced=unsynced)
 
 
 def make_decision_log(settings: Settings) -> DecisionLog:
