@@ -36,6 +36,12 @@ class PolicyFile(BaseModel):
     1 - delta) and ``coverage`` the share accepted, both on the ``n_tune`` threshold rows.
     ``max_escalation`` and ``budget_threshold`` are set when tuning had an escalation budget;
     ``budget_exceeded`` says the guarantee needed more escalation than the budget allows.
+    ``tuning`` says how the rows were spent: "split" (``n_calibration`` rows fit the calibrator,
+    ``n_tune`` others chose the threshold) or "cross-fitted" (out-of-fold reads over ``n_folds``
+    folds; every row did both, see docs/calibration.md for what that assumes). ``guarantee``
+    says what "accurate" means: agreement with a human label ("accuracy") or with the slow
+    model's answer ("agreement_with_slow", tuned on a shadow-mode log). ``shadow``: every
+    decision is also answered by the slow model, whose answer is served; the fast read is logged.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +65,10 @@ class PolicyFile(BaseModel):
     budget_threshold: float | None = None
     budget_exceeded: bool = False
     data_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tuning: Literal["split", "cross-fitted"] = "split"
+    n_folds: int | None = Field(default=None, ge=2)
+    guarantee: Literal["accuracy", "agreement_with_slow"] = "accuracy"
+    shadow: bool = False
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
