@@ -18,6 +18,10 @@ from policies.types import canonical_hash
 
 POLICY_FORMAT = "slotgate/policy"
 POLICY_VERSION = 1
+OnAlarm = Literal["escalate_all", "alert_only"]
+# How the policy is watched in production, not what it decides: left out of ``policy_id``, so
+# changing them keeps a policy's identity (and its alarm) while re-tuning gives a new one.
+MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference"})
 
 
 class PolicyFileError(ValueError):
@@ -26,6 +30,26 @@ class PolicyFileError(ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class ReferenceSummary(BaseModel):
+    """What drift monitoring keeps of the threshold rows (``calibration.monitoring``): their
+    confidences on the ranking grid, sorted, and the share the policy accepted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n: int = Field(ge=1)
+    accept_share: float = Field(ge=0, le=1)
+    confidence: list[float]
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidences(cls, value: list[float]) -> list[float]:
+        if not value:
+            raise ValueError("no confidences: the drift test needs the tuning rows'")
+        if any(not 0.0 <= v <= 1.0 for v in value):
+            raise ValueError("confidences must be in [0, 1]")
+        return value
 
 
 class PolicyFile(BaseModel):
@@ -41,7 +65,13 @@ class PolicyFile(BaseModel):
     folds; every row did both, see docs/calibration.md for what that assumes). ``guarantee``
     says what "accurate" means: agreement with a human label ("accuracy") or with the slow
     model's answer ("agreement_with_slow", tuned on a shadow-mode log). ``shadow``: every
-    decision is also answered by the slow model, whose answer is served; the fast read is logged.
+    decision is also answered by the slow model, whose answer is served; the fast read is logged
+    (left out of ``policy_id``: switching shadow off serves the same tuned policy).
+
+    Monitoring (docs/monitoring.md): ``audit_rate`` is the seeded share of accepted decisions
+    also sent to the slow model after the reply; ``on_alarm`` what an alarm does;
+    ``alarm_alpha`` the false-alarm probability of the drift and accuracy alarms together;
+    ``reference`` the tuning rows' summary (None in older files: no drift alarm).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -69,6 +99,10 @@ class PolicyFile(BaseModel):
     n_folds: int | None = Field(default=None, ge=2)
     guarantee: Literal["accuracy", "agreement_with_slow"] = "accuracy"
     shadow: bool = False
+    audit_rate: float = Field(default=0.0, ge=0, le=1)
+    on_alarm: OnAlarm = "escalate_all"
+    alarm_alpha: float = Field(default=0.05, gt=0, lt=1)
+    reference: ReferenceSummary | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
@@ -96,7 +130,8 @@ class PolicyFile(BaseModel):
     @property
     def policy_id(self) -> str:
         """The name plus a short hash of everything but the creation time."""
-        content = self.model_dump(mode="json", exclude={"created_at"})
+        content = self.model_dump(mode="json",
+                                  exclude={"created_at", "shadow", *MONITORING_FIELDS})
         return f"{self.name}@{canonical_hash(content)[:12]}"
 
     def runtime(self) -> TunedPolicy:

@@ -305,3 +305,9 @@ def serve(
         run_server(config=config, host=host, port=port)
     except (FileNotFoundError, ValueError) as exc:
         fail(f"--config: {exc}")
+
+
+# `slotgate monitor` lives with the monitoring it replays (router/monitoring/cli.py).
+from router.monitoring.cli import monitor as _monitor
+
+app.command(name="monitor")(_monitor)

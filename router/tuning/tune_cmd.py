@@ -30,6 +30,10 @@ def tune(
         help="Write the policy in shadow mode: every decision is also answered by the slow "
              "model, which is served (switch it off by editing the file; it reloads live).")] = False,
     seed: int = 0,
+    audit_rate: Annotated[float, typer.Option(help="Share of accepted decisions also sent to the "
+                                              "slow model after the reply (monitoring).")] = 0.0,
+    on_alarm: Annotated[str, typer.Option(help="escalate_all | alert_only: what a drift or "
+                                          "accuracy alarm does.")] = "escalate_all",
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -43,6 +47,7 @@ def tune(
     """
     from calibration.calibrators import calibrator_kinds
     from calibration.metrics import ece
+    from calibration.monitoring import reference_summary
     from policies.file import PolicyFile
     from policies.tuning import tune as tune_policy
     from policies.tuning import tune_crossfit
@@ -59,6 +64,10 @@ def tune(
         fail(f"--max-escalation must be in [0, 1], got {max_escalation}")
     if not 0.0 < calibration_fraction < 1.0:
         fail(f"--calibration-fraction must be in (0, 1), got {calibration_fraction}")
+    if not 0.0 <= audit_rate <= 1.0:
+        fail(f"--audit-rate must be in [0, 1], got {audit_rate}")
+    if on_alarm not in ("escalate_all", "alert_only"):
+        fail(f"--on-alarm must be escalate_all or alert_only, got {on_alarm!r}")
     check_out(out, "--out")
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
@@ -96,7 +105,8 @@ def tune(
         budget_threshold=result.budget_threshold, budget_exceeded=result.budget_exceeded,
         data_hash=data.data_hash, tuning="split" if folds is None else "cross-fitted",
         n_folds=result.n_folds, guarantee="agreement_with_slow" if n_slow else "accuracy",
-        shadow=shadow,
+        shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm,
+        reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
     )
     policy.write(out)
     if report is not None:
