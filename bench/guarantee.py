@@ -48,6 +48,7 @@ METHODS: dict[str, tuple[str, Callable[..., float | None]]] = {
     "split": ("split", gm.slotgate_threshold),
     "cross-fitted": ("cross-fitted", gm.slotgate_threshold),
     "naive (split rows)": ("split", gm.naive_threshold),
+    "cross-fitted, fold-0 model serves (diagnostic)": ("fold-0", gm.slotgate_threshold),
     "MAPIE (split rows)": ("split", gm.mapie_threshold),
     "MAPIE (cross-fitted rows)": ("cross-fitted", gm.mapie_threshold),
     "MAPIE fixed-sequence (cross-fitted rows)": (
@@ -60,18 +61,23 @@ def default_data_dir() -> Path:
 
 
 def load_pool(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, int]:
+    if args.model == "tfidf":  # texts: each fit is slotgate's own TF-IDF pipeline
+        saved = np.load(args.embeddings) if args.embeddings is not None else None
+        texts, y = (saved["texts"], saved["y"]) if saved is not None else read_pool(args.data)
+        return texts, y, int(y.max()) + 1
     if args.embeddings is not None:
         saved = np.load(args.embeddings)
         return saved["x"], saved["y"], int(saved["n_classes"])
     x, y, n_classes = embed_pool(args.data)
     if args.save_embeddings is not None:
-        np.savez_compressed(args.save_embeddings, x=x.astype(np.float32), y=y, n_classes=n_classes)
+        texts, _ = read_pool(args.data)
+        np.savez_compressed(args.save_embeddings, x=x.astype(np.float32), y=y, n_classes=n_classes,
+                            texts=texts)
     return x, y, n_classes
 
 
-def embed_pool(data_dir: Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """wordllama embeddings of train.csv + test.csv, labels as class indices, class count."""
-    from router.backends.embedding import load_encoder
+def read_pool(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """train.csv + test.csv: texts, and labels as class indices."""
     from router.tuning.predictions import read_texts
 
     if not (data_dir / "train.csv").is_file():
@@ -84,9 +90,17 @@ def embed_pool(data_dir: Path) -> tuple[np.ndarray, np.ndarray, int]:
                           require_labels=True)
         texts += rows.texts
         labels += [str(label) for label in rows.labels]
-    classes, y = np.unique(np.asarray(labels), return_inverse=True)
-    features = np.asarray(load_encoder("wordllama")(texts), dtype=np.float64)
-    return features, y.astype(np.int64), len(classes)
+    y = np.unique(np.asarray(labels), return_inverse=True)[1]
+    return np.asarray(texts), y.astype(np.int64)
+
+
+def embed_pool(data_dir: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """wordllama embeddings of train.csv + test.csv, labels as class indices, class count."""
+    from router.backends.embedding import load_encoder
+
+    texts, y = read_pool(data_dir)
+    features = np.asarray(load_encoder("wordllama")(list(texts)), dtype=np.float64)
+    return features, y, int(y.max()) + 1
 
 
 def one_draw(x: np.ndarray, y: np.ndarray, n_classes: int, *, labelled: int, n_folds: int,
@@ -94,11 +108,12 @@ def one_draw(x: np.ndarray, y: np.ndarray, n_classes: int, *, labelled: int, n_f
              ) -> dict[str, dict[str, Any]]:
     order = np.random.default_rng(seed).permutation(len(y))
     lab, held = order[:labelled], order[labelled:]
+    crossfit, fold0 = gm.crossfit_scores(x, y, lab, held, n_classes=n_classes,
+                                         calibrator=calibrator, seed=seed, n_folds=n_folds)
     scored = {
         "split": gm.split_scores(x, y, lab, held, n_classes=n_classes, calibrator=calibrator,
                                  seed=seed),
-        "cross-fitted": gm.crossfit_scores(x, y, lab, held, n_classes=n_classes,
-                                           calibrator=calibrator, seed=seed, n_folds=n_folds),
+        "cross-fitted": crossfit, "fold-0": fold0,
     }
     out: dict[str, dict[str, Any]] = {}
     for target in targets:
@@ -124,6 +139,10 @@ def summarise(draws: list[dict[str, dict[str, Any]]], key: str) -> dict[str, Any
             "mean_coverage": float(np.mean([r["coverage"] for r in rows])),
             "mean_accepted_accuracy": float(np.mean(accuracies)) if accuracies else None,
             "draws_without_threshold": sum(r["threshold"] is None for r in rows),
+            # tuning rows' minus held-back rows' accepted accuracy at the chosen threshold, on average
+            "mean_optimism": float(np.mean(
+                [r["tune_accepted_accuracy"] - r["accepted_accuracy"] for r in rows
+                 if r["accepted_accuracy"] is not None])) if accuracies else None,
         }
     return summary
 
@@ -139,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calibrator", default="temperature")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="10 draws, a smoke run")
+    parser.add_argument("--model", choices=("embeddings", "tfidf"), default="embeddings",
+                        help="embeddings: LR on wordllama embeddings (cheap); tfidf: the real "
+                             "TF-IDF pipeline of `train --kind tfidf` (7 fits a draw)")
     parser.add_argument("--jobs", type=int, default=1, help="draws run in parallel (joblib)")
     parser.add_argument("--embeddings", type=Path, default=None)
     parser.add_argument("--save-embeddings", type=Path, default=None)
@@ -168,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     summaries = {f"{t:.2f}": summarise(draws, f"{t:.2f}") for t in targets}
     held = len(y) - args.labelled
     table = Table(title=f"{draws_n} re-draws, delta {args.delta}, {args.labelled} labelled rows, "
-                        f"{held} held back; LR on wordllama embeddings, {args.calibrator}")
+                        f"{held} held back; {args.model} model, {args.calibrator}")
     for column in ("target", "method", "violation rate [95% CI]", "mean coverage",
                    "mean accepted acc", "no threshold"):
         table.add_column(column, justify="right")
@@ -186,11 +208,13 @@ def main(argv: list[str] | None = None) -> None:
                 for name, s in per.items() if name in ("cross-fitted", "MAPIE (cross-fitted rows)")}
     command = "python -m bench.guarantee" + (" --quick" if args.quick else
                                               f" --draws {draws_n}") + (
+        f" --model {args.model}" if args.model != "embeddings" else "") + (
         f" --jobs {args.jobs}" if args.jobs != 1 else "")
     report = {"command": command, "draws": draws_n, "labelled_rows": args.labelled,
               "held_back_rows": held, "pool_rows": len(y), "folds": args.folds,
               "delta": args.delta, "calibrator": args.calibrator,
-              "fast_model": "logistic regression on wordllama embeddings (cheap re-draw model)",
+              "fast_model": "logistic regression on wordllama embeddings (cheap re-draw model)"
+              if args.model == "embeddings" else "slotgate's TF-IDF pipeline (train --kind tfidf)",
               "data": "BANKING77 train.csv + test.csv", "elapsed_s": elapsed_s,
               "cpus": os.cpu_count(), "jobs": args.jobs,
               "headline": headline, "targets": summaries}

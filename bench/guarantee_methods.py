@@ -12,7 +12,8 @@ Test: a Hoeffding-Bentkus p-value per lambda, family-wise error control across l
 ``best_predict_param`` is the one with most recall of right answers, i.e. the lowest certified
 lambda (the most coverage). Two MAPIE set-ups are run: its defaults (a 100-point grid
 0..0.99, Bonferroni-Holm), and fixed-sequence testing over a 1000-point grid walked from high to
-low (the same multiple-testing scheme slotgate uses, so the difference is the p-value).
+low from the confidence that accepts 100 rows (the same multiple-testing scheme and start as
+slotgate, so the difference is the p-value and the grid).
 """
 
 from __future__ import annotations
@@ -37,18 +38,25 @@ class Scored:
     held_correct: NDArray[np.bool_]
 
 
-def fit_lr(features: FloatArray, labels: NDArray[np.int64], n_classes: int, seed: int) -> Any:
-    """The cheap fast model of the re-draws: logistic regression on fixed sentence embeddings.
-    It returns a predict function with one column per class of the whole pool (zeros for a
-    class this draw never saw), so every split's reads share one option list."""
+def fit_lr(features: Any, labels: NDArray[np.int64], n_classes: int, seed: int) -> Any:
+    """The fast model of the re-draws. On an embeddings matrix: logistic regression on fixed
+    sentence embeddings (the cheap model). On an array of texts: slotgate's TF-IDF pipeline
+    (``train --kind tfidf``). It returns a predict function with one column per class of the
+    whole pool (zeros for a class this draw never saw), so every split shares one option list."""
     from sklearn.linear_model import LogisticRegression
 
-    model = LogisticRegression(C=10.0, max_iter=300, tol=1e-3, random_state=seed)
-    model.fit(features, labels)
+    if features.dtype.kind in "OU":
+        from router.backends.sklearn import build_tfidf_pipeline
 
-    def predict(x: FloatArray) -> FloatArray:
+        model = build_tfidf_pipeline(seed=seed)
+        model.fit(list(features), labels)
+    else:
+        model = LogisticRegression(C=10.0, max_iter=300, tol=1e-3, random_state=seed)
+        model.fit(features, labels)
+
+    def predict(x: Any) -> FloatArray:
         out = np.zeros((len(x), n_classes))
-        out[:, model.classes_] = model.predict_proba(x)
+        out[:, model.classes_] = model.predict_proba(list(x) if x.dtype.kind in "OU" else x)
         return out
 
     return predict
@@ -82,7 +90,7 @@ def split_scores(x: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.int64
 
 def crossfit_scores(x: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.int64],
                     held: NDArray[np.int64], *, n_classes: int, calibrator: str, seed: int,
-                    n_folds: int) -> Scored:
+                    n_folds: int) -> tuple[Scored, Scored]:
     """The cross-fitted path: out-of-fold reads of every labelled row (as ``train --cv``), the
     calibrator cross-fitted over the same folds (as ``tune`` on such a file), the final model
     and calibrator fit on all labelled rows."""
@@ -92,16 +100,23 @@ def crossfit_scores(x: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.in
     y_lab = y[labelled]
     folds = stratified_folds(y_lab.tolist(), n_folds=n_folds, seed=seed)
     oof = np.zeros((len(labelled), n_classes))
+    fold_models = []
     for k in range(n_folds):
         inside = folds == k
-        predict = fit_lr(x[labelled[~inside]], y_lab[~inside], n_classes, seed)
-        oof[inside] = predict(x[labelled[inside]])
+        fold_models.append(fit_lr(x[labelled[~inside]], y_lab[~inside], n_classes, seed))
+        oof[inside] = fold_models[-1](x[labelled[inside]])
     answers, conf = answers_of(oof, crossfit_calibrated(oof, y_lab, folds, calibrator=calibrator))
     final = fit_lr(x[labelled], y_lab, n_classes, seed)
     fitted = make_calibrator(calibrator).fit(oof, y_lab)
     held_proba = final(x[held])
     held_answers, held_conf = answers_of(held_proba, fitted.transform(held_proba))
-    return Scored(conf, answers == y_lab, held_conf, held_answers == y[held])
+    # Diagnostic: the same threshold rows, but fold 0's own model and calibrator serve, i.e. the
+    # pipeline that read those rows instead of the final one fit on all of them.
+    fold0_cal = make_calibrator(calibrator).fit(oof[folds != 0], y_lab[folds != 0])
+    fold0_proba = fold_models[0](x[held])
+    fold0_answers, fold0_conf = answers_of(fold0_proba, fold0_cal.transform(fold0_proba))
+    return (Scored(conf, answers == y_lab, held_conf, held_answers == y[held]),
+            Scored(conf, answers == y_lab, fold0_conf, fold0_answers == y[held]))
 
 
 def slotgate_threshold(scored: Scored, *, target: float, delta: float) -> float | None:
@@ -123,7 +138,10 @@ def mapie_threshold(scored: Scored, *, target: float, delta: float, fixed_sequen
     from mapie.risk_control import BinaryClassificationController, precision
 
     if fixed_sequence:
-        grid = np.linspace(0.999, 0.0, 1000)  # high to low: rejection gets harder down the walk
+        # High to low, from where 100 rows are accepted: slotgate's walk starts there too (a
+        # start above that has too few rows to certify anything, and the walk would end at once).
+        start = float(np.sort(scored.tune_confidence)[::-1][min(99, len(scored.tune_confidence) - 1)])
+        grid = np.linspace(start, 0.0, 1000)
         options: dict[str, Any] = {"list_predict_params": grid, "fwer_method": "fixed_sequence"}
     else:
         options = {}  # MAPIE's defaults
@@ -146,8 +164,13 @@ def outcome(scored: Scored, threshold: float | None, target: float) -> dict[str,
     """Coverage and accepted accuracy on the held-back rows; a violation is accepted accuracy
     below the target (no threshold: everything escalates, coverage 0, no violation)."""
     if threshold is None:
-        return {"threshold": None, "coverage": 0.0, "accepted_accuracy": None, "violated": False}
+        return {"threshold": None, "coverage": 0.0, "accepted_accuracy": None, "violated": False,
+                "tune_accepted_accuracy": None}
     accepted = scored.held_confidence >= threshold
     accuracy = float(scored.held_correct[accepted].mean()) if accepted.any() else None
+    on_tune = scored.tune_confidence >= threshold
     return {"threshold": threshold, "coverage": float(accepted.mean()),
-            "accepted_accuracy": accuracy, "violated": accuracy is not None and accuracy < target}
+            "accepted_accuracy": accuracy, "violated": accuracy is not None and accuracy < target,
+            # what the rows that chose the threshold saw there: held minus this is the optimism
+            "tune_accepted_accuracy": float(scored.tune_correct[on_tune].mean())
+            if on_tune.any() else None}
