@@ -3,14 +3,17 @@
 ``kind`` picks the reader: ``diffusion`` (DiffusionGemma one-step read, torch_diffusion.py),
 ``causal`` (next-token read, torch_causal.py) or ``masked`` (``[MASK]`` read, torch_masked.py).
 Each option is shown with a one-token label (labels.py); the read is the softmax of the slot's
-logits over those label ids. Reads run in a worker thread, one batch at a time.
+logits over those label ids. Concurrent reads are coalesced into batches (coalescer.py) that run
+in one worker thread, one batch at a time. On CUDA the diffusion read is compiled and replayed as
+CUDA graphs captured at start-up (warm_up.py); ``ready()`` is False until then.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +26,7 @@ from router.backends.labels import (
     default_candidates,
     single_token_id,
 )
+from router.backends.torch.coalescer import Coalescer
 from router.backends.torch.diffusion import SlotItem, SlotRead
 from router.backends.torch.prompt import (
     DEFAULT_PREAMBLE,
@@ -38,6 +42,7 @@ from router.settings import FastBackendSettings
 
 ReadKind = Literal["diffusion", "causal", "masked"]
 MAX_LABELS = 128
+log = logging.getLogger(__name__)
 
 
 class TorchBackend(FastBackend):
@@ -49,6 +54,12 @@ class TorchBackend(FastBackend):
     (" " for BPE models that read " A" after "Answer:"). ``label_mode``: ``alphabet`` labels
     options A, B, ...; ``names`` reads the option names themselves (each must be one distinct
     token); ``auto`` reads the names when they qualify and the alphabet otherwise.
+
+    Speed settings: concurrent ``read`` calls wait at most ``coalesce_window_ms`` for companions
+    and run together up to ``max_batch`` items. ``compiled`` (default: on for a diffusion reader
+    on CUDA) compiles the one-pass read and captures CUDA graphs for ``graph_batches`` items x
+    ``graph_draws`` draws (default: 1 and ``samples``) x ``graph_widths`` prompt-rest tokens, with
+    prefixes up to ``graph_prefix_tokens``; a read outside those shapes runs eagerly.
     """
 
     name = "torch"
@@ -57,10 +68,13 @@ class TorchBackend(FastBackend):
         self, reader: Any, tokenizer: Any, *, kind: ReadKind, model_id: str,
         labels: Sequence[str] | None = None, label_prefix: str | None = None,
         preamble: str = DEFAULT_PREAMBLE, answer_prefix: str = "Answer:",
-        samples: int | None = None, max_batch: int = 16, max_tokens: int = 512,
+        samples: int | None = None, max_batch: int = 32, max_tokens: int = 512,
         canvas_length: int = 64, canvas_step: int = 16,
         thought_block: str = "<|channel>thought\n<channel|>", turn_close_id: int = 106,
         pad_id: int = 0, label_mode: Literal["alphabet", "names", "auto"] = "auto",
+        coalesce_window_ms: float = 2.0, compiled: bool | None = None,
+        graph_batches: Sequence[int] = (1, 2, 4, 8, 16, 32), graph_draws: Sequence[int] | None = None,
+        graph_widths: Sequence[int] = (64, 128, 256, 512), graph_prefix_tokens: int = 2048,
     ) -> None:
         if kind not in ("diffusion", "causal", "masked"):
             raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
@@ -78,7 +92,26 @@ class TorchBackend(FastBackend):
             "turn_close_id": turn_close_id, "pad_id": pad_id,
         }
         self._static: dict[str, tuple[tuple[int, ...], str]] = {}
-        self._lock = asyncio.Lock()
+        if coalesce_window_ms < 0 or max_batch < 1:
+            raise ConfigError("torch backend: coalesce_window_ms must be >= 0 and max_batch >= 1")
+        # One worker thread owns the model: warm-up first, then every batch, one at a time.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
+        self._coalescer: Coalescer[SlotItem, SlotRead] = Coalescer(
+            self.reader.read, executor=self._executor, window_s=coalesce_window_ms / 1000,
+            max_batch=max_batch)
+        self.graph_shapes = {
+            "batches": tuple(b for b in graph_batches if b <= max_batch),
+            "draws": tuple(graph_draws) if graph_draws else tuple(sorted({1, samples or 1})),
+            "widths": tuple(graph_widths), "prefix_tokens": graph_prefix_tokens,
+        }
+        self.compiled = False  # True once the compiled, graph-replayed read is warm
+        self._warm: Future[None] | None = None
+        on_cuda = getattr(getattr(reader, "device", None), "type", "cpu") == "cuda"
+        if kind == "diffusion" and getattr(reader, "onepass", None) is not None and (
+                compiled if compiled is not None else on_cuda):
+            from router.backends.torch.warm_up import warm_up
+
+            self._warm = self._executor.submit(warm_up, self)
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:
         if labels is not None:
@@ -116,18 +149,22 @@ class TorchBackend(FastBackend):
             ident["canvas"] = self.canvas
         return ident
 
+    async def ready(self) -> bool:
+        """False while the compiled read warms up (compiling, capturing graphs)."""
+        return self._warm is None or self._warm.done()
+
+    async def aclose(self) -> None:
+        await self._coalescer.aclose()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         items = [self.item(request) for request in requests]
-        reads: list[SlotRead] = []
-        async with self._lock:  # one model, one batch at a time
-            for start in range(0, len(items), self.max_batch):
-                chunk = items[start : start + self.max_batch]
-                try:
-                    reads += await asyncio.to_thread(self.reader.read, chunk)
-                except (RuntimeError, MemoryError) as exc:  # device errors, out of memory
-                    raise BackendUnavailable(f"torch {self.kind} read failed: {exc}") from exc
-                except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
-                    raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
+        try:  # coalesced with other callers' items into one batch
+            reads = await self._coalescer.submit(items)
+        except (RuntimeError, MemoryError) as exc:  # device errors, out of memory
+            raise BackendUnavailable(f"torch {self.kind} read failed: {exc}") from exc
+        except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
+            raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
         return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
 
     def _scores(self, request: DecisionRequest, read: SlotRead) -> OptionScores:
