@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from policies.types import DecisionRequest, OptionScores, canonical_hash
 from router.backends.base import FastBackend
@@ -38,7 +38,9 @@ from router.backends.torch.prompt import (
     masked_prompt,
 )
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
-from router.settings import FastBackendSettings
+
+if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
+    from router.settings import FastBackendSettings
 
 ReadKind = Literal["diffusion", "causal", "masked"]
 MAX_LABELS = 128

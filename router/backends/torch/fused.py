@@ -252,8 +252,10 @@ class OnePass:
             key_pos = prefix.positions[kind]
             visible = key_pos[None, :] < start  # filled slots only
             if sliding:  # a query's lowest visible position
+                # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
                 low = torch.cat([(start + query).repeat(batch.input_ids.shape[0]),
-                                 (start + row_len).repeat_interleave(canvas_len)]) - (self.window - 1)
+                                 (start + row_len)[:, None].expand(-1, canvas_len).reshape(-1)])
+                low = low - (self.window - 1)
                 visible = visible & (key_pos[None, :] >= low[:, None])
             else:
                 n_queries = batch.input_ids.numel() + batch.canvas.numel()
