@@ -47,6 +47,11 @@ class DecisionLog(ABC):
     async def add_feedback(self, decision_id: str, label: str) -> None:
         """Store the true answer of a logged decision."""
 
+    async def add_event(self, record: dict[str, Any]) -> None:
+        """Store a record that is neither a decision nor feedback (an audit label, a monitoring
+        alarm): it carries its own ``type`` and is never returned by ``get``."""
+        raise NotImplementedError(f"{type(self).__name__} does not store events")
+
     async def aclose(self) -> None:
         """Flush everything to disk. Idempotent; a later append reopens."""
 
@@ -92,6 +97,16 @@ class JsonlDecisionLog(DecisionLog):
 
     async def add_feedback_encoded(self, decision_id: str, label: str) -> bytes:
         data = encode_record(feedback_record(decision_id, label))
+        await self._write(data)
+        return data
+
+    async def add_event(self, record: dict[str, Any]) -> None:
+        await self.add_event_encoded(record)
+
+    async def add_event_encoded(self, record: dict[str, Any]) -> bytes:
+        if record.get("type") in (None, "decision", "feedback"):
+            raise ValueError("an event record needs its own type (not decision or feedback)")
+        data = encode_record({"time": time.time(), **record})
         await self._write(data)
         return data
 
@@ -175,6 +190,10 @@ class RedisStreamDecisionLog(DecisionLog):
 
     async def add_feedback(self, decision_id: str, label: str) -> None:
         data = await self.jsonl.add_feedback_encoded(decision_id, label)
+        self._enqueue(data, None)
+
+    async def add_event(self, record: dict[str, Any]) -> None:
+        data = await self.jsonl.add_event_encoded(record)
         self._enqueue(data, None)
 
     async def flush(self) -> None:
@@ -283,8 +302,9 @@ def encode_record(record: dict[str, Any]) -> bytes:
                           default=_jsonable).encode()
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every parseable record of a JSONL log; a torn last line (a crash mid-write) is skipped."""
+def read_records(path: Path, *, events: bool = False) -> Iterator[dict[str, Any]]:
+    """Every parseable record of a JSONL log; a torn last line (a crash mid-write) is skipped.
+    Records without a decision id (monitoring alarms) only with ``events``."""
     if not path.is_file():
         return
     with path.open("rb") as f:
@@ -293,7 +313,8 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("decision_id"):
+            if isinstance(record, dict) and (record.get("decision_id") or
+                                             (events and record.get("type"))):
                 yield record
 
 

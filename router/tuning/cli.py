@@ -251,6 +251,10 @@ def tune(
     name: Annotated[str | None, typer.Option(help="Policy name (default: the --out file stem).")] = None,
     report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
     seed: int = 0,
+    audit_rate: Annotated[float, typer.Option(help="Share of accepted decisions also sent to the "
+                                              "slow model after the reply (monitoring).")] = 0.0,
+    on_alarm: Annotated[str, typer.Option(help="escalate_all | alert_only: what a drift or "
+                                          "accuracy alarm does.")] = "escalate_all",
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -260,6 +264,7 @@ def tune(
     """
     from calibration.calibrators import calibrator_kinds
     from calibration.metrics import ece
+    from calibration.monitoring import reference_summary
     from policies.file import PolicyFile
     from policies.tuning import tune as tune_policy
 
@@ -273,6 +278,10 @@ def tune(
         fail(f"--max-escalation must be in [0, 1], got {max_escalation}")
     if not 0.0 < calibration_fraction < 1.0:
         fail(f"--calibration-fraction must be in (0, 1), got {calibration_fraction}")
+    if not 0.0 <= audit_rate <= 1.0:
+        fail(f"--audit-rate must be in [0, 1], got {audit_rate}")
+    if on_alarm not in ("escalate_all", "alert_only"):
+        fail(f"--on-alarm must be escalate_all or alert_only, got {on_alarm!r}")
     check_out(out, "--out")
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
@@ -293,7 +302,8 @@ def tune(
         bound=risk.bound, coverage=risk.coverage, n_tune=risk.n,
         n_calibration=result.n_calibration, seed=seed, max_escalation=max_escalation,
         budget_threshold=result.budget_threshold, budget_exceeded=result.budget_exceeded,
-        data_hash=data.data_hash,
+        data_hash=data.data_hash, audit_rate=audit_rate, on_alarm=on_alarm,
+        reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
     )
     policy.write(out)
     if report is not None:
@@ -461,3 +471,9 @@ def serve(
         run_server(config=config, host=host, port=port)
     except (FileNotFoundError, ValueError) as exc:
         fail(f"--config: {exc}")
+
+
+# `slotgate monitor` lives with the monitoring it replays (router/monitoring/cli.py).
+from router.monitoring.cli import monitor as _monitor
+
+app.command(name="monitor")(_monitor)
