@@ -56,7 +56,8 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         DiffusionSlotReader(model), tokenizer, kind="diffusion", model_id="random-weights",
         canvas_length=args.canvas, turn_close_id=int(tokenizer.eos_token_id or 0),
         max_batch=32, coalesce_window_ms=2.0, compiled=device.type == "cuda",
-        graph_batches=(1, 2, 4, 8, 16, 32), graph_draws=(1, 4), graph_widths=(args.width,))
+        graph_batches=(1, 2, 4, 8, 16, 32), graph_draws=(1, 4), graph_widths=(224, 256),
+        graph_prefix_tokens=args.prefix_capacity)
     return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))
 
 

@@ -55,9 +55,18 @@ def build_model(args: argparse.Namespace, device: Any) -> Any:
     import torch
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
-    config = tiny_config() if args.tiny else DiffusionGemmaConfig(**json.loads(Path(args.config).read_text()))
+    if args.tiny:
+        config = tiny_config()
+    else:
+        raw = json.loads(Path(args.config).read_text())
+        if args.layers:  # a shallower model of the same width: quick agreement checks
+            text = raw["text_config"]
+            text["num_hidden_layers"], text["layer_types"] = args.layers, text["layer_types"][: args.layers]
+        config = DiffusionGemmaConfig(**raw)
     config.canvas_length = args.canvas
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.dtype:
+        dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     with torch.device(device):
         model = DiffusionGemmaForBlockDiffusion._from_config(
@@ -106,6 +115,20 @@ def time_reads(read: Callable[[list[SlotItem]], Any], pool: list[SlotItem], batc
     return {"p50_ms": p50, "p99_ms": percentile(times, 99), "reads_per_s": batch / (p50 / 1000), "n": iters}
 
 
+def make_fast(args: argparse.Namespace, model: Any, device: Any) -> DiffusionSlotReader:
+    """The product's compiled one-pass reader, replaying CUDA graphs on the device."""
+    vocab = model.config.get_text_config().vocab_size
+    fast = DiffusionSlotReader(model)
+    # inductor on the device; on the CPU (--tiny) the same graphs traced without a C++ build
+    compile_pieces(fast.onepass, backend="inductor" if device.type == "cuda" else "aot_eager")  # type: ignore[arg-type]
+    if device.type == "cuda":
+        fast.graphs = GraphSet(fast, batches=(1, 8, *args.batches), draws=(1, 2, 4), widths=args.widths,
+                               prefix_tokens=args.prefix_capacity, labels=128)
+        sample = make_items(args, vocab, 1, 1)[0]
+        fast.graphs.warm_up(sample.prefix_ids, sample.canvas_ids, args.slot)
+    return fast
+
+
 def raw_blocks(args: argparse.Namespace, model: Any, device: Any, log: Callable[[str], None],
                results: dict[str, Any], deadline: float) -> DiffusionSlotReader:
     """Raw-reader variants; returns the compiled, graph-replaying reader for later blocks."""
@@ -113,15 +136,8 @@ def raw_blocks(args: argparse.Namespace, model: Any, device: Any, log: Callable[
     configs = [(1, 1), (4, 1), *((1, b) for b in args.batches)]
     two_pass = DiffusionSlotReader(model, fused_pass=False)
     eager = DiffusionSlotReader(model)
-    fast = DiffusionSlotReader(model)
     started = time.monotonic()
-    # inductor on the device; on the CPU (--tiny) the same graphs traced without a C++ build
-    compile_pieces(fast.onepass, backend="inductor" if device.type == "cuda" else "aot_eager")  # type: ignore[arg-type]
-    if device.type == "cuda":
-        fast.graphs = GraphSet(fast, batches=(1, *args.batches), draws=(1, 4), widths=(args.width,),
-                               prefix_tokens=2048, labels=128)
-        sample = make_items(args, vocab, 1, 1)[0]
-        fast.graphs.warm_up(sample.prefix_ids, sample.canvas_ids, args.slot)
+    fast = make_fast(args, model, device)
     results["raw_compile_capture_s"] = time.monotonic() - started
     log(f"compiled + captured in {results['raw_compile_capture_s']:.1f} s")
     variants = [("two_pass/eager", two_pass, [(1, 1), (1, args.batches[0])]), ("onepass/eager", eager, configs),
@@ -142,20 +158,36 @@ def raw_blocks(args: argparse.Namespace, model: Any, device: Any, log: Callable[
     return fast
 
 
-def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader) -> dict[str, Any]:
-    """Largest label-probability differences against the eager one-pass read, same items."""
+def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | None,
+              device: Any) -> dict[str, Any]:
+    """Label-probability differences against transformers' two-pass read of the same items: the
+    one-pass read eagerly (with the attention kernel the reader picked, and with the float32
+    reference attention) and compiled + replayed (where graphs can be captured in this dtype)."""
     import numpy as np
+
+    from router.backends.torch.prefix_attention import attend_math
 
     vocab = model.config.get_text_config().vocab_size
     items = make_items(args, vocab, 8, 2, seed=99)
-    want = DiffusionSlotReader(model).read(items)
-    out: dict[str, Any] = {"items": len(items), "draws": 2}
-    for name, reader in (("compiled_graph", fast), ("two_pass", DiffusionSlotReader(model, fused_pass=False))):
-        got = reader.read(items)
+    want = DiffusionSlotReader(model, fused_pass=False).read(items)
+    out: dict[str, Any] = {"items": len(items), "draws": 2, "dtype": str(next(model.parameters()).dtype),
+                           "layers": model.config.get_text_config().num_hidden_layers,
+                           "max_proba": max(float(r.proba.max()) for r in want)}
+    reference = DiffusionSlotReader(model)
+    reference.onepass.attend = attend_math  # type: ignore[union-attr]
+    readers: list[tuple[str, Any]] = [("onepass_eager", lambda: DiffusionSlotReader(model)),
+                                      ("onepass_eager_math_attention", lambda: reference),
+                                      ("compiled_graph", lambda: fast if fast is not None and fast.graphs
+                                       is not None else make_fast(args, model, device))]
+    for name, make in readers:
+        try:
+            got = make().read(items)
+        except Exception as exc:  # noqa: BLE001 (reported; the other comparisons still count)
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            continue
         diff = max(float(np.abs(a.draws - b.draws).max()) for a, b in zip(got, want))
         top = float(np.mean([a.proba.argmax() == b.proba.argmax() for a, b in zip(got, want)]))
         out[name] = {"max_abs_proba_diff": diff, "same_top_label": top}
-    out["max_proba"] = max(float(r.proba.max()) for r in want)
     return out
 
 
@@ -194,7 +226,12 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny random config (CPU test)")
     parser.add_argument("--static-tokens", type=int, default=1400)
     parser.add_argument("--message-tokens", type=int, default=200)
-    parser.add_argument("--width", type=int, default=256, help="prompt-rest bucket of the graphs")
+    parser.add_argument("--widths", type=int, nargs="+", default=[224, 256],
+                        help="prompt-rest token buckets of the raw reader's graphs")
+    parser.add_argument("--prefix-capacity", type=int, default=1536,
+                        help="graph_prefix_tokens: the largest static prefix the graphs hold")
+    parser.add_argument("--layers", type=int, default=0, help="keep only the first N layers (0: all)")
+    parser.add_argument("--dtype", default="", help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--canvas", type=int, default=64)
     parser.add_argument("--slot", type=int, default=8)
     parser.add_argument("--options", type=int, default=77)
@@ -228,11 +265,11 @@ def main() -> None:
         "targets": TARGETS, "variants": {},
     }
     log(f"built model in {time.monotonic() - started:.1f} s on {device}; {results['params_b']} B params")
-    fast = DiffusionSlotReader(model)
+    fast: Any = None
     blocks: list[tuple[str, Callable[[], Any]]] = [
         ("raw", lambda: raw_blocks(args, model, device, log, results, deadline)),
-        ("agreement", lambda: agreement(args, model, fast)),
-        ("profile", lambda: profile(args, model, fast, device)),
+        ("agreement", lambda: agreement(args, model, fast, device)),
+        ("profile", lambda: profile(args, model, fast or make_fast(args, model, device), device)),
         ("backend", lambda: measure_backend(args, model, device, log, deadline)),
     ]
     for name, run in blocks:

@@ -14,6 +14,7 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,7 +32,7 @@ from router.backends.torch.diffusion import SlotItem, SlotRead
 from router.backends.torch.prompt import (
     DEFAULT_PREAMBLE,
     TEMPLATE_VERSION,
-    PromptIds,
+    Canvas,
     answer_canvas,
     chat_static,
     encode,
@@ -76,7 +77,8 @@ class TorchBackend(FastBackend):
         pad_id: int = 0, label_mode: Literal["alphabet", "names", "auto"] = "auto",
         coalesce_window_ms: float = 2.0, compiled: bool | None = None,
         graph_batches: Sequence[int] = (1, 2, 4, 8, 16, 32), graph_draws: Sequence[int] | None = None,
-        graph_widths: Sequence[int] = (64, 128, 256, 512), graph_prefix_tokens: int = 2048,
+        graph_widths: Sequence[int] = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512),
+        graph_prefix_tokens: int = 2048,
     ) -> None:
         if kind not in ("diffusion", "causal", "masked"):
             raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
@@ -93,7 +95,7 @@ class TorchBackend(FastBackend):
             "length": canvas_length, "step": canvas_step, "thought_block": thought_block,
             "turn_close_id": turn_close_id, "pad_id": pad_id,
         }
-        self._static: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._questions: dict[tuple[str, str], _Question] = {}
         if coalesce_window_ms < 0 or max_batch < 1:
             raise ConfigError("torch backend: coalesce_window_ms must be >= 0 and max_batch >= 1")
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
@@ -178,23 +180,51 @@ class TorchBackend(FastBackend):
 
     def item(self, request: DecisionRequest) -> SlotItem:
         """The token-level read of one request; BackendRejected when it cannot be read."""
+        question = self.question(request)
+        if self.kind == "masked":  # the state is cut to fit, so the whole prompt is per request
+            prompt = masked_prompt(self.tokenizer, request, question.labels, preamble=self.preamble,
+                                   answer_prefix=self.answer_prefix, max_tokens=self.max_tokens)
+            return SlotItem(prompt.prefix_ids, prompt.suffix_ids, (), 0, question.label_ids, 1, request.seed)
+        suffix = encode(self.tokenizer, request.state) + question.tail_ids
+        if question.canvas is None:
+            return SlotItem(question.prefix_ids, suffix, (), 0, question.label_ids, 1, request.seed)
+        return SlotItem(question.prefix_ids, suffix, question.canvas.ids, question.canvas.slot,
+                        question.label_ids, self.samples or request.samples, request.seed)
+
+    def question(self, request: DecisionRequest) -> _Question:
+        """What every state of one question shares, tokenized once: labels, the static prefix
+        (the prefix cache's key), the answer tail and the canvas. Why: tokenizing 77 option
+        names per request cost more host time than a batched GPU read leaves per request."""
+        key = (request.signature(), request.question_id)
+        cached = self._questions.get(key)
+        if cached is not None:
+            return cached
         n = len(request.options)
         if n < 2:
             raise BackendRejected(f"torch backend reads 2 or more options, got {n}", field="options")
         labels, label_ids = self.labels_for(request)
+        prefix_ids: tuple[int, ...] = ()
+        tail_ids: tuple[int, ...] = ()
+        canvas: Canvas | None = None
         try:
-            prompt = self.prompt(request, labels)
+            if self.kind != "masked":
+                kwargs = {"enable_thinking": False} if self.kind == "diffusion" else {}
+                prefix_ids, after = chat_static(self.tokenizer, request, labels, preamble=self.preamble,
+                                                **kwargs)
+                tail_ids = encode(self.tokenizer, after + self.answer_prefix)
+            if self.kind == "diffusion":
+                canvas = answer_canvas(
+                    self.tokenizer, request.question_id, thought_block=self.canvas["thought_block"],
+                    turn_close_id=self.canvas["turn_close_id"], pad_id=self.canvas["pad_id"],
+                    canvas_length=self.canvas["length"], canvas_step=self.canvas["step"],
+                    first_label_id=label_ids[0])
         except ValueError as exc:
             raise BackendRejected(str(exc), field="options") from exc
-        if self.kind != "diffusion":
-            return SlotItem(prompt.prefix_ids, prompt.suffix_ids, (), 0, label_ids, 1, request.seed)
-        canvas = answer_canvas(
-            self.tokenizer, request.question_id, thought_block=self.canvas["thought_block"],
-            turn_close_id=self.canvas["turn_close_id"], pad_id=self.canvas["pad_id"],
-            canvas_length=self.canvas["length"], canvas_step=self.canvas["step"],
-            first_label_id=label_ids[0])
-        return SlotItem(prompt.prefix_ids, prompt.suffix_ids, canvas.ids, canvas.slot, label_ids,
-                        self.samples or request.samples, request.seed)
+        question = _Question(labels, label_ids, prefix_ids, tail_ids, canvas)
+        if len(self._questions) >= 256:
+            self._questions.clear()
+        self._questions[key] = question
+        return question
 
     def labels_for(self, request: DecisionRequest) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The option labels and their token ids (see ``label_mode``)."""
@@ -212,22 +242,14 @@ class TorchBackend(FastBackend):
                 f"torch backend reads up to {len(self.alphabet)} options, got {n}", field="options")
         return self.alphabet.labels[:n], self.alphabet.ids[:n]
 
-    def prompt(self, request: DecisionRequest, labels: tuple[str, ...]) -> PromptIds:
-        if self.kind == "masked":
-            return masked_prompt(self.tokenizer, request, labels, preamble=self.preamble,
-                                 answer_prefix=self.answer_prefix, max_tokens=self.max_tokens)
-        # The static part is tokenized once per question (its ids are the prefix cache's key).
-        key = request.signature()
-        static = self._static.get(key)
-        if static is None:
-            kwargs = {"enable_thinking": False} if self.kind == "diffusion" else {}
-            static = chat_static(self.tokenizer, request, labels, preamble=self.preamble, **kwargs)
-            if len(self._static) >= 256:
-                self._static.clear()
-            self._static[key] = static
-        prefix, after = static
-        suffix = encode(self.tokenizer, request.state) + encode(self.tokenizer, after + self.answer_prefix)
-        return PromptIds(prefix, suffix)
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    labels: tuple[str, ...]
+    label_ids: tuple[int, ...]
+    prefix_ids: tuple[int, ...]  # static prompt (empty for masked reads)
+    tail_ids: tuple[int, ...]  # after the state: the template's close and the answer prefix
+    canvas: Canvas | None  # diffusion reads only
 
 
 def make_reader(kind: str, model: Any, tokenizer: Any, *, use_prefix_cache: bool = True) -> Any:

@@ -1,7 +1,7 @@
 """Concurrent reads gathered into one batch: what a proxy's concurrent requests need from one GPU.
 
-Callers ``submit`` their items; one worker task takes everything pending (waiting at most
-``window_s`` after the first arrival, or until ``max_batch`` items wait), runs it as one call of
+Callers ``submit`` their items; one worker task takes everything pending (under concurrency
+waiting at most ``window_s`` for more, or until ``max_batch`` items wait), runs it as one call of
 ``run_batch`` in a single worker thread, and answers each caller with its own slice. A caller
 never straddles two batches unless it brings more than ``max_batch`` items. When a batch fails,
 each caller's items are read again alone, so one request's failure fails only that request.
@@ -44,6 +44,7 @@ class Coalescer(Generic[Item, Result]):
         self._full: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self.batches = 0  # batches run, for tests and metrics
+        self._last_size = 0  # items in the last batch
 
     async def submit(self, items: Sequence[Item]) -> list[Result]:
         """The results of ``items``, in order, read in whichever batches they joined."""
@@ -81,7 +82,10 @@ class Coalescer(Generic[Item, Result]):
         assert self._arrived is not None and self._full is not None
         while True:
             await self._arrived.wait()
-            if self.window_s > 0 and not self._full.is_set():
+            # Wait for companions only under concurrency (the last batch was shared, or several
+            # callers wait now): a lone caller's read starts at once.
+            busy = self._last_size > 1 or len(self._pending) > 1
+            if self.window_s > 0 and busy and not self._full.is_set():
                 try:  # a short window for companions of the first arrival
                     await asyncio.wait_for(self._full.wait(), timeout=self.window_s)
                 except TimeoutError:
@@ -109,6 +113,7 @@ class Coalescer(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         flat = [item for entry in batch for item in entry.items]
         self.batches += 1
+        self._last_size = len(flat)
         try:
             results = await loop.run_in_executor(self.executor, self.run_batch, flat)
         except Exception as exc:  # noqa: BLE001 (each caller gets its own outcome below)

@@ -1,6 +1,6 @@
 """Compiled pieces of the one-pass read (fused.py): RMSNorm as one kernel, the q/k/v half of
-attention and the feed-forward half of a layer. Each is a torch.compile of the eager function
-it replaces, set on one ``OnePass`` instance (nothing in transformers is patched).
+attention, the log-sum-exp merge and the feed-forward half of a layer. Each is a torch.compile
+of the eager function it replaces, set on one ``OnePass`` instance (transformers is not patched).
 
 Why these three: they hold no KV cache and take the layer as an argument, so one compiled graph
 (dynamic shapes) serves every layer and every batch; compiling whole layers recompiles per layer.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.backends.torch.fused import OnePass, ffn_half, qkv_half, rms_norm
+from router.backends.torch.prefix_attention import merge
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 
@@ -42,8 +43,9 @@ def compile_pieces(onepass: OnePass, *, backend: str = "inductor") -> None:
     onepass.norm = norm
     onepass.qkv = torch.compile(qkv_half, dynamic=True, backend=backend)
     onepass.ffn = torch.compile(ffn_half, dynamic=True, backend=backend)
+    onepass.merge = torch.compile(merge, dynamic=True, backend=backend)  # one kernel, not eight
 
 
 def reset_pieces(onepass: OnePass) -> None:
     """Back to the eager functions (the fall-back when compiling fails)."""
-    onepass.norm, onepass.qkv, onepass.ffn = rms_norm, qkv_half, ffn_half
+    onepass.norm, onepass.qkv, onepass.ffn, onepass.merge = rms_norm, qkv_half, ffn_half, merge

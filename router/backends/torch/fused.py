@@ -121,7 +121,7 @@ def slot_read(model: Any, softcap: float | None, hidden: Any, slots: Any, label_
 
 
 class OnePass:
-    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm`` and ``attend`` may
+    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend`` may
     be replaced by compiled or kernel versions (compiled.py); each computes what its default does."""
 
     def __init__(self, model: Any) -> None:
@@ -135,6 +135,7 @@ class OnePass:
         self.qkv: Any = qkv_half
         self.norm: Any = rms_norm
         self.attend: Attend = attend_math
+        self.merge: Any = merge
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -218,8 +219,8 @@ class OnePass:
         def back(x: Any, like: Any) -> Any:  # (H, B*M, ...) -> (B, H, M, ...)
             return x.reshape(n_heads, like.shape[0], like.shape[2], *x.shape[2:]).transpose(0, 1)
 
-        out_e = merge(out_e, lse_e, back(out_p[:, :n_enc], q_e), back(lse_p[:, :n_enc], q_e))
-        out_d = merge(out_d, lse_d, back(out_p[:, n_enc:], q_d), back(lse_p[:, n_enc:], q_d))
+        out_e = self.merge(out_e, lse_e, back(out_p[:, :n_enc], q_e), back(lse_p[:, :n_enc], q_e))
+        out_d = self.merge(out_d, lse_d, back(out_p[:, n_enc:], q_d), back(lse_p[:, n_enc:], q_d))
         return out_e, out_d
 
     def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
