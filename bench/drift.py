@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "alarm_kinds": {k: kinds.count(k) for k in sorted(set(map(str, kinds)))},
         "mapie_detection_delay_median": float(np.median(mapie_delays)),
         "mapie_detected_share": float(np.mean([d <= n_post for d in mapie_delays])),
+        "delay_when_missed": n_post + 1,  # a replay with no alarm in the window counts so
         "pre_shift_rows": n_pre,
         "post_shift_rows": n_post,
         "shift_share": args.shift_share,

@@ -4,10 +4,10 @@ variables, which win) and passed down. Fitted artifacts (models, policies) are f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -15,19 +15,41 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from router.backends.options import BackendOptions, parse_options
+
 BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torch"]
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
 class FastBackendSettings(BaseModel):
-    """Which fast backend to build and its options (each backend documents its own ``options``)."""
+    """Which fast backend to build and its options: ``options`` is validated against the options
+    model of ``kind`` (router/backends/options.py) when settings load."""
 
     kind: BackendKind = "sklearn"
     model_path: Path | None = None  # sklearn/embedding artifact, or a local model folder
     url: str | None = None  # systemone / vllm server
     api_key: SecretStr | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: BackendOptions = Field(default_factory=dict, validate_default=True)
     timeout_s: float = Field(0.25, gt=0)  # past it the decision escalates
+    # The fast tier reads at most this many characters of the state (the head): a 900 KB
+    # message must not make every read time out and keep working after it did.
+    max_input_chars: int = Field(20_000, ge=1)
     max_concurrency: int = Field(64, ge=1)
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options_of_kind(cls, value: Any, info: ValidationInfo) -> BackendOptions:
+        kind = info.data.get("kind")
+        if kind is None:  # kind itself failed validation; that error is reported already
+            return BackendOptions()
+        return parse_options(kind, value)
+
+    def options_as(self, model: type[OptionsT]) -> OptionsT:
+        """The options as ``model`` (what the backend of ``kind`` reads)."""
+        options = self.options
+        if not isinstance(options, model):
+            raise TypeError(f"fast.options are {type(options).__name__}, not {model.__name__}")
+        return options
 
 
 class SlowPathSettings(BaseModel):
@@ -59,9 +81,22 @@ class PolicySettings(BaseModel):
     allow_fingerprint_mismatch: bool = False
 
 
+class MonitoringSettings(BaseModel):
+    """Production monitoring of tuned policies (docs/monitoring.md); what to audit and what an
+    alarm does are per policy, in the policy files."""
+
+    enabled: bool = True
+    audit_queue: int = Field(1000, ge=1)  # audits waiting beyond it are dropped (counted)
+    audit_workers: int = Field(2, ge=1)  # concurrent audit calls to the slow model
+
+
 class LogSettings(BaseModel):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
+    # The in-memory index /v1/feedback reads (recent decisions; older ones are found in Redis
+    # when configured): bounded by entries and by bytes, whatever the messages' size.
+    max_index: int = Field(100_000, ge=1)
+    max_index_bytes: int = Field(32 * 2**20, ge=1024)
 
 
 class Settings(BaseSettings):
@@ -89,6 +124,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
 

@@ -9,6 +9,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.types import Decision, DecisionRequest, OptionScores, Verdict
@@ -17,11 +18,12 @@ from router.monitoring.watch import Alarm, PolicyWatch, WatchSettings
 
 if TYPE_CHECKING:
     from router.routing.registry import RuntimePolicy
+    from router.settings import Settings
     from router.store.metrics import Metrics
 
 logger = logging.getLogger("slotgate.monitoring")
 EventSink = Callable[[dict[str, Any]], Awaitable[None]]
-SlowAnswer = Callable[[DecisionRequest, list[dict[str, Any]] | None], Awaitable[str]]
+SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 
 
@@ -81,8 +83,7 @@ class Monitor:
             watch = self.watches[settings.policy_id] = PolicyWatch(settings)
         return WatchedPolicy(runtime, watch, self)
 
-    def after(self, requests: Sequence[DecisionRequest], decisions: Sequence[Decision], *,
-              messages: list[dict[str, Any]] | None = None) -> None:
+    def after(self, requests: Sequence[DecisionRequest], decisions: Sequence[Decision]) -> None:
         """Queue audits of the accepted decisions the draw picks; never waits."""
         if self._answer is None:
             return
@@ -92,7 +93,7 @@ class Monitor:
                     or decision.route not in ("fast", "cache") or not watch.wants_audit()):
                 continue
             self.audits.submit(AuditJob(decision.policy_id, decision.decision_id,
-                                        decision.answer, request, messages))
+                                        decision.answer, request))
 
     async def feedback(self, record: dict[str, Any], label: str) -> None:
         """A human label for a logged decision: counted for an accepted one not labelled yet."""
@@ -138,7 +139,7 @@ class Monitor:
 
     async def _audit_answer(self, job: AuditJob) -> str:
         assert self._answer is not None
-        return await self._answer(job.request, job.messages)
+        return await self._answer(job.request)
 
     async def _audit_label(self, job: AuditJob, label: str) -> None:
         correct = label == job.answer
@@ -180,3 +181,35 @@ class Monitor:
             await self._events(record)
         except OSError as exc:
             logger.warning("monitoring record not written to the decision log: %s", exc)
+
+
+def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
+                 slow: Any) -> Monitor:
+    """The app's monitor: alarms and audit labels go to the decision log, audits to the slow
+    path (when one is configured), alarms recorded in the log before a restart are re-armed
+    once the policies are wrapped (``restore_from_log``)."""
+
+    async def answer(request: DecisionRequest) -> str:
+        if slow is None or not slow.available:
+            from router.errors import NoSlowModel
+
+            raise NoSlowModel("audit")
+        return str((await slow.decide(request)).answer)
+
+    return Monitor(metrics=metrics, events=getattr(decision_log, "add_event", None),
+                   answer=answer, audit_capacity=settings.monitoring.audit_queue,
+                   audit_workers=settings.monitoring.audit_workers)
+
+
+def restore_from_log(monitor: Monitor, path: Path) -> int:
+    """Re-arm the alarms a decision log holds for the policies ``monitor`` watches."""
+    from router.store.decision_log import read_records
+
+    if not monitor.watches:
+        return 0
+    restored = monitor.restore(r for r in read_records(path, events=True)
+                               if r.get("type") == "alarm")
+    if restored:
+        logger.warning("%d policy alarm(s) restored from %s: those policies stay in alarm "
+                       "until re-tuned", restored, path)
+    return restored

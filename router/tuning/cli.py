@@ -433,10 +433,16 @@ def compare(
 def export_log(
     out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
     config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log.")] = None,
-    log: Annotated[Path | None, typer.Option(help="Decision log JSONL (default: the config's).")] = None,
+    log: Annotated[list[Path] | None, typer.Option(
+        help="Decision log JSONL (default: the config's). Repeat it to join the logs of several "
+             "replicas: feedback sent to one replica for a decision made on another is in the "
+             "other's log.")] = None,
     signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
                                                   "holds several.")] = None,
     labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
+    audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
+                                               "audit (the slow model's answer); a human label "
+                                               "wins.")] = False,
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
     from router.settings import load_settings
@@ -445,16 +451,18 @@ def export_log(
 
     check_out(out, "--out")
     try:
-        source = log if log is not None else load_settings(config).log.decision_log_path
+        sources = log if log else [load_settings(config).log.decision_log_path]
     except (FileNotFoundError, ValueError) as exc:
         fail(f"--config: {exc}")
-    if not source.is_file():
-        fail(f"decision log {source}: file not found")
+    for source in sources:
+        if not source.is_file():
+            fail(f"decision log {source}: file not found")
     try:
-        n = export_predictions(source, out, signature=signature, labelled_only=labelled_only)
+        n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
+                               audit_labels=audit_labels)
     except PredictionsError as exc:
         fail(exc.message)
-    typer.echo(f"wrote {n} predictions from {source} to {out}")
+    typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}")
 
 
 @app.command()

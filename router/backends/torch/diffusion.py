@@ -7,9 +7,7 @@ one decoder step runs, and the slot's soft-capped logits are read over the label
 
 from __future__ import annotations
 
-import copy
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +15,7 @@ import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
 from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
+from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
 from router.backends.torch.prefix_attention import pick_attend
 from router.backends.torch.prefix_lru import PrefixLRU
 
@@ -59,11 +58,6 @@ class GroupBatch:
     slots: Any  # (R,)
     label_index: Any  # (R, L) label ids, padded with 0
     label_valid: Any  # (R, L) bool
-
-
-def cache_kwarg(function: Callable[..., Any]) -> str:
-    """transformers 5.17 names the KV cache ``past_key_values``; later versions ``cache``."""
-    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
 
 
 def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int]:
@@ -299,30 +293,3 @@ class DiffusionSlotReader:
     def slot_read(self, hidden: Any, batch: GroupBatch) -> tuple[Any, Any, Any]:
         return slot_read(self.model, self.softcap, hidden, batch.slots, batch.label_index,
                          batch.label_valid)
-
-
-def fork_cache(cache: Any, batch: int) -> Any:
-    """A new cache object over the same prefix tensors, expanded to ``batch`` rows. Encoder
-    updates reassign (torch.cat) rather than write in place, so the shared prefix never changes."""
-    fork = copy.copy(cache)
-    fork.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        if getattr(layer, "is_initialized", False):
-            twin.keys = layer.keys.expand(batch, -1, -1, -1)
-            twin.values = layer.values.expand(batch, -1, -1, -1)
-        fork.layers.append(twin)
-    return fork
-
-
-def select_cache_rows(cache: Any, rows: Any) -> Any:
-    """A cache whose row r is ``cache`` row ``rows[r]`` (one per noise draw)."""
-    fork = copy.copy(cache)
-    fork.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        if getattr(layer, "is_initialized", False):
-            twin.keys = layer.keys.index_select(0, rows)
-            twin.values = layer.values.index_select(0, rows)
-        fork.layers.append(twin)
-    return fork

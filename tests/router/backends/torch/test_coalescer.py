@@ -205,3 +205,15 @@ def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[An
             np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
     finally:
         warm_up.warm_up = original
+
+
+def test_speed_options_are_validated_settings() -> None:
+    from pydantic import ValidationError
+
+    from router.backends.torch.options import TorchOptions
+
+    options = TorchOptions(kind="diffusion", coalesce_window_ms=1.5, max_batch=8, compiled=False,
+                           graph_widths=[64, 128], graph_prefix_tokens=1024)
+    assert options.model_dump(exclude_unset=True)["graph_widths"] == [64, 128]
+    with pytest.raises(ValidationError, match="coalesce_window_ms"):
+        TorchOptions(kind="diffusion", coalesce_window_ms=-1)
