@@ -223,7 +223,7 @@ class RoutingService:
     ) -> tuple[str, bool]:
         """(answer, served from the slow cache). Raises SlowPathError subclasses."""
         if self.slow is None or not self.slow.available:
-            raise SlowPathUnavailable(NO_SLOW_MODEL)
+            raise SlowPathUnavailable(getattr(self.slow, "unavailable_reason", None) or NO_SLOW_MODEL)
         key = slow_key(namespace, request, self.settings.slow.model or "")
         [blob] = await self.cache.get_many([key])
         if blob is not None and blob.decode(errors="replace") in request.option_names:
