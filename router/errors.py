@@ -4,6 +4,8 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     SlotgateError
     ├── RequestError                 4xx, the caller's fault; ``field`` names what is wrong
     │   ├── InvalidRequest           400 (422 on System One schema errors)
+    │   ├── UnprocessableRequest     422: the fast backend (or its server) cannot read this request as
+    │   │                            given (answer template past the canvas): no escalation, no cache
     │   ├── PayloadTooLarge          413
     │   ├── Unauthorized             401
     │   ├── Forbidden                403 (model or URL outside the allow-list)
@@ -14,7 +16,8 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     │   ├── BackendRejected          the backend refused our request (400/422: a bug or a limit)
     │   └── BackendMalformed         an answer we cannot read (bad JSON, wrong options)
     ├── SlowPathError                502
-    │   ├── SlowPathUnavailable      503 (includes: no slow model configured)
+    │   ├── SlowPathUnavailable      503
+    │   │   └── NoSlowModel          503: no slow model is configured
     │   ├── SlowPathTimeout          504
     │   ├── SlowPathRateLimited      429 passed through, with Retry-After
     │   └── SlowPathInvalidAnswer    502: no valid option after one corrective retry
@@ -44,6 +47,14 @@ class RequestError(SlotgateError):
 
 class InvalidRequest(RequestError):
     pass
+
+
+class UnprocessableRequest(RequestError):
+    """A request the fast backend's server refuses for what the caller sent (its 422), or one the
+    backend finds unreadable as given: the caller's error, answered 422 with the reason. Raised by
+    backends; the service lets it through (a slow model would only hide it, at a price)."""
+
+    status_code = 422
 
 
 class PayloadTooLarge(RequestError):
@@ -96,6 +107,16 @@ class SlowPathError(SlotgateError):
 
 class SlowPathUnavailable(SlowPathError):
     status_code = 503
+
+
+NO_SLOW_MODEL = "no slow model is configured (set SLOTGATE_SLOW_MODEL)"
+
+
+class NoSlowModel(SlowPathUnavailable):
+    """The one "no slow model" error: ``what`` (escalation, passthrough) cannot be done."""
+
+    def __init__(self, what: str = "escalation") -> None:
+        super().__init__(f"{what} unavailable: {NO_SLOW_MODEL}")
 
 
 class SlowPathTimeout(SlowPathError):

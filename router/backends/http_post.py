@@ -1,7 +1,9 @@
 """One JSON POST to a backend server (System One or vLLM), with the retry rules of the protocol
 notes: classified by status, never by message text, and translated into ``router.errors`` here.
 
-    400/401/403/404/413/422 (any other 4xx)  -> BackendRejected, never retried
+    400/401/403/404/413/422 (any other 4xx)  -> BackendRejected, never retried; a status listed in
+                                                ``caller_statuses`` (System One's 422: the body's
+                                                content is refused) -> UnprocessableRequest
     500, 502                                 -> retried ``retries_5xx`` times, then BackendUnavailable
     429, 503, 529                            -> retried after Retry-After while the total wait stays
                                                 within ``max_retry_wait_s``, then BackendUnavailable
@@ -13,9 +15,7 @@ notes: classified by status, never by message text, and translated into ``router
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
-import time
 from typing import Any
 
 import httpx
@@ -25,7 +25,9 @@ from router.errors import (
     BackendRejected,
     BackendTimeout,
     BackendUnavailable,
+    UnprocessableRequest,
 )
+from router.retry_after import retry_after_s
 
 RETRY_AFTER_STATUSES = frozenset({429, 503, 529})
 RETRY_SPARINGLY_STATUSES = frozenset({500, 502})
@@ -65,22 +67,6 @@ def error_message(response: httpx.Response) -> str:
     return json.dumps(body)[:300]
 
 
-def retry_after_s(response: httpx.Response) -> float:
-    """Seconds asked by a Retry-After header (delta-seconds or an HTTP date)."""
-    value = response.headers.get("retry-after")
-    if value is None:
-        return DEFAULT_RETRY_AFTER_S
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return DEFAULT_RETRY_AFTER_S
-    return max(0.0, when.timestamp() - time.time())
-
-
 class JsonPoster:
     """POSTs JSON bodies through one ``httpx.AsyncClient`` under a concurrency cap.
 
@@ -101,11 +87,13 @@ class JsonPoster:
         max_retry_wait_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
         what: str = "backend",
+        caller_statuses: frozenset[int] = frozenset(),
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._what = what
+        self._caller_statuses = caller_statuses
         self._retries_5xx = retries_5xx
         self._retry_backoff_s = retry_backoff_s
         self._max_retry_wait_s = max_retry_wait_s
@@ -136,7 +124,8 @@ class JsonPoster:
                     await asyncio.sleep(self._retry_backoff_s * failures_5xx)
                     continue
                 if status in RETRY_AFTER_STATUSES:
-                    wait_s = retry_after_s(response)
+                    asked_s = retry_after_s(response.headers)
+                    wait_s = DEFAULT_RETRY_AFTER_S if asked_s is None else asked_s
                     if waited_s + wait_s > self._max_retry_wait_s:
                         raise BackendUnavailable(
                             f"{message} (Retry-After {wait_s:g} s is past the retry budget)"
@@ -148,6 +137,8 @@ class JsonPoster:
                     raise BackendTimeout(message)
                 if status >= 500:
                     raise BackendUnavailable(message)
+                if status in self._caller_statuses:
+                    raise UnprocessableRequest(error_message(response))
                 raise BackendRejected(message)
 
     async def _send(self, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -167,6 +158,14 @@ class JsonPoster:
             raise BackendMalformed(f"{self._what} answered 200 with a non-object JSON body")
         return payload
 
+    async def status_of(self, path: str, body: dict[str, Any]) -> int | None:
+        """The status a POST of ``body`` gets (readiness probes), None when unreachable."""
+        try:
+            response = await self._client.post(path, json=body)
+        except httpx.HTTPError:
+            return None
+        return response.status_code
+
     async def get_ok(self, path: str) -> bool:
         """True when a GET answers 2xx (readiness probes); never raises."""
         try:
@@ -179,4 +178,4 @@ class JsonPoster:
         await self._client.aclose()
 
 
-__all__ = ["JsonPoster", "error_message", "retry_after_s"]
+__all__ = ["JsonPoster", "error_message"]

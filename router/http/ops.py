@@ -6,6 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from router.http.state import app_state
+
 
 def make_router() -> APIRouter:
     router = APIRouter()
@@ -16,8 +18,8 @@ def make_router() -> APIRouter:
 
     @router.get("/readyz", tags=["ops"], response_model=None)
     async def readyz(request: Request) -> JSONResponse:
-        service = request.app.state.service
-        settings = request.app.state.settings
+        state = app_state(request)
+        service, settings = state.service, state.settings
         checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
         if settings.cache.redis_url:
             checks["redis"] = bool(await service.cache.ping())
@@ -31,7 +33,7 @@ def make_router() -> APIRouter:
 
     @router.get("/metrics", tags=["ops"])
     async def metrics(request: Request) -> Response:
-        registry = request.app.state.metrics
+        registry = app_state(request).metrics
         return Response(registry.render(), media_type=registry.content_type)
 
     return router

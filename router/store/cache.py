@@ -14,11 +14,12 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policies.types import DecisionRequest, canonical_hash
 from router.errors import InvalidRequest
+from router.store.redis_client import redis_client
 
 if TYPE_CHECKING:
     from router.settings import CacheSettings
@@ -103,19 +104,11 @@ class RedisCache(Cache):
     def __init__(self, url: str, *, ttl_s: int, on_error: ErrorCallback | None = None,
                  timeout_s: float = 0.25, retry_interval_s: float = 1.0,
                  log_interval_s: float = 60.0) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.ttl_s = int(ttl_s)
         self.retry_interval_s = retry_interval_s
         self.log_interval_s = log_interval_s
         self._on_error = on_error
-        # No client-side retries: a miss is cheaper than waiting for a Redis that is not there.
-        self.client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-        )
+        self.client: Any = redis_client(url, timeout_s=timeout_s)
         self.healthy = True
         self._down_since: float | None = None  # monotonic time of the last failure while down
         self._last_log = -float("inf")
@@ -204,12 +197,15 @@ def _key(namespace: str, kind: str, payload: dict[str, Any]) -> str:
     return f"slotgate:v1:{namespace}:{kind}:{canonical_hash(payload)}"
 
 
-def read_key(namespace: str, request: DecisionRequest, fingerprint: str) -> str:
-    """Key of a raw fast read: the question's signature, the state, the sampling, the backend."""
-    return _key(namespace, "read", {
-        "signature": request.signature(), "state": request.state,
-        "samples": request.samples, "seed": request.seed, "fingerprint": fingerprint,
-    })
+def read_key(namespace: str, request: DecisionRequest, fingerprint: str,
+             inputs: Mapping[str, Any] | None = None) -> str:
+    """Key of a raw fast read: what the backend's read depends on (``inputs``, from its
+    ``read_inputs``; by default the question's signature, the state and the sampling) and the
+    backend's fingerprint."""
+    if inputs is None:
+        inputs = {"signature": request.signature(), "state": request.state,
+                  "samples": request.samples, "seed": request.seed}
+    return _key(namespace, "read", {**inputs, "fingerprint": fingerprint})
 
 
 def slow_key(namespace: str, request: DecisionRequest, model: str) -> str:

@@ -46,9 +46,7 @@ class RedisStreamDecisionLog(DecisionLog):
                  retry_interval_s: float = 1.0, max_pending: int = 10_000,
                  max_pending_bytes: int = 32 * 2**20, keys_per_batch: int = 1000,
                  max_batch_bytes: int = 4 * 2**20) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from router.store.redis_client import redis_client
 
         self.stream = stream
         self.ttl_s = ttl_s
@@ -65,9 +63,7 @@ class RedisStreamDecisionLog(DecisionLog):
         self.jsonl.index.mark_all_unsynced()
         self.redis_errors = 0  # records (or keys) whose sending failed, retries included
         self.dropped = 0  # stream entries dropped from a full queue (the JSONL file has them)
-        self.client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0))
+        self.client: Any = redis_client(url, timeout_s=timeout_s)
         # This replica's marker: gone from Redis = Redis lost what this replica wrote.
         self._marker = f"{stream}:replica:{uuid.uuid4().hex}"
         self._digests: dict[tuple[str, ...], str] = {}

@@ -24,6 +24,7 @@ from router.backends.labels import (
     single_token_id,
 )
 from router.backends.torch.diffusion import SlotItem, SlotRead
+from router.backends.torch.options import TorchOptions
 from router.backends.torch.prompt import (
     DEFAULT_PREAMBLE,
     TEMPLATE_VERSION,
@@ -88,10 +89,12 @@ class TorchBackend(FastBackend):
 
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> TorchBackend:
-        options = dict(settings.options)
-        kind = options.pop("kind", None)
-        if settings.model_path is None or kind is None:
-            raise ConfigError("torch backend needs fast.model_path and fast.options.kind")
+        typed = settings.options_as(TorchOptions)  # validated when settings loaded
+        # Unset (and null) options keep this constructor's own defaults.
+        options = {k: v for k, v in typed.model_dump(exclude_unset=True).items() if v is not None}
+        kind = options.pop("kind")
+        if settings.model_path is None:
+            raise ConfigError("torch backend needs fast.model_path", field="fast.model_path")
         return cls.from_folder(kind, settings.model_path, **options)
 
     @classmethod

@@ -32,6 +32,7 @@ from standins.systemone_server import SystemOneStandin
 from standins.vllm_server import VllmStandin
 from tests.conftest import free_port
 from tests.router.backends.standins import (
+    bpe_tokenizer,
     intent_names,
     intent_request,
     small_reader,
@@ -112,10 +113,11 @@ def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
 
 
 def systemone_case(url: str) -> Case:
+    from router.backends.options import SystemOneOptions
     from router.backends.systemone import SystemOneBackend
 
-    def make(**overrides: Any) -> FastBackend:
-        return SystemOneBackend(**{"url": url, **overrides})
+    def make(url: str = url, **overrides: Any) -> FastBackend:
+        return SystemOneBackend(url, SystemOneOptions(**overrides))
 
     return Case(
         make=make,
@@ -126,17 +128,18 @@ def systemone_case(url: str) -> Case:
 
 
 def vllm_case(url: str) -> Case:
+    from router.backends.options import VllmOptions
     from router.backends.vllm import VllmBackend
 
-    tok = small_tokenizer()
+    tok = bpe_tokenizer()
 
-    def make(**overrides: Any) -> FastBackend:
-        options = {"url": url, "tokenizer": tok, "turn_close_id": tok.sep_token_id, **overrides}
-        return VllmBackend(**options)
+    def make(url: str = url, **overrides: Any) -> FastBackend:
+        return VllmBackend(url, VllmOptions(**overrides), tokenizer=tok)
 
     return Case(
         make=make,
-        variants={"model": {"model": "dgemma-fp8"}, "template": {"preamble": "Pick one intent."},
+        variants={"model": {"model": "dgemma-fp8"},
+                  "template": {"thought_block": "<|channel>thought\n\n<channel|>"},
                   "canvas": {"canvas_length": 32}, "samples": {"samples": 4},
                   "labels": {"labels": ["Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z"]}},
         broken=lambda: (make(url=f"http://127.0.0.1:{free_port()}"), BackendUnavailable),
@@ -191,7 +194,7 @@ def systemone_url(banking77_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def vllm_url(banking77_dir: Path) -> Iterator[str]:
-    with VllmStandin(reader=small_reader(banking77_dir), tokenizer=small_tokenizer()) as server:
+    with VllmStandin(reader=small_reader(banking77_dir), tokenizer=bpe_tokenizer()) as server:
         yield server.url
 
 
