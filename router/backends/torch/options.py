@@ -25,10 +25,17 @@ class TorchOptions(BackendOptions):
     preamble: str | None = None
     answer_prefix: str = "Answer:"
     samples: int | None = Field(None, ge=1)
-    max_batch: int = Field(16, ge=1)
+    max_batch: int = Field(32, ge=1)  # items coalesced into one batch
     max_tokens: int = Field(512, ge=1)
     canvas_length: int = Field(64, ge=2)
     canvas_step: int = Field(16, ge=1)
     thought_block: str = "<|channel>thought\n<channel|>"
     turn_close_id: int = Field(106, ge=0)
     pad_id: int = Field(0, ge=0)
+    # Speed (coalescer.py, warm_up.py, graphs.py); see TorchBackend's docstring.
+    coalesce_window_ms: float = Field(2.0, ge=0)
+    compiled: bool | None = None  # None: on for a diffusion reader on CUDA
+    graph_batches: list[int] | None = None
+    graph_draws: list[int] | None = None
+    graph_widths: list[int] | None = None
+    graph_prefix_tokens: int = Field(2048, ge=1)
