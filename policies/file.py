@@ -59,6 +59,9 @@ class PolicyFile(BaseModel):
     budget_threshold: float | None = None
     budget_exceeded: bool = False
     data_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # The option names tuned on, in order (None in files written before it was recorded):
+    # `slotgate eval` refuses predictions over other options.
+    options: list[str] | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
@@ -86,7 +89,9 @@ class PolicyFile(BaseModel):
     @property
     def policy_id(self) -> str:
         """The name plus a short hash of everything but the creation time."""
-        content = self.model_dump(mode="json", exclude={"created_at"})
+        # Unrecorded options are left out, so files written before the field keep their ids.
+        exclude = {"created_at"} | ({"options"} if self.options is None else set())
+        content = self.model_dump(mode="json", exclude=exclude)
         return f"{self.name}@{canonical_hash(content)[:12]}"
 
     def runtime(self) -> TunedPolicy:

@@ -46,13 +46,20 @@ def create_app(
     slow: Any | None = None,
     cache: Any | None = None,
     decision_log: Any | None = None,
+    close_backend: bool = False,
 ) -> FastAPI:
     """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
-    are and left open at shutdown; parts the app builds itself, it closes."""
+    are and left open at shutdown; parts the app builds itself, it closes. ``close_backend``: the
+    backend passed in is the app's to close (``slotgate serve`` builds it before uvicorn starts,
+    so that a bad model file is one message and exit 2, not a lifespan traceback)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            if backend is not None and close_backend:
+                stack.push_async_callback(backend.aclose)
+            app.state.decision_log_path = (
+                settings.log.decision_log_path if decision_log is None else None)
             app.state.service = await _build_service(
                 settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
                 metrics=app.state.metrics)
@@ -108,8 +115,10 @@ async def _build_service(
 
     # Closed in reverse order of registration: the log last, so it records every drained decision.
     if decision_log is None:
+        from router.http.startup import check_decision_log
         from router.store.decision_log import make_decision_log
 
+        check_decision_log(settings.log.decision_log_path)
         decision_log = make_decision_log(settings)
         stack.push_async_callback(decision_log.aclose)
     if cache is None:

@@ -15,6 +15,7 @@ every input is read and checked before the first output is written. A typical ru
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -33,6 +34,18 @@ def fail(message: str) -> NoReturn:
 def check_out(path: Path, what: str) -> None:
     if not path.parent.is_dir():
         fail(f"{what} {path}: folder {path.parent} does not exist")
+
+
+def check_folder(path: Path, what: str) -> None:
+    """A folder that exists or can be made: its nearest existing ancestor is a writable folder.
+    Checked before any output is written, so a bad --report leaves no policy behind."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        fail(f"{what} {path}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK):
+        fail(f"{what} {path}: folder {ancestor} is not writable")
 
 
 def progress() -> Any:
@@ -274,6 +287,8 @@ def tune(
     if not 0.0 < calibration_fraction < 1.0:
         fail(f"--calibration-fraction must be in (0, 1), got {calibration_fraction}")
     check_out(out, "--out")
+    if report is not None:
+        check_folder(report, "--report")
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
     signature = single(data.signatures, "signature", preds)
@@ -293,7 +308,7 @@ def tune(
         bound=risk.bound, coverage=risk.coverage, n_tune=risk.n,
         n_calibration=result.n_calibration, seed=seed, max_escalation=max_escalation,
         budget_threshold=result.budget_threshold, budget_exceeded=result.budget_exceeded,
-        data_hash=data.data_hash,
+        data_hash=data.data_hash, options=list(data.options),
     )
     policy.write(out)
     if report is not None:
@@ -327,6 +342,9 @@ def evaluate(
     policy: Annotated[Path, typer.Option(help="Policy JSON from `slotgate tune`.")],
     report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    allow_mismatch: Annotated[bool, typer.Option(
+        help="Evaluate even when the predictions come from another backend (fingerprint) or "
+             "another question (options) than the policy was tuned on.")] = False,
 ) -> None:
     """Evaluate a policy on labelled predictions.
 
@@ -336,15 +354,26 @@ def evaluate(
     from policies.file import PolicyFileError, load_policy
     from policies.tuning import evaluate as evaluate_policy
 
+    if report is not None:
+        check_folder(report, "--report")
     try:
         tuned = load_policy(policy)
     except PolicyFileError as exc:
         fail(str(exc))
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
+    # A policy's threshold means something only for the backend and question it was tuned on.
+    mismatches = []
     if fingerprint != tuned.backend_fingerprint:
-        typer.echo(f"warning: {preds} has backend fingerprint {fingerprint}, the policy was tuned "
-                   f"for {tuned.backend_fingerprint}", err=True)
+        mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
+                          f"tuned for {tuned.backend_fingerprint}")
+    if tuned.options is not None and tuple(tuned.options) != data.options:
+        mismatches.append(f"{preds} has options {_preview(data.options)}, the policy {policy} was "
+                          f"tuned on {_preview(tuned.options)}")
+    if mismatches and not allow_mismatch:
+        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
+    for line in mismatches:
+        typer.echo(f"warning: {line}", err=True)
     mask = data.labelled
     runtime = tuned.runtime()
     try:
@@ -372,6 +401,12 @@ def evaluate(
         ("ECE before calibration", fmt(metrics["ece_before"], metrics["ece_before_ci"])),
         ("ECE after calibration", fmt(metrics["ece_after"], metrics["ece_after_ci"])),
     ])
+
+
+def _preview(options: Any) -> str:
+    names = list(options)
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"[{shown}] ({len(names)})"
 
 
 @app.command()
@@ -422,22 +457,26 @@ def compare(
 @app.command(name="export-log")
 def export_log(
     out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
-    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log.")] = None,
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log "
+                                                "(default: ./slotgate.yaml when present).")] = None,
     log: Annotated[Path | None, typer.Option(help="Decision log JSONL (default: the config's).")] = None,
     signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
                                                   "holds several.")] = None,
     labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
+    from router.errors import ConfigError
+    from router.http.server import default_config
     from router.settings import load_settings
     from router.store.decision_log import export_predictions
     from router.tuning.predictions import PredictionsError
 
     check_out(out, "--out")
-    try:
-        source = log if log is not None else load_settings(config).log.decision_log_path
-    except (FileNotFoundError, ValueError) as exc:
-        fail(f"--config: {exc}")
+    try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
+        source = log if log is not None else load_settings(
+            default_config(config)).log.decision_log_path
+    except ConfigError as exc:
+        fail(exc.message)
     if not source.is_file():
         fail(f"decision log {source}: file not found")
     try:
@@ -455,9 +494,10 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default: the config's).")] = None,
 ) -> None:
     """Run the routing proxy (OpenAI and System One routes) under uvicorn."""
+    from router.errors import ConfigError
     from router.http.server import serve as run_server
 
     try:
         run_server(config=config, host=host, port=port)
-    except (FileNotFoundError, ValueError) as exc:
-        fail(f"--config: {exc}")
+    except ConfigError as exc:  # settings, decision log, model or policy: named in the message
+        fail(exc.message)
