@@ -18,6 +18,10 @@ from policies.types import canonical_hash
 
 POLICY_FORMAT = "slotgate/policy"
 POLICY_VERSION = 1
+OnAlarm = Literal["escalate_all", "alert_only"]
+# How the policy is watched in production, not what it decides: left out of ``policy_id``, so
+# changing them keeps a policy's identity (and its alarm) while re-tuning gives a new one.
+MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference"})
 
 
 class PolicyFileError(ValueError):
@@ -28,6 +32,26 @@ class PolicyFileError(ValueError):
         self.field = field
 
 
+class ReferenceSummary(BaseModel):
+    """What drift monitoring keeps of the threshold rows (``calibration.monitoring``): their
+    confidences on the ranking grid, sorted, and the share the policy accepted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n: int = Field(ge=1)
+    accept_share: float = Field(ge=0, le=1)
+    confidence: list[float]
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidences(cls, value: list[float]) -> list[float]:
+        if not value:
+            raise ValueError("no confidences: the drift test needs the tuning rows'")
+        if any(not 0.0 <= v <= 1.0 for v in value):
+            raise ValueError("confidences must be in [0, 1]")
+        return value
+
+
 class PolicyFile(BaseModel):
     """What a tuned policy is and why it can be trusted.
 
@@ -36,6 +60,11 @@ class PolicyFile(BaseModel):
     1 - delta) and ``coverage`` the share accepted, both on the ``n_tune`` threshold rows.
     ``max_escalation`` and ``budget_threshold`` are set when tuning had an escalation budget;
     ``budget_exceeded`` says the guarantee needed more escalation than the budget allows.
+
+    Monitoring (docs/monitoring.md): ``audit_rate`` is the seeded share of accepted decisions
+    also sent to the slow model after the reply; ``on_alarm`` what an alarm does;
+    ``alarm_alpha`` the false-alarm probability of the drift and accuracy alarms together;
+    ``reference`` the tuning rows' summary (None in older files: no drift alarm).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +88,10 @@ class PolicyFile(BaseModel):
     budget_threshold: float | None = None
     budget_exceeded: bool = False
     data_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    audit_rate: float = Field(default=0.0, ge=0, le=1)
+    on_alarm: OnAlarm = "escalate_all"
+    alarm_alpha: float = Field(default=0.05, gt=0, lt=1)
+    reference: ReferenceSummary | None = None
     # The option names tuned on, in order (None in files written before it was recorded):
     # `slotgate eval` refuses predictions over other options.
     options: list[str] | None = None
@@ -90,7 +123,7 @@ class PolicyFile(BaseModel):
     def policy_id(self) -> str:
         """The name plus a short hash of everything but the creation time."""
         # Unrecorded options are left out, so files written before the field keep their ids.
-        exclude = {"created_at"} | ({"options"} if self.options is None else set())
+        exclude = {"created_at", *MONITORING_FIELDS} | ({"options"} if self.options is None else set())
         content = self.model_dump(mode="json", exclude=exclude)
         return f"{self.name}@{canonical_hash(content)[:12]}"
 

@@ -36,6 +36,9 @@ class FastBackendSettings(BaseModel):
     api_key: SecretStr | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float = Field(0.25, gt=0)  # past it the decision escalates
+    # The fast tier reads at most this many characters of the state (the head): a 900 KB
+    # message must not make every read time out and keep working after it did.
+    max_input_chars: int = Field(20_000, ge=1)
     max_concurrency: int = Field(64, ge=1)
 
 
@@ -75,9 +78,22 @@ class PolicySettings(BaseModel):
     allow_fingerprint_mismatch: bool = False
 
 
+class MonitoringSettings(BaseModel):
+    """Production monitoring of tuned policies (docs/monitoring.md); what to audit and what an
+    alarm does are per policy, in the policy files."""
+
+    enabled: bool = True
+    audit_queue: int = Field(1000, ge=1)  # audits waiting beyond it are dropped (counted)
+    audit_workers: int = Field(2, ge=1)  # concurrent audit calls to the slow model
+
+
 class LogSettings(BaseModel):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
+    # The in-memory index /v1/feedback reads (recent decisions; older ones are found in Redis
+    # when configured): bounded by entries and by bytes, whatever the messages' size.
+    max_index: int = Field(100_000, ge=1)
+    max_index_bytes: int = Field(32 * 2**20, ge=1024)
 
 
 class Settings(BaseSettings):
@@ -105,6 +121,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
 

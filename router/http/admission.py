@@ -50,7 +50,7 @@ class AdmissionGuard:
         try:
             namespace = self._namespace(scope)
             if self.rate_limit is not None and scope["path"] not in _OPEN_PATHS:
-                self.rate_limit.take(namespace)
+                await self.rate_limit.acquire(namespace)
             receive = await self._bounded_body(scope, receive)
         except SlotgateError as exc:
             await self.send_error(scope, send, exc)

@@ -30,7 +30,7 @@ from router.http.admission import AdmissionGuard
 from router.http.heap import freeze_after_warm_up, freeze_heap
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
-from router.http.ratelimit import TokenBuckets
+from router.http.ratelimit import make_rate_limit
 from router.http.systemone.routes import make_router as systemone_routes
 from router.settings import Settings
 from router.store.metrics import Metrics
@@ -58,6 +58,8 @@ def create_app(
         async with AsyncExitStack() as stack:
             if backend is not None and close_backend:
                 stack.push_async_callback(backend.aclose)
+            if rate_limit is not None:
+                stack.push_async_callback(rate_limit.aclose)
             app.state.decision_log_path = (
                 settings.log.decision_log_path if decision_log is None else None)
             app.state.service = await _build_service(
@@ -83,6 +85,7 @@ def create_app(
                             SHUTDOWN_DRAIN_S)
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 
+    rate_limit = make_rate_limit(settings)  # shared through Redis when one is configured
     app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = Metrics()
@@ -100,8 +103,7 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         send_error=_send_error,
         on_status=app.state.metrics.response,
-        rate_limit=TokenBuckets(rate_rps=settings.rate_limit_rps, burst=settings.rate_limit_burst)
-        if settings.rate_limit_rps else None,
+        rate_limit=rate_limit,
     )
     return app
 
@@ -131,7 +133,6 @@ async def _build_service(
 
         backend = build_backend(settings.fast)
         stack.push_async_callback(backend.aclose)
-    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
     if slow is None:
         from router.routing.slow import (
             SlowPath,  # litellm itself is imported on the first slow call
@@ -139,8 +140,18 @@ async def _build_service(
 
         slow = SlowPath(settings.slow)
         stack.push_async_callback(slow.aclose)
+    monitor = None
+    if settings.monitoring.enabled:
+        from router.monitoring.monitor import make_monitor, restore_from_log
+
+        monitor = make_monitor(settings, metrics=metrics, decision_log=decision_log, slow=slow)
+        stack.push_async_callback(monitor.aclose)  # audits finish before the slow path closes
+    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
+                                   monitor=monitor)
+    if monitor is not None:
+        restore_from_log(monitor, settings.log.decision_log_path)
     return RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
-                          log=decision_log, metrics=metrics, settings=settings)
+                          log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
 
 
 # ---- the one mapping from the error tree to HTTP -------------------------------------------

@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.types import DecisionRequest, OptionScores, Verdict
 from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
+
+if TYPE_CHECKING:
+    from router.monitoring.monitor import Monitor
 
 
 class RuntimePolicy(Protocol):
@@ -67,9 +70,11 @@ class PolicyRegistry:
         self.fallback = fallback_policy(threshold=fallback_threshold)
 
     @classmethod
-    def load(cls, settings: PolicySettings, *, backend_fingerprint: str) -> PolicyRegistry:
+    def load(cls, settings: PolicySettings, *, backend_fingerprint: str,
+             monitor: Monitor | None = None) -> PolicyRegistry:
         """Load ``settings.files``; refuse a policy tuned for another backend fingerprint unless
-        ``allow_fingerprint_mismatch``: its thresholds would mean nothing for this backend."""
+        ``allow_fingerprint_mismatch``: its thresholds would mean nothing for this backend.
+        With a ``monitor``, every loaded policy is watched (and acted on) in production."""
         from policies.file import load_policy  # policies stays importable without the router
 
         loaded = []
@@ -85,12 +90,13 @@ class PolicyRegistry:
                     f"{policy_file.backend_fingerprint}, but the configured fast backend has "
                     f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
                     "policy.allow_fingerprint_mismatch: true to serve it anyway")
+            runtime = policy_file.runtime()
             loaded.append(LoadedPolicy(
                 name=policy_file.name,
                 signature=getattr(policy_file, "signature", None),
                 backend_fingerprint=policy_file.backend_fingerprint,
                 path=path,
-                runtime=policy_file.runtime(),
+                runtime=runtime if monitor is None else monitor.wrap(runtime, policy_file),
             ))
         return cls(loaded, default=settings.default, fallback_threshold=settings.fallback_threshold)
 

@@ -10,6 +10,7 @@ answer with route ``unverified`` and a note. A full fast-backend queue raises ``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Coroutine, Sequence
@@ -34,6 +35,7 @@ from router.store.cache import Cache, read_key, slow_key
 from router.store.metrics import Metrics
 
 if TYPE_CHECKING:  # the log and slow path are injected; their modules load their own clients
+    from router.monitoring.monitor import Monitor
     from router.routing.slow import SlowPath
     from router.store.decision_log import DecisionLog
 
@@ -60,8 +62,10 @@ class RoutingService:
         log: DecisionLog,
         metrics: Metrics,
         settings: Settings,
+        monitor: Monitor | None = None,
     ) -> None:
         self.backend = backend
+        self.monitor = monitor  # production monitoring: told of every decision, queues audits
         self.cache = cache
         self.registry = registry
         self.slow = slow
@@ -109,6 +113,8 @@ class RoutingService:
                 self.log.append(_record(request, read, decision, namespace, fingerprint))
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
             ))
+            if self.monitor is not None:  # audits are queued, answered after the reply
+                self.monitor.after(requests, decisions, messages=messages)
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
         finally:
@@ -154,6 +160,7 @@ class RoutingService:
         """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
         and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
         timeout_s = self.settings.fast.timeout_s
+        requests = [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
         async with self._fast_limit.acquire():
             t0 = time.perf_counter()
             try:
@@ -244,6 +251,14 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decis
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
+    """The request as the fast tier reads it: the head of the state, at most ``max_chars``. A
+    read of a 900 KB message outlives its timeout and, in a thread, keeps running after it."""
+    if len(request.state) <= max_chars:
+        return request
+    return dataclasses.replace(request, state=request.state[:max_chars])
 
 
 def _encode(scores: OptionScores) -> bytes:

@@ -3,6 +3,8 @@ so two apps in one process (tests, workers) never share or collide on counters."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -62,8 +64,37 @@ class Metrics:
         self._queue_rejections = Counter(
             "slotgate_queue_rejections", "Requests refused with 429 because a queue was full",
             ["backend"], registry=r)
+        # Production monitoring, per policy id (router/monitoring): bounded by the policy files.
+        self._policy_accept_share = Gauge(
+            "slotgate_policy_accept_share",
+            "Share of the policy's last 1000 decisions accepted by the fast tier", ["policy"],
+            registry=r)
+        self._policy_reference_share = Gauge(
+            "slotgate_policy_reference_accept_share",
+            "Share of the tuning rows the policy accepted", ["policy"], registry=r)
+        self._policy_accuracy_lower = Gauge(
+            "slotgate_policy_accuracy_lower_bound",
+            "Anytime-valid lower confidence bound on accepted accuracy (audits and feedback)",
+            ["policy"], registry=r)
+        self._policy_accuracy_upper = Gauge(
+            "slotgate_policy_accuracy_upper_bound",
+            "Anytime-valid upper confidence bound on accepted accuracy", ["policy"], registry=r)
+        self._policy_labels = Gauge(
+            "slotgate_policy_labels", "Labelled accepted decisions behind the bounds",
+            ["policy"], registry=r)
+        self._policy_drift = Gauge(
+            "slotgate_policy_drift_log_martingale",
+            "Log of the drift martingale on confidences (alarm at log(1/alpha))", ["policy"],
+            registry=r)
+        self._policy_alarm = Gauge(
+            "slotgate_policy_alarm", "1 while the policy is in alarm (drift or accuracy)",
+            ["policy", "kind"], registry=r)
+        self._audits = Counter(
+            "slotgate_audits", "Audits of accepted decisions by result (done|dropped|failed)",
+            ["policy", "result"], registry=r)
         self._n_decisions = 0
         self._n_escalated = 0
+        self._before_render: list[Callable[[], None]] = []
         for stage in STAGES:  # expose every stage from the start, so dashboards see zeros
             self._latency.labels(stage=stage)
 
@@ -99,5 +130,30 @@ class Metrics:
     def queue_rejected(self, backend: str) -> None:
         self._queue_rejections.labels(backend=backend).inc()
 
+    def policy_state(self, state: dict[str, object]) -> None:
+        """A PolicyWatch snapshot (``router.monitoring.watch``) as gauges."""
+        policy = str(state["policy_id"])
+        for gauge, key in ((self._policy_accept_share, "accept_share"),
+                           (self._policy_reference_share, "reference_accept_share"),
+                           (self._policy_accuracy_lower, "accuracy_lower"),
+                           (self._policy_accuracy_upper, "accuracy_upper"),
+                           (self._policy_labels, "labels"),
+                           (self._policy_drift, "drift_log_martingale")):
+            value = state.get(key)
+            if isinstance(value, int | float):
+                gauge.labels(policy=policy).set(float(value))
+        for kind in ("drift", "accuracy"):
+            self._policy_alarm.labels(policy=policy, kind=kind).set(
+                1.0 if state.get("alarm") == kind else 0.0)
+
+    def audit(self, policy: str, result: str) -> None:
+        self._audits.labels(policy=policy, result=result).inc()
+
+    def on_render(self, refresh: Callable[[], None]) -> None:
+        """Call ``refresh`` before each scrape (gauges that are cheaper to read than to keep)."""
+        self._before_render.append(refresh)
+
     def render(self) -> bytes:
+        for refresh in self._before_render:
+            refresh()
         return generate_latest(self.registry)

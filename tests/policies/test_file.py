@@ -64,6 +64,9 @@ def write(tmp_path: Path, data: Any) -> Path:
     ({"rule": {"kind": "threshold", "threshold": 3}}, "rule"),
     ({"data_hash": "not-a-hash"}, "data_hash"),
     ({"surprise": 1}, "surprise"),
+    ({"audit_rate": 1.5}, "audit_rate"),
+    ({"on_alarm": "panic"}, "on_alarm"),
+    ({"reference": {"n": 2, "accept_share": 0.5, "confidence": [0.2, 1.7]}}, "reference.confidence"),
 ])
 def test_load_names_the_bad_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
     data = json.loads(make_policy().model_dump_json())
@@ -94,3 +97,17 @@ def test_unreadable_files_are_refused(tmp_path: Path, text: str, message: str) -
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError, match="nope.json: policy file not found"):
         load_policy(tmp_path / "nope.json")
+
+
+def test_monitoring_fields_default_for_older_files_and_leave_the_policy_id_alone(
+        tmp_path: Path) -> None:
+    policy = make_policy()
+    data = json.loads(policy.model_dump_json())
+    for field in ("audit_rate", "on_alarm", "alarm_alpha", "reference"):
+        del data[field]  # a file written before monitoring existed
+    old = load_policy(write(tmp_path, data))
+    assert (old.audit_rate, old.on_alarm, old.reference) == (0.0, "escalate_all", None)
+    watched = make_policy(audit_rate=0.1, on_alarm="alert_only",
+                          reference={"n": 2, "accept_share": 0.5, "confidence": [0.4, 0.9]})
+    assert watched.policy_id == old.policy_id == policy.policy_id
+    assert make_policy(threshold=0.7).policy_id != policy.policy_id  # a re-tune is a new policy

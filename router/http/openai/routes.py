@@ -80,6 +80,8 @@ def make_router() -> APIRouter:
                 f"label: {body.label!r} is not one of the decision's {len(record['options'])} options",
                 field="label")
         await service.log.add_feedback(body.decision_id, body.label)
+        if service.monitor is not None:  # a human label for the accuracy sequence
+            await service.monitor.feedback(record, body.label)
         request.app.state.metrics.request(surface="feedback", route="none")
         return {"decision_id": body.decision_id, "label": body.label,
                 "correct": body.label == record.get("answer")}

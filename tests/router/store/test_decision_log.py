@@ -18,11 +18,11 @@ import redis
 from router.settings import CacheSettings, LogSettings, Settings
 from router.store.decision_log import (
     JsonlDecisionLog,
-    RedisStreamDecisionLog,
     export_predictions,
     make_decision_log,
     read_records,
 )
+from router.store.redis_log import RedisStreamDecisionLog
 from router.tuning.predictions import PredictionsError, read_predictions
 from tests.conftest import ROOT, RedisServer
 
@@ -43,7 +43,8 @@ async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> 
     for i in range(3):
         await log.append(record(i))
     await log.add_feedback("d1", "card_arrival")
-    assert (await log.get("d2"))["text"] == "message 2"  # type: ignore[index]
+    assert await log.get("d2") == {"decision_id": "d2", "namespace": "default",
+                                   "options": OPTIONS, "answer": "lost_card"}
     assert await log.get("nope") is None
     await log.aclose()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -51,7 +52,7 @@ async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> 
     assert lines[3]["decision_id"] == "d1" and lines[3]["label"] == "card_arrival"
     assert lines[3]["time"] > 0
     reopened = JsonlDecisionLog(path)  # a server restart: recent decisions still found
-    assert (await reopened.get("d0"))["proba"] == [0.7, 0.2, 0.1]  # type: ignore[index]
+    assert (await reopened.get("d0"))["options"] == OPTIONS  # type: ignore[index]
     await reopened.append(record(9))  # appends after the old records, nothing overwritten
     await reopened.aclose()
     assert len(path.read_text().splitlines()) == 5
@@ -118,7 +119,7 @@ async def test_a_torn_last_line_is_skipped_and_fenced(tmp_path: Path) -> None:
 
 
 async def test_redis_stream_round_trip_and_jsonl_copy(redis_url: str, tmp_path: Path) -> None:
-    log = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", also_jsonl=tmp_path / "d.jsonl",
+    log = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", jsonl=tmp_path / "d.jsonl",
                                  ttl_s=600)
     await log.append(record(0))
     await log.add_feedback("d0", "card_arrival")
@@ -134,8 +135,9 @@ async def test_redis_stream_round_trip_and_jsonl_copy(redis_url: str, tmp_path: 
     assert len(keys) == 1 and b"d0" not in keys[0] and 590 < ttl <= 600
     assert [r["type"] for r in read_records(tmp_path / "d.jsonl")] == ["decision", "feedback"]
     # another process (other JSONL file, empty index) finds the decision through Redis
-    other = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", also_jsonl=tmp_path / "o.jsonl")
-    assert (await other.get("d0"))["text"] == "message 0"  # type: ignore[index]
+    other = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", jsonl=tmp_path / "o.jsonl")
+    assert await other.get("d0") == {"decision_id": "d0", "namespace": "default",
+                                     "options": OPTIONS, "answer": "lost_card"}
     assert await other.get("d0:\nKEYS *") is None
     await other.aclose()
 
@@ -144,7 +146,7 @@ async def test_redis_writes_happen_behind_append_in_one_batch(redis_url: str,
                                                               tmp_path: Path) -> None:
     """append returns before Redis is touched; the records of one batch window reach Redis in
     one round trip (one pipeline), in order, with the JSONL line already written."""
-    log = RedisStreamDecisionLog(redis_url, "s", also_jsonl=tmp_path / "d.jsonl",
+    log = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "d.jsonl",
                                  batch_window_s=0.2)
     client = redis.Redis.from_url(redis_url)
     try:
@@ -165,7 +167,7 @@ async def test_redis_writes_happen_behind_append_in_one_batch(redis_url: str,
         assert [json.loads(f[b"data"])["decision_id"] for _, f in entries] == [
             f"d{i}" for i in range(20)]
         assert reads_after - reads_before - polls - 1 == 1  # the log's own round trips
-        assert (await log.get("d3"))["text"] == "message 3"  # type: ignore[index]
+        assert (await log.get("d3"))["answer"] == "lost_card"  # type: ignore[index]
     finally:
         await log.aclose()
         client.close()
@@ -174,7 +176,7 @@ async def test_redis_writes_happen_behind_append_in_one_batch(redis_url: str,
 async def test_redis_down_loses_nothing_and_raises_nothing(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()
-    log = RedisStreamDecisionLog(server.url, "s", also_jsonl=tmp_path / "d.jsonl")
+    log = RedisStreamDecisionLog(server.url, "s", jsonl=tmp_path / "d.jsonl")
     try:
         await log.append(record(0))
         server.stop()
@@ -238,3 +240,88 @@ async def test_export_of_several_questions_needs_a_signature(tmp_path: Path) -> 
     assert info.value.field == "signature" and "sig-a" in str(info.value)
     assert export_predictions(path, tmp_path / "p.jsonl", signature="sig-b") == 1
     assert read_predictions(tmp_path / "p.jsonl").options == ("yes", "no")
+
+
+async def test_redis_gets_the_record_once(redis_url: str, tmp_path: Path) -> None:
+    """The stream holds the full record; the per-decision key only what feedback reads, the
+    option list by its hash. Before, the key held the full record too, so a 900 KB message was
+    stored twice."""
+    log = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "d.jsonl")
+    message = "x" * 200_000
+    await log.append(record(0) | {"text": message})
+    assert await log.flush()
+    await log.aclose()
+    client = redis.Redis.from_url(redis_url)
+    [key] = client.keys("s:decision:*")
+    value = json.loads(client.get(key))
+    options = json.loads(client.get(f"s:options:{value['options_sha256']}"))
+    key_bytes = len(client.get(key))
+    [(_, fields)] = client.xrange("s")
+    client.close()
+    assert value.keys() == {"namespace", "answer", "options_sha256"} and key_bytes < 200
+    assert value["answer"] == "lost_card" and options == OPTIONS
+    assert json.loads(fields[b"data"])["text"] == message
+
+
+async def test_decisions_made_while_redis_was_down_reach_it_later(tmp_path: Path) -> None:
+    """(b) of issue 13: a decision logged while Redis is down is sent once it is back (another
+    replica then finds it for feedback), and after a restart that lost everything, the keys of
+    every decision still in the index are sent again."""
+    server = RedisServer(tmp_path)
+    server.start()
+    log = RedisStreamDecisionLog(server.url, "s", jsonl=tmp_path / "a.jsonl",
+                                 retry_interval_s=0.1)
+    other = RedisStreamDecisionLog(server.url, "s", jsonl=tmp_path / "b.jsonl")
+    try:
+        await log.append(record(0))
+        assert await log.flush()
+        server.stop()
+        await log.append(record(1))
+        await log.add_feedback("d1", "card_arrival")
+        await asyncio.sleep(0.3)  # the flusher tries, fails and keeps them
+        assert log.redis_errors >= 3 and log.n_pending == 3  # 2 stream entries, 1 key
+        server.start()  # back, and empty: d0's key was lost with the restart
+        for _ in range(100):  # no new record needed: the flusher retries by itself
+            await asyncio.sleep(0.05)
+            if log.n_pending == 0 and await other.get("d0") is not None:
+                break
+        assert (await other.get("d1"))["options"] == OPTIONS  # type: ignore[index]
+        assert (await other.get("d0"))["answer"] == "lost_card"  # type: ignore[index]
+        client = redis.Redis.from_url(server.url)
+        stream = [json.loads(f[b"data"]) for _, f in client.xrange("s")]
+        client.close()
+        assert [(r["type"], r["decision_id"]) for r in stream] == [
+            ("decision", "d1"), ("feedback", "d1")]  # d0's entry went with the restart
+    finally:
+        await log.aclose()
+        await other.aclose()
+        server.stop()
+
+
+async def test_a_restarted_replica_sends_the_keys_it_read_back(redis_url: str,
+                                                               tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    first = JsonlDecisionLog(path)
+    await first.append(record(0))  # logged while the replica ran without Redis
+    await first.aclose()
+    log = RedisStreamDecisionLog(redis_url, "s", jsonl=path)
+    other = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "o.jsonl")
+    try:
+        await log.append(record(1))
+        assert await log.flush()
+        assert (await other.get("d0"))["answer"] == "lost_card"  # type: ignore[index]
+    finally:
+        await log.aclose()
+        await other.aclose()
+
+
+async def test_a_full_queue_drops_the_oldest_stream_entries_not_the_keys(tmp_path: Path) -> None:
+    log = RedisStreamDecisionLog("redis://127.0.0.1:1/0", "s", jsonl=tmp_path / "d.jsonl",
+                                 max_pending_bytes=3_000, retry_interval_s=60)
+    try:
+        for i in range(20):
+            await log.append(record(i) | {"text": "m" * 500})
+        assert log.dropped > 0 and log._pending_bytes <= 3_000
+        assert log.index.n_unsynced == 20  # the small keys are all still to be sent
+    finally:
+        await log.aclose()

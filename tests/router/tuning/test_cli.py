@@ -97,6 +97,11 @@ def test_tune_report_writes_pngs_and_the_policy_records_its_evidence(trained: Tr
     assert policy["backend_fingerprint"] == SklearnBackend(trained.model).fingerprint
     assert policy["calibrator"]["kind"] == "temperature"
     assert len(policy["data_hash"]) == 64
+    # the threshold rows' summary for drift monitoring: their confidences and accept share
+    reference = policy["reference"]
+    assert reference["n"] == policy["n_tune"] == len(reference["confidence"])
+    assert reference["accept_share"] == pytest.approx(policy["coverage"])
+    assert (policy["audit_rate"], policy["on_alarm"]) == (0.0, "escalate_all")
 
 
 def test_max_escalation_keeps_the_guarantee_and_warns(trained: Trained, tmp_path: Path) -> None:

@@ -1,0 +1,127 @@
+"""bench/drift.py's live run: the shifted stream through slotgate under uvicorn (the OpenAI SDK
+as client, the stand-in LLM as slow model and auditor), then what the proxy served and logged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from bench.drift_data import Scored
+
+
+def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
+             order: NDArray[np.int64], *, n_pre: int, concurrency: int) -> dict[str, Any]:
+    from router.store.decision_log import read_records
+    from standins.llm import rule_chooser, start_standin
+
+    truth = dict(zip(rows.texts, rows.labels, strict=True))
+
+    def oracle(text: str, options: Sequence[str]) -> str:
+        label = truth.get(text)
+        return label if label in options else rule_chooser(text, options)
+
+    log_path = work / "decisions.jsonl"
+    log_path.unlink(missing_ok=True)
+    standin = start_standin(chooser=oracle)
+    try:
+        with proxy(model_path, policy_path, standin.api_base, log_path) as (url, app):
+            t0 = time.perf_counter()
+            served = ask_all(url, [rows.texts[i] for i in order], sorted(set(rows.labels)),
+                             concurrency=concurrency)
+            elapsed = time.perf_counter() - t0
+            audits = wait_for_audits(app)
+    finally:
+        standin.stop()
+    alarms = [r for r in read_records(log_path, events=True) if r.get("type") == "alarm"]
+    post = range(n_pre, len(order))
+    fast_post = [p for p in post if served[p]["route"] in ("fast", "cache")
+                 and not served[p]["escalated"]]
+    wrong = sum(served[p]["answer"] != rows.labels[order[p]] for p in fast_post)
+    first = alarms[0] if alarms else None
+    return {
+        "wrong_accepted_after_shift_with_action": int(wrong),
+        "live_rows": len(order),
+        "live_requests_per_s": round(len(order) / elapsed, 1),
+        "live_alarm": None if first is None else first["kind"],
+        # the policy's decision count at the alarm; requests overlap, so +- concurrency rows
+        "live_detection_delay": None if first is None else max(0, int(first["decision"]) - n_pre),
+        "live_fast_answers_after_shift": len(fast_post),
+        "live_audits": audits,
+        "live_all_answers_valid": all(s["answer"] in rows.labels for s in served),
+    }
+
+
+def wait_for_audits(app: Any, timeout_s: float = 60.0) -> dict[str, int]:
+    """Audits run after each reply; wait until the queue is empty, then read its counts."""
+    monitor = app.state.service.monitor
+    deadline = time.monotonic() + timeout_s
+    while monitor.audits.pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the last ones in flight
+    counts = monitor.audits.counts
+    return {"done": counts.done, "dropped": counts.dropped, "failed": counts.failed}
+
+
+@contextmanager
+def proxy(model_path: Path, policy_path: Path, api_base: str,
+          log_path: Path) -> Iterator[tuple[str, Any]]:
+    """slotgate as `slotgate serve` runs it, on a free port in a thread with its own loop."""
+    import uvicorn
+
+    from bench.e2e_banking77 import free_port
+    from router.http.app import create_app
+    from router.settings import Settings
+
+    settings = Settings(
+        fast={"kind": "sklearn", "model_path": model_path, "timeout_s": 5.0},
+        policy={"files": [policy_path], "default": "banking77-drift"},
+        slow={"model": "openai/standin", "api_base": api_base, "api_key": "sk-standin-drift",
+              "timeout_s": 30},
+        log={"decision_log_path": log_path},
+    )
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           loop="asyncio"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("slotgate did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def ask_all(url: str, texts: list[str], labels: list[str], *,
+            concurrency: int) -> list[dict[str, Any]]:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    response_format = {"type": "json_schema", "json_schema": {
+        "name": "intent", "schema": {"type": "string", "enum": labels}}}
+
+    def ask(text: str) -> dict[str, Any]:
+        completion = client.chat.completions.create(
+            model="banking77", response_format=response_format,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": text}])
+        facts = (completion.model_extra or {})["slotgate"]
+        return {"answer": json.loads(completion.choices[0].message.content or "null"),
+                "route": facts["route"], "escalated": bool(facts.get("escalated"))}
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(ask, texts))

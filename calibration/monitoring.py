@@ -1,0 +1,180 @@
+"""Watching a tuned policy in production, one decision at a time: a label-free drift test (a
+conformal test martingale on the fast tier's confidence) and an anytime-valid confidence sequence
+for accepted accuracy from whatever labels arrive (audits, feedback).
+
+Both are valid at every moment, so they can be looked at after each decision without inflating
+their error rates: by Ville's inequality the drift martingale ever reaches ``1 / alpha`` with
+probability at most ``alpha`` while decisions look like the tuning rows, and the accuracy
+sequence ever excludes the true accepted accuracy with probability at most ``alpha``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from calibration.validation import check_fraction
+
+# Confidences are ranked on a grid of 1e-4: ties are broken at random, which keeps the rank
+# p-value exactly uniform under the null, and a fixed grid keeps the state O(1) in memory.
+GRID = 10_000
+REFERENCE_MAX_ROWS = 5_000
+# The simple jumper martingale's experts bet 1 + eps * (p - 1/2) with eps in {-1, 0, 1}
+# (Vovk, Gammerman & Shafer 2005, section 7.1), as MAPIE's OnlineMartingaleTest does.
+_EPSILONS = np.array([-1.0, 0.0, 1.0])
+
+
+def reference_summary(confidence: ArrayLike, *, threshold: float | None, seed: int = 0,
+                      max_rows: int = REFERENCE_MAX_ROWS) -> dict[str, Any]:
+    """What a policy file keeps of its tuning rows for drift monitoring: their confidences
+    (calibrated probability of the fast answer) on the ranking grid, sorted, at most ``max_rows``
+    of them (a seeded subsample: still exchangeable with new decisions), and the accept share."""
+    values = np.asarray(confidence, dtype=np.float64).ravel()
+    if values.size == 0:
+        raise ValueError("confidence is empty: no tuning rows to summarise")
+    if not np.all((values >= 0.0) & (values <= 1.0)):
+        raise ValueError("confidence has values outside [0, 1]")
+    accept_share = 0.0 if threshold is None else float(np.mean(values >= threshold))
+    if values.size > max_rows:
+        values = np.random.default_rng(seed).choice(values, size=max_rows, replace=False)
+    return {"n": int(values.size), "accept_share": accept_share,
+            "confidence": sorted(round(float(v), 4) for v in values)}
+
+
+def _bin(confidence: float) -> int:
+    return min(GRID, max(0, round(confidence * GRID)))
+
+
+class ConformalDriftTest:
+    """A conformal test martingale on confidences: each new confidence gets a rank p-value
+    against the reference confidences and every earlier one (ties at random, seeded), and a
+    jumper betting martingale on those p-values grows when confidences depart from the
+    reference's distribution (either way). Under exchangeability the p-values are independent
+    and uniform, so ``alarm`` (the martingale reached ``1 / alpha``, latched) has false-alarm
+    probability at most ``alpha`` over an unbounded stream.
+
+    Written here rather than calling MAPIE's ``OnlineMartingaleTest``: that class keeps every
+    p-value and martingale value in growing lists and ranks each score against a list of all
+    earlier ones, while a router needs O(1) memory per policy; ``tests/calibration`` checks that
+    the martingale here equals MAPIE's ``update_simple_jumper_martingale`` on the same p-values.
+    """
+
+    def __init__(self, reference: ArrayLike, *, alpha: float = 0.025, jump: float = 0.01,
+                 seed: int = 0) -> None:
+        check_fraction(alpha, name="alpha", low_open=True, high_open=True)
+        check_fraction(jump, name="jump", low_open=True, high_open=True)
+        ref = np.asarray(reference, dtype=np.float64).ravel()
+        if ref.size == 0:
+            raise ValueError("reference is empty: the drift test needs the tuning confidences")
+        if not np.all((ref >= 0.0) & (ref <= 1.0)):
+            raise ValueError("reference has values outside [0, 1]")
+        self.alpha = alpha
+        self.jump = jump
+        self._counts = np.bincount(np.clip(np.rint(ref * GRID), 0, GRID).astype(np.int64),
+                                   minlength=GRID + 1)
+        self._total = int(ref.size)
+        self._rng = np.random.default_rng(seed)
+        self._log_scale = 0.0  # the wealths are kept rescaled; the martingale is their sum times e^this
+        self._wealth = np.full(3, 1.0 / 3.0)
+        self.n = 0  # decisions seen
+        self.alarm_at: int | None = None  # the decision (1-based) at which the alarm was raised
+
+    @property
+    def log_value(self) -> float:
+        """Natural log of the martingale's current value (it starts at 0)."""
+        return self._log_scale + math.log(float(self._wealth.sum()))
+
+    @property
+    def alarm(self) -> bool:
+        return self.alarm_at is not None
+
+    def p_value(self, confidence: float) -> float:
+        """The randomised rank of ``confidence`` among everything seen so far: small when it is
+        lower than usual. Does not record it (``update`` does)."""
+        b = _bin(confidence)
+        below = int(self._counts[:b].sum())
+        tied = int(self._counts[b])
+        return (below + float(self._rng.uniform()) * (tied + 1)) / (self._total + 1)
+
+    def update(self, confidence: float) -> bool:
+        """Take one decision's confidence; True when the alarm is (already or newly) raised."""
+        if not 0.0 <= confidence <= 1.0 or math.isnan(confidence):
+            raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
+        self.bet(self.p_value(confidence))
+        self._counts[_bin(confidence)] += 1
+        self._total += 1
+        return self.alarm
+
+    def bet(self, p_value: float) -> None:
+        """One step of the jumper martingale on a p-value in [0, 1]."""
+        total = float(self._wealth.sum())
+        mixed = (1.0 - self.jump) * self._wealth + (self.jump / 3.0) * total
+        self._wealth = mixed * (1.0 + _EPSILONS * (p_value - 0.5))
+        scale = float(self._wealth.sum())
+        if scale > 1e100 or scale < 1e-100:  # keep floats finite over unbounded streams
+            self._wealth /= scale
+            self._log_scale += math.log(scale)
+        self.n += 1
+        if self.alarm_at is None and self.log_value >= math.log(1.0 / self.alpha):
+            self.alarm_at = self.n
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A confidence sequence's current interval for a mean in [0, 1]."""
+
+    lower: float
+    upper: float
+    n: int
+    mean: float | None
+
+
+class AccuracySequence:
+    """A two-sided confidence sequence for accepted accuracy from 0/1 labels (an accepted answer
+    was right or wrong): the conjugate-mixture empirical-Bernstein bound of Howard, Ramdas,
+    McAuliffe & Sekhon (2021), each side at ``alpha / 2``, as a running intersection. The
+    mixture boundary is MAPIE's ``GammaExponentialMixtureBound`` (its port of confseq's);
+    MAPIE's own wrapper recomputes the whole history at every update, so the running sums are
+    kept here and each update costs one boundary evaluation per side.
+
+    ``confseq`` itself does not build on Python 3.11 (its pinned pybind11 predates 3.11) and
+    ``expectation`` needs Python 3.12, so neither can be the dependency here.
+    """
+
+    def __init__(self, *, alpha: float = 0.025, v_opt: float = 10.0) -> None:
+        from mapie.exchangeability_testing.bounds import GammaExponentialMixtureBound
+
+        check_fraction(alpha, name="alpha", low_open=True, high_open=True)
+        self.alpha = alpha
+        self._side_alpha = alpha / 2.0
+        self._boundary = GammaExponentialMixtureBound(v_opt=v_opt, c=1.0,
+                                                      alpha_opt=self._side_alpha)
+        self.n = 0
+        self._sum = 0.0
+        self._variance = 0.0  # sum of (x_i - mean of x_1..x_{i-1})^2, the prior mean 1/2 first
+        self.lower = 0.0
+        self.upper = 1.0
+
+    def update(self, correct: bool) -> Bounds:
+        x = 1.0 if correct else 0.0
+        previous_mean = self._sum / self.n if self.n else 0.5
+        self._variance += (x - previous_mean) ** 2
+        self.n += 1
+        self._sum += x
+        mean = self._sum / self.n
+        # Both sides get the same radius: the bound is symmetric in the centred sums.
+        radius = self._boundary.bound(v=self._variance, alpha=self._side_alpha, tol=1e-7) / self.n
+        self.lower = max(self.lower, mean - radius)
+        self.upper = min(self.upper, mean + radius)
+        return self.bounds()
+
+    def bounds(self) -> Bounds:
+        return Bounds(self.lower, self.upper, self.n, self._sum / self.n if self.n else None)
+
+    def below(self, target: float) -> bool:
+        """True once the whole sequence lies under ``target``: accuracy is below the promise."""
+        return self.upper < target

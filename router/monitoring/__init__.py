@@ -1,0 +1,1 @@
+"""Watching tuned policies in production: audits, drift and accuracy alarms, and their action."""

@@ -1,0 +1,117 @@
+"""``slotgate monitor``: the state of each policy's production monitoring, replayed from a decision
+log, as a table (or JSON) and a PNG over time (accept share, audited accuracy with its confidence
+sequence, the drift martingale, alarm points)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:  # numpy and the monitors load with the command, not with every CLI start
+    from router.monitoring.replay import Series
+
+
+def monitor(
+    log: Annotated[Path, typer.Option(help="Decision log JSONL (the proxy's log.decision_log_path).")],
+    policy: Annotated[list[Path], typer.Option(help="Policy file(s) the proxy served; repeat "
+                                               "the option for several.")],
+    plot: Annotated[Path | None, typer.Option(help="PNG to write (one row of panels per "
+                                              "policy).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Replay a decision log's monitoring: accept share against the tuning rows, audited
+    accuracy with its anytime-valid bounds, the drift martingale, and alarms."""
+    from policies.file import PolicyFileError, load_policy
+    from router.monitoring.replay import LogError, replay_log
+    from router.tuning.cli import check_out, fail, show_table
+
+    try:
+        policies = [load_policy(p) for p in policy]
+    except PolicyFileError as exc:
+        fail(f"--policy: {exc}")
+    if plot is not None:
+        check_out(plot, "--plot")
+    try:
+        series = replay_log(log, policies)
+    except LogError as exc:
+        fail(f"--log: {exc}")
+    if plot is not None:
+        write_plot(plot, series)
+    if as_json:
+        typer.echo(json.dumps({"policies": [
+            {**s.state, "alarms": s.alarms, "logged_alarms": s.logged_alarms} for s in series]}))
+        return
+    for s in series:
+        state = s.state
+        show_table(f"monitoring of {s.policy_id} ({log.name})", [
+            ("decisions (accepted)", f"{state['decisions']} ({state['accepted']})"),
+            ("accept share: last 1000 / tuning rows",
+             f"{fmt(state['accept_share'])} / {fmt(state['reference_accept_share'])}"),
+            ("drift martingale (log) / alarm at",
+             "no tuning summary: no drift test" if s.drift_threshold is None else
+             f"{fmt(state['drift_log_martingale'])} / {fmt(s.drift_threshold)}"),
+            ("labelled accepted decisions", str(state["labels"])),
+            ("accepted accuracy [anytime-valid bounds]",
+             (f"{fmt(state['accuracy'])} [{fmt(state['accuracy_lower'])}, "
+             f"{fmt(state['accuracy_upper'])}] (target {state['target_accuracy']})")),
+            ("alarm (replayed)", "none" if not s.alarms else
+             f"{s.alarms[0]['kind']} at decision {s.alarms[0]['decision'] + 1}: "
+             f"{s.alarms[0]['detail']}"),
+            ("alarms the proxy logged", str(len(s.logged_alarms))),
+        ])
+    if plot is not None:
+        typer.echo(f"wrote {plot}")
+
+
+def fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def write_plot(path: Path, series: list[Series]) -> Path:
+    """Per policy: accept share (rolling) against the tuning rows', the audited accuracy's
+    confidence sequence against the target, the drift martingale against its alarm level."""
+    from calibration.plots import _figure, _save
+
+    figure = _figure(15.0, 4.0 * len(series))
+    grid = figure.subplots(len(series), 3, squeeze=False)
+    for (share_ax, accuracy_ax, drift_ax), s in zip(grid, series, strict=True):
+        x = range(1, len(s.accepted) + 1)
+        share_ax.plot(x, s.rolling_accept_share(), color="tab:blue", label="accept share "
+                      "(last 200)")
+        if s.reference_accept_share is not None:
+            share_ax.axhline(s.reference_accept_share, color="grey", linestyle="--",
+                             label="tuning rows")
+        share_ax.set_ylim(0, 1.02)
+        share_ax.set_title(f"{s.policy_id}: accept share")
+        if s.labels:
+            at = [i + 1 for i, *_ in s.labels]
+            running = [sum(c for _, c, *_ in s.labels[:k + 1]) / (k + 1)
+                       for k in range(len(s.labels))]
+            accuracy_ax.fill_between(at, [lo for *_, lo, _ in s.labels],
+                                     [hi for *_, hi in s.labels], color="tab:green", alpha=0.25,
+                                     step="post", label="confidence sequence")
+            accuracy_ax.plot(at, running, color="tab:green", drawstyle="steps-post",
+                             label="audited accuracy")
+        accuracy_ax.axhline(s.target_accuracy, color="tab:red", linestyle="--", label="target")
+        accuracy_ax.set_ylim(0, 1.02)
+        accuracy_ax.set_title(f"accepted accuracy ({len(s.labels)} labels)")
+        if s.drift:
+            drift_ax.plot(x, s.drift, color="tab:purple", label="log martingale")
+            assert s.drift_threshold is not None
+            drift_ax.axhline(s.drift_threshold, color="tab:red", linestyle="--",
+                             label="alarm level log(1/alpha)")
+        drift_ax.set_title("drift martingale" if s.drift else "no tuning summary: no drift test")
+        for ax in (share_ax, accuracy_ax, drift_ax):
+            for alarm in s.alarms:
+                ax.axvline(alarm["decision"] + 1, color="black", linewidth=1.5,
+                           label=f"{alarm['kind']} alarm")
+            ax.set_xlabel("decision")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower left", fontsize=8)
+    return _save(figure, path)

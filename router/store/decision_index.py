@@ -1,0 +1,125 @@
+"""The decision log's in-memory index: of each recent decision only what ``/v1/feedback`` reads
+(namespace, options, answer), bounded by entries *and* by bytes, so its size does not depend on
+how long the messages were (the JSONL file and the Redis stream hold the full records)."""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+# Per-entry cost beyond the id string itself: the (namespace, options, answer) tuple (64 B), the
+# OrderedDict's hash slot and linked-list node (~100 B), the unsynced mark when kept (~60 B).
+# Measured with tracemalloc in tests/router/store/test_decision_index.py, which keeps it honest.
+ENTRY_OVERHEAD_BYTES = 240
+
+
+def feedback_view(decision_id: str, namespace: str, options: Sequence[str],
+                  answer: str | None) -> dict[str, Any]:
+    """The shape ``DecisionLog.get`` returns: all ``/v1/feedback`` needs of a decision."""
+    return {"decision_id": decision_id, "namespace": namespace, "options": list(options),
+            "answer": answer}
+
+
+class DecisionIndex:
+    """Recent decisions by id, oldest evicted first once there are more than ``max_entries`` or
+    they take more than ``max_bytes``. Option lists are stored once per distinct list (a question
+    asked a million times costs one copy), namespaces are interned, the answer is kept as its
+    position among the options.
+
+    ``unsynced`` (optional) remembers which entries another store (Redis) has not confirmed yet,
+    so they can be re-sent after that store was down or lost its data."""
+
+    def __init__(self, *, max_entries: int = 100_000, max_bytes: int = 32 * 2**20) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.nbytes = 0  # estimated bytes held: entries plus the distinct option lists
+        # id -> (namespace, options, answer: its position in options, or the string itself)
+        self._entries: OrderedDict[str, tuple[str, tuple[str, ...], int | str | None]] = (
+            OrderedDict())
+        self._options: dict[tuple[str, ...], list[Any]] = {}  # options -> [itself, refs, bytes]
+        self._unsynced: OrderedDict[str, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, decision_id: object) -> bool:
+        return decision_id in self._entries
+
+    def add(self, decision_id: str, namespace: str, options: Sequence[str], answer: str | None,
+            *, unsynced: bool = False) -> None:
+        if decision_id in self._entries:
+            self._drop(decision_id)
+        shared = self._share(tuple(options))
+        try:
+            stored: int | str | None = shared.index(answer) if answer is not None else None
+        except ValueError:
+            stored = answer
+        self._entries[decision_id] = (sys.intern(namespace), shared, stored)
+        self.nbytes += sys.getsizeof(decision_id) + ENTRY_OVERHEAD_BYTES
+        if unsynced:
+            self._unsynced[decision_id] = None
+        while len(self._entries) > self.max_entries or (
+                self.nbytes > self.max_bytes and len(self._entries) > 1):
+            self._drop(next(iter(self._entries)))
+
+    def get(self, decision_id: str) -> dict[str, Any] | None:
+        entry = self.entry(decision_id)
+        return None if entry is None else feedback_view(decision_id, *entry)
+
+    def entry(self, decision_id: str) -> tuple[str, tuple[str, ...], str | None] | None:
+        """(namespace, options, answer), the options tuple shared by every entry that has it."""
+        entry = self._entries.get(decision_id)
+        if entry is None:
+            return None
+        namespace, options, stored = entry
+        return namespace, options, options[stored] if isinstance(stored, int) else stored
+
+    def unsynced(self, limit: int) -> list[str]:
+        """Up to ``limit`` ids not yet confirmed by the other store, oldest first."""
+        ids: list[str] = []
+        for decision_id in self._unsynced:
+            if len(ids) >= limit:
+                break
+            ids.append(decision_id)
+        return ids
+
+    def mark_synced(self, decision_ids: Sequence[str]) -> None:
+        for decision_id in decision_ids:
+            self._unsynced.pop(decision_id, None)
+
+    def mark_all_unsynced(self) -> None:
+        """The other store lost what it had (e.g. Redis restarted without persistence)."""
+        self._unsynced = OrderedDict.fromkeys(self._entries)
+
+    @property
+    def n_unsynced(self) -> int:
+        return len(self._unsynced)
+
+    def ids(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def _share(self, options: tuple[str, ...]) -> tuple[str, ...]:
+        slot = self._options.get(options)
+        if slot is None:
+            size = sys.getsizeof(options) + sum(sys.getsizeof(o) for o in options) + 200
+            slot = self._options[options] = [options, 0, size]
+            self.nbytes += size
+        slot[1] += 1
+        shared: tuple[str, ...] = slot[0]
+        return shared
+
+    def _drop(self, decision_id: str) -> None:
+        _, options, _ = self._entries.pop(decision_id)
+        self._unsynced.pop(decision_id, None)
+        self.nbytes -= sys.getsizeof(decision_id) + ENTRY_OVERHEAD_BYTES
+        slot = self._options[options]
+        slot[1] -= 1
+        if slot[1] == 0:
+            del self._options[options]
+            self.nbytes -= slot[2]

@@ -1,0 +1,115 @@
+"""The production monitors: the drift martingale is MAPIE's jumper on exact conformal p-values, it
+rarely alarms on exchangeable streams and soon after a shift; the accuracy sequence is MAPIE's
+CM-EB bound kept incrementally, covers the truth at every moment and falls below a target the
+stream misses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import kstest
+
+from calibration.monitoring import AccuracySequence, ConformalDriftTest, reference_summary
+
+
+def test_martingale_equals_mapies_jumper_on_the_same_p_values() -> None:
+    from mapie.exchangeability_testing import OnlineMartingaleTest
+
+    rng = np.random.default_rng(0)
+    p_values = np.concatenate([rng.uniform(size=300), rng.uniform(0, 0.3, size=300)])
+    ours = ConformalDriftTest([0.5], alpha=0.05, jump=0.01)
+    theirs = OnlineMartingaleTest(test_level=0.05, jump_size=0.01, warn=False)
+    for p in p_values:
+        ours.bet(float(p))
+        expected = theirs.update_simple_jumper_martingale(float(p))
+        assert ours.log_value == pytest.approx(np.log(expected), rel=1e-9, abs=1e-9)
+    assert ours.alarm and ours.alarm_at is not None
+    first_crossing = 1 + int(np.argmax(np.asarray(theirs.martingale_value_history) >= 20.0))
+    assert ours.alarm_at == first_crossing
+
+
+def test_p_values_are_uniform_when_the_stream_looks_like_the_reference() -> None:
+    rng = np.random.default_rng(1)
+    test = ConformalDriftTest(rng.beta(5, 1, size=500).round(3), seed=1)  # many ties
+    p_values = []
+    for c in rng.beta(5, 1, size=2000).round(3):
+        p_values.append(test.p_value(float(c)))
+        test.update(float(c))
+    assert kstest(p_values, "uniform").pvalue > 0.01
+
+
+def test_false_alarm_rate_stays_near_alpha_and_a_shift_is_caught_fast() -> None:
+    rng = np.random.default_rng(2)
+    reference = rng.beta(6, 1, size=1000)
+    alarms = 0
+    for seed in range(60):
+        test = ConformalDriftTest(reference, alpha=0.05, seed=seed)
+        for c in rng.beta(6, 1, size=1500):
+            test.update(float(c))
+        alarms += test.alarm
+    assert alarms / 60 <= 0.12  # Ville: <= 0.05 in expectation; 0.12 leaves room for noise
+    delays = []
+    for seed in range(10):
+        test = ConformalDriftTest(reference, alpha=0.05, seed=seed)
+        shifted = np.where(rng.random(3000) < 0.3, rng.beta(2, 2, size=3000),
+                           rng.beta(6, 1, size=3000))
+        for i, c in enumerate(shifted):
+            if test.update(float(c)):
+                delays.append(i + 1)
+                break
+    assert len(delays) == 10 and np.median(delays) < 500
+
+
+def test_bad_input_names_the_argument() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        ConformalDriftTest([0.5], alpha=1.5)
+    with pytest.raises(ValueError, match="reference is empty"):
+        ConformalDriftTest([])
+    with pytest.raises(ValueError, match="confidence must be in"):
+        ConformalDriftTest([0.5]).update(1.2)
+    with pytest.raises(ValueError, match="outside"):
+        reference_summary([0.2, 1.3], threshold=0.5)
+
+
+def test_reference_summary_keeps_sorted_rounded_confidences_and_the_accept_share() -> None:
+    confidence = np.random.default_rng(3).uniform(size=8000)
+    summary = reference_summary(confidence, threshold=0.75, max_rows=5000)
+    assert summary["n"] == 5000 == len(summary["confidence"])
+    assert summary["confidence"] == sorted(summary["confidence"])
+    assert summary["accept_share"] == pytest.approx(np.mean(confidence >= 0.75))
+    assert reference_summary([0.9], threshold=None)["accept_share"] == 0.0
+
+
+def test_accuracy_sequence_matches_mapies_cm_eb_lower_bound() -> None:
+    from mapie.exchangeability_testing.bounds import conjugate_mixture_empirical_bernstein_bound
+
+    x = np.random.default_rng(4).random(120) < 0.85
+    sequence = AccuracySequence(alpha=0.05, v_opt=10.0)
+    lowers = [sequence.update(bool(v)).lower for v in x]
+    expected = conjugate_mixture_empirical_bernstein_bound(x.astype(float), v_opt=10.0,
+                                                           alpha=0.05, bound_side="lower")
+    np.testing.assert_allclose(lowers, expected, atol=1e-5)
+
+
+def test_accuracy_sequence_covers_the_truth_at_every_moment() -> None:
+    rng = np.random.default_rng(5)
+    misses = 0
+    for _ in range(100):
+        sequence = AccuracySequence(alpha=0.1)
+        for v in rng.random(400) < 0.93:
+            b = sequence.update(bool(v))
+            if not b.lower <= 0.93 <= b.upper:
+                misses += 1
+                break
+    assert misses / 100 <= 0.1
+
+
+def test_accuracy_sequence_falls_below_a_missed_target() -> None:
+    sequence = AccuracySequence(alpha=0.05)
+    rng = np.random.default_rng(6)
+    n = 0
+    while not sequence.below(0.95):
+        sequence.update(bool(rng.random() < 0.75))
+        n += 1
+        assert n < 500
+    assert sequence.upper < 0.95 and sequence.bounds().n == n

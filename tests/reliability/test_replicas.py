@@ -1,0 +1,97 @@
+"""Replicas that agree (issue 13, item 3): two live slotgate apps (real uvicorn on loopback,
+each with its own decision log file) on one private Redis. The rate limit is shared, feedback
+sent to replica B finds a decision made on A, a decision made on A while Redis was down is
+found from B once Redis is back (also after a restart that lost everything), and `export-log`
+over both logs sees the label."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from router.backends.mock import MockBackend
+from router.tuning.cli import app as cli
+from router.tuning.predictions import read_predictions
+from tests.conftest import RedisServer
+from tests.reliability.conftest import OPTIONS, LiveServer, Switch, decision, settings_for
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test alone: it is stopped and restarted, which no shared one may be."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def replica(name: str, redis_url: str, tmp_path: Path, **overrides: object) -> LiveServer:
+    settings = settings_for(None, tmp_path, cache={"redis_url": redis_url},
+                            log={"decision_log_path": tmp_path / f"{name}.jsonl"}, **overrides)
+    return LiveServer(settings, backend=MockBackend(Switch()))
+
+
+def feedback_until(server: LiveServer, decision_id: str, label: str, *,
+                   within_s: float) -> httpx.Response:
+    """POST /v1/feedback until it is not 404 (the log reaches Redis a few ms after the reply)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        r = server.post("/v1/feedback", {"decision_id": decision_id, "label": label})
+        if r.status_code != 404 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.05)
+
+
+def test_the_rate_limit_is_shared_by_the_replicas(redis: RedisServer, tmp_path: Path) -> None:
+    """Before: each process had its own bucket, so two replicas let 6 of these 6 through."""
+    limit = {"rate_limit_rps": 0.2, "rate_limit_burst": 3}
+    with replica("a", redis.url, tmp_path, **limit) as a, \
+            replica("b", redis.url, tmp_path, **limit) as b:
+        statuses = [server.post("/v1/chat/completions", decision(f"sure {i}")).status_code
+                    for i, server in enumerate([a, b, a, b, a, b])]
+        refused = b.post("/v1/chat/completions", decision("sure"))
+    assert statuses == [200, 200, 200, 429, 429, 429]
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+
+
+def test_feedback_on_another_replica_and_export_of_both_logs(redis: RedisServer,
+                                                             tmp_path: Path) -> None:
+    with replica("a", redis.url, tmp_path) as a, replica("b", redis.url, tmp_path) as b:
+        made = a.post("/v1/chat/completions", decision("sure, lost my card"))
+        assert made.status_code == 200
+        decision_id = made.json()["slotgate"]["decision_id"]
+        fed = feedback_until(b, decision_id, "lost_card", within_s=5)
+        assert fed.status_code == 200 and fed.json()["correct"] is False
+        bad = b.post("/v1/feedback", {"decision_id": decision_id, "label": "not-an-option"})
+        assert bad.status_code == 400  # B knows the decision's options too
+
+        redis.stop()  # a decision made on A while Redis is down ...
+        during = a.post("/v1/chat/completions", decision("sure, card arrival"))
+        assert during.status_code == 200
+        during_id = during.json()["slotgate"]["decision_id"]
+        redis.start()  # ... back, and empty (no persistence): the first decision's key is gone
+        # too. A re-sends both without being asked (its next retry after 1 s).
+        assert feedback_until(b, during_id, "card_arrival", within_s=10).status_code == 200
+        assert feedback_until(b, decision_id, "card_arrival", within_s=10).status_code == 200
+
+    logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    runner = CliRunner()
+    for log in logs:  # each file alone: A's decisions without labels, B's labels alone
+        out = tmp_path / f"{log.stem}-only.jsonl"
+        result = runner.invoke(cli, ["export-log", "--log", str(log), "--out", str(out),
+                                     "--labelled-only"])
+        assert result.exit_code == 0 and "wrote 0 predictions" in result.output, result.output
+    out = tmp_path / "both.jsonl"
+    result = runner.invoke(cli, ["export-log", "--log", str(logs[0]), "--log", str(logs[1]),
+                                 "--out", str(out), "--labelled-only"])
+    assert result.exit_code == 0, result.output
+    preds = read_predictions(out)
+    labels = dict(zip(preds.ids, preds.labels))
+    # the latest label wins: decision_id was labelled lost_card, then card_arrival
+    assert labels == {decision_id: "card_arrival", during_id: "card_arrival"}
+    assert preds.options == tuple(OPTIONS)

@@ -1,0 +1,28 @@
+"""A small tuned policy over three options whose tuning rows were confident (drift reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policies.file import PolicyFile
+from tests.policies.test_file import make_policy
+
+OPTIONS = ("a", "b", "c")
+
+
+def watched_policy(**overrides: Any) -> PolicyFile:
+    reference = np.random.default_rng(0).uniform(0.85, 1.0, size=400)
+    fields: dict[str, Any] = {
+        "audit_rate": 0.0, "on_alarm": "escalate_all", "alarm_alpha": 0.05,
+        "reference": {"n": 400, "accept_share": float(np.mean(reference >= 0.8)),
+                      "confidence": sorted(round(float(v), 4) for v in reference)}}
+    fields.update(overrides)
+    return make_policy(**fields)
+
+
+def confident(p: float) -> tuple[float, float, float]:
+    """A read whose top option gets raw probability ``p`` (the rest split evenly)."""
+    rest = (1.0 - p) / 2
+    return (p, rest, rest)

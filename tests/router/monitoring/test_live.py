@@ -1,0 +1,95 @@
+"""Monitoring in the live proxy (uvicorn on loopback, the stand-in LLM behind litellm): accepted
+decisions are audited after the reply and logged, gauges are exported, feedback is counted once,
+an alarm logged before a restart escalates every decision, and a re-tuned policy clears it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from policies.types import DecisionRequest
+from router.backends.mock import MockBackend
+from router.settings import Settings
+from standins.llm import StandinHandle
+from tests.live import LiveServer
+from tests.reliability.conftest import metric_value
+from tests.router.monitoring.conftest import OPTIONS, watched_policy
+
+
+def sure(request: DecisionRequest) -> Sequence[float]:
+    return (0.98, 0.01, 0.01)  # the stand-in's rule answers "a" too: audits agree
+
+
+def body(text: str) -> dict[str, Any]:
+    return {"model": "any", "messages": [{"role": "user", "content": text}],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "pick", "schema": {"type": "string", "enum": list(OPTIONS)}}}}
+
+
+def ask(server: LiveServer, text: str) -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body(text), timeout=120)
+    assert response.status_code == 200, response.text
+    facts: dict[str, Any] = response.json()["slotgate"]
+    return facts
+
+
+def start(tmp_path: Path, standin: StandinHandle, **policy_fields: Any) -> tuple[LiveServer, str]:
+    backend = MockBackend(sure)
+    policy = watched_policy(backend_fingerprint=backend.fingerprint, **policy_fields)
+    policy.write(tmp_path / "policy.json")
+    settings = Settings(
+        policy={"files": [tmp_path / "policy.json"], "default": policy.name},
+        slow={"model": "openai/standin", "api_base": standin.api_base, "api_key": "sk-test"},
+        log={"decision_log_path": tmp_path / "decisions.jsonl"})
+    return LiveServer(settings, backend=backend), policy.policy_id
+
+
+def records(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("type") == kind]
+
+
+def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
+                                                     standin: StandinHandle) -> None:
+    standin.clear()
+    server, policy_id = start(tmp_path, standin, audit_rate=1.0)
+    with server:
+        ids = [ask(server, f"state {i}")["decision_id"] for i in range(5)]
+        monitor = server.app.state.service.monitor
+        deadline = time.monotonic() + 60
+        while monitor.audits.counts.done < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(standin.calls()) == 5  # every accepted decision, after its reply
+        feedback = httpx.post(f"{server.url}/v1/feedback",
+                              json={"decision_id": ids[0], "label": "b"}, timeout=10)
+        assert feedback.status_code == 200, feedback.text
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    audits = records(tmp_path, "audit")
+    assert sorted(a["decision_id"] for a in audits) == sorted(ids)
+    assert all(a["correct"] and a["policy_id"] == policy_id for a in audits)
+    assert metric_value(metrics, "slotgate_audits_total", policy=policy_id, result="done") == 5
+    assert metric_value(metrics, "slotgate_policy_labels", policy=policy_id) == 5  # not 6
+    # five labels are too few to bound accuracy away from 0, but the gauges are there
+    assert f'slotgate_policy_accuracy_lower_bound{{policy="{policy_id}"}} 0.0' in metrics
+    assert metric_value(metrics, "slotgate_policy_accuracy_upper_bound", policy=policy_id) == 1
+    assert metric_value(metrics, "slotgate_policy_alarm", policy=policy_id, kind="drift") == 0
+
+    # An alarm in the log (raised before a restart) is re-armed: every decision escalates.
+    with (tmp_path / "decisions.jsonl").open("a") as log:
+        log.write(json.dumps({"type": "alarm", "policy_id": policy_id, "kind": "drift",
+                              "decision": 5, "time": 0.0, "detail": "test"}) + "\n")
+    server, _ = start(tmp_path, standin, audit_rate=1.0)
+    with server:
+        facts = ask(server, "state after the alarm")
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert facts["route"] == "slow" and facts["escalated"]
+    assert metric_value(metrics, "slotgate_policy_alarm", policy=policy_id, kind="drift") == 1
+    # A re-tuned policy (another id) starts clean.
+    server, retuned = start(tmp_path, standin, threshold=0.7)
+    with server:
+        assert retuned != policy_id and ask(server, "state after the re-tune")["route"] == "fast"
