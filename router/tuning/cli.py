@@ -14,6 +14,7 @@ every input is read and checked before the first output is written. A typical ru
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -346,21 +347,175 @@ def tune(
             "'budget exhausted' (those answers are outside the guarantee)", err=True)
 
 
-# `slotgate eval` and `slotgate compare`, which judge prediction files, live in
-# router/tuning/eval_cli.py.
-from router.tuning.eval_cli import compare as _compare
-from router.tuning.eval_cli import evaluate as _evaluate
+@app.command(name="eval")
+def evaluate(
+    preds: Annotated[Path, typer.Option(help="Labelled predictions JSONL.")],
+    policy: Annotated[Path, typer.Option(help="Policy JSON from `slotgate tune`.")],
+    report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    allow_mismatch: Annotated[bool, typer.Option(
+        help="Evaluate even when the predictions come from another backend (fingerprint) or "
+             "another question (options) than the policy was tuned on.")] = False,
+) -> None:
+    """Evaluate a policy on labelled predictions.
 
-app.command(name="eval")(_evaluate)
-app.command(name="compare")(_compare)
+    Accuracy, accepted accuracy, coverage, escalation rate, ECE before and after calibration,
+    each with a 95% interval.
+    """
+    from policies.file import PolicyFileError, load_policy
+    from policies.tuning import evaluate as evaluate_policy
 
-# `slotgate serve` and `slotgate export-log`, the commands that read the proxy's settings, live
-# in router/tuning/ops_cli.py; `slotgate monitor` with the monitoring it replays.
-from router.tuning.ops_cli import export_log as _export_log
-from router.tuning.ops_cli import serve as _serve
+    if report is not None:
+        check_folder(report, "--report")
+    try:
+        tuned = load_policy(policy)
+    except PolicyFileError as exc:
+        fail(str(exc))
+    data = load_preds(preds, labelled=True)
+    fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
+    # A policy's threshold means something only for the backend and question it was tuned on.
+    mismatches = []
+    if fingerprint != tuned.backend_fingerprint:
+        mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
+                          f"tuned for {tuned.backend_fingerprint}")
+    if tuned.options is not None and tuple(tuned.options) != data.options:
+        mismatches.append(f"{preds} has options {_preview(data.options)}, the policy {policy} was "
+                          f"tuned on {_preview(tuned.options)}")
+    if mismatches and not allow_mismatch:
+        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
+    for line in mismatches:
+        typer.echo(f"warning: {line}", err=True)
+    mask = data.labelled
+    runtime = tuned.runtime()
+    try:
+        metrics = evaluate_policy(runtime, data.options, data.proba[mask], data.y_true[mask])
+    except ValueError as exc:
+        fail(f"{preds}: {exc}")
+    metrics = {"policy": tuned.policy_id, "threshold": tuned.threshold,
+               "target_accuracy": tuned.target_accuracy, "delta": tuned.delta,
+               "n_unlabelled": int((~mask).sum()), **metrics}
+    if report is not None:
+        before = data.proba[mask]
+        write_report(report, before, runtime.calibrator.transform(before), data.y_true[mask],
+                     threshold=tuned.threshold, target_accuracy=tuned.target_accuracy,
+                     title=f"{tuned.name} on {preds.name} ({metrics['n']} rows)")
+    if as_json:
+        typer.echo(json.dumps(metrics))
+        return
+    show_table(f"{tuned.policy_id} on {preds} (95% intervals)", [
+        ("rows (labelled)", str(metrics["n"])),
+        ("accuracy (all rows)", fmt(metrics["accuracy"], metrics["accuracy_ci"])),
+        ("accepted accuracy", fmt(metrics["accepted_accuracy"], metrics["accepted_accuracy_ci"])),
+        ("target accuracy", f"{tuned.target_accuracy} (delta {tuned.delta})"),
+        ("coverage (fast path)", fmt(metrics["coverage"], metrics["coverage_ci"])),
+        ("escalation rate", fmt(metrics["escalation_rate"], metrics["escalation_rate_ci"])),
+        ("ECE before calibration", fmt(metrics["ece_before"], metrics["ece_before_ci"])),
+        ("ECE after calibration", fmt(metrics["ece_after"], metrics["ece_after_ci"])),
+    ])
 
-app.command(name="export-log")(_export_log)
-app.command(name="serve")(_serve)
+
+def _preview(options: Any) -> str:
+    names = list(options)
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"[{shown}] ({len(names)})"
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="Predictions JSONL of model A.")],
+    b: Annotated[Path, typer.Argument(help="Predictions JSONL of model B.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Compare two prediction files row by row: discordant pairs, exact McNemar p."""
+    import numpy as np
+
+    from calibration.compare import paired_comparison
+
+    first, second = load_preds(a, labelled=True), load_preds(b, labelled=True)
+    index_b = {row_id: i for i, row_id in enumerate(second.ids)}
+    pairs = [(i, index_b[row_id]) for i, row_id in enumerate(first.ids)
+             if row_id in index_b and first.labels[i] is not None
+             and second.labels[index_b[row_id]] is not None]
+    if not pairs:
+        fail(f"{a} and {b}: field 'id': no labelled row id appears in both files")
+    rows_a, rows_b = (np.array(side) for side in zip(*pairs, strict=True))
+    for i, j in pairs:
+        if first.labels[i] != second.labels[j]:
+            fail(f"{b}: row {j + 1}: field 'label': {second.labels[j]!r} differs from {a}'s "
+                 f"{first.labels[i]!r} for id {first.ids[i]!r}")
+    answer_a = [first.options[k] for k in first.proba[rows_a].argmax(axis=1)]
+    answer_b = [second.options[k] for k in second.proba[rows_b].argmax(axis=1)]
+    labels = [first.labels[i] for i in rows_a]
+    result = paired_comparison([x == y for x, y in zip(answer_a, labels, strict=True)],
+                               [x == y for x, y in zip(answer_b, labels, strict=True)])
+    summary = {**result.to_dict(), "answers_agree": float(np.mean(
+        [x == y for x, y in zip(answer_a, answer_b, strict=True)])),
+        "unpaired_a": len(first.ids) - len(pairs), "unpaired_b": len(second.ids) - len(pairs)}
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    show_table(f"{a.name} (A) vs {b.name} (B)", [
+        ("paired rows", str(result.n)),
+        ("accuracy A / B", f"{result.accuracy_a:.4f} / {result.accuracy_b:.4f}"),
+        ("same answer", f"{summary['answers_agree']:.4f}"),
+        ("both right or both wrong", f"{result.agreement:.4f}"),
+        ("discordant: only A right / only B right", f"{result.a_only} / {result.b_only}"),
+        ("exact McNemar p", f"{result.p_value:.4g}"),
+        ("unpaired rows A / B", f"{summary['unpaired_a']} / {summary['unpaired_b']}"),
+    ])
+
+
+@app.command(name="export-log")
+def export_log(
+    out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log "
+                                                "(default: ./slotgate.yaml when present).")] = None,
+    log: Annotated[list[Path] | None, typer.Option(
+        help="Decision log JSONL (default: the config's). Repeat it to join the logs of several "
+             "replicas: feedback sent to one replica for a decision made on another is in the "
+             "other's log.")] = None,
+    signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
+                                                  "holds several.")] = None,
+    labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
+) -> None:
+    """Join the decision log with its feedback labels into a predictions file."""
+    from router.errors import ConfigError
+    from router.http.server import default_config
+    from router.settings import load_settings
+    from router.store.decision_log import export_predictions
+    from router.tuning.predictions import PredictionsError
+
+    check_out(out, "--out")
+    try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
+        sources = log if log else [load_settings(default_config(config)).log.decision_log_path]
+    except ConfigError as exc:
+        fail(exc.message)
+    for source in sources:
+        if not source.is_file():
+            fail(f"decision log {source}: file not found")
+    try:
+        n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only)
+    except PredictionsError as exc:
+        fail(exc.message)
+    typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}")
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config (default: ./slotgate.yaml "
+                                                "when present).")] = None,
+    host: Annotated[str | None, typer.Option(help="Interface (default: the config's).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: the config's).")] = None,
+) -> None:
+    """Run the routing proxy (OpenAI and System One routes) under uvicorn."""
+    from router.errors import ConfigError
+    from router.http.server import serve as run_server
+
+    try:
+        run_server(config=config, host=host, port=port)
+    except ConfigError as exc:  # settings, decision log, model or policy: named in the message
+        fail(exc.message)
+
 
 # `slotgate monitor` lives with the monitoring it replays (router/monitoring/cli.py).
 from router.monitoring.cli import monitor as _monitor
