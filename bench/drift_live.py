@@ -21,6 +21,10 @@ from bench.drift_data import Scored
 
 def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
              order: NDArray[np.int64], *, n_pre: int, concurrency: int) -> dict[str, Any]:
+    # The client's imports happen here, before the proxy's background import of litellm starts:
+    # both import httpx, and two threads importing it at once can see it half-initialised.
+    import openai  # noqa: F401
+
     from router.store.decision_log import read_records
     from standins.llm import rule_chooser, start_standin
 
@@ -63,7 +67,9 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
 
 def wait_for_audits(app: Any, timeout_s: float = 60.0) -> dict[str, int]:
     """Audits run after each reply; wait until the queue is empty, then read its counts."""
-    monitor = app.state.service.monitor
+    from router.http.state import app_state
+
+    monitor = app_state(app).service.monitor
     deadline = time.monotonic() + timeout_s
     while monitor.audits.pending and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -165,7 +165,7 @@ def breakdown(args: argparse.Namespace, model: Any, device: Any, log: Callable[[
     if device.type == "cuda":
         batch = reader.prepare(item[1:], prefix_len=len(item[0].prefix_ids))
         base = reader.prefix_cache(item[0].prefix_ids)
-        from router.backends.torch.diffusion import fork_cache, select_cache_rows
+        from router.backends.torch.kv_cache import fork_cache, select_cache_rows
 
         with torch.inference_mode():
             for _ in range(2):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +15,33 @@ ARTIFACT_VERSION = 1
 RESERVED_KEYS = ("format", "version")
 
 
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write; renamed onto ``path`` when the
+    block succeeds (one ``os.replace``: a reader sees the old file or the new one, never half of
+    one), removed when it fails. The one atomic versioned-file write of every artifact."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".tmp")
+    os.close(handle)
+    try:
+        yield Path(temporary)
+        os.replace(temporary, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
 def write_json_artifact(path: str | os.PathLike[str], kind: str, payload: dict[str, Any]) -> Path:
     """Write ``payload`` under a ``slotgate/<kind>`` header; a reader never sees a half file."""
     clash = [key for key in RESERVED_KEYS if key in payload]
     if clash:
         raise ValueError(f"payload must not contain the header keys {clash}")
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     document = {"format": f"slotgate/{kind}", "version": ARTIFACT_VERSION, **payload}
     text = json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n"
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
+    with atomic_path(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def read_json_artifact(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:

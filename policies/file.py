@@ -5,13 +5,13 @@ backend fingerprint). Validated on load; errors name the file and the field."""
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from calibration.artifacts import atomic_path
 from policies.rules import rule_from_dict
 from policies.tuned import TunedPolicy
 from policies.types import canonical_hash
@@ -136,12 +136,8 @@ class PolicyFile(BaseModel):
 
     def write(self, path: Path) -> None:
         """Write atomically (temporary file, then rename), as indented JSON."""
-        tmp = path.with_name(path.name + ".tmp")
-        try:
+        with atomic_path(path) as tmp:
             tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
 
 def load_policy(path: Path) -> PolicyFile:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,6 +14,10 @@ import orjson
 
 QuestionKind = Literal["choice", "noul", "score"]
 Route = Literal["fast", "slow", "cache", "unverified", "none"]
+Turn = tuple[str, str]  # (role, text) of one message of a conversation
+# The least verified route first: a summary of several decisions names the weakest one, so a
+# reader of the summary alone never mistakes an unverified answer for a checked one.
+ROUTES_LEAST_VERIFIED_FIRST: tuple[Route, ...] = ("unverified", "slow", "fast", "cache", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,11 @@ class DecisionRequest:
     ``instructions`` is the question text, ``context`` the shared instructions that precede every
     question of a request (System One's top-level ``instructions``; the system message of a chat
     request). ``state`` is the canonical text of what is being decided about.
+
+    ``turns`` is the conversation the request came as, (role, text) per message with system turns
+    included, when it came as one (a chat request); the slow path shows the slow model those
+    turns rather than ``state``. It is the same input as ``context`` and ``state`` in another
+    form, so it takes no part in equality, hashing or the signature.
     """
 
     question_id: str
@@ -41,6 +51,7 @@ class DecisionRequest:
     samples: int = 1
     seed: int = 42
     policy: str | None = None  # a policy name the caller asked for, else looked up by signature
+    turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
     # signature() memoised: the registry, the cache key and the decision log each need it, and
     # hashing it is most of a cache hit's own CPU. Not part of equality, hashing or repr.
     _signature: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -127,6 +138,29 @@ class Decision:
     # True when the answer is the slow path's (fresh or from the slow-answer cache): a ``cache``
     # route alone does not say whether a cached fast read or a cached slow answer was served.
     escalated: bool = False
+
+    def facts(self) -> dict[str, Any]:
+        """The decision as the flat JSON object every surface shows and the decision log keeps
+        (all fields but the per-option ``probabilities``; latency rounded to the microsecond)."""
+        return {
+            "decision_id": self.decision_id,
+            "question_id": self.question_id,
+            "answer": self.answer,
+            "route": self.route,
+            "escalated": self.escalated,
+            "probability": self.probability,
+            "raw_probability": self.raw_probability,
+            "threshold": self.threshold,
+            "policy_id": self.policy_id,
+            "latency_ms": round(self.latency_ms, 3),
+            "note": self.note,
+        }
+
+
+def summary_route(decisions: Iterable[Decision]) -> Route:
+    """The one route that stands for several decisions: the least verified one they took."""
+    routes = {d.route for d in decisions}
+    return next((r for r in ROUTES_LEAST_VERIFIED_FIRST if r in routes), "none")
 
 
 def canonical_json(payload: Any) -> bytes:

@@ -14,7 +14,8 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     │   ├── BackendRejected          the backend refused our request (400/422: a bug or a limit)
     │   └── BackendMalformed         an answer we cannot read (bad JSON, wrong options)
     ├── SlowPathError                502
-    │   ├── SlowPathUnavailable      503 (includes: no slow model configured)
+    │   ├── SlowPathUnavailable      503
+    │   │   └── NoSlowModel          503: no slow model is configured
     │   ├── SlowPathTimeout          504
     │   ├── SlowPathRateLimited      429 passed through, with Retry-After
     │   └── SlowPathInvalidAnswer    502: no valid option after one corrective retry
@@ -96,6 +97,16 @@ class SlowPathError(SlotgateError):
 
 class SlowPathUnavailable(SlowPathError):
     status_code = 503
+
+
+NO_SLOW_MODEL = "no slow model is configured (set SLOTGATE_SLOW_MODEL)"
+
+
+class NoSlowModel(SlowPathUnavailable):
+    """The one "no slow model" error: ``what`` (escalation, passthrough) cannot be done."""
+
+    def __init__(self, what: str = "escalation") -> None:
+        super().__init__(f"{what} unavailable: {NO_SLOW_MODEL}")
 
 
 class SlowPathTimeout(SlowPathError):

@@ -13,9 +13,7 @@ notes: classified by status, never by message text, and translated into ``router
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
-import time
 from typing import Any
 
 import httpx
@@ -26,6 +24,7 @@ from router.errors import (
     BackendTimeout,
     BackendUnavailable,
 )
+from router.retry_after import retry_after_s
 
 RETRY_AFTER_STATUSES = frozenset({429, 503, 529})
 RETRY_SPARINGLY_STATUSES = frozenset({500, 502})
@@ -63,22 +62,6 @@ def error_message(response: httpx.Response) -> str:
         if "message" in body:
             return str(body["message"])
     return json.dumps(body)[:300]
-
-
-def retry_after_s(response: httpx.Response) -> float:
-    """Seconds asked by a Retry-After header (delta-seconds or an HTTP date)."""
-    value = response.headers.get("retry-after")
-    if value is None:
-        return DEFAULT_RETRY_AFTER_S
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return DEFAULT_RETRY_AFTER_S
-    return max(0.0, when.timestamp() - time.time())
 
 
 class JsonPoster:
@@ -136,7 +119,8 @@ class JsonPoster:
                     await asyncio.sleep(self._retry_backoff_s * failures_5xx)
                     continue
                 if status in RETRY_AFTER_STATUSES:
-                    wait_s = retry_after_s(response)
+                    asked_s = retry_after_s(response.headers)
+                    wait_s = DEFAULT_RETRY_AFTER_S if asked_s is None else asked_s
                     if waited_s + wait_s > self._max_retry_wait_s:
                         raise BackendUnavailable(
                             f"{message} (Retry-After {wait_s:g} s is past the retry budget)"
@@ -179,4 +163,4 @@ class JsonPoster:
         await self._client.aclose()
 
 
-__all__ = ["JsonPoster", "error_message", "retry_after_s"]
+__all__ = ["JsonPoster", "error_message"]

@@ -1,5 +1,5 @@
 """The ``sklearn`` fast backend: a scikit-learn text classifier (TF-IDF word + character n-grams
-and logistic regression, or embeddings + logistic regression, see ``embedding.py``) trained on
+and logistic regression, or embeddings + logistic regression, see ``encoders.py``) trained on
 labelled text and saved as a versioned joblib artifact.
 
 Artifact: a joblib dict ``{"format": "slotgate/text-model", "version": 1, "kind", "labels",
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from calibration.artifacts import atomic_path
 from policies.types import DecisionRequest, OptionScores
 from router.backends.base import FastBackend
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
@@ -28,6 +28,12 @@ from router.errors import BackendMalformed, BackendRejected, BackendUnavailable,
 MODEL_FORMAT = "slotgate/text-model"
 MODEL_VERSION = 1
 MODEL_KINDS = ("tfidf", "wordllama", "minilm")
+# Classes of ours that saved artifacts name by module path (joblib pickles the pipeline). Each
+# path must stay importable: a class that moves leaves an alias at its old path (tested).
+PICKLED_CLASS_PATHS = (
+    "router.backends.embedding.EmbeddingEncoder",  # models saved before encoders.py existed
+    "router.backends.encoders.EmbeddingEncoder",
+)
 
 
 def build_tfidf_pipeline(*, seed: int = 0) -> Any:
@@ -52,7 +58,7 @@ def train_text_model(texts: Sequence[str], labels: Sequence[str], *, kind: str, 
     if kind == "tfidf":
         pipeline = build_tfidf_pipeline(seed=seed)
     elif kind in MODEL_KINDS:
-        from router.backends.embedding import build_embedding_pipeline
+        from router.backends.encoders import build_embedding_pipeline
 
         pipeline = build_embedding_pipeline(kind, seed=seed)
     else:
@@ -72,12 +78,8 @@ def save_text_model(path: Path, pipeline: Any, *, kind: str, n_train: int, data_
         "n_train": n_train, "data_hash": data_hash,
         "created_at": datetime.now(UTC).isoformat(),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    with atomic_path(path) as tmp:
         joblib.dump(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from router.backends.base import FastBackend
 from router.errors import (
+    NO_SLOW_MODEL,
     InvalidRequest,
     SlotgateError,
     SlowPathRateLimited,
@@ -31,7 +32,11 @@ from router.http.heap import freeze_after_warm_up, freeze_heap
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
 from router.http.ratelimit import make_rate_limit
+from router.http.state import AppState
 from router.http.systemone.routes import make_router as systemone_routes
+from router.routing.backpressure import ConcurrencyLimit
+from router.routing.ports import DecisionSink, FeedbackStore, ReadCache, SlowModel
+from router.routing.service import RoutingService
 from router.settings import Settings
 from router.store.metrics import Metrics
 
@@ -39,19 +44,26 @@ log = logging.getLogger("slotgate")
 SHUTDOWN_DRAIN_S = 30.0  # in-flight decisions get this long to finish (and be logged) at shutdown
 
 
+class DecisionLogPart(DecisionSink, FeedbackStore, Protocol):
+    """What the app needs of a decision log: the service's sink and the feedback route's store."""
+
+
 def create_app(
     settings: Settings,
     *,
     backend: FastBackend | None = None,
-    slow: Any | None = None,
-    cache: Any | None = None,
-    decision_log: Any | None = None,
+    slow: SlowModel | None = None,
+    cache: ReadCache | None = None,
+    decision_log: DecisionLogPart | None = None,
     close_backend: bool = False,
 ) -> FastAPI:
     """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
     are and left open at shutdown; parts the app builds itself, it closes. ``close_backend``: the
     backend passed in is the app's to close (``slotgate serve`` builds it before uvicorn starts,
     so that a bad model file is one message and exit 2, not a lifespan traceback)."""
+    state = AppState(settings=settings, metrics=Metrics(),
+                     decision_log_path=settings.log.decision_log_path if decision_log is None
+                     else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,35 +72,33 @@ def create_app(
                 stack.push_async_callback(backend.aclose)
             if rate_limit is not None:
                 stack.push_async_callback(rate_limit.aclose)
-            app.state.decision_log_path = (
-                settings.log.decision_log_path if decision_log is None else None)
-            app.state.service = await _build_service(
+            service, feedback = await _build_service(
                 settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
-                metrics=app.state.metrics)
-            if not app.state.service.escalation_available:
+                metrics=state.metrics)
+            state.started(service, feedback)
+            if not service.escalation_available:
                 log.warning(
-                    "ESCALATION UNAVAILABLE: no slow model is configured "
-                    "(set SLOTGATE_SLOW_MODEL). Decisions below their threshold get %s.",
+                    "ESCALATION UNAVAILABLE: %s. Decisions below their threshold get %s.",
+                    NO_SLOW_MODEL,
                     "the fast answer marked 'unverified'" if settings.slow.serve_unverified_on_failure
                     else "a 503 error saying so")
             # Start-up state out of the garbage collector's reach (router/http/heap.py says why),
             # now and again once the slow path's background import of litellm is done.
             freeze_heap()
-            warmed_up = getattr(app.state.service.slow, "warmed_up", None)
+            warmed_up = getattr(service.slow, "warmed_up", None)
             refreeze = asyncio.create_task(freeze_after_warm_up(warmed_up)) if isinstance(
                 warmed_up, threading.Event) and not warmed_up.is_set() else None
             yield
             if refreeze is not None:
                 refreeze.cancel()
-            if not await app.state.service.drain(timeout_s=SHUTDOWN_DRAIN_S):
+            if not await service.drain(timeout_s=SHUTDOWN_DRAIN_S):
                 log.warning("shutdown with decisions still in flight after %.0f s",
                             SHUTDOWN_DRAIN_S)
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 
     rate_limit = make_rate_limit(settings)  # shared through Redis when one is configured
     app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
-    app.state.settings = settings
-    app.state.metrics = Metrics()
+    app.state.slotgate = state  # read back only through router.http.state.app_state
     app.include_router(openai_routes())
     app.include_router(systemone_routes())
     app.include_router(ops_routes())
@@ -102,18 +112,18 @@ def create_app(
         default_namespace=settings.cache.namespace,
         max_body_bytes=settings.max_body_bytes,
         send_error=_send_error,
-        on_status=app.state.metrics.response,
+        on_status=state.metrics.response,
         rate_limit=rate_limit,
     )
     return app
 
 
 async def _build_service(
-    settings: Settings, stack: AsyncExitStack, *, backend: Any, slow: Any, cache: Any,
-    decision_log: Any, metrics: Any,
-) -> Any:
+    settings: Settings, stack: AsyncExitStack, *, backend: FastBackend | None,
+    slow: SlowModel | None, cache: ReadCache | None, decision_log: DecisionLogPart | None,
+    metrics: Metrics,
+) -> tuple[RoutingService, FeedbackStore]:
     from router.routing.registry import PolicyRegistry
-    from router.routing.service import RoutingService
 
     # Closed in reverse order of registration: the log last, so it records every drained decision.
     if decision_log is None:
@@ -121,25 +131,31 @@ async def _build_service(
         from router.store.decision_log import make_decision_log
 
         check_decision_log(settings.log.decision_log_path)
-        decision_log = make_decision_log(settings)
-        stack.push_async_callback(decision_log.aclose)
+        built_log = make_decision_log(settings)
+        stack.push_async_callback(built_log.aclose)
+        decision_log = built_log
     if cache is None:
         from router.store.cache import make_cache
 
-        cache = make_cache(settings.cache, on_error=metrics.cache_error)
-        stack.push_async_callback(cache.aclose)
+        built_cache = make_cache(settings.cache, on_error=metrics.cache_error)
+        stack.push_async_callback(built_cache.aclose)
+        cache = built_cache
     if backend is None:
         from router.backends.factory import build_backend
 
         backend = build_backend(settings.fast)
         stack.push_async_callback(backend.aclose)
     if slow is None:
-        from router.routing.slow import (
-            SlowPath,  # litellm itself is imported on the first slow call
-        )
+        from router.routing.slow import SlowPath  # litellm itself is imported lazily
 
-        slow = SlowPath(settings.slow)
-        stack.push_async_callback(slow.aclose)
+        # The slow model's one concurrency cap: escalations and passthrough beyond it plus
+        # max_queue waiting get 429 at once instead of waiting until the timeout makes them 504s.
+        limit = ConcurrencyLimit(
+            "slow path", capacity=settings.slow.max_concurrency, max_waiting=settings.max_queue,
+            on_reject=lambda: metrics.queue_rejected("slow"))
+        built_slow = SlowPath(settings.slow, limit=limit)
+        stack.push_async_callback(built_slow.aclose)
+        slow = built_slow
     monitor = None
     if settings.monitoring.enabled:
         from router.monitoring.monitor import make_monitor, restore_from_log
@@ -150,8 +166,9 @@ async def _build_service(
                                    monitor=monitor)
     if monitor is not None:
         restore_from_log(monitor, settings.log.decision_log_path)
-    return RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
-                          log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
+    service = RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
+                             log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
+    return service, decision_log
 
 
 # ---- the one mapping from the error tree to HTTP -------------------------------------------

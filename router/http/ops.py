@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from router.http.startup import decision_log_writable
+from router.http.state import app_state
 
 
 def make_router() -> APIRouter:
@@ -19,14 +20,13 @@ def make_router() -> APIRouter:
 
     @router.get("/readyz", tags=["ops"], response_model=None)
     async def readyz(request: Request) -> JSONResponse:
-        service = request.app.state.service
-        settings = request.app.state.settings
+        state = app_state(request)
+        service, settings = state.service, state.settings
         checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
         if settings.cache.redis_url:
             checks["redis"] = bool(await service.cache.ping())
-        log_path = getattr(request.app.state, "decision_log_path", None)
-        if log_path is not None:  # None: a log injected by a test, not a file of ours
-            checks["decision_log"] = decision_log_writable(log_path)
+        if state.decision_log_path is not None:  # None: a log injected by a test
+            checks["decision_log"] = decision_log_writable(state.decision_log_path)
         ready = all(checks.values())
         body = {"status": "ready" if ready else "unavailable", "checks": checks,
                 "escalation_available": service.escalation_available}
@@ -34,7 +34,7 @@ def make_router() -> APIRouter:
 
     @router.get("/metrics", tags=["ops"])
     async def metrics(request: Request) -> Response:
-        registry = request.app.state.metrics
+        registry = app_state(request).metrics
         return Response(registry.render(), media_type=registry.content_type)
 
     return router

@@ -82,16 +82,12 @@ class RedisTokenBuckets(TokenBuckets):
 
     def __init__(self, url: str, *, rate_rps: float, burst: int, timeout_s: float = 0.25,
                  retry_interval_s: float = 1.0) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from router.store.redis_client import redis_client
 
         super().__init__(rate_rps=rate_rps, burst=burst)
         self.retry_interval_s = retry_interval_s
         self.redis_errors = 0
-        self.client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+        self.client: Any = redis_client(url, timeout_s=timeout_s)
         self._script = self.client.register_script(TOKEN_BUCKET_LUA)
         self._down_since: float | None = None
 

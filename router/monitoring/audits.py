@@ -8,7 +8,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from policies.types import DecisionRequest
 from router.errors import SlotgateError
@@ -21,8 +20,7 @@ class AuditJob:
     policy_id: str
     decision_id: str
     answer: str  # what the fast tier served
-    request: DecisionRequest
-    messages: list[dict[str, Any]] | None = None
+    request: DecisionRequest  # its ``turns`` carry the caller's conversation, when there was one
 
 
 @dataclass(slots=True)

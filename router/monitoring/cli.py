@@ -55,7 +55,7 @@ def monitor(
              "no tuning summary: no drift test" if s.drift_threshold is None else
              f"{fmt(state['drift_log_martingale'])} / {fmt(s.drift_threshold)}"),
             ("labelled accepted decisions", str(state["labels"])),
-            ("accepted accuracy [anytime-valid bounds]",
+            ("accepted accuracy (anytime-valid bounds)",
              (f"{fmt(state['accuracy'])} [{fmt(state['accuracy_lower'])}, "
              f"{fmt(state['accuracy_upper'])}] (target {state['target_accuracy']})")),
             ("alarm (replayed)", "none" if not s.alarms else
@@ -111,7 +111,8 @@ def write_plot(path: Path, series: list[Series]) -> Path:
             for alarm in s.alarms:
                 ax.axvline(alarm["decision"] + 1, color="black", linewidth=1.5,
                            label=f"{alarm['kind']} alarm")
+            ax.set_xlim(0, len(s.accepted) + 1)
             ax.set_xlabel("decision")
             ax.grid(alpha=0.3)
-            ax.legend(loc="lower left", fontsize=8)
+            ax.legend(loc="best", fontsize=8)
     return _save(figure, path)

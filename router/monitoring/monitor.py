@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotgate.monitoring")
 EventSink = Callable[[dict[str, Any]], Awaitable[None]]
-SlowAnswer = Callable[[DecisionRequest, list[dict[str, Any]] | None], Awaitable[str]]
+SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 
 
@@ -83,8 +83,7 @@ class Monitor:
             watch = self.watches[settings.policy_id] = PolicyWatch(settings)
         return WatchedPolicy(runtime, watch, self)
 
-    def after(self, requests: Sequence[DecisionRequest], decisions: Sequence[Decision], *,
-              messages: list[dict[str, Any]] | None = None) -> None:
+    def after(self, requests: Sequence[DecisionRequest], decisions: Sequence[Decision]) -> None:
         """Queue audits of the accepted decisions the draw picks; never waits."""
         if self._answer is None:
             return
@@ -94,7 +93,7 @@ class Monitor:
                     or decision.route not in ("fast", "cache") or not watch.wants_audit()):
                 continue
             self.audits.submit(AuditJob(decision.policy_id, decision.decision_id,
-                                        decision.answer, request, messages))
+                                        decision.answer, request))
 
     async def feedback(self, record: dict[str, Any], label: str) -> None:
         """A human label for a logged decision: counted for an accepted one not labelled yet."""
@@ -140,7 +139,7 @@ class Monitor:
 
     async def _audit_answer(self, job: AuditJob) -> str:
         assert self._answer is not None
-        return await self._answer(job.request, job.messages)
+        return await self._answer(job.request)
 
     async def _audit_label(self, job: AuditJob, label: str) -> None:
         correct = label == job.answer
@@ -190,12 +189,12 @@ def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
     path (when one is configured), alarms recorded in the log before a restart are re-armed
     once the policies are wrapped (``restore_from_log``)."""
 
-    async def answer(request: DecisionRequest, messages: list[dict[str, Any]] | None) -> str:
+    async def answer(request: DecisionRequest) -> str:
         if slow is None or not slow.available:
-            from router.errors import SlowPathUnavailable
+            from router.errors import NoSlowModel
 
-            raise SlowPathUnavailable("no slow model to audit with")
-        return str((await slow.decide(request, messages=messages)).answer)
+            raise NoSlowModel("audit")
+        return str((await slow.decide(request)).answer)
 
     return Monitor(metrics=metrics, events=getattr(decision_log, "add_event", None),
                    answer=answer, audit_capacity=settings.monitoring.audit_queue,

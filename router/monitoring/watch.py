@@ -88,9 +88,10 @@ class PolicyWatch:
         self.n_decisions += 1
         self.n_accepted += int(accepted)
         self._recent.append(accepted)
-        if self.drift is None or self.alarm is not None:
+        if self.drift is None:
             return None
-        if self.drift.update(min(1.0, max(0.0, confidence))):
+        # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
+        if self.drift.update(min(1.0, max(0.0, confidence))) and self.alarm is None:
             return self._raise("drift", f"the confidence martingale reached "
                                f"{self.drift.log_value:.2f} (log) >= log(1/{self.drift.alpha:g}) "
                                f"after {self.drift.n} decisions")

@@ -2,9 +2,10 @@
 DecisionRequest/Decision only (no HTTP types), so every wire surface shares one behaviour.
 
 Failure semantics: a fast backend that fails or passes ``fast.timeout_s`` escalates (counted);
-an escalation with no usable slow path raises ``SlowPathUnavailable`` (503, its message says
-escalation is unavailable) unless ``slow.serve_unverified_on_failure``, which returns the fast
-answer with route ``unverified`` and a note. A full fast-backend queue raises ``TooManyRequests``.
+an escalation with no usable slow path raises a ``SlowPathError`` (``NoSlowModel`` when none is
+configured: 503, its message says escalation is unavailable) unless
+``slow.serve_unverified_on_failure``, which returns the fast answer with route ``unverified`` and
+a note. A full fast-backend or slow-model queue raises ``TooManyRequests``.
 """
 
 from __future__ import annotations
@@ -25,21 +26,18 @@ from router.errors import (
     BackendError,
     BackendMalformed,
     BackendTimeout,
+    NoSlowModel,
     SlowPathError,
-    SlowPathUnavailable,
 )
 from router.routing.backpressure import ConcurrencyLimit
+from router.routing.ports import DecisionSink, ReadCache, SlowModel
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.settings import Settings
-from router.store.cache import Cache, read_key, slow_key
+from router.store.cache import read_key, slow_key
 from router.store.metrics import Metrics
 
-if TYPE_CHECKING:  # the log and slow path are injected; their modules load their own clients
+if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
     from router.monitoring.monitor import Monitor
-    from router.routing.slow import SlowPath
-    from router.store.decision_log import DecisionLog
-
-NO_SLOW_MODEL = "escalation unavailable: no slow model is configured (set SLOTGATE_SLOW_MODEL)"
 
 
 @dataclass(slots=True)
@@ -52,14 +50,17 @@ class _Read:
 
 
 class RoutingService:
+    """Decisions through cache, fast read, policy and escalation. The parts come in through the
+    seams of ``router.routing.ports``; the slow model brings its own concurrency cap."""
+
     def __init__(
         self,
         *,
         backend: FastBackend,
-        cache: Cache,
+        cache: ReadCache,
         registry: PolicyRegistry,
-        slow: SlowPath | None,
-        log: DecisionLog,
+        slow: SlowModel | None,
+        log: DecisionSink,
         metrics: Metrics,
         settings: Settings,
         monitor: Monitor | None = None,
@@ -75,11 +76,6 @@ class RoutingService:
         self._fast_limit = ConcurrencyLimit(
             f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
             max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
-        # The slow path is capped and queued the same way: escalations beyond its cap plus
-        # max_queue get 429 at once instead of waiting until the slow timeout makes them 504s.
-        self._slow_limit = ConcurrencyLimit(
-            "slow path", capacity=settings.slow.max_concurrency, max_waiting=settings.max_queue,
-            on_reject=lambda: metrics.queue_rejected("slow"))
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -89,11 +85,7 @@ class RoutingService:
         return self.slow is not None and self.slow.available
 
     async def decide(
-        self,
-        requests: Sequence[DecisionRequest],
-        *,
-        namespace: str,
-        messages: list[dict[str, Any]] | None = None,
+        self, requests: Sequence[DecisionRequest], *, namespace: str
     ) -> list[Decision]:
         """One Decision per request, in order; every one is in the decision log when this returns."""
         self._in_flight += 1
@@ -105,8 +97,7 @@ class RoutingService:
             policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
             reads = await self._fast_reads(requests, namespace=namespace, fingerprint=fingerprint)
             decisions = await _all_or_none([
-                self._route(request, read, policy, namespace=namespace, messages=messages,
-                            started=started)
+                self._route(request, read, policy, namespace=namespace, started=started)
                 for request, read, policy in zip(requests, reads, policies, strict=True)
             ])
             await asyncio.gather(*(
@@ -114,7 +105,7 @@ class RoutingService:
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
             ))
             if self.monitor is not None:  # audits are queued, answered after the reply
-                self.monitor.after(requests, decisions, messages=messages)
+                self.monitor.after(requests, decisions)
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
         finally:
@@ -183,12 +174,11 @@ class RoutingService:
         policy: RuntimePolicy,
         *,
         namespace: str,
-        messages: list[dict[str, Any]] | None,
         started: float,
     ) -> Decision:
         decision_id = uuid.uuid4().hex
         if read.scores is None:  # the fast backend failed: only the slow path can answer
-            answer, from_cache = await self._escalate(request, namespace=namespace, messages=messages)
+            answer, from_cache = await self._escalate(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
             return Decision(
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
@@ -201,8 +191,7 @@ class RoutingService:
         answer, route, note = scores.options[index], "cache" if read.cached else "fast", None
         if not verdict.accept:
             try:
-                answer, from_cache = await self._escalate(
-                    request, namespace=namespace, messages=messages)
+                answer, from_cache = await self._escalate(request, namespace=namespace)
                 route = "cache" if from_cache else "slow"
             except SlowPathError as exc:
                 if not self.settings.slow.serve_unverified_on_failure:
@@ -218,24 +207,22 @@ class RoutingService:
             _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note,
             escalated=route in ("slow", "cache") and not verdict.accept)
 
-    async def _escalate(
-        self, request: DecisionRequest, *, namespace: str, messages: list[dict[str, Any]] | None
-    ) -> tuple[str, bool]:
-        """(answer, served from the slow cache). Raises SlowPathError subclasses."""
+    async def _escalate(self, request: DecisionRequest, *, namespace: str) -> tuple[str, bool]:
+        """(answer, served from the slow cache). Raises SlowPathError subclasses, or
+        TooManyRequests when the slow model's queue is full."""
         if self.slow is None or not self.slow.available:
-            raise SlowPathUnavailable(NO_SLOW_MODEL)
+            raise NoSlowModel()
         key = slow_key(namespace, request, self.settings.slow.model or "")
         [blob] = await self.cache.get_many([key])
         if blob is not None and blob.decode(errors="replace") in request.option_names:
             self.metrics.cache_lookups(store="slow", hits=1, misses=0)
             return blob.decode(), True
         self.metrics.cache_lookups(store="slow", hits=0, misses=1)
-        async with self._slow_limit.acquire():
-            t0 = time.perf_counter()
-            try:
-                answer = await self.slow.decide(request, messages=messages)
-            finally:
-                self.metrics.stage("slow", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        try:
+            answer = await self.slow.decide(request)
+        finally:
+            self.metrics.stage("slow", time.perf_counter() - t0)
         await self.cache.set_many([(key, answer.answer.encode())])
         return answer.answer, False
 
@@ -285,22 +272,12 @@ def _record(
     request: DecisionRequest, read: _Read, decision: Decision, namespace: str, fingerprint: str
 ) -> dict[str, Any]:
     return {
-        "decision_id": decision.decision_id,
+        **decision.facts(),
         "time": time.time(),
         "namespace": namespace,
-        "question_id": request.question_id,
         "signature": request.signature(),
         "fingerprint": fingerprint,
         "options": list(request.option_names),
         "proba": list(read.scores.proba) if read.scores is not None else None,
         "text": request.state,
-        "answer": decision.answer,
-        "route": decision.route,
-        "escalated": decision.escalated,
-        "probability": decision.probability,
-        "raw_probability": decision.raw_probability,
-        "threshold": decision.threshold,
-        "policy_id": decision.policy_id,
-        "latency_ms": decision.latency_ms,
-        "note": decision.note,
     }

@@ -1,6 +1,8 @@
 """The slow path: the one module that imports litellm (lazily: it takes seconds to import).
 Decisions go to the slow model with the options enforced by a JSON-schema response format, are
 validated, and get one corrective retry; other chat requests pass through, streaming included.
+The completion function is injectable (``litellm.acompletion`` by default), so the prompt,
+retry and passthrough rules are testable without HTTP.
 
 litellm's exceptions are translated once, here, into router.errors' SlowPathError subtree.
 Messages are sanitised first: provider keys never reach an error, a log line or a response.
@@ -9,7 +11,6 @@ Messages are sanitised first: provider keys never reach an error, a log line or 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 import os
@@ -17,34 +18,34 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from policies.types import DecisionRequest
 from router.errors import (
     Forbidden,
     InvalidRequest,
+    NoSlowModel,
     SlotgateError,
     SlowPathError,
     SlowPathInvalidAnswer,
     SlowPathRateLimited,
     SlowPathTimeout,
     SlowPathUnavailable,
+    TooManyRequests,
 )
+from router.retry_after import retry_after_s
+from router.routing.backpressure import ConcurrencyLimit
+from router.routing.ports import SlowAnswer
 
 if TYPE_CHECKING:
     from router.settings import SlowPathSettings
 
 logger = logging.getLogger(__name__)
 
-NO_MODEL = "escalation unavailable: no slow model configured (set SLOTGATE_SLOW_MODEL)"
-# Body fields that would let a client pick the upstream or its credentials: refused, named.
-CREDENTIAL_FIELDS = frozenset({
-    "api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "extra_headers",
-    "headers", "organization", "deployment_id", "litellm_params", "aws_access_key_id",
-    "aws_secret_access_key", "vertex_credentials", "azure_ad_token",
-})
+# ``litellm.acompletion``'s shape: keyword arguments in; a ModelResponse (``choices[0].message
+# .content``, ``model_dump()``) out, or an async iterator of chunks when ``stream=True``.
+Completion = Callable[..., Awaitable[Any]]
 # OpenAI chat-completion fields passed to litellm as arguments. Any other field goes to the
 # upstream in the request body (``extra_body``), never to litellm, whose own keyword arguments
 # (mock_response, fallbacks, callbacks...) a client must not reach.
@@ -57,14 +58,6 @@ PASSTHROUGH_FIELDS = frozenset({
 })
 _KEY_PATTERNS = re.compile(r"(Bearer\s+)\S+|\b(sk|pk|rk|key|token)-[A-Za-z0-9_\-]{6,}",
                            re.IGNORECASE)
-
-
-@dataclass(frozen=True, slots=True)
-class SlowAnswer:
-    answer: str
-    model: str
-    latency_ms: float
-    attempts: int  # 1, or 2 after the corrective retry
 
 
 def response_format(options: Sequence[str]) -> dict[str, Any]:
@@ -84,13 +77,12 @@ def options_prompt(request: DecisionRequest) -> str:
     ])
 
 
-def decision_messages(request: DecisionRequest,
-                      messages: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The question and its options as a system message, then the caller's messages (or the
+def decision_messages(request: DecisionRequest) -> list[dict[str, Any]]:
+    """The question and its options as a system message, then the caller's conversation (or the
     state as the user message): the last user message stays the input being decided about."""
     system = {"role": "system", "content": options_prompt(request)}
-    if messages:
-        return [system, *messages]
+    if request.turns:
+        return [system, *({"role": role, "content": text} for role, text in request.turns)]
     return [system, {"role": "user", "content": request.state}]
 
 
@@ -109,11 +101,20 @@ def parse_answer(content: str | None, options: Sequence[str]) -> str | None:
 
 
 class SlowPath:
-    """The slow LLM behind litellm, configured by ``settings.slow``."""
+    """The slow LLM behind litellm, configured by ``settings.slow`` (a ``SlowModel``).
 
-    def __init__(self, settings: SlowPathSettings) -> None:
+    ``limit`` is the one concurrency cap on the slow model, decisions and passthrough alike (the
+    app sizes its wait queue by ``max_queue``, past which callers get 429); without one, calls
+    wait for ``settings.max_concurrency`` slots. ``completion`` replaces ``litellm.acompletion``
+    (tests); its exceptions are translated as litellm's are."""
+
+    def __init__(self, settings: SlowPathSettings, *, completion: Completion | None = None,
+                 limit: ConcurrencyLimit | None = None) -> None:
         self.settings = settings
-        self._semaphore = asyncio.Semaphore(settings.max_concurrency)
+        self._completion = completion
+        self._limit = limit or ConcurrencyLimit(
+            "slow path", capacity=settings.max_concurrency, max_waiting=sys.maxsize,
+            on_reject=lambda: None)
         # Everything that could be a provider key: ours, and the key variables litellm reads.
         secrets = [settings.api_key.get_secret_value()] if settings.api_key else []
         secrets += [v for k, v in os.environ.items()
@@ -122,7 +123,7 @@ class SlowPath:
         # Set once litellm is imported and warm (or never will be here): the app freezes the
         # start-up heap after it (router/http/heap.py).
         self.warmed_up = threading.Event()
-        if settings.model and "litellm" not in sys.modules:
+        if settings.model and completion is None and "litellm" not in sys.modules:
             # litellm takes seconds to import: start now, off the event loop, so that the first
             # escalation neither pays for it nor blocks the loop for every other request.
             threading.Thread(target=_warm_up, args=(self.warmed_up,),
@@ -138,12 +139,11 @@ class SlowPath:
     def model(self) -> str | None:
         return self.settings.model
 
-    async def decide(self, request: DecisionRequest, *,
-                     messages: list[dict[str, Any]] | None = None) -> SlowAnswer:
+    async def decide(self, request: DecisionRequest) -> SlowAnswer:
         """One of ``request``'s options from the slow model; raises SlowPathError subclasses."""
-        model = self._require_model()
+        model = self._require_model("escalation")
         options = request.option_names
-        convo = decision_messages(request, messages)
+        convo = decision_messages(request)
         start = time.perf_counter()
         content: str | None = None
         for attempt in (1, 2):
@@ -171,7 +171,7 @@ class SlowPath:
         error status); later ones end the stream with an SSE ``{"error": ...}`` event."""
         kwargs = self._passthrough(body)
         sent_any = False
-        async with self._semaphore:
+        async with self._limit.acquire():
             response = await self._acompletion(_acquire=False, _caller_model=True, stream=True,
                                                **kwargs)
             try:
@@ -210,21 +210,17 @@ class SlowPath:
                 if asyncio.iscoroutine(result):
                     await result
 
-    def _require_model(self) -> str:
+    def _require_model(self, what: str) -> str:
         if not self.settings.model:
-            raise SlowPathUnavailable(NO_MODEL)
+            raise NoSlowModel(what)
         return self.settings.model
 
     def _passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise InvalidRequest("the request body must be a JSON object", field="body")
-        for name in body:
-            if name in CREDENTIAL_FIELDS or name == "extra_body":
-                raise Forbidden(f"{name} cannot be set by clients; the upstream is configured "
-                                "by the operator", field=name)
+        """litellm's arguments for a passthrough ``body``. Credential fields were refused by the
+        request model (router/http/openai/wire.py); the model allow-list is checked here."""
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise InvalidRequest("messages must be a non-empty list", field="messages")
-        configured = self._require_model()
+        configured = self._require_model("passthrough")
         model = body.get("model") or configured
         allowed = {configured, *self.settings.allowed_models}
         if model not in allowed:
@@ -236,10 +232,10 @@ class SlowPath:
 
     async def _acompletion(self, *, _acquire: bool = True, _caller_model: bool = False,
                            **kwargs: Any) -> Any:
-        """litellm.acompletion under the timeout (and the semaphore unless ``_acquire`` is False).
+        """The completion under the timeout (and the concurrency cap unless ``_acquire`` is False).
         ``_caller_model``: the model is the client's pick (passthrough), so a model litellm cannot
         route is the client's error (400 naming ``model``), not a failing upstream (502)."""
-        litellm = _litellm()
+        completion = self._completion or _litellm().acompletion
         kwargs.update(timeout=self.settings.timeout_s, max_retries=0, num_retries=0)
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base
@@ -249,9 +245,11 @@ class SlowPath:
             # The outer bound guards against a provider that ignores ``timeout``.
             async with asyncio.timeout(self.settings.timeout_s + 1.0):
                 if not _acquire:
-                    return await litellm.acompletion(**kwargs)
-                async with self._semaphore:
-                    return await litellm.acompletion(**kwargs)
+                    return await completion(**kwargs)
+                async with self._limit.acquire():
+                    return await completion(**kwargs)
+        except TooManyRequests:
+            raise  # our own queue is full: already in the error tree, nothing to translate
         except Exception as exc:  # noqa: BLE001 - every litellm failure is translated once, here
             self._raise_translated(exc, caller_model=_caller_model)
 
@@ -295,24 +293,11 @@ def _correction(content: str | None, options: Sequence[str]) -> str:
 
 
 def _retry_after_s(exc: BaseException) -> float | None:
-    """Retry-After (seconds or an HTTP date) or retry-after-ms from the upstream's headers."""
+    """What the upstream's headers (on litellm's exception or its response) ask to wait."""
     response = getattr(exc, "response", None)
     headers = dict(getattr(response, "headers", None) or {})
     headers.update(getattr(exc, "headers", None) or {})
-    headers = {k.lower(): v for k, v in headers.items()}
-    try:
-        if "retry-after-ms" in headers:
-            return max(0.0, float(headers["retry-after-ms"]) / 1e3)
-        if "retry-after" in headers:
-            value = headers["retry-after"]
-            try:
-                return max(0.0, float(value))
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(value)
-                return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-    return None
+    return retry_after_s(headers)
 
 
 def _warm_up(done: threading.Event) -> None:

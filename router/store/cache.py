@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from policies.types import DecisionRequest, canonical_hash
 from router.errors import InvalidRequest
 from router.settings import NAMESPACE_PATTERN as _NAMESPACE
+from router.store.redis_client import redis_client
 
 if TYPE_CHECKING:
     from router.settings import CacheSettings
@@ -102,19 +103,11 @@ class RedisCache(Cache):
     def __init__(self, url: str, *, ttl_s: int, on_error: ErrorCallback | None = None,
                  timeout_s: float = 0.25, retry_interval_s: float = 1.0,
                  log_interval_s: float = 60.0) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.ttl_s = int(ttl_s)
         self.retry_interval_s = retry_interval_s
         self.log_interval_s = log_interval_s
         self._on_error = on_error
-        # No client-side retries: a miss is cheaper than waiting for a Redis that is not there.
-        self.client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-        )
+        self.client: Any = redis_client(url, timeout_s=timeout_s)
         self.healthy = True
         self._down_since: float | None = None  # monotonic time of the last failure while down
         self._last_log = -float("inf")

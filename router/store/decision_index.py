@@ -1,5 +1,5 @@
 """The decision log's in-memory index: of each recent decision only what ``/v1/feedback`` reads
-(namespace, options, answer), bounded by entries *and* by bytes, so its size does not depend on
+(namespace, options, answer, and for monitoring the policy, route and escalation), bounded by entries *and* by bytes, so its size does not depend on
 how long the messages were (the JSONL file and the Redis stream hold the full records)."""
 
 from __future__ import annotations
@@ -9,24 +9,31 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# Per-entry cost beyond the id string itself: the (namespace, options, answer) tuple (64 B), the
+# Per-entry cost beyond the id string itself: the 6-slot tuple (88 B), the
 # OrderedDict's hash slot and linked-list node (~100 B), the unsynced mark when kept (~60 B).
 # Measured with tracemalloc in tests/router/store/test_decision_index.py, which keeps it honest.
-ENTRY_OVERHEAD_BYTES = 240
+ENTRY_OVERHEAD_BYTES = 260
 
 
-def feedback_view(decision_id: str, namespace: str, options: Sequence[str],
-                  answer: str | None) -> dict[str, Any]:
-    """The shape ``DecisionLog.get`` returns: all ``/v1/feedback`` needs of a decision."""
-    return {"decision_id": decision_id, "namespace": namespace, "options": list(options),
-            "answer": answer}
+# What the index keeps of a decision besides its options and answer (short, repeated strings).
+FACTS = ("namespace", "policy_id", "route", "escalated")
+
+
+def feedback_view(decision_id: str, options: Sequence[str], answer: str | None,
+                  facts: dict[str, Any]) -> dict[str, Any]:
+    """The shape ``DecisionLog.get`` returns: all ``/v1/feedback`` (and the monitor it tells)
+    needs of a decision: ``decision_id``, ``options``, ``answer`` and the ``FACTS``."""
+    return {"decision_id": decision_id, "options": list(options), "answer": answer,
+            "namespace": str(facts.get("namespace") or ""),
+            "policy_id": facts.get("policy_id"), "route": facts.get("route"),
+            "escalated": bool(facts.get("escalated"))}
 
 
 class DecisionIndex:
     """Recent decisions by id, oldest evicted first once there are more than ``max_entries`` or
     they take more than ``max_bytes``. Option lists are stored once per distinct list (a question
-    asked a million times costs one copy), namespaces are interned, the answer is kept as its
-    position among the options.
+    asked a million times costs one copy), namespaces, policy ids and routes are interned, the
+    answer is kept as its position among the options.
 
     ``unsynced`` (optional) remembers which entries another store (Redis) has not confirmed yet,
     so they can be re-sent after that store was down or lost its data."""
@@ -39,9 +46,9 @@ class DecisionIndex:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.nbytes = 0  # estimated bytes held: entries plus the distinct option lists
-        # id -> (namespace, options, answer: its position in options, or the string itself)
-        self._entries: OrderedDict[str, tuple[str, tuple[str, ...], int | str | None]] = (
-            OrderedDict())
+        # id -> (options, answer: its position in options or the string itself, namespace,
+        # policy id, route, escalated)
+        self._entries: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
         self._options: dict[tuple[str, ...], list[Any]] = {}  # options -> [itself, refs, bytes]
         self._unsynced: OrderedDict[str, None] = OrderedDict()
 
@@ -51,8 +58,9 @@ class DecisionIndex:
     def __contains__(self, decision_id: object) -> bool:
         return decision_id in self._entries
 
-    def add(self, decision_id: str, namespace: str, options: Sequence[str], answer: str | None,
-            *, unsynced: bool = False) -> None:
+    def add(self, decision_id: str, options: Sequence[str], answer: str | None,
+            facts: dict[str, Any], *, unsynced: bool = False) -> None:
+        """``facts``: the decision's ``FACTS`` (others are ignored)."""
         if decision_id in self._entries:
             self._drop(decision_id)
         shared = self._share(tuple(options))
@@ -60,7 +68,8 @@ class DecisionIndex:
             stored: int | str | None = shared.index(answer) if answer is not None else None
         except ValueError:
             stored = answer
-        self._entries[decision_id] = (sys.intern(namespace), shared, stored)
+        self._entries[decision_id] = (
+            shared, stored, *(_intern(facts.get(name)) for name in FACTS))
         self.nbytes += sys.getsizeof(decision_id) + ENTRY_OVERHEAD_BYTES
         if unsynced:
             self._unsynced[decision_id] = None
@@ -72,13 +81,15 @@ class DecisionIndex:
         entry = self.entry(decision_id)
         return None if entry is None else feedback_view(decision_id, *entry)
 
-    def entry(self, decision_id: str) -> tuple[str, tuple[str, ...], str | None] | None:
-        """(namespace, options, answer), the options tuple shared by every entry that has it."""
+    def entry(self, decision_id: str
+              ) -> tuple[tuple[str, ...], str | None, dict[str, Any]] | None:
+        """(options, answer, facts); the options tuple is shared by every entry that has it."""
         entry = self._entries.get(decision_id)
         if entry is None:
             return None
-        namespace, options, stored = entry
-        return namespace, options, options[stored] if isinstance(stored, int) else stored
+        options, stored, *facts = entry
+        answer = options[stored] if isinstance(stored, int) else stored
+        return options, answer, dict(zip(FACTS, facts))
 
     def unsynced(self, limit: int) -> list[str]:
         """Up to ``limit`` ids not yet confirmed by the other store, oldest first."""
@@ -115,7 +126,7 @@ class DecisionIndex:
         return shared
 
     def _drop(self, decision_id: str) -> None:
-        _, options, _ = self._entries.pop(decision_id)
+        options = self._entries.pop(decision_id)[0]
         self._unsynced.pop(decision_id, None)
         self.nbytes -= sys.getsizeof(decision_id) + ENTRY_OVERHEAD_BYTES
         slot = self._options[options]
@@ -123,3 +134,7 @@ class DecisionIndex:
         if slot[1] == 0:
             del self._options[options]
             self.nbytes -= slot[2]
+
+
+def _intern(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value

@@ -41,8 +41,9 @@ class DecisionLog(ABC):
 
     @abstractmethod
     async def get(self, decision_id: str) -> dict[str, Any] | None:
-        """What feedback needs of a decision (``decision_id``, ``namespace``, ``options``,
-        ``answer``), or None when unknown. The full record is in the file, not in memory."""
+        """What feedback needs of a decision (``decision_index.feedback_view``: id, options,
+        answer, namespace, policy, route, escalated), or None when unknown. The full record is
+        in the file, not in memory."""
 
     @abstractmethod
     async def add_feedback(self, decision_id: str, label: str) -> None:
@@ -123,9 +124,8 @@ class JsonlDecisionLog(DecisionLog):
 
     def _remember(self, record: dict[str, Any], *, unsynced: bool = False) -> None:
         answer = record.get("answer")
-        self.index.add(str(record["decision_id"]), str(record.get("namespace") or ""),
-                       [str(o) for o in record.get("options") or ()],
-                       None if answer is None else str(answer), unsynced=unsynced)
+        self.index.add(str(record["decision_id"]), [str(o) for o in record.get("options") or ()],
+                       None if answer is None else str(answer), record, unsynced=unsynced)
 
 
 def make_decision_log(settings: Settings) -> DecisionLog:
@@ -170,13 +170,16 @@ def read_records(path: Path, *, events: bool = False) -> Iterator[dict[str, Any]
 
 
 def export_predictions(source: Settings | Path | str | Sequence[Path | str], out_path: Path | str,
-                       *, signature: str | None = None, labelled_only: bool = False) -> int:
+                       *, signature: str | None = None, labelled_only: bool = False,
+                       audit_labels: bool = False) -> int:
     """Join JSONL decision logs with their feedback into the predictions format (id, options,
     raw proba, label or null, signature, fingerprint, text); returns the rows written. Several
     logs (one per replica) are joined as one: feedback sent to replica B for a decision made on
     A is in B's file. A predictions file holds one question, so a log of several needs
     ``signature``. Decisions without a fast read (no proba) are left out; the latest feedback
-    label (by its time) wins; a record repeated (at-least-once delivery) counts once."""
+    label (by its time) wins; a record repeated (at-least-once delivery) counts once. With
+    ``audit_labels``, a decision with no feedback takes its audit's label (the slow model's
+    answer): a policy tuned on those promises agreement with the slow model."""
     from router.tuning.predictions import PredictionsError, write_predictions
 
     if isinstance(source, str | Path):
@@ -188,9 +191,12 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     path = paths[0]
     decisions: dict[str, dict[str, Any]] = {}
     labels: dict[str, tuple[float, str]] = {}  # decision id -> (time, label)
+    audits: dict[str, str] = {}  # decision id -> the slow model's answer (router/monitoring)
     for record in (r for p in paths for r in read_records(p)):
         decision_id = str(record["decision_id"])
-        if record.get("type") == "feedback":
+        if record.get("type") == "audit":
+            audits[decision_id] = str(record["label"])
+        elif record.get("type") == "feedback":
             at = float(record.get("time") or 0.0)
             if decision_id not in labels or at >= labels[decision_id][0]:
                 labels[decision_id] = (at, str(record["label"]))
@@ -208,7 +214,8 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     rows = []
     for decision_id in chosen:
         record = decisions[decision_id]
-        label = labels[decision_id][1] if decision_id in labels else None
+        label = labels[decision_id][1] if decision_id in labels else (
+            audits.get(decision_id) if audit_labels else None)  # a human label wins
         row = {"id": decision_id, "options": list(record["options"]),
                "proba": [float(p) for p in record["proba"]],
                "label": label if label in record["options"] else None}

@@ -1,8 +1,8 @@
 """The decision log shared through Redis: the JSONL file first (the record of truth), then,
 written behind the request, each record once as a Redis stream entry (the audit copy every
 replica's records and feedback meet in) and, per decision, a small key holding only what
-``/v1/feedback`` needs (namespace, answer, the sha256 of the option list, which is stored once
-under its own key), so feedback sent to any replica finds a decision made on another.
+``/v1/feedback`` needs (namespace, answer, policy, route, the sha256 of the option list, which
+is stored once under its own key), so feedback sent to any replica finds a decision made on another.
 
 What a Redis outage or restart does: nothing fails. Records that could not be sent stay queued
 (bounded by ``max_pending_bytes``; beyond it the oldest stream entries are dropped and counted)
@@ -46,9 +46,7 @@ class RedisStreamDecisionLog(DecisionLog):
                  retry_interval_s: float = 1.0, max_pending: int = 10_000,
                  max_pending_bytes: int = 32 * 2**20, keys_per_batch: int = 1000,
                  max_batch_bytes: int = 4 * 2**20) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from router.store.redis_client import redis_client
 
         self.stream = stream
         self.ttl_s = ttl_s
@@ -65,9 +63,7 @@ class RedisStreamDecisionLog(DecisionLog):
         self.jsonl.index.mark_all_unsynced()
         self.redis_errors = 0  # records (or keys) whose sending failed, retries included
         self.dropped = 0  # stream entries dropped from a full queue (the JSONL file has them)
-        self.client: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0))
+        self.client: Any = redis_client(url, timeout_s=timeout_s)
         # This replica's marker: gone from Redis = Redis lost what this replica wrote.
         self._marker = f"{stream}:replica:{uuid.uuid4().hex}"
         self._digests: dict[tuple[str, ...], str] = {}
@@ -134,8 +130,7 @@ class RedisStreamDecisionLog(DecisionLog):
                 self._count_failure("get", type(exc).__name__)
                 return None
             options = orjson.loads(raw) if raw is not None else []
-        return feedback_view(decision_id, str(value.get("namespace") or ""),
-                             [str(o) for o in options], value.get("answer"))
+        return feedback_view(decision_id, [str(o) for o in options], value.get("answer"), value)
 
     async def add_feedback(self, decision_id: str, label: str) -> None:
         data = await self.jsonl.add_feedback_encoded(decision_id, label)
@@ -242,14 +237,13 @@ class RedisStreamDecisionLog(DecisionLog):
                     entry = index.entry(decision_id)
                     if entry is None:  # evicted meanwhile (unsynced marks go with entries)
                         continue
-                    namespace, options, answer = entry
+                    options, answer, facts = entry
                     digest = self._options_digest(options)
                     if digest not in options_sent:  # each list once a batch, its TTL renewed
                         options_sent.add(digest)
                         pipe.set(self._options_key(digest), orjson.dumps(options), ex=self.ttl_s)
                     pipe.set(self._key(decision_id), orjson.dumps(
-                        {"namespace": namespace, "answer": answer, "options_sha256": digest}),
-                        ex=self.ttl_s)
+                        {**facts, "answer": answer, "options_sha256": digest}), ex=self.ttl_s)
                 results = await pipe.execute()
         except (RedisError, OSError) as exc:  # OSError covers TimeoutError
             self._count_failure("append", type(exc).__name__, n_records=len(entries) + len(ids))

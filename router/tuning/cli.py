@@ -477,6 +477,9 @@ def export_log(
     signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
                                                   "holds several.")] = None,
     labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
+    audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
+                                               "audit (the slow model's answer); a human label "
+                                               "wins.")] = False,
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
     from router.errors import ConfigError
@@ -494,7 +497,8 @@ def export_log(
         if not source.is_file():
             fail(f"decision log {source}: file not found")
     try:
-        n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only)
+        n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
+                               audit_labels=audit_labels)
     except PredictionsError as exc:
         fail(exc.message)
     typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}")

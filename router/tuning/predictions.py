@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from calibration.artifacts import atomic_path
 from router.errors import ConfigError
 
 SUM_TOLERANCE = 1e-4  # the same tolerance OptionScores accepts
@@ -167,14 +167,9 @@ def read_texts(
 
 def write_predictions(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     """Write rows atomically (a temporary file renamed into place: a failure leaves nothing)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(dict(row), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(dict(row), ensure_ascii=False) + "\n")
 
 
 def _check_row(path: Path, row: int, obj: dict[str, Any]) -> tuple[list[str], list[float]]:

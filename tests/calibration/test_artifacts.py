@@ -43,3 +43,19 @@ def test_payload_cannot_shadow_the_header(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="header keys"):
         write_json_artifact(tmp_path / "a.json", "policy", {"version": 3})
     assert not (tmp_path / "a.json").exists()
+
+
+def test_atomic_path_replaces_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The one atomic write behind every artifact (policy files, predictions, text models)."""
+    from calibration.artifacts import atomic_path
+
+    target = tmp_path / "nested" / "policy.json"
+    with atomic_path(target) as tmp:
+        assert tmp.parent == target.parent and tmp != target
+        tmp.write_text("first")
+    assert target.read_text() == "first"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("the writer failed midway")
+    assert target.read_text() == "first"  # the old file, untouched
+    assert sorted(p.name for p in target.parent.iterdir()) == ["policy.json"]  # no temporary left

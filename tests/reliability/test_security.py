@@ -17,6 +17,7 @@ import pytest
 import redis as redis_sync
 
 from router.backends.mock import MockBackend
+from router.http.state import app_state
 from standins.llm import StandinHandle
 from tests.reliability.conftest import (
     SECRET,
@@ -134,7 +135,7 @@ def test_provider_key_never_leaks(
     redis_dump = [repr(client.dump(k)) for k in client.keys("*")]
     redis_dump += [repr(e) for e in client.xrange("slotgate:v1:log")]
     client.close()
-    log_file = server.app.state.settings.log.decision_log_path.read_text()
+    log_file = app_state(server.app).settings.log.decision_log_path.read_text()
     out, err = capfd.readouterr()
     places = {"responses": "\n".join(seen), "log records": caplog.text, "stdout": out,
               "stderr": err, "decision log": log_file, "redis": "\n".join(redis_dump)}
@@ -162,7 +163,8 @@ def test_body_and_option_limits(server: LiveServer) -> None:
     assert questions_s1.status_code == 422 and "questions" in questions_s1.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("field", ["api_base", "base_url", "api_key", "extra_headers"])
+@pytest.mark.parametrize("field", ["api_base", "base_url", "api_key", "extra_headers",
+                                   "extra_body"])
 def test_clients_cannot_choose_the_upstream(
     server: LiveServer, standin: StandinHandle, field: str
 ) -> None:
@@ -173,7 +175,7 @@ def test_clients_cannot_choose_the_upstream(
     escalated = server.post("/v1/chat/completions", decision("lost_card?", **{field: evil}),
                             headers=auth(KEY_A))
     for r in (passthrough, escalated):
-        assert 400 <= r.status_code < 500, r.text
+        assert r.status_code == 403, r.text
         assert r.json()["error"]["param"] == field
     assert standin.calls() == []
 

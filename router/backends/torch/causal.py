@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from router.backends.torch.diffusion import SlotItem, SlotRead, cache_kwarg, fork_cache
+from router.backends.torch.diffusion import SlotItem, SlotRead
+from router.backends.torch.kv_cache import cache_kwarg, fork_cache
 from router.backends.torch.prefix_lru import PrefixLRU
 
 

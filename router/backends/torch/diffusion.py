@@ -7,15 +7,14 @@ one decoder step runs, and the slot's soft-capped logits are read over the label
 
 from __future__ import annotations
 
-import copy
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
+from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
 from router.backends.torch.prefix_lru import PrefixLRU
 
 
@@ -59,11 +58,6 @@ class GroupBatch:
     label_valid: Any  # (R, L) bool
 
 
-def cache_kwarg(function: Callable[..., Any]) -> str:
-    """transformers 5.17 names the KV cache ``past_key_values``; later versions ``cache``."""
-    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
-
-
 def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int]:
     """The uniform noise ids for one draw, from a CPU generator so reads repeat across devices."""
     import torch
@@ -75,7 +69,7 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
 class DiffusionSlotReader:
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
     caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
-    the shared weights for unpadded batches (torch_fused.py). Not thread-safe: the backend
+    the shared weights for unpadded batches (fused.py). Not thread-safe: the backend
     serialises calls."""
 
     def __init__(
@@ -259,30 +253,3 @@ class DiffusionSlotReader:
         proba = torch.softmax(label_logits, dim=-1)
         mass = log_p.gather(1, batch.label_index).exp().masked_fill(~batch.label_valid, 0).sum(-1)
         return proba, entropy, mass
-
-
-def fork_cache(cache: Any, batch: int) -> Any:
-    """A new cache object over the same prefix tensors, expanded to ``batch`` rows. Encoder
-    updates reassign (torch.cat) rather than write in place, so the shared prefix never changes."""
-    fork = copy.copy(cache)
-    fork.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        if getattr(layer, "is_initialized", False):
-            twin.keys = layer.keys.expand(batch, -1, -1, -1)
-            twin.values = layer.values.expand(batch, -1, -1, -1)
-        fork.layers.append(twin)
-    return fork
-
-
-def select_cache_rows(cache: Any, rows: Any) -> Any:
-    """A cache whose row r is ``cache`` row ``rows[r]`` (one per noise draw)."""
-    fork = copy.copy(cache)
-    fork.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        if getattr(layer, "is_initialized", False):
-            twin.keys = layer.keys.index_select(0, rows)
-            twin.values = layer.values.index_select(0, rows)
-        fork.layers.append(twin)
-    return fork

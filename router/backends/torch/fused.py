@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.backends.torch.diffusion import cache_kwarg
+from router.backends.torch.kv_cache import cache_kwarg, select_cache_rows
 
 
 def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
@@ -56,8 +56,6 @@ class FusedPass:
         appended, as the two-pass read does. Unpadded batches only (masks are None or causal)."""
         import torch
         from transformers import masking_utils
-
-        from router.backends.torch.diffusion import select_cache_rows
 
         enc_h = self.encoder.embed_tokens(batch.input_ids)
         dec_h = self.decoder.embed_tokens(batch.canvas)

@@ -11,15 +11,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import Forbidden, InvalidRequest, SlowPathUnavailable
+from policies.types import summary_route
+from router.errors import InvalidRequest, NoSlowModel
 from router.http.openai.wire import (
     ChatCompletionRequest,
     plan_decisions,
     render_reply,
     routing_headers,
 )
+from router.http.state import app_state, namespace
 from router.http.text import lone_surrogate_field, surrogate_message
-from router.routing.slow import CREDENTIAL_FIELDS
+from router.routing.ports import SlowModel
 
 
 class FeedbackRequest(BaseModel):
@@ -39,24 +41,17 @@ def make_router() -> APIRouter:
 
     @router.post("/v1/chat/completions", tags=["openai"], response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        app_state = request.app.state
-        settings = app_state.settings
+        state = app_state(request)
+        settings = state.settings
         await _refuse_lone_surrogates(request)
-        # Decisions never forward the body, but a client naming its own upstream or credentials
-        # is refused on every request, as passthrough requests are (403 naming the field).
-        chosen = sorted(CREDENTIAL_FIELDS & set(body.model_extra or {}))
-        if chosen:
-            raise Forbidden(f"{chosen[0]} cannot be set by clients; the upstream is configured "
-                            "by the operator", field=chosen[0])
         plan = plan_decisions(
             body, max_options=settings.max_options, max_questions=settings.max_questions)
         if plan is None:
-            app_state.metrics.request(surface="openai_passthrough", route="slow")
-            return await _passthrough(app_state.service.slow, body)
-        decisions = await app_state.service.decide(
-            plan.requests, namespace=request.state.namespace, messages=plan.messages)
+            state.metrics.request(surface="openai_passthrough", route="slow")
+            return await _passthrough(state.slow, body)
+        decisions = await state.service.decide(plan.requests, namespace=namespace(request))
+        state.metrics.request(surface="openai_decision", route=summary_route(decisions))
         reply = render_reply(body, plan, decisions)
-        app_state.metrics.request(surface="openai_decision", route=reply["slotgate"]["route"])
         headers = routing_headers(reply["slotgate"])
         if body.stream:
             stream_options = (body.model_extra or {}).get("stream_options")
@@ -69,34 +64,35 @@ def make_router() -> APIRouter:
     async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
         """The true answer of a logged decision (for recalibration: ``slotgate export-log``)."""
         await _refuse_lone_surrogates(request)
-        service = request.app.state.service
-        record = await service.log.get(body.decision_id)
+        state = app_state(request)
+        caller = namespace(request)
+        record = await state.feedback.get(body.decision_id)
         # Another tenant's decision ids are as unknown to this caller as ids that never existed.
-        if record is None or record.get("namespace", request.state.namespace) != request.state.namespace:
+        if record is None or record.get("namespace", caller) != caller:
             raise UnknownDecision(f"decision_id: no decision {body.decision_id!r} in the log",
                                   field="decision_id")
         if body.label not in record["options"]:
             raise InvalidRequest(
                 f"label: {body.label!r} is not one of the decision's {len(record['options'])} options",
                 field="label")
-        await service.log.add_feedback(body.decision_id, body.label)
-        if service.monitor is not None:  # a human label for the accuracy sequence
-            await service.monitor.feedback(record, body.label)
-        request.app.state.metrics.request(surface="feedback", route="none")
+        await state.feedback.add_feedback(body.decision_id, body.label)
+        monitor = state.service.monitor
+        if monitor is not None:  # a human label for the accuracy sequence
+            await monitor.feedback(record, body.label)
+        state.metrics.request(surface="feedback", route="none")
         return {"decision_id": body.decision_id, "label": body.label,
                 "correct": body.label == record.get("answer")}
 
     @router.get("/v1/models", tags=["openai"])
     async def models(request: Request) -> dict[str, Any]:
-        settings = request.app.state.settings
-        service = request.app.state.service
+        state = app_state(request)
+        settings, backend = state.settings, state.service.backend
         slow_models = dict.fromkeys(
             [m for m in [settings.slow.model, *settings.slow.allowed_models] if m])
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "slotgate:slow"}
                 for m in slow_models]
-        data.append({"id": f"slotgate-fast:{service.backend.name}", "object": "model",
-                     "created": 0, "owned_by": "slotgate:fast",
-                     "fingerprint": service.backend.fingerprint})
+        data.append({"id": f"slotgate-fast:{backend.name}", "object": "model",
+                     "created": 0, "owned_by": "slotgate:fast", "fingerprint": backend.fingerprint})
         return {"object": "list", "data": data}
 
     return router
@@ -110,10 +106,9 @@ async def _refuse_lone_surrogates(request: Request) -> None:
         raise InvalidRequest(surrogate_message(field), field=field)
 
 
-async def _passthrough(slow: Any, body: ChatCompletionRequest) -> Response:
+async def _passthrough(slow: SlowModel | None, body: ChatCompletionRequest) -> Response:
     if slow is None or not slow.available:
-        raise SlowPathUnavailable(
-            "passthrough unavailable: no slow model is configured (set SLOTGATE_SLOW_MODEL)")
+        raise NoSlowModel("passthrough")
     upstream = body.upstream_body()
     if not body.stream:
         return JSONResponse(await slow.complete(upstream))

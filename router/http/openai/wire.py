@@ -1,5 +1,6 @@
 """The OpenAI chat-completions subset slotgate speaks: request models, detection of a *decision*
-request (an answer constrained to a finite set of strings), and the ``chat.completion`` reply."""
+request (an answer constrained to a finite set of strings), and the ``chat.completion`` reply.
+The wire stops here: what the routing service needs of a chat goes into ``DecisionRequest``."""
 
 from __future__ import annotations
 
@@ -10,18 +11,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from policies.types import Decision, DecisionRequest, Option
-from router.errors import InvalidRequest
+from policies.types import Decision, DecisionRequest, Option, Turn, summary_route
+from router.errors import Forbidden, InvalidRequest
 from router.http.text import header_safe
 
 Shape = Literal["enum", "object", "choice"]
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for json_schema.name
 _FORMAT = "response_format.json_schema"
-# When several questions of one request took different routes, the summary names the least
-# verified one, so a client reading only the summary never mistakes an unverified answer.
-_ROUTE_PRIORITY = ("unverified", "slow", "fast", "cache", "none")
+# Body fields that would let a client pick the upstream or its credentials (``extra_body`` would
+# smuggle any of them): refused on every request, decision or passthrough, with a 403 naming it.
+CREDENTIAL_FIELDS = frozenset({
+    "api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "extra_headers",
+    "headers", "organization", "deployment_id", "litellm_params", "aws_access_key_id",
+    "aws_secret_access_key", "vertex_credentials", "azure_ad_token", "extra_body",
+})
 
 
 class ChatMessage(BaseModel):
@@ -69,6 +74,16 @@ class ChatCompletionRequest(BaseModel):
     n: int | None = None
     slotgate: SlotgateOptions | None = None
 
+    @model_validator(mode="after")
+    def _no_client_credentials(self) -> ChatCompletionRequest:
+        # Forbidden is not a ValueError, so pydantic lets it through to the app's error mapping
+        # as the 403 it is (a ValueError would become a 400 validation error).
+        chosen = sorted(CREDENTIAL_FIELDS & set(self.model_extra or {}))
+        if chosen:
+            raise Forbidden(f"{chosen[0]} cannot be set by clients; the upstream is configured "
+                            "by the operator", field=chosen[0])
+        return self
+
     def upstream_body(self) -> dict[str, Any]:
         """The request as the client sent it, minus slotgate's own extension."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"slotgate"})
@@ -80,7 +95,6 @@ class DecisionPlan:
 
     shape: Shape
     requests: list[DecisionRequest]
-    messages: list[dict[str, Any]]  # the original messages, for the slow path's prompt
     # Questions whose enum is a set of integers: decided over the numbers' decimal names and
     # answered as JSON integers, so the content still satisfies the caller's schema.
     integer_questions: frozenset[str] = frozenset()
@@ -101,7 +115,8 @@ def plan_decisions(
     if body.n not in (None, 1):
         raise InvalidRequest("n: a decision request has exactly one answer; send n=1", field="n")
     _refuse_logprobs(body)
-    context, state = _split_messages(body.messages)
+    turns = _turns(body.messages)
+    context, state = _split_turns(turns)
     policy = body.slotgate.policy if body.slotgate else None
     # vLLM's choice lists are strings only; a json_schema enum may also be a set of integers.
     integers = frozenset(qid for qid, _, values, _ in questions
@@ -115,12 +130,11 @@ def plan_decisions(
             state=state,
             context=context,
             policy=policy,
+            turns=turns,
         )
         for qid, instructions, values, where in questions
     ]
-    messages = [m.model_dump(mode="json", exclude_unset=True) for m in body.messages]
-    return DecisionPlan(shape=shape, requests=requests, messages=messages,
-                        integer_questions=integers)
+    return DecisionPlan(shape=shape, requests=requests, integer_questions=integers)
 
 
 _Question = tuple[str, str, Any, str]  # (question_id, instructions, enum values, field path)
@@ -245,17 +259,15 @@ def _option(value: Any, *, field: str, integer: bool) -> str:
     return value
 
 
-def _split_messages(messages: Sequence[ChatMessage]) -> tuple[str, str]:
+def _turns(messages: Sequence[ChatMessage]) -> tuple[Turn, ...]:
+    return tuple((m.role, _text(m, field=f"messages.{i}.content")) for i, m in enumerate(messages))
+
+
+def _split_turns(conversation: Sequence[Turn]) -> tuple[str, str]:
     """(context, state): system/developer messages are the context, the rest is the state. A lone
     user message is its own text, so a classifier trained on raw texts reads what it was trained on."""
-    context: list[str] = []
-    turns: list[tuple[str, str]] = []
-    for i, message in enumerate(messages):
-        text = _text(message, field=f"messages.{i}.content")
-        if message.role in ("system", "developer"):
-            context.append(text)
-        else:
-            turns.append((message.role, text))
+    context = [text for role, text in conversation if role in ("system", "developer")]
+    turns = [(role, text) for role, text in conversation if role not in ("system", "developer")]
     if not turns or not any(text.strip() for _, text in turns):
         raise InvalidRequest(
             "messages: a decision needs at least one non-system message with text (the state)",
@@ -318,23 +330,21 @@ def content_of(plan: DecisionPlan, decisions: Sequence[Decision]) -> str:
 def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
     """The ``slotgate`` object: a summary (the least verified route, the lowest probability) and
     one entry per question."""
-    each = [_facts(d) for d in decisions]
+    each = [d.facts() for d in decisions]
     if len(each) == 1:
         return {**each[0], "decisions": each}
-    routes = {d.route for d in decisions}
     notes = [d.note for d in decisions if d.note]
     summary: dict[str, Any] = {
-        "route": next(r for r in _ROUTE_PRIORITY if r in routes),
+        "route": summary_route(decisions),
         "probability": _min(d.probability for d in decisions),
         "raw_probability": _min(d.raw_probability for d in decisions),
         "threshold": _max(d.threshold for d in decisions),
         "policy_id": ",".join(dict.fromkeys(d.policy_id for d in decisions)),
         "decision_id": ",".join(d.decision_id for d in decisions),
-        "latency_ms": max(d.latency_ms for d in decisions),
+        "latency_ms": max(d["latency_ms"] for d in each),
+        "note": "; ".join(dict.fromkeys(notes)) if notes else None,
         "decisions": each,
     }
-    if notes:
-        summary["note"] = "; ".join(dict.fromkeys(notes))
     return summary
 
 
@@ -348,24 +358,6 @@ def routing_headers(facts: dict[str, Any]) -> dict[str, str]:
             text = f"{value:.6g}" if isinstance(value, float) else str(value)
             headers[f"x-slotgate-{key.replace('_', '-')}"] = header_safe(text)
     return headers
-
-
-def _facts(d: Decision) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "question_id": d.question_id,
-        "answer": d.answer,
-        "route": d.route,
-        "escalated": d.escalated,  # the slow path's answer (fresh, or cached: route "cache")
-        "probability": d.probability,
-        "raw_probability": d.raw_probability,
-        "threshold": d.threshold,
-        "policy_id": d.policy_id,
-        "decision_id": d.decision_id,
-        "latency_ms": round(d.latency_ms, 3),
-    }
-    if d.note:
-        facts["note"] = d.note
-    return facts
 
 
 def _min(values: Any) -> float | None:

@@ -122,7 +122,7 @@ def render_response(
         q.id: render_answer(q, outcome.decisions[q.id]) if q.id in outcome.decisions else None
         for q in request.questions
     }
-    routes = {qid: _route_facts(d) for qid, d in outcome.decisions.items()}
+    routes = {qid: d.facts() for qid, d in outcome.decisions.items()}
     return {
         "model": request.model if request.model is not None else "slotgate",
         "answers": answers,
@@ -146,17 +146,3 @@ def _calibrated(names: tuple[str, ...], decision: Decision) -> list[float] | Non
             or decision.route not in _ROUTES_WITH_DISTRIBUTION):
         return None
     return [float(decision.probabilities.get(name, 0.0)) for name in names]
-
-
-def _route_facts(decision: Decision) -> dict[str, Any]:
-    return {
-        "decision_id": decision.decision_id,
-        "route": decision.route,
-        "answer": decision.answer,
-        "probability": decision.probability,
-        "raw_probability": decision.raw_probability,
-        "threshold": decision.threshold,
-        "policy_id": decision.policy_id,
-        "latency_ms": decision.latency_ms,
-        "note": decision.note,
-    }

@@ -10,15 +10,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from policies.types import Decision, DecisionRequest
+from policies.types import Decision, DecisionRequest, summary_route
+from router.http.state import app_state, namespace
 from router.http.systemone.answers import render_response, run_stages
 from router.http.systemone.body import decode_body
 from router.http.systemone.wire import parse_request
 
 
 def make_router() -> APIRouter:
-    """The System One routes. The handler reads ``app.state.settings`` (limits, namespace) and
-    ``app.state.service`` (a RoutingService) at request time, so one router fits any app.
+    """The System One routes. The handler reads the app's settings (limits) and routing service
+    through ``app_state`` at request time, so one router fits any app.
 
     Errors are raised, not rendered here: the app's one error mapping answers every path under
     ``/v1/systemone`` as ``{"error": {"message", "type"}}`` (422 ``validation_error`` for schema
@@ -29,23 +30,22 @@ def make_router() -> APIRouter:
     @router.post("/v1/systemone", tags=["systemone"], openapi_extra=_openapi_body())
     async def systemone(request: Request) -> JSONResponse:
         started = time.perf_counter()
-        settings = request.app.state.settings
+        state = app_state(request)
+        settings = state.settings
         parsed = parse_request(
             decode_body(await request.body(), content_type=request.headers.get("content-type")),
             max_questions=settings.max_questions,
             max_options=settings.max_options,
         )
-        service = request.app.state.service
-        namespace = getattr(request.state, "namespace", None) or settings.cache.namespace
+        service, caller = state.service, namespace(request)
 
         async def decide(requests: Sequence[DecisionRequest]) -> list[Decision]:
-            return list(await service.decide(requests, namespace=namespace, messages=None))
+            return await service.decide(requests, namespace=caller)
 
         outcome = await run_stages(parsed, decide)
-        routes = {d.route for d in outcome.decisions.values()}
-        # One label per request: the costliest route any of its answers took.
-        route = next((r for r in ("slow", "unverified", "fast", "cache") if r in routes), "none")
-        request.app.state.metrics.request(surface="systemone", route=route)
+        # One label per request, as on the OpenAI surface: the least verified route taken.
+        state.metrics.request(surface="systemone",
+                              route=summary_route(outcome.decisions.values()))
         total_ms = (time.perf_counter() - started) * 1e3
         return JSONResponse(render_response(parsed, outcome, total_ms=total_ms))
 

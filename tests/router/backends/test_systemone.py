@@ -262,23 +262,6 @@ def test_from_settings_and_options_checked() -> None:
         SystemOneBackend.from_settings(FastBackendSettings(kind="systemone"))
 
 
-def test_retry_after_header_forms() -> None:
-    import email.utils
-
-    import httpx
-
-    from router.backends.http_post import DEFAULT_RETRY_AFTER_S, retry_after_s
-
-    def response(value: str | None) -> httpx.Response:
-        return httpx.Response(503, headers={} if value is None else {"retry-after": value})
-
-    assert retry_after_s(response("2.5")) == 2.5
-    assert retry_after_s(response(None)) == DEFAULT_RETRY_AFTER_S
-    assert retry_after_s(response("soon")) == DEFAULT_RETRY_AFTER_S
-    in_three_s = email.utils.formatdate(time.time() + 3, usegmt=True)
-    assert 1.0 <= retry_after_s(response(in_three_s)) <= 3.0
-
-
 def test_the_app_factory_builds_it() -> None:
     from router.backends.factory import build_backend
 

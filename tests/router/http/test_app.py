@@ -15,6 +15,7 @@ import pytest
 
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
+from router.http.state import app_state
 from router.settings import Settings
 from router.store.decision_log import export_predictions, read_records
 from router.tuning.predictions import read_predictions
@@ -226,7 +227,7 @@ def test_feedback_round_trip(app: Server, tmp_path: Path) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "decision_id"
     assert bad_label.status_code == 400 and bad_label.json()["error"]["param"] == "label"
     # The label reaches the recalibration input: the decision log exported as predictions.
-    log_path = Path(app.app.state.settings.log.decision_log_path)
+    log_path = Path(app_state(app.app).settings.log.decision_log_path)
     [record] = [r for r in read_records(log_path) if r["decision_id"] == decision_id
                 and r.get("type") == "decision"]
     out = tmp_path / "preds.jsonl"

@@ -17,6 +17,7 @@ from router.backends.factory import build_backend
 from router.backends.mock import MockBackend
 from router.errors import ConfigError
 from router.http.app import create_app
+from router.http.state import app_state
 from router.routing.registry import PolicyRegistry
 from router.settings import FastBackendSettings, PolicySettings, Settings
 
@@ -109,7 +110,7 @@ async def test_lifespan_warns_when_escalation_is_unavailable(
     app = create_app(settings, backend=MockBackend(lambda r: [0.5, 0.5]))
     with caplog.at_level(logging.WARNING, logger="slotgate"):
         async with app.router.lifespan_context(app):
-            assert app.state.service.escalation_available is False
+            assert app_state(app).service.escalation_available is False
     assert "ESCALATION UNAVAILABLE" in caplog.text and "SLOTGATE_SLOW_MODEL" in caplog.text
 
 
@@ -126,9 +127,9 @@ async def test_lifespan_refuses_a_mismatched_policy(tmp_path: Path) -> None:
 def test_two_apps_keep_separate_metrics() -> None:
     first: Any = create_app(Settings())
     second: Any = create_app(Settings())
-    first.state.metrics.decision(route="fast", escalated=False)
-    assert b'slotgate_decisions_total{route="fast"} 1.0' in first.state.metrics.render()
-    assert b'slotgate_decisions_total{route="fast"}' not in second.state.metrics.render()
+    app_state(first).metrics.decision(route="fast", escalated=False)
+    assert b'slotgate_decisions_total{route="fast"} 1.0' in app_state(first).metrics.render()
+    assert b'slotgate_decisions_total{route="fast"}' not in app_state(second).metrics.render()
 
 
 async def test_factory_builds_a_network_backend_without_touching_the_network() -> None:

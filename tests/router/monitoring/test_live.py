@@ -14,6 +14,7 @@ import httpx
 
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
+from router.http.state import app_state
 from router.settings import Settings
 from standins.llm import StandinHandle
 from tests.live import LiveServer
@@ -60,7 +61,7 @@ def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
     server, policy_id = start(tmp_path, standin, audit_rate=1.0)
     with server:
         ids = [ask(server, f"state {i}")["decision_id"] for i in range(5)]
-        monitor = server.app.state.service.monitor
+        monitor = app_state(server.app).service.monitor
         deadline = time.monotonic() + 60
         while monitor.audits.counts.done < 5 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -88,7 +88,7 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
     events, metrics = Events(), Metrics()
     asked: list[str] = []
 
-    async def slow(req: DecisionRequest, messages: Any) -> str:
+    async def slow(req: DecisionRequest) -> str:
         asked.append(req.question_id)
         if req.question_id == "q3":
             raise SlowPathTimeout("too slow")
@@ -119,7 +119,7 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
 
     gate = asyncio.Event()
 
-    async def stuck(req: DecisionRequest, messages: Any) -> str:
+    async def stuck(req: DecisionRequest) -> str:
         await gate.wait()
         return "a"
 

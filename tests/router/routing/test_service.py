@@ -41,7 +41,7 @@ class RecordingSlow:
     fail: Exception | None = None
     calls: list[str] = field(default_factory=list)
 
-    async def decide(self, request: DecisionRequest, *, messages: Any = None) -> SlowAnswer:
+    async def decide(self, request: DecisionRequest) -> SlowAnswer:
         self.calls.append(request.state)
         if self.fail is not None:
             raise self.fail
@@ -198,7 +198,7 @@ async def test_a_failing_question_cancels_the_others_escalations() -> None:
         available = True
         cancelled = False
 
-        async def decide(self, request: DecisionRequest, *, messages: Any = None) -> SlowAnswer:
+        async def decide(self, request: DecisionRequest) -> SlowAnswer:
             if request.question_id == "a":
                 raise SlowPathTimeout("slow model timed out")
             try:

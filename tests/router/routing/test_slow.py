@@ -1,12 +1,13 @@
-"""The slow path through the REAL litellm against standins/llm.py on loopback: answers,
-corrective retry, every failure translated into the error tree, passthrough and streaming, and
-the provider key never in an error or a log line."""
+"""The slow path's own rules with an injected completion function (no HTTP, no litellm call):
+the prompt and the enforced options, the caller's conversation, the corrective retry, passthrough
+arguments and refusals, no slow model, and the one concurrency cap. The same path through the
+real litellm over loopback: test_slow_litellm.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import logging
-import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,260 +17,168 @@ from policies.types import DecisionRequest, Option
 from router.errors import (
     Forbidden,
     InvalidRequest,
-    SlowPathError,
+    NoSlowModel,
     SlowPathInvalidAnswer,
-    SlowPathRateLimited,
-    SlowPathTimeout,
-    SlowPathUnavailable,
+    TooManyRequests,
 )
-from router.routing.slow import NO_MODEL, SlowPath, _litellm, parse_answer
+from router.routing.backpressure import ConcurrencyLimit
+from router.routing.slow import SlowPath, parse_answer
 from router.settings import SlowPathSettings
-from standins.llm import StandinHandle, start_standin
 
 KEY = "sk-test-PROVIDERKEY-0123456789abcdef"
 OPTIONS = ("lost_card", "card_arrival", "exchange_rate")
 
 
-@pytest.fixture
-def llm(standin: StandinHandle) -> StandinHandle:
-    standin.set_mode("ok")
-    standin.clear()
-    return standin
+class ScriptedCompletion:
+    """Answers each call with the next scripted content (the last one repeats), recording every
+    call's keyword arguments; ``gate`` (when set) holds every call until it opens."""
+
+    def __init__(self, *contents: str | None, gate: asyncio.Event | None = None) -> None:
+        self.contents = list(contents)
+        self.calls: list[dict[str, Any]] = []
+        self.gate = gate
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if self.gate is not None:
+            await self.gate.wait()
+        content = self.contents.pop(0) if len(self.contents) > 1 else self.contents[0]
+        message = SimpleNamespace(content=content)
+        body = {"object": "chat.completion", "model": kwargs["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+        return SimpleNamespace(choices=[SimpleNamespace(message=message)],
+                               model_dump=lambda: body)
 
 
-def slow_path(handle: StandinHandle, **kw: Any) -> SlowPath:
-    options: dict[str, Any] = {"model": "openai/standin", "api_base": handle.api_base,
+def slow_path(completion: ScriptedCompletion, **kw: Any) -> SlowPath:
+    limit = kw.pop("limit", None)
+    options: dict[str, Any] = {"model": "openai/standin", "api_base": "http://upstream.test/v1",
                                "api_key": SecretStr(KEY), "timeout_s": 5.0, **kw}
-    return SlowPath(SlowPathSettings(**options))
+    return SlowPath(SlowPathSettings(**options), completion=completion, limit=limit)
 
 
-def request(state: str = "when will my card_arrival happen?") -> DecisionRequest:
+def request(state: str = "when will my card arrive?", **kw: Any) -> DecisionRequest:
     return DecisionRequest(question_id="intent", instructions="Which intent?", state=state,
-                           options=tuple(Option(o) for o in OPTIONS), context="Banking support.")
+                           options=tuple(Option(o) for o in OPTIONS), context="Banking support.",
+                           **kw)
 
 
-async def test_decide_answers_with_an_enforced_option(llm: StandinHandle) -> None:
-    answer = await slow_path(llm).decide(request())
-    assert answer.answer == "card_arrival" and answer.attempts == 1
-    assert answer.model == "openai/standin" and answer.latency_ms > 0
-    [call] = llm.calls()
-    body = call["body"]
-    schema = body["response_format"]["json_schema"]
-    assert body["response_format"]["type"] == "json_schema" and schema["strict"] is True
+async def test_decide_enforces_the_options_and_sends_the_state() -> None:
+    completion = ScriptedCompletion('{"answer": "card_arrival"}')
+    answer = await slow_path(completion).decide(request())
+    assert (answer.answer, answer.attempts, answer.model) == ("card_arrival", 1, "openai/standin")
+    [call] = completion.calls
+    schema = call["response_format"]["json_schema"]
+    assert call["response_format"]["type"] == "json_schema" and schema["strict"] is True
     assert schema["schema"]["properties"]["answer"]["enum"] == list(OPTIONS)
-    assert body["messages"][-1] == {"role": "user", "content": request().state}
-    assert "exchange_rate" in body["messages"][0]["content"]  # options listed in the system prompt
-    assert call["authorization"] == f"Bearer {KEY}"  # the key goes upstream, nowhere else
+    system, user = call["messages"]
+    assert system["role"] == "system" and "Banking support." in system["content"]
+    assert all(f"- {o}" in system["content"] for o in OPTIONS)
+    assert user == {"role": "user", "content": request().state}
+    # The operator's upstream and key go with every call; litellm must not retry on its own.
+    assert call["api_base"] == "http://upstream.test/v1" and call["api_key"] == KEY
+    assert call["max_retries"] == 0 and call["num_retries"] == 0 and call["timeout"] == 5.0
 
 
-async def test_decide_keeps_the_callers_messages(llm: StandinHandle) -> None:
-    messages = [{"role": "system", "content": "be terse"}, {"role": "user", "content": "exchange_rate?"}]
-    answer = await slow_path(llm).decide(request(), messages=messages)
+async def test_decide_shows_the_callers_conversation_when_there_is_one() -> None:
+    turns = (("system", "be terse"), ("user", "exchange_rate?"))
+    completion = ScriptedCompletion('"exchange_rate"')
+    answer = await slow_path(completion).decide(request(turns=turns))
     assert answer.answer == "exchange_rate"
-    assert llm.calls()[0]["body"]["messages"][1:] == messages
+    assert completion.calls[0]["messages"][1:] == [
+        {"role": "system", "content": "be terse"}, {"role": "user", "content": "exchange_rate?"}]
 
 
-async def test_wrong_option_gets_one_corrective_retry(llm: StandinHandle) -> None:
-    llm.set_mode("wrong_option", times=1)
-    answer = await slow_path(llm).decide(request())
-    assert answer.answer in OPTIONS and answer.attempts == 2
-    first, second = llm.calls()
-    assert first["mode"] == "wrong_option" and second["mode"] == "ok"
-    correction = second["body"]["messages"][-1]["content"]
+async def test_wrong_option_gets_one_corrective_retry() -> None:
+    completion = ScriptedCompletion('{"answer": "not-an-option"}', '{"answer": "lost_card"}')
+    answer = await slow_path(completion).decide(request())
+    assert (answer.answer, answer.attempts) == ("lost_card", 2)
+    first, second = completion.calls
+    assert second["messages"][:-2] == first["messages"]
+    assert second["messages"][-2] == {"role": "assistant", "content": '{"answer": "not-an-option"}'}
+    correction = second["messages"][-1]["content"]
     assert "not valid" in correction and all(json.dumps(o) in correction for o in OPTIONS)
-    assert second["body"]["messages"][-2] == {"role": "assistant",
-                                              "content": '{"answer": "not-an-option"}'}
 
 
-async def test_malformed_twice_is_an_invalid_answer(llm: StandinHandle) -> None:
-    llm.set_mode("malformed")
+async def test_no_valid_option_after_the_retry_is_an_invalid_answer() -> None:
+    completion = ScriptedCompletion("I would rather not say")
     with pytest.raises(SlowPathInvalidAnswer) as info:
-        await slow_path(llm).decide(request())
+        await slow_path(completion).decide(request())
     assert info.value.status_code == 502 and "corrective retry" in info.value.message
-    assert len(llm.calls()) == 2
+    assert "rather not say" in info.value.message and len(completion.calls) == 2
 
 
-async def test_rate_limit_is_translated_with_retry_after_and_not_retried(llm: StandinHandle) -> None:
-    llm.set_mode("ratelimit", retry_after_s=3)
-    with pytest.raises(SlowPathRateLimited) as info:
-        await slow_path(llm).decide(request())
-    assert info.value.retry_after_s == 3.0 and info.value.status_code == 429
-    assert len(llm.calls()) == 1
-
-
-async def test_stall_past_the_timeout_is_a_timeout(llm: StandinHandle) -> None:
-    llm.set_mode("stall", stall_s=5)
-    start = time.monotonic()
-    with pytest.raises(SlowPathTimeout) as info:
-        await slow_path(llm, timeout_s=0.5).decide(request())
-    assert time.monotonic() - start < 2.0
-    assert info.value.status_code == 504
-    llm.set_mode("ok")
-
-
-async def test_server_error_and_stopped_server_are_unavailable(llm: StandinHandle) -> None:
-    llm.set_mode("fail500")
-    with pytest.raises(SlowPathUnavailable):
-        await slow_path(llm).decide(request())
-    assert len(llm.calls()) == 1  # no hidden retries
-    gone = start_standin()
-    gone.stop()
-    with pytest.raises(SlowPathUnavailable) as info:
-        await slow_path(gone).decide(request())
-    assert info.value.status_code == 503
-
-
-async def test_no_model_configured_is_unavailable_with_a_clear_message() -> None:
-    slow = SlowPath(SlowPathSettings())
+async def test_no_model_configured_is_the_one_no_slow_model_error() -> None:
+    completion = ScriptedCompletion('"lost_card"')
+    slow = SlowPath(SlowPathSettings(), completion=completion)
     assert slow.available is False
-    with pytest.raises(SlowPathUnavailable) as info:
+    with pytest.raises(NoSlowModel) as info:
         await slow.decide(request())
-    assert info.value.message == NO_MODEL and "SLOTGATE_SLOW_MODEL" in NO_MODEL
-    with pytest.raises(SlowPathUnavailable):
+    assert info.value.status_code == 503
+    assert info.value.message == str(NoSlowModel("escalation"))
+    assert "escalation unavailable" in info.value.message
+    assert "SLOTGATE_SLOW_MODEL" in info.value.message
+    with pytest.raises(NoSlowModel, match="passthrough unavailable"):
         await slow.complete({"messages": [{"role": "user", "content": "hi"}]})
+    assert completion.calls == []
 
 
-async def test_passthrough_returns_an_openai_shaped_completion(llm: StandinHandle) -> None:
-    body = {"model": "openai/standin", "messages": [{"role": "user", "content": "hello"}],
-            "temperature": 0.2}
-    result = await slow_path(llm).complete(body)
-    assert result["object"] == "chat.completion"
-    assert result["choices"][0]["message"]["content"] == "echo: hello"
-    [call] = llm.calls()
-    assert call["body"]["temperature"] == 0.2 and "response_format" not in call["body"]
+async def test_passthrough_keeps_openai_fields_as_arguments_and_the_rest_in_the_body() -> None:
+    completion = ScriptedCompletion("echo")
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.2,
+            "top_k": 5, "mock_response": "mocked", "stream": False}
+    result = await slow_path(completion).complete(body)
+    assert result["choices"][0]["message"]["content"] == "echo"
+    [call] = completion.calls
+    assert call["model"] == "openai/standin"  # the configured model when the body names none
+    assert call["temperature"] == 0.2 and "stream" not in call
+    # litellm's own keywords (mock_response, ...) are never reachable by a client.
+    assert "mock_response" not in call and "top_k" not in call
+    assert call["extra_body"] == {"top_k": 5, "mock_response": "mocked"}
 
 
 @pytest.mark.parametrize(("body", "error", "field"), [
     ({"model": "gpt-4o"}, Forbidden, "model"),
-    ({"api_base": "http://evil.example/v1"}, Forbidden, "api_base"),
-    ({"base_url": "http://evil.example/v1"}, Forbidden, "base_url"),
-    ({"api_key": "sk-theirs-123456789"}, Forbidden, "api_key"),
-    ({"extra_body": {"api_base": "http://evil.example/v1"}}, Forbidden, "extra_body"),
     ({"messages": []}, InvalidRequest, "messages"),
 ])
-async def test_passthrough_refuses_what_clients_may_not_choose(
-        llm: StandinHandle, body: dict[str, Any], error: type[Exception], field: str) -> None:
+async def test_passthrough_refuses_models_off_the_list_and_empty_chats(
+        body: dict[str, Any], error: type[Exception], field: str) -> None:
+    completion = ScriptedCompletion("echo")
     full = {"model": "openai/standin", "messages": [{"role": "user", "content": "hi"}], **body}
     with pytest.raises(error) as info:
-        await slow_path(llm).complete(full)
+        await slow_path(completion, allowed_models=["openai/other"]).complete(full)
     assert getattr(info.value, "field", None) == field
-    assert llm.calls() == []  # nothing reached the upstream
+    assert completion.calls == []
 
 
-async def test_unknown_fields_reach_the_upstream_body_not_litellm(llm: StandinHandle) -> None:
-    body = {"model": "openai/standin", "messages": [{"role": "user", "content": "hi"}],
-            "top_k": 5, "mock_response": "mocked", "chat_template_kwargs": {"x": 1}}
-    result = await slow_path(llm).complete(body)
-    assert result["choices"][0]["message"]["content"] == "echo: hi"  # not litellm's mock
-    sent = llm.calls()[0]["body"]
-    assert sent["top_k"] == 5 and sent["mock_response"] == "mocked"
-    assert sent["chat_template_kwargs"] == {"x": 1}
+async def test_passthrough_allows_listed_models() -> None:
+    completion = ScriptedCompletion("echo")
+    await slow_path(completion, allowed_models=["openai/other"]).complete(
+        {"model": "openai/other", "messages": [{"role": "user", "content": "x"}]})
+    assert completion.calls[0]["model"] == "openai/other"
 
 
-async def test_passthrough_allows_listed_models(llm: StandinHandle) -> None:
-    slow = slow_path(llm, allowed_models=["openai/other"])
-    result = await slow.complete({"model": "openai/other",
-                                  "messages": [{"role": "user", "content": "x"}]})
-    assert result["choices"][0]["message"]["content"] == "echo: x"
-    assert llm.calls()[0]["body"]["model"] == "other"
-
-
-async def test_passthrough_model_litellm_cannot_route_is_the_callers_400(
-        llm: StandinHandle) -> None:
-    """An allowed alias without a provider prefix: litellm refuses it before any call; that is
-    a 400 naming ``model`` (not a 502 blaming the upstream), streaming or not. A decision's model
-    is the operator's, so there it stays a slow-path error."""
-    slow = slow_path(llm, allowed_models=["my-alias"])
-    body = {"model": "my-alias", "messages": [{"role": "user", "content": "x"}]}
-    with pytest.raises(InvalidRequest) as caught:
-        await slow.complete(body)
-    assert caught.value.field == "model" and caught.value.status_code == 400
-    assert "my-alias" in caught.value.message
-    with pytest.raises(InvalidRequest):
-        async for _ in slow.stream({**body, "stream": True}):
-            pass
-    assert llm.calls() == []
-    with pytest.raises(SlowPathError):
-        await slow_path(llm, model="my-alias").decide(request())
-
-
-async def test_stream_passes_chunks_through_as_they_arrive(llm: StandinHandle) -> None:
-    llm.set_mode("ok", chunk_delay_s=0.15)
-    body = {"model": "openai/standin", "stream": True,
-            "messages": [{"role": "user", "content": "stream these words please"}]}
-    start = time.monotonic()
-    arrivals: list[tuple[float, bytes]] = []
-    async for event in slow_path(llm).stream(body):
-        arrivals.append((time.monotonic() - start, event))
-    llm.set_mode("ok", chunk_delay_s=0.0)
-    events = [e for _, e in arrivals]
-    assert all(e.startswith(b"data: ") and e.endswith(b"\n\n") for e in events)
-    assert events[-1] == b"data: [DONE]\n\n"
-    chunks = [json.loads(e[6:]) for e in events[:-1]]
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    assert text == "echo: stream these words please"
-    assert len(chunks) >= 4 and all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert arrivals[0][0] < arrivals[-1][0] - 0.3  # the first chunk came long before the last
-    assert llm.calls()[0]["body"]["stream"] is True
-
-
-async def test_stream_failure_before_the_first_chunk_raises(llm: StandinHandle) -> None:
-    llm.set_mode("ratelimit", retry_after_s=2)
-    body = {"model": "openai/standin", "stream": True, "messages": [{"role": "user", "content": "x"}]}
-    with pytest.raises(SlowPathRateLimited):
-        async for _ in slow_path(llm).stream(body):
-            pass
-
-
-async def test_stream_cut_midway_ends_with_an_error_event(llm: StandinHandle) -> None:
-    llm.set_mode("cut", times=1)
-    body = {"model": "openai/standin", "stream": True,
-            "messages": [{"role": "user", "content": "a message long enough for many chunks"}]}
-    events = [e async for e in slow_path(llm).stream(body)]
-    assert len(events) >= 2 and events[0].startswith(b"data: {")
-    last = json.loads(events[-1][6:])
-    assert set(last) == {"error"} and last["error"]["type"] in {"upstream_error", "server_error"}
-    assert b"data: [DONE]\n\n" not in events  # a cut stream never claims to be complete
-    assert KEY not in last["error"]["message"]
-
-
-@pytest.mark.parametrize("mode", ["fail500", "ratelimit", "malformed", "stall"])
-async def test_provider_key_never_in_errors_or_logs(
-        llm: StandinHandle, mode: str, caplog: pytest.LogCaptureFixture) -> None:
-    llm.set_mode(mode, stall_s=3)
-    with caplog.at_level(logging.DEBUG), pytest.raises(SlowPathError) as info:
-        await slow_path(llm, timeout_s=0.3).decide(request())
-    llm.set_mode("ok")
-    error = info.value
-    seen = [str(error), repr(error), error.message, caplog.text,
-            str(error.__cause__), repr(error.__cause__)]
-    assert not any(KEY in s for s in seen)
-
-
-async def test_a_key_inside_a_foreign_message_is_masked_and_dropped(llm: StandinHandle) -> None:
-    slow = slow_path(llm)
-    with pytest.raises(SlowPathError) as info:
-        slow._raise_translated(ValueError(f"upstream said: bad key {KEY} / Bearer abc.def"))
-    assert KEY not in info.value.message and "abc.def" not in info.value.message
-    assert "***" in info.value.message and info.value.__cause__ is None
-
-
-async def test_aclose_closes_the_clients_litellm_cached_for_this_loop(llm: StandinHandle) -> None:
-    slow = slow_path(llm)
-    litellm = _litellm()  # imported as slotgate imports it (no cost-map download)
-    from litellm.caching.evicted_client_closer import running_loop_token
-
-    cache = litellm.in_memory_llm_clients_cache
-    suffix = f"-{running_loop_token()}"
-    await slow.decide(request())
-    mine = [cache.cache_dict[k] for k in cache.cache_dict
-            if isinstance(k, str) and k.endswith(suffix)]
-    assert mine  # litellm keeps a client per loop...
-    await slow.aclose()
-    assert not [k for k in cache.cache_dict if isinstance(k, str) and k.endswith(suffix)]
-    assert all(getattr(c, "is_closed", lambda: True)() for c in mine)  # ...and never closes it
-    assert (await slow.decide(request())).answer == "card_arrival"  # a later call gets a new one
-    await slow.aclose()
+async def test_one_cap_covers_decisions_and_passthrough() -> None:
+    """One ConcurrencyLimit for the slow model: a passthrough holding its only slot makes a
+    decision wait, and with no room to wait the next caller gets 429 at once."""
+    gate = asyncio.Event()
+    completion = ScriptedCompletion('"lost_card"', gate=gate)
+    rejected: list[int] = []
+    limit = ConcurrencyLimit("slow path", capacity=1, max_waiting=1,
+                             on_reject=lambda: rejected.append(1))
+    slow = slow_path(completion, limit=limit)
+    passthrough = asyncio.create_task(
+        slow.complete({"messages": [{"role": "user", "content": "hi"}]}))
+    decision = asyncio.create_task(slow.decide(request()))
+    await asyncio.sleep(0.01)
+    assert len(completion.calls) == 1  # the decision waits for the passthrough's slot
+    with pytest.raises(TooManyRequests) as info:
+        await slow.decide(request("another"))
+    assert "slow path queue is full" in info.value.message and rejected == [1]
+    gate.set()
+    await passthrough
+    assert (await decision).answer == "lost_card"
+    assert len(completion.calls) == 2
 
 
 def test_parse_answer_accepts_only_options() -> None:

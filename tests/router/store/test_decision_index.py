@@ -16,11 +16,13 @@ OPTIONS = [f"intent_{i}" for i in range(77)]
 
 def test_get_returns_the_feedback_view_and_interns_option_lists() -> None:
     index = DecisionIndex()
-    index.add("a", "tenant", list(OPTIONS), "intent_3")
-    index.add("b", "tenant", list(OPTIONS), "not-an-option")  # kept as it is
-    index.add("c", "tenant", ["yes", "no"], None)
+    index.add("a", list(OPTIONS), "intent_3", {"namespace": "tenant", "policy_id": "p@1",
+                                               "route": "fast", "escalated": False, "text": "x"})
+    index.add("b", list(OPTIONS), "not-an-option", {"namespace": "tenant"})  # kept as it is
+    index.add("c", ["yes", "no"], None, {"namespace": "tenant"})
     assert index.get("a") == {"decision_id": "a", "namespace": "tenant", "options": OPTIONS,
-                              "answer": "intent_3"}
+                              "answer": "intent_3", "policy_id": "p@1", "route": "fast",
+                              "escalated": False}  # what the monitor reads, and no text
     assert index.get("b")["answer"] == "not-an-option"  # type: ignore[index]
     assert index.get("c")["answer"] is None  # type: ignore[index]
     assert index.get("zzz") is None
@@ -30,14 +32,15 @@ def test_get_returns_the_feedback_view_and_interns_option_lists() -> None:
 def test_bounded_by_bytes_as_well_as_entries() -> None:
     index = DecisionIndex(max_entries=1_000_000, max_bytes=1_000_000)
     for i in range(5_000):  # every decision asks its own 100-option question
-        index.add(f"d{i}", "ns", [f"q{i}-option-{j}" for j in range(100)], f"q{i}-option-0")
+        index.add(f"d{i}", [f"q{i}-option-{j}" for j in range(100)], f"q{i}-option-0",
+                  {"namespace": "ns"})
     assert index.nbytes <= 1_000_000
     assert 50 < len(index) < 500  # the oldest were evicted, the newest kept
     assert index.get("d4999") is not None and index.get("d0") is None
     assert len(index._options) == len(index)  # evicted option lists were freed too
     counted = DecisionIndex(max_entries=10, max_bytes=10**9)
     for i in range(50):
-        counted.add(f"d{i}", "ns", OPTIONS, "intent_1")
+        counted.add(f"d{i}", OPTIONS, "intent_1", {"namespace": "ns"})
     assert len(counted) == 10 and counted.get("d40") is not None
 
 
@@ -48,7 +51,9 @@ def test_byte_estimate_matches_what_tracemalloc_sees() -> None:
         index = DecisionIndex(max_entries=10**6, max_bytes=10**9)
         before = tracemalloc.get_traced_memory()[0]
         for i in range(n):
-            index.add(f"{i:032x}", "default", list(OPTIONS), OPTIONS[i % 77], unsynced=True)
+            index.add(f"{i:032x}", list(OPTIONS), OPTIONS[i % 77],
+                      {"namespace": "default", "policy_id": "banking77@c0ffee", "route": "fast",
+                       "escalated": False}, unsynced=True)
         used = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -59,7 +64,7 @@ def test_byte_estimate_matches_what_tracemalloc_sees() -> None:
 def test_unsynced_marks() -> None:
     index = DecisionIndex()
     for i in range(5):
-        index.add(f"d{i}", "ns", ["a", "b"], "a", unsynced=i % 2 == 0)
+        index.add(f"d{i}", ["a", "b"], "a", {"namespace": "ns"}, unsynced=i % 2 == 0)
     assert index.unsynced(10) == ["d0", "d2", "d4"] and index.unsynced(2) == ["d0", "d2"]
     index.mark_synced(["d0", "d2"])
     assert index.unsynced(10) == ["d4"]

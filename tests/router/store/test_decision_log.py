@@ -27,6 +27,9 @@ from router.tuning.predictions import PredictionsError, read_predictions
 from tests.conftest import ROOT, RedisServer
 
 OPTIONS = ["lost_card", "card_arrival", "exchange_rate"]
+# What get() returns of record(i): what feedback and the monitor read, never the text.
+VIEW = {"namespace": "default", "options": OPTIONS, "answer": "lost_card", "policy_id": "p@1",
+        "route": "fast", "escalated": False}
 
 
 def record(i: int, *, proba: list[float] | None = None, signature: str = "sig-a",
@@ -34,7 +37,7 @@ def record(i: int, *, proba: list[float] | None = None, signature: str = "sig-a"
     return {"decision_id": f"d{i}", "time": 1.0 + i, "namespace": "default",
             "signature": signature, "fingerprint": "fp", "options": options or OPTIONS,
             "proba": proba if proba is not None else [0.7, 0.2, 0.1], "text": f"message {i}",
-            "answer": "lost_card", "route": "fast"}
+            "answer": "lost_card", "route": "fast", "policy_id": "p@1", "escalated": False}
 
 
 async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> None:
@@ -43,8 +46,7 @@ async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> 
     for i in range(3):
         await log.append(record(i))
     await log.add_feedback("d1", "card_arrival")
-    assert await log.get("d2") == {"decision_id": "d2", "namespace": "default",
-                                   "options": OPTIONS, "answer": "lost_card"}
+    assert await log.get("d2") == VIEW | {"decision_id": "d2"}
     assert await log.get("nope") is None
     await log.aclose()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -136,8 +138,7 @@ async def test_redis_stream_round_trip_and_jsonl_copy(redis_url: str, tmp_path: 
     assert [r["type"] for r in read_records(tmp_path / "d.jsonl")] == ["decision", "feedback"]
     # another process (other JSONL file, empty index) finds the decision through Redis
     other = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", jsonl=tmp_path / "o.jsonl")
-    assert await other.get("d0") == {"decision_id": "d0", "namespace": "default",
-                                     "options": OPTIONS, "answer": "lost_card"}
+    assert await other.get("d0") == VIEW | {"decision_id": "d0"}  # monitoring's facts too
     assert await other.get("d0:\nKEYS *") is None
     await other.aclose()
 
@@ -258,7 +259,8 @@ async def test_redis_gets_the_record_once(redis_url: str, tmp_path: Path) -> Non
     key_bytes = len(client.get(key))
     [(_, fields)] = client.xrange("s")
     client.close()
-    assert value.keys() == {"namespace", "answer", "options_sha256"} and key_bytes < 200
+    assert value.keys() == {"namespace", "answer", "options_sha256", "policy_id", "route",
+                            "escalated"} and key_bytes < 250
     assert value["answer"] == "lost_card" and options == OPTIONS
     assert json.loads(fields[b"data"])["text"] == message
 

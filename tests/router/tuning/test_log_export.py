@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 
@@ -78,3 +79,33 @@ def test_feedback_export_tune_round_trip(tmp_path: Path) -> None:
     tuned = json.loads(policy.read_text())
     assert tuned["signature"] == "sig" and tuned["backend_fingerprint"] == "fp"
     assert tuned["n_tune"] + tuned["n_calibration"] == 600 and tuned["bound"] >= 0.7
+
+
+def test_audit_labels_fill_in_where_no_human_label_exists(tmp_path: Path) -> None:
+    log_path = tmp_path / "decisions.jsonl"
+    write_log(log_path, 10)  # feedback on d0, d2, ..., d8
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    human = {r["decision_id"]: r["label"] for r in records if r["type"] == "feedback"}
+    other = {"yes": "no", "no": "yes"}
+    audit = {"d0": other[human["d0"]], "d1": "no", "d2": other[human["d2"]], "d3": "yes"}
+
+    async def write_audits() -> None:
+        log = JsonlDecisionLog(log_path)
+        for decision_id, label in audit.items():
+            await log.add_event({"type": "audit", "decision_id": decision_id, "label": label,
+                                 "policy_id": "p@1"})
+        await log.aclose()
+
+    asyncio.run(write_audits())
+    out = tmp_path / "preds.jsonl"
+    result = CliRunner().invoke(app, ["export-log", "--log", str(log_path), "--out", str(out),
+                                      "--audit-labels", "--labelled-only"])
+    assert result.exit_code == 0 and "wrote 7 predictions" in result.output, result.output
+    preds = read_predictions(out)
+    labels = dict(zip(preds.ids, preds.labels, strict=True))
+    assert (labels["d1"], labels["d3"]) == ("no", "yes")  # from the audits
+    assert (labels["d0"], labels["d2"]) == (human["d0"], human["d2"])  # the humans' win
+    plain = tmp_path / "plain.jsonl"
+    result = CliRunner().invoke(app, ["export-log", "--log", str(log_path), "--out", str(plain),
+                                      "--labelled-only"])
+    assert "wrote 5 predictions" in result.output  # audits are not labels unless asked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -10,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.types import Decision
-from router.errors import InvalidRequest
+from router.errors import Forbidden, InvalidRequest
 from router.http.openai.wire import (
+    CREDENTIAL_FIELDS,
     ChatCompletionRequest,
     plan_decisions,
     render_reply,
@@ -144,6 +146,26 @@ def test_multi_turn_state_names_the_roles() -> None:
                 {"role": "user", "content": [{"type": "text", "text": "card lost"}]}]
     [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
     assert r.state == "user: hi\nassistant: hello\nuser: card lost"
+
+
+def test_the_conversation_travels_in_the_request_as_turns() -> None:
+    """What the slow path shows the slow model: every message as (role, text), system included;
+    it is the same input as context and state, so it takes no part in equality."""
+    messages = [{"role": "system", "content": "Banking."}, {"role": "user", "content": "hi"},
+                {"role": "user", "content": [{"type": "text", "text": "card lost"}]}]
+    [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
+    assert r.turns == (("system", "Banking."), ("user", "hi"), ("user", "card lost"))
+    assert (r.context, r.state) == ("Banking.", "user: hi\nuser: card lost")
+    without = dataclasses.replace(r, turns=())
+    assert without == r and hash(without) == hash(r) and without.signature() == r.signature()
+
+
+@pytest.mark.parametrize("field", sorted(CREDENTIAL_FIELDS))
+def test_the_request_model_refuses_credential_fields_with_a_403(field: str) -> None:
+    for fields in ({}, {"guided_choice": ["a", "b"]}):  # passthrough and decision alike
+        with pytest.raises(Forbidden) as info:
+            body(**fields, **{field: "http://evil.example/v1"})
+        assert info.value.field == field and info.value.status_code == 403
 
 
 def decision(qid: str, answer: str, route: str, p: float, note: str | None = None) -> Decision:

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
 from router.http.app import create_app
-from router.routing.slow import SlowAnswer
+from router.routing.ports import SlowAnswer
 from router.settings import Settings
 from tests.conftest import free_port
 
@@ -41,8 +41,7 @@ class RecordingSlow:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    async def decide(self, request: DecisionRequest, *,
-                     messages: list[dict[str, Any]] | None = None) -> SlowAnswer:
+    async def decide(self, request: DecisionRequest) -> SlowAnswer:
         self.asked.append(request.question_id)
         return SlowAnswer(request.option_names[-1], "stand-in", 1.0, 1)
 
