@@ -22,6 +22,7 @@ import numpy as np
 
 from policies.types import DecisionRequest, Option, OptionScores
 from router.backends.grouping import split_groups
+from router.backends.options import SystemOneOptions
 from router.backends.systemone import SystemOneBackend
 from standins.reader import Banking77Reader, read_test
 from standins.systemone_server import SystemOneStandin
@@ -45,8 +46,8 @@ def mcnemar(correct_a: np.ndarray, correct_b: np.ndarray) -> dict[str, Any]:
 
 async def read_all(url: str, requests: list[DecisionRequest], *, grouping: str,
                    group_size: int | None, concurrency: int) -> tuple[list[OptionScores], float]:
-    backend = SystemOneBackend(url=url, grouping=grouping, group_size=group_size,  # type: ignore[arg-type]
-                               max_concurrency=concurrency, timeout_s=30.0)
+    options = SystemOneOptions(grouping=grouping, group_size=group_size)  # type: ignore[arg-type]
+    backend = SystemOneBackend(url, options, max_concurrency=concurrency, timeout_s=30.0)
     start = time.perf_counter()
     try:
         scores = await backend.read(requests)

@@ -60,6 +60,13 @@ class PolicyFile(BaseModel):
     1 - delta) and ``coverage`` the share accepted, both on the ``n_tune`` threshold rows.
     ``max_escalation`` and ``budget_threshold`` are set when tuning had an escalation budget;
     ``budget_exceeded`` says the guarantee needed more escalation than the budget allows.
+    ``tuning`` says how the rows were spent: "split" (``n_calibration`` rows fit the calibrator,
+    ``n_tune`` others chose the threshold) or "cross-fitted" (out-of-fold reads over ``n_folds``
+    folds; every row did both, see docs/calibration.md for what that assumes). ``guarantee``
+    says what "accurate" means: agreement with a human label ("accuracy") or with the slow
+    model's answer ("agreement_with_slow", tuned on a shadow-mode log). ``shadow``: every
+    decision is also answered by the slow model, whose answer is served; the fast read is logged
+    (left out of ``policy_id``: switching shadow off serves the same tuned policy).
 
     Monitoring (docs/monitoring.md): ``audit_rate`` is the seeded share of accepted decisions
     also sent to the slow model after the reply; ``on_alarm`` what an alarm does;
@@ -88,6 +95,10 @@ class PolicyFile(BaseModel):
     budget_threshold: float | None = None
     budget_exceeded: bool = False
     data_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tuning: Literal["split", "cross-fitted"] = "split"
+    n_folds: int | None = Field(default=None, ge=2)
+    guarantee: Literal["accuracy", "agreement_with_slow"] = "accuracy"
+    shadow: bool = False
     audit_rate: float = Field(default=0.0, ge=0, le=1)
     on_alarm: OnAlarm = "escalate_all"
     alarm_alpha: float = Field(default=0.05, gt=0, lt=1)
@@ -123,7 +134,9 @@ class PolicyFile(BaseModel):
     def policy_id(self) -> str:
         """The name plus a short hash of everything but the creation time."""
         # Unrecorded options are left out, so files written before the field keep their ids.
-        exclude = {"created_at", *MONITORING_FIELDS} | ({"options"} if self.options is None else set())
+        exclude = {"created_at", "shadow", *MONITORING_FIELDS}
+        if self.options is None:
+            exclude.add("options")
         content = self.model_dump(mode="json", exclude=exclude)
         return f"{self.name}@{canonical_hash(content)[:12]}"
 

@@ -1,8 +1,10 @@
 """Tuning a policy on labelled fast-read probabilities, and evaluating one on fresh data.
 
-Tuning splits the labelled rows with a fixed seed: one part fits the calibrator, the other
-chooses the threshold (``calibration.risk.guaranteed_threshold``), so the threshold's bound is
-computed on rows the calibrator never saw. With ``max_escalation`` the guaranteed threshold still
+Two ways to keep the threshold's rows unseen by the calibrator. ``tune`` splits the labelled rows
+with a fixed seed: one part fits the calibrator, the other chooses the threshold
+(``calibration.risk.guaranteed_threshold``). ``tune_crossfit`` takes out-of-fold reads (each row
+read by a model that never saw it, ``slotgate train --cv``) and cross-fits the calibrator over the
+same folds, so every row both calibrates and chooses the threshold. With ``max_escalation`` the guaranteed threshold still
 stands; the rule becomes a ``BudgetRule`` around it (see its docstring for what happens once the
 budget is used up), and ``budget_exceeded`` records that the guarantee needed more escalation on
 the tuning rows than the budget allows.
@@ -10,7 +12,7 @@ the tuning rows than the budget allows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ class TuneResult:
     escalation_rate: float  # of the guaranteed threshold on the threshold rows
     budget_threshold: float | None
     budget_exceeded: bool
+    n_folds: int | None = None  # set by tune_crossfit
 
 
 def split_rows(n: int, *, calibration_fraction: float, seed: int
@@ -70,6 +73,32 @@ def tune(proba: FloatArray, y_true: NDArray[np.int64], *, calibrator: str, targe
     fitted = make_calibrator(calibrator).fit(proba[cal_rows], y_true[cal_rows])
     before, y_tune = proba[tune_rows], y_true[tune_rows]
     after = fitted.transform(before)
+    return _choose(fitted, before, after, y_tune, n_calibration=len(cal_rows),
+                   target_accuracy=target_accuracy, delta=delta, max_escalation=max_escalation,
+                   budget_window=budget_window)
+
+
+def tune_crossfit(proba: FloatArray, y_true: NDArray[np.int64], folds: NDArray[np.int64], *,
+                  calibrator: str, target_accuracy: float, delta: float,
+                  max_escalation: float | None = None, budget_window: int = 1000) -> TuneResult:
+    """Tune on out-of-fold reads: the calibrator is cross-fitted over ``folds`` (row i calibrated
+    by a calibrator fit outside i's fold), the threshold chosen on all rows, and the calibrator
+    the policy keeps is fit on all rows."""
+    from calibration.crossfit import check_folds, crossfit_calibrated
+
+    n_folds = check_folds(folds, n_samples=len(y_true))
+    after = crossfit_calibrated(proba, y_true, folds, calibrator=calibrator)
+    fitted = make_calibrator(calibrator).fit(proba, y_true)
+    result = _choose(fitted, proba, after, y_true, n_calibration=len(y_true),
+                     target_accuracy=target_accuracy, delta=delta,
+                     max_escalation=max_escalation, budget_window=budget_window)
+    return replace(result, n_folds=n_folds)
+
+
+def _choose(fitted: Calibrator, before: FloatArray, after: FloatArray, y_tune: NDArray[np.int64],
+            *, n_calibration: int, target_accuracy: float, delta: float,
+            max_escalation: float | None, budget_window: int) -> TuneResult:
+    """The guaranteed threshold on calibrated threshold rows, and the rule around it."""
     answers, confidence = answer_confidence(before, after)
     correct = answers == y_tune
     risk = guaranteed_threshold(confidence, correct, target_accuracy=target_accuracy, delta=delta)
@@ -81,7 +110,7 @@ def tune(proba: FloatArray, y_true: NDArray[np.int64], *, calibrator: str, targe
         exceeded = escalation_rate > max_escalation
         rule = BudgetRule(rule, max_escalation=max_escalation, window=budget_window)
     return TuneResult(
-        calibrator=fitted, rule=rule, risk=risk, n_calibration=len(cal_rows),
+        calibrator=fitted, rule=rule, risk=risk, n_calibration=n_calibration,
         proba_before=before, proba_after=after, y_true=y_tune, confidence=confidence,
         correct=correct, escalation_rate=escalation_rate, budget_threshold=budget,
         budget_exceeded=exceeded,

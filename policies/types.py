@@ -50,6 +50,9 @@ class DecisionRequest:
     kind: QuestionKind = "choice"
     samples: int = 1
     seed: int = 42
+    # The caller asked for samples "auto": a System One server then decides (one read, more when
+    # it is unsure); a backend that cannot reads ``samples`` draws.
+    samples_auto: bool = False
     policy: str | None = None  # a policy name the caller asked for, else looked up by signature
     turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
     # signature() memoised: the registry, the cache key and the decision log each need it, and

@@ -4,6 +4,8 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     SlotgateError
     ├── RequestError                 4xx, the caller's fault; ``field`` names what is wrong
     │   ├── InvalidRequest           400 (422 on System One schema errors)
+    │   ├── UnprocessableRequest     422: the fast backend (or its server) cannot read this request as
+    │   │                            given (answer template past the canvas): no escalation, no cache
     │   ├── PayloadTooLarge          413
     │   ├── Unauthorized             401
     │   ├── Forbidden                403 (model or URL outside the allow-list)
@@ -45,6 +47,14 @@ class RequestError(SlotgateError):
 
 class InvalidRequest(RequestError):
     pass
+
+
+class UnprocessableRequest(RequestError):
+    """A request the fast backend's server refuses for what the caller sent (its 422), or one the
+    backend finds unreadable as given: the caller's error, answered 422 with the reason. Raised by
+    backends; the service lets it through (a slow model would only hide it, at a price)."""
+
+    status_code = 422
 
 
 class PayloadTooLarge(RequestError):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -18,28 +18,45 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from router.backends.options import BackendOptions, parse_options
 from router.errors import ConfigError
 
 ENV_PREFIX = "SLOTGATE_"
 # Cache namespaces become part of Redis keys (router/store/cache.py): no ':' or spaces.
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
 BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torch"]
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
 class FastBackendSettings(BaseModel):
-    """Which fast backend to build and its options (each backend documents its own ``options``)."""
+    """Which fast backend to build and its options: ``options`` is validated against the options
+    model of ``kind`` (router/backends/options.py) when settings load."""
 
     kind: BackendKind = "sklearn"
     model_path: Path | None = None  # sklearn/embedding artifact, or a local model folder
     url: str | None = None  # systemone / vllm server
     api_key: SecretStr | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: BackendOptions = Field(default_factory=dict, validate_default=True)
     timeout_s: float = Field(0.25, gt=0)  # past it the decision escalates
     # The fast tier reads at most this many characters of the state (the head): a 900 KB
     # message must not make every read time out and keep working after it did.
     max_input_chars: int = Field(20_000, ge=1)
     max_concurrency: int = Field(64, ge=1)
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options_of_kind(cls, value: Any, info: ValidationInfo) -> BackendOptions:
+        kind = info.data.get("kind")
+        if kind is None:  # kind itself failed validation; that error is reported already
+            return BackendOptions()
+        return parse_options(kind, value)
+
+    def options_as(self, model: type[OptionsT]) -> OptionsT:
+        """The options as ``model`` (what the backend of ``kind`` reads)."""
+        options = self.options
+        if not isinstance(options, model):
+            raise TypeError(f"fast.options are {type(options).__name__}, not {model.__name__}")
+        return options
 
 
 class SlowPathSettings(BaseModel):

@@ -1,6 +1,14 @@
 """Stand-in for the vLLM example server's ``POST /v1/systemone`` (protocol notes, sections 1-3):
 validates a request as the example server does (2..26 alternatives, id rules, <= 64 questions,
-samples, dependencies; 422 ``{"error": {"message", "type"}}``) and answers from a real model.
+samples, dependencies, engine knobs, an answer template that must fit the canvas; 422
+``{"error": {"message", "type"}}``; the key before anything else) and answers from a real model.
+
+Where the server's behaviour shows through to a client, the stand-in has it too: ids are trimmed;
+non-string levels, descriptions and criteria are read as text; the questions of a stage are read
+jointly, and joint slots copy letters (protocol notes, section 7): each later question of a joint
+read moves ``JOINT_COPY`` of its mass to the label position the question before it chose, so a
+question asked alone and asked beside others get different probabilities, as on the server.
+Token counts use ``BYTES_PER_TOKEN`` (no tokenizer here).
 
     python -m standins.systemone_server --port 8011 [--data ../shared/data/banking77]
 """
@@ -18,6 +26,10 @@ from standins.reader import Banking77Reader
 
 MAX_QUESTIONS = 64
 MAX_SAMPLES = 32
+CANVAS_LENGTH = 64
+SCAFFOLD_ROWS = 10  # the empty thought block, in DiffusionGemma tokens
+BYTES_PER_TOKEN = 3  # a rough count for the answer line "{id}: {label}"
+JOINT_COPY = 0.25
 AUTO_DRAWS = 4
 AUTO_THRESHOLD_NATS = 0.1
 
@@ -65,70 +77,109 @@ class SystemOneStandin(StandinServer):
         if len(questions) > MAX_QUESTIONS:
             raise SchemaError(f"schema: at most {MAX_QUESTIONS} questions")
         samples = _samples(request.get("samples", "auto"))
+        _check_knobs(request)
         seed = int(request.get("seed", 42))
-        parsed = {qid: self._question(qid, q) for qid, q in questions.items()}
+        parsed: dict[str, dict[str, Any]] = {}
+        for qid, q in questions.items():
+            question = self._question(qid, q)
+            if question["id"] in parsed:
+                raise SchemaError(f"duplicate question id {question['id']!r}")
+            parsed[question["id"]] = question
         answers: dict[str, Any] = {}
         skipped: dict[str, Any] = {}
-        for qid in _stage_order(parsed):
-            question = parsed[qid]
-            blocker = _failed_condition(question.get("ask_if") or {}, answers)
-            if blocker is not None:
-                answers[qid] = None
-                skipped[qid] = blocker
-                continue
-            answers[qid] = self._answer(question, state_text, seed, samples)
-        ordered = {qid: answers[qid] for qid in questions}
+        for stage in _stages(parsed):
+            asked = []
+            for qid in stage:
+                blocker = _failed_condition(parsed[qid].get("ask_if") or {}, answers)
+                if blocker is None:
+                    asked.append(qid)
+                else:
+                    answers[qid] = None
+                    skipped[qid] = blocker
+            previous_top: int | None = None
+            for qid in asked:  # one joint read per stage
+                answers[qid], previous_top = self._answer(parsed[qid], state_text, seed, samples,
+                                                          previous_top)
         return {
             "model": self.model,
-            "answers": ordered,
+            "answers": {qid: answers[qid] for qid in parsed},
             "usage": {"input_tokens": len(state_text.split()), "output_tokens": 2 * len(questions)},
             "diagnostics": {"engine": "standin", "skipped": skipped, "samples": samples},
         }
 
-    def _question(self, qid: str, question: Any) -> dict[str, Any]:
-        if not qid.strip() or ":" in qid or "\n" in qid:
-            raise SchemaError(f"question {qid!r}: ids must be non-empty, without ':' or newline")
+    def _question(self, raw_id: str, question: Any) -> dict[str, Any]:
+        qid = str(raw_id).strip()  # the server trims ids, and answers under the trimmed id
+        if not qid or ":" in qid or "\n" in qid:
+            raise SchemaError(f"question id {qid!r} must be non-empty, no ':' or newline")
         if not isinstance(question, dict):
-            raise SchemaError(f"question '{qid}': must be an object")
+            raise SchemaError(f"question {qid!r}: must be an object")
         kind = question.get("type")
         criteria = question.get("criteria")
         if kind == "choice":
             if not isinstance(criteria, dict) or not criteria:
-                raise SchemaError(f"question '{qid}': criteria must map option names to descriptions")
-            options = [(str(k), None if v is None else str(v)) for k, v in criteria.items()]
+                raise SchemaError(f"question {qid!r}: choice criteria must map option names "
+                                  "to descriptions")
+            options = [(str(k), None if v is None else _text(v)) for k, v in criteria.items()]
         elif kind == "score":
             if not isinstance(criteria, list):
-                raise SchemaError(f"question '{qid}': criteria must list the levels")
+                raise SchemaError(f"question {qid!r}: score criteria must be an ordered list of levels")
             options = [(str(level), None) for level in criteria]
         elif kind == "noul":
-            crit = criteria if isinstance(criteria, dict) else {}
-            options = [("yes", crit.get("true")), ("no", crit.get("false"))]
+            if criteria is not None and not isinstance(criteria, dict):
+                raise SchemaError(f"question {qid!r}: noul criteria must be an object with "
+                                  "true and false")
+            crit = criteria or {}
+            options = [("yes", _text(crit.get("true"))), ("no", _text(crit.get("false")))]
         else:
-            raise SchemaError(f"question '{qid}': unknown type '{kind}'")
+            raise SchemaError(f"question {qid!r}: unknown type {kind!r}")
         if len(options) < 2:
-            raise SchemaError(f"question '{qid}': needs at least two alternatives")
+            raise SchemaError(f"question {qid!r}: needs at least two alternatives")
         if len(options) > self.max_alternatives:
-            raise SchemaError(f"question '{qid}': at most {self.max_alternatives} alternatives")
+            raise SchemaError(f"question {qid!r}: at most {self.max_alternatives} alternatives")
+        rows = SCAFFOLD_ROWS + -(-len(f"{qid}: A".encode()) // BYTES_PER_TOKEN)
+        if rows + 1 > CANVAS_LENGTH:
+            raise SchemaError(f"answer template is {rows} tokens; the canvas holds {CANVAS_LENGTH - 1}")
         return {"id": qid, "type": kind, "options": options, "depends_on": question.get("depends_on"),
                 "ask_if": question.get("ask_if")}
 
-    def _answer(self, question: dict[str, Any], state: str, seed: int, samples: int | None) -> Any:
+    def _answer(self, question: dict[str, Any], state: str, seed: int, samples: int | None,
+                previous_top: int | None) -> tuple[Any, int]:
         options = question["options"]
         draws = samples or 1
         proba = self.reader.proba(state, options, seed=seed, samples=draws)
         if samples is None and _entropy(proba) > AUTO_THRESHOLD_NATS and self.reader.noise > 0:
             proba = self.reader.proba(state, options, seed=seed, samples=AUTO_DRAWS)
+        if previous_top is not None and previous_top < len(proba):  # joint slots copy letters
+            proba = [(1 - JOINT_COPY) * p for p in proba]
+            proba[previous_top] += JOINT_COPY
         names = [name for name, _ in options]
         top = max(range(len(proba)), key=proba.__getitem__)
         if question["type"] == "noul":
-            return {"type": "noul", "noul": proba[0]}
+            return {"type": "noul", "noul": proba[0]}, top
         if question["type"] == "score":
             return {"type": "score", "score": sum(i * p for i, p in enumerate(proba)),
                     "legend": {str(i): n for i, n in enumerate(names)},
                     "probabilities": {str(i): p for i, p in enumerate(proba)},
-                    "confidence": proba[top]}
+                    "confidence": proba[top]}, top
         return {"type": "choice", "choice": names[top],
-                "probabilities": dict(zip(names, proba)), "confidence": proba[top]}
+                "probabilities": dict(zip(names, proba)), "confidence": proba[top]}, top
+
+
+def _text(value: Any) -> str | None:
+    """A description as the server prints it: text as given, anything else through str()."""
+    return None if value is None else str(value)
+
+
+def _check_knobs(request: dict[str, Any]) -> None:
+    """The example server's checks of its engine knobs."""
+    chunk_rows = request.get("chunk_rows")
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 8):
+        raise SchemaError("schema: chunk_rows must be an integer of at least 8")
+    if request.get("chunk_prompt", "own") not in ("shared", "own"):
+        raise SchemaError('schema: chunk_prompt must be "shared" or "own"')
+    think = request.get("think", 0)
+    if isinstance(think, bool) or not isinstance(think, int) or not 0 <= think <= 4096:
+        raise SchemaError("schema: think must be a thought budget in tokens, 0 to 4096")
 
 
 def _samples(value: Any) -> int | None:
@@ -140,26 +191,30 @@ def _samples(value: Any) -> int | None:
     return min(value, MAX_SAMPLES)
 
 
-def _stage_order(questions: dict[str, dict[str, Any]]) -> list[str]:
-    """Questions after everything they depend on (depends_on and ask_if keys)."""
+def _stages(questions: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Questions in stages: each after everything it depends on (depends_on and ask_if keys),
+    request order kept within a stage."""
     deps: dict[str, set[str]] = {}
     for qid, q in questions.items():
         ask_if = q["ask_if"]
         if ask_if is not None and (not isinstance(ask_if, dict) or
                                    not all(isinstance(v, list) and v for v in ask_if.values())):
-            raise SchemaError("ask_if must map a question id to a non-empty list of its answers")
+            raise SchemaError(f"question {qid!r}: ask_if must map a question id to a non-empty "
+                              "list of its answers")
         wanted = set(q["depends_on"] or []) | set(ask_if or {})
         if not wanted <= set(questions) or qid in wanted:
-            raise SchemaError(f"question '{qid}': depends on unknown question")
+            raise SchemaError(f"question {qid!r}: depends on unknown question")
         deps[qid] = wanted
-    order: list[str] = []
-    while len(order) < len(questions):
-        ready = [q for q in questions if q not in order and deps[q] <= set(order)]
+    stages: list[list[str]] = []
+    done: set[str] = set()
+    while len(done) < len(questions):
+        ready = [q for q in questions if q not in done and deps[q] <= done]
         if not ready:
-            rest = sorted(set(questions) - set(order))
+            rest = [q for q in questions if q not in done]
             raise SchemaError(f"schema: dependency cycle among {', '.join(rest)}")
-        order += ready
-    return order
+        stages.append(ready)
+        done.update(ready)
+    return stages
 
 
 def _failed_condition(ask_if: dict[str, list[str]], answers: dict[str, Any]) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from router.backends.options import VllmOptions
 from router.settings import Settings
 from tests.conftest import ROOT
 
@@ -42,7 +43,7 @@ def test_compose_environment_is_what_settings_accept(monkeypatch: Any) -> None:
     settings = Settings()
     assert settings.cache.redis_url == "redis://redis:6379/0"
     assert settings.fast.kind == "vllm" and settings.fast.url == "http://vllm:8000"
-    assert settings.fast.options["model"] == "dgemma"
+    assert settings.fast.options_as(VllmOptions).model == "dgemma"
     assert settings.slow.model is None  # SLOTGATE_SLOW_MODEL unset: escalation unavailable
 
 

@@ -5,6 +5,10 @@ Contract for every implementation (checked by ``tests/router/backends/test_contr
   exactly the request's option names in the request's order and whose ``proba`` sums to 1.
 - Failures raise ``router.errors.BackendError`` subclasses (never a foreign exception): the
   service escalates on them. A wrong or partial answer is ``BackendMalformed``.
+- ``read_inputs(request, batch)`` is exactly what of the request a read depends on (the read
+  cache key is built from it, the namespace and the fingerprint): everything sent upstream that
+  can change the answer (a question id that becomes prompt text, co-questions of a joint read),
+  nothing else.
 - ``fingerprint`` identifies everything that changes what a read returns (model, prompt
   template version, canvas, samples, label alphabet...). Policies are tuned for one fingerprint
   and cache keys include it, so it must change whenever reads could change.
@@ -31,6 +35,20 @@ class FastBackend(ABC):
     @abstractmethod
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         """Read every request; see the module docstring for the contract."""
+
+    def read_inputs(
+        self, request: DecisionRequest, batch: Sequence[DecisionRequest]
+    ) -> Mapping[str, Any]:
+        """What the read of ``request`` (asked within ``batch``) depends on. Default: the
+        question's signature (kind, context, text, options), the state, the draws and the seed."""
+        return {"signature": request.signature(), "state": request.state,
+                "samples": request.samples, "seed": request.seed}
+
+    @property
+    def reads_jointly(self) -> bool:
+        """True when the requests of one ``read`` call answer each other (a joint read): then a
+        batch is read whole or not at all, so no answer is read without its co-questions."""
+        return False
 
     def identity(self) -> Mapping[str, Any]:
         """What goes into the fingerprint. Override to add model, template, canvas, samples."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from policies.types import DecisionRequest
 from router.backends.base import FastBackend
+from router.backends.options import MockOptions
 from router.errors import ConfigError
 from router.settings import FastBackendSettings
 
@@ -60,12 +61,12 @@ def _mock_backend(settings: FastBackendSettings) -> FastBackend:
     """A demo backend: ``options.top_proba`` on the first option (default: uniform)."""
     from router.backends.mock import MockBackend
 
-    top = settings.options.get("top_proba")
+    top = settings.options_as(MockOptions).top_proba
 
     def handler(request: DecisionRequest) -> Sequence[float]:
         k = len(request.options)
         if top is None:
             return [1.0 / k] * k
-        return [float(top)] + [(1.0 - float(top)) / (k - 1)] * (k - 1)
+        return [top] + [(1.0 - top) / (k - 1)] * (k - 1)
 
     return MockBackend(handler, label=f"config-mock:{top}")

@@ -26,12 +26,11 @@ import asyncio
 import dataclasses
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
 
 from policies.types import DecisionRequest, Option, OptionScores
+from router.backends.options import GroupingMode
 
 ReadOne = Callable[[DecisionRequest], Awaitable[OptionScores]]
-GroupingMode = Literal["combined", "chained"]
 GROUP_PROMPT = "Answer with the group whose list holds the answer."
 
 

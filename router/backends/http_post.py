@@ -1,7 +1,9 @@
 """One JSON POST to a backend server (System One or vLLM), with the retry rules of the protocol
 notes: classified by status, never by message text, and translated into ``router.errors`` here.
 
-    400/401/403/404/413/422 (any other 4xx)  -> BackendRejected, never retried
+    400/401/403/404/413/422 (any other 4xx)  -> BackendRejected, never retried; a status listed in
+                                                ``caller_statuses`` (System One's 422: the body's
+                                                content is refused) -> UnprocessableRequest
     500, 502                                 -> retried ``retries_5xx`` times, then BackendUnavailable
     429, 503, 529                            -> retried after Retry-After while the total wait stays
                                                 within ``max_retry_wait_s``, then BackendUnavailable
@@ -23,6 +25,7 @@ from router.errors import (
     BackendRejected,
     BackendTimeout,
     BackendUnavailable,
+    UnprocessableRequest,
 )
 from router.retry_after import retry_after_s
 
@@ -84,11 +87,13 @@ class JsonPoster:
         max_retry_wait_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
         what: str = "backend",
+        caller_statuses: frozenset[int] = frozenset(),
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._what = what
+        self._caller_statuses = caller_statuses
         self._retries_5xx = retries_5xx
         self._retry_backoff_s = retry_backoff_s
         self._max_retry_wait_s = max_retry_wait_s
@@ -132,6 +137,8 @@ class JsonPoster:
                     raise BackendTimeout(message)
                 if status >= 500:
                     raise BackendUnavailable(message)
+                if status in self._caller_statuses:
+                    raise UnprocessableRequest(error_message(response))
                 raise BackendRejected(message)
 
     async def _send(self, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -150,6 +157,14 @@ class JsonPoster:
         if not isinstance(payload, dict):
             raise BackendMalformed(f"{self._what} answered 200 with a non-object JSON body")
         return payload
+
+    async def status_of(self, path: str, body: dict[str, Any]) -> int | None:
+        """The status a POST of ``body`` gets (readiness probes), None when unreachable."""
+        try:
+            response = await self._client.post(path, json=body)
+        except httpx.HTTPError:
+            return None
+        return response.status_code
 
     async def get_ok(self, path: str) -> bool:
         """True when a GET answers 2xx (readiness probes); never raises."""

@@ -68,11 +68,13 @@ def train_text_model(texts: Sequence[str], labels: Sequence[str], *, kind: str, 
     return pipeline.fit(list(texts), list(labels))
 
 
-def save_text_model(path: Path, pipeline: Any, *, kind: str, n_train: int, data_hash: str) -> None:
-    """Write the versioned artifact atomically (a failed write leaves nothing behind)."""
+def save_text_model(path: Path, pipeline: Any, *, kind: str, n_train: int, data_hash: str,
+                    extra: Mapping[str, Any] | None = None) -> None:
+    """Write the versioned artifact atomically (a failed write leaves nothing behind); ``extra``
+    adds metadata (``train --cv`` records its out-of-fold rows under "oof")."""
     import joblib
 
-    payload = {
+    payload = {**(extra or {}),
         "format": MODEL_FORMAT, "version": MODEL_VERSION, "kind": kind,
         "labels": [str(c) for c in pipeline.classes_], "pipeline": pipeline,
         "n_train": n_train, "data_hash": data_hash,

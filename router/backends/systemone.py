@@ -1,35 +1,42 @@
-"""Fast backend that asks a System One server (the vLLM example server, OpenJev, hosted Jev) one
-question per HTTP request and reads the probabilities it returns.
+"""Fast backend that asks a System One server (the vLLM example server, OpenJev, hosted Jev) and
+reads the probabilities it returns.
 
-Why one question per request: joint slots copy letters (protocol notes, section 7), and each read
-then stands alone, so servers that ignore ``ask_if``/``depends_on`` (OpenJev) need no special
-handling: the router never sends either; a grouped read's stages are run here (``grouping``).
-Choices past the server's option cap are read by ``grouping.grouped_read``.
+The questions of one stage (one ``read`` call) about one state go upstream in ONE body by default,
+as a client calling the server directly sends them: the example server reads a body jointly (one
+canvas; joint slots copy letters, protocol notes section 7), so per-question requests would give
+other probabilities than the server gives its own clients. ``joint: false`` asks one question per
+request. The router runs the stages of ``ask_if``/``depends_on`` itself (``http/systemone``), so
+no dependency is ever sent. Choices past the server's cap, and scores past its level cap (read as
+choices over the levels), are read by ``grouping.grouped_read``, each in requests of their own.
+
+A 422 from the server refuses what the caller sent (an id whose answer template does not fit the
+canvas...): it becomes ``UnprocessableRequest``, the caller's error, never an escalation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
 from policies.types import DecisionRequest, OptionScores
 from router.backends.base import FastBackend
-from router.backends.grouping import GroupingMode, grouped_read
+from router.backends.example_template import noul_order
+from router.backends.grouping import grouped_read
 from router.backends.http_post import JsonPoster
+from router.backends.options import SystemOneOptions
 from router.errors import BackendMalformed, BackendRejected, ConfigError
 from router.settings import FastBackendSettings
 
-Dialect = Literal["example", "openjev", "jev"]
-YES_NAMES = frozenset({"yes", "true"})
-SETTINGS_OPTIONS = frozenset({
-    "dialect", "model", "max_options", "grouping", "group_size", "samples", "server_revision",
-    "retries_5xx", "max_retry_wait_s",
-})
+MAX_QUESTIONS = 64  # the example server's per-body cap
+AUTH_FAILURES = frozenset({401, 403})
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,138 +57,179 @@ DIALECTS: Mapping[str, DialectLimits] = {
 
 
 def question_id(request: DecisionRequest) -> str:
-    """The id as the example server accepts it (prompt text: no ':' or newline, non-empty)."""
+    """The id as the example server accepts it (prompt text: no ':' or newline, non-empty) and
+    answers it (trimmed)."""
     qid = request.question_id.replace(":", "_").replace("\n", " ").replace("\r", " ").strip()
     return qid or "q"
 
 
-class SystemOneBackend(FastBackend):
-    """Reads decisions from ``POST {url}/v1/systemone``.
+def wire_ids(requests: Sequence[DecisionRequest]) -> list[str]:
+    """Distinct acceptable ids for the questions of one body (cleaning may make two ids equal)."""
+    ids: list[str] = []
+    for request in requests:
+        qid, k = question_id(request), 2
+        while qid in ids:
+            qid, k = f"{question_id(request)}_{k}", k + 1
+        ids.append(qid)
+    return ids
 
-    ``dialect`` picks the default model name and option caps; ``max_options`` overrides the
-    choice cap. ``samples`` (an int or "auto") overrides the request's own draws. ``grouping``
-    is "combined" (default) or "chained" (lossy, for comparisons). ``server_revision`` names
-    the server build, whose prompt template we cannot see; it goes into the fingerprint.
-    """
+
+class SystemOneBackend(FastBackend):
+    """Reads decisions from ``POST {url}/v1/systemone``; ``options`` (``SystemOneOptions``) say how."""
 
     name = "systemone"
 
     def __init__(
         self,
-        *,
         url: str,
-        dialect: Dialect = "example",
-        model: str | None = None,
+        options: SystemOneOptions | None = None,
+        *,
         api_key: str | None = None,
         timeout_s: float = 10.0,
         max_concurrency: int = 8,
-        max_options: int | None = None,
-        grouping: GroupingMode = "combined",
-        group_size: int | None = None,
-        samples: int | Literal["auto"] | None = None,
-        server_revision: str = "",
-        retries_5xx: int = 1,
-        max_retry_wait_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if dialect not in DIALECTS:
-            raise ConfigError(f"dialect must be one of {sorted(DIALECTS)}, got {dialect!r}")
-        if grouping not in ("combined", "chained"):
-            raise ConfigError(f"grouping must be 'combined' or 'chained', got {grouping!r}")
-        limits = DIALECTS[dialect]
-        self.dialect = dialect
-        self.model = model or limits.model
-        self.max_options = max_options or limits.max_choice_options
+        self.options = options = options or SystemOneOptions()
+        limits = DIALECTS[options.dialect]
+        self.dialect = options.dialect
+        self.model = options.model or limits.model
+        self.max_options = options.max_options or limits.max_choice_options
         self.max_score_levels = limits.max_score_levels
-        self.grouping: GroupingMode = grouping
-        self.group_size = group_size
-        self.samples = samples
-        self.server_revision = server_revision
         self._has_health = limits.has_health
+        self._key_ok: bool | None = None  # checked once, by the first readiness probe
         self._poster = JsonPoster(
             base_url=url, api_key=api_key, timeout_s=timeout_s, max_concurrency=max_concurrency,
-            retries_5xx=retries_5xx, max_retry_wait_s=max_retry_wait_s, transport=transport,
-            what=f"System One server ({dialect})",
+            retries_5xx=options.retries_5xx, max_retry_wait_s=options.max_retry_wait_s,
+            transport=transport, what=f"System One server ({options.dialect})",
+            caller_statuses=frozenset({422}),
         )
 
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> SystemOneBackend:
         """Built from ``fast.url``, ``fast.api_key``, ``fast.timeout_s``, ``fast.max_concurrency``
-        and ``fast.options`` (dialect, model, max_options, grouping, group_size, samples,
-        server_revision, retries_5xx, max_retry_wait_s)."""
+        and ``fast.options`` (``SystemOneOptions``)."""
         if not settings.url:
             raise ConfigError("the systemone backend needs fast.url", field="fast.url")
         return cls(
-            url=settings.url,
+            settings.url, settings.options_as(SystemOneOptions),
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
-            timeout_s=settings.timeout_s,
-            max_concurrency=settings.max_concurrency,
-            **checked_options(settings.options, SETTINGS_OPTIONS, "systemone"),
+            timeout_s=settings.timeout_s, max_concurrency=settings.max_concurrency,
         )
 
     def identity(self) -> Mapping[str, Any]:
+        o = self.options
         return {
             "backend": self.name,
             "dialect": self.dialect,
             "model": self.model,
-            "server_revision": self.server_revision,
+            "server_revision": o.server_revision,
             "max_options": self.max_options,
-            "grouping": self.grouping,
-            "group_size": self.group_size,
-            "samples": self.samples,
+            "grouping": o.grouping,
+            "group_size": o.group_size,
+            "samples": o.samples,
+            "joint": o.joint,
+            "engine": [o.steps, o.think, o.chunk_rows, o.chunk_prompt],
         }
 
+    @property
+    def reads_jointly(self) -> bool:
+        return self.options.joint
+
+    def read_inputs(
+        self, request: DecisionRequest, batch: Sequence[DecisionRequest]
+    ) -> Mapping[str, Any]:
+        # The id is prompt text upstream; a joint read's answer also depends on its co-questions.
+        inputs = {**super().read_inputs(request, batch), "question_id": question_id(request),
+                  "samples_auto": request.samples_auto}
+        for group in self._joint_groups(batch):
+            if len(group) > 1 and any(batch[i] == request for i in group):
+                inputs["joint"] = [[question_id(batch[i]), batch[i].signature()] for i in group]
+        return inputs
+
+    def _alone(self, request: DecisionRequest) -> bool:
+        """Read in requests of its own: one option, or past the caps (a grouped read)."""
+        n = len(request.options)
+        return n == 1 or n > (self.max_score_levels if request.kind == "score" else
+                              self.max_options if request.kind == "choice" else 2)
+
+    def _joint_groups(self, batch: Sequence[DecisionRequest]) -> list[list[int]]:
+        """Indices of the requests read together: same state, context, draws and seed, in
+        order, at most the server's questions per body."""
+        if not self.options.joint:
+            return []
+        by_key: dict[tuple[str, str, int, bool, int], list[int]] = {}
+        for i, r in enumerate(batch):
+            if not self._alone(r):
+                key = (r.state, r.context, r.samples, r.samples_auto, r.seed)
+                by_key.setdefault(key, []).append(i)
+        return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
+                for k in range(0, len(idx), MAX_QUESTIONS)]
+
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
-        return list(await asyncio.gather(*(self._read(r) for r in requests)))
+        groups = self._joint_groups(requests)
+        joint = {i for group in groups for i in group}
+        singles = [i for i in range(len(requests)) if i not in joint]
+        joint_reads, single_reads = await asyncio.gather(
+            asyncio.gather(*(self._read_body([requests[i] for i in group]) for group in groups)),
+            asyncio.gather(*(self._read(requests[i]) for i in singles)),
+        )
+        out: dict[int, OptionScores] = dict(zip(singles, single_reads))
+        for group, scores in zip(groups, joint_reads):
+            out.update(zip(group, scores))
+        return [out[i] for i in range(len(requests))]
 
     async def _read(self, request: DecisionRequest) -> OptionScores:
         n = len(request.options)
+        if request.kind == "noul" and n != 2:
+            raise BackendRejected(f"a noul question needs exactly 2 options, got {n}")
+        if request.kind == "score" and n > self.max_score_levels:
+            # Past the server's level cap the levels are read as a choice over their names
+            # (grouped past the choice cap); the answer is the same distribution over the levels.
+            request = dataclasses.replace(request, kind="choice")
         if request.kind == "choice" and n > self.max_options:
             return await grouped_read(
                 request, self._read_one, max_options=self.max_options,
-                mode=self.grouping, group_size=self.group_size,
+                mode=self.options.grouping, group_size=self.options.group_size,
             )
-        if request.kind == "score" and n > self.max_score_levels:
-            raise BackendRejected(
-                f"score question has {n} levels; the {self.dialect} server takes "
-                f"at most {self.max_score_levels}"
-            )
-        if request.kind == "noul" and n != 2:
-            raise BackendRejected(f"a noul question needs exactly 2 options, got {n}")
         return await self._read_one(request)
 
     async def _read_one(self, request: DecisionRequest) -> OptionScores:
         if len(request.options) == 1:  # the example server rejects these; there is nothing to read
             return OptionScores(request.option_names, (1.0,), {"reads": 0})
-        payload = await self._poster.post("/v1/systemone", self.build_body(request))
-        return self.parse_answer(request, payload)
+        [scores] = await self._read_body([request])
+        return scores
 
-    def build_body(self, request: DecisionRequest) -> dict[str, Any]:
-        """The /v1/systemone body for one question about ``request.state``."""
-        question: dict[str, Any] = {"type": request.kind, "instructions": request.instructions}
-        if request.kind == "choice":
-            question["criteria"] = {o.name: o.description for o in request.options}
-        elif request.kind == "score":
-            question["criteria"] = [o.name for o in request.options]
-        else:
-            yes, no = _noul_order(request)
-            descriptions = (request.options[yes].description, request.options[no].description)
-            if any(descriptions):
-                question["criteria"] = {"true": descriptions[0] or "", "false": descriptions[1] or ""}
+    async def _read_body(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
+        ids = wire_ids(requests)
+        payload = await self._poster.post("/v1/systemone", self.build_body(requests, ids))
+        return [self.parse_answer(r, payload, qid) for r, qid in zip(requests, ids)]
+
+    def build_body(self, requests: Sequence[DecisionRequest],
+                   ids: Sequence[str] | None = None) -> dict[str, Any]:
+        """The /v1/systemone body asking ``requests`` (one state) in one read."""
+        first = requests[0]
+        ids = list(ids) if ids is not None else wire_ids(requests)
+        o = self.options
+        samples: int | str = (o.samples if o.samples is not None else
+                              "auto" if first.samples_auto else first.samples)
         body: dict[str, Any] = {
             "model": self.model,
-            "state": request.state,
-            "questions": {question_id(request): question},
-            "samples": self.samples if self.samples is not None else request.samples,
-            "seed": request.seed,
+            "state": first.state,
+            "questions": {qid: _question(r) for qid, r in zip(ids, requests)},
+            "samples": samples,
+            "seed": first.seed,
         }
-        if request.context:
-            body["instructions"] = request.context  # example-server extension; OpenJev ignores it
+        if first.context:
+            body["instructions"] = first.context  # example-server extension; OpenJev ignores it
+        for knob in ("steps", "think", "chunk_rows", "chunk_prompt"):
+            if getattr(o, knob) is not None:
+                body[knob] = getattr(o, knob)
         return body
 
-    def parse_answer(self, request: DecisionRequest, payload: Mapping[str, Any]) -> OptionScores:
+    def parse_answer(self, request: DecisionRequest, payload: Mapping[str, Any],
+                     qid: str | None = None) -> OptionScores:
         """Probabilities over ``request.options`` (in order) from a 200 answer, else BackendMalformed."""
-        qid = question_id(request)
+        qid = qid if qid is not None else question_id(request)
         answers = payload.get("answers")
         answer = answers.get(qid) if isinstance(answers, dict) else None
         if not isinstance(answer, dict):
@@ -191,7 +239,7 @@ class SystemOneBackend(FastBackend):
             p_yes = _finite(answer.get("noul"), "noul")
             if not 0.0 <= p_yes <= 1.0:
                 raise BackendMalformed(f"noul probability {p_yes} is outside [0, 1]")
-            yes, _ = _noul_order(request)
+            yes, _ = noul_order(request)
             proba = [1.0 - p_yes, 1.0 - p_yes]
             proba[yes] = p_yes
         else:
@@ -213,27 +261,36 @@ class SystemOneBackend(FastBackend):
         return OptionScores(names, tuple(p / total for p in proba), raw)
 
     async def ready(self) -> bool:
+        """Reachable, and our key accepted: the server's /health needs no key, so the first probe
+        also POSTs an empty body (a 401/403 refuses the key, a 422 the body) and remembers."""
+        if self._key_ok is None:
+            status = await self._poster.status_of("/v1/systemone", {})
+            if status is None:
+                return False  # unreachable: probe the key again next time
+            self._key_ok = status not in AUTH_FAILURES
+            if not self._key_ok:
+                log.error("the System One server refuses slotgate's key (HTTP %d): not ready",
+                          status)
+        if not self._key_ok:
+            return False
         return await self._poster.get_ok("/health") if self._has_health else True
 
     async def aclose(self) -> None:
         await self._poster.aclose()
 
 
-def checked_options(options: Mapping[str, Any], allowed: frozenset[str], kind: str) -> dict[str, Any]:
-    """``fast.options`` as keyword arguments; ConfigError naming any option the backend lacks."""
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"fast.options {unknown} are not options of the {kind} backend "
-            f"(it takes {sorted(allowed)})", field="fast.options",
-        )
-    return dict(options)
-
-
-def _noul_order(request: DecisionRequest) -> tuple[int, int]:
-    """Index of the 'yes' option and of the 'no' option: the one named yes/true, else the first."""
-    yes = next((i for i, o in enumerate(request.options) if o.name.lower() in YES_NAMES), 0)
-    return yes, 1 - yes
+def _question(request: DecisionRequest) -> dict[str, Any]:
+    question: dict[str, Any] = {"type": request.kind, "instructions": request.instructions}
+    if request.kind == "choice":
+        question["criteria"] = {o.name: o.description for o in request.options}
+    elif request.kind == "score":
+        question["criteria"] = [o.name for o in request.options]
+    else:
+        yes, no = noul_order(request)
+        descriptions = (request.options[yes].description, request.options[no].description)
+        if any(descriptions):
+            question["criteria"] = {"true": descriptions[0] or "", "false": descriptions[1] or ""}
+    return question
 
 
 def _finite(value: Any, what: str) -> float:

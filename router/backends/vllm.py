@@ -1,12 +1,14 @@
 """Fast backend that reads the answer slot of DiffusionGemma served by vLLM, through vLLM's
 OpenAI chat API and the diffusion request fields (protocol notes, section 5).
 
-The prompt is built here: the system turn holds the static part (context, question, options each
-with a one-token label) and the user turn holds the state, LAST, so vLLM's prefix cache reuses
-the static part across messages. The seed canvas is ``thought block + answer prefix + [slot] +
-turn close + pad``; the slot holds a seeded uniformly random id (the model has no mask token;
-noise is the mask). One read-only denoise step returns logprobs at every canvas position; the
-slot's entries give the distribution: a label the server did not return gets (lowest returned
+Each read is the request the vLLM example server would send for the same one-question body
+(``example_template``): its system text (the state LAST, in the user turn, so vLLM's prefix cache
+reuses the rest), its labels, the label ids as they stand at the slot of the answer template
+``"{id}: {label}"``, and its canvas ``thought block + answer template + turn close + pad`` with
+the slot holding a seeded random id below the ENGINE's vocabulary. ``diffusion_max_steps: 1`` with
+``diffusion_read_only`` is what makes vLLM do a one-step read (``is_one_step_read``); without the
+cap the engine runs its whole denoise schedule and reports the converged canvas, silently. The
+slot's logprobs give the distribution: a label the server did not return gets (lowest returned
 logprob - 5), then softmax over the labels. Draws are averaged.
 
 Up to ``label_cap`` options (vLLM's 128 ids per request) are read in one slot; beyond it, the
@@ -16,197 +18,194 @@ read is grouped (``grouping``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from policies.types import DecisionRequest, OptionScores, canonical_hash
 from router.backends.base import DRAW_SEED_STRIDE, FastBackend
-from router.backends.grouping import GroupingMode, grouped_read
-from router.backends.http_post import JsonPoster
-from router.backends.labels import (
-    LabelAlphabet,
-    build_alphabet,
-    check_alphabet,
-    default_candidates,
-    load_tokenizer,
+from router.backends.example_template import (
+    TEMPLATE_VERSION,
+    AnswerTemplate,
+    choice_alphabet,
+    labels_for,
+    resolve,
+    system_text,
 )
-from router.backends.systemone import checked_options
-from router.errors import BackendMalformed, ConfigError
+from router.backends.grouping import grouped_read
+from router.backends.http_post import JsonPoster
+from router.backends.labels import load_tokenizer
+from router.backends.options import VLLM_LABEL_CAP, VllmOptions
+from router.errors import BackendMalformed, ConfigError, UnprocessableRequest
 from router.settings import FastBackendSettings
 
-TEMPLATE_VERSION = "slotgate-vllm-v1"  # bump whenever the prompt or canvas layout changes
-DEFAULT_PREAMBLE = (
-    "Answer one question about the message in the user turn. "
-    "Reply with the label of exactly one option."
-)
-VLLM_LABEL_CAP = 128  # vLLM's per-request cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS)
 MISSING_LABEL_PENALTY = 5.0  # the example server's rule for labels absent from the logprobs
-SETTINGS_OPTIONS = frozenset({
-    "model", "tokenizer_path", "labels", "label_cap", "preamble", "thought_block",
-    "answer_prefix", "label_prefix", "turn_close_id", "pad_id", "canvas_length", "canvas_step",
-    "vocab_size",
-    "top_logprobs", "samples", "server_samples", "constrained", "enable_thinking", "grouping",
-    "group_size", "retries_5xx", "max_retry_wait_s",
-})
+NEUTRAL_ID = "q"  # the question id the label alphabet is checked with at start-up
+TEMPLATE_CACHE = 4096  # resolved answer templates kept, by (question id, labels)
+log = logging.getLogger(__name__)
 
 
 class VllmBackend(FastBackend):
     """Reads ``POST {url}/v1/chat/completions`` with ``vllm_xargs`` diffusion fields.
 
-    ``tokenizer_path`` is a LOCAL folder with the served model's tokenizer (or pass
-    ``tokenizer``). ``labels`` names the label alphabet (checked strictly); by default it is
-    built from A-Z, a-z, 0-9, AA-ZZ. ``label_prefix`` is what precedes a label in the slot when
-    its token is looked up (" " where the model writes " A" after "answer:"; unverified for
-    DiffusionGemma, so it is a setting and part of the fingerprint). ``samples`` overrides the request's draws;
-    ``server_samples`` sends them as one ``diffusion_samples`` request (newer vLLM) instead of
-    parallel requests; ``constrained`` sends ``diffusion_constrained``.
+    ``options`` (``VllmOptions``) say how; ``tokenizer`` (else ``options.tokenizer_path``, a LOCAL
+    folder) is the served model's tokenizer.
     """
 
     name = "vllm"
 
     def __init__(
         self,
-        *,
         url: str,
-        model: str = "dgemma",
-        tokenizer_path: Path | str | None = None,
+        options: VllmOptions | None = None,
+        *,
         tokenizer: Any = None,
-        labels: Sequence[str] | None = None,
-        label_prefix: str = "",
-        label_cap: int = VLLM_LABEL_CAP,
-        preamble: str = DEFAULT_PREAMBLE,
-        thought_block: str = "<|channel>thought\n<channel|>",
-        answer_prefix: str = "answer:",
-        turn_close_id: int = 106,  # Gemma's <turn|>
-        pad_id: int = 0,
-        canvas_length: int = 64,
-        canvas_step: int = 16,
-        vocab_size: int | None = None,
-        top_logprobs: int = 20,
-        samples: int | None = None,
-        server_samples: bool = False,
-        constrained: bool = False,
-        enable_thinking: bool = False,
-        grouping: GroupingMode = "combined",
-        group_size: int | None = None,
         api_key: str | None = None,
         timeout_s: float = 10.0,
         max_concurrency: int = 16,
-        retries_5xx: int = 1,
-        max_retry_wait_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        self.options = options = options or VllmOptions()
         if tokenizer is None:
-            if tokenizer_path is None:
+            if options.tokenizer_path is None:
                 raise ConfigError("the vllm backend needs tokenizer_path (a local folder)")
-            tokenizer = load_tokenizer(tokenizer_path)
-        if not 2 <= label_cap <= VLLM_LABEL_CAP:
-            raise ConfigError(f"label_cap must be in [2, {VLLM_LABEL_CAP}], got {label_cap}")
-        self.model = model
-        self.alphabet: LabelAlphabet = (
-            check_alphabet(tokenizer, [label_prefix + label for label in labels[:label_cap]])
-            if labels else build_alphabet(
-                tokenizer, limit=label_cap,
-                candidates=[label_prefix + c for c in default_candidates()])
-        )
-        self.label_prefix = label_prefix
-        self.vocab_size = vocab_size or len(tokenizer)
-        self.preamble = preamble
-        self.canvas_length = canvas_length
-        self.canvas_step = canvas_step
-        self.turn_close_id = turn_close_id
-        self.pad_id = pad_id
-        self.top_logprobs = top_logprobs
-        self.samples = samples
-        self.server_samples = server_samples
-        self.constrained = constrained
-        self.enable_thinking = enable_thinking
-        self.grouping: GroupingMode = grouping
-        self.group_size = group_size
-        self._template_text = (thought_block, answer_prefix)
-        self._template = [
-            *tokenizer.encode(thought_block, add_special_tokens=False),
-            *tokenizer.encode(answer_prefix, add_special_tokens=False),
-            pad_id,  # the slot, overwritten with noise per draw
-        ]
-        rows = len(self._template) + 1  # + turn close
-        if rows > canvas_length:
-            raise ConfigError(f"answer template is {rows} tokens; the canvas holds {canvas_length}")
-        self.canvas_width = min(canvas_length, math.ceil(rows / canvas_step) * canvas_step)
-        if any(not 0 <= t < self.vocab_size for t in (*self._template, turn_close_id, pad_id)):
-            raise ConfigError(f"template ids must lie in [0, {self.vocab_size})")
+            tokenizer = load_tokenizer(options.tokenizer_path)
+        self.tokenizer = tokenizer
+        self.model = options.model
+        if any(not 0 <= t < options.vocab_size for t in (options.turn_close_id, options.pad_id)):
+            raise ConfigError(f"turn_close_id and pad_id must lie in [0, {options.vocab_size})")
+        self._templates: OrderedDict[tuple[str, tuple[str, ...]], AnswerTemplate] = OrderedDict()
+        self.alphabet = self._choice_labels()
+        self._server_samples = options.server_samples
         self._poster = JsonPoster(
             base_url=url, api_key=api_key, timeout_s=timeout_s, max_concurrency=max_concurrency,
-            retries_5xx=retries_5xx, max_retry_wait_s=max_retry_wait_s, transport=transport,
-            what="vLLM server",
+            retries_5xx=options.retries_5xx, max_retry_wait_s=options.max_retry_wait_s,
+            transport=transport, what="vLLM server",
         )
 
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> VllmBackend:
-        """Built from ``fast.url``, ``fast.model_path`` (the LOCAL tokenizer folder, unless
-        ``fast.options.tokenizer_path`` names it), ``fast.api_key``, ``fast.timeout_s``,
-        ``fast.max_concurrency`` and the remaining keyword options in ``fast.options``."""
+        """Built from ``fast.url``, ``fast.api_key``, ``fast.timeout_s``, ``fast.max_concurrency``
+        and ``fast.options`` (``VllmOptions``; ``tokenizer_path`` defaults to ``fast.model_path``)."""
         if not settings.url:
             raise ConfigError("the vllm backend needs fast.url", field="fast.url")
-        options = checked_options(settings.options, SETTINGS_OPTIONS, "vllm")
-        options.setdefault("tokenizer_path", settings.model_path)
+        options = settings.options_as(VllmOptions)
+        if options.tokenizer_path is None and settings.model_path is not None:
+            options = options.model_copy(update={"tokenizer_path": settings.model_path})
         return cls(
-            url=settings.url,
+            settings.url, options,
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
-            timeout_s=settings.timeout_s,
-            max_concurrency=settings.max_concurrency,
-            **options,
+            timeout_s=settings.timeout_s, max_concurrency=settings.max_concurrency,
         )
 
-    @property
-    def slot_position(self) -> int:
-        return len(self._template) - 1
+    def _choice_labels(self) -> tuple[str, ...]:
+        """The choice labels one slot reads: the operator's (each checked; ConfigError names a bad
+        one), else A-Z as the server has them and slotgate's lift past 26, keeping those that
+        are one distinct token at the slot, up to ``label_cap``."""
+        wanted = self.options.labels
+        cap = self.options.label_cap
+        if wanted:
+            labels = tuple(wanted[:cap])
+            try:
+                self.template(NEUTRAL_ID, labels)
+            except UnprocessableRequest as exc:
+                raise ConfigError(f"labels: {exc.message}", field="fast.options.labels") from exc
+            return labels
+        try:
+            base = self.template(NEUTRAL_ID, ("A", "B"))
+        except UnprocessableRequest as exc:
+            raise ConfigError(f"the answer template cannot be read: {exc.message}") from exc
+        head = self.tokenizer.encode(self.options.thought_block, add_special_tokens=False)
+        kept: list[str] = []
+        seen: set[int] = set()
+        for label in choice_alphabet():
+            ids = [*head, *self.tokenizer.encode(f"{NEUTRAL_ID}: {label}", add_special_tokens=False)]
+            if len(ids) != len(base.ids) or ids[base.slot] in seen or any(
+                    a != b for i, (a, b) in enumerate(zip(ids, base.ids)) if i != base.slot):
+                continue
+            kept.append(label)
+            seen.add(ids[base.slot])
+            if len(kept) == cap:
+                break
+        if len(kept) < 2:
+            raise ConfigError("fewer than two choice labels are single tokens at the answer slot")
+        return tuple(kept)
+
+    def template(self, question_id: str, labels: tuple[str, ...]) -> AnswerTemplate:
+        """The resolved answer template (cached): UnprocessableRequest when it cannot be read."""
+        key = (question_id, labels)
+        found = self._templates.get(key)
+        if found is None:
+            found = resolve(self.tokenizer, self.options.thought_block, question_id, labels,
+                            canvas_length=self.options.canvas_length)
+            self._templates[key] = found
+            if len(self._templates) > TEMPLATE_CACHE:
+                self._templates.popitem(last=False)
+        return found
 
     def identity(self) -> Mapping[str, Any]:
+        o = self.options
         return {
             "backend": self.name,
             "model": self.model,
             "template": TEMPLATE_VERSION,
-            "prompt": canonical_hash([self.preamble, *self._template_text])[:16],
-            "canvas": [self.canvas_length, self.canvas_width],
-            "samples": self.samples,
-            "server_samples": self.server_samples,
-            "constrained": self.constrained,
-            "labels": list(self.alphabet.labels),
-            "grouping": [self.grouping, self.group_size],
+            "prompt": canonical_hash([o.thought_block, o.turn_close_id, o.pad_id])[:16],
+            "canvas": [o.canvas_length, o.canvas_step],
+            "vocab": o.vocab_size,
+            "steps": o.steps,
+            "samples": o.samples,
+            "server_samples": o.server_samples,
+            "constrained": o.constrained,
+            "thinking": o.enable_thinking,
+            "labels": list(self.alphabet),
+            "grouping": [o.grouping, o.group_size],
         }
+
+    def read_inputs(
+        self, request: DecisionRequest, batch: Sequence[DecisionRequest]
+    ) -> Mapping[str, Any]:
+        # The question id is prompt text ("Question {id}:" and the answer template "{id}: A").
+        return {**super().read_inputs(request, batch), "question_id": request.question_id}
 
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         return list(await asyncio.gather(*(self._read(r) for r in requests)))
 
     async def _read(self, request: DecisionRequest) -> OptionScores:
-        cap = len(self.alphabet)
-        if len(request.options) > cap:
-            return await grouped_read(request, self._read_one, max_options=cap,
-                                      mode=self.grouping, group_size=self.group_size)
-        if len(request.options) == 1:
+        n = len(request.options)
+        if n == 1:
             return OptionScores(request.option_names, (1.0,), {"reads": 0})
+        if request.kind != "noul" and n > len(self.alphabet) and not (
+                request.kind == "score" and n <= 9):
+            return await grouped_read(request, self._read_one, max_options=len(self.alphabet),
+                                      mode=self.options.grouping,
+                                      group_size=self.options.group_size)
         return await self._read_one(request)
 
     async def _read_one(self, request: DecisionRequest) -> OptionScores:
-        draws = self.samples or request.samples
-        label_ids = self.alphabet.ids[: len(request.options)]
-        if self.server_samples and draws > 1:
-            payloads = [await self._post(self.build_body(request, draw=0, server_draws=draws))]
-        else:
-            payloads = await asyncio.gather(
-                *(self._post(self.build_body(request, draw=j)) for j in range(draws))
-            )
-        reads = [
-            slot_distribution(choice, self.slot_position, label_ids)
-            for payload in payloads for choice in _choices(payload)
-        ]
-        proba = [math.fsum(r[0][i] for r in reads) / len(reads) for i in range(len(label_ids))]
+        labels = labels_for(request, self.alphabet)
+        template = self.template(request.question_id, labels)
+        draws = self.options.samples or request.samples
+        choices: list[Mapping[str, Any]] = []
+        if self._server_samples and draws > 1:
+            payload = await self._post(self.build_body(request, draw=0, server_draws=draws))
+            choices = _choices(payload)
+            if len(choices) < draws:
+                # An engine without diffusion_samples ignores it and returns one draw: read the
+                # rest client-side, now and from here on.
+                log.warning("vLLM returned %d of %d diffusion_samples draws; drawing client-side",
+                            len(choices), draws)
+                self._server_samples = False
+        missing = range(len(choices), draws)
+        payloads = await asyncio.gather(
+            *(self._post(self.build_body(request, draw=j)) for j in missing))
+        choices = choices[:draws] + [c for p in payloads for c in _choices(p)[:1]]
+        reads = [slot_distribution(c, template.slot, template.label_ids) for c in choices]
+        proba = [math.fsum(r[0][i] for r in reads) / len(reads) for i in range(len(labels))]
         raw = {
             "draws": len(reads),
             "entropy_nats": [r[1]["entropy_nats"] for r in reads],
@@ -217,49 +216,47 @@ class VllmBackend(FastBackend):
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self._poster.post("/v1/chat/completions", body)
 
-    def system_text(self, request: DecisionRequest) -> str:
-        """The static part of the prompt: identical for every state of one question."""
-        lines = [request.context.strip(), ""] if request.context.strip() else []
-        lines += [self.preamble, f"Question {request.question_id}: {request.instructions}"]
-        shown = (label.removeprefix(self.label_prefix) for label in self.alphabet.labels)
-        for label, option in zip(shown, request.options):
-            detail = f" ({option.description})" if option.description else ""
-            lines.append(f"  {label}: {option.name}{detail}")
-        return "\n".join(lines)
+    def canvas_width(self, template: AnswerTemplate) -> int:
+        """The smallest multiple of ``canvas_step`` holding the template and the turn close."""
+        step, rows = self.options.canvas_step, len(template.ids) + 1
+        return min(self.options.canvas_length, math.ceil(rows / step) * step)
 
-    def seed_canvas(self, seed: int) -> list[int]:
-        canvas = list(self._template)
-        canvas[self.slot_position] = random.Random(seed).randrange(self.vocab_size)
-        canvas.append(self.turn_close_id)
-        return canvas + [self.pad_id] * (self.canvas_width - len(canvas))
+    def seed_canvas(self, template: AnswerTemplate, seed: int) -> list[int]:
+        canvas = [*template.ids, self.options.turn_close_id]
+        canvas += [self.options.pad_id] * (self.canvas_width(template) - len(canvas))
+        canvas[template.slot] = random.Random(seed).randrange(self.options.vocab_size)
+        return canvas
 
     def build_body(self, request: DecisionRequest, *, draw: int,
                    server_draws: int | None = None) -> dict[str, Any]:
-        label_ids = sorted(self.alphabet.ids[: len(request.options)])
+        o = self.options
+        labels = labels_for(request, self.alphabet)
+        template = self.template(request.question_id, labels)
+        width = self.canvas_width(template)
         xargs: dict[str, Any] = {
-            "diffusion_seed_canvas": self.seed_canvas(request.seed + DRAW_SEED_STRIDE * draw),
-            "diffusion_canvas_length": self.canvas_width,
+            "diffusion_seed_canvas": self.seed_canvas(template, request.seed + DRAW_SEED_STRIDE * draw),
+            "diffusion_canvas_length": width,
+            "diffusion_max_steps": o.steps,
             "diffusion_read_only": True,
         }
+        if o.steps > 1 or server_draws:  # hold the template: only the slot may change
+            xargs["diffusion_pinned"] = [i for i in range(width) if i != template.slot]
         if server_draws:
             xargs["diffusion_samples"] = server_draws
-            xargs["diffusion_pinned"] = [
-                i for i in range(self.canvas_width) if i != self.slot_position
-            ]
-        if self.constrained:
+        if o.constrained:
             xargs["diffusion_constrained"] = True
         return {
             "model": self.model,
             "messages": [
-                {"role": "system", "content": self.system_text(request)},
+                {"role": "system", "content": system_text(request, labels)},
                 {"role": "user", "content": request.state},
             ],
-            "max_tokens": len(self._template) + 1,
+            "max_tokens": len(template.ids) + 1,
             "logprobs": True,
-            "top_logprobs": self.top_logprobs,
-            "logprob_token_ids": label_ids,
+            "top_logprobs": o.top_logprobs,
+            "logprob_token_ids": sorted(template.label_ids)[:VLLM_LABEL_CAP],
             "return_tokens_as_token_ids": True,
-            "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
+            "chat_template_kwargs": {"enable_thinking": o.enable_thinking},
             "vllm_xargs": xargs,
         }
 

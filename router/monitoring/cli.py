@@ -27,7 +27,7 @@ def monitor(
     accuracy with its anytime-valid bounds, the drift martingale, and alarms."""
     from policies.file import PolicyFileError, load_policy
     from router.monitoring.replay import LogError, replay_log
-    from router.tuning.cli import check_out, fail, show_table
+    from router.tuning.common import check_out, fail, show_table
 
     try:
         policies = [load_policy(p) for p in policy]

@@ -125,7 +125,9 @@ class RoutingService:
     async def _fast_reads(
         self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str
     ) -> list[_Read]:
-        keys = [read_key(namespace, r, fingerprint) for r in requests]
+        backend = self.backend
+        keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
+                for r in requests]
         t0 = time.perf_counter()
         blobs = await self.cache.get_many(keys)
         self.metrics.stage("cache", time.perf_counter() - t0)
@@ -134,6 +136,8 @@ class RoutingService:
         self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
         if not misses:
             return reads
+        if backend.reads_jointly:  # a joint read's answers depend on each other: read all again
+            misses = list(range(len(requests)))
         try:
             fresh = await self._read_backend([requests[i] for i in misses])
         except BackendError as exc:

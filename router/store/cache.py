@@ -13,7 +13,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policies.types import DecisionRequest, canonical_hash
@@ -196,12 +196,15 @@ def _key(namespace: str, kind: str, payload: dict[str, Any]) -> str:
     return f"slotgate:v1:{namespace}:{kind}:{canonical_hash(payload)}"
 
 
-def read_key(namespace: str, request: DecisionRequest, fingerprint: str) -> str:
-    """Key of a raw fast read: the question's signature, the state, the sampling, the backend."""
-    return _key(namespace, "read", {
-        "signature": request.signature(), "state": request.state,
-        "samples": request.samples, "seed": request.seed, "fingerprint": fingerprint,
-    })
+def read_key(namespace: str, request: DecisionRequest, fingerprint: str,
+             inputs: Mapping[str, Any] | None = None) -> str:
+    """Key of a raw fast read: what the backend's read depends on (``inputs``, from its
+    ``read_inputs``; by default the question's signature, the state and the sampling) and the
+    backend's fingerprint."""
+    if inputs is None:
+        inputs = {"signature": request.signature(), "state": request.state,
+                  "samples": request.samples, "seed": request.seed}
+    return _key(namespace, "read", {**inputs, "fingerprint": fingerprint})
 
 
 def slow_key(namespace: str, request: DecisionRequest, model: str) -> str:

@@ -1,68 +1,36 @@
 """The ``slotgate`` command line: train a fast model, predict, tune a policy, evaluate it, compare
-two prediction files. One function per command; heavy imports inside the commands.
+two prediction files, export the decision log. One function per command (``tune`` and ``eval`` in
+``tune_cmd.py``); heavy imports inside the commands.
 
 Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
-every input is read and checked before the first output is written. A typical run::
+every input is read and checked before the first output is written. The cross-fitted run (every
+labelled row both trains and tunes)::
 
     slotgate train --data train.csv --label-column category --out m.joblib \
-        --holdout 0.3 --holdout-out tune.csv
-    slotgate predict --model m.joblib --data tune.csv --label-column category --out tune.jsonl
+        --cv 5 --oof-out oof.jsonl
+    slotgate tune --preds oof.jsonl --model m.joblib --target-accuracy 0.95 --out policy.json
     slotgate predict --model m.joblib --data test.csv --label-column category --out test.jsonl
-    slotgate tune --preds tune.jsonl --target-accuracy 0.95 --delta 0.05 --out policy.json
     slotgate eval --preds test.jsonl --policy policy.json --json
+
+or the split one: ``train --holdout 0.3 --holdout-out tune.csv``, ``predict`` on tune.csv, and
+``tune --preds tune.jsonl`` (half the held-out rows calibrate, half choose the threshold).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
+from router.tuning.common import check_out, fail, load_preds, progress, show_table
+from router.tuning.tune_cmd import evaluate, tune
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="slotgate: confidence routing for LLM decision calls.")
-
-
-def fail(message: str) -> NoReturn:
-    """Print to stderr and exit 2 (bad input); plain echo so long paths are never re-wrapped."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
-def check_out(path: Path, what: str) -> None:
-    if not path.parent.is_dir():
-        fail(f"{what} {path}: folder {path.parent} does not exist")
-
-
-def check_folder(path: Path, what: str) -> None:
-    """A folder that exists or can be made: its nearest existing ancestor is a writable folder.
-    Checked before any output is written, so a bad --report leaves no policy behind."""
-    ancestor = path
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        fail(f"{what} {path}: {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK):
-        fail(f"{what} {path}: folder {ancestor} is not writable")
-
-
-def progress() -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-
-
-def single(values: list[str | None], what: str, path: Path) -> str | None:
-    """The one value all rows share (None if no row has one); mixed values are bad input."""
-    distinct = {v for v in values if v is not None}
-    if len(distinct) > 1:
-        fail(f"{path}: field {what!r}: rows carry {len(distinct)} different values "
-             "(predictions of different backends or questions in one file)")
-    return distinct.pop() if distinct else None
+app.command()(tune)
+app.command(name="eval")(evaluate)
 
 
 Text = Annotated[str, typer.Option(help="Name of the text column.")]
@@ -80,6 +48,11 @@ def train(
     kind: Annotated[str, typer.Option(help="tfidf | wordllama | minilm")] = "tfidf",
     holdout: Annotated[float, typer.Option(help="Share of rows held out of training.")] = 0.0,
     holdout_out: Annotated[Path | None, typer.Option(help="CSV for the held-out rows.")] = None,
+    cv: Annotated[int | None, typer.Option(
+        help="Also read every training row with a model fit on the other folds (K folds, "
+             "stratified); the saved model is still fit on all rows. Needs --oof-out.")] = None,
+    oof_out: Annotated[Path | None, typer.Option(
+        help="Predictions JSONL of the out-of-fold reads (input of `slotgate tune`).")] = None,
     seed: int = 0,
 ) -> None:
     """Train a fast text classifier and save it as a versioned artifact."""
@@ -97,9 +70,13 @@ def train(
         fail(f"--holdout must be in [0, 1), got {holdout}")
     if (holdout > 0) != (holdout_out is not None):
         fail("--holdout and --holdout-out go together")
+    if (cv is not None) != (oof_out is not None):
+        fail("--cv and --oof-out go together")
     check_out(out, "--out")
     if holdout_out is not None:
         check_out(holdout_out, "--holdout-out")
+    if oof_out is not None:
+        check_out(oof_out, "--oof-out")
     try:
         rows = read_texts(data, text_column=text_column, label_column=label_column,
                           id_column=id_column, require_labels=True)
@@ -110,14 +87,33 @@ def train(
     fit_rows = [i for i in range(len(rows.texts)) if i not in held]
     texts = [rows.texts[i] for i in fit_rows]
     labels = [str(rows.labels[i]) for i in fit_rows]
-    with progress() as bar:
-        bar.add_task(f"training {kind} on {len(texts)} rows", total=None)
+    ids = [rows.ids[i] for i in fit_rows]
+    if cv is not None:
+        from calibration.crossfit import check_n_folds
+
         try:
+            check_n_folds(cv, labels)
+        except ValueError as exc:
+            fail(f"--cv: {str(exc).removeprefix('n_folds ')}")
+    oof = None
+    with progress() as bar:
+        task = bar.add_task(f"training {kind} on {len(texts)} rows"
+                            + (f" ({cv} out-of-fold models first)" if cv else ""),
+                            total=(cv or 0) + 1)
+        try:
+            if cv is not None:
+                from router.tuning.crossfit import out_of_fold
+
+                oof = out_of_fold(texts, labels, kind=kind, n_folds=cv, seed=seed,
+                                  on_fold=lambda _: bar.advance(task))
             model = train_text_model(texts, labels, kind=kind, seed=seed)
         except ValueError as exc:
             fail(f"{data}: field {label_column!r}: {exc}")
     data_hash = hashlib.sha256(data.read_bytes()).hexdigest()
-    save_text_model(out, model, kind=kind, n_train=len(texts), data_hash=data_hash)
+    save_text_model(out, model, kind=kind, n_train=len(texts), data_hash=data_hash,
+                    extra=None if oof is None else {"oof": oof.record(ids, labels)})
+    if oof is not None and oof_out is not None:
+        write_out_of_fold(oof_out, oof, out, ids=ids, texts=texts, labels=labels)
     if holdout_out is not None:
         with holdout_out.open("w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
@@ -125,7 +121,24 @@ def train(
             for i in sorted(held):
                 writer.writerow([rows.ids[i], rows.texts[i], rows.labels[i]])
     typer.echo(f"trained {kind} on {len(texts)} rows ({len(model.classes_)} classes) -> {out}"
-               + (f"; {len(held)} held-out rows -> {holdout_out}" if holdout_out else ""))
+               + (f"; {len(held)} held-out rows -> {holdout_out}" if holdout_out else "")
+               + (f"; {cv}-fold out-of-fold reads -> {oof_out}" if oof_out else ""))
+
+
+def write_out_of_fold(path: Path, oof: Any, model_path: Path, *, ids: list[str],
+                      texts: list[str], labels: list[str]) -> None:
+    """The out-of-fold reads in the ``predict`` format, plus each row's fold; the fingerprint is
+    the saved model's, the one a policy tuned on these rows will serve with."""
+    from router.backends.sklearn import SklearnBackend
+    from router.tuning.predictions import write_predictions
+
+    fingerprint = SklearnBackend(model_path).fingerprint
+    options = list(oof.classes)
+    write_predictions(path, ({"id": i, "options": options, "proba": [float(p) for p in row],
+                              "label": label, "text": text, "fingerprint": fingerprint,
+                              "fold": int(fold)}
+                             for i, text, label, row, fold in zip(ids, texts, labels, oof.proba,
+                                                                  oof.folds, strict=True)))
 
 
 @app.command()
@@ -205,221 +218,6 @@ def predict(
                f"(fingerprint {fingerprint})")
 
 
-def load_preds(path: Path, *, labelled: bool) -> Any:
-    """Read a predictions file, exiting 2 on bad input or (``labelled``) with no labelled row."""
-    from router.tuning.predictions import PredictionsError, read_predictions
-
-    try:
-        preds = read_predictions(path)
-    except PredictionsError as exc:
-        fail(str(exc))
-    if labelled and not preds.labelled.any():
-        fail(f"{path}: field 'label': no row is labelled; this command needs labels")
-    return preds
-
-
-def show_table(title: str, rows: list[tuple[str, str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in rows:
-        table.add_row(name, value)
-    Console(width=120).print(table)
-
-
-def write_report(folder: Path, proba_before: Any, proba_after: Any, y_true: Any, *,
-                 threshold: float | None, target_accuracy: float, title: str) -> None:
-    """The reliability diagram and the risk-coverage plot (threshold marked) as PNGs."""
-    from calibration.plots import reliability_diagram, risk_coverage_plot
-    from policies.tuning import answer_confidence
-
-    folder.mkdir(parents=True, exist_ok=True)
-    answers, confidence = answer_confidence(proba_before, proba_after)
-    reliability_diagram(folder / "reliability.png", proba_before, proba_after, y_true,
-                        title=f"Reliability: {title}")
-    risk_coverage_plot(folder / "risk_coverage.png", confidence, answers == y_true,
-                       threshold=threshold, target_accuracy=target_accuracy,
-                       title=f"Risk-coverage: {title}")
-
-
-def fmt(value: float | None, ci: list[float] | None = None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.4f}" + (f"  [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
-
-
-@app.command()
-def tune(
-    preds: Annotated[Path, typer.Option(help="Labelled predictions JSONL.")],
-    out: Annotated[Path, typer.Option(help="Policy JSON to write.")],
-    target_accuracy: Annotated[float, typer.Option(help="Accuracy promised on accepted answers.")] = 0.95,
-    delta: Annotated[float, typer.Option(help="Allowed chance that the promise fails.")] = 0.05,
-    calibrator: Annotated[str, typer.Option(help="temperature | isotonic | histogram | none")] = "temperature",
-    max_escalation: Annotated[float | None, typer.Option(help="Runtime cap on the escalation rate.")] = None,
-    budget_window: Annotated[int, typer.Option(min=1, help="Decisions the cap is counted over.")] = 1000,
-    calibration_fraction: Annotated[float, typer.Option(help="Share of rows fitting the calibrator.")] = 0.5,
-    name: Annotated[str | None, typer.Option(help="Policy name (default: the --out file stem).")] = None,
-    report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
-    seed: int = 0,
-    audit_rate: Annotated[float, typer.Option(help="Share of accepted decisions also sent to the "
-                                              "slow model after the reply (monitoring).")] = 0.0,
-    on_alarm: Annotated[str, typer.Option(help="escalate_all | alert_only: what a drift or "
-                                          "accuracy alarm does.")] = "escalate_all",
-) -> None:
-    """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
-
-    The labelled rows are split with a fixed seed: one part fits the calibrator, the other
-    chooses the threshold. With --max-escalation the guaranteed threshold still stands: the
-    policy caps escalation at runtime, and answers it accepts below the threshold say so.
-    """
-    from calibration.calibrators import calibrator_kinds
-    from calibration.metrics import ece
-    from calibration.monitoring import reference_summary
-    from policies.file import PolicyFile
-    from policies.tuning import tune as tune_policy
-
-    if calibrator not in calibrator_kinds():
-        fail(f"--calibrator must be one of {', '.join(sorted(calibrator_kinds()))}, got {calibrator!r}")
-    if not 0.0 < target_accuracy <= 1.0:
-        fail(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
-    if not 0.0 < delta < 1.0:
-        fail(f"--delta must be in (0, 1), got {delta}")
-    if max_escalation is not None and not 0.0 <= max_escalation <= 1.0:
-        fail(f"--max-escalation must be in [0, 1], got {max_escalation}")
-    if not 0.0 < calibration_fraction < 1.0:
-        fail(f"--calibration-fraction must be in (0, 1), got {calibration_fraction}")
-    if not 0.0 <= audit_rate <= 1.0:
-        fail(f"--audit-rate must be in [0, 1], got {audit_rate}")
-    if on_alarm not in ("escalate_all", "alert_only"):
-        fail(f"--on-alarm must be escalate_all or alert_only, got {on_alarm!r}")
-    check_out(out, "--out")
-    if report is not None:
-        check_folder(report, "--report")
-    data = load_preds(preds, labelled=True)
-    fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
-    signature = single(data.signatures, "signature", preds)
-    mask = data.labelled
-    try:
-        result = tune_policy(data.proba[mask], data.y_true[mask], calibrator=calibrator,
-                             target_accuracy=target_accuracy, delta=delta, seed=seed,
-                             calibration_fraction=calibration_fraction,
-                             max_escalation=max_escalation, budget_window=budget_window)
-    except ValueError as exc:
-        fail(f"{preds}: {exc}")
-    risk = result.risk
-    policy = PolicyFile(
-        name=name or out.stem, signature=signature, backend_fingerprint=fingerprint,
-        calibrator=result.calibrator.to_dict(), rule=result.rule.to_dict(),
-        threshold=risk.threshold, target_accuracy=target_accuracy, delta=delta,
-        bound=risk.bound, coverage=risk.coverage, n_tune=risk.n,
-        n_calibration=result.n_calibration, seed=seed, max_escalation=max_escalation,
-        budget_threshold=result.budget_threshold, budget_exceeded=result.budget_exceeded,
-        data_hash=data.data_hash, audit_rate=audit_rate, on_alarm=on_alarm,
-        reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
-        options=list(data.options),
-    )
-    policy.write(out)
-    if report is not None:
-        write_report(report, result.proba_before, result.proba_after, result.y_true,
-                     threshold=risk.threshold, target_accuracy=target_accuracy,
-                     title=f"{policy.name}, {calibrator}, {risk.n} threshold rows of {preds.name} "
-                           f"(target {target_accuracy}, delta {delta})")
-    show_table(f"policy {policy.policy_id} -> {out}", [
-        ("rows: calibration / threshold", f"{result.n_calibration} / {risk.n}"),
-        ("threshold (guaranteed)", "none passed: escalate all" if risk.threshold is None
-         else f"{risk.threshold:.4f}"),
-        (f"accuracy lower bound (1-delta = {1 - delta:.2f})", f"{risk.bound:.4f}"),
-        ("coverage on threshold rows", f"{risk.coverage:.4f}"),
-        ("escalation on threshold rows", f"{result.escalation_rate:.4f}" + (
-            "" if max_escalation is None else f" (budget {max_escalation}, window {budget_window})")),
-        ("ECE before / after (threshold rows)",
-         f"{ece(result.proba_before, result.y_true):.4f} / {ece(result.proba_after, result.y_true):.4f}"),
-        ("backend fingerprint", fingerprint),
-    ])
-    if result.budget_exceeded:
-        typer.echo(
-            f"warning: the guarantee needs escalation {result.escalation_rate:.3f} on the "
-            f"threshold rows, above --max-escalation {max_escalation}; at runtime the budget "
-            "accepts reads below the guaranteed threshold once it is used up, and marks them "
-            "'budget exhausted' (those answers are outside the guarantee)", err=True)
-
-
-@app.command(name="eval")
-def evaluate(
-    preds: Annotated[Path, typer.Option(help="Labelled predictions JSONL.")],
-    policy: Annotated[Path, typer.Option(help="Policy JSON from `slotgate tune`.")],
-    report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    allow_mismatch: Annotated[bool, typer.Option(
-        help="Evaluate even when the predictions come from another backend (fingerprint) or "
-             "another question (options) than the policy was tuned on.")] = False,
-) -> None:
-    """Evaluate a policy on labelled predictions.
-
-    Accuracy, accepted accuracy, coverage, escalation rate, ECE before and after calibration,
-    each with a 95% interval.
-    """
-    from policies.file import PolicyFileError, load_policy
-    from policies.tuning import evaluate as evaluate_policy
-
-    if report is not None:
-        check_folder(report, "--report")
-    try:
-        tuned = load_policy(policy)
-    except PolicyFileError as exc:
-        fail(str(exc))
-    data = load_preds(preds, labelled=True)
-    fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
-    # A policy's threshold means something only for the backend and question it was tuned on.
-    mismatches = []
-    if fingerprint != tuned.backend_fingerprint:
-        mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
-                          f"tuned for {tuned.backend_fingerprint}")
-    if tuned.options is not None and tuple(tuned.options) != data.options:
-        mismatches.append(f"{preds} has options {_preview(data.options)}, the policy {policy} was "
-                          f"tuned on {_preview(tuned.options)}")
-    if mismatches and not allow_mismatch:
-        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
-    for line in mismatches:
-        typer.echo(f"warning: {line}", err=True)
-    mask = data.labelled
-    runtime = tuned.runtime()
-    try:
-        metrics = evaluate_policy(runtime, data.options, data.proba[mask], data.y_true[mask])
-    except ValueError as exc:
-        fail(f"{preds}: {exc}")
-    metrics = {"policy": tuned.policy_id, "threshold": tuned.threshold,
-               "target_accuracy": tuned.target_accuracy, "delta": tuned.delta,
-               "n_unlabelled": int((~mask).sum()), **metrics}
-    if report is not None:
-        before = data.proba[mask]
-        write_report(report, before, runtime.calibrator.transform(before), data.y_true[mask],
-                     threshold=tuned.threshold, target_accuracy=tuned.target_accuracy,
-                     title=f"{tuned.name} on {preds.name} ({metrics['n']} rows)")
-    if as_json:
-        typer.echo(json.dumps(metrics))
-        return
-    show_table(f"{tuned.policy_id} on {preds} (95% intervals)", [
-        ("rows (labelled)", str(metrics["n"])),
-        ("accuracy (all rows)", fmt(metrics["accuracy"], metrics["accuracy_ci"])),
-        ("accepted accuracy", fmt(metrics["accepted_accuracy"], metrics["accepted_accuracy_ci"])),
-        ("target accuracy", f"{tuned.target_accuracy} (delta {tuned.delta})"),
-        ("coverage (fast path)", fmt(metrics["coverage"], metrics["coverage_ci"])),
-        ("escalation rate", fmt(metrics["escalation_rate"], metrics["escalation_rate_ci"])),
-        ("ECE before calibration", fmt(metrics["ece_before"], metrics["ece_before_ci"])),
-        ("ECE after calibration", fmt(metrics["ece_after"], metrics["ece_after_ci"])),
-    ])
-
-
-def _preview(options: Any) -> str:
-    names = list(options)
-    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return f"[{shown}] ({len(names)})"
-
-
 @app.command()
 def compare(
     a: Annotated[Path, typer.Argument(help="Predictions JSONL of model A.")],
@@ -485,7 +283,7 @@ def export_log(
     from router.errors import ConfigError
     from router.http.server import default_config
     from router.settings import load_settings
-    from router.store.decision_log import export_predictions
+    from router.tuning.log_export import export_predictions
     from router.tuning.predictions import PredictionsError
 
     check_out(out, "--out")

@@ -4,7 +4,9 @@ validated once here so that a bad file fails with its name, row and field (Predi
 Predictions format, one JSON object per line::
 
     {"id": str, "options": [str, ...], "proba": [float, ...], "label": str | null,
-     "text": str (optional), "signature": str (optional), "fingerprint": str (optional)}
+     "text": str (optional), "signature": str (optional), "fingerprint": str (optional),
+     "fold": int (optional; out-of-fold reads from ``slotgate train --cv``: the fold whose model
+     did not see the row), "reference": "human" | "slow" (optional; where the label came from)}
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from calibration.artifacts import atomic_path
 from router.errors import ConfigError
 
 SUM_TOLERANCE = 1e-4  # the same tolerance OptionScores accepts
+REFERENCES = ("human", "slow")  # where a label came from: /v1/feedback, or the slow model's answer
 
 
 class PredictionsError(ConfigError):
@@ -64,6 +67,8 @@ class Predictions:
     fingerprints: list[str | None]
     signatures: list[str | None]
     data_hash: str  # sha256 of the file's bytes
+    folds: list[int | None]
+    references: list[str | None]
 
     @property
     def labelled(self) -> npt.NDArray[np.bool_]:
@@ -197,6 +202,13 @@ def _check_row(path: Path, row: int, obj: dict[str, Any]) -> tuple[list[str], li
     label = obj["label"]
     if label is not None and label not in options:
         raise PredictionsError(path, row, "label", f"{label!r} is not among the options")
+    fold = obj.get("fold")
+    if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 0):
+        raise PredictionsError(path, row, "fold", f"{fold!r} is not a fold number (an int >= 0)")
+    reference = obj.get("reference")
+    if reference is not None and reference not in REFERENCES:
+        raise PredictionsError(path, row, "reference",
+                               f"{reference!r} is not one of {', '.join(REFERENCES)}")
     return options, [float(p) for p in proba]
 
 
@@ -214,6 +226,8 @@ def read_predictions(path: Path) -> Predictions:
     labels: list[str | None] = []
     fingerprints: list[str | None] = []
     signatures: list[str | None] = []
+    folds: list[int | None] = []
+    references: list[str | None] = []
     for row, obj in enumerate(records, start=1):
         options, proba = _check_row(path, row, obj)
         if first is None:
@@ -225,6 +239,8 @@ def read_predictions(path: Path) -> Predictions:
         labels.append(obj["label"])
         fingerprints.append(obj.get("fingerprint"))
         signatures.append(obj.get("signature"))
+        folds.append(obj.get("fold"))
+        references.append(obj.get("reference"))
     if len(set(ids)) != len(ids):
         raise PredictionsError(path, None, "id", "ids are not unique")
     assert first is not None
@@ -233,5 +249,5 @@ def read_predictions(path: Path) -> Predictions:
     return Predictions(
         path=path, ids=ids, options=tuple(first), proba=np.asarray(probas, dtype=np.float64),
         labels=labels, y_true=y_true, fingerprints=fingerprints, signatures=signatures,
-        data_hash=hashlib.sha256(data).hexdigest(),
+        data_hash=hashlib.sha256(data).hexdigest(), folds=folds, references=references,
     )

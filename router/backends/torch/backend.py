@@ -3,16 +3,20 @@
 ``kind`` picks the reader: ``diffusion`` (DiffusionGemma one-step read, torch_diffusion.py),
 ``causal`` (next-token read, torch_causal.py) or ``masked`` (``[MASK]`` read, torch_masked.py).
 Each option is shown with a one-token label (labels.py); the read is the softmax of the slot's
-logits over those label ids. Reads run in a worker thread, one batch at a time.
+logits over those label ids. Concurrent reads are coalesced into batches (coalescer.py) that run
+in one worker thread, one batch at a time. On CUDA the diffusion read is compiled and replayed as
+CUDA graphs captured at start-up (warm_up.py); ``ready()`` is False until then.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from policies.types import DecisionRequest, OptionScores, canonical_hash
 from router.backends.base import FastBackend
@@ -23,21 +27,26 @@ from router.backends.labels import (
     default_candidates,
     single_token_id,
 )
+from router.backends.torch.coalescer import Coalescer
 from router.backends.torch.diffusion import SlotItem, SlotRead
+from router.backends.torch.options import TorchOptions
 from router.backends.torch.prompt import (
     DEFAULT_PREAMBLE,
     TEMPLATE_VERSION,
-    PromptIds,
+    Canvas,
     answer_canvas,
     chat_static,
     encode,
     masked_prompt,
 )
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
-from router.settings import FastBackendSettings
+
+if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
+    from router.settings import FastBackendSettings
 
 ReadKind = Literal["diffusion", "causal", "masked"]
 MAX_LABELS = 128
+log = logging.getLogger(__name__)
 
 
 class TorchBackend(FastBackend):
@@ -49,6 +58,12 @@ class TorchBackend(FastBackend):
     (" " for BPE models that read " A" after "Answer:"). ``label_mode``: ``alphabet`` labels
     options A, B, ...; ``names`` reads the option names themselves (each must be one distinct
     token); ``auto`` reads the names when they qualify and the alphabet otherwise.
+
+    Speed settings: concurrent ``read`` calls wait at most ``coalesce_window_ms`` for companions
+    and run together up to ``max_batch`` items. ``compiled`` (default: on for a diffusion reader
+    on CUDA) compiles the one-pass read and captures CUDA graphs for ``graph_batches`` items x
+    ``graph_draws`` draws (default: 1 and ``samples``) x ``graph_widths`` prompt-rest tokens, with
+    prefixes up to ``graph_prefix_tokens``; a read outside those shapes runs eagerly.
     """
 
     name = "torch"
@@ -57,10 +72,14 @@ class TorchBackend(FastBackend):
         self, reader: Any, tokenizer: Any, *, kind: ReadKind, model_id: str,
         labels: Sequence[str] | None = None, label_prefix: str | None = None,
         preamble: str = DEFAULT_PREAMBLE, answer_prefix: str = "Answer:",
-        samples: int | None = None, max_batch: int = 16, max_tokens: int = 512,
+        samples: int | None = None, max_batch: int = 32, max_tokens: int = 512,
         canvas_length: int = 64, canvas_step: int = 16,
         thought_block: str = "<|channel>thought\n<channel|>", turn_close_id: int = 106,
         pad_id: int = 0, label_mode: Literal["alphabet", "names", "auto"] = "auto",
+        coalesce_window_ms: float = 2.0, compiled: bool | None = None,
+        graph_batches: Sequence[int] = (1, 2, 4, 8, 16, 32), graph_draws: Sequence[int] | None = None,
+        graph_widths: Sequence[int] = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512),
+        graph_prefix_tokens: int = 2048,
     ) -> None:
         if kind not in ("diffusion", "causal", "masked"):
             raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
@@ -77,8 +96,27 @@ class TorchBackend(FastBackend):
             "length": canvas_length, "step": canvas_step, "thought_block": thought_block,
             "turn_close_id": turn_close_id, "pad_id": pad_id,
         }
-        self._static: dict[str, tuple[tuple[int, ...], str]] = {}
-        self._lock = asyncio.Lock()
+        self._questions: dict[tuple[str, str], _Question] = {}
+        if coalesce_window_ms < 0 or max_batch < 1:
+            raise ConfigError("torch backend: coalesce_window_ms must be >= 0 and max_batch >= 1")
+        # One worker thread owns the model: warm-up first, then every batch, one at a time.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
+        self._coalescer: Coalescer[SlotItem, SlotRead] = Coalescer(
+            self.reader.read, executor=self._executor, window_s=coalesce_window_ms / 1000,
+            max_batch=max_batch)
+        self.graph_shapes = {
+            "batches": tuple(b for b in graph_batches if b <= max_batch),
+            "draws": tuple(graph_draws) if graph_draws else tuple(sorted({1, samples or 1})),
+            "widths": tuple(graph_widths), "prefix_tokens": graph_prefix_tokens,
+        }
+        self.compiled = False  # True once the compiled, graph-replayed read is warm
+        self._warm: Future[None] | None = None
+        on_cuda = getattr(getattr(reader, "device", None), "type", "cpu") == "cuda"
+        if kind == "diffusion" and getattr(reader, "onepass", None) is not None and (
+                compiled if compiled is not None else on_cuda):
+            from router.backends.torch.warm_up import warm_up
+
+            self._warm = self._executor.submit(warm_up, self)
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:
         if labels is not None:
@@ -88,10 +126,12 @@ class TorchBackend(FastBackend):
 
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> TorchBackend:
-        options = dict(settings.options)
-        kind = options.pop("kind", None)
-        if settings.model_path is None or kind is None:
-            raise ConfigError("torch backend needs fast.model_path and fast.options.kind")
+        typed = settings.options_as(TorchOptions)  # validated when settings loaded
+        # Unset (and null) options keep this constructor's own defaults.
+        options = {k: v for k, v in typed.model_dump(exclude_unset=True).items() if v is not None}
+        kind = options.pop("kind")
+        if settings.model_path is None:
+            raise ConfigError("torch backend needs fast.model_path", field="fast.model_path")
         return cls.from_folder(kind, settings.model_path, **options)
 
     @classmethod
@@ -116,18 +156,22 @@ class TorchBackend(FastBackend):
             ident["canvas"] = self.canvas
         return ident
 
+    async def ready(self) -> bool:
+        """False while the compiled read warms up (compiling, capturing graphs)."""
+        return self._warm is None or self._warm.done()
+
+    async def aclose(self) -> None:
+        await self._coalescer.aclose()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         items = [self.item(request) for request in requests]
-        reads: list[SlotRead] = []
-        async with self._lock:  # one model, one batch at a time
-            for start in range(0, len(items), self.max_batch):
-                chunk = items[start : start + self.max_batch]
-                try:
-                    reads += await asyncio.to_thread(self.reader.read, chunk)
-                except (RuntimeError, MemoryError) as exc:  # device errors, out of memory
-                    raise BackendUnavailable(f"torch {self.kind} read failed: {exc}") from exc
-                except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
-                    raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
+        try:  # coalesced with other callers' items into one batch
+            reads = await self._coalescer.submit(items)
+        except (RuntimeError, MemoryError) as exc:  # device errors, out of memory
+            raise BackendUnavailable(f"torch {self.kind} read failed: {exc}") from exc
+        except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
+            raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
         return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
 
     def _scores(self, request: DecisionRequest, read: SlotRead) -> OptionScores:
@@ -139,23 +183,51 @@ class TorchBackend(FastBackend):
 
     def item(self, request: DecisionRequest) -> SlotItem:
         """The token-level read of one request; BackendRejected when it cannot be read."""
+        question = self.question(request)
+        if self.kind == "masked":  # the state is cut to fit, so the whole prompt is per request
+            prompt = masked_prompt(self.tokenizer, request, question.labels, preamble=self.preamble,
+                                   answer_prefix=self.answer_prefix, max_tokens=self.max_tokens)
+            return SlotItem(prompt.prefix_ids, prompt.suffix_ids, (), 0, question.label_ids, 1, request.seed)
+        suffix = encode(self.tokenizer, request.state) + question.tail_ids
+        if question.canvas is None:
+            return SlotItem(question.prefix_ids, suffix, (), 0, question.label_ids, 1, request.seed)
+        return SlotItem(question.prefix_ids, suffix, question.canvas.ids, question.canvas.slot,
+                        question.label_ids, self.samples or request.samples, request.seed)
+
+    def question(self, request: DecisionRequest) -> _Question:
+        """What every state of one question shares, tokenized once: labels, the static prefix
+        (the prefix cache's key), the answer tail and the canvas. Why: tokenizing 77 option
+        names per request cost more host time than a batched GPU read leaves per request."""
+        key = (request.signature(), request.question_id)
+        cached = self._questions.get(key)
+        if cached is not None:
+            return cached
         n = len(request.options)
         if n < 2:
             raise BackendRejected(f"torch backend reads 2 or more options, got {n}", field="options")
         labels, label_ids = self.labels_for(request)
+        prefix_ids: tuple[int, ...] = ()
+        tail_ids: tuple[int, ...] = ()
+        canvas: Canvas | None = None
         try:
-            prompt = self.prompt(request, labels)
+            if self.kind != "masked":
+                kwargs = {"enable_thinking": False} if self.kind == "diffusion" else {}
+                prefix_ids, after = chat_static(self.tokenizer, request, labels, preamble=self.preamble,
+                                                **kwargs)
+                tail_ids = encode(self.tokenizer, after + self.answer_prefix)
+            if self.kind == "diffusion":
+                canvas = answer_canvas(
+                    self.tokenizer, request.question_id, thought_block=self.canvas["thought_block"],
+                    turn_close_id=self.canvas["turn_close_id"], pad_id=self.canvas["pad_id"],
+                    canvas_length=self.canvas["length"], canvas_step=self.canvas["step"],
+                    first_label_id=label_ids[0])
         except ValueError as exc:
             raise BackendRejected(str(exc), field="options") from exc
-        if self.kind != "diffusion":
-            return SlotItem(prompt.prefix_ids, prompt.suffix_ids, (), 0, label_ids, 1, request.seed)
-        canvas = answer_canvas(
-            self.tokenizer, request.question_id, thought_block=self.canvas["thought_block"],
-            turn_close_id=self.canvas["turn_close_id"], pad_id=self.canvas["pad_id"],
-            canvas_length=self.canvas["length"], canvas_step=self.canvas["step"],
-            first_label_id=label_ids[0])
-        return SlotItem(prompt.prefix_ids, prompt.suffix_ids, canvas.ids, canvas.slot, label_ids,
-                        self.samples or request.samples, request.seed)
+        question = _Question(labels, label_ids, prefix_ids, tail_ids, canvas)
+        if len(self._questions) >= 256:
+            self._questions.clear()
+        self._questions[key] = question
+        return question
 
     def labels_for(self, request: DecisionRequest) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The option labels and their token ids (see ``label_mode``)."""
@@ -173,22 +245,14 @@ class TorchBackend(FastBackend):
                 f"torch backend reads up to {len(self.alphabet)} options, got {n}", field="options")
         return self.alphabet.labels[:n], self.alphabet.ids[:n]
 
-    def prompt(self, request: DecisionRequest, labels: tuple[str, ...]) -> PromptIds:
-        if self.kind == "masked":
-            return masked_prompt(self.tokenizer, request, labels, preamble=self.preamble,
-                                 answer_prefix=self.answer_prefix, max_tokens=self.max_tokens)
-        # The static part is tokenized once per question (its ids are the prefix cache's key).
-        key = request.signature()
-        static = self._static.get(key)
-        if static is None:
-            kwargs = {"enable_thinking": False} if self.kind == "diffusion" else {}
-            static = chat_static(self.tokenizer, request, labels, preamble=self.preamble, **kwargs)
-            if len(self._static) >= 256:
-                self._static.clear()
-            self._static[key] = static
-        prefix, after = static
-        suffix = encode(self.tokenizer, request.state) + encode(self.tokenizer, after + self.answer_prefix)
-        return PromptIds(prefix, suffix)
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    labels: tuple[str, ...]
+    label_ids: tuple[int, ...]
+    prefix_ids: tuple[int, ...]  # static prompt (empty for masked reads)
+    tail_ids: tuple[int, ...]  # after the state: the template's close and the answer prefix
+    canvas: Canvas | None  # diffusion reads only
 
 
 def make_reader(kind: str, model: Any, tokenizer: Any, *, use_prefix_cache: bool = True) -> Any:

@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
+from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
+from router.backends.torch.prefix_attention import pick_attend
 from router.backends.torch.prefix_lru import PrefixLRU
 
 
@@ -69,8 +71,9 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
 class DiffusionSlotReader:
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
     caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
-    the shared weights for unpadded batches (fused.py). Not thread-safe: the backend
-    serialises calls."""
+    the shared weights, attending to the shared prefix once (fused.py); without it (or with untied
+    weights) transformers' two-pass read runs. ``graphs`` (graphs.py), when set, replays captured
+    CUDA graphs for the shapes it holds. Not thread-safe: the backend serialises calls."""
 
     def __init__(
         self, model: Any, *, prefix_cache_entries: int = 8, use_prefix_cache: bool = True,
@@ -89,12 +92,12 @@ class DiffusionSlotReader:
         self._encoder_cache_kw = cache_kwarg(self.encoder.forward)
         self._decoder_cache_kw = cache_kwarg(self.decoder.forward)
         self.device = next(model.parameters()).device
-        self.fused: Any = None
-        if fused_pass:
-            from router.backends.torch.fused import FusedPass, ffn_weights_shared
-
-            if ffn_weights_shared(model):  # the fused pass needs the tied encoder/decoder weights
-                self.fused = FusedPass(model)
+        self.onepass: OnePass | None = None
+        self.graphs: Any = None
+        if fused_pass and ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
+            self.onepass = OnePass(model)
+            dims = {int(c.head_dim) for c in text_config.per_layer_config}
+            self.onepass.attend = pick_attend(self.device, next(model.parameters()).dtype, dims)
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
@@ -135,9 +138,11 @@ class DiffusionSlotReader:
     # -- one group ------------------------------------------------------------------------
     def _read_group(self, items: list[SlotItem]) -> list[SlotRead]:
         prefix = items[0].prefix_ids if self.use_prefix_cache else ()
-        base = self.prefix_cache(prefix) if prefix else None
-        batch = self.prepare(items, prefix_len=len(prefix))
-        proba, entropy, mass = self.forward(batch, base)
+        if self.onepass is not None:
+            proba, entropy, mass = self.read_onepass(items, prefix)
+        else:
+            base = self.prefix_cache(prefix) if prefix else None
+            proba, entropy, mass = self.forward(self.prepare(items, prefix_len=len(prefix)), base)
         proba_np = proba.float().cpu().numpy()
         entropy_np = entropy.float().cpu().numpy()
         mass_np = mass.float().cpu().numpy()
@@ -155,6 +160,56 @@ class DiffusionSlotReader:
             )
             row += item.draws
         return results
+
+    def read_onepass(self, items: list[SlotItem], prefix: tuple[int, ...]) -> tuple[Any, Any, Any]:
+        """The one-pass read of one group: a captured graph when one holds its shape, else eager."""
+        assert self.onepass is not None
+        cache = self.prefix_cache(prefix) if prefix else None
+        if self.graphs is not None and cache is not None:
+            replayed = self.graphs.run(items, prefix, cache)
+            if replayed is not None:
+                return replayed  # type: ignore[no-any-return]
+        kv = self.onepass.prefix_kv(cache, len(prefix)) if cache is not None else None
+        return self.onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
+
+    def prepare_onepass(self, items: list[SlotItem], *, prefix_len: int, n_items: int = 0,
+                        n_rows: int = 0, width: int = 0, n_labels: int = 0,
+                        device: Any = None) -> OnePassBatch:
+        """The one-pass read's tensors (on ``device``, else the CPU), padded up to ``n_items``
+        items (length-1 fillers), ``n_rows`` canvas rows (reading item 0), ``width`` prompt
+        tokens and ``n_labels`` labels; a padded row's outputs are never read."""
+        import torch
+
+        seqs = [item.suffix_ids if prefix_len else item.prefix_ids + item.suffix_ids for item in items]
+        rows = [(i, draw) for i, item in enumerate(items) for draw in range(item.draws)]
+        n_items, n_rows = max(n_items, len(items)), max(n_rows, len(rows))
+        width = max(width, *(len(seq) for seq in seqs))
+        n_labels = max(n_labels, *(len(item.label_ids) for item in items))
+        ids = torch.full((n_items, width), self.pad_id, dtype=torch.long)
+        lengths = torch.ones(n_items, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            lengths[i] = len(seq)
+        canvas_len = len(items[0].canvas_ids)
+        canvas = torch.full((n_rows, canvas_len), self.pad_id, dtype=torch.long)
+        row_item = torch.zeros(n_rows, dtype=torch.long)
+        slots = torch.zeros(n_rows, dtype=torch.long)
+        label_index = torch.zeros((n_rows, n_labels), dtype=torch.long)
+        label_valid = torch.zeros((n_rows, n_labels), dtype=torch.bool)
+        label_valid[:, 0] = True  # padded rows read one label: a finite softmax
+        for r, (i, draw) in enumerate(rows):
+            item = items[i]
+            row = list(item.canvas_ids)
+            # The model has no mask token: uniform noise at the slot is the mask.
+            row[item.slot] = draw_noise(seed=item.seed, draw=draw, vocab_size=self.vocab_size, count=1)[0]
+            canvas[r] = torch.tensor(row, dtype=torch.long)
+            row_item[r], slots[r] = i, item.slot
+            label_index[r, : len(item.label_ids)] = torch.tensor(item.label_ids, dtype=torch.long)
+            label_valid[r, : len(item.label_ids)] = True
+        batch = OnePassBatch(ids, lengths, canvas, row_item, slots, label_index, label_valid)
+        if device is not None:
+            batch = OnePassBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
+        return batch
 
     def prepare(self, items: list[SlotItem], *, prefix_len: int) -> GroupBatch:
         """Pad the prompts (right), noise the canvases, and move everything to the device."""
@@ -215,14 +270,11 @@ class DiffusionSlotReader:
         )
 
     def forward(self, batch: GroupBatch, base_cache: Any | None) -> tuple[Any, Any, Any]:
-        """Device-only work (no host syncs when no row is padded, so it can be graph-captured):
-        encode the rest of the prompt onto a fork of ``base_cache``, run one decoder step, and
-        return (label proba (R, L), full-vocab entropy (R,), label mass (R,))."""
+        """transformers' two-pass read: encode the rest of the prompt onto a fork of
+        ``base_cache``, run one decoder step, and return (label proba (R, L), full-vocab entropy
+        (R,), label mass (R,))."""
         n_items = batch.input_ids.shape[0]
         cache = fork_cache(base_cache, n_items) if base_cache is not None else self.new_cache()
-        if self.fused is not None and batch.encoder_mask is None:
-            hidden = self.fused(batch, cache, batch.canvas.shape[0] == n_items)
-            return self.slot_read(hidden, batch)
         self.encoder(
             input_ids=batch.input_ids,
             attention_mask=batch.encoder_mask,
@@ -239,17 +291,5 @@ class DiffusionSlotReader:
         return self.slot_read(hidden, batch)
 
     def slot_read(self, hidden: Any, batch: GroupBatch) -> tuple[Any, Any, Any]:
-        """Soft-capped logits at each row's slot: label softmax, full entropy, label mass."""
-        import torch
-
-        at_slot = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.slots]
-        logits = self.model.lm_head(at_slot).float()
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        log_p = torch.log_softmax(logits, dim=-1)
-        entropy = -(log_p.exp() * log_p).sum(dim=-1)
-        label_logits = logits.gather(1, batch.label_index)
-        label_logits = label_logits.masked_fill(~batch.label_valid, float("-inf"))
-        proba = torch.softmax(label_logits, dim=-1)
-        mass = log_p.gather(1, batch.label_index).exp().masked_fill(~batch.label_valid, 0).sum(-1)
-        return proba, entropy, mass
+        return slot_read(self.model, self.softcap, hidden, batch.slots, batch.label_index,
+                         batch.label_valid)

@@ -1,18 +1,62 @@
-"""One pass over the weights for a DiffusionGemma read: the encoder (rest of the prompt) and the
-decoder (canvas) run layer by layer together, and each layer's feed-forward half (dense MLP,
-router, experts) runs once over both streams' tokens.
+"""One pass over the weights for a DiffusionGemma read, attending to a shared prompt prefix once.
 
-Why: the encoder and decoder share their layer weights, and a read is bound by reading the
-~45 GB of expert weights; the two-pass read reads them twice. Within a layer the decoder only
-needs the encoder's keys and values of that same layer, so the streams can advance in lockstep.
-The feed-forward half is per token, so concatenating the streams changes nothing but the cost.
+The encoder (rest of the prompt) and the decoder (canvas) run layer by layer together, and each
+layer's feed-forward half (dense MLP, router, experts) runs once over both streams' tokens. Why:
+the two stacks share their layer weights and a read is bound by reading the ~45 GB of expert
+weights; within a layer the decoder only needs the encoder's keys/values of that same layer.
+
+Attention is split (prefix_attention.py): every query of the batch (prompt rest and canvas, all
+rows) attends to the shared prefix's cached keys/values in ONE call over a batch of one, and each
+row attends to its own keys (its prompt rest, its canvas) in another; the two merge by their
+log-sum-exp. No row copies the prefix, so a batch costs its per-row tokens only. Every shape and
+mask is computed on the device from tensors, so the whole read can be captured as a CUDA graph.
+
+Semantics are the model's single unpadded read (tested against transformers' two-pass read):
+sliding layers' encoder queries see keys within the window; the decoder's sliding layers see the
+last ``window - 1`` prompt tokens (what the DynamicCache keeps) and the whole canvas.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from router.backends.torch.kv_cache import cache_kwarg, select_cache_rows
+from router.backends.torch.prefix_attention import (
+    Attend,
+    attend_math,
+    fold_groups,
+    merge,
+    to_bias,
+    unfold_groups,
+)
+
+FAR = 1 << 40  # key position of an empty prefix slot: never visible
+
+
+@dataclass
+class PrefixKV:
+    """A prefix's keys/values per layer, (1, H_kv, capacity, D), left-aligned; ``positions`` per
+    layer kind gives each slot's token position (FAR when empty); ``length`` is the prefix's
+    token count as a 0-d long tensor (device data, so a captured graph reads it)."""
+
+    keys: list[Any]
+    values: list[Any]
+    positions: dict[str, Any]
+    length: Any
+
+
+@dataclass
+class OnePassBatch:
+    """Device tensors of one read: prompt rests (B, S) right-padded with their ``lengths`` (B,),
+    canvases (R, C) one per (item, draw) with ``row_item`` (R,), slots (R,), labels (R, L)."""
+
+    input_ids: Any
+    lengths: Any
+    canvas: Any
+    row_item: Any
+    slots: Any
+    label_index: Any
+    label_valid: Any
 
 
 def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
@@ -25,6 +69,25 @@ def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
     experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
     experts = layer.post_feedforward_layernorm_2(experts.reshape(residual.shape))
     return residual + layer.post_feedforward_layernorm(dense + experts)
+
+
+def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
+    """An attention module's queries (B, H, M, D) and keys/values (B, H_kv, M, D), normed and
+    rotated exactly as transformers' DiffusionGemma attention does before its cache update."""
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
+
+    shape = (*hidden.shape[:-1], -1, attn.head_dim)
+    query = attn.q_norm(attn.q_proj(hidden).view(shape))
+    query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
+    key = attn.k_proj(hidden).view(shape)
+    value = attn.v_proj(hidden).view(shape) if attn.v_proj is not None else key
+    key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
+    return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
+
+
+def rms_norm(norm: Any, hidden: Any) -> Any:
+    """A DiffusionGemmaRMSNorm module applied (the eager default of ``OnePass.norm``)."""
+    return norm(hidden)
 
 
 def ffn_weights_shared(model: Any) -> bool:
@@ -40,50 +103,91 @@ def ffn_weights_shared(model: Any) -> bool:
     return True
 
 
-class FusedPass:
-    """Runs the fused read for a reader; ``ffn`` may be replaced (e.g. by a compiled version)."""
+def slot_read(model: Any, softcap: float | None, hidden: Any, slots: Any, label_index: Any,
+              label_valid: Any) -> tuple[Any, Any, Any]:
+    """Soft-capped logits at each row's slot: label softmax (R, L), full entropy, label mass."""
+    import torch
+
+    at_slot = hidden[torch.arange(hidden.shape[0], device=hidden.device), slots]
+    logits = model.lm_head(at_slot).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    log_p = torch.log_softmax(logits, dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(dim=-1)
+    label_logits = logits.gather(1, label_index).masked_fill(~label_valid, float("-inf"))
+    proba = torch.softmax(label_logits, dim=-1)
+    mass = log_p.gather(1, label_index).exp().masked_fill(~label_valid, 0).sum(-1)
+    return proba, entropy, mass
+
+
+class OnePass:
+    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend`` may
+    be replaced by compiled or kernel versions (compiled.py); each computes what its default does."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
         self.config = self.encoder.config
-        self.ffn = ffn_half
-        self._cache_kw = cache_kwarg(self.encoder.layers[0].self_attn.forward)
+        self.window = int(self.config.sliding_window or 0)
+        self.softcap = self.config.final_logit_softcapping
+        self.ffn: Any = ffn_half
+        self.qkv: Any = qkv_half
+        self.norm: Any = rms_norm
+        self.attend: Attend = attend_math
+        self.merge: Any = merge
 
-    def __call__(self, batch: Any, cache: Any, rows_identity: bool) -> Any:
-        """The decoder's last hidden states (R, C, H); ``cache`` gets the encoder's keys and values
-        appended, as the two-pass read does. Unpadded batches only (masks are None or causal)."""
+    def kinds(self) -> list[str]:
+        return list(self.config.layer_types)
+
+    def prefix_kv(self, cache: Any, prefix_len: int) -> PrefixKV:
+        """Views of a transformers DynamicCache holding an encoded prefix (no copy)."""
         import torch
-        from transformers import masking_utils
+
+        keys, values, positions = [], [], {}
+        for kind, layer in zip(self.kinds(), cache.layers, strict=True):
+            keys.append(layer.keys)
+            values.append(layer.values)
+            stored = layer.keys.shape[2]  # sliding layers keep the last window - 1 tokens
+            positions[kind] = torch.arange(prefix_len - stored, prefix_len, device=layer.keys.device)
+        length = torch.tensor(prefix_len, dtype=torch.long, device=keys[0].device)
+        return PrefixKV(keys, values, positions, length)
+
+    def __call__(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
+        """(label proba (R, L), full-vocab entropy (R,), label mass (R,)) of every row."""
+        import torch
 
         enc_h = self.encoder.embed_tokens(batch.input_ids)
         dec_h = self.decoder.embed_tokens(batch.canvas)
         dec_h = self.decoder.self_conditioning(dec_h, torch.zeros_like(dec_h))
-        mask_kw = {"config": self.config, "inputs_embeds": enc_h, "attention_mask": None,
-                   "position_ids": batch.position_ids,
-                   cache_kwarg(masking_utils.create_causal_mask): cache}
-        enc_masks = {"full_attention": masking_utils.create_causal_mask(**mask_kw),
-                     "sliding_attention": masking_utils.create_sliding_window_causal_mask(**mask_kw)}
-        types = self.config.layer_types
-        enc_pe = {t: self.encoder.rotary_emb(enc_h, batch.position_ids, t) for t in set(types)}
-        dec_pe = {t: self.decoder.rotary_emb(dec_h, batch.canvas_positions, t) for t in set(types)}
-        rows = cache if rows_identity else select_cache_rows(cache, batch.row_item[:0])
-        n_enc = enc_h.shape[0] * enc_h.shape[1]
+        (n_items, width), (n_rows, canvas_len) = batch.input_ids.shape, batch.canvas.shape
+        device = enc_h.device
+        start = prefix.length if prefix is not None else torch.zeros((), dtype=torch.long, device=device)
+        steps = torch.arange(width, device=device)
+        enc_pos = (start + steps).unsqueeze(0).expand(n_items, width)
+        row_len = batch.lengths.index_select(0, batch.row_item)
+        dec_pos = start + row_len[:, None] + torch.arange(canvas_len, device=device)
+        types = self.kinds()
+        enc_pe = {t: self.encoder.rotary_emb(enc_h, enc_pos, t) for t in set(types)}
+        dec_pe = {t: self.decoder.rotary_emb(dec_h, dec_pos, t) for t in set(types)}
+        masks = self.masks(prefix, batch, start, row_len, enc_h.dtype)
+        n_enc = n_items * width
         for index, (enc, dec) in enumerate(zip(self.encoder.layers, self.decoder.layers, strict=True)):
             kind = types[index]
-            enc_attn, _ = enc.self_attn(
-                hidden_states=enc.input_layernorm(enc_h), position_embeddings=enc_pe[kind],
-                attention_mask=enc_masks[kind], position_ids=batch.position_ids,
-                **{self._cache_kw: cache})
-            if not rows_identity:  # one decoder row per (item, draw): this layer's rows only
-                layer = cache.layers[index]
-                rows.layers[index].keys = layer.keys.index_select(0, batch.row_item)
-                rows.layers[index].values = layer.values.index_select(0, batch.row_item)
-            dec_attn, _ = dec.self_attn(
-                hidden_states=dec.input_layernorm(dec_h), position_embeddings=dec_pe[kind],
-                attention_mask=None, position_ids=batch.canvas_positions,
-                **{self._cache_kw: rows})
+            q_e, k_e, v_e = self.qkv(enc.self_attn, self.norm(enc.input_layernorm, enc_h), *enc_pe[kind])
+            q_d, k_d, v_d = self.qkv(dec.self_attn, self.norm(dec.input_layernorm, dec_h), *dec_pe[kind])
+            n_heads, n_kv = q_e.shape[1], k_e.shape[1]
+            out_e, lse_e = self.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
+            rows_k = torch.cat([k_e.index_select(0, batch.row_item), k_d], dim=2)
+            rows_v = torch.cat([v_e.index_select(0, batch.row_item), v_d], dim=2)
+            out_d, lse_d = self.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
+            out_e, out_d = unfold_groups(out_e, n_heads), unfold_groups(out_d, n_heads)
+            if prefix is not None:
+                out_e, out_d = self.with_prefix(prefix, index, kind, (q_e, q_d), (out_e, out_d),
+                                                (unfold_groups(lse_e, n_heads),
+                                                 unfold_groups(lse_d, n_heads)), masks)
+            enc_attn = enc.self_attn.o_proj(out_e.transpose(1, 2).reshape(n_items, width, -1))
+            dec_attn = dec.self_attn.o_proj(out_d.transpose(1, 2).reshape(n_rows, canvas_len, -1))
             hidden = self.ffn(
                 enc,
                 torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, dec_h.shape[-1])]),
@@ -91,4 +195,75 @@ class FusedPass:
             )
             enc_h = hidden[:n_enc].reshape(enc_h.shape) * enc.layer_scalar
             dec_h = hidden[n_enc:].reshape(dec_h.shape) * dec.layer_scalar
-        return self.decoder.norm(dec_h)
+        hidden = self.decoder.norm(dec_h)
+        return slot_read(self.model, self.softcap, hidden, batch.slots, batch.label_index,
+                         batch.label_valid)
+
+    def with_prefix(self, prefix: PrefixKV, index: int, kind: str, queries: tuple[Any, Any],
+                    outs: tuple[Any, Any], lses: tuple[Any, Any],
+                    masks: dict[tuple[str, str], Any]) -> tuple[Any, Any]:
+        """Both streams' attention outputs merged with their attention to the shared prefix: all
+        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once."""
+        import torch
+
+        (q_e, q_d), (out_e, out_d), (lse_e, lse_d) = queries, outs, lses
+        n_heads, dim = q_e.shape[1], q_e.shape[3]
+        n_kv = prefix.keys[index].shape[1]
+        flat = torch.cat([q_e.transpose(0, 1).reshape(n_heads, -1, dim),
+                          q_d.transpose(0, 1).reshape(n_heads, -1, dim)], dim=1)
+        out_p, lse_p = self.attend(fold_groups(flat.unsqueeze(0), n_kv), prefix.keys[index],
+                                   prefix.values[index], masks[("prefix", kind)])
+        out_p, lse_p = unfold_groups(out_p, n_heads)[0], unfold_groups(lse_p, n_heads)[0]
+        n_enc = q_e.shape[0] * q_e.shape[2]
+
+        def back(x: Any, like: Any) -> Any:  # (H, B*M, ...) -> (B, H, M, ...)
+            return x.reshape(n_heads, like.shape[0], like.shape[2], *x.shape[2:]).transpose(0, 1)
+
+        out_e = self.merge(out_e, lse_e, back(out_p[:, :n_enc], q_e), back(lse_p[:, :n_enc], q_e))
+        out_d = self.merge(out_d, lse_d, back(out_p[:, n_enc:], q_d), back(lse_p[:, n_enc:], q_d))
+        return out_e, out_d
+
+    def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
+              dtype: Any) -> dict[tuple[str, str], Any]:
+        """Additive biases per (part, layer kind), built once per read from lengths on the device."""
+        import torch
+
+        device = batch.input_ids.device
+        width, canvas_len = batch.input_ids.shape[1], batch.canvas.shape[1]
+        groups = {kind: self.config.num_attention_heads // self.kv_heads(kind) for kind in set(self.kinds())}
+        query = torch.arange(width, device=device)
+        own = query[None, :, None] >= query[None, None, :]  # causal over the prompt rest
+        real = query[None, None, :] < batch.lengths[:, None, None]
+        # decoder: a row reads its prompt rest's real tokens and its whole canvas
+        rest = query[None, :] < row_len[:, None]
+        last = query[None, :] >= row_len[:, None] - (self.window - 1)  # sliding: last window-1
+        canvas = torch.ones((row_len.shape[0], canvas_len), dtype=torch.bool, device=device)
+        out: dict[tuple[str, str], Any] = {}
+        for kind, g in groups.items():
+            sliding = kind == "sliding_attention" and self.window > 0
+            enc_vis = own & real
+            dec_rest = rest & last if sliding else rest
+            if sliding:
+                enc_vis = enc_vis & (query[None, :, None] - query[None, None, :] < self.window)
+            out[("enc", kind)] = to_bias(enc_vis, g, dtype)
+            dec_vis = torch.cat([dec_rest, canvas], dim=1)[:, None, :].expand(-1, canvas_len, -1)
+            out[("dec", kind)] = to_bias(dec_vis, g, dtype)
+            if prefix is None:
+                continue
+            key_pos = prefix.positions[kind]
+            visible = key_pos[None, :] < start  # filled slots only
+            if sliding:  # a query's lowest visible position
+                # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
+                low = torch.cat([(start + query).repeat(batch.input_ids.shape[0]),
+                                 (start + row_len)[:, None].expand(-1, canvas_len).reshape(-1)])
+                low = low - (self.window - 1)
+                visible = visible & (key_pos[None, :] >= low[:, None])
+            else:
+                n_queries = batch.input_ids.numel() + batch.canvas.numel()
+                visible = visible.expand(n_queries, -1)
+            out[("prefix", kind)] = to_bias(visible.unsqueeze(0), g, dtype)
+        return out
+
+    def kv_heads(self, kind: str) -> int:
+        index = self.kinds().index(kind)
+        return int(self.config.per_layer_config[index].num_key_value_heads)

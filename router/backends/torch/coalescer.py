@@ -1,0 +1,142 @@
+"""Concurrent reads gathered into one batch: what a proxy's concurrent requests need from one GPU.
+
+Callers ``submit`` their items; one worker task takes everything pending (under concurrency
+waiting at most ``window_s`` for more, or until ``max_batch`` items wait), runs it as one call of
+``run_batch`` in a single worker thread, and answers each caller with its own slice. A caller
+never straddles two batches unless it brings more than ``max_batch`` items. When a batch fails,
+each caller's items are read again alone, so one request's failure fails only that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+@dataclass
+class _Entry(Generic[Item]):
+    items: list[Item]
+    future: asyncio.Future[list[Any]] = field(repr=False)
+
+
+class Coalescer(Generic[Item, Result]):
+    """Batches ``submit`` calls made from one event loop; ``run_batch`` runs in ``executor``."""
+
+    def __init__(self, run_batch: Callable[[list[Item]], list[Result]], *, executor: Executor,
+                 window_s: float = 0.002, max_batch: int = 32) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        if window_s < 0:
+            raise ValueError(f"window_s must be >= 0, got {window_s!r}")
+        self.run_batch, self.executor = run_batch, executor
+        self.window_s, self.max_batch = window_s, max_batch
+        self._pending: list[_Entry[Item]] = []
+        self._arrived: asyncio.Event | None = None
+        self._full: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.batches = 0  # batches run, for tests and metrics
+        self._last_size = 0  # items in the last batch
+
+    async def submit(self, items: Sequence[Item]) -> list[Result]:
+        """The results of ``items``, in order, read in whichever batches they joined."""
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done():
+            self._arrived, self._full = asyncio.Event(), asyncio.Event()
+            self._worker = loop.create_task(self._work())
+        assert self._arrived is not None and self._full is not None
+        entries = [_Entry(list(items[i : i + self.max_batch]), loop.create_future())
+                   for i in range(0, len(items), self.max_batch)]
+        self._pending.extend(entries)
+        self._arrived.set()
+        if sum(len(e.items) for e in self._pending) >= self.max_batch:
+            self._full.set()
+        results: list[Result] = []
+        for entry in entries:
+            results.extend(await entry.future)
+        return results
+
+    async def aclose(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        for entry in self._pending:
+            if not entry.future.done():
+                entry.future.cancel()
+        self._pending.clear()
+
+    async def _work(self) -> None:
+        assert self._arrived is not None and self._full is not None
+        while True:
+            await self._arrived.wait()
+            # Wait for companions only under concurrency (the last batch was shared, or several
+            # callers wait now): a lone caller's read starts at once.
+            busy = self._last_size > 1 or len(self._pending) > 1
+            if self.window_s > 0 and busy and not self._full.is_set():
+                try:  # a short window for companions of the first arrival
+                    await asyncio.wait_for(self._full.wait(), timeout=self.window_s)
+                except TimeoutError:
+                    pass
+            batch = self._take()
+            if not self._pending:
+                self._arrived.clear()
+            if sum(len(e.items) for e in self._pending) < self.max_batch:
+                self._full.clear()
+            if batch:
+                await self._run(batch)
+
+    def _take(self) -> list[_Entry[Item]]:
+        taken: list[_Entry[Item]] = []
+        size = 0
+        while self._pending and size + len(self._pending[0].items) <= self.max_batch:
+            entry = self._pending.pop(0)
+            if entry.future.done():  # its caller went away
+                continue
+            taken.append(entry)
+            size += len(entry.items)
+        return taken
+
+    async def _run(self, batch: list[_Entry[Item]]) -> None:
+        loop = asyncio.get_running_loop()
+        flat = [item for entry in batch for item in entry.items]
+        self.batches += 1
+        self._last_size = len(flat)
+        try:
+            results = await loop.run_in_executor(self.executor, self.run_batch, flat)
+        except Exception as exc:  # noqa: BLE001 (each caller gets its own outcome below)
+            if len(batch) == 1:
+                _settle(batch[0], exc=exc)
+                return
+            log.warning("batched read of %d requests failed (%s): reading each alone", len(batch), exc)
+            for entry in batch:
+                try:
+                    _settle(entry, await loop.run_in_executor(self.executor, self.run_batch, entry.items))
+                except Exception as alone:  # noqa: BLE001 (this request's own failure)
+                    _settle(entry, exc=alone)
+            return
+        start = 0
+        for entry in batch:
+            _settle(entry, results[start : start + len(entry.items)])
+            start += len(entry.items)
+
+
+def _settle(entry: _Entry[Any], results: list[Any] | None = None, *, exc: BaseException | None = None) -> None:
+    if entry.future.done():
+        return
+    if exc is not None:
+        entry.future.set_exception(exc)
+    else:
+        entry.future.set_result(results or [])

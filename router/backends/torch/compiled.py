@@ -1,0 +1,51 @@
+"""Compiled pieces of the one-pass read (fused.py): RMSNorm as one kernel, the q/k/v half of
+attention, the log-sum-exp merge and the feed-forward half of a layer. Each is a torch.compile
+of the eager function it replaces, set on one ``OnePass`` instance (transformers is not patched).
+
+Why these three: they hold no KV cache and take the layer as an argument, so one compiled graph
+(dynamic shapes) serves every layer and every batch; compiling whole layers recompiles per layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.backends.torch.fused import OnePass, ffn_half, qkv_half, rms_norm
+from router.backends.torch.prefix_attention import merge
+
+RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
+
+
+def rms(x: Any, weight: Any, eps: float) -> Any:
+    """DiffusionGemmaRMSNorm's arithmetic (transformers runs it as nine kernels)."""
+    import torch
+
+    h = x.float()
+    h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        h = h * weight.float()
+    return h.type_as(x)
+
+
+def compile_pieces(onepass: OnePass, *, backend: str = "inductor") -> None:
+    """Replace ``onepass``'s norm, q/k/v and feed-forward halves by compiled versions. Compiling
+    happens at their first call (warm-up), where a failure surfaces."""
+    import torch
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, RECOMPILE_LIMIT)
+    fused_rms = torch.compile(rms, dynamic=True, backend=backend)
+
+    def norm(module: Any, hidden: Any) -> Any:
+        return fused_rms(hidden, module.weight if module.with_scale else None, module.eps)
+
+    onepass.norm = norm
+    onepass.qkv = torch.compile(qkv_half, dynamic=True, backend=backend)
+    onepass.ffn = torch.compile(ffn_half, dynamic=True, backend=backend)
+    onepass.merge = torch.compile(merge, dynamic=True, backend=backend)  # one kernel, not eight
+
+
+def reset_pieces(onepass: OnePass) -> None:
+    """Back to the eager functions (the fall-back when compiling fails)."""
+    onepass.norm, onepass.qkv, onepass.ffn, onepass.merge = rms_norm, qkv_half, ffn_half, merge

@@ -1,0 +1,152 @@
+"""CUDA graphs of the one-pass read (fused.py), captured at start-up for a few shape buckets.
+
+A read is padded up to the smallest bucket that holds it (items, canvas rows, prompt-rest tokens,
+labels), its tensors are copied into that bucket's captured inputs, and the graph replays: no
+per-kernel launch cost (an eager read launches ~900 kernels). The shared prefix's keys/values sit
+in one static buffer of ``prefix_tokens`` capacity that every graph reads; a read whose prefix is
+not the one loaded copies it in first. A read no bucket holds returns None (the caller reads
+eagerly). With ``capture=False`` the same buffers and padding run eagerly (tests on the CPU).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from router.backends.torch.fused import FAR, OnePassBatch, PrefixKV
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Captured:
+    batch: OnePassBatch  # the graph's input tensors
+    out: tuple[Any, ...]  # its output tensors (proba, entropy, mass); () when not captured
+    graph: Any  # torch.cuda.CUDAGraph, or None when not captured
+
+
+class GraphSet:
+    """Captured reads for every (items, rows, width) bucket: ``batches`` item counts, rows per
+    item from ``draws``, ``widths`` prompt-rest token counts; ``labels`` label slots each."""
+
+    def __init__(self, reader: Any, *, batches: Sequence[int], draws: Sequence[int],
+                 widths: Sequence[int], prefix_tokens: int, labels: int, capture: bool = True) -> None:
+        import torch
+
+        if reader.onepass is None:
+            raise ValueError("graphs need the one-pass read (tied encoder/decoder weights)")
+        self.reader, self.onepass = reader, reader.onepass
+        self.batches, self.draws, self.widths = sorted(set(batches)), sorted(set(draws)), sorted(set(widths))
+        self.labels, self.capture = labels, capture
+        self.graphs: dict[tuple[int, int, int], _Captured] = {}
+        self.loaded: tuple[int, ...] | None = None
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.prefix = self._static_prefix(prefix_tokens)
+
+    def _static_prefix(self, tokens: int) -> PrefixKV:
+        import torch
+
+        config, window = self.onepass.config, self.onepass.window
+        dtype, device = next(self.reader.model.parameters()).dtype, self.reader.device
+        keys, values, positions = [], [], {}
+        for index, kind in enumerate(self.onepass.kinds()):
+            cap = min(tokens, window - 1) if kind == "sliding_attention" and window > 0 else tokens
+            layer = config.per_layer_config[index]
+            shape = (1, int(layer.num_key_value_heads), cap, int(layer.head_dim))
+            keys.append(torch.zeros(shape, dtype=dtype, device=device))
+            values.append(torch.zeros(shape, dtype=dtype, device=device))
+            positions[kind] = torch.full((cap,), FAR, dtype=torch.long, device=device)
+        return PrefixKV(keys, values, positions, torch.zeros((), dtype=torch.long, device=device))
+
+    def load(self, prefix_ids: tuple[int, ...], cache: Any) -> bool:
+        """Copy a prefix's cached keys/values into the static buffer; False when it does not fit."""
+        import torch
+
+        if self.loaded == prefix_ids:
+            return True
+        stored = [layer.keys.shape[2] for layer in cache.layers]
+        if any(n > buf.shape[2] for n, buf in zip(stored, self.prefix.keys, strict=True)):
+            return False
+        length = len(prefix_ids)
+        for index, (kind, layer) in enumerate(zip(self.onepass.kinds(), cache.layers, strict=True)):
+            n = stored[index]
+            self.prefix.keys[index][:, :, :n].copy_(layer.keys)
+            self.prefix.values[index][:, :, :n].copy_(layer.values)
+            pos = self.prefix.positions[kind]
+            pos.fill_(FAR)
+            pos[:n] = torch.arange(length - n, length, device=pos.device)
+        self.prefix.length.fill_(length)
+        self.loaded = prefix_ids
+        return True
+
+    def bucket(self, items: Sequence[Any], width: int) -> tuple[int, int, int] | None:
+        """The smallest (items, rows, width) bucket holding these items, or None."""
+        n_rows = sum(item.draws for item in items)
+        b = bisect.bisect_left(self.batches, len(items))
+        s = bisect.bisect_left(self.widths, width)
+        if b == len(self.batches) or s == len(self.widths):
+            return None
+        n_items = self.batches[b]
+        rows = [n_items * d for d in self.draws if n_items * d >= n_rows]
+        if not rows or max(len(item.label_ids) for item in items) > self.labels:
+            return None
+        return n_items, min(rows), self.widths[s]
+
+    def warm_up(self, prefix_ids: tuple[int, ...], canvas_ids: tuple[int, ...], slot: int) -> None:
+        """Run and capture every bucket (compiling what is compiled) with ``prefix_ids`` loaded."""
+        from router.backends.torch.diffusion import SlotItem
+
+        self.loaded = None
+        if not self.load(prefix_ids, self.reader.prefix_cache(prefix_ids)):
+            raise ValueError(f"warm-up prefix of {len(prefix_ids)} tokens exceeds prefix_tokens")
+        started = time.monotonic()
+        for n_items in self.batches:
+            for d in self.draws:
+                for width in self.widths:
+                    items = [SlotItem(prefix_ids, (1,) * width, canvas_ids, slot,
+                                      tuple(range(2, 2 + self.labels)), d, seed=k)
+                             for k in range(n_items)]
+                    self.graphs[(n_items, n_items * d, width)] = self._capture(items, n_items * d, width)
+        log.info("torch read: %d graphs ready in %.1f s", len(self.graphs), time.monotonic() - started)
+
+    def _capture(self, items: list[Any], n_rows: int, width: int) -> _Captured:
+        import torch
+
+        batch = self.reader.prepare_onepass(items, prefix_len=int(self.prefix.length), n_rows=n_rows,
+                                            width=width, n_labels=self.labels, device=self.reader.device)
+        if not self.capture:
+            return _Captured(batch, (), None)
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            for _ in range(2):  # compile, autotune and warm the allocator outside the capture
+                self.onepass(self.prefix, batch)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+            out = self.onepass(self.prefix, batch)
+        return _Captured(batch, out, graph)
+
+    def run(self, items: Sequence[Any], prefix_ids: tuple[int, ...], cache: Any) -> tuple[Any, Any, Any] | None:
+        """(proba, entropy, mass) of the real rows, or None when no bucket holds this read. The
+        tensors are the graph's outputs: read them before the next call."""
+        width = max(len(item.suffix_ids) for item in items)
+        key = self.bucket(items, width)
+        if key is None or key not in self.graphs or not self.load(prefix_ids, cache):
+            return None
+        captured = self.graphs[key]
+        fresh = self.reader.prepare_onepass(list(items), prefix_len=len(prefix_ids), n_items=key[0],
+                                            n_rows=key[1], width=key[2], n_labels=self.labels)
+        for f in fields(OnePassBatch):
+            getattr(captured.batch, f.name).copy_(getattr(fresh, f.name), non_blocking=True)
+        if captured.graph is None:
+            out = self.onepass(self.prefix, captured.batch)
+        else:
+            captured.graph.replay()
+            out = captured.out
+        n_rows = sum(item.draws for item in items)
+        return out[0][:n_rows], out[1][:n_rows], out[2][:n_rows]

@@ -1,0 +1,41 @@
+"""The torch backend's options (``fast.options`` when ``fast.kind`` is ``torch``), checked when
+settings load. No torch import here: settings load this on every deployment."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from router.backends.options import BackendOptions
+
+
+class TorchOptions(BackendOptions):
+    """What ``TorchBackend.from_settings`` reads. Unset options keep the backend's own defaults
+    (``model_dump(exclude_unset=True)`` is what reaches the constructor)."""
+
+    kind: Literal["diffusion", "causal", "masked"]
+    device: str = "cpu"
+    dtype: str = "float32"
+    gguf_file: str | None = None
+    prefix_cache: bool = True
+    labels: list[str] | None = None
+    label_prefix: str | None = None
+    label_mode: Literal["alphabet", "names", "auto"] = "auto"
+    preamble: str | None = None
+    answer_prefix: str = "Answer:"
+    samples: int | None = Field(None, ge=1)
+    max_batch: int = Field(32, ge=1)  # items coalesced into one batch
+    max_tokens: int = Field(512, ge=1)
+    canvas_length: int = Field(64, ge=2)
+    canvas_step: int = Field(16, ge=1)
+    thought_block: str = "<|channel>thought\n<channel|>"
+    turn_close_id: int = Field(106, ge=0)
+    pad_id: int = Field(0, ge=0)
+    # Speed (coalescer.py, warm_up.py, graphs.py); see TorchBackend's docstring.
+    coalesce_window_ms: float = Field(2.0, ge=0)
+    compiled: bool | None = None  # None: on for a diffusion reader on CUDA
+    graph_batches: list[int] | None = None
+    graph_draws: list[int] | None = None
+    graph_widths: list[int] | None = None
+    graph_prefix_tokens: int = Field(2048, ge=1)

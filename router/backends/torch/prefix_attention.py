@@ -1,0 +1,116 @@
+"""Attention in two parts merged by their log-sum-exp, so a batch attends to one shared prompt
+prefix's keys/values once instead of copying them per row.
+
+softmax over [prefix keys, row keys] = the two parts' softmax outputs weighted by exp(lse_part - lse):
+    out = (e^{a} out_a + e^{b} out_b) / (e^{a} + e^{b}),  a, b = the parts' log-sum-exps.
+Grouped-query attention is folded into the query axis: query heads h = j*G + g read key head j, so
+q (B, H, M, D) viewed as (B, H_kv, G*M, D) reads keys (B, H_kv, N, D) with no repeated keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Masked scores get this bias rather than -inf: a fully masked part then has a finite, tiny
+# log-sum-exp (its merge weight is 0) instead of NaN, on every kernel.
+MASKED = -1.0e30
+# Memory-efficient attention reads a bias whose last-axis stride is a multiple of 16 elements.
+BIAS_ALIGN = 16
+
+Attend = Callable[[Any, Any, Any, Any], tuple[Any, Any]]
+
+
+def fold_groups(q: Any, n_kv_heads: int) -> Any:
+    """(B, H, M, D) -> (B, H_kv, G*M, D), query head j*G+g reading key head j."""
+    b, h, m, d = q.shape
+    return q.reshape(b, n_kv_heads, (h // n_kv_heads) * m, d)
+
+
+def unfold_groups(out: Any, n_heads: int) -> Any:
+    """The inverse of ``fold_groups`` (also for a log-sum-exp of shape (B, H_kv, G*M))."""
+    b, h_kv = out.shape[:2]
+    rest = out.shape[3:]
+    return out.reshape(b, n_heads, out.shape[2] * h_kv // n_heads, *rest)
+
+
+def to_bias(visible: Any, groups: int, dtype: Any) -> Any:
+    """An additive bias (B, 1, G*M, N) from a visibility mask (B, M, N), repeated over the G query
+    groups of ``fold_groups``; stored with the last axis padded to BIAS_ALIGN."""
+    import torch
+
+    b, m, n = visible.shape
+    storage = torch.zeros((b, 1, groups * m, -(-n // BIAS_ALIGN) * BIAS_ALIGN), dtype=dtype,
+                          device=visible.device)
+    bias = storage[..., :n]
+    masked = max(MASKED, torch.finfo(dtype).min / 2)  # finite in every dtype
+    bias.copy_(torch.where(visible, 0.0, masked).to(dtype)[:, None].expand(b, groups, m, n)
+               .reshape(b, 1, groups * m, n))
+    return bias
+
+
+def attend_math(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
+    """Reference attention in float32 (scale 1, as DiffusionGemma's normed q/k use): returns
+    (out (B, Hk, M, D) in q's dtype, lse (B, Hk, M) float32)."""
+    import torch
+
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2))
+    if bias is not None:
+        scores = scores + bias.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.exp(scores - lse[..., None]), v.float())
+    return out.to(q.dtype), lse
+
+
+def attend_efficient(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
+    """PyTorch's memory-efficient attention kernel (CUDA), which also returns the log-sum-exp.
+    Why the private op: the public SDPA returns no log-sum-exp, and flash attention takes no bias
+    and no head dim of 512 (DiffusionGemma's global layers)."""
+    import torch
+
+    bias = bias.expand(q.shape[0], q.shape[1], -1, -1)  # the kernel wants (B, H, M, N)
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, False, scale=1.0)[:2]
+    return out, lse[..., : q.shape[2]].float()
+
+
+def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
+    """Two parts' outputs of the same queries merged into attention over both parts' keys."""
+    import torch
+
+    top = torch.maximum(lse_a, lse_b)
+    w_a = torch.exp(lse_a - top)[..., None]
+    w_b = torch.exp(lse_b - top)[..., None]
+    merged = (out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)
+    return merged.to(out_a.dtype)
+
+
+def pick_attend(device: Any, dtype: Any, head_dims: set[int]) -> Attend:
+    """The memory-efficient kernel on CUDA when it agrees with ``attend_math`` on random inputs of
+    this model's head dims (checked once, logged); ``attend_math`` otherwise."""
+    import torch
+
+    if device.type != "cuda":
+        return attend_math
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        for dim in sorted(head_dims):
+            q, k, v = (torch.randn((2, 2, n, dim), generator=gen, device=device, dtype=dtype)
+                       for n in (24, 40, 40))
+            bias = to_bias(torch.rand((2, 12, 40), generator=gen, device=device) > 0.3, 2, dtype)
+            ref_out, ref_lse = attend_math(q / dim**0.5, k, v, bias)
+            out, lse = attend_efficient(q / dim**0.5, k, v, bias)
+            err = float((out.float() - ref_out.float()).norm() / ref_out.float().norm())
+            lse_err = float((lse - ref_lse).abs().max())
+            if not (err < 2e-2 and lse_err < 2e-2):
+                log.warning("efficient attention disagrees at head dim %d (rel err %.3g, lse err "
+                            "%.3g): using the float32 reference attention", dim, err, lse_err)
+                return attend_math
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        log.warning("efficient attention unavailable (%s): using the float32 reference attention",
+                    exc)
+        return attend_math
+    return attend_efficient

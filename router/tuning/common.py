@@ -1,0 +1,96 @@
+"""What the ``slotgate`` commands share: exiting on bad input, output checks, progress bars,
+tables, report plots and reading predictions files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+
+def fail(message: str) -> NoReturn:
+    """Print to stderr and exit 2 (bad input); plain echo so long paths are never re-wrapped."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def check_out(path: Path, what: str) -> None:
+    if not path.parent.is_dir():
+        fail(f"{what} {path}: folder {path.parent} does not exist")
+
+
+def check_folder(path: Path, what: str) -> None:
+    """A folder that exists or can be made: its nearest existing ancestor is a writable folder.
+    Checked before any output is written, so a bad --report leaves no policy behind."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        fail(f"{what} {path}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK):
+        fail(f"{what} {path}: folder {ancestor} is not writable")
+
+
+def progress() -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+
+
+def single(values: list[str | None], what: str, path: Path) -> str | None:
+    """The one value all rows share (None if no row has one); mixed values are bad input."""
+    distinct = {v for v in values if v is not None}
+    if len(distinct) > 1:
+        fail(f"{path}: field {what!r}: rows carry {len(distinct)} different values "
+             "(predictions of different backends or questions in one file)")
+    return distinct.pop() if distinct else None
+
+
+def load_preds(path: Path, *, labelled: bool) -> Any:
+    """Read a predictions file, exiting 2 on bad input or (``labelled``) with no labelled row."""
+    from router.tuning.predictions import PredictionsError, read_predictions
+
+    try:
+        preds = read_predictions(path)
+    except PredictionsError as exc:
+        fail(str(exc))
+    if labelled and not preds.labelled.any():
+        fail(f"{path}: field 'label': no row is labelled; this command needs labels")
+    return preds
+
+
+def show_table(title: str, rows: list[tuple[str, str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    Console(width=120).print(table)
+
+
+def write_report(folder: Path, proba_before: Any, proba_after: Any, y_true: Any, *,
+                 threshold: float | None, target_accuracy: float, title: str) -> None:
+    """The reliability diagram and the risk-coverage plot (threshold marked) as PNGs."""
+    from calibration.plots import reliability_diagram, risk_coverage_plot
+    from policies.tuning import answer_confidence
+
+    folder.mkdir(parents=True, exist_ok=True)
+    answers, confidence = answer_confidence(proba_before, proba_after)
+    reliability_diagram(folder / "reliability.png", proba_before, proba_after, y_true,
+                        title=f"Reliability: {title}")
+    risk_coverage_plot(folder / "risk_coverage.png", confidence, answers == y_true,
+                       threshold=threshold, target_accuracy=target_accuracy,
+                       title=f"Risk-coverage: {title}")
+
+
+def fmt(value: float | None, ci: list[float] | None = None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.4f}" + (f"  [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")

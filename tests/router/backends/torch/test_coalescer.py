@@ -1,0 +1,219 @@
+"""Coalescing concurrent reads (coalescer.py, and through TorchBackend on the tiny DiffusionGemma):
+concurrent callers share batches, each gets exactly its own answers, one caller's failure fails
+only that caller, and batched answers equal one-at-a-time answers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from router.backends.torch.coalescer import Coalescer
+
+
+class Recorder:
+    """A run_batch that doubles numbers, records each batch, and fails on negative numbers."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.delay_s = delay_s
+        self.threads: set[str] = set()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.threads.add(threading.current_thread().name)
+        if any(i < 0 for i in items):
+            raise ValueError(f"cannot read {min(items)}")
+        threading.Event().wait(self.delay_s)
+        return [2 * i for i in items]
+
+
+async def gather(coalescer: Coalescer[int, int], calls: list[list[int]]) -> list[Any]:
+    return await asyncio.gather(*(coalescer.submit(c) for c in calls), return_exceptions=True)
+
+
+def test_concurrent_callers_share_batches_and_get_their_own_answers() -> None:
+    run = Recorder()
+    calls = [[10 * k + j for j in range(k % 3 + 1)] for k in range(12)]
+    with ThreadPoolExecutor(1) as pool:
+        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8)
+        results = asyncio.run(gather(coalescer, calls))
+    assert results == [[2 * i for i in c] for c in calls]
+    assert sum(len(b) for b in run.batches) == sum(len(c) for c in calls)
+    assert len(run.batches) < len(calls)  # shared
+    assert all(len(b) <= 8 for b in run.batches)
+    # a caller's items are never split between batches
+    for c in calls:
+        assert any(b[i : i + len(c)] == c for b in run.batches for i in range(len(b)))
+
+
+def test_one_failing_request_fails_only_itself() -> None:
+    run = Recorder()
+    calls = [[1, 2], [3, -4], [5], [6, 7]]
+    with ThreadPoolExecutor(1) as pool:
+        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=16)
+        results = asyncio.run(gather(coalescer, calls))
+    assert results[0] == [2, 4] and results[2] == [10] and results[3] == [12, 14]
+    assert isinstance(results[1], ValueError) and "-4" in str(results[1])
+    assert run.batches[0] == [1, 2, 3, -4, 5, 6, 7]  # tried together first
+
+
+def test_a_request_larger_than_max_batch_is_read_in_chunks_in_order() -> None:
+    run = Recorder()
+    with ThreadPoolExecutor(1) as pool:
+        coalescer = Coalescer(run, executor=pool, window_s=0.0, max_batch=3)
+        results = asyncio.run(gather(coalescer, [list(range(8))]))
+    assert results == [[2 * i for i in range(8)]]
+    assert [len(b) for b in run.batches] == [3, 3, 2]
+
+
+def test_callers_arriving_during_a_batch_form_the_next_one() -> None:
+    run = Recorder(delay_s=0.2)
+
+    async def scenario(coalescer: Coalescer[int, int]) -> list[Any]:
+        first = asyncio.ensure_future(coalescer.submit([1]))
+        await asyncio.sleep(0.05)  # the first batch is running now
+        later = [asyncio.ensure_future(coalescer.submit([k])) for k in range(2, 6)]
+        return await asyncio.gather(first, *later)
+
+    with ThreadPoolExecutor(1) as pool:
+        results = asyncio.run(scenario(Coalescer(run, executor=pool, window_s=0.001, max_batch=8)))
+    assert results == [[2], [4], [6], [8], [10]]
+    assert run.batches == [[1], [2, 3, 4, 5]]
+
+
+def test_bad_settings_are_refused() -> None:
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(ValueError, match="max_batch"):
+            Coalescer(Recorder(), executor=pool, max_batch=0)
+        with pytest.raises(ValueError, match="window_s"):
+            Coalescer(Recorder(), executor=pool, window_s=-1)
+
+
+# -- through TorchBackend ----------------------------------------------------------------------
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def parts() -> tuple[Any, Any]:
+    from tests.router.backends.torch.test_diffusion import tiny_model
+    from tests.router.backends.torch_models import smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    return tiny_model(vocab=len(tokenizer), window=4096), tokenizer
+
+
+def backend(parts: tuple[Any, Any], **options: Any) -> Any:
+    from router.backends.torch.backend import TorchBackend
+    from router.backends.torch.diffusion import DiffusionSlotReader
+
+    model, tokenizer = parts
+    return TorchBackend(DiffusionSlotReader(model), tokenizer, kind="diffusion", model_id="tiny",
+                        turn_close_id=2, **options)
+
+
+def requests(n: int) -> list[Any]:
+    from policies.types import DecisionRequest, Option
+
+    options = tuple(Option(f"intent_{k}") for k in range(4))
+    texts = ["my card is lost", "refund please, now", "where is my money", "hi"]
+    return [DecisionRequest("q", "Which intent?", options, texts[k % 4] + " !" * k, samples=1 + k % 3,
+                            seed=k) for k in range(n)]
+
+
+def test_backend_coalesces_concurrent_reads_and_matches_reads_alone(parts: tuple[Any, Any]) -> None:
+    many = requests(8)
+    alone = backend(parts, coalesce_window_ms=0)
+    want = [asyncio.run(alone.read([r]))[0] for r in many]
+    shared = backend(parts, coalesce_window_ms=50)
+
+    async def concurrently() -> list[Any]:
+        return await asyncio.gather(*(shared.read([r]) for r in many))
+
+    got = [scores[0] for scores in asyncio.run(concurrently())]
+    assert shared._coalescer.batches < len(many)
+    for a, b in zip(got, want):
+        assert a.options == b.options and a.raw["draws"] == b.raw["draws"]
+        np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
+
+
+def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
+    from router.errors import BackendMalformed
+
+    shared = backend(parts, coalesce_window_ms=50)
+    real_read = shared.reader.read
+
+    def read(items: list[Any]) -> list[Any]:  # the reader cannot read one request's prompt
+        if any(len(it.suffix_ids) > 40 for it in items):
+            raise ValueError("prompt too long for this reader")
+        return real_read(items)  # type: ignore[no-any-return]
+
+    shared._coalescer.run_batch = read
+    many = requests(4)
+    many[2] = type(many[2])("q", "Which intent?", many[2].options, "word " * 60, seed=2)
+
+    async def concurrently() -> list[Any]:
+        return await asyncio.gather(*(shared.read([r]) for r in many), return_exceptions=True)
+
+    results = asyncio.run(concurrently())
+    assert isinstance(results[2], BackendMalformed) and "too long" in str(results[2])
+    assert all(isinstance(r, list) and len(r) == 1 for i, r in enumerate(results) if i != 2)
+
+
+def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[Any, Any],
+                                                               caplog: Any) -> None:
+    from router.backends.torch import warm_up
+
+    eager = backend(parts)
+    assert asyncio.run(eager.ready()) and eager.compiled is False  # CPU: nothing to warm up
+    want = asyncio.run(eager.read(requests(3)))
+    gate = threading.Event()
+    original = warm_up.warm_up
+
+    def slow_warm_up(b: Any) -> None:
+        gate.wait(5)
+        original(b, capture=False, compile_backend="aot_eager")
+
+    warm_up.warm_up = slow_warm_up  # type: ignore[assignment]
+    try:
+        warming = backend(parts, compiled=True, graph_batches=(1, 4), graph_widths=(64,), graph_draws=(1, 3),
+                          graph_prefix_tokens=1024)
+        assert asyncio.run(warming.ready()) is False
+        gate.set()
+        warming._warm.result(timeout=60)
+        assert asyncio.run(warming.ready()) and warming.compiled is True
+        assert warming.reader.graphs is not None
+        got = asyncio.run(warming.read(requests(3)))
+        # the read was replayed from the static buffers (its prefix is the one loaded there)
+        assert warming.reader.graphs.loaded == warming.item(requests(1)[0]).prefix_ids
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
+        # a compiler that fails: logged, and the eager read serves
+        with caplog.at_level("WARNING"):
+            warm_up.warm_up = lambda b: original(b, capture=False, compile_backend="no-such-backend")
+            failing = backend(parts, compiled=True)
+            failing._warm.result(timeout=60)
+        assert asyncio.run(failing.ready()) and failing.compiled is False
+        assert failing.reader.graphs is None and "serving the eager read" in caplog.text
+        got = asyncio.run(failing.read(requests(3)))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
+    finally:
+        warm_up.warm_up = original
+
+
+def test_speed_options_are_validated_settings() -> None:
+    from pydantic import ValidationError
+
+    from router.backends.torch.options import TorchOptions
+
+    options = TorchOptions(kind="diffusion", coalesce_window_ms=1.5, max_batch=8, compiled=False,
+                           graph_widths=[64, 128], graph_prefix_tokens=1024)
+    assert options.model_dump(exclude_unset=True)["graph_widths"] == [64, 128]
+    with pytest.raises(ValidationError, match="coalesce_window_ms"):
+        TorchOptions(kind="diffusion", coalesce_window_ms=-1)
