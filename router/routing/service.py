@@ -29,6 +29,7 @@ from router.errors import (
     NoSlowModel,
     SlowPathError,
     SlowPathTimeout,
+    SlowPathUnavailable,
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.deadline import deadline_in
@@ -228,6 +229,9 @@ class RoutingService:
         corrective retry), or TooManyRequests when the slow model's queue is full or cannot
         serve it before that deadline."""
         if self.slow is None or not self.slow.available:
+            reason = getattr(self.slow, "unavailable_reason", None)
+            if reason and self.settings.slow.model:  # configured, but no credentials for it
+                raise SlowPathUnavailable(reason)
             raise NoSlowModel()
         timeout_s = self.settings.slow.timeout_s
         key = slow_key(namespace, request, self.settings.slow.model or "")
