@@ -278,8 +278,15 @@ def export_log(
     audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
                                                "audit (the slow model's answer); a human label "
                                                "wins.")] = False,
+    redis_url: Annotated[str | None, typer.Option(
+        help="Also read the Redis stream every replica writes its records to (alone, without "
+             "--log, only the stream is read).")] = None,
+    stream: Annotated[str, typer.Option(help="The stream's name (log.redis_stream).")]
+        = "slotgate:v1:log",
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
+    from redis.exceptions import RedisError
+
     from router.errors import ConfigError
     from router.http.server import default_config
     from router.settings import load_settings
@@ -288,7 +295,8 @@ def export_log(
 
     check_out(out, "--out")
     try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
-        sources = log if log else [load_settings(default_config(config)).log.decision_log_path]
+        sources = log if log else [] if redis_url else [
+            load_settings(default_config(config)).log.decision_log_path]
     except ConfigError as exc:
         fail(exc.message)
     for source in sources:
@@ -296,10 +304,14 @@ def export_log(
             fail(f"decision log {source}: file not found")
     try:
         n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
-                               audit_labels=audit_labels)
+                               audit_labels=audit_labels,
+                               redis_stream=(redis_url, stream) if redis_url else None)
     except PredictionsError as exc:
         fail(exc.message)
-    typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}")
+    except (RedisError, OSError) as exc:
+        fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
+    names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
+    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}")
 
 
 @app.command()
