@@ -277,12 +277,18 @@ def export_log(
     audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
                                                "audit (the slow model's answer); a human label "
                                                "wins.")] = False,
+    reference: Annotated[str, typer.Option(help="human: labels are /v1/feedback only; slow: "
+                                           "where none, the slow model's answer (shadow mode, "
+                                           "audits, escalations); `tune` on it promises "
+                                           "agreement with the slow model.")] = "human",
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
     from router.settings import load_settings
     from router.store.decision_log import export_predictions
     from router.tuning.predictions import PredictionsError
 
+    if reference not in ("human", "slow"):
+        fail(f"--reference must be human or slow, got {reference!r}")
     check_out(out, "--out")
     try:
         sources = log if log else [load_settings(config).log.decision_log_path]
@@ -291,12 +297,16 @@ def export_log(
     for source in sources:
         if not source.is_file():
             fail(f"decision log {source}: file not found")
+    tally: dict[str, int] = {}
     try:
         n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
-                               audit_labels=audit_labels)
+                               audit_labels=audit_labels, reference_slow=reference == "slow",
+                               tally=tally)
     except PredictionsError as exc:
         fail(exc.message)
-    typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}")
+    typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}: labels "
+               f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
+               f"{tally['unlabelled']} none")
 
 
 @app.command()
