@@ -50,10 +50,13 @@ class DecisionRequest:
     kind: QuestionKind = "choice"
     samples: int = 1
     seed: int = 42
+    policy: str | None = None  # a policy name the caller asked for, else looked up by signature
     # The caller asked for samples "auto": a System One server then decides (one read, more when
     # it is unsure); a backend that cannot reads ``samples`` draws.
     samples_auto: bool = False
-    policy: str | None = None  # a policy name the caller asked for, else looked up by signature
+    # The System One engine knobs the caller set (steps, think, chunk_rows, chunk_prompt), as
+    # (name, value) pairs: a System One backend forwards them; the other backends ignore them.
+    engine: tuple[tuple[str, Any], ...] = ()
     turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
     # signature() memoised: the registry, the cache key and the decision log each need it, and
     # hashing it is most of a cache hit's own CPU. Not part of equality, hashing or repr.

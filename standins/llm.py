@@ -257,6 +257,13 @@ class StandinHandle:
     def set_mode(self, mode: str, *, times: int | None = None, **options: float) -> None:
         self.state.control({"mode": mode, "times": times, **options})
 
+    def reset(self) -> None:
+        """Back to how it started: mode ``ok``, the default fault knobs, no recorded calls."""
+        fresh = StandinState()
+        self.set_mode("ok", retry_after_s=fresh.retry_after_s, stall_s=fresh.stall_s,
+                      chunk_delay_s=fresh.chunk_delay_s)
+        self.clear()
+
     def stop(self) -> None:
         self.state.stopping = True
         self.server.should_exit = True

@@ -1,4 +1,5 @@
-"""Shared fixtures: a private Redis server (never the machine's own), the BANKING77 path."""
+"""Shared fixtures: a private Redis server (never the machine's own), the BANKING77 path, the one
+TF-IDF model trained on BANKING77 for the session, and the one stand-in LLM for the session."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -97,10 +99,46 @@ def banking77_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@dataclass(frozen=True)
+class TrainedModel:
+    """A text-model artifact (``slotgate train``'s format) and the labels it was trained on."""
+
+    path: Path
+    labels: list[str]
+
+
+@pytest.fixture(scope="session")
+def banking77_model(banking77_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TrainedModel:
+    """The one TF-IDF model the tests share, trained once per session: every sixth row of
+    BANKING77's train.csv (~1,700 messages, all 77 intents; a few seconds on 2 cores). Tests
+    that need their own artifact file copy or re-save it; none may write to this one."""
+    import csv
+
+    from router.backends.sklearn import save_text_model, train_text_model
+
+    with (banking77_dir / "train.csv").open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))[::6]
+    texts, labels = [r["text"] for r in rows], [r["category"] for r in rows]
+    path = tmp_path_factory.mktemp("banking77-model") / "tfidf.joblib"
+    save_text_model(path, train_text_model(texts, labels, kind="tfidf"), kind="tfidf",
+                    n_train=len(texts), data_hash="0" * 64)
+    return TrainedModel(path, sorted(set(labels)))
+
+
+@pytest.fixture(scope="session")
 def standin() -> Iterator[StandinHandle]:
     """The OpenAI-compatible stand-in LLM (standins/llm.py) on a free loopback port, one per
-    test module; it records every call and has fault switches (``set_mode``)."""
+    session; it records every call and has fault switches (``set_mode``). Every test that uses
+    it starts with it reset (``_reset_standin``)."""
     handle = start_standin()
     yield handle
     handle.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_standin(request: pytest.FixtureRequest) -> None:
+    """A test never sees another test's fault mode or calls on the shared stand-in."""
+    if "standin" in request.fixturenames:
+        handle = request.getfixturevalue("standin")
+        if isinstance(handle, StandinHandle):  # some modules name another stand-in "standin"
+            handle.reset()

@@ -140,7 +140,7 @@ class SystemOneBackend(FastBackend):
     ) -> Mapping[str, Any]:
         # The id is prompt text upstream; a joint read's answer also depends on its co-questions.
         inputs = {**super().read_inputs(request, batch), "question_id": question_id(request),
-                  "samples_auto": request.samples_auto}
+                  "samples_auto": request.samples_auto, "engine": list(request.engine)}
         for group in self._joint_groups(batch):
             if len(group) > 1 and any(batch[i] == request for i in group):
                 inputs["joint"] = [[question_id(batch[i]), batch[i].signature()] for i in group]
@@ -157,10 +157,10 @@ class SystemOneBackend(FastBackend):
         order, at most the server's questions per body."""
         if not self.options.joint:
             return []
-        by_key: dict[tuple[str, str, int, bool, int], list[int]] = {}
+        by_key: dict[tuple[Any, ...], list[int]] = {}
         for i, r in enumerate(batch):
             if not self._alone(r):
-                key = (r.state, r.context, r.samples, r.samples_auto, r.seed)
+                key = (r.state, r.context, r.samples, r.samples_auto, r.seed, r.engine)
                 by_key.setdefault(key, []).append(i)
         return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
                 for k in range(0, len(idx), MAX_QUESTIONS)]
@@ -224,6 +224,7 @@ class SystemOneBackend(FastBackend):
         for knob in ("steps", "think", "chunk_rows", "chunk_prompt"):
             if getattr(o, knob) is not None:
                 body[knob] = getattr(o, knob)
+        body.update(first.engine)  # what the caller set wins over the operator's defaults
         return body
 
     def parse_answer(self, request: DecisionRequest, payload: Mapping[str, Any],

@@ -25,7 +25,10 @@ def make_router() -> APIRouter:
             checks["redis"] = bool(await service.cache.ping())
         ready = all(checks.values())
         body = {"status": "ready" if ready else "unavailable", "checks": checks,
-                "escalation_available": service.escalation_available}
+                "escalation_available": service.escalation_available,
+                # "available", "available once litellm is loaded", or why not (no model, no key)
+                "escalation": getattr(service.slow, "status", None) or (
+                    "available" if service.escalation_available else "unavailable")}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @router.get("/metrics", tags=["ops"])

@@ -28,6 +28,7 @@ from router.errors import (
     BackendTimeout,
     NoSlowModel,
     SlowPathError,
+    SlowPathUnavailable,
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.ports import DecisionSink, ReadCache, SlowModel
@@ -225,6 +226,9 @@ class RoutingService:
         """(answer, served from the slow cache). Raises SlowPathError subclasses, or
         TooManyRequests when the slow model's queue is full."""
         if self.slow is None or not self.slow.available:
+            reason = getattr(self.slow, "unavailable_reason", None)
+            if reason and self.settings.slow.model:  # configured, but no credentials for it
+                raise SlowPathUnavailable(reason)
             raise NoSlowModel()
         key = slow_key(namespace, request, self.settings.slow.model or "")
         [blob] = await self.cache.get_many([key])

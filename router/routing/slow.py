@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from policies.types import DecisionRequest
 from router.errors import (
+    NO_SLOW_MODEL,
     Forbidden,
     InvalidRequest,
     NoSlowModel,
@@ -36,6 +37,8 @@ from router.errors import (
 )
 from router.retry_after import retry_after_s
 from router.routing.backpressure import ConcurrencyLimit
+from router.routing.credentials import Credentials
+from router.routing.credentials import resolve as resolve_credentials
 from router.routing.ports import SlowAnswer
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+LOADING = "available once litellm is loaded (escalations wait for it)"
 # ``litellm.acompletion``'s shape: keyword arguments in; a ModelResponse (``choices[0].message
 # .content``, ``model_dump()``) out, or an async iterator of chunks when ``stream=True``.
 Completion = Callable[..., Awaitable[Any]]
@@ -123,17 +127,37 @@ class SlowPath:
         # Set once litellm is imported and warm (or never will be here): the app freezes the
         # start-up heap after it (router/http/heap.py).
         self.warmed_up = threading.Event()
+        self._credentials: dict[str, Credentials] = {}  # by model, checked once each
         if settings.model and completion is None and "litellm" not in sys.modules:
             # litellm takes seconds to import: start now, off the event loop, so that the first
             # escalation neither pays for it nor blocks the loop for every other request.
-            threading.Thread(target=_warm_up, args=(self.warmed_up,),
-                             name="slotgate-litellm-warm-up", daemon=True).start()
+            threading.Thread(target=self._warm_up, name="slotgate-litellm-warm-up",
+                             daemon=True).start()
         else:
+            if settings.model and completion is None:
+                self._check_credentials()
             self.warmed_up.set()
 
     @property
     def available(self) -> bool:
-        return bool(self.settings.model)
+        """A slow model is configured and nothing known stops a call (its credentials are
+        checked once litellm is loaded; until then this is optimistic)."""
+        return self.unavailable_reason is None
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why escalation cannot work (no model, no credentials), or None."""
+        if not self.settings.model:
+            return NO_SLOW_MODEL
+        known = self._credentials.get(self.settings.model)
+        return known.problem if known is not None else None
+
+    @property
+    def status(self) -> str:
+        """For /readyz: "available", LOADING, or why escalation is unavailable."""
+        if self.unavailable_reason is not None:
+            return self.unavailable_reason
+        return "available" if self.warmed_up.is_set() else LOADING
 
     @property
     def model(self) -> str | None:
@@ -213,7 +237,33 @@ class SlowPath:
     def _require_model(self, what: str) -> str:
         if not self.settings.model:
             raise NoSlowModel(what)
+        reason = self.unavailable_reason
+        if reason is not None:
+            raise SlowPathUnavailable(reason)
         return self.settings.model
+
+    def _check_credentials(self, model: str | None = None) -> Credentials:
+        """The credentials of ``model`` (the configured one by default), checked once. An
+        injected completion (tests) is not litellm: whatever is configured is passed as it is."""
+        model = model or self.settings.model or ""
+        known = self._credentials.get(model)
+        if known is None:
+            api_key = self.settings.api_key.get_secret_value() if self.settings.api_key else None
+            if self._completion is not None:
+                return Credentials(api_key)
+            known = self._credentials[model] = resolve_credentials(
+                model, api_base=self.settings.api_base, api_key=api_key,
+                check_environment=_litellm().validate_environment)
+            if known.problem and model == self.settings.model:
+                logger.warning("ESCALATION UNAVAILABLE: %s", known.problem)
+        return known
+
+    def _warm_up(self) -> None:
+        try:
+            _warm_up()
+            self._check_credentials()
+        finally:
+            self.warmed_up.set()
 
     def _passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
         """litellm's arguments for a passthrough ``body``. Credential fields were refused by the
@@ -239,8 +289,9 @@ class SlowPath:
         kwargs.update(timeout=self.settings.timeout_s, max_retries=0, num_retries=0)
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base
-        if self.settings.api_key:
-            kwargs["api_key"] = self.settings.api_key.get_secret_value()
+        api_key = self._check_credentials(kwargs["model"]).api_key
+        if api_key:
+            kwargs["api_key"] = api_key
         try:
             # The outer bound guards against a provider that ignores ``timeout``.
             async with asyncio.timeout(self.settings.timeout_s + 1.0):
@@ -300,16 +351,14 @@ def _retry_after_s(exc: BaseException) -> float | None:
     return retry_after_s(headers)
 
 
-def _warm_up(done: threading.Event) -> None:
+def _warm_up() -> None:
     """Import litellm and run one offline mock call, which loads the modules litellm imports
-    lazily on its first call (about a second more); then set ``done``."""
+    lazily on its first call (about a second more)."""
     try:
         _litellm().completion(model="openai/slotgate-warm-up", mock_response="ok",
                               messages=[{"role": "user", "content": "warm-up"}])
     except Exception as exc:  # noqa: BLE001 - best effort: the first real call reports real errors
         logger.debug("litellm warm-up failed: %s", type(exc).__name__)
-    finally:
-        done.set()
 
 
 def _litellm() -> Any:

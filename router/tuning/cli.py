@@ -284,7 +284,7 @@ def export_log(
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
     from router.settings import load_settings
-    from router.store.decision_log import export_predictions
+    from router.tuning.log_export import export_predictions
     from router.tuning.predictions import PredictionsError
 
     if reference not in ("human", "slow"):

@@ -6,7 +6,6 @@ timed out on every call and kept running."""
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import os
@@ -24,14 +23,9 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from router.backends.sklearn import (
-    SklearnBackend,
-    load_text_model,
-    save_text_model,
-    train_text_model,
-)
+from router.backends.sklearn import SklearnBackend, load_text_model
 from standins.llm import StandinHandle
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, TrainedModel, free_port
 from tests.reliability.conftest import SLOW_MODEL, LiveServer, decision, settings_for
 
 SERVE = "import sys; from pathlib import Path; from router.http.server import serve; " \
@@ -40,18 +34,6 @@ N_DECISIONS = 150
 RSS_BUDGET_MIB = 100
 # The bounded read (20,000 characters) takes about 0.1 s here, the whole 900 KB one 1.3 s.
 FAST_TIMEOUT_S = 0.5
-
-
-@pytest.fixture(scope="module")
-def tfidf_model(banking77_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
-    """A TF-IDF artifact on a sixth of BANKING77's train.csv (all 77 intents), and its labels."""
-    with (banking77_dir / "train.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))[::6]
-    texts, labels = [r["text"] for r in rows], [r["category"] for r in rows]
-    path = tmp_path_factory.mktemp("model") / "tfidf.joblib"
-    save_text_model(path, train_text_model(texts, labels, kind="tfidf"), kind="tfidf",
-                    n_train=len(texts), data_hash="0" * 64)
-    return path, sorted(set(labels))
 
 
 def rss_mib(pid: int) -> float:
@@ -92,9 +74,9 @@ def serve(config: dict[str, Any], tmp_path: Path) -> Iterator[tuple[str, int]]:
 @pytest.mark.long
 @pytest.mark.parametrize("store", ["in-process", "redis"])
 def test_150_decisions_on_a_900_kb_message_stay_within_100_mib(
-        store: str, tfidf_model: tuple[Path, list[str]], fresh_standin: StandinHandle,
+        store: str, banking77_model: TrainedModel, fresh_standin: StandinHandle,
         redis_url: str, tmp_path: Path) -> None:
-    model_path, labels = tfidf_model
+    model_path, labels = banking77_model.path, banking77_model.labels
     config = {
         "fast": {"kind": "sklearn", "model_path": str(model_path), "timeout_s": FAST_TIMEOUT_S},
         "slow": {"model": SLOW_MODEL, "api_base": fresh_standin.api_base, "api_key": "sk-x",
@@ -161,12 +143,12 @@ class CountingPipeline:
 
 
 def test_a_huge_message_is_read_bounded_and_no_read_outlives_its_request(
-        tfidf_model: tuple[Path, list[str]], fresh_standin: StandinHandle,
+        banking77_model: TrainedModel, fresh_standin: StandinHandle,
         tmp_path: Path) -> None:
     """Before: each read of the whole 900 KB message passed the fast timeout, the decision was
     escalated, and the read kept running in its thread after the reply had gone out, holding
     hundreds of MB of n-grams while the next one started."""
-    model_path, labels = tfidf_model
+    model_path, labels = banking77_model.path, banking77_model.labels
     model = load_text_model(model_path)
     counting = CountingPipeline(model.pipeline)
     backend = SklearnBackend(model=dataclasses.replace(model, pipeline=counting))

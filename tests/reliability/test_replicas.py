@@ -76,8 +76,11 @@ def test_feedback_on_another_replica_and_export_of_both_logs(redis: RedisServer,
         during_id = during.json()["slotgate"]["decision_id"]
         redis.start()  # ... back, and empty (no persistence): the first decision's key is gone
         # too. A re-sends both without being asked (its next retry after 1 s).
+        back = time.monotonic()
         assert feedback_until(b, during_id, "card_arrival", within_s=10).status_code == 200
         assert feedback_until(b, decision_id, "card_arrival", within_s=10).status_code == 200
+        print(f"\nreplicas: both decisions found from B {time.monotonic() - back:.2f} s after "
+              "Redis came back empty")
 
     logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     runner = CliRunner()

@@ -3,7 +3,8 @@ passed to the slow path), ``POST /v1/feedback`` and ``GET /v1/models``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -11,8 +12,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.types import summary_route
+from policies.types import Decision, DecisionRequest, summary_route
 from router.errors import InvalidRequest, NoSlowModel
+from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
     ChatCompletionRequest,
     plan_decisions,
@@ -20,6 +22,7 @@ from router.http.openai.wire import (
     routing_headers,
 )
 from router.http.state import app_state, namespace
+from router.http.systemone.answers import run_stages
 from router.routing.ports import SlowModel
 
 
@@ -42,6 +45,9 @@ def make_router() -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state = app_state(request)
         settings = state.settings
+        variant = schema_payload(body)  # the example server's own chat-shaped decision call
+        if variant is not None:
+            return await _chat_variant(request, body, variant)
         plan = plan_decisions(
             body, max_options=settings.max_options, max_questions=settings.max_questions)
         if plan is None:
@@ -91,6 +97,27 @@ def make_router() -> APIRouter:
         return {"object": "list", "data": data}
 
     return router
+
+
+async def _chat_variant(request: Request, body: ChatCompletionRequest,
+                        payload: dict[str, Any]) -> Response:
+    """The example server's chat variant, answered through the System One flow in its shape."""
+    started = time.perf_counter()
+    state = app_state(request)
+    settings = state.settings
+    parsed = parse_variant(payload, max_questions=settings.max_questions,
+                           max_options=settings.max_options)
+    service, caller = state.service, namespace(request)
+
+    async def decide(requests: Sequence[DecisionRequest]) -> list[Decision]:
+        return await service.decide(requests, namespace=caller)
+
+    outcome = await run_stages(parsed, decide)
+    state.metrics.request(surface="openai_decision",
+                          route=summary_route(outcome.decisions.values()))
+    total_ms = (time.perf_counter() - started) * 1e3
+    return JSONResponse(render_variant(body, parsed, outcome, total_ms=total_ms,
+                                       engine=f"slotgate:{service.backend.name}"))
 
 
 async def _passthrough(slow: SlowModel | None, body: ChatCompletionRequest) -> Response:

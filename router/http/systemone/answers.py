@@ -8,11 +8,16 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
 - ``probabilities``, ``noul`` and ``score`` are recomputed from the calibrated distribution. The
   fast answer is the raw read's argmax, so with a calibrator that moves the argmax the chosen
   answer need not be the calibrated top: ``answer`` always names the routed answer.
-- An answer from the slow LLM has no distribution: ``probabilities`` and ``confidence`` are null,
-  ``noul`` is 1.0 for yes and 0.0 for no, and ``score`` is the chosen level's 0-based index. A
-  ``cache`` answer is shown like that too when it was a cached slow answer (``Decision.escalated``).
+- An answer from the slow LLM carries numbers too, as every answer of the server does: its
+  ``probabilities`` are one-hot on the slow model's answer, ``confidence`` is 1.0, ``noul`` is 1.0
+  for yes and 0.0 for no, and ``score`` is the chosen level's 0-based index; ``route`` says whose
+  numbers they are. A ``cache`` answer is shown like that too when it was a cached slow answer
+  (``Decision.escalated``).
 - ``usage`` has ``input_tokens`` and ``output_tokens`` set to 0: slotgate does not see its
   backends' token counts. It adds ``decisions`` (questions asked) and ``escalations`` (slow answers).
+- ``diagnostics`` has the server's ``steps``, ``stages``, ``skipped``, ``samples``, ``timing``
+  (``total_ms``, ``reads``: answers not served from the cache) and ``engine`` (``slotgate:<fast backend>``), plus
+  ``routes`` (each decision's routing facts).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ def decision_request(request: SystemOneRequest, question: Question) -> DecisionR
         samples=request.samples,
         seed=request.seed,
         policy=question.policy or request.policy,
+        samples_auto=request.samples_auto,
+        engine=request.engine,
     )
 
 
@@ -94,28 +101,38 @@ def render_answer(question: Question, decision: Decision) -> dict[str, Any] | No
         return None
     names = question.answer_names
     chosen = names.index(decision.answer)
-    proba = _calibrated(names, decision)
-    confidence = None
-    if proba is not None:
-        confidence = decision.probability if decision.probability is not None else proba[chosen]
+    proba = calibrated_distribution(names, decision)
+    confidence = decision.probability if decision.probability is not None else proba[chosen]
+    if _from_slow(decision):
+        confidence = 1.0
     out: dict[str, Any] = {"type": question.kind}
     if question.kind == "noul":
-        out["noul"] = proba[0] if proba is not None else float(chosen == 0)
+        out["noul"] = proba[0]
     elif question.kind == "choice":
         out["choice"] = decision.answer
-        out["probabilities"] = None if proba is None else dict(zip(names, proba))
+        out["probabilities"] = dict(zip(names, proba))
     else:
-        out["score"] = (
-            float(chosen) if proba is None else sum(i * p for i, p in enumerate(proba))
-        )
+        out["score"] = sum(i * p for i, p in enumerate(proba))
         out["legend"] = {str(i): level for i, level in enumerate(names)}
-        out["probabilities"] = None if proba is None else {str(i): p for i, p in enumerate(proba)}
+        out["probabilities"] = {str(i): p for i, p in enumerate(proba)}
     out.update(answer=decision.answer, route=decision.route, confidence=confidence)
     return out
 
 
+def calibrated_distribution(names: tuple[str, ...], decision: Decision) -> list[float]:
+    """The calibrated distribution of a fast answer, one-hot on the answer of a slow one (the slow
+    model gives no distribution; the server's clients always get numbers)."""
+    if _from_slow(decision) or decision.probabilities is None:
+        return [float(name == decision.answer) for name in names]
+    return [float(decision.probabilities.get(name, 0.0)) for name in names]
+
+
+def _from_slow(decision: Decision) -> bool:
+    return decision.escalated or decision.route not in _ROUTES_WITH_DISTRIBUTION
+
+
 def render_response(
-    request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float
+    request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float, engine: str = "slotgate"
 ) -> dict[str, Any]:
     """The whole 200 body: ``model``, ``answers`` (request order), ``usage``, ``diagnostics``."""
     answers = {
@@ -132,17 +149,23 @@ def render_response(
             "decisions": len(outcome.decisions),
             "escalations": sum(d.escalated for d in outcome.decisions.values()),
         },
-        "diagnostics": {
-            "stages": outcome.stages,
-            "skipped": outcome.skipped,
-            "routes": routes,
-            "timing": {"total_ms": round(total_ms, 3)},
-        },
+        "diagnostics": diagnostics(request, outcome, total_ms=total_ms, engine=engine) | {
+            "routes": routes},
     }
 
 
-def _calibrated(names: tuple[str, ...], decision: Decision) -> list[float] | None:
-    if (decision.probabilities is None or decision.escalated
-            or decision.route not in _ROUTES_WITH_DISTRIBUTION):
-        return None
-    return [float(decision.probabilities.get(name, 0.0)) for name in names]
+def diagnostics(request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float,
+                engine: str) -> dict[str, Any]:
+    """The server's diagnostics keys, as far as slotgate knows them."""
+    steps = dict(request.engine).get("steps", 1)
+    policy = ({"mode": "auto"} if request.samples_auto else
+              {"mode": "fixed", "n": request.samples})
+    fresh = sum(d.route != "cache" for d in outcome.decisions.values())
+    return {
+        "steps": steps,
+        "stages": outcome.stages,
+        "skipped": outcome.skipped,
+        "samples": {"n": request.samples, "policy": policy},
+        "timing": {"total_ms": round(total_ms, 3), "reads": fresh},
+        "engine": engine,
+    }

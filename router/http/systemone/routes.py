@@ -47,7 +47,8 @@ def make_router() -> APIRouter:
         state.metrics.request(surface="systemone",
                               route=summary_route(outcome.decisions.values()))
         total_ms = (time.perf_counter() - started) * 1e3
-        return JSONResponse(render_response(parsed, outcome, total_ms=total_ms))
+        return JSONResponse(render_response(parsed, outcome, total_ms=total_ms,
+                                            engine=f"slotgate:{service.backend.name}"))
 
     return router
 

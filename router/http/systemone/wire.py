@@ -3,11 +3,14 @@ it, into typed questions ordered in dependency stages. Errors speak the example 
 
 Accepted: ``model`` (echoed), ``state`` (required; a string as is, anything else as JSON text),
 ``questions`` (id -> ``{type, criteria, instructions, depends_on, ask_if}``; types ``noul``
-(``bool``/``boolean`` too), ``choice``, ``score``), top-level ``instructions`` (shared context),
-``samples`` (``"auto"`` or 1..32, larger counts capped), ``seed``, ``ask`` (a subset of ids) and the
-slotgate extension ``policy`` (a tuned policy's name, top level or per question). The example
-server's engine knobs (``steps``, ``think``, ``chunk_*``, ``auto_*``, ``sequential``, ``alone``)
-are accepted and ignored: they tune a read that slotgate's backends configure themselves.
+(``bool``/``boolean`` too), ``choice``, ``score``; ids trimmed, as the server trims them; levels,
+descriptions and criteria values of any JSON type are read as text, as the server prints them),
+top-level ``instructions`` (shared context), ``samples`` (``"auto"`` or 1..32, larger counts
+capped), ``seed``, ``ask`` (a subset of ids) and the slotgate extension ``policy`` (a tuned
+policy's name, top level or per question). The example server's engine knobs ``steps``,
+``think``, ``chunk_rows`` and ``chunk_prompt`` are validated with its rules and carried to the
+fast backend (a System One backend forwards them); ``auto_*``, ``sequential`` and ``alone`` are
+accepted and ignored: they tune a read that slotgate's backends configure themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from router.errors import InvalidRequest
 
 MAX_SAMPLES = 32  # the example server's cap; larger counts are clamped, not refused
 DEFAULT_SEED = 42
+ENGINE_KNOBS = ("steps", "think", "chunk_rows", "chunk_prompt")  # validated, then forwarded
+MAX_STEPS = 8  # the server clamps steps into [1, 8]
+MAX_THINK = 4096
 NOUL_ANSWERS = ("yes", "no")
 _KINDS: dict[str, QuestionKind] = {
     "noul": "noul", "bool": "noul", "boolean": "noul", "choice": "choice", "score": "score",
@@ -77,6 +83,8 @@ class SystemOneRequest:
     samples: int
     seed: int
     policy: str | None = None
+    samples_auto: bool = False  # samples "auto": a System One backend forwards it as such
+    engine: tuple[tuple[str, Any], ...] = ()  # the engine knobs given, (name, value) in order
 
     def question(self, question_id: str) -> Question:
         return next(q for q in self.questions if q.id == question_id)
@@ -95,9 +103,12 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int) -> Syst
         raise SystemOneError(f"schema: at most {max_questions} questions", field="questions")
     if payload.get("images"):
         raise SystemOneError("images: slotgate reads text state only; send no images", field="images")
-    questions = {
-        qid: _question(qid, raw, max_options=max_options) for qid, raw in raw_questions.items()
-    }
+    questions: dict[str, Question] = {}
+    for qid, raw in raw_questions.items():
+        question = _question(qid, raw, max_options=max_options)
+        if question.id in questions:  # two ids the same once trimmed
+            raise SystemOneError(f"duplicate question id '{question.id}'", field="questions")
+        questions[question.id] = question
     _check_references(questions)
     asked = _asked(payload.get("ask"), questions)
     model = payload.get("model")
@@ -110,12 +121,15 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int) -> Syst
         samples=_samples(payload.get("samples", "auto")),
         seed=_seed(payload.get("seed", DEFAULT_SEED)),
         policy=_policy_name(payload.get("policy"), "policy"),
+        samples_auto=payload.get("samples", "auto") == "auto",
+        engine=_engine(payload),
     )
 
 
-def _question(qid: str, raw: Any, *, max_options: int) -> Question:
+def _question(raw_id: str, raw: Any, *, max_options: int) -> Question:
+    qid = raw_id.strip()  # the server trims ids and answers under the trimmed id
     where = f"question '{qid}'"
-    if not isinstance(qid, str) or not qid.strip() or ":" in qid or "\n" in qid or "\r" in qid:
+    if not qid or ":" in qid or "\n" in qid or "\r" in qid:
         raise SystemOneError(
             f"{where}: ids must be non-empty after trimming, with no ':' or newline",
             field="questions",
@@ -147,46 +161,66 @@ def _question(qid: str, raw: Any, *, max_options: int) -> Question:
 def _options(where: str, kind: QuestionKind, criteria: Any) -> tuple[Option, ...]:
     if kind == "noul":
         criteria = {} if criteria is None else criteria
-        if not isinstance(criteria, dict) or not set(criteria) <= {"true", "false"} or not all(
-            v is None or isinstance(v, str) for v in criteria.values()
-        ):
+        if not isinstance(criteria, dict):
             raise SystemOneError(
                 f'{where}: noul criteria must be {{"true": description, "false": description}}',
                 field="criteria",
             )
-        return (Option("yes", criteria.get("true")), Option("no", criteria.get("false")))
+        return (Option("yes", _description(criteria.get("true"))),
+                Option("no", _description(criteria.get("false"))))
     if kind == "choice":
         if not isinstance(criteria, dict):
             raise SystemOneError(
                 f"{where}: choice criteria must map each option to a description or null",
                 field="criteria",
             )
-        for name, description in criteria.items():
-            if not isinstance(name, str) or not name.strip():
-                raise SystemOneError(f"{where}: option names must be non-empty", field="criteria")
-            if description is not None and not isinstance(description, str):
-                raise SystemOneError(
-                    f"{where}: option '{name}' needs a description string or null",
-                    field="criteria",
-                )
-        return tuple(Option(name, description) for name, description in criteria.items())
+        return tuple(Option(name, _description(d)) for name, d in criteria.items())
     if not isinstance(criteria, list):
         raise SystemOneError(f"{where}: score criteria must be an ordered list of levels",
                              field="criteria")
-    levels = [_level(where, level) for level in criteria]
+    levels = [_level(level) for level in criteria]
     duplicates = sorted({level for level in levels if levels.count(level) > 1})
     if duplicates:
         raise SystemOneError(f"{where}: duplicate level '{duplicates[0]}'", field="criteria")
     return tuple(Option(level) for level in levels)
 
 
-def _level(where: str, level: Any) -> str:
-    # Levels are sent as strings; a bare number is taken as its text so [1, 2, 3] still works.
-    if isinstance(level, (int, float)) and not isinstance(level, bool):
-        level = str(level)
-    if not isinstance(level, str) or not level.strip():
-        raise SystemOneError(f"{where}: score levels must be non-empty strings", field="criteria")
-    return level
+def _level(level: Any) -> str:
+    """A level as the server names it: text as given, anything else through ``str()``."""
+    return level if isinstance(level, str) else str(level)
+
+
+def _description(value: Any) -> str | None:
+    """A description as the server prints it: None stays absent, anything else is its text."""
+    return None if value is None else value if isinstance(value, str) else str(value)
+
+
+def _engine(payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The engine knobs given, checked with the server's rules and messages."""
+    knobs: list[tuple[str, Any]] = []
+    if "steps" in payload:
+        steps = payload["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise SystemOneError("schema: steps must be an integer", field="steps")
+        knobs.append(("steps", max(1, min(steps, MAX_STEPS))))  # clamped, as the server does
+    if "think" in payload:
+        think = payload["think"]
+        if isinstance(think, bool) or not isinstance(think, int) or not 0 <= think <= MAX_THINK:
+            raise SystemOneError(
+                f"schema: think must be a thought budget in tokens, 0 to {MAX_THINK}", field="think")
+        knobs.append(("think", think))
+    if payload.get("chunk_rows") is not None:
+        rows = payload["chunk_rows"]
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 8:
+            raise SystemOneError("schema: chunk_rows must be an integer of at least 8",
+                                 field="chunk_rows")
+        knobs.append(("chunk_rows", rows))
+    if "chunk_prompt" in payload:
+        if payload["chunk_prompt"] not in ("shared", "own"):
+            raise SystemOneError('schema: chunk_prompt must be "shared" or "own"',
+                                 field="chunk_prompt")
+        knobs.append(("chunk_prompt", payload["chunk_prompt"]))
+    return tuple(knobs)
 
 
 def _depends_on(where: str, raw: Any) -> tuple[str, ...]:

@@ -12,7 +12,6 @@ DiffusionGemma read on a tiny random config; skipped only when that module is ab
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -81,21 +80,27 @@ def mock_case() -> Case:
     )
 
 
-@functools.lru_cache(maxsize=2)
-def trained_artifacts(data_dir: Path, folder: Path, kind: str) -> tuple[Path, Path]:
-    """Two artifacts of one small model (POL's format) saved with different metadata, so their
-    files, hence fingerprints, differ: trained once per session and kind."""
-    from router.backends.sklearn import save_text_model, train_text_model
+def trained_artifacts(source: Path, folder: Path, kind: str) -> tuple[Path, Path]:
+    """Two artifacts of one model saved with different metadata, so their files, hence
+    fingerprints, differ. TF-IDF: the session's BANKING77 model, re-saved; embeddings: a small
+    model trained here (10 messages per intent), once per session."""
+    from router.backends.sklearn import load_text_model, save_text_model, train_text_model
 
-    texts, labels = read_train(data_dir / "train.csv", 10, seed=0)
-    pipeline = train_text_model(texts, labels, kind=kind)
     paths = (folder / f"{kind}-a.joblib", folder / f"{kind}-b.joblib")
+    if all(p.exists() for p in paths):
+        return paths
+    if kind == "tfidf":
+        model = load_text_model(source)
+        pipeline, n_train = model.pipeline, int(model.meta["n_train"])
+    else:
+        texts, labels = read_train(source / "train.csv", 10, seed=0)
+        pipeline, n_train = train_text_model(texts, labels, kind=kind), len(texts)
     for tag, path in zip("ab", paths):
-        save_text_model(path, pipeline, kind=kind, n_train=len(texts), data_hash=tag * 64)
+        save_text_model(path, pipeline, kind=kind, n_train=n_train, data_hash=tag * 64)
     return paths
 
 
-def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
+def text_model_case(kind: str, source: Path, folder: Path) -> Case:
     module = "router.backends.sklearn" if kind == "tfidf" else "router.backends.embedding"
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not in the tree")
@@ -103,7 +108,7 @@ def text_model_case(kind: str, data_dir: Path, folder: Path) -> Case:
         from router.backends.sklearn import SklearnBackend as Backend
     else:
         from router.backends.embedding import EmbeddingBackend as Backend  # type: ignore[assignment]
-    paths = dict(zip("ab", trained_artifacts(data_dir, folder, kind)))
+    paths = dict(zip("ab", trained_artifacts(source, folder, kind)))
     return Case(
         make=lambda tag="a": Backend(paths[tag]),
         variants={"model": {"tag": "b"}},
@@ -208,7 +213,9 @@ async def case(request: pytest.FixtureRequest, banking77_dir: Path,
         kind = "tfidf" if name == "sklearn" else "wordllama"
         folder = tmp_path_factory.getbasetemp() / "contract-models"
         folder.mkdir(exist_ok=True)
-        built = text_model_case(kind, banking77_dir, folder)
+        source = (request.getfixturevalue("banking77_model").path if kind == "tfidf"
+                  else banking77_dir)
+        built = text_model_case(kind, source, folder)
     elif name == "systemone":
         built = systemone_case(request.getfixturevalue("systemone_url"))
     elif name == "vllm":

@@ -17,7 +17,8 @@ from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
 from router.http.state import app_state
 from router.settings import Settings
-from router.store.decision_log import export_predictions, read_records
+from router.store.decision_log import read_records
+from router.tuning.log_export import export_predictions
 from router.tuning.predictions import read_predictions
 from standins.llm import StandinHandle
 from tests.live import LiveServer

@@ -102,6 +102,7 @@ async def test_server_wide_shadow_covers_untuned_decisions_and_missing_files(
     service, slow, _ = service_with(registry)
     [d] = await service.decide([request("I am sure")], namespace="t")
     assert (d.policy_id, d.shadow, d.route, d.guarantee) == ("fallback", True, "slow", None)
+    assert slow.calls == ["I am sure"]
     write_policy(missing, shadow=False)  # the first tuning: the file now routes
     assert registry.reload()
     [d] = await service.decide([request("I am sure now", policy="intents")], namespace="t")

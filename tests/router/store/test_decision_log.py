@@ -1,5 +1,5 @@
 """The decision log: JSONL and Redis-stream round trips, nothing lost when the process is killed
-or Redis is down, feedback joined into the predictions format that `slotgate tune` reads."""
+or Redis is down. Its export into predictions: tests/router/tuning/test_log_export.py."""
 
 from __future__ import annotations
 
@@ -18,12 +18,10 @@ import redis
 from router.settings import CacheSettings, LogSettings, Settings
 from router.store.decision_log import (
     JsonlDecisionLog,
-    export_predictions,
     make_decision_log,
     read_records,
 )
 from router.store.redis_log import RedisStreamDecisionLog
-from router.tuning.predictions import PredictionsError, read_predictions
 from tests.conftest import ROOT, RedisServer
 
 OPTIONS = ["lost_card", "card_arrival", "exchange_rate"]
@@ -205,42 +203,6 @@ def test_make_decision_log_picks_by_settings(tmp_path: Path) -> None:
         cache=CacheSettings(redis_url="redis://127.0.0.1:1/0")))
     assert isinstance(with_redis, RedisStreamDecisionLog) and with_redis.stream == "x:log"
     asyncio.run(with_redis.aclose())
-
-
-async def test_export_joins_feedback_into_predictions(tmp_path: Path) -> None:
-    path = tmp_path / "d.jsonl"
-    log = JsonlDecisionLog(path)
-    await log.append(record(0, proba=[0.6, 0.3, 0.1]))
-    await log.append(record(1, proba=[0.1, 0.8, 0.1]))
-    await log.append(record(2))
-    await log.append(record(3) | {"proba": None, "route": "slow"})  # no fast read: left out
-    await log.add_feedback("d0", "card_arrival")
-    await log.add_feedback("d0", "exchange_rate")  # a correction: the latest label wins
-    await log.add_feedback("d1", "card_arrival")
-    await log.aclose()
-    out = tmp_path / "out" / "preds.jsonl"
-    settings = Settings(log=LogSettings(decision_log_path=path))
-    assert export_predictions(settings, out) == 3
-    preds = read_predictions(out)
-    assert preds.ids == ["d0", "d1", "d2"] and preds.options == tuple(OPTIONS)
-    assert preds.labels == ["exchange_rate", "card_arrival", None]
-    assert preds.y_true.tolist() == [2, 1, -1]
-    assert preds.proba[0].tolist() == [0.6, 0.3, 0.1]
-    assert preds.signatures == ["sig-a"] * 3 and preds.fingerprints == ["fp"] * 3
-    assert export_predictions(path, out, labelled_only=True) == 2
-
-
-async def test_export_of_several_questions_needs_a_signature(tmp_path: Path) -> None:
-    path = tmp_path / "d.jsonl"
-    log = JsonlDecisionLog(path)
-    await log.append(record(0))
-    await log.append(record(1, signature="sig-b", options=["yes", "no"], proba=[0.9, 0.1]))
-    await log.aclose()
-    with pytest.raises(PredictionsError) as info:
-        export_predictions(path, tmp_path / "p.jsonl")
-    assert info.value.field == "signature" and "sig-a" in str(info.value)
-    assert export_predictions(path, tmp_path / "p.jsonl", signature="sig-b") == 1
-    assert read_predictions(tmp_path / "p.jsonl").options == ("yes", "no")
 
 
 async def test_redis_gets_the_record_once(redis_url: str, tmp_path: Path) -> None:

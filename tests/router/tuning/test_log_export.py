@@ -1,4 +1,5 @@
-"""`slotgate export-log`: decision log + feedback -> predictions file -> `slotgate tune` reads it."""
+"""`slotgate export-log`: decision log + feedback -> predictions file -> `slotgate tune` reads it;
+``export_predictions`` itself (router/tuning/log_export.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ import asyncio
 import json
 import random
 from pathlib import Path
+from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
+from router.settings import LogSettings, Settings
 from router.store.decision_log import JsonlDecisionLog
 from router.tuning.cli import app
-from router.tuning.predictions import read_predictions
+from router.tuning.log_export import export_predictions
+from router.tuning.predictions import PredictionsError, read_predictions
 
 OPTIONS = ["yes", "no"]
 
@@ -109,3 +114,51 @@ def test_audit_labels_fill_in_where_no_human_label_exists(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["export-log", "--log", str(log_path), "--out", str(plain),
                                       "--labelled-only"])
     assert "wrote 5 predictions" in result.output  # audits are not labels unless asked
+
+
+INTENTS = ["lost_card", "card_arrival", "exchange_rate"]
+
+
+def logged(i: int, *, proba: list[float] | None = None, signature: str = "sig-a",
+           options: list[str] | None = None) -> dict[str, Any]:
+    """A decision record as the service logs it."""
+    return {"decision_id": f"d{i}", "time": 1.0 + i, "namespace": "default",
+            "signature": signature, "fingerprint": "fp", "options": options or INTENTS,
+            "proba": proba if proba is not None else [0.7, 0.2, 0.1], "text": f"message {i}",
+            "answer": "lost_card", "route": "fast", "policy_id": "p@1", "escalated": False}
+
+
+async def test_export_joins_feedback_into_predictions(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    log = JsonlDecisionLog(path)
+    await log.append(logged(0, proba=[0.6, 0.3, 0.1]))
+    await log.append(logged(1, proba=[0.1, 0.8, 0.1]))
+    await log.append(logged(2))
+    await log.append(logged(3) | {"proba": None, "route": "slow"})  # no fast read: left out
+    await log.add_feedback("d0", "card_arrival")
+    await log.add_feedback("d0", "exchange_rate")  # a correction: the latest label wins
+    await log.add_feedback("d1", "card_arrival")
+    await log.aclose()
+    out = tmp_path / "out" / "preds.jsonl"
+    settings = Settings(log=LogSettings(decision_log_path=path))
+    assert export_predictions(settings, out) == 3
+    preds = read_predictions(out)
+    assert preds.ids == ["d0", "d1", "d2"] and preds.options == tuple(INTENTS)
+    assert preds.labels == ["exchange_rate", "card_arrival", None]
+    assert preds.y_true.tolist() == [2, 1, -1]
+    assert preds.proba[0].tolist() == [0.6, 0.3, 0.1]
+    assert preds.signatures == ["sig-a"] * 3 and preds.fingerprints == ["fp"] * 3
+    assert export_predictions(path, out, labelled_only=True) == 2
+
+
+async def test_export_of_several_questions_needs_a_signature(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    log = JsonlDecisionLog(path)
+    await log.append(logged(0))
+    await log.append(logged(1, signature="sig-b", options=["yes", "no"], proba=[0.9, 0.1]))
+    await log.aclose()
+    with pytest.raises(PredictionsError) as info:
+        export_predictions(path, tmp_path / "p.jsonl")
+    assert info.value.field == "signature" and "sig-a" in str(info.value)
+    assert export_predictions(path, tmp_path / "p.jsonl", signature="sig-b") == 1
+    assert read_predictions(tmp_path / "p.jsonl").options == ("yes", "no")

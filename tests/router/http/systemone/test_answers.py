@@ -140,16 +140,20 @@ def test_score_shape_is_zero_indexed_expectation() -> None:
         ({"type": "choice", "criteria": {"a": None, "b": None}}, "b", "choice", "b"),
     ],
 )
-def test_slow_answers_have_no_distribution_and_agree_with_the_answer(
+def test_slow_answers_carry_one_hot_numbers_that_agree_with_the_answer(
     question: dict[str, Any], answer: str, key: str, value: Any
 ) -> None:
+    """Clients of the example server always get numbers: a slow answer is one-hot on the slow
+    model's answer, confidence 1.0, and its route says whose numbers they are."""
     q, req = one(question)
     # Even if the service left the fast read's distribution on a slow decision, it is not shown.
     out = render_answer(q, decision(req, answer, route="slow",
                                     proba={n: 1 / len(q.options) for n in q.answer_names}))
     assert out is not None
-    assert out[key] == value and out["route"] == "slow" and out["confidence"] is None
-    assert out.get("probabilities") is None
+    assert out[key] == value and out["route"] == "slow" and out["confidence"] == 1.0
+    if q.kind != "noul":
+        shown = list(out["probabilities"].values())
+        assert shown == [float(n == answer) for n in q.answer_names]
 
 
 def test_unanswered_decision_renders_null() -> None:
@@ -166,7 +170,9 @@ async def test_response_usage_and_route_facts() -> None:
     assert body["usage"] == {"input_tokens": 0, "output_tokens": 0, "decisions": 4,
                              "escalations": 0}
     assert body["diagnostics"]["routes"]["kind"]["decision_id"] == "d-kind"
-    assert body["diagnostics"]["timing"] == {"total_ms": 12.346}
+    assert body["diagnostics"]["timing"] == {"total_ms": 12.346, "reads": 4}
+    assert {"steps", "stages", "skipped", "samples", "timing", "engine"} <= set(body["diagnostics"])
+    assert body["diagnostics"]["samples"] == {"n": 3, "policy": {"mode": "fixed", "n": 3}}
 
 
 def test_cache_route_shows_the_distribution_only_for_a_cached_fast_read() -> None:
@@ -178,4 +184,4 @@ def test_cache_route_shows_the_distribution_only_for_a_cached_fast_read() -> Non
     out = render_answer(q, fast)
     assert out is not None and out["noul"] == 0.95 and out["confidence"] == 0.95
     no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba, escalated=True)
-    assert render_answer(q, no_bar)["confidence"] is None  # type: ignore[index]
+    assert render_answer(q, no_bar)["confidence"] == 1.0  # type: ignore[index]

@@ -155,7 +155,7 @@ async def test_ask_if_chain_skips_and_asks(client: httpx.AsyncClient) -> None:
     assert diagnostics["stages"] == [["fraud"], ["explain"]]
 
 
-async def test_escalated_answer_has_no_distribution(
+async def test_escalated_answer_has_one_hot_numbers(
     client: httpx.AsyncClient, slow: RecordingSlow
 ) -> None:
     payload = {"state": "s", "questions": {
@@ -166,7 +166,7 @@ async def test_escalated_answer_has_no_distribution(
     tone = r.json()["answers"]["tone"]
     assert tone["route"] == "slow" and slow.asked == ["tone"]
     assert (tone["answer"], tone["score"], tone["probabilities"], tone["confidence"]) == (
-        "irate", 2.0, None, None)
+        "irate", 2.0, {"0": 0.0, "1": 0.0, "2": 1.0}, 1.0)
     again = (await post(client, payload)).json()["answers"]["tone"]  # slow answer from the cache
     assert slow.asked == ["tone"] and again["answer"] == "irate" and again["score"] == 2.0
 
@@ -178,8 +178,16 @@ async def test_escalated_answer_has_no_distribution(
         ({"state": "s", "questions": {"q": {"type": "rank"}}}, "question 'q': unknown type 'rank'"),
         ({"state": "s", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},
          "question 'q': needs at least two alternatives"),
-        ({"state": "s", "questions": {"q\n": {"type": "noul"}}},
-         "question 'q\n': ids must be non-empty after trimming, with no ':' or newline"),
+        ({"state": "s", "questions": {"q\nr": {"type": "noul"}}},
+         "question 'q\nr': ids must be non-empty after trimming, with no ':' or newline"),
+        ({"state": "s", "questions": {"q": {"type": "noul"}, " q ": {"type": "noul"}}},
+         "duplicate question id 'q'"),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "think": -1},
+         "schema: think must be a thought budget in tokens, 0 to 4096"),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "chunk_rows": 4},
+         "schema: chunk_rows must be an integer of at least 8"),
+        ({"state": "s", "questions": {"q": {"type": "noul"}}, "chunk_prompt": "all"},
+         'schema: chunk_prompt must be "shared" or "own"'),
     ],
 )
 async def test_422_dialect(client: httpx.AsyncClient, slow: RecordingSlow, reads: list[str],

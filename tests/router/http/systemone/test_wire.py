@@ -90,8 +90,23 @@ def test_bool_aliases_are_noul(alias: str) -> None:
 def test_noul_criteria_become_option_descriptions() -> None:
     (q,) = parse(body(x={"type": "noul", "criteria": {"true": "urgent", "false": None}})).questions
     assert [(o.name, o.description) for o in q.options] == [("yes", "urgent"), ("no", None)]
-    bad = error_of(body(x={"type": "noul", "criteria": {"maybe": "?"}}))
+    bad = error_of(body(x={"type": "noul", "criteria": ["yes", "no"]}))
     assert bad.message.startswith("question 'x': noul criteria must be")
+
+
+def test_what_the_published_openapi_allows_is_read_as_the_server_reads_it() -> None:
+    """Levels, descriptions and criteria values of any JSON type are text (the server str()s
+    them), option names may be empty, ids are trimmed, other noul criteria keys are ignored."""
+    (noul, choice, score) = parse(body(**{
+        " urgent ": {"type": "noul", "criteria": {"true": 1, "false": None, "note": "x"}},
+        "pick": {"type": "choice", "criteria": {"": "nothing", "a": 2.5, "b": {"k": 1}}},
+        "stars": {"type": "score", "criteria": [1, 2.5, True, "four"]},
+    })).questions
+    assert noul.id == "urgent"
+    assert [(o.name, o.description) for o in noul.options] == [("yes", "1"), ("no", None)]
+    assert [(o.name, o.description) for o in choice.options] == [
+        ("", "nothing"), ("a", "2.5"), ("b", "{'k': 1}")]
+    assert score.answer_names == ("1", "2.5", "True", "four")
 
 
 def test_choice_options_keep_order_and_descriptions() -> None:
@@ -135,10 +150,7 @@ def test_needs_at_least_two_alternatives(question: dict[str, Any]) -> None:
     [
         ({"type": "choice"}, "question 'q': choice criteria must map each option to a description"),
         ({"type": "choice", "criteria": ["a", "b"]}, "question 'q': choice criteria must map"),
-        ({"type": "choice", "criteria": {"a": 1, "b": None}}, "question 'q': option 'a' needs"),
-        ({"type": "choice", "criteria": {" ": None, "b": None}}, "question 'q': option names"),
         ({"type": "score"}, "question 'q': score criteria must be an ordered list of levels"),
-        ({"type": "score", "criteria": ["a", {"b": 1}]}, "question 'q': score levels must be"),
         ({"type": "score", "criteria": ["a", "a", "b"]}, "question 'q': duplicate level 'a'"),
         ({"type": "noul", "depends_on": "a"}, "question 'q': depends_on must be a list"),
     ],
@@ -152,7 +164,7 @@ def test_score_levels_sent_as_numbers_become_strings() -> None:
     assert q.answer_names == ("1", "2", "3")
 
 
-@pytest.mark.parametrize("qid", ["a:b", "a\nb", "   ", "", "x\r"])
+@pytest.mark.parametrize("qid", ["a:b", "a\nb", "   ", "", "x\ry"])  # "x\r" is "x", trimmed
 def test_bad_ids(qid: str) -> None:
     err = error_of({"state": "s", "questions": {qid: NOUL}})
     assert err.status_code == 422

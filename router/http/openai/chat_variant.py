@@ -1,0 +1,167 @@
+"""The vLLM example server's own OpenAI-shaped decision call on ``POST /v1/chat/completions``:
+exactly two messages, the system (or developer) one the question schema as JSON
+(``{"questions": [{"id", "type", "instructions", "options" | "levels" | "criteria"}, ...],
+"instructions", "samples", ...}``) and the user one the state as JSON. A client written for that
+server works unchanged: the body is recognised here, answered through the System One flow, and
+the reply is the server's ``chat.completion`` whose ``content`` is the JSON answer set.
+
+Errors are 400 ``invalid_request_error``, as the server answers them on this route.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from policies.types import Decision
+from router.errors import InvalidRequest
+from router.http.openai.wire import ChatCompletionRequest
+from router.http.systemone.answers import StagedOutcome, calibrated_distribution, diagnostics
+from router.http.systemone.wire import (
+    ENGINE_KNOBS,
+    Question,
+    SystemOneError,
+    SystemOneRequest,
+    parse_request,
+)
+
+SCHEMA_KEYS = ("instructions", "samples", *ENGINE_KNOBS)
+DEFAULT_MODEL = "dgemma-structured"  # the server's name for a reply when the body names none
+
+
+def schema_payload(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The System One body a chat request stands for, or None when it is not the server's chat
+    variant (then it is an ordinary chat request). Raises InvalidRequest (400) for a variant
+    whose state is not JSON."""
+    messages = body.messages
+    if (len(messages) != 2 or messages[0].role not in ("system", "developer")
+            or messages[1].role != "user" or body.response_format is not None
+            or body.structured_outputs is not None or body.guided_choice is not None):
+        return None
+    schema = _json_object(_text(messages[0].content))
+    if schema is None or not isinstance(schema.get("questions"), list):
+        return None
+    state = _text(messages[1].content).strip()
+    try:
+        json.loads(state)
+    except ValueError as exc:
+        raise InvalidRequest("system must be a JSON question schema and user must be JSON "
+                             f"state: {exc}", field="messages.1.content") from exc
+    questions: dict[str, Any] = {}
+    if not schema["questions"]:
+        raise InvalidRequest("schema: needs a non-empty questions array", field="messages.0.content")
+    for i, raw in enumerate(schema["questions"]):
+        if not isinstance(raw, dict):
+            raise InvalidRequest(f"questions.{i}: must be an object", field="messages.0.content")
+        qid = str(raw.get("id", "")).strip()
+        if qid in questions:
+            raise InvalidRequest(f"duplicate question id {qid!r}", field="messages.0.content")
+        questions[qid] = _jev_question(raw)
+    payload: dict[str, Any] = {k: schema[k] for k in SCHEMA_KEYS if k in schema}
+    payload.update(state=state, questions=questions)
+    seed = body.model_extra.get("seed") if body.model_extra else None
+    if seed is not None:
+        payload["seed"] = seed
+    return payload
+
+
+def parse_variant(payload: dict[str, Any], *, max_questions: int, max_options: int) -> SystemOneRequest:
+    """The validated request; a schema error is 400 here, as the server answers on this route."""
+    try:
+        return parse_request(payload, max_questions=max_questions, max_options=max_options)
+    except SystemOneError as exc:
+        raise InvalidRequest(exc.message, field="messages.0.content") from exc
+
+
+def render_variant(body: ChatCompletionRequest, request: SystemOneRequest,
+                   outcome: StagedOutcome, *, total_ms: float, engine: str) -> dict[str, Any]:
+    """The server's reply: a ``chat.completion`` whose content is ``{"answers", "diagnostics"}``."""
+    answers = {q.id: (_answer(q, outcome.decisions[q.id]) if q.id in outcome.decisions else None)
+               for q in request.questions}
+    content = {
+        "answers": answers,
+        "diagnostics": diagnostics(request, outcome, total_ms=total_ms, engine=engine),
+    }
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.model or DEFAULT_MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant",
+                                             "content": json.dumps(content, indent=2)},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def _answer(question: Question, decision: Decision) -> dict[str, Any] | None:
+    """The server's internal answer shape: type, label, confidence, probabilities by name, and
+    noul / choice / score (1-based expectation) with level."""
+    if decision.answer is None:
+        return None
+    names = question.answer_names
+    proba = calibrated_distribution(names, decision)
+    chosen = names.index(decision.answer)
+    confidence = proba[chosen] if decision.probability is None else decision.probability
+    out: dict[str, Any] = {
+        "type": question.kind, "label": _labels(question)[chosen],
+        "confidence": 1.0 if decision.escalated else confidence,
+        "probabilities": dict(zip(names, proba)),
+    }
+    if question.kind == "noul":
+        out["noul"] = proba[0]
+    elif question.kind == "choice":
+        out["choice"] = decision.answer
+    else:
+        out["score"] = sum((i + 1) * p for i, p in enumerate(proba))
+        out["level"] = decision.answer
+    out["route"] = decision.route
+    return out
+
+
+def _labels(question: Question) -> list[str]:
+    n = len(question.options)
+    if question.kind == "noul":
+        return ["yes", "no"]
+    if question.kind == "score" and n <= 9:
+        return [str(i + 1) for i in range(n)]
+    return [_letters(i) for i in range(n)]
+
+
+def _letters(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else _letters(i // 26 - 1) + chr(ord("A") + i % 26)
+
+
+def _jev_question(raw: dict[str, Any]) -> dict[str, Any]:
+    kind = raw.get("type")
+    out: dict[str, Any] = {"type": kind, "instructions": raw.get("instructions", "")}
+    if kind == "choice":
+        out["criteria"] = {
+            (str(o.get("name")) if isinstance(o, dict) else str(o)):
+            (o.get("description") if isinstance(o, dict) else None)
+            for o in raw.get("options") or []
+        }
+    elif kind == "score":
+        out["criteria"] = list(raw.get("levels") or [])
+    elif "criteria" in raw:
+        out["criteria"] = raw["criteria"]
+    for key in ("depends_on", "ask_if", "alone"):
+        if key in raw:
+            out[key] = raw[key]
+    return out
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return content or ""

@@ -1,0 +1,72 @@
+"""/v1/systemone in front of a System One server (the stand-in, with the example server's
+validation): what a client sends reaches the upstream as the server would need it to give the
+same answers, and what the upstream refuses comes back as the caller's 422."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from router.backends.systemone import SystemOneBackend
+from router.http.app import create_app
+from router.settings import Settings
+from standins.systemone_server import SystemOneStandin
+from tests.router.backends.standins import small_reader
+from tests.router.http.systemone.test_e2e import MemoryLog, RecordingSlow
+
+
+@pytest.fixture
+def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
+    with SystemOneStandin(reader=small_reader(banking77_dir)) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(upstream: SystemOneStandin) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingSlow]]:
+    slow = RecordingSlow()
+    backend = SystemOneBackend(upstream.url)
+    app = create_app(Settings(fast={"timeout_s": 10.0}), backend=backend, slow=slow,
+                     decision_log=MemoryLog())
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as c:
+        yield c, slow
+    await backend.aclose()
+
+
+QUESTIONS: dict[str, Any] = {
+    " urgent ": {"type": "noul", "instructions": "Reply today?"},
+    "intent": {"type": "choice", "criteria": {"card_arrival": None, "lost_or_stolen_card": None}},
+}
+
+
+async def test_knobs_auto_samples_and_trimmed_ids_reach_the_upstream(
+    client: tuple[httpx.AsyncClient, RecordingSlow], upstream: SystemOneStandin
+) -> None:
+    c, _ = client
+    r = await c.post("/v1/systemone", json={
+        "state": "my new card has not arrived", "questions": QUESTIONS, "samples": "auto",
+        "think": 32, "chunk_rows": 16, "chunk_prompt": "shared", "steps": 20})
+    assert r.status_code == 200, r.text
+    assert set(r.json()["answers"]) == {"urgent", "intent"}  # trimmed, as the server answers
+    [body] = upstream.stats.bodies  # one stage, one joint read
+    assert list(body["questions"]) == ["urgent", "intent"]
+    assert (body["samples"], body["think"], body["chunk_rows"], body["chunk_prompt"],
+            body["steps"]) == ("auto", 32, 16, "shared", 8)  # steps clamped to 8, as the server does
+    assert r.json()["diagnostics"]["engine"] == "slotgate:systemone"
+    assert r.json()["diagnostics"]["steps"] == 8
+
+
+async def test_an_upstream_422_is_answered_422_without_a_slow_call(
+    client: tuple[httpx.AsyncClient, RecordingSlow], upstream: SystemOneStandin
+) -> None:
+    c, slow = client
+    r = await c.post("/v1/systemone", json={
+        "state": "s", "questions": {"x" * 300: {"type": "noul"}}})
+    assert r.status_code == 422
+    assert "answer template is" in r.json()["error"]["message"]
+    assert slow.asked == [] and upstream.stats.requests == 1
