@@ -73,6 +73,7 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
     out["prefix_tokens"], out["suffix_tokens"] = len(first.prefix_ids), len(first.suffix_ids)
     graphs = backend.reader.graphs
     out["graphs"] = len(graphs.graphs) if graphs is not None else 0
+    out["attention_kernels"] = getattr(backend.reader.onepass.attend, "kernels", None)
     log(f"backend ready: {out}")
     for samples, name in ((1, "single"), (4, "draws4")):
         for k in range(3):  # warm: prefix cache, static prompt, first replay

@@ -281,8 +281,15 @@ def export_log(
                                            "where none, the slow model's answer (shadow mode, "
                                            "audits, escalations); `tune` on it promises "
                                            "agreement with the slow model.")] = "human",
+    redis_url: Annotated[str | None, typer.Option(
+        help="Also read the Redis stream every replica writes its records to (alone, without "
+             "--log, only the stream is read).")] = None,
+    stream: Annotated[str, typer.Option(help="The stream's name (log.redis_stream).")]
+        = "slotgate:v1:log",
 ) -> None:
     """Join the decision log with its feedback labels into a predictions file."""
+    from redis.exceptions import RedisError
+
     from router.settings import load_settings
     from router.tuning.log_export import export_predictions
     from router.tuning.predictions import PredictionsError
@@ -291,7 +298,8 @@ def export_log(
         fail(f"--reference must be human or slow, got {reference!r}")
     check_out(out, "--out")
     try:
-        sources = log if log else [load_settings(config).log.decision_log_path]
+        sources = log if log else [] if redis_url else [
+            load_settings(config).log.decision_log_path]
     except (FileNotFoundError, ValueError) as exc:
         fail(f"--config: {exc}")
     for source in sources:
@@ -300,11 +308,15 @@ def export_log(
     tally: dict[str, int] = {}
     try:
         n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
-                               audit_labels=audit_labels, reference_slow=reference == "slow",
-                               tally=tally)
+                               audit_labels=audit_labels,
+                               redis_stream=(redis_url, stream) if redis_url else None,
+                               reference_slow=reference == "slow", tally=tally)
     except PredictionsError as exc:
         fail(exc.message)
-    typer.echo(f"wrote {n} predictions from {', '.join(map(str, sources))} to {out}: labels "
+    except (RedisError, OSError) as exc:
+        fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
+    names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
+    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
                f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
                f"{tally['unlabelled']} none")
 

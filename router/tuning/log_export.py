@@ -1,11 +1,12 @@
 """Production traffic back into tuning: the decision logs joined with their feedback (and,
 optionally, audit) labels into the predictions format ``slotgate tune`` reads
-(``slotgate export-log``)."""
+(``slotgate export-log``). The records come from the replicas' JSONL files, from the Redis
+stream they all write to, or both."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 def export_predictions(source: Settings | Path | str | Sequence[Path | str], out_path: Path | str,
                        *, signature: str | None = None, labelled_only: bool = False,
-                       audit_labels: bool = False, reference_slow: bool = False,
+                       audit_labels: bool = False,
+                       redis_stream: tuple[str, str] | None = None, reference_slow: bool = False,
                        tally: dict[str, int] | None = None) -> int:
     """Join JSONL decision logs with their feedback into the predictions format (id, options,
     raw proba, label or null, signature, fingerprint, text); returns the rows written. Several
@@ -27,7 +29,9 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     ``signature``. Decisions without a fast read (no proba) are left out; the latest feedback
     label (by its time) wins; a record repeated (at-least-once delivery) counts once. With
     ``audit_labels``, a decision with no feedback takes its audit's label (the slow model's
-    answer): a policy tuned on those promises agreement with the slow model.
+    answer): a policy tuned on those promises agreement with the slow model. ``redis_stream``
+    (url, stream name) adds the records of the Redis stream every replica writes to (what it
+    still holds: see docs/reliability.md on Redis restarts).
 
     ``reference_slow`` (``export-log --reference slow``, the shadow-mode path): a decision with
     no feedback takes the slow model's answer as its label: its audit's, else the answer it was
@@ -42,11 +46,14 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
         paths = [Path(p) for p in source]
     else:
         paths = [source.log.decision_log_path]
-    path = paths[0]
+    path: Path | str = paths[0] if paths else f"{redis_stream[1] if redis_stream else '?'}"
     decisions: dict[str, dict[str, Any]] = {}
     labels: dict[str, tuple[float, str]] = {}  # decision id -> (time, label)
     audits: dict[str, str] = {}  # decision id -> the slow model's answer (router/monitoring)
-    for record in (r for p in paths for r in read_records(p)):
+    records: Iterator[dict[str, Any]] = (r for p in paths for r in read_records(p))
+    if redis_stream is not None:
+        records = _chain(records, read_stream(*redis_stream))
+    for record in records:
         decision_id = str(record["decision_id"])
         if record.get("type") == "audit":
             audits[decision_id] = str(record["label"])
@@ -100,3 +107,29 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
 def _question(record: dict[str, Any]) -> str:
     """What one predictions file may hold: the signature, else the ordered options."""
     return str(record.get("signature") or json.dumps(record["options"]))
+
+
+def read_stream(url: str, stream: str, *, chunk: int = 1000) -> Iterator[dict[str, Any]]:
+    """Every record of the decision log's Redis stream, oldest first, read in chunks."""
+    import orjson
+    import redis
+
+    client: Any = redis.Redis.from_url(url)  # redis-py's sync stubs type replies loosely
+    try:
+        start = "-"
+        while True:
+            entries = client.xrange(stream, min=start, max="+", count=chunk)
+            for _, fields in entries:
+                record = orjson.loads(fields[b"data"])
+                if isinstance(record, dict) and record.get("decision_id"):
+                    yield record
+            if len(entries) < chunk:
+                return
+            start = "(" + entries[-1][0].decode()  # exclusive: after the last one read
+    finally:
+        client.close()
+
+
+def _chain(*parts: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for part in parts:
+        yield from part

@@ -98,3 +98,16 @@ def test_feedback_on_another_replica_and_export_of_both_logs(redis: RedisServer,
     # the latest label wins: decision_id was labelled lost_card, then card_arrival
     assert labels == {decision_id: "card_arrival", during_id: "card_arrival"}
     assert preds.options == tuple(OPTIONS)
+
+    # Through Redis instead of the files: the stream holds what was written since the restart,
+    # so the decision made before it (its record went with the restart) is not there.
+    via_redis = tmp_path / "redis.jsonl"
+    result = runner.invoke(cli, ["export-log", "--redis-url", redis.url, "--out", str(via_redis),
+                                 "--labelled-only"])
+    assert result.exit_code == 0, result.output
+    preds = read_predictions(via_redis)
+    assert dict(zip(preds.ids, preds.labels)) == {during_id: "card_arrival"}
+    redis.stop()
+    result = runner.invoke(cli, ["export-log", "--redis-url", redis.url, "--out", str(via_redis)])
+    assert result.exit_code == 2 and "--redis-url" in result.output
+    redis.start()  # for the fixture's stop

@@ -1,7 +1,7 @@
 """The ``torch`` fast backend: in-process slot reads with transformers (extra ``torch``).
 
-``kind`` picks the reader: ``diffusion`` (DiffusionGemma one-step read, torch_diffusion.py),
-``causal`` (next-token read, torch_causal.py) or ``masked`` (``[MASK]`` read, torch_masked.py).
+``kind`` picks the reader: ``diffusion`` (DiffusionGemma one-step read, diffusion.py),
+``causal`` (next-token read, causal.py) or ``masked`` (``[MASK]`` read, masked.py).
 Each option is shown with a one-token label (labels.py); the read is the softmax of the slot's
 logits over those label ids. Concurrent reads are coalesced into batches (coalescer.py) that run
 in one worker thread, one batch at a time. On CUDA the diffusion read is compiled and replayed as

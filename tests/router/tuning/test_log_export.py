@@ -162,3 +162,22 @@ async def test_export_of_several_questions_needs_a_signature(tmp_path: Path) -> 
     assert info.value.field == "signature" and "sig-a" in str(info.value)
     assert export_predictions(path, tmp_path / "p.jsonl", signature="sig-b") == 1
     assert read_predictions(tmp_path / "p.jsonl").options == ("yes", "no")
+
+
+async def test_the_redis_stream_is_read_whole_in_chunks(redis_url: str, tmp_path: Path) -> None:
+    from router.store.redis_log import RedisStreamDecisionLog
+    from router.tuning.log_export import read_stream
+
+    log = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "d.jsonl")
+    for i in range(5):
+        await log.append({"decision_id": f"d{i}", "options": OPTIONS, "proba": [0.6, 0.4],
+                          "signature": "sig", "answer": "yes"})
+    await log.add_feedback("d3", "no")
+    assert await log.flush()
+    await log.aclose()
+    records = list(read_stream(redis_url, "s", chunk=2))
+    assert [(r["type"], r["decision_id"]) for r in records] == [
+        *(("decision", f"d{i}") for i in range(5)), ("feedback", "d3")]
+    out = tmp_path / "p.jsonl"
+    assert export_predictions([], out, redis_stream=(redis_url, "s"), labelled_only=True) == 1
+    assert read_predictions(out).labels == ["no"]
