@@ -55,6 +55,7 @@ class UnprocessableRequest(RequestError):
     backends; the service lets it through (a slow model would only hide it, at a price)."""
 
     status_code = 422
+    error_type = "validation_error"  # the example server's word for its 422s
 
 
 class PayloadTooLarge(RequestError):

@@ -93,6 +93,13 @@ class PolicySettings(BaseModel):
     # The rule for decisions no tuned policy covers and no default names:
     fallback_threshold: float = Field(0.9, ge=0, le=1)
     allow_fingerprint_mismatch: bool = False
+    # Shadow mode for every decision whose policy file does not say otherwise (its own
+    # ``shadow`` wins): the slow model answers and is served, the fast read is logged. The cold
+    # start with no labels; in it, policy files may be missing until they are first tuned.
+    shadow: bool = False
+    # Reload the policy files when they change on disk (SIGHUP always reloads); an invalid
+    # new file is refused with a log line naming it and the loaded policies keep serving.
+    watch: bool = True
 
 
 class MonitoringSettings(BaseModel):

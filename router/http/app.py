@@ -76,6 +76,10 @@ def create_app(
                 settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
                 metrics=state.metrics)
             state.started(service, feedback)
+            from router.routing.reload import live_reload  # SIGHUP and policy file changes
+
+            await stack.enter_async_context(
+                live_reload(service.registry, watch=settings.policy.watch))
             if not service.escalation_available:
                 log.warning(
                     "ESCALATION UNAVAILABLE: %s. Decisions below their threshold get %s.",

@@ -192,6 +192,9 @@ class RoutingService:
         started: float,
     ) -> Decision:
         decision_id = uuid.uuid4().hex
+        # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
+        # every decision and is served; the fast read and the policy's verdict are still logged.
+        shadow, guarantee = self.registry.mode(policy)
         if read.scores is None:  # the fast backend failed: only the slow path can answer
             answer, from_cache = await self._escalate(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
@@ -199,12 +202,16 @@ class RoutingService:
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
                 None, None, None, policy.policy_id, _ms(started),
                 note=f"fast backend failed ({read.failure}); answered by the slow path",
-                escalated=True)
+                escalated=True, shadow=shadow, guarantee=guarantee)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
         index = scores.top_index  # the fast answer is always the raw argmax
         answer, route, note = scores.options[index], "cache" if read.cached else "fast", None
-        if not verdict.accept:
+        if shadow:
+            note = (f"shadow mode: the slow model's answer is served; the fast read answered "
+                    f"{answer!r} and the policy would have "
+                    f"{'accepted' if verdict.accept else 'escalated'} it ({verdict.reason})")
+        if not verdict.accept or shadow:
             try:
                 answer, from_cache = await self._escalate(request, namespace=namespace)
                 route = "cache" if from_cache else "slow"
@@ -212,15 +219,18 @@ class RoutingService:
                 if not self.settings.slow.serve_unverified_on_failure:
                     raise
                 route = "unverified"
-                note = (f"{exc.message}; the fast answer is below the threshold "
-                        f"({verdict.reason}) and was not verified")
+                note = (f"{exc.message}; the fast answer is " + (
+                    "in shadow mode" if shadow else f"below the threshold ({verdict.reason})")
+                    + " and was not verified")
             index = scores.options.index(answer)
-        self.metrics.decision(route=route, escalated=not verdict.accept)
+        escalated = not verdict.accept or shadow
+        self.metrics.decision(route=route, escalated=escalated)
         return Decision(
             decision_id, request.question_id, answer, route,  # type: ignore[arg-type]
             calibrated[index], scores.proba[index], verdict.threshold, policy.policy_id,
             _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note,
-            escalated=route in ("slow", "cache") and not verdict.accept)
+            escalated=route in ("slow", "cache") and escalated, shadow=shadow,
+            guarantee=guarantee)
 
     async def _escalate(self, request: DecisionRequest, *, namespace: str) -> tuple[str, bool]:
         """(answer, without a slow call of its own: from the slow cache, or shared with an

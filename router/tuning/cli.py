@@ -59,10 +59,9 @@ def train(
     import csv
     import hashlib
 
-    import numpy as np
-
     from router.backends.sklearn import MODEL_KINDS, save_text_model, train_text_model
     from router.tuning.predictions import PredictionsError, read_texts
+    from router.tuning.sampling import holdout_split
 
     if kind not in MODEL_KINDS:
         fail(f"--kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
@@ -82,9 +81,7 @@ def train(
                           id_column=id_column, require_labels=True)
     except PredictionsError as exc:
         fail(str(exc))
-    order = np.random.default_rng(seed).permutation(len(rows.texts))
-    held = set(order[: round(holdout * len(order))].tolist())
-    fit_rows = [i for i in range(len(rows.texts)) if i not in held]
+    fit_rows, held = holdout_split(len(rows.texts), holdout, seed=seed)
     texts = [rows.texts[i] for i in fit_rows]
     labels = [str(rows.labels[i]) for i in fit_rows]
     ids = [rows.ids[i] for i in fit_rows]
@@ -118,7 +115,7 @@ def train(
         with holdout_out.open("w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(["id", text_column, label_column])
-            for i in sorted(held):
+            for i in held:
                 writer.writerow([rows.ids[i], rows.texts[i], rows.labels[i]])
     typer.echo(f"trained {kind} on {len(texts)} rows ({len(model.classes_)} classes) -> {out}"
                + (f"; {len(held)} held-out rows -> {holdout_out}" if holdout_out else "")
@@ -165,6 +162,7 @@ def predict(
     from router.backends.sklearn import SklearnBackend
     from router.errors import SlotgateError
     from router.tuning.predictions import read_texts, write_predictions
+    from router.tuning.sampling import seeded_subset
 
     check_out(out, "--out")
     try:
@@ -180,12 +178,8 @@ def predict(
             options = backend.model.labels
     except SlotgateError as exc:
         fail(str(exc))
-    if limit is not None and limit < len(rows.texts):
-        import random
-
-        keep = sorted(random.Random(0).sample(range(len(rows.texts)), limit))
-        rows = type(rows)(**{name: [getattr(rows, name)[i] for i in keep]
-                             for name in ("ids", "texts", "labels")})
+    if limit is not None:
+        rows = seeded_subset(rows, limit, seed=0)
     for row, label in enumerate(rows.labels, start=1):
         if label is not None and label not in options:
             fail(f"{data}: row {row}: field {label_column!r}: label {label!r} is not among the "
@@ -225,40 +219,24 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Compare two prediction files row by row: discordant pairs, exact McNemar p."""
-    import numpy as np
-
-    from calibration.compare import paired_comparison
+    from router.tuning.pairing import compare_predictions
+    from router.tuning.predictions import PredictionsError
 
     first, second = load_preds(a, labelled=True), load_preds(b, labelled=True)
-    index_b = {row_id: i for i, row_id in enumerate(second.ids)}
-    pairs = [(i, index_b[row_id]) for i, row_id in enumerate(first.ids)
-             if row_id in index_b and first.labels[i] is not None
-             and second.labels[index_b[row_id]] is not None]
-    if not pairs:
-        fail(f"{a} and {b}: field 'id': no labelled row id appears in both files")
-    rows_a, rows_b = (np.array(side) for side in zip(*pairs, strict=True))
-    for i, j in pairs:
-        if first.labels[i] != second.labels[j]:
-            fail(f"{b}: row {j + 1}: field 'label': {second.labels[j]!r} differs from {a}'s "
-                 f"{first.labels[i]!r} for id {first.ids[i]!r}")
-    answer_a = [first.options[k] for k in first.proba[rows_a].argmax(axis=1)]
-    answer_b = [second.options[k] for k in second.proba[rows_b].argmax(axis=1)]
-    labels = [first.labels[i] for i in rows_a]
-    result = paired_comparison([x == y for x, y in zip(answer_a, labels, strict=True)],
-                               [x == y for x, y in zip(answer_b, labels, strict=True)])
-    summary = {**result.to_dict(), "answers_agree": float(np.mean(
-        [x == y for x, y in zip(answer_a, answer_b, strict=True)])),
-        "unpaired_a": len(first.ids) - len(pairs), "unpaired_b": len(second.ids) - len(pairs)}
+    try:
+        summary = compare_predictions(first, second)
+    except PredictionsError as exc:
+        fail(str(exc))
     if as_json:
         typer.echo(json.dumps(summary))
         return
     show_table(f"{a.name} (A) vs {b.name} (B)", [
-        ("paired rows", str(result.n)),
-        ("accuracy A / B", f"{result.accuracy_a:.4f} / {result.accuracy_b:.4f}"),
+        ("paired rows", str(summary["n"])),
+        ("accuracy A / B", f"{summary['accuracy_a']:.4f} / {summary['accuracy_b']:.4f}"),
         ("same answer", f"{summary['answers_agree']:.4f}"),
-        ("both right or both wrong", f"{result.agreement:.4f}"),
-        ("discordant: only A right / only B right", f"{result.a_only} / {result.b_only}"),
-        ("exact McNemar p", f"{result.p_value:.4g}"),
+        ("both right or both wrong", f"{summary['agreement']:.4f}"),
+        ("discordant: only A right / only B right", f"{summary['a_only']} / {summary['b_only']}"),
+        ("exact McNemar p", f"{summary['p_value']:.4g}"),
         ("unpaired rows A / B", f"{summary['unpaired_a']} / {summary['unpaired_b']}"),
     ])
 
@@ -278,6 +256,10 @@ def export_log(
     audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
                                                "audit (the slow model's answer); a human label "
                                                "wins.")] = False,
+    reference: Annotated[str, typer.Option(help="human: labels are /v1/feedback only; slow: "
+                                           "where none, the slow model's answer (shadow mode, "
+                                           "audits, escalations); `tune` on it promises "
+                                           "agreement with the slow model.")] = "human",
     redis_url: Annotated[str | None, typer.Option(
         help="Also read the Redis stream every replica writes its records to (alone, without "
              "--log, only the stream is read).")] = None,
@@ -293,6 +275,8 @@ def export_log(
     from router.tuning.log_export import export_predictions
     from router.tuning.predictions import PredictionsError
 
+    if reference not in ("human", "slow"):
+        fail(f"--reference must be human or slow, got {reference!r}")
     check_out(out, "--out")
     try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
         sources = log if log else [] if redis_url else [
@@ -302,16 +286,20 @@ def export_log(
     for source in sources:
         if not source.is_file():
             fail(f"decision log {source}: file not found")
+    tally: dict[str, int] = {}
     try:
         n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
                                audit_labels=audit_labels,
-                               redis_stream=(redis_url, stream) if redis_url else None)
+                               redis_stream=(redis_url, stream) if redis_url else None,
+                               reference_slow=reference == "slow", tally=tally)
     except PredictionsError as exc:
         fail(exc.message)
     except (RedisError, OSError) as exc:
         fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
     names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
-    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}")
+    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
+               f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
+               f"{tally['unlabelled']} none")
 
 
 @app.command()

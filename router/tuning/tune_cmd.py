@@ -35,6 +35,10 @@ def tune(
     model: Annotated[Path | None, typer.Option(
         help="The model `train --cv` saved with an out-of-fold --preds file; needed for one, "
              "whose rows are checked against the training rows the model recorded.")] = None,
+    cv: Annotated[int | None, typer.Option(
+        help="For predictions of a model that saw none of the rows (`predict` on held-out "
+             "rows, `export-log`): cross-fit the calibrator over K random folds and choose the "
+             "threshold on all rows, instead of splitting them.")] = None,
     shadow: Annotated[bool, typer.Option(
         help="Write the policy in shadow mode: every decision is also answered by the slow "
              "model, which is served (switch it off by editing the file; it reloads live).")] = False,
@@ -86,6 +90,8 @@ def tune(
     mask = data.labelled
     try:
         folds = check_crossfit_rows(data)
+        if folds is not None and cv is not None:
+            fail(f"--cv: {preds} is already out-of-fold (its rows carry a 'fold')")
         if folds is not None:
             check_model(data, model)
         elif model is not None:
@@ -93,9 +99,17 @@ def tune(
                  "has none")
     except PredictionsError as exc:
         fail(str(exc))
+    if cv is not None:
+        from calibration.crossfit import random_folds
+
+        try:
+            folds = random_folds(int(mask.sum()), n_folds=cv, seed=seed)
+        except ValueError as exc:
+            fail(f"--cv: {str(exc).removeprefix('n_folds ')}")
     try:
         if folds is not None:
-            result = tune_crossfit(data.proba, data.y_true, folds, calibrator=calibrator,
+            rows = mask if cv is not None else slice(None)
+            result = tune_crossfit(data.proba[rows], data.y_true[rows], folds, calibrator=calibrator,
                                    target_accuracy=target_accuracy, delta=delta,
                                    max_escalation=max_escalation, budget_window=budget_window)
         else:

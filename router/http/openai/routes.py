@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.types import Decision, DecisionRequest, summary_route
-from router.errors import InvalidRequest, NoSlowModel
+from router.errors import InvalidRequest, NoSlowModel, UnprocessableRequest
 from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
     ChatCompletionRequest,
@@ -125,7 +125,10 @@ async def _chat_variant(request: Request, body: ChatCompletionRequest,
     async def decide(requests: Sequence[DecisionRequest]) -> list[Decision]:
         return await service.decide(requests, namespace=caller)
 
-    outcome = await run_stages(parsed, decide)
+    try:
+        outcome = await run_stages(parsed, decide)
+    except UnprocessableRequest as exc:  # the server answers its chat route's refusals with 400
+        raise InvalidRequest(exc.message, field="messages.0.content") from exc
     state.metrics.request(surface="openai_decision",
                           route=summary_route(outcome.decisions.values()))
     total_ms = (time.perf_counter() - started) * 1e3

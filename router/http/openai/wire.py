@@ -343,6 +343,9 @@ def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
         "decision_id": ",".join(d.decision_id for d in decisions),
         "latency_ms": max(d["latency_ms"] for d in each),
         "note": "; ".join(dict.fromkeys(notes)) if notes else None,
+        "shadow": any(d.shadow for d in decisions),
+        "guarantee": ",".join(dict.fromkeys(d.guarantee for d in decisions if d.guarantee))
+        or None,
         "decisions": each,
     }
     return summary

@@ -1,120 +1,144 @@
-"""The proxy with a real (private) Redis as cache and decision log, client API keys, and the
-readiness probe following Redis; same harness as test_app (uvicorn, OpenAI SDK, stand-in LLM)."""
+"""AdmissionGuard on its own, as the pure ASGI middleware it is: API keys (401 naming
+``authorization``; each key its own cache namespace; probes open), the body limit (413 by
+Content-Length and while streaming, before the app runs), the per-key rate limit (429), the
+status counter, and a client that leaves mid-body getting no answer at all."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
+from typing import Any
 
-import httpx
-import openai
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
-from router.backends.mock import MockBackend
-from standins.llm import StandinHandle
-from tests.conftest import RedisServer
-from tests.router.http.test_app import INTENTS, Recorder, Server, enum_format, settings_for
+from router.errors import SlotgateError
+from router.http.admission import AdmissionGuard
+from router.http.ratelimit import TokenBuckets
 
-KEY_A, KEY_B = "client-key-a-0123456789", "client-key-b-0123456789"
-
-
-def ask(server: Server, text: str, api_key: str = "unused") -> dict[str, object]:
-    completion = server.client(api_key).chat.completions.create(
-        model="m", response_format=enum_format(INTENTS),  # type: ignore[arg-type]
-        messages=[{"role": "user", "content": text}])
-    facts = dict(completion.model_extra["slotgate"])  # type: ignore[index]
-    facts["content"] = json.loads(completion.choices[0].message.content or "")
-    return facts
+KEY = "client-key-0123456789"
+HASHES = [hashlib.sha256(KEY.encode()).hexdigest()]
 
 
-def test_second_identical_requests_come_from_redis(
-    redis_url: str, standin: StandinHandle, tmp_path: Path
-) -> None:
-    recorder = Recorder()
-    settings = settings_for(standin, tmp_path, cache={"redis_url": redis_url})
-    with Server(settings, backend=MockBackend(recorder)) as server:
-        first = [ask(server, "sure: card arrival"), ask(server, "where is my lost_card")]
-        calls_after_first = len(standin.calls())
-        second = [ask(server, "sure: card arrival"), ask(server, "where is my lost_card")]
-    assert [f["route"] for f in first] == ["fast", "slow"]
-    assert [f["route"] for f in second] == ["cache", "cache"]
-    assert [f["content"] for f in first] == [f["content"] for f in second]
-    assert recorder.states == ["sure: card arrival", "where is my lost_card"]  # read once each
-    assert calls_after_first == 1 and len(standin.calls()) == 1  # slow answer cached too
+class App:
+    """The app behind the guard: records what reached it (namespace, body) and answers 200."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str | None, bytes]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.seen.append((scope.get("state", {}).get("namespace"), body))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
 
 
-def test_a_restarted_app_reuses_the_redis_entries(
-    redis_url: str, standin: StandinHandle, tmp_path: Path
-) -> None:
-    settings = settings_for(standin, tmp_path, cache={"redis_url": redis_url})
-    with Server(settings, backend=MockBackend(Recorder())) as server:
-        ask(server, "sure thing")
-    recorder = Recorder()
-    with Server(settings, backend=MockBackend(recorder)) as server:
-        assert ask(server, "sure thing")["route"] == "cache"
-    assert recorder.states == []
+async def send_error(scope: Scope, send: Send, exc: SlotgateError) -> None:
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": []})
+    await send({"type": "http.response.body", "body": f"{exc.field}: {exc.message}".encode()})
 
 
-def test_readyz_reports_redis_down_and_requests_still_succeed(
-    standin: StandinHandle, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    redis = RedisServer(tmp_path_factory.mktemp("redis-stop"))
-    redis.start()
-    settings = settings_for(standin, tmp_path, cache={"redis_url": redis.url})
-    try:
-        with Server(settings, backend=MockBackend(Recorder())) as server, \
-                httpx.Client(base_url=server.url) as http:
-            assert http.get("/readyz").status_code == 200
-            redis.stop()
-            down = http.get("/readyz")
-            answered = ask(server, "sure, redis is down")
-            metrics = http.get("/metrics").text
-    finally:
-        redis.stop()
-    assert down.status_code == 503 and down.json()["checks"]["redis"] is False
-    assert answered["route"] == "fast"
-    assert "slotgate_cache_errors_total" in metrics
-    assert "slotgate_cache_errors_total 0.0" not in metrics
+def guard(app: App, **options: Any) -> tuple[AdmissionGuard, list[tuple[str, int]]]:
+    statuses: list[tuple[str, int]] = []
+    settings: dict[str, Any] = {"api_key_hashes": HASHES, "default_namespace": "default",
+                                "max_body_bytes": 100, **options}
+    return AdmissionGuard(app, send_error=send_error,
+                          on_status=lambda path, status: statuses.append((path, status)),
+                          **settings), statuses
 
 
-def test_api_keys_authenticate_and_separate_cache_namespaces(
-    standin: StandinHandle, tmp_path: Path
-) -> None:
-    hashes = [hashlib.sha256(k.encode()).hexdigest() for k in (KEY_A, KEY_B)]
-    recorder = Recorder()
-    settings = settings_for(standin, tmp_path, api_key_hashes=hashes)
-    with Server(settings, backend=MockBackend(recorder)) as server:
-        with pytest.raises(openai.AuthenticationError) as missing:
-            ask(server, "sure", api_key="wrong-key")
-        with httpx.Client(base_url=server.url) as http:
-            no_header = http.post("/v1/chat/completions", json={"model": "m", "messages": []})
-            health = http.get("/healthz")
-        a1, a2, b1 = ask(server, "sure", KEY_A), ask(server, "sure", KEY_A), ask(server, "sure", KEY_B)
-    assert missing.value.status_code == 401
-    assert no_header.status_code == 401 and no_header.json()["error"]["param"] == "authorization"
-    assert health.status_code == 200  # probes need no key
-    assert [a1["route"], a2["route"], b1["route"]] == ["fast", "cache", "fast"]
-    assert recorder.states == ["sure", "sure"]  # one read per key namespace
+async def call(middleware: AdmissionGuard, *, path: str = "/v1/chat/completions",
+               method: str = "POST", key: str | None = KEY, chunks: list[bytes] | None = None,
+               content_length: int | None = None, disconnect: bool = False) -> list[Message]:
+    headers = []
+    if key is not None:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    if content_length is not None:
+        headers.append((b"content-length", str(content_length).encode()))
+    parts = list(chunks if chunks is not None else [b"{}"])
+    incoming: list[Message] = [
+        {"type": "http.request", "body": part, "more_body": i < len(parts) - 1}
+        for i, part in enumerate(parts)]
+    if disconnect:
+        incoming[-1] = {"type": "http.disconnect"}
+
+    async def receive() -> Message:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": path, "method": method, "headers": headers}
+    await middleware(scope, receive, send)
+    return sent
 
 
-def test_rate_limit_is_per_key_with_retry_after(standin: StandinHandle, tmp_path: Path) -> None:
-    hashes = [hashlib.sha256(k.encode()).hexdigest() for k in (KEY_A, KEY_B)]
-    settings = settings_for(standin, tmp_path, api_key_hashes=hashes, rate_limit_rps=0.5,
-                            rate_limit_burst=3)
-    body = {"model": "m", "guided_choice": ["a", "b"],
-            "messages": [{"role": "user", "content": "sure"}]}
-    with Server(settings, backend=MockBackend(Recorder())) as server, \
-            httpx.Client(base_url=server.url) as http:
-        def post(key: str) -> httpx.Response:
-            return http.post("/v1/chat/completions", json=body,
-                             headers={"authorization": f"Bearer {key}"})
+def status(sent: list[Message]) -> int:
+    return int(sent[0]["status"])
 
-        a = [post(KEY_A).status_code for _ in range(3)]
-        refused = post(KEY_A)
-        b = post(KEY_B)
-        probes = [http.get("/healthz").status_code for _ in range(5)]
-    assert a == [200, 200, 200] and refused.status_code == 429
-    assert int(refused.headers["retry-after"]) >= 1
-    assert refused.json()["error"]["type"] == "rate_limit_error"
-    assert b.status_code == 200 and probes == [200] * 5
+
+def text(sent: list[Message]) -> str:
+    return b"".join(m.get("body", b"") for m in sent[1:]).decode()
+
+
+async def test_a_valid_key_gets_through_with_its_own_namespace() -> None:
+    app = App()
+    middleware, statuses = guard(app)
+    sent = await call(middleware, chunks=[b'{"a":', b" 1}"])
+    assert status(sent) == 200
+    [(namespace, body)] = app.seen
+    assert namespace == f"key-{hashlib.sha256(KEY.encode()).hexdigest()[:16]}"
+    assert body == b'{"a": 1}'  # the body the guard read is replayed to the app, whole
+    assert statuses == [("/v1/chat/completions", 200)]
+
+
+@pytest.mark.parametrize(("key", "says"), [(None, "missing API key"),
+                                            ("wrong-key-0123456789", "invalid API key")])
+async def test_missing_or_wrong_keys_are_401_naming_authorization(key: str | None,
+                                                                  says: str) -> None:
+    app = App()
+    middleware, statuses = guard(app)
+    sent = await call(middleware, key=key)
+    assert status(sent) == 401 and text(sent).startswith("authorization: ") and says in text(sent)
+    assert app.seen == [] and statuses == [("/v1/chat/completions", 401)]
+
+
+async def test_probes_need_no_key_and_without_keys_everyone_shares_the_default() -> None:
+    app = App()
+    middleware, _ = guard(app)
+    assert status(await call(middleware, path="/readyz", method="GET", key=None)) == 200
+    open_guard, _ = guard(app, api_key_hashes=[])
+    assert status(await call(open_guard, key=None)) == 200
+    assert [namespace for namespace, _ in app.seen] == ["default", "default"]
+
+
+async def test_bodies_over_the_limit_are_413_before_the_app_runs() -> None:
+    app = App()
+    middleware, _ = guard(app)
+    declared = await call(middleware, content_length=101, chunks=[b"x"])
+    streamed = await call(middleware, chunks=[b"x" * 60, b"x" * 41])
+    for sent in (declared, streamed):
+        assert status(sent) == 413 and text(sent).startswith("body: ")
+    assert app.seen == []
+    assert status(await call(middleware, chunks=[b"x" * 50, b"x" * 50])) == 200  # exactly 100
+
+
+async def test_the_rate_limit_is_per_key_and_never_on_probes() -> None:
+    app = App()
+    middleware, _ = guard(app, rate_limit=TokenBuckets(rate_rps=0.001, burst=2))
+    codes = [status(await call(middleware)) for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert status(await call(middleware, path="/healthz", method="GET")) == 200
+
+
+async def test_a_client_gone_mid_body_gets_no_answer_and_the_app_never_runs() -> None:
+    app = App()
+    middleware, statuses = guard(app)
+    sent = await call(middleware, chunks=[b"x" * 10, b"x" * 10], disconnect=True)
+    assert sent == [] and app.seen == [] and statuses == []

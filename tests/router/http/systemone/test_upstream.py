@@ -4,6 +4,7 @@ same answers, and what the upstream refuses comes back as the caller's 422."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,5 +69,13 @@ async def test_an_upstream_422_is_answered_422_without_a_slow_call(
     r = await c.post("/v1/systemone", json={
         "state": "s", "questions": {"x" * 300: {"type": "noul"}}})
     assert r.status_code == 422
+    assert r.json()["error"]["type"] == "validation_error"  # the server's own word for it
     assert "answer template is" in r.json()["error"]["message"]
     assert slow.asked == [] and upstream.stats.requests == 1
+    # the example server's chat variant answers the same refusal with 400, and so does slotgate
+    schema = {"questions": [{"id": "x" * 300, "type": "noul", "instructions": "?"}]}
+    r = await c.post("/v1/chat/completions", json={"model": "dgemma", "messages": [
+        {"role": "system", "content": json.dumps(schema)}, {"role": "user", "content": '"s"'}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "answer template is" in r.json()["error"]["message"] and slow.asked == []
