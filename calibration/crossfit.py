@@ -48,6 +48,20 @@ def stratified_folds(labels: Sequence[Hashable], *, n_folds: int, seed: int
     return folds
 
 
+def random_folds(n_samples: int, *, n_folds: int, seed: int) -> NDArray[np.int64]:
+    """The fold of each row: scikit-learn's shuffled KFold. For cross-fitting a calibrator over
+    reads of a model that saw none of the rows, where classes need not all reach every fold."""
+    from sklearn.model_selection import KFold
+
+    if not 2 <= n_folds <= n_samples:
+        raise ValueError(f"n_folds must be between 2 and {n_samples} (the rows), got {n_folds}")
+    folds = np.empty(n_samples, dtype=np.int64)
+    splitter = KFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    for k, (_, rows) in enumerate(splitter.split(np.zeros(n_samples))):
+        folds[rows] = k
+    return folds
+
+
 def check_folds(folds: ArrayLike, *, n_samples: int, name: str = "folds") -> int:
     """The number of folds K, if ``folds`` holds n_samples integers covering 0 .. K - 1 (K >= 2)."""
     array = np.asarray(folds)

@@ -66,7 +66,8 @@ class PolicyFile(BaseModel):
     says what "accurate" means: agreement with a human label ("accuracy") or with the slow
     model's answer ("agreement_with_slow", tuned on a shadow-mode log). ``shadow``: every
     decision is also answered by the slow model, whose answer is served; the fast read is logged
-    (left out of ``policy_id``: switching shadow off serves the same tuned policy).
+    (None: follow the server's ``policy.shadow``; left out of ``policy_id``: switching shadow
+    off serves the same tuned policy).
 
     Monitoring (docs/monitoring.md): ``audit_rate`` is the seeded share of accepted decisions
     also sent to the slow model after the reply; ``on_alarm`` what an alarm does;
@@ -98,11 +99,14 @@ class PolicyFile(BaseModel):
     tuning: Literal["split", "cross-fitted"] = "split"
     n_folds: int | None = Field(default=None, ge=2)
     guarantee: Literal["accuracy", "agreement_with_slow"] = "accuracy"
-    shadow: bool = False
+    shadow: bool | None = None
     audit_rate: float = Field(default=0.0, ge=0, le=1)
     on_alarm: OnAlarm = "escalate_all"
     alarm_alpha: float = Field(default=0.05, gt=0, lt=1)
     reference: ReferenceSummary | None = None
+    # The option names tuned on, in order (None in files written before it was recorded):
+    # `slotgate eval` refuses predictions over other options.
+    options: list[str] | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
@@ -130,8 +134,11 @@ class PolicyFile(BaseModel):
     @property
     def policy_id(self) -> str:
         """The name plus a short hash of everything but the creation time."""
-        content = self.model_dump(mode="json",
-                                  exclude={"created_at", "shadow", *MONITORING_FIELDS})
+        # Unrecorded options are left out, so files written before the field keep their ids.
+        exclude = {"created_at", "shadow", *MONITORING_FIELDS}
+        if self.options is None:
+            exclude.add("options")
+        content = self.model_dump(mode="json", exclude=exclude)
         return f"{self.name}@{canonical_hash(content)[:12]}"
 
     def runtime(self) -> TunedPolicy:

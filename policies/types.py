@@ -144,6 +144,11 @@ class Decision:
     # True when the answer is the slow path's (fresh or from the slow-answer cache): a ``cache``
     # route alone does not say whether a cached fast read or a cached slow answer was served.
     escalated: bool = False
+    # Shadow mode: the fast tier read it and its policy judged it, but the slow model's answer
+    # was served regardless (both are logged). ``guarantee``: what the policy promises about
+    # accepted answers, "accuracy" or "agreement_with_slow" (None: an untuned fallback).
+    shadow: bool = False
+    guarantee: str | None = None
 
     def facts(self) -> dict[str, Any]:
         """The decision as the flat JSON object every surface shows and the decision log keeps
@@ -160,6 +165,8 @@ class Decision:
             "policy_id": self.policy_id,
             "latency_ms": round(self.latency_ms, 3),
             "note": self.note,
+            "shadow": self.shadow,
+            "guarantee": self.guarantee,
         }
 
 

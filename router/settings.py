@@ -3,20 +3,27 @@ variables, which win) and passed down. Fitted artifacts (models, policies) are f
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+from pydantic_settings.exceptions import SettingsError
 
 from router.backends.options import BackendOptions, parse_options
+from router.errors import ConfigError
 
+ENV_PREFIX = "SLOTGATE_"
+# Cache namespaces become part of Redis keys (router/store/cache.py): no ':' or spaces.
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torch"]
 OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
@@ -72,6 +79,13 @@ class CacheSettings(BaseModel):
     max_entries: int = Field(100_000, ge=1)  # in-process LRU size
     namespace: str = "default"
 
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not NAMESPACE_PATTERN.fullmatch(value):
+            raise ValueError(f"must be 1-64 characters of A-Z a-z 0-9 _ . - (no ':'), got {value!r}")
+        return value
+
 
 class PolicySettings(BaseModel):
     files: list[Path] = Field(default_factory=list)  # tuned policy files (slotgate tune --out)
@@ -79,6 +93,13 @@ class PolicySettings(BaseModel):
     # The rule for decisions no tuned policy covers and no default names:
     fallback_threshold: float = Field(0.9, ge=0, le=1)
     allow_fingerprint_mismatch: bool = False
+    # Shadow mode for every decision whose policy file does not say otherwise (its own
+    # ``shadow`` wins): the slow model answers and is served, the fast read is logged. The cold
+    # start with no labels; in it, policy files may be missing until they are first tuned.
+    shadow: bool = False
+    # Reload the policy files when they change on disk (SIGHUP always reloads); an invalid
+    # new file is refused with a log line naming it and the loaded policies keep serving.
+    watch: bool = True
 
 
 class MonitoringSettings(BaseModel):
@@ -105,7 +126,7 @@ class Settings(BaseSettings):
     accepted as shorthands for ``slow.model`` / ``slow.api_base``."""
 
     model_config = SettingsConfigDict(
-        env_prefix="SLOTGATE_", env_nested_delimiter="__", extra="forbid"
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid"
     )
 
     host: str = "127.0.0.1"
@@ -159,14 +180,47 @@ class Settings(BaseSettings):
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
-    """Settings from an optional YAML file plus the environment; ``overrides`` win over both."""
+    """Settings from an optional YAML file plus the environment; ``overrides`` win over both.
+    Every problem is a ConfigError whose message says where the bad value came from: the
+    ``SLOTGATE_*`` variable that set it, or the config file."""
     if config is not None:
         if not config.is_file():
-            raise FileNotFoundError(f"config file not found: {config}")
+            raise ConfigError(f"--config {config}: file not found", field="config")
         # Parse once here so a YAML error names the file, not a pydantic internals path.
         try:
-            yaml.safe_load(config.read_text())
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{config}: not valid YAML: {exc}") from exc
-        return Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
-    return Settings(**overrides)
+            yaml.safe_load(config.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {config}: not valid YAML: {exc}", field="config") from exc
+    try:
+        if config is not None:
+            return Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
+        return Settings(**overrides)
+    except SettingsError as exc:  # a SLOTGATE_* value pydantic-settings could not even parse
+        raise ConfigError(f"environment: {exc}", field="environment") from exc
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, config, overrides), field="settings") from exc
+
+
+def _describe(exc: ValidationError, config: Path | None, overrides: dict[str, Any]) -> str:
+    """Each complaint with its source: the override, the SLOTGATE_* variable holding the field
+    (or a parent of it, for JSON values), else the config file."""
+    environment = {name.upper(): name for name in os.environ if name.upper().startswith(ENV_PREFIX)}
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        field = ".".join(loc) or "settings"
+        source = None
+        if loc and loc[0] in overrides:
+            source = "command line"
+        for depth in range(len(loc), 0, -1):
+            name = ENV_PREFIX + "__".join(loc[:depth]).upper()
+            if source is None and name in environment:
+                source = f"environment variable {environment[name]}"
+        if source is None and loc[:1] == ["slow"] and len(loc) > 1:
+            shorthand = f"{ENV_PREFIX}SLOW_{loc[1].upper()}"
+            if shorthand in environment:
+                source = f"environment variable {environment[shorthand]}"
+        if source is None:
+            source = f"--config {config}" if config is not None else "settings"
+        lines.append(f"{source}: {field}: {error['msg']}")
+    return "; ".join(lines)

@@ -81,6 +81,7 @@ class StandinState:
     retry_after_s: float = 7.0
     stall_s: float = 30.0
     chunk_delay_s: float = 0.0
+    error_message: str = "stand-in failure"  # what mode "fail500" says (tests put CR/LF in it)
     stopping: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -103,6 +104,8 @@ class StandinState:
             for key in ("retry_after_s", "stall_s", "chunk_delay_s"):
                 if key in body:
                     setattr(self, key, float(body[key]))
+            if "error_message" in body:
+                self.error_message = str(body["error_message"])
             return {"mode": self.mode, "times": self.times}
 
 
@@ -180,7 +183,7 @@ def create_app(state: StandinState) -> FastAPI:
             state.calls.append({"body": body, "mode": mode, "time": time.time(),
                                 "authorization": request.headers.get("authorization")})
         if mode == "fail500" or (mode == "cut" and not body.get("stream")):
-            return JSONResponse({"error": {"message": "stand-in failure", "type": "server_error"}},
+            return JSONResponse({"error": {"message": state.error_message, "type": "server_error"}},
                                 status_code=500)
         if mode == "ratelimit":
             return JSONResponse({"error": {"message": "slow down", "type": "rate_limit_error"}},
@@ -254,7 +257,7 @@ class StandinHandle:
         with self.state.lock:
             self.state.calls.clear()
 
-    def set_mode(self, mode: str, *, times: int | None = None, **options: float) -> None:
+    def set_mode(self, mode: str, *, times: int | None = None, **options: float | str) -> None:
         self.state.control({"mode": mode, "times": times, **options})
 
     def reset(self) -> None:

@@ -45,6 +45,15 @@ class LiveServer:
             time.sleep(0.02)
         return self
 
+    def wait_for_slow_path(self, timeout_s: float = 120.0) -> None:
+        """Until the slow path's background import of litellm is done. Escalations wait for it
+        within their own deadline (slow.timeout_s), so tests with a short one start after it."""
+        from router.http.state import app_state
+
+        warmed_up = getattr(app_state(self.app).service.slow, "warmed_up", None)
+        if warmed_up is not None and not warmed_up.wait(timeout_s):
+            raise RuntimeError(f"litellm was not imported within {timeout_s} s")
+
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)

@@ -55,20 +55,31 @@ def create_app(
     slow: SlowModel | None = None,
     cache: ReadCache | None = None,
     decision_log: DecisionLogPart | None = None,
+    close_backend: bool = False,
 ) -> FastAPI:
     """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
-    are and left open at shutdown; parts the app builds itself, it closes."""
-    state = AppState(settings=settings, metrics=Metrics())
+    are and left open at shutdown; parts the app builds itself, it closes. ``close_backend``: the
+    backend passed in is the app's to close (``slotgate serve`` builds it before uvicorn starts,
+    so that a bad model file is one message and exit 2, not a lifespan traceback)."""
+    state = AppState(settings=settings, metrics=Metrics(),
+                     decision_log_path=settings.log.decision_log_path if decision_log is None
+                     else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            if backend is not None and close_backend:
+                stack.push_async_callback(backend.aclose)
             if rate_limit is not None:
                 stack.push_async_callback(rate_limit.aclose)
             service, feedback = await _build_service(
                 settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
                 metrics=state.metrics)
             state.started(service, feedback)
+            from router.routing.reload import live_reload  # SIGHUP and policy file changes
+
+            await stack.enter_async_context(
+                live_reload(service.registry, watch=settings.policy.watch))
             if not service.escalation_available:
                 log.warning(
                     "ESCALATION UNAVAILABLE: %s. Decisions below their threshold get %s.",
@@ -120,8 +131,10 @@ async def _build_service(
 
     # Closed in reverse order of registration: the log last, so it records every drained decision.
     if decision_log is None:
+        from router.http.startup import check_decision_log
         from router.store.decision_log import make_decision_log
 
+        check_decision_log(settings.log.decision_log_path)
         built_log = make_decision_log(settings)
         stack.push_async_callback(built_log.aclose)
         decision_log = built_log

@@ -1,11 +1,13 @@
-"""Operational routes: liveness (``/healthz``), readiness (``/readyz``: a configured Redis and the
-fast backend must answer) and Prometheus metrics (``/metrics``)."""
+"""Operational routes: liveness (``/healthz``), readiness (``/readyz``: what a decision needs: the
+fast backend answers, a configured Redis answers, the decision log is writable) and Prometheus
+metrics (``/metrics``)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from router.http.startup import decision_log_writable
 from router.http.state import app_state
 
 
@@ -23,6 +25,8 @@ def make_router() -> APIRouter:
         checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
         if settings.cache.redis_url:
             checks["redis"] = bool(await service.cache.ping())
+        if state.decision_log_path is not None:  # None: a log injected by a test
+            checks["decision_log"] = decision_log_writable(state.decision_log_path)
         ready = all(checks.values())
         body = {"status": "ready" if ready else "unavailable", "checks": checks,
                 "escalation_available": service.escalation_available,

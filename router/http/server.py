@@ -13,24 +13,39 @@ log = logging.getLogger("slotgate")
 DEFAULT_CONFIG = Path("slotgate.yaml")  # the repo's own config, read from the working directory
 
 
+def default_config(config: Path | None) -> Path | None:
+    """``config``, else ./slotgate.yaml when present: every command reads the same settings."""
+    if config is None and DEFAULT_CONFIG.is_file():
+        return DEFAULT_CONFIG
+    return config
+
+
 def serve(*, config: Path | None = None, host: str | None = None, port: int | None = None) -> None:
     """Load settings (YAML, then SLOTGATE_* environment; ``host``/``port`` win) and serve until
-    SIGINT/SIGTERM, which drains in-flight requests and flushes the decision log."""
+    SIGINT/SIGTERM, which drains in-flight requests and flushes the decision log.
+
+    Everything a decision needs is checked before uvicorn starts (router/http/startup.py): the
+    settings, the decision log path, the fast model and the policy files. A problem raises
+    ConfigError naming the setting or file (the CLI prints it and exits 2)."""
     import uvicorn
 
+    from router.backends.factory import build_backend
     from router.http.app import create_app
+    from router.http.startup import check_decision_log
+    from router.routing.registry import PolicyRegistry
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = load_settings(config, **overrides)
+    settings = load_settings(default_config(config), **overrides)
+    check_decision_log(settings.log.decision_log_path)
+    backend = build_backend(settings.fast)
+    PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("fast backend %s, slow model %s, cache %s, policies %s",
              settings.fast.kind, settings.slow.model or "NONE (escalation unavailable)",
              "redis" if settings.cache.redis_url else "in-process",
              [str(p) for p in settings.policy.files] or "none (fallback threshold only)")
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, backend=backend, close_backend=True),
         host=settings.host,
         port=settings.port,
         loop="uvloop" if _installed("uvloop") else "asyncio",

@@ -5,6 +5,7 @@ namespace that the admission guard set."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -21,6 +22,8 @@ class AppState:
 
     settings: Settings
     metrics: Metrics
+    # The decision log file the app writes (None: a log injected by a test): /readyz checks it.
+    decision_log_path: Path | None = None
     _service: RoutingService | None = None
     _feedback: FeedbackStore | None = None
 

@@ -1,9 +1,12 @@
-"""The tuned policies the router serves, loaded once at start-up and looked up per decision: by the
-name a request asks for, else by (decision signature, backend fingerprint), else the configured
-default, else a fallback threshold on the uncalibrated read."""
+"""The tuned policies the router serves, looked up per decision: by the name a request asks for,
+else by (decision signature, backend fingerprint), else the configured default, else a fallback
+threshold on the uncalibrated read. Loaded at start-up and again by ``reload`` (SIGHUP or a
+changed file, ``router/routing/reload.py``): a reload swaps everything at once or, when any file
+is invalid, nothing."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +18,8 @@ from router.settings import PolicySettings
 
 if TYPE_CHECKING:
     from router.monitoring.monitor import Monitor
+
+log = logging.getLogger("slotgate")
 
 
 class RuntimePolicy(Protocol):
@@ -42,6 +47,8 @@ class LoadedPolicy:
     backend_fingerprint: str
     path: Path | None
     runtime: RuntimePolicy
+    shadow: bool | None = None  # the file's own flag (None: follow policy.shadow)
+    guarantee: str | None = None  # "accuracy" | "agreement_with_slow"
 
 
 class PolicyRegistry:
@@ -51,7 +58,10 @@ class PolicyRegistry:
         *,
         default: str | None = None,
         fallback_threshold: float = 0.9,
+        shadow: bool = False,
     ) -> None:
+        self.shadow_all = shadow
+        self._source: tuple[PolicySettings, str, Monitor | None] | None = None
         self._by_name: dict[str, LoadedPolicy] = {}
         self._by_signature: dict[tuple[str, str], LoadedPolicy] = {}
         for policy in policies:
@@ -68,6 +78,8 @@ class PolicyRegistry:
                 f"(loaded: {sorted(self._by_name) or 'none'})")
         self._default = self._by_name[default].runtime if default else None
         self.fallback = fallback_policy(threshold=fallback_threshold)
+        self._modes = {p.runtime.policy_id: (self.shadow_all if p.shadow is None else p.shadow,
+                                             p.guarantee) for p in policies}
 
     @classmethod
     def load(cls, settings: PolicySettings, *, backend_fingerprint: str,
@@ -79,6 +91,11 @@ class PolicyRegistry:
 
         loaded = []
         for path in settings.files:
+            if settings.shadow and not path.exists():
+                # Cold start: nothing is tuned yet and every decision is shadowed; the file is
+                # loaded once `slotgate tune` writes it (live reload).
+                log.warning("policy file %s not found yet: shadow mode until it is tuned", path)
+                continue
             try:
                 policy_file: Any = load_policy(path)
             except (OSError, ValueError) as exc:
@@ -97,8 +114,40 @@ class PolicyRegistry:
                 backend_fingerprint=policy_file.backend_fingerprint,
                 path=path,
                 runtime=runtime if monitor is None else monitor.wrap(runtime, policy_file),
+                shadow=policy_file.shadow, guarantee=policy_file.guarantee,
             ))
-        return cls(loaded, default=settings.default, fallback_threshold=settings.fallback_threshold)
+        registry = cls(loaded, default=settings.default,
+                       fallback_threshold=settings.fallback_threshold, shadow=settings.shadow)
+        registry._source = (settings, backend_fingerprint, monitor)
+        return registry
+
+    def reload(self) -> bool:
+        """Read the policy files again and swap them in at once. Any invalid file (unreadable,
+        malformed, another backend's) is refused with an ERROR log line naming it, and the
+        policies loaded before keep serving. False when nothing was swapped."""
+        if self._source is None:
+            return False
+        settings, fingerprint, monitor = self._source
+        try:
+            fresh = PolicyRegistry.load(settings, backend_fingerprint=fingerprint, monitor=monitor)
+        except ConfigError as exc:
+            log.error("policy reload refused, the loaded policies keep serving: %s", exc.message)
+            return False
+        before = {p.runtime.policy_id for p in self._by_name.values()}
+        # One assignment per attribute, no await in between: a decision sees old or new maps.
+        self._by_name, self._by_signature = fresh._by_name, fresh._by_signature
+        self._default, self._modes = fresh._default, fresh._modes
+        after = {p.runtime.policy_id for p in self._by_name.values()}
+        log.info("policies reloaded: %s (was %s)", sorted(after) or "none", sorted(before) or "none")
+        return True
+
+    def mode(self, policy: RuntimePolicy) -> tuple[bool, str | None]:
+        """(shadow, guarantee) of a policy ``lookup`` returned: its file's, else the server's."""
+        return self._modes.get(policy.policy_id, (self.shadow_all, None))
+
+    def paths(self) -> list[Path]:
+        """The policy files to watch (those configured, loaded or not yet written)."""
+        return list(self._source[0].files) if self._source is not None else []
 
     def lookup(self, request: DecisionRequest, *, fingerprint: str) -> RuntimePolicy:
         if request.policy is not None:

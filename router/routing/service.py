@@ -28,17 +28,26 @@ from router.errors import (
     BackendTimeout,
     NoSlowModel,
     SlowPathError,
+    SlowPathTimeout,
     SlowPathUnavailable,
 )
 from router.routing.backpressure import ConcurrencyLimit
+from router.routing.deadline import deadline_in
 from router.routing.ports import DecisionSink, ReadCache, SlowModel
 from router.routing.registry import PolicyRegistry, RuntimePolicy
+from router.routing.singleflight import SingleFlight
 from router.settings import Settings
 from router.store.cache import read_key, slow_key
 from router.store.metrics import Metrics
 
 if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
     from router.monitoring.monitor import Monitor
+
+
+# How long past slow.timeout_s the service waits before cancelling an escalation itself. The
+# slow path's own timeout (litellm's, set to what is left of the deadline) ends a call first and
+# cleanly; cancelling litellm mid-call instead leaves its internal coroutines never awaited.
+DEADLINE_GRACE_S = 0.5
 
 
 @dataclass(slots=True)
@@ -77,6 +86,7 @@ class RoutingService:
         self._fast_limit = ConcurrencyLimit(
             f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
             max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
+        self._slow_calls: SingleFlight[str] = SingleFlight()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -182,6 +192,9 @@ class RoutingService:
         started: float,
     ) -> Decision:
         decision_id = uuid.uuid4().hex
+        # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
+        # every decision and is served; the fast read and the policy's verdict are still logged.
+        shadow, guarantee = self.registry.mode(policy)
         if read.scores is None:  # the fast backend failed: only the slow path can answer
             answer, from_cache = await self._escalate(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
@@ -189,12 +202,16 @@ class RoutingService:
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
                 None, None, None, policy.policy_id, _ms(started),
                 note=f"fast backend failed ({read.failure}); answered by the slow path",
-                escalated=True)
+                escalated=True, shadow=shadow, guarantee=guarantee)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
         index = scores.top_index  # the fast answer is always the raw argmax
         answer, route, note = scores.options[index], "cache" if read.cached else "fast", None
-        if not verdict.accept:
+        if shadow:
+            note = (f"shadow mode: the slow model's answer is served; the fast read answered "
+                    f"{answer!r} and the policy would have "
+                    f"{'accepted' if verdict.accept else 'escalated'} it ({verdict.reason})")
+        if not verdict.accept or shadow:
             try:
                 answer, from_cache = await self._escalate(request, namespace=namespace)
                 route = "cache" if from_cache else "slow"
@@ -202,37 +219,57 @@ class RoutingService:
                 if not self.settings.slow.serve_unverified_on_failure:
                     raise
                 route = "unverified"
-                note = (f"{exc.message}; the fast answer is below the threshold "
-                        f"({verdict.reason}) and was not verified")
+                note = (f"{exc.message}; the fast answer is " + (
+                    "in shadow mode" if shadow else f"below the threshold ({verdict.reason})")
+                    + " and was not verified")
             index = scores.options.index(answer)
-        self.metrics.decision(route=route, escalated=not verdict.accept)
+        escalated = not verdict.accept or shadow
+        self.metrics.decision(route=route, escalated=escalated)
         return Decision(
             decision_id, request.question_id, answer, route,  # type: ignore[arg-type]
             calibrated[index], scores.proba[index], verdict.threshold, policy.policy_id,
             _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note,
-            escalated=route in ("slow", "cache") and not verdict.accept)
+            escalated=route in ("slow", "cache") and escalated, shadow=shadow,
+            guarantee=guarantee)
 
     async def _escalate(self, request: DecisionRequest, *, namespace: str) -> tuple[str, bool]:
-        """(answer, served from the slow cache). Raises SlowPathError subclasses, or
-        TooManyRequests when the slow model's queue is full."""
+        """(answer, without a slow call of its own: from the slow cache, or shared with an
+        identical escalation already in flight). Raises SlowPathError subclasses (SlowPathTimeout
+        past ``slow.timeout_s``, which covers the cache, the wait for a slot, the call and its
+        corrective retry), or TooManyRequests when the slow model's queue is full or cannot
+        serve it before that deadline."""
         if self.slow is None or not self.slow.available:
             reason = getattr(self.slow, "unavailable_reason", None)
             if reason and self.settings.slow.model:  # configured, but no credentials for it
                 raise SlowPathUnavailable(reason)
             raise NoSlowModel()
+        timeout_s = self.settings.slow.timeout_s
         key = slow_key(namespace, request, self.settings.slow.model or "")
-        [blob] = await self.cache.get_many([key])
-        if blob is not None and blob.decode(errors="replace") in request.option_names:
-            self.metrics.cache_lookups(store="slow", hits=1, misses=0)
-            return blob.decode(), True
-        self.metrics.cache_lookups(store="slow", hits=0, misses=1)
+        with deadline_in(timeout_s):
+            try:  # a backstop: the slow path and its queue end at the deadline themselves
+                async with asyncio.timeout(timeout_s + DEADLINE_GRACE_S):
+                    [blob] = await self.cache.get_many([key])
+                    if blob is not None and blob.decode(errors="replace") in request.option_names:
+                        self.metrics.cache_lookups(store="slow", hits=1, misses=0)
+                        return blob.decode(), True
+                    self.metrics.cache_lookups(store="slow", hits=0, misses=1)
+                    # One slow call per question: identical escalations in flight share it.
+                    return await self._slow_calls.run(key, lambda: self._ask_slow(request, key))
+            except TimeoutError as exc:
+                raise SlowPathTimeout(
+                    f"no slow answer within slow.timeout_s = {timeout_s:g} s (the wait for a "
+                    "slow-call slot included)") from exc
+
+    async def _ask_slow(self, request: DecisionRequest, key: str) -> str:
+        """The one slow call of a single flight; its answer is cached for later askers."""
+        assert self.slow is not None  # _escalate checked
         t0 = time.perf_counter()
         try:
             answer = await self.slow.decide(request)
         finally:
             self.metrics.stage("slow", time.perf_counter() - t0)
         await self.cache.set_many([(key, answer.answer.encode())])
-        return answer.answer, False
+        return answer.answer
 
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decision]:

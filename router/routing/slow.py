@@ -39,12 +39,15 @@ from router.retry_after import retry_after_s
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.credentials import Credentials
 from router.routing.credentials import resolve as resolve_credentials
+from router.routing.deadline import remaining_s
 from router.routing.ports import SlowAnswer
 
 if TYPE_CHECKING:
     from router.settings import SlowPathSettings
 
 logger = logging.getLogger(__name__)
+PROVIDER_GRACE_S = 0.25  # past litellm's own timeout, the call is cancelled (a provider ignoring it)
+WARM_UP_POLL_S = 0.02  # how often a call waiting for litellm's background import looks again
 
 LOADING = "available once litellm is loaded (escalations wait for it)"
 # ``litellm.acompletion``'s shape: keyword arguments in; a ModelResponse (``choices[0].message
@@ -215,11 +218,21 @@ class SlowPath:
                     await closer()
         yield b"data: [DONE]\n\n"
 
+    async def _warm(self) -> None:
+        """Wait, without blocking the event loop, for the warm-up thread's import of litellm:
+        importing it here meanwhile would hold the loop on the import lock for seconds (every
+        request, /healthz included, would wait). Cancellable: the caller's deadline still holds."""
+        while not self.warmed_up.is_set():
+            await asyncio.sleep(WARM_UP_POLL_S)
+
     async def aclose(self) -> None:
         """Close the HTTP clients litellm cached for the running event loop. litellm keeps them
         process-wide, keyed by loop, and never closes them, so a stopped app would leave its
-        upstream connections (and its loop's transports) open. Other loops' clients are kept."""
-        if "litellm" not in sys.modules:
+        upstream connections (and its loop's transports) open. Other loops' clients are kept.
+        While the warm-up thread is still importing litellm (a SIGTERM or a failed port bind in
+        the first seconds) no call has been made, so there is nothing to close; touching the
+        half-imported package then would raise KeyError: 'litellm'."""
+        if "litellm" not in sys.modules or not self.warmed_up.is_set():
             return
         from litellm.caching.evicted_client_closer import running_loop_token
 
@@ -285,8 +298,16 @@ class SlowPath:
         """The completion under the timeout (and the concurrency cap unless ``_acquire`` is False).
         ``_caller_model``: the model is the client's pick (passthrough), so a model litellm cannot
         route is the client's error (400 naming ``model``), not a failing upstream (502)."""
+        if self._completion is None and not self.warmed_up.is_set():
+            await self._warm()
         completion = self._completion or _litellm().acompletion
-        kwargs.update(timeout=self.settings.timeout_s, max_retries=0, num_retries=0)
+        # Under an escalation's deadline (router/routing/deadline.py) the call gets what is left
+        # of it, so a corrective retry cannot take a second full timeout.
+        budget_s = remaining_s(self.settings.timeout_s)
+        if budget_s <= 0:
+            raise SlowPathTimeout(f"slow model: no time left of slow.timeout_s = "
+                                  f"{self.settings.timeout_s:g} s")
+        kwargs.update(timeout=budget_s, max_retries=0, num_retries=0)
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base
         api_key = self._check_credentials(kwargs["model"]).api_key
@@ -294,7 +315,7 @@ class SlowPath:
             kwargs["api_key"] = api_key
         try:
             # The outer bound guards against a provider that ignores ``timeout``.
-            async with asyncio.timeout(self.settings.timeout_s + 1.0):
+            async with asyncio.timeout(budget_s + PROVIDER_GRACE_S):
                 if not _acquire:
                     return await completion(**kwargs)
                 async with self._limit.acquire():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.types import DecisionRequest, canonical_hash
 from router.errors import InvalidRequest
+from router.settings import NAMESPACE_PATTERN as _NAMESPACE
 from router.store.redis_client import redis_client
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ErrorCallback = Callable[[str], None]  # called with the failed operation: "get_many", "set_many", "ping"
-_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class Cache(ABC):

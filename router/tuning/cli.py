@@ -244,7 +244,8 @@ def compare(
 @app.command(name="export-log")
 def export_log(
     out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
-    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log.")] = None,
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log "
+                                                "(default: ./slotgate.yaml when present).")] = None,
     log: Annotated[list[Path] | None, typer.Option(
         help="Decision log JSONL (default: the config's). Repeat it to join the logs of several "
              "replicas: feedback sent to one replica for a decision made on another is in the "
@@ -255,6 +256,10 @@ def export_log(
     audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
                                                "audit (the slow model's answer); a human label "
                                                "wins.")] = False,
+    reference: Annotated[str, typer.Option(help="human: labels are /v1/feedback only; slow: "
+                                           "where none, the slow model's answer (shadow mode, "
+                                           "audits, escalations); `tune` on it promises "
+                                           "agreement with the slow model.")] = "human",
     redis_url: Annotated[str | None, typer.Option(
         help="Also read the Redis stream every replica writes its records to (alone, without "
              "--log, only the stream is read).")] = None,
@@ -264,29 +269,37 @@ def export_log(
     """Join the decision log with its feedback labels into a predictions file."""
     from redis.exceptions import RedisError
 
+    from router.errors import ConfigError
+    from router.http.server import default_config
     from router.settings import load_settings
     from router.tuning.log_export import export_predictions
     from router.tuning.predictions import PredictionsError
 
+    if reference not in ("human", "slow"):
+        fail(f"--reference must be human or slow, got {reference!r}")
     check_out(out, "--out")
-    try:
+    try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
         sources = log if log else [] if redis_url else [
-            load_settings(config).log.decision_log_path]
-    except (FileNotFoundError, ValueError) as exc:
-        fail(f"--config: {exc}")
+            load_settings(default_config(config)).log.decision_log_path]
+    except ConfigError as exc:
+        fail(exc.message)
     for source in sources:
         if not source.is_file():
             fail(f"decision log {source}: file not found")
+    tally: dict[str, int] = {}
     try:
         n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
                                audit_labels=audit_labels,
-                               redis_stream=(redis_url, stream) if redis_url else None)
+                               redis_stream=(redis_url, stream) if redis_url else None,
+                               reference_slow=reference == "slow", tally=tally)
     except PredictionsError as exc:
         fail(exc.message)
     except (RedisError, OSError) as exc:
         fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
     names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
-    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}")
+    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
+               f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
+               f"{tally['unlabelled']} none")
 
 
 @app.command()
@@ -297,12 +310,13 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default: the config's).")] = None,
 ) -> None:
     """Run the routing proxy (OpenAI and System One routes) under uvicorn."""
+    from router.errors import ConfigError
     from router.http.server import serve as run_server
 
     try:
         run_server(config=config, host=host, port=port)
-    except (FileNotFoundError, ValueError) as exc:
-        fail(f"--config: {exc}")
+    except ConfigError as exc:  # settings, decision log, model or policy: named in the message
+        fail(exc.message)
 
 
 # `slotgate monitor` lives with the monitoring it replays (router/monitoring/cli.py).

@@ -3,6 +3,7 @@ tables, report plots and reading predictions files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,6 +19,18 @@ def fail(message: str) -> NoReturn:
 def check_out(path: Path, what: str) -> None:
     if not path.parent.is_dir():
         fail(f"{what} {path}: folder {path.parent} does not exist")
+
+
+def check_folder(path: Path, what: str) -> None:
+    """A folder that exists or can be made: its nearest existing ancestor is a writable folder.
+    Checked before any output is written, so a bad --report leaves no policy behind."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        fail(f"{what} {path}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK):
+        fail(f"{what} {path}: folder {ancestor} is not writable")
 
 
 def progress() -> Any:

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 def export_predictions(source: Settings | Path | str | Sequence[Path | str], out_path: Path | str,
                        *, signature: str | None = None, labelled_only: bool = False,
                        audit_labels: bool = False,
-                       redis_stream: tuple[str, str] | None = None) -> int:
+                       redis_stream: tuple[str, str] | None = None, reference_slow: bool = False,
+                       tally: dict[str, int] | None = None) -> int:
     """Join JSONL decision logs with their feedback into the predictions format (id, options,
     raw proba, label or null, signature, fingerprint, text); returns the rows written. Several
     logs (one per replica) are joined as one: feedback sent to replica B for a decision made on
@@ -30,7 +31,15 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     ``audit_labels``, a decision with no feedback takes its audit's label (the slow model's
     answer): a policy tuned on those promises agreement with the slow model. ``redis_stream``
     (url, stream name) adds the records of the Redis stream every replica writes to (what it
-    still holds: see docs/reliability.md on Redis restarts)."""
+    still holds: see docs/reliability.md on Redis restarts).
+
+    ``reference_slow`` (``export-log --reference slow``, the shadow-mode path): a decision with
+    no feedback takes the slow model's answer as its label: its audit's, else the answer it was
+    served when that came from the slow model (shadow mode, or an escalation). Rows say where
+    their label came from (``reference``: "human" | "slow"); ``tally`` receives the counts
+    (human, slow, unlabelled). No reference label at all is bad input (field 'label'), and
+    nothing is written. Escalations alone are labelled only below the threshold, a biased
+    sample; a shadow-mode log labels every decision."""
     if isinstance(source, str | Path):
         paths = [Path(source)]
     elif isinstance(source, Sequence):
@@ -64,16 +73,32 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
                                f"different questions; choose one with --signature: {listing}")
     chosen = by_signature.get(signature, []) if signature else next(iter(by_signature.values()), [])
     rows = []
+    counts = {"human": 0, "slow": 0, "unlabelled": 0}
     for decision_id in chosen:
         record = decisions[decision_id]
-        label = labels[decision_id][1] if decision_id in labels else (
-            audits.get(decision_id) if audit_labels else None)  # a human label wins
+        label, reference = None, None
+        if decision_id in labels:  # a human label wins
+            label, reference = labels[decision_id][1], "human"
+        elif (audit_labels or reference_slow) and decision_id in audits:
+            label, reference = audits[decision_id], "slow"
+        elif reference_slow and record.get("escalated"):
+            label, reference = record.get("answer"), "slow"
+        if label not in record["options"]:
+            label, reference = None, None
+        counts[reference or "unlabelled"] += 1
         row = {"id": decision_id, "options": list(record["options"]),
-               "proba": [float(p) for p in record["proba"]],
-               "label": label if label in record["options"] else None}
+               "proba": [float(p) for p in record["proba"]], "label": label}
+        if reference_slow and reference is not None:
+            row["reference"] = reference
         row.update({k: record[k] for k in ("signature", "fingerprint", "text") if record.get(k)})
         if row["label"] is not None or not labelled_only:
             rows.append(row)
+    if tally is not None:
+        tally.update(counts)
+    if reference_slow and not counts["human"] + counts["slow"]:
+        raise PredictionsError(path, None, "label", f"none of the {len(chosen)} decisions has a "
+                               "reference label (no /v1/feedback label, no audit, no answer from "
+                               "the slow model): run in shadow mode first")
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     write_predictions(Path(out_path), rows)
     return len(rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -81,8 +82,9 @@ def _is_jsonl(path: Path) -> bool:
 def _jsonl_records(path: Path) -> list[dict[str, Any]]:
     """One dict per non-blank line."""
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = _utf8_line(path, raw, number)
             if not line.strip():
                 continue
             try:
@@ -95,12 +97,32 @@ def _jsonl_records(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _utf8_line(path: Path, raw: bytes, number: int) -> str:
+    try:
+        return raw.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError as exc:
+        raise PredictionsError(path, None, None, _not_utf8(raw, exc.start, line=number)) from exc
+
+
+def _not_utf8(data: bytes, offset: int, *, line: int) -> str:
+    """Where the first byte that is not UTF-8 sits: line, column within it, and its value."""
+    column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return (f"line {line}: not UTF-8 text (byte 0x{data[offset]:02x} at column {column}); "
+            "re-save the file as UTF-8")
+
+
 def _csv_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """The header and one dict per row (CRLF-safe: the csv module with ``newline=''``)."""
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        rows: list[dict[str, Any]] = [dict(r) for r in reader]
-        return list(reader.fieldnames or []), rows
+    """The header and one dict per row (CRLF-safe: the csv module with ``newline=''``). The
+    bytes are decoded first so that a non-UTF-8 file names its line, not a codec traceback."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PredictionsError(path, None, None, _not_utf8(data, exc.start, line=line)) from exc
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows: list[dict[str, Any]] = [dict(r) for r in reader]
+    return list(reader.fieldnames or []), rows
 
 
 def read_texts(

@@ -9,7 +9,16 @@ from typing import Annotated, Any
 
 import typer
 
-from router.tuning.common import check_out, fail, fmt, load_preds, show_table, single, write_report
+from router.tuning.common import (
+    check_folder,
+    check_out,
+    fail,
+    fmt,
+    load_preds,
+    show_table,
+    single,
+    write_report,
+)
 
 
 def tune(
@@ -26,6 +35,10 @@ def tune(
     model: Annotated[Path | None, typer.Option(
         help="The model `train --cv` saved with an out-of-fold --preds file; needed for one, "
              "whose rows are checked against the training rows the model recorded.")] = None,
+    cv: Annotated[int | None, typer.Option(
+        help="For predictions of a model that saw none of the rows (`predict` on held-out "
+             "rows, `export-log`): cross-fit the calibrator over K random folds and choose the "
+             "threshold on all rows, instead of splitting them.")] = None,
     shadow: Annotated[bool, typer.Option(
         help="Write the policy in shadow mode: every decision is also answered by the slow "
              "model, which is served (switch it off by editing the file; it reloads live).")] = False,
@@ -69,12 +82,16 @@ def tune(
     if on_alarm not in ("escalate_all", "alert_only"):
         fail(f"--on-alarm must be escalate_all or alert_only, got {on_alarm!r}")
     check_out(out, "--out")
+    if report is not None:
+        check_folder(report, "--report")
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
     signature = single(data.signatures, "signature", preds)
     mask = data.labelled
     try:
         folds = check_crossfit_rows(data)
+        if folds is not None and cv is not None:
+            fail(f"--cv: {preds} is already out-of-fold (its rows carry a 'fold')")
         if folds is not None:
             check_model(data, model)
         elif model is not None:
@@ -82,9 +99,17 @@ def tune(
                  "has none")
     except PredictionsError as exc:
         fail(str(exc))
+    if cv is not None:
+        from calibration.crossfit import random_folds
+
+        try:
+            folds = random_folds(int(mask.sum()), n_folds=cv, seed=seed)
+        except ValueError as exc:
+            fail(f"--cv: {str(exc).removeprefix('n_folds ')}")
     try:
         if folds is not None:
-            result = tune_crossfit(data.proba, data.y_true, folds, calibrator=calibrator,
+            rows = mask if cv is not None else slice(None)
+            result = tune_crossfit(data.proba[rows], data.y_true[rows], folds, calibrator=calibrator,
                                    target_accuracy=target_accuracy, delta=delta,
                                    max_escalation=max_escalation, budget_window=budget_window)
         else:
@@ -107,6 +132,7 @@ def tune(
         n_folds=result.n_folds, guarantee="agreement_with_slow" if n_slow else "accuracy",
         shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm,
         reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
+        options=list(data.options),
     )
     policy.write(out)
     if report is not None:
@@ -159,6 +185,9 @@ def evaluate(
     policy: Annotated[Path, typer.Option(help="Policy JSON from `slotgate tune`.")],
     report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    allow_mismatch: Annotated[bool, typer.Option(
+        help="Evaluate even when the predictions come from another backend (fingerprint) or "
+             "another question (options) than the policy was tuned on.")] = False,
 ) -> None:
     """Evaluate a policy on labelled predictions.
 
@@ -168,15 +197,26 @@ def evaluate(
     from policies.file import PolicyFileError, load_policy
     from policies.tuning import evaluate as evaluate_policy
 
+    if report is not None:
+        check_folder(report, "--report")
     try:
         tuned = load_policy(policy)
     except PolicyFileError as exc:
         fail(str(exc))
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
+    # A policy's threshold means something only for the backend and question it was tuned on.
+    mismatches = []
     if fingerprint != tuned.backend_fingerprint:
-        typer.echo(f"warning: {preds} has backend fingerprint {fingerprint}, the policy was tuned "
-                   f"for {tuned.backend_fingerprint}", err=True)
+        mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
+                          f"tuned for {tuned.backend_fingerprint}")
+    if tuned.options is not None and tuple(tuned.options) != data.options:
+        mismatches.append(f"{preds} has options {_preview(data.options)}, the policy {policy} was "
+                          f"tuned on {_preview(tuned.options)}")
+    if mismatches and not allow_mismatch:
+        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
+    for line in mismatches:
+        typer.echo(f"warning: {line}", err=True)
     mask = data.labelled
     runtime = tuned.runtime()
     try:
@@ -204,3 +244,9 @@ def evaluate(
         ("ECE before calibration", fmt(metrics["ece_before"], metrics["ece_before_ci"])),
         ("ECE after calibration", fmt(metrics["ece_after"], metrics["ece_after_ci"])),
     ])
+
+
+def _preview(options: Any) -> str:
+    names = list(options)
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"[{shown}] ({len(names)})"

@@ -57,6 +57,7 @@ def test_slow_path_cap_and_bounded_queue(standin: StandinHandle, tmp_path: Path)
                             slow={"max_concurrency": 2, "timeout_s": 5})
     try:
         with LiveServer(settings, backend=MockBackend(Switch())) as server:
+            server.wait_for_slow_path()
             warm = server.post("/v1/chat/completions", decision("warm: lost_card"), timeout=120)
             assert warm.status_code == 200
             standin.clear()

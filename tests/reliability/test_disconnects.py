@@ -32,6 +32,7 @@ def server(standin: StandinHandle, tmp_path_factory: pytest.TempPathFactory) -> 
     settings = settings_for(standin, tmp_path_factory.mktemp("disc"),
                             slow={"timeout_s": SLOW_TIMEOUT_S})
     with LiveServer(settings, backend=MockBackend(Switch())) as running:
+        running.wait_for_slow_path()
         warm = running.post("/v1/chat/completions", decision("warm up: lost_card"), timeout=120)
         assert warm.status_code == 200, warm.text
         yield running

@@ -23,6 +23,7 @@ from router.http.openai.wire import (
 )
 from router.http.state import app_state, namespace
 from router.http.systemone.answers import run_stages
+from router.http.text import lone_surrogate_field, surrogate_message
 from router.routing.ports import SlowModel
 
 
@@ -45,6 +46,7 @@ def make_router() -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state = app_state(request)
         settings = state.settings
+        await _refuse_lone_surrogates(request)
         variant = schema_payload(body)  # the example server's own chat-shaped decision call
         if variant is not None:
             return await _chat_variant(request, body, variant)
@@ -58,13 +60,16 @@ def make_router() -> APIRouter:
         reply = render_reply(body, plan, decisions)
         headers = routing_headers(reply["slotgate"])
         if body.stream:
-            return StreamingResponse(_as_events(reply), media_type="text/event-stream",
-                                     headers=headers)
+            stream_options = (body.model_extra or {}).get("stream_options")
+            usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+            return StreamingResponse(_as_events(reply, include_usage=usage),
+                                     media_type="text/event-stream", headers=headers)
         return JSONResponse(reply, headers=headers)
 
     @router.post("/v1/feedback", tags=["slotgate"])
     async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
         """The true answer of a logged decision (for recalibration: ``slotgate export-log``)."""
+        await _refuse_lone_surrogates(request)
         state = app_state(request)
         caller = namespace(request)
         record = await state.feedback.get(body.decision_id)
@@ -97,6 +102,14 @@ def make_router() -> APIRouter:
         return {"object": "list", "data": data}
 
     return router
+
+
+async def _refuse_lone_surrogates(request: Request) -> None:
+    """400 naming the field before any of it is hashed, logged or forwarded (router/http/text.py).
+    ``request.json()`` is the body FastAPI already parsed (Starlette caches it)."""
+    field = lone_surrogate_field(await request.json())
+    if field is not None:
+        raise InvalidRequest(surrogate_message(field), field=field)
 
 
 async def _chat_variant(request: Request, body: ChatCompletionRequest,
@@ -148,14 +161,18 @@ async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterat
             await aclose()  # on client disconnect too: no upstream connection is left open
 
 
-async def _as_events(reply: dict[str, Any]) -> AsyncIterator[bytes]:
-    """A decision as a ``chat.completion.chunk`` stream: the whole answer, then the stop."""
+async def _as_events(reply: dict[str, Any], *, include_usage: bool) -> AsyncIterator[bytes]:
+    """A decision as a ``chat.completion.chunk`` stream: the whole answer, then the stop, then
+    (``stream_options.include_usage``) OpenAI's usage chunk with no choices."""
     base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
     content = reply["choices"][0]["message"]["content"]
     first = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": content},
                                  "finish_reason": None}],
                     "slotgate": reply["slotgate"]}
     last = base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    for chunk in (first, last):
+    chunks = [first, last]
+    if include_usage:
+        chunks.append(base | {"choices": [], "usage": reply["usage"]})
+    for chunk in chunks:
         yield b"data: " + orjson.dumps(chunk) + b"\n\n"
     yield b"data: [DONE]\n\n"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.types import Decision, DecisionRequest, Option, Turn, summary_route
 from router.errors import Forbidden, InvalidRequest
+from router.http.text import header_safe
 
 Shape = Literal["enum", "object", "choice"]
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for json_schema.name
@@ -94,27 +95,37 @@ class DecisionPlan:
 
     shape: Shape
     requests: list[DecisionRequest]
+    # Questions whose enum is a set of integers: decided over the numbers' decimal names and
+    # answered as JSON integers, so the content still satisfies the caller's schema.
+    integer_questions: frozenset[str] = frozenset()
 
 
 def plan_decisions(
     body: ChatCompletionRequest, *, max_options: int, max_questions: int
 ) -> DecisionPlan | None:
     """The decisions a request asks for, or None when it is an ordinary chat (passed through).
-    Raises InvalidRequest naming the field when the request is a decision but a malformed one."""
+    Raises InvalidRequest naming the field when the request is a decision but a malformed one,
+    or asks for something a decision reply cannot honour (``logprobs``)."""
+    if _forces_tool_call(body):
+        return None  # its answer is a tool call, not one of the options: the slow model's job
     found = _find_questions(body, max_questions=max_questions)
     if found is None:
         return None
     shape, questions = found
     if body.n not in (None, 1):
         raise InvalidRequest("n: a decision request has exactly one answer; send n=1", field="n")
+    _refuse_logprobs(body)
     turns = _turns(body.messages)
     context, state = _split_turns(turns)
     policy = body.slotgate.policy if body.slotgate else None
+    # vLLM's choice lists are strings only; a json_schema enum may also be a set of integers.
+    integers = frozenset(qid for qid, _, values, _ in questions
+                         if shape != "choice" and _enum_kind(values) == "integer")
     requests = [
         DecisionRequest(
             question_id=qid,
             instructions=instructions,
-            options=tuple(Option(_option(v, field=f"{where}.{i}"))
+            options=tuple(Option(_option(v, field=f"{where}.{i}", integer=qid in integers))
                           for i, v in enumerate(_enum(values, where=where, max_options=max_options))),
             state=state,
             context=context,
@@ -123,10 +134,30 @@ def plan_decisions(
         )
         for qid, instructions, values, where in questions
     ]
-    return DecisionPlan(shape=shape, requests=requests)
+    return DecisionPlan(shape=shape, requests=requests, integer_questions=integers)
 
 
 _Question = tuple[str, str, Any, str]  # (question_id, instructions, enum values, field path)
+
+
+def _forces_tool_call(body: ChatCompletionRequest) -> bool:
+    """``tool_choice`` "required" or a named function: the reply must be a tool call, which a
+    decision never is, so the request is passed through (honoured) instead of decided."""
+    choice = (body.model_extra or {}).get("tool_choice")
+    return choice == "required" or isinstance(choice, dict)
+
+
+def _refuse_logprobs(body: ChatCompletionRequest) -> None:
+    """Token log-probabilities of a decision would be invented (no token was sampled): refused,
+    pointing at the calibrated probability slotgate does return."""
+    extra = body.model_extra or {}
+    for name in ("logprobs", "top_logprobs"):
+        if extra.get(name) not in (None, False, 0):
+            raise InvalidRequest(
+                f"{name}: a decision has no token log-probabilities; its calibrated probability "
+                "is in the reply's 'slotgate' field (probability, raw_probability). Drop "
+                f"{name}, or drop response_format to pass the request to the slow model",
+                field=name)
 
 
 def _find_questions(
@@ -144,6 +175,8 @@ def _find_questions(
     spec = fmt.json_schema
     schema = spec.schema_ or {}
     if "enum" in schema:
+        if _enum_kind(schema["enum"]) is None:
+            return None  # null, booleans, floats or a mix: not a finite set we decide
         _check_id(spec.name, field=f"{_FORMAT}.name", schema_name=True)
         instructions = str(schema.get("description") or spec.description or spec.name)
         return "enum", [(spec.name, instructions, schema["enum"], f"{_FORMAT}.schema.enum")]
@@ -151,7 +184,8 @@ def _find_questions(
     if schema.get("type") != "object" or not isinstance(properties, dict) or not properties:
         return None
     properties = {name: _resolve(schema, prop) for name, prop in properties.items()}
-    if not all(isinstance(p, dict) and "enum" in p for p in properties.values()):
+    if not all(isinstance(p, dict) and "enum" in p and _enum_kind(p["enum"]) is not None
+               for p in properties.values()):
         return None  # structured output of another kind: the slow model's job, unchanged
     if len(properties) > max_questions:
         raise InvalidRequest(
@@ -164,6 +198,16 @@ def _find_questions(
         instructions = str(prop.get("description") or prop.get("title") or name)
         questions.append((name, instructions, prop["enum"], f"{where}.enum"))
     return "object", questions
+
+
+def _enum_kind(values: Any) -> Literal["string", "integer"] | None:
+    """What a json_schema enum is a set of: strings, integers, or (None) anything else, which
+    is passed through. Not a list at all is "string", so that _enum names the field."""
+    if not isinstance(values, list) or all(isinstance(v, str) for v in values):
+        return "string"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "integer"
+    return None
 
 
 def _resolve(root: dict[str, Any], prop: Any) -> Any:
@@ -206,7 +250,9 @@ def _enum(values: Any, *, where: str, max_options: int) -> list[Any]:
     return values
 
 
-def _option(value: Any, *, field: str) -> str:
+def _option(value: Any, *, field: str, integer: bool) -> str:
+    if integer:
+        return str(value)  # an integer enum's option is named by the number (rendered back as one)
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest(
             f"{field}: options must be non-empty strings, got {json.dumps(value)}", field=field)
@@ -270,9 +316,15 @@ def render_reply(
 def content_of(plan: DecisionPlan, decisions: Sequence[Decision]) -> str:
     if plan.shape == "choice":
         return decisions[0].answer or ""  # vLLM answers a choice with the bare text
+
+    def value(d: Decision) -> Any:
+        if d.question_id in plan.integer_questions and d.answer is not None:
+            return int(d.answer)
+        return d.answer
+
     if plan.shape == "enum":
-        return json.dumps(decisions[0].answer, ensure_ascii=False)
-    return json.dumps({d.question_id: d.answer for d in decisions}, ensure_ascii=False)
+        return json.dumps(value(decisions[0]), ensure_ascii=False)
+    return json.dumps({d.question_id: value(d) for d in decisions}, ensure_ascii=False)
 
 
 def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
@@ -291,6 +343,9 @@ def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
         "decision_id": ",".join(d.decision_id for d in decisions),
         "latency_ms": max(d["latency_ms"] for d in each),
         "note": "; ".join(dict.fromkeys(notes)) if notes else None,
+        "shadow": any(d.shadow for d in decisions),
+        "guarantee": ",".join(dict.fromkeys(d.guarantee for d in decisions if d.guarantee))
+        or None,
         "decisions": each,
     }
     return summary
@@ -304,7 +359,7 @@ def routing_headers(facts: dict[str, Any]) -> dict[str, str]:
         value = facts.get(key)
         if value is not None:
             text = f"{value:.6g}" if isinstance(value, float) else str(value)
-            headers[f"x-slotgate-{key.replace('_', '-')}"] = text.encode("ascii", "replace").decode()
+            headers[f"x-slotgate-{key.replace('_', '-')}"] = header_safe(text)
     return headers
 
 

@@ -9,6 +9,7 @@ from email.parser import BytesParser
 from typing import Any
 
 from router.http.systemone.wire import InvalidBody, SystemOneError
+from router.http.text import lone_surrogate_field, surrogate_message
 
 
 def decode_body(body: bytes, *, content_type: str | None) -> Any:
@@ -17,9 +18,13 @@ def decode_body(body: bytes, *, content_type: str | None) -> Any:
     if media == "multipart/form-data":
         body = _request_part(body, content_type or "")
     try:
-        return json.loads(body, parse_constant=_refuse_constant)
+        payload = json.loads(body, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
         raise InvalidBody(f"invalid body: {exc}") from exc
+    field = lone_surrogate_field(payload)
+    if field is not None:
+        raise InvalidBody(surrogate_message(field), field=field)
+    return payload
 
 
 def _refuse_constant(name: str) -> Any:

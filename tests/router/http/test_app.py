@@ -172,7 +172,7 @@ BAD_BODIES = [
                  "response_format": enum_format(["only"])}).encode(),
      "response_format.json_schema.schema.enum"),
     (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                 "response_format": enum_format(["a", 7])}).encode(),
+                 "response_format": enum_format(["a", ""])}).encode(),
      "response_format.json_schema.schema.enum.1"),
     (json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
                  "response_format": enum_format([f"o{i}" for i in range(51)])}).encode(),

@@ -140,3 +140,31 @@ async def test_factory_builds_a_network_backend_without_touching_the_network() -
         assert isinstance(backend, SystemOneBackend) and len(backend.fingerprint) == 16
     finally:
         await backend.aclose()
+
+
+async def test_lifespan_refuses_an_unwritable_decision_log(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file where the log's folder should be")
+    settings = Settings(log={"decision_log_path": tmp_path / "blocker" / "log.jsonl"})
+    app = create_app(settings, backend=MockBackend(lambda r: [0.5, 0.5]))
+    with pytest.raises(ConfigError, match="log.decision_log_path"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
+async def test_readyz_reports_a_decision_log_that_can_no_longer_be_written(tmp_path: Path) -> None:
+    import shutil
+
+    import httpx
+
+    folder = tmp_path / "logs"
+    settings = Settings(log={"decision_log_path": folder / "log.jsonl"})
+    app = create_app(settings, backend=MockBackend(lambda r: [0.5, 0.5]))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            ready = await client.get("/readyz")
+            assert ready.status_code == 200 and ready.json()["checks"]["decision_log"] is True
+            shutil.rmtree(folder)
+            folder.write_text("the folder was replaced by a file")
+            gone = await client.get("/readyz")
+    assert gone.status_code == 503 and gone.json()["checks"]["decision_log"] is False

@@ -80,3 +80,32 @@ async def test_a_failing_holder_and_a_cancelled_waiter_give_their_places_back() 
     assert rejected == []
     gate.set()
     await asyncio.gather(holder, second)
+
+
+async def test_under_a_deadline_a_hopeless_wait_is_refused_at_once() -> None:
+    from router.routing.deadline import deadline_in
+
+    cap, rejected = limit(1, max_waiting=100)
+    cap.hold_s = 1.0  # a slot is held about a second: a 0.3 s deadline cannot be met
+    gate = asyncio.Event()
+
+    async def hold() -> None:
+        async with cap.acquire():
+            await gate.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with deadline_in(0.3), pytest.raises(TooManyRequests, match="before its deadline") as info:
+        async with cap.acquire():
+            pass
+    assert loop.time() - t0 < 0.05 and rejected == [1] and info.value.retry_after_s >= 1.0
+    cap.hold_s = 0.0  # no history of long holds: it waits, but never past its deadline
+    t0 = loop.time()
+    with deadline_in(0.2), pytest.raises(TooManyRequests, match="no free slot before the deadline"):
+        async with cap.acquire():
+            pass
+    assert 0.15 < loop.time() - t0 < 0.5 and rejected == [1, 1]
+    gate.set()
+    await holder

@@ -210,7 +210,8 @@ async def test_a_failing_question_cancels_the_others_escalations() -> None:
 
     slow = HalfBroken()
     service, _, log, _ = make_service(slow_path=slow)  # type: ignore[arg-type]
-    questions = [DecisionRequest(qid, "?", (Option("x"), Option("y"), Option("z")), "hmm")
+    # Two different questions (identical ones would share one slow call: test_single_flight).
+    questions = [DecisionRequest(qid, f"{qid}?", (Option("x"), Option("y"), Option("z")), "hmm")
                  for qid in "ab"]
     async with asyncio.timeout(5):
         with pytest.raises(SlowPathTimeout):

@@ -85,12 +85,13 @@ def test_compare_refuses_files_without_shared_ids_or_with_other_labels(tmp_path:
     assert result.exit_code == 2 and f"{c}: row 5: field 'label'" in result.stderr
 
 
-def test_eval_warns_on_another_backend_and_keeps_stdout_json(tmp_path: Path) -> None:
+def test_eval_on_another_backend_needs_the_override_and_keeps_stdout_json(tmp_path: Path) -> None:
     tune_preds = write_jsonl(tmp_path / "t.jsonl", synthetic_rows(2000, fingerprint="fp1"))
     policy = tmp_path / "policy.json"
     assert invoke("tune", "--preds", tune_preds, "--out", policy).exit_code == 0
     other = write_jsonl(tmp_path / "o.jsonl", synthetic_rows(500, seed=1, fingerprint="fp2"))
-    result = invoke("eval", "--preds", other, "--policy", policy, "--json")
+    assert invoke("eval", "--preds", other, "--policy", policy, "--json").exit_code == 2
+    result = invoke("eval", "--preds", other, "--policy", policy, "--json", "--allow-mismatch")
     assert result.exit_code == 0, result.stderr
     assert "fingerprint fp2" in result.stderr and "tuned for fp1" in result.stderr
     assert json.loads(result.stdout)["n"] == 500

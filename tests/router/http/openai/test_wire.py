@@ -71,14 +71,52 @@ def test_vllm_choice_spellings(fields: dict[str, Any]) -> None:
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"enum": ["p", "q"]}, "b": {"type": "string"}}}}}},
     {"structured_outputs": {"regex": "[a-z]+"}},
+    # Not a finite set of strings or of integers: passed through (docs/proxy.md says so).
+    {"response_format": enum_format(["a", None], type=["string", "null"])},
+    {"response_format": enum_format(["a", 3])},
+    {"response_format": enum_format([True, False])},
+    {"response_format": enum_format([0.5, 1.5])},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"enum": ["p", "q"]}, "b": {"enum": ["u", None]}}}}}},
+    # A tool call is demanded: the reply cannot be one of the options, so it is not a decision.
+    {"response_format": enum_format(["a", "b"]), "tool_choice": "required",
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    {"guided_choice": ["a", "b"], "tool_choice": {"type": "function", "function": {"name": "f"}},
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
 ])
 def test_other_requests_are_passthrough(fields: dict[str, Any]) -> None:
     assert plan(body(**fields)) is None
 
 
+def test_integer_enums_are_decided_and_answered_as_integers() -> None:
+    schema = {"type": "object", "properties": {
+        "stars": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+        "intent": {"type": "string", "enum": ["a", "b"]}}}
+    p = plan(body(response_format={"type": "json_schema",
+                                   "json_schema": {"name": "review", "schema": schema}}))
+    assert [r.option_names for r in p.requests] == [("1", "2", "3", "4", "5"), ("a", "b")]
+    assert p.integer_questions == {"stars"}
+    reply = render_reply(body(), p, [decision("stars", "4", "fast", 0.95),
+                                   decision("intent", "b", "fast", 0.95)])
+    assert json.loads(reply["choices"][0]["message"]["content"]) == {"stars": 4, "intent": "b"}
+    single = plan(body(response_format=enum_format([-1, 0, 1], type="integer")))
+    content = render_reply(body(), single, [decision("intent", "-1", "slow", 0.5)])["choices"][0]["message"]
+    assert json.loads(content["content"]) == -1
+
+
+def test_tools_with_auto_choice_and_logprobs_false_are_still_decisions() -> None:
+    p = plan(body(response_format=enum_format(["a", "b"]), logprobs=False, tool_choice="auto",
+                  tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]))
+    assert p is not None and p.requests[0].option_names == ("a", "b")
+
+
 @pytest.mark.parametrize(("fields", "field"), [
     ({"response_format": enum_format(["only"])}, "response_format.json_schema.schema.enum"),
-    ({"response_format": enum_format(["a", 3])}, "response_format.json_schema.schema.enum.1"),
+    ({"response_format": enum_format(["a", ""])}, "response_format.json_schema.schema.enum.1"),
+    ({"response_format": enum_format([1, 1])}, "response_format.json_schema.schema.enum"),
+    ({"guided_choice": [1, 2]}, "guided_choice.0"),
+    ({"response_format": enum_format(["a", "b"]), "logprobs": True}, "logprobs"),
+    ({"guided_choice": ["a", "b"], "top_logprobs": 3}, "top_logprobs"),
     ({"response_format": enum_format(["a", "a"])}, "response_format.json_schema.schema.enum"),
     ({"response_format": enum_format([f"o{i}" for i in range(101)])},
      "response_format.json_schema.schema.enum"),
@@ -144,6 +182,14 @@ def test_reply_content_satisfies_the_schema_and_carries_routing_facts() -> None:
     assert (facts["route"], facts["decision_id"], facts["threshold"]) == ("fast", "id-intent", 0.9)
     headers = routing_headers(facts)
     assert headers["x-slotgate-route"] == "fast" and headers["x-slotgate-probability"] == "0.97"
+
+
+def test_headers_carry_no_control_characters_from_an_upstream_message() -> None:
+    note = "slow model unavailable: upstream said\r\nx-injected: 1\n\tand café"
+    headers = routing_headers({"route": "unverified", "note": note})
+    assert headers["x-slotgate-note"] == (
+        "slow model unavailable: upstream said  x-injected: 1  and caf?")
+    assert all(0x20 <= ord(c) < 0x7f for value in headers.values() for c in value)
 
 
 def test_object_reply_summarises_the_least_verified_route() -> None:

@@ -1,0 +1,216 @@
+"""Cold start with no labels, through the live proxy: shadow mode, export, tune, live reload,
+route the rest.
+
+    python -m bench.shadow --n 3000 [--shadow-share 0.5] [--target 0.95] [--reuse]
+
+The fast tier is slotgate's TF-IDF model (trained on BANKING77's train.csv); the slow model is
+the stand-in LLM (``standins/llm.py``, wordllama embeddings + logistic regression, trained on
+train.csv too) behind litellm. ``--n`` test.csv messages are shuffled; the first
+``--shadow-share`` of them are sent with the server in shadow mode (``policy.shadow: true``, the
+policy file not written yet): every decision is read by the fast tier and answered by the slow
+model, which is served, both logged. Then ``slotgate export-log --reference slow`` labels the
+logged reads with the slow model's answers and ``slotgate tune --cv 5`` (calibrator
+cross-fitted, threshold on every shadow row) writes the policy file the server names; the server reloads it by itself (file watch, no restart) and routes the rest.
+Nothing uses a human label except the last, informational, column (accuracy against
+BANKING77's labels).
+
+Last line, one JSON object: ``n_shadow``, ``target``, ``agreement_after`` (agreement with the
+slow model on the decisions accepted after the switch; the stand-in's answer for those is
+computed offline with its own model, so asking costs no counted call), ``fast_share_after``,
+``slow_calls_after`` (calls the stand-in counted after the switch), and more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY_NAME = "banking77-shadow"
+
+
+def slotgate(*args: Any) -> str:
+    """A `slotgate` CLI command (the one beside this Python); its stdout, or exit on failure."""
+    exe = Path(sys.executable).parent / "slotgate"
+    done = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                          check=False)
+    if done.returncode != 0:
+        sys.exit(f"slotgate {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def build_models(data: Path, work: Path, *, reuse: bool) -> dict[str, Path]:
+    paths = {"fast": work / "tfidf.joblib", "slow": work / "standin-wordllama.joblib"}
+    if reuse and all(p.is_file() for p in paths.values()):
+        return paths
+    slotgate("train", "--data", data / "train.csv", "--label-column", "category",
+             "--out", paths["fast"])
+    slotgate("train", "--data", data / "train.csv", "--label-column", "category",
+             "--kind", "wordllama", "--out", paths["slow"])
+    return paths
+
+
+@contextmanager
+def proxy(settings: Any) -> Iterator[tuple[str, Any]]:
+    """slotgate under uvicorn in a background thread of this process: (url, app)."""
+    import socket
+
+    import uvicorn
+
+    from router.http.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            sys.exit("slotgate did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def ask_all(url: str, texts: Sequence[str], labels: list[str], *, concurrency: int
+            ) -> list[dict[str, Any]]:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    response_format = {"type": "json_schema", "json_schema": {
+        "name": "intent", "schema": {"type": "string", "enum": labels}}}
+
+    def ask(text: str) -> dict[str, Any]:
+        completion = client.chat.completions.create(
+            model="banking77", response_format=response_format,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": text}])
+        facts = (completion.model_extra or {})["slotgate"]
+        return {"answer": json.loads(completion.choices[0].message.content or "null"),
+                "route": facts["route"], "shadow": facts["shadow"],
+                "guarantee": facts["guarantee"], "escalated": facts["escalated"]}
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(ask, texts))
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--shadow-share", type=float, default=0.5)
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--delta", type=float, default=0.05)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", type=Path, default=Path(os.environ.get(
+        "SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77")))
+    parser.add_argument("--work", type=Path, default=ROOT / "var/bench-shadow")
+    parser.add_argument("--reuse", action="store_true", help="reuse the trained models in --work")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/shadow.json")
+    args = parser.parse_args(argv)
+    if not (args.data / "test.csv").is_file():
+        sys.exit(f"BANKING77 not found at {args.data}: pass --data DIR")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "openai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    started = time.perf_counter()
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in ("decisions.jsonl", "policy.json", "shadow.jsonl"):
+        (work / stale).unlink(missing_ok=True)
+    models = build_models(args.data, work, reuse=args.reuse)
+    labels = json.loads((args.data / "categories.json").read_text())
+    with (args.data / "test.csv").open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    random.Random(args.seed).shuffle(rows)
+    rows = rows[:args.n]
+    n_shadow = round(args.shadow_share * len(rows))
+    before, after = rows[:n_shadow], rows[n_shadow:]
+
+    from router.http.state import app_state
+    from router.settings import Settings
+    from standins.llm import model_chooser, start_standin
+
+    standin = start_standin(model_path=models["slow"])
+    policy_path = work / "policy.json"
+    settings = Settings(
+        fast={"kind": "sklearn", "model_path": models["fast"], "timeout_s": 10.0},
+        # Cold start: no labels, so no policy yet; every decision in shadow mode until the
+        # file appears (written by `slotgate tune`, picked up by the file watch).
+        policy={"files": [policy_path], "shadow": True, "watch": True},
+        slow={"model": "openai/standin", "api_base": standin.api_base, "api_key": "sk-standin",
+              "timeout_s": 60},
+        log={"decision_log_path": work / "decisions.jsonl"},
+    )
+    try:
+        with proxy(settings) as (url, app):
+            shadow_replies = ask_all(url, [r["text"] for r in before], labels,
+                                     concurrency=args.concurrency)
+            calls_shadow = len(standin.calls())
+            export = slotgate("export-log", "--log", work / "decisions.jsonl", "--reference",
+                              "slow", "--out", work / "shadow.jsonl")
+            switch_at = time.perf_counter()
+            slotgate("tune", "--preds", work / "shadow.jsonl", "--out", policy_path, "--name",
+                     POLICY_NAME, "--target-accuracy", args.target, "--delta", args.delta,
+                     "--seed", args.seed, "--cv", 5)  # the fast model saw none of these rows
+            registry = app_state(app).service.registry
+            while POLICY_NAME not in registry.names():
+                if time.perf_counter() - switch_at > 60:
+                    sys.exit("the tuned policy was not reloaded within 60 s")
+                time.sleep(0.05)
+            reload_s = time.perf_counter() - switch_at
+            after_replies = ask_all(url, [r["text"] for r in after], labels,
+                                    concurrency=args.concurrency)
+            slow_calls_after = len(standin.calls()) - calls_shadow
+    finally:
+        standin.stop()
+    policy = json.loads(policy_path.read_text())
+    slow_answer = model_chooser(models["slow"])
+    accepted = [(row, reply) for row, reply in zip(after, after_replies, strict=True)
+                if not reply["escalated"]]
+    agree = [reply["answer"] == slow_answer(row["text"], labels) for row, reply in accepted]
+    result = {
+        "n": len(rows), "n_shadow": n_shadow, "n_after": len(after), "target": args.target,
+        "delta": args.delta,
+        "shadow_all_served_by_slow": all(r["shadow"] and r["escalated"] for r in shadow_replies),
+        "slow_calls_shadow": calls_shadow,
+        "export_labels": export.strip().split(": labels ", 1)[-1],  # no machine paths
+        "policy": {k: policy[k] for k in ("guarantee", "threshold", "bound", "coverage",
+                                          "n_tune", "n_calibration", "shadow")},
+        "reload_s": round(reload_s, 3),
+        "guarantee_after": sorted({str(r["guarantee"]) for r in after_replies}),
+        "agreement_after": sum(agree) / len(agree) if agree else None,
+        "fast_share_after": len(accepted) / len(after) if after else None,
+        "slow_calls_after": slow_calls_after,
+        "accuracy_after_vs_human_labels": sum(
+            reply["answer"] == row["category"] for row, reply in zip(after, after_replies,
+                                                                     strict=True)) / len(after),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        "command": "python -m bench.shadow " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
