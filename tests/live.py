@@ -4,10 +4,13 @@ live-server harness the HTTP tests share (tests that need more subclass it)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
+import httpx
 import uvicorn
 
 from router.http.app import create_app
@@ -57,3 +60,19 @@ class LiveServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
+
+
+def wait_until_up(url: str, proc: subprocess.Popen[Any], *, path: str = "/healthz",
+                  timeout_s: float = 60.0, output: Callable[[], str] = lambda: "") -> None:
+    """Poll ``url + path`` until it answers 200 while ``proc`` (a ``slotgate serve`` process)
+    runs; fail with ``output()`` (e.g. the server's log) if it exits or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"slotgate did not come up at {url}{path}: {output()}")
+        time.sleep(0.05)

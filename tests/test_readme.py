@@ -21,15 +21,14 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from standins.llm import StandinHandle
 from tests.conftest import ROOT, free_port
+from tests.live import wait_until_up
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
@@ -158,15 +157,7 @@ def test_python_blocks_run_against_a_served_slotgate(
     server = subprocess.Popen([slotgate, "serve"], cwd=workdir,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "slotgate did not start"
-            time.sleep(0.2)
+        wait_until_up(f"http://127.0.0.1:{port}", server, path="/readyz")
         for block in blocks_of("python"):
             code = block.text.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
             result = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=environment(),

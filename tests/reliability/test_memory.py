@@ -26,6 +26,7 @@ from openai import OpenAI
 from router.backends.sklearn import SklearnBackend, load_text_model
 from standins.llm import StandinHandle
 from tests.conftest import ROOT, TrainedModel, free_port
+from tests.live import wait_until_up
 from tests.reliability.conftest import SLOW_MODEL, LiveServer, decision, settings_for
 
 SERVE = "import sys; from pathlib import Path; from router.http.server import serve; " \
@@ -54,16 +55,7 @@ def serve(config: dict[str, Any], tmp_path: Path) -> Iterator[tuple[str, int]]:
                             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "server.log").read_text()[-3000:]
-            time.sleep(0.2)
+        wait_until_up(url, proc, output=lambda: (tmp_path / "server.log").read_text()[-3000:])
         yield url, proc.pid
     finally:
         proc.terminate()

@@ -20,6 +20,7 @@ import pytest
 
 from standins.llm import StandinHandle
 from tests.conftest import ROOT, free_port
+from tests.live import wait_until_up
 from tests.reliability.conftest import SECRET, SLOW_MODEL, decision
 
 SERVE = ("import sys; from pathlib import Path; from router.http.server import serve; "
@@ -46,16 +47,7 @@ def started(fresh_standin: StandinHandle, tmp_path: Path) -> Iterator[tuple[subp
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"slotgate did not start: {proc.communicate()[0]}")
-        time.sleep(0.02)
+    wait_until_up(url, proc, output=lambda: proc.communicate()[0])
     try:
         yield proc, url
     finally:

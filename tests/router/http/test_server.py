@@ -7,12 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.conftest import free_port
+from tests.live import wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,15 +31,7 @@ def test_serve_runs_the_config_and_stops_on_sigterm(tmp_path: Path) -> None:
                             text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-            time.sleep(0.2)
+        wait_until_up(url, proc)
         body = {"model": "m", "guided_choice": ["yes", "no"],
                 "messages": [{"role": "user", "content": "is it on?"}]}
         answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
