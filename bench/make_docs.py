@@ -38,7 +38,10 @@ FIXES = (
     "log serialises each record once with orjson, keeps bytes in its index, and writes Redis "
     "behind the request in batches (the JSONL line is still written before the reply). Both "
     "runs are `--quick` on the same shared 2-core machine at different times and loads, so "
-    "compare each run's ratios first; single figures move with the load.")
+    "compare each run's ratios first; single figures move with the load. The 'after' column is "
+    "the latest run of each command, which since round 2 also measures that round's changes "
+    "(single-flight escalation, slow-path deadlines, monitoring hooks, the slimmer decision "
+    "index); `bench/ab.py` below is the controlled before/after of the PERF fixes alone.")
 CACHE_SETUP = (
     "{n} distinct decisions are sent once to fill the cache, then read again and again (every "
     "read a hit), through slotgate with a private redis-server and through slotgate with the "
