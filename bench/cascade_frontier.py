@@ -45,7 +45,7 @@ def build(data: Path, work: Path, *, seed: int, targets: tuple[float, ...], delt
           ) -> dict[str, Any]:
     """Models, predictions and policies under ``work``; each stage is reused while its stamp
     file matches (MiniLM encoding of BANKING77 alone takes about a minute on 2 cores)."""
-    from bench.e2e_banking77 import slotgate
+    from bench.live import slotgate
 
     base = stamp(data, seed=seed)
     labelled = ("--label-column", "category")

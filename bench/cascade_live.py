@@ -67,7 +67,7 @@ def process(cmd: Sequence[str], *, port: int, log: Path, ready_path: str,
 
 
 def standin(model: Path, work: Path) -> Any:
-    from bench.e2e_banking77 import free_port
+    from bench.live import free_port
 
     port = free_port()
     return process([sys.executable, str(ROOT / "standins/llm.py"), "--port", str(port),
@@ -81,7 +81,7 @@ def proxy(*, kind: str, model: Path, policies: Sequence[Path], points: Sequence[
     slow model (litellm ``openai/`` provider), the in-process cache, one API key per point."""
     import yaml
 
-    from bench.e2e_banking77 import free_port
+    from bench.live import free_port
 
     port = free_port()
     config = {

@@ -3,12 +3,8 @@ as client, the stand-in LLM as slow model and auditor), then what the proxy serv
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench.drift_data import Scored
+from bench.live import ask_intents, serve_in_thread
 
 
 def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
@@ -82,10 +79,6 @@ def wait_for_audits(app: Any, timeout_s: float = 60.0) -> dict[str, int]:
 def proxy(model_path: Path, policy_path: Path, api_base: str,
           log_path: Path) -> Iterator[tuple[str, Any]]:
     """slotgate as `slotgate serve` runs it, on a free port in a thread with its own loop."""
-    import uvicorn
-
-    from bench.e2e_banking77 import free_port
-    from router.http.app import create_app
     from router.settings import Settings
 
     settings = Settings(
@@ -95,39 +88,12 @@ def proxy(model_path: Path, policy_path: Path, api_base: str,
               "timeout_s": 30},
         log={"decision_log_path": log_path},
     )
-    app = create_app(settings)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           loop="asyncio"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("slotgate did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_in_thread(settings, loop="asyncio") as served:
+        yield served
 
 
 def ask_all(url: str, texts: list[str], labels: list[str], *,
             concurrency: int) -> list[dict[str, Any]]:
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-    response_format = {"type": "json_schema", "json_schema": {
-        "name": "intent", "schema": {"type": "string", "enum": labels}}}
-
-    def ask(text: str) -> dict[str, Any]:
-        completion = client.chat.completions.create(
-            model="banking77", response_format=response_format,  # type: ignore[arg-type]
-            messages=[{"role": "user", "content": text}])
-        facts = (completion.model_extra or {})["slotgate"]
-        return {"answer": json.loads(completion.choices[0].message.content or "null"),
-                "route": facts["route"], "escalated": bool(facts.get("escalated"))}
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(ask, texts))
+    return [{"answer": r["answer"], "route": r["facts"]["route"],
+             "escalated": bool(r["facts"].get("escalated"))}
+            for r in ask_intents(url, texts, labels, concurrency=concurrency)]

@@ -22,14 +22,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench.live import ask_intents, free_port, serve_in_thread, slotgate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,16 +124,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def slotgate(*args: Any) -> str:
-    """Run a `slotgate` CLI command (the one installed beside this Python), returning stdout."""
-    exe = Path(sys.executable).parent / "slotgate"
-    done = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          check=False)
-    if done.returncode != 0:
-        sys.exit(f"slotgate {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
-    return done.stdout
-
-
 def build_artifacts(data: Path, work: Path, *, target: float, seed: int,
                     reuse: bool) -> dict[str, Path]:
     """TF-IDF fast model on 70% of train.csv, its policy tuned on the other 30%, the stand-in's
@@ -199,9 +189,6 @@ def proxy(artifacts: dict[str, Path], api_base: str, redis_url: str, work: Path,
           namespace: str) -> Iterator[str]:
     """slotgate under uvicorn in a background thread, configured as `make serve` would be plus
     the stand-in as slow model and Redis as cache."""
-    import uvicorn
-
-    from router.http.app import create_app
     from router.settings import Settings
 
     settings = Settings(
@@ -212,44 +199,16 @@ def proxy(artifacts: dict[str, Path], api_base: str, redis_url: str, work: Path,
         cache={"redis_url": redis_url, "namespace": namespace},
         log={"decision_log_path": work / "decisions.jsonl"},
     )
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            sys.exit("slotgate did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_in_thread(settings) as (url, _):
+        yield url
 
 
 def ask_all(url: str, rows: list[dict[str, str]], labels: list[str], *,
             concurrency: int) -> list[dict[str, Any]]:
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-    response_format = {"type": "json_schema", "json_schema": {
-        "name": "intent", "schema": {"type": "string", "enum": labels}}}
-
-    def ask(row: dict[str, str]) -> dict[str, Any]:
-        start = time.perf_counter()
-        completion = client.chat.completions.create(
-            model="banking77", response_format=response_format,  # type: ignore[arg-type]
-            messages=[{"role": "user", "content": row["text"]}])
-        ms = (time.perf_counter() - start) * 1000
-        answer = json.loads(completion.choices[0].message.content or "null")
-        facts = (completion.model_extra or {})["slotgate"]
-        return {"text": row["text"], "answer": answer, "route": facts["route"],
-                "correct": answer == row["category"], "valid": answer in labels, "ms": ms}
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(ask, rows))
+    replies = ask_intents(url, [row["text"] for row in rows], labels, concurrency=concurrency)
+    return [{"text": row["text"], "answer": r["answer"], "route": r["facts"]["route"],
+             "correct": r["answer"] == row["category"], "valid": r["answer"] in labels,
+             "ms": r["ms"]} for row, r in zip(rows, replies, strict=True)]
 
 
 def prometheus_totals(url: str, names: Sequence[str]) -> dict[str, float]:
@@ -275,12 +234,6 @@ def count(values: Iterator[str] | Any) -> dict[str, int]:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))], 2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout_s: float = 10.0) -> None:

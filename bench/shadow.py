@@ -28,28 +28,16 @@ import json
 import logging
 import os
 import random
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.live import ask_intents, serve_in_thread, slotgate
+
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_NAME = "banking77-shadow"
-
-
-def slotgate(*args: Any) -> str:
-    """A `slotgate` CLI command (the one beside this Python); its stdout, or exit on failure."""
-    exe = Path(sys.executable).parent / "slotgate"
-    done = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          check=False)
-    if done.returncode != 0:
-        sys.exit(f"slotgate {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
-    return done.stdout
 
 
 def build_models(data: Path, work: Path, *, reuse: bool) -> dict[str, Path]:
@@ -63,53 +51,11 @@ def build_models(data: Path, work: Path, *, reuse: bool) -> dict[str, Path]:
     return paths
 
 
-@contextmanager
-def proxy(settings: Any) -> Iterator[tuple[str, Any]]:
-    """slotgate under uvicorn in a background thread of this process: (url, app)."""
-    import socket
-
-    import uvicorn
-
-    from router.http.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            sys.exit("slotgate did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
 def ask_all(url: str, texts: Sequence[str], labels: list[str], *, concurrency: int
             ) -> list[dict[str, Any]]:
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-    response_format = {"type": "json_schema", "json_schema": {
-        "name": "intent", "schema": {"type": "string", "enum": labels}}}
-
-    def ask(text: str) -> dict[str, Any]:
-        completion = client.chat.completions.create(
-            model="banking77", response_format=response_format,  # type: ignore[arg-type]
-            messages=[{"role": "user", "content": text}])
-        facts = (completion.model_extra or {})["slotgate"]
-        return {"answer": json.loads(completion.choices[0].message.content or "null"),
-                "route": facts["route"], "shadow": facts["shadow"],
-                "guarantee": facts["guarantee"], "escalated": facts["escalated"]}
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(ask, texts))
+    return [{"answer": r["answer"], "route": r["facts"]["route"], "shadow": r["facts"]["shadow"],
+             "guarantee": r["facts"]["guarantee"], "escalated": r["facts"]["escalated"]}
+            for r in ask_intents(url, texts, labels, concurrency=concurrency, timeout_s=120)]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -161,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         log={"decision_log_path": work / "decisions.jsonl"},
     )
     try:
-        with proxy(settings) as (url, app):
+        with serve_in_thread(settings) as (url, app):
             shadow_replies = ask_all(url, [r["text"] for r in before], labels,
                                      concurrency=args.concurrency)
             calls_shadow = len(standin.calls())
