@@ -8,6 +8,11 @@ non-string levels, descriptions and criteria are read as text; the questions of 
 jointly, and joint slots copy letters (protocol notes, section 7): each later question of a joint
 read moves ``JOINT_COPY`` of its mass to the label position the question before it chose, so a
 question asked alone and asked beside others get different probabilities, as on the server.
+A body of several stages is "chained" there: every stage's prompt lists every question, and a later
+stage continues the answers the server gave (prefilled after the prompt). The stand-in's model
+reads text, so it reads those as text: in a chained body each read sees the state followed by the
+question lines and then the earlier answers (``id: name``); the probabilities move with them, as
+the server's do, and a stage read on its own gets other ones.
 Token counts use ``BYTES_PER_TOKEN`` (no tokenizer here).
 
     python -m standins.systemone_server --port 8011 [--data ../shared/data/banking77]
@@ -85,9 +90,18 @@ class SystemOneStandin(StandinServer):
             if question["id"] in parsed:
                 raise SchemaError(f"duplicate question id {question['id']!r}")
             parsed[question["id"]] = question
+        stages = _stages(parsed)
+        _check_answer_names(parsed)
         answers: dict[str, Any] = {}
         skipped: dict[str, Any] = {}
-        for stage in _stages(parsed):
+        chained = len(stages) > 1
+        # A chained body's prompt lists every question; later stages continue earlier answers.
+        prompt = state_text + "".join(
+            f"\nQuestion {q['id']}: {q['instructions']}" for q in parsed.values()) if chained \
+            else state_text
+        earlier: list[str] = []
+        asked_stages: list[list[str]] = []
+        for stage in stages:
             asked = []
             for qid in stage:
                 blocker = _failed_condition(parsed[qid].get("ask_if") or {}, answers)
@@ -96,15 +110,22 @@ class SystemOneStandin(StandinServer):
                 else:
                     answers[qid] = None
                     skipped[qid] = blocker
+            if not asked:
+                continue
+            text = prompt + "".join(f"\n{line}" for line in earlier)
             previous_top: int | None = None
             for qid in asked:  # one joint read per stage
-                answers[qid], previous_top = self._answer(parsed[qid], state_text, seed, samples,
+                answers[qid], previous_top = self._answer(parsed[qid], text, seed, samples,
                                                           previous_top)
+            earlier += [f"{qid}: {_answer_name(answers[qid])}" for qid in asked]
+            asked_stages.append(asked)
         return {
             "model": self.model,
             "answers": {qid: answers[qid] for qid in parsed},
             "usage": {"input_tokens": len(state_text.split()), "output_tokens": 2 * len(questions)},
-            "diagnostics": {"engine": "standin", "skipped": skipped, "samples": samples},
+            "diagnostics": {"engine": "standin", "stages": asked_stages, "skipped": skipped,
+                            "conditioning": "prefill" if len(asked_stages) > 1 else None,
+                            "samples": samples},
         }
 
     def _question(self, raw_id: str, question: Any) -> dict[str, Any]:
@@ -139,8 +160,12 @@ class SystemOneStandin(StandinServer):
         rows = SCAFFOLD_ROWS + -(-len(f"{qid}: A".encode()) // BYTES_PER_TOKEN)
         if rows + 1 > CANVAS_LENGTH:
             raise SchemaError(f"answer template is {rows} tokens; the canvas holds {CANVAS_LENGTH - 1}")
-        return {"id": qid, "type": kind, "options": options, "depends_on": question.get("depends_on"),
-                "ask_if": question.get("ask_if")}
+        depends_on = question.get("depends_on")
+        if depends_on is not None and (not isinstance(depends_on, list) or
+                                       not all(isinstance(d, str) for d in depends_on)):
+            raise SchemaError(f"question {qid!r}: depends_on must be a list of question ids")
+        return {"id": qid, "type": kind, "options": options, "depends_on": depends_on,
+                "ask_if": question.get("ask_if"), "instructions": str(question.get("instructions", ""))}
 
     def _answer(self, question: dict[str, Any], state: str, seed: int, samples: int | None,
                 previous_top: int | None) -> tuple[Any, int]:
@@ -217,17 +242,31 @@ def _stages(questions: dict[str, dict[str, Any]]) -> list[list[str]]:
     return stages
 
 
+def _check_answer_names(questions: dict[str, dict[str, Any]]) -> None:
+    """``ask_if`` may only want answers its dependency can give (checked once every id is known)."""
+    for qid, q in questions.items():
+        for dep, wanted in (q["ask_if"] or {}).items():
+            if dep not in questions or not isinstance(wanted, list):
+                continue  # _stages names these
+            names = [name for name, _ in questions[dep]["options"]]
+            if any(v not in names for v in wanted):
+                raise SchemaError(f"question {qid!r}: ask_if values for {dep!r} must be among {names}")
+
+
+def _answer_name(answer: dict[str, Any] | None) -> str | None:
+    """The answer the server continues and ``ask_if`` compares: yes/no, the option, the level."""
+    if answer is None:
+        return None
+    if answer["type"] == "noul":
+        return "yes" if answer["noul"] >= 0.5 else "no"
+    if answer["type"] == "score":
+        return str(answer["legend"][max(answer["probabilities"], key=answer["probabilities"].get)])
+    return str(answer["choice"])
+
+
 def _failed_condition(ask_if: dict[str, list[str]], answers: dict[str, Any]) -> dict[str, Any] | None:
     for dep, wanted in ask_if.items():
-        answer = answers.get(dep)
-        was = None
-        if answer is not None:
-            if answer["type"] == "noul":
-                was = "yes" if answer["noul"] >= 0.5 else "no"
-            elif answer["type"] == "score":
-                was = answer["legend"][max(answer["probabilities"], key=answer["probabilities"].get)]
-            else:
-                was = answer["choice"]
+        was = _answer_name(answers.get(dep))
         if was not in wanted:
             return {"because": dep, "was": was, "wanted": wanted}
     return None

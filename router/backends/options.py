@@ -8,7 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 GroupingMode = Literal["combined", "chained"]
 Dialect = Literal["example", "openjev", "jev"]
@@ -49,7 +56,11 @@ class SystemOneOptions(RetryOptions):
     stage go upstream in one body and are read jointly, as a client calling the server directly
     gets them; False asks one question per request. ``server_revision`` names the server build
     (its prompt template is out of sight) for the fingerprint. ``steps``/``think``/``chunk_rows``/
-    ``chunk_prompt`` are the example server's engine knobs, forwarded when set."""
+    ``chunk_prompt`` are the example server's engine knobs, forwarded when set. ``stages``: who
+    runs the stages of a body with ``depends_on``/``ask_if``: ``"server"`` sends the body whole,
+    so later stages continue the answers the server gave, as for its own clients (the example
+    dialect's default); ``"router"`` reads stage by stage (OpenJev and Jev ignore dependencies,
+    so it is the only choice there)."""
 
     dialect: Dialect = "example"
     model: str | None = None
@@ -63,6 +74,21 @@ class SystemOneOptions(RetryOptions):
     think: int | None = Field(None, ge=0, le=4096)
     chunk_rows: int | None = Field(None, ge=8)
     chunk_prompt: Literal["shared", "own"] | None = None
+    stages: Literal["server", "router"] | None = None
+
+    @field_validator("stages")
+    @classmethod
+    def _stages_need_a_server_that_runs_them(cls, value: str | None,
+                                             info: ValidationInfo) -> str | None:
+        dialect = info.data.get("dialect", "example")
+        if value == "server" and dialect != "example":
+            raise ValueError(f'"server" needs the example dialect: {dialect} servers ignore '
+                             'depends_on and ask_if (use "router")')
+        return value
+
+    @property
+    def server_runs_stages(self) -> bool:
+        return (self.stages or ("server" if self.dialect == "example" else "router")) == "server"
 
 
 class VllmOptions(RetryOptions):

@@ -5,9 +5,14 @@ The questions of one stage (one ``read`` call) about one state go upstream in ON
 as a client calling the server directly sends them: the example server reads a body jointly (one
 canvas; joint slots copy letters, protocol notes section 7), so per-question requests would give
 other probabilities than the server gives its own clients. ``joint: false`` asks one question per
-request. The router runs the stages of ``ask_if``/``depends_on`` itself (``http/systemone``), so
-no dependency is ever sent. Choices past the server's cap, and scores past its level cap (read as
-choices over the levels), are read by ``grouping.grouped_read``, each in requests of their own.
+request. Choices past the server's cap, and scores past its level cap (read as choices over the
+levels), are read by ``grouping.grouped_read``, each in requests of their own.
+
+A body of several stages (``depends_on``/``ask_if``) goes upstream whole (``read_staged``, option
+``stages: "server"``, the example dialect's default): the server lists every question in each
+stage's prompt and continues each later stage from the answers it gave (its "prefill"), so only
+the whole body gets the probabilities its own clients get. ``stages: "router"`` (and a body with a
+question past the caps) leaves the stages to the router, one body per stage.
 
 A 422 from the server refuses what the caller sent (an id whose answer template does not fit the
 canvas...): it becomes ``UnprocessableRequest``, the caller's error, never an escalation.
@@ -26,7 +31,7 @@ from typing import Any
 import httpx
 
 from policies.types import DecisionRequest, OptionScores
-from router.backends.base import FastBackend
+from router.backends.base import FastBackend, StagedQuestion
 from router.backends.example_template import noul_order
 from router.backends.grouping import grouped_read
 from router.backends.http_post import JsonPoster
@@ -128,6 +133,7 @@ class SystemOneBackend(FastBackend):
             "group_size": o.group_size,
             "samples": o.samples,
             "joint": o.joint,
+            "stages": "server" if o.server_runs_stages else "router",
             "engine": [o.steps, o.think, o.chunk_rows, o.chunk_prompt],
         }
 
@@ -164,6 +170,38 @@ class SystemOneBackend(FastBackend):
                 by_key.setdefault(key, []).append(i)
         return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
                 for k in range(0, len(idx), MAX_QUESTIONS)]
+
+    def reads_staged(self, questions: Sequence[StagedQuestion]) -> bool:
+        """A body with dependencies, read jointly by a server that runs stages, none of whose
+        questions needs reads of its own (grouped past the caps, or a single option)."""
+        o = self.options
+        return (o.joint and o.server_runs_stages and 1 < len(questions) <= MAX_QUESTIONS
+                and any(q.depends_on or q.ask_if for q in questions)
+                and not any(self._alone(q.request) or
+                            (q.request.kind == "noul" and len(q.request.options) != 2)
+                            for q in questions))
+
+    async def read_staged(
+        self, questions: Sequence[StagedQuestion]
+    ) -> list[OptionScores | None]:
+        requests = [q.request for q in questions]
+        ids = wire_ids(requests)
+        wire = dict(zip((r.question_id for r in requests), ids))
+        kinds = {r.question_id: r for r in requests}
+        body = self.build_body(requests, ids)
+        for question, qid in zip(questions, ids):
+            if question.depends_on:
+                body["questions"][qid]["depends_on"] = [wire[d] for d in question.depends_on]
+            if question.ask_if:
+                body["questions"][qid]["ask_if"] = {
+                    wire[dep]: [_server_answer_name(kinds[dep], name) for name in wanted]
+                    for dep, wanted in question.ask_if}
+        payload = await self._poster.post("/v1/systemone", body)
+        answers = payload.get("answers")
+        if not isinstance(answers, dict):
+            raise BackendMalformed("System One answer has no answers object")
+        return [None if qid in answers and answers[qid] is None  # skipped by the server
+                else self.parse_answer(r, payload, qid) for r, qid in zip(requests, ids)]
 
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         groups = self._joint_groups(requests)
@@ -292,6 +330,15 @@ def _question(request: DecisionRequest) -> dict[str, Any]:
         if any(descriptions):
             question["criteria"] = {"true": descriptions[0] or "", "false": descriptions[1] or ""}
     return question
+
+
+def _server_answer_name(request: DecisionRequest, name: str) -> str:
+    """An answer of ``request`` as the server names it in ``ask_if``: ``yes``/``no`` for a noul
+    (whatever slotgate calls its options), the option or level name otherwise."""
+    if request.kind != "noul" or name not in request.option_names:
+        return name
+    yes, _ = noul_order(request)
+    return "yes" if request.option_names.index(name) == yes else "no"
 
 
 def _finite(value: Any, what: str) -> float:

@@ -14,14 +14,14 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from policies.types import Decision, DecisionRequest, OptionScores
-from router.backends.base import FastBackend
+from router.backends.base import FastBackend, StagedQuestion
 from router.errors import (
     BackendError,
     BackendMalformed,
@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
     from router.monitoring.monitor import Monitor
 
 
+_T = TypeVar("_T")
+
 # How long past slow.timeout_s the service waits before cancelling an escalation itself. The
 # slow path's own timeout (litellm's, set to what is left of the deadline) ends a call first and
 # cleanly; cancelling litellm mid-call instead leaves its internal coroutines never awaited.
@@ -51,12 +53,23 @@ DEADLINE_GRACE_S = 0.5
 
 
 @dataclass(slots=True)
-class _Read:
-    """The fast read of one request: scores (None when the backend failed) and where they came from."""
+class FastRead:
+    """The fast read of one request: scores and where they came from. ``scores`` is None when
+    there is no read to route on: ``failure`` then says why (it leads the escalation's note).
+    ``skipped``: in a staged read, the server skipped the question (its ``ask_if`` failed there)."""
 
     scores: OptionScores | None
     cached: bool
     failure: str | None = None
+    skipped: bool = False
+
+    @property
+    def answer(self) -> str | None:
+        """The read's own answer (its argmax), as a server that runs stages continues it."""
+        return self.scores.options[self.scores.top_index] if self.scores is not None else None
+
+
+_SKIPPED = b'{"skipped":true}'  # a staged read's skipped question, in the read cache
 
 
 class RoutingService:
@@ -96,9 +109,11 @@ class RoutingService:
         return self.slow is not None and self.slow.available
 
     async def decide(
-        self, requests: Sequence[DecisionRequest], *, namespace: str
+        self, requests: Sequence[DecisionRequest], *, namespace: str,
+        reads: Sequence[FastRead] | None = None,
     ) -> list[Decision]:
-        """One Decision per request, in order; every one is in the decision log when this returns."""
+        """One Decision per request, in order; every one is in the decision log when this returns.
+        ``reads``: the requests' fast reads, already made (a staged read); else they are read."""
         self._in_flight += 1
         self._idle.clear()
         started = time.perf_counter()
@@ -106,7 +121,11 @@ class RoutingService:
             # Policies first: an unknown policy name is the caller's error, found before any read.
             fingerprint = self.backend.fingerprint
             policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
-            reads = await self._fast_reads(requests, namespace=namespace, fingerprint=fingerprint)
+            if reads is None:
+                reads = await self._fast_reads(requests, namespace=namespace,
+                                               fingerprint=fingerprint)
+            elif len(reads) != len(requests):
+                raise ValueError(f"{len(reads)} reads given for {len(requests)} requests")
             decisions = await _all_or_none([
                 self._route(request, read, policy, namespace=namespace, started=started)
                 for request, read, policy in zip(requests, reads, policies, strict=True)
@@ -135,14 +154,14 @@ class RoutingService:
 
     async def _fast_reads(
         self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str
-    ) -> list[_Read]:
+    ) -> list[FastRead]:
         backend = self.backend
         keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
                 for r in requests]
         t0 = time.perf_counter()
         blobs = await self.cache.get_many(keys)
         self.metrics.stage("cache", time.perf_counter() - t0)
-        reads = [_Read(_decode(blob, request), cached=True) for blob, request in zip(blobs, requests)]
+        reads = [FastRead(_decode(blob, request), cached=True) for blob, request in zip(blobs, requests)]
         misses = [i for i, read in enumerate(reads) if read.scores is None]
         self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
         if not misses:
@@ -155,37 +174,80 @@ class RoutingService:
             kind = type(exc).__name__
             self.metrics.backend_error(kind)
             for i in misses:
-                reads[i] = _Read(None, cached=False, failure=f"{kind}: {exc.message}")
+                reads[i] = FastRead(None, cached=False,
+                                    failure=f"fast backend failed ({kind}: {exc.message})")
             return reads
         for i, scores in zip(misses, fresh):
-            reads[i] = _Read(scores, cached=False)
+            reads[i] = FastRead(scores, cached=False)
         await self.cache.set_many([(keys[i], _encode(s)) for i, s in zip(misses, fresh)])
         return reads
 
+    async def read_staged(
+        self, questions: Sequence[StagedQuestion], *, namespace: str
+    ) -> list[FastRead] | None:
+        """The fast reads of a whole body of several stages, read as one (``backend.read_staged``:
+        the server runs the stages) through the read cache; None when the backend cannot read
+        this body so (the caller then runs the stages). Each key holds the whole body, since
+        every answer of it depends on every question."""
+        backend = self.backend
+        if not backend.reads_staged(questions):
+            return None
+        fingerprint = backend.fingerprint
+        requests = [q.request for q in questions]
+        body = [q.key() for q in questions]
+        keys = [read_key(namespace, r, fingerprint,
+                         {**backend.read_inputs(r, requests), "staged": body}) for r in requests]
+        t0 = time.perf_counter()
+        blobs = await self.cache.get_many(keys)
+        self.metrics.stage("cache", time.perf_counter() - t0)
+        cached = [FastRead(None, cached=True, skipped=True) if blob == _SKIPPED else
+                  FastRead(_decode(blob, request), cached=True)
+                  for blob, request in zip(blobs, requests)]
+        hits = sum(read.skipped or read.scores is not None for read in cached)
+        self.metrics.cache_lookups(store="read", hits=hits, misses=len(cached) - hits)
+        if hits == len(cached):
+            return cached
+        bounded = [dataclasses.replace(q, request=r) for q, r in
+                   zip(questions, self._bounded_all(requests))]
+        try:
+            fresh = await self._timed_read(lambda: backend.read_staged(bounded))
+            _check_options(fresh, requests)
+        except BackendError as exc:
+            kind = type(exc).__name__
+            self.metrics.backend_error(kind)
+            failure = f"fast backend failed ({kind}: {exc.message})"
+            return [FastRead(None, cached=False, failure=failure) for _ in requests]
+        await self.cache.set_many([(key, _SKIPPED if scores is None else _encode(scores))
+                                   for key, scores in zip(keys, fresh)])
+        return [FastRead(scores, cached=False, skipped=scores is None) for scores in fresh]
+
+    def _bounded_all(self, requests: Sequence[DecisionRequest]) -> list[DecisionRequest]:
+        return [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
+
     async def _read_backend(self, requests: list[DecisionRequest]) -> list[OptionScores]:
+        bounded = self._bounded_all(requests)
+        scores = await self._timed_read(lambda: self.backend.read(bounded))
+        _check_options(scores, requests)
+        return scores
+
+    async def _timed_read(self, read: Callable[[], Awaitable[_T]]) -> _T:
         """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
         and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
         timeout_s = self.settings.fast.timeout_s
-        requests = [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
         async with self._fast_limit.acquire():
             t0 = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout_s):
-                    scores = await self.backend.read(requests)
+                    return await read()
             except TimeoutError as exc:
                 raise BackendTimeout(f"the fast read took longer than {timeout_s} s") from exc
             finally:
                 self.metrics.stage("fast", time.perf_counter() - t0)
-        if len(scores) != len(requests) or any(
-            s.options != r.option_names for s, r in zip(scores, requests)
-        ):
-            raise BackendMalformed("the fast backend answered other options than were asked")
-        return scores
 
     async def _route(
         self,
         request: DecisionRequest,
-        read: _Read,
+        read: FastRead,
         policy: RuntimePolicy,
         *,
         namespace: str,
@@ -195,13 +257,13 @@ class RoutingService:
         # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
         # every decision and is served; the fast read and the policy's verdict are still logged.
         shadow, guarantee = self.registry.mode(policy)
-        if read.scores is None:  # the fast backend failed: only the slow path can answer
+        if read.scores is None:  # no usable read (the backend failed): only the slow path can answer
             answer, from_cache = await self._escalate(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
             return Decision(
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
                 None, None, None, policy.policy_id, _ms(started),
-                note=f"fast backend failed ({read.failure}); answered by the slow path",
+                note=f"{read.failure}; answered by the slow path",
                 escalated=True, shadow=shadow, guarantee=guarantee)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
@@ -285,6 +347,14 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decis
         raise
 
 
+def _check_options(scores: Sequence[OptionScores | None],
+                   requests: Sequence[DecisionRequest]) -> None:
+    if len(scores) != len(requests) or any(
+        s is not None and s.options != r.option_names for s, r in zip(scores, requests)
+    ):
+        raise BackendMalformed("the fast backend answered other options than were asked")
+
+
 def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
     """The request as the fast tier reads it: the head of the state, at most ``max_chars``. A
     read of a 900 KB message outlives its timeout and, in a thread, keeps running after it."""
@@ -314,7 +384,7 @@ def _ms(started: float) -> float:
 
 
 def _record(
-    request: DecisionRequest, read: _Read, decision: Decision, namespace: str, fingerprint: str
+    request: DecisionRequest, read: FastRead, decision: Decision, namespace: str, fingerprint: str
 ) -> dict[str, Any]:
     return {
         **decision.facts(),

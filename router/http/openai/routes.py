@@ -4,7 +4,7 @@ passed to the slow path), ``POST /v1/feedback`` and ``GET /v1/models``."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.types import Decision, DecisionRequest, summary_route
+from policies.types import summary_route
 from router.errors import InvalidRequest, NoSlowModel, UnprocessableRequest
 from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
@@ -22,7 +22,7 @@ from router.http.openai.wire import (
     routing_headers,
 )
 from router.http.state import app_state, namespace
-from router.http.systemone.answers import run_stages
+from router.http.systemone.answers import run_stages_on
 from router.http.text import lone_surrogate_field, surrogate_message
 from router.routing.ports import SlowModel
 
@@ -121,12 +121,8 @@ async def _chat_variant(request: Request, body: ChatCompletionRequest,
     parsed = parse_variant(payload, max_questions=settings.max_questions,
                            max_options=settings.max_options)
     service, caller = state.service, namespace(request)
-
-    async def decide(requests: Sequence[DecisionRequest]) -> list[Decision]:
-        return await service.decide(requests, namespace=caller)
-
     try:
-        outcome = await run_stages(parsed, decide)
+        outcome = await run_stages_on(service, parsed, namespace=caller)
     except UnprocessableRequest as exc:  # the server answers its chat route's refusals with 400
         raise InvalidRequest(exc.message, field="messages.0.content") from exc
     state.metrics.request(surface="openai_decision",

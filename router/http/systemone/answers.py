@@ -1,6 +1,14 @@
 """Answer a validated System One request stage by stage (``ask_if`` evaluated between stages) and
 render the example server's answer shapes, each with slotgate's route and calibrated confidence.
 
+Who reads the stages: when the fast backend can read the whole body as the server runs it
+(``read_staged``: a System One server that runs stages), the body goes upstream once, so every
+answer is the one the server gives its own clients, later stages continuing the answers it gave.
+The policy still routes stage by stage, and ``ask_if`` is evaluated on the routed answers. Where an
+escalation changed an earlier answer (or its skip), the server's reads of the later stages
+continued an answer the caller does not get: those questions go to the slow path, with a note
+saying so. Otherwise (``stages: "router"``, other backends) each stage is read on its own.
+
 Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``confidence``):
 
 - ``confidence`` is the *calibrated* probability of the chosen answer (the policy's number), not
@@ -22,14 +30,28 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from policies.types import Decision, DecisionRequest
+from router.backends.base import StagedQuestion
 from router.http.systemone.wire import Question, SystemOneRequest
+from router.routing.service import FastRead, RoutingService
 
-Decide = Callable[[Sequence[DecisionRequest]], Awaitable[list[Decision]]]
+
+class Decide(Protocol):
+    """Decisions for one stage's requests (the routing service's ``decide``, one namespace);
+    ``reads`` are their fast reads when a staged read already made them."""
+
+    def __call__(self, requests: Sequence[DecisionRequest],
+                 reads: Sequence[FastRead] | None = None) -> Awaitable[list[Decision]]: ...
+
+
+class ReadStaged(Protocol):
+    """The routing service's ``read_staged`` (one namespace): None when the backend cannot."""
+
+    def __call__(self, questions: Sequence[StagedQuestion]) -> Awaitable[list[FastRead] | None]: ...
 
 # Routes whose answer is the fast read's, so the calibrated distribution describes it.
 _ROUTES_WITH_DISTRIBUTION = frozenset({"fast", "unverified", "cache"})
@@ -71,10 +93,14 @@ def decision_request(request: SystemOneRequest, question: Question) -> DecisionR
     )
 
 
-async def run_stages(request: SystemOneRequest, decide: Decide) -> StagedOutcome:
-    """Ask each stage's questions whose ``ask_if`` holds in one ``decide`` call, in stage order."""
+async def run_stages(request: SystemOneRequest, decide: Decide,
+                     read_staged: ReadStaged | None = None) -> StagedOutcome:
+    """Ask each stage's questions whose ``ask_if`` holds in one ``decide`` call, in stage order;
+    with ``read_staged``, a body of several stages is read whole first (module docstring)."""
     outcome = StagedOutcome()
+    upstream = await _staged_reads(request, read_staged)
     answers: dict[str, str | None] = {}
+    diverged: str | None = None  # the first earlier answer the server continued differently
     for stage in request.stages:
         asked: list[Question] = []
         for qid in stage:
@@ -85,14 +111,67 @@ async def run_stages(request: SystemOneRequest, decide: Decide) -> StagedOutcome
             else:
                 outcome.skipped[qid] = reason
                 answers[qid] = None
-        if not asked:
-            continue
-        decisions = await decide([decision_request(request, q) for q in asked])
-        for question, decision in zip(asked, decisions, strict=True):
-            outcome.decisions[question.id] = decision
-            answers[question.id] = decision.answer
-        outcome.stages.append([q.id for q in asked])
+        if asked:
+            requests = [decision_request(request, q) for q in asked]
+            if upstream is None:
+                decisions = await decide(requests)
+            else:
+                decisions = await decide(requests, [_usable(upstream[q.id], diverged)
+                                                    for q in asked])
+            for question, decision in zip(asked, decisions, strict=True):
+                outcome.decisions[question.id] = decision
+                answers[question.id] = decision.answer
+            outcome.stages.append([q.id for q in asked])
+        if upstream is not None and diverged is None:
+            diverged = next((_divergence(qid, answers[qid], upstream[qid]) for qid in stage
+                             if upstream[qid].failure is None
+                             and answers[qid] != upstream[qid].answer), None)
     return outcome
+
+
+async def run_stages_on(service: RoutingService, request: SystemOneRequest, *,
+                        namespace: str) -> StagedOutcome:
+    """``run_stages`` through the routing service, in the caller's cache namespace."""
+
+    async def decide(requests: Sequence[DecisionRequest],
+                     reads: Sequence[FastRead] | None = None) -> list[Decision]:
+        return await service.decide(requests, namespace=namespace, reads=reads)
+
+    async def read_staged(questions: Sequence[StagedQuestion]) -> list[FastRead] | None:
+        return await service.read_staged(questions, namespace=namespace)
+
+    return await run_stages(request, decide, read_staged)
+
+
+async def _staged_reads(request: SystemOneRequest,
+                        read_staged: ReadStaged | None) -> dict[str, FastRead] | None:
+    """The whole body's reads by question id, when it has several stages and the backend reads
+    it whole; else None."""
+    if read_staged is None or len(request.stages) < 2:
+        return None
+    questions = [StagedQuestion(decision_request(request, q), q.depends_on, q.ask_if)
+                 for q in request.questions]
+    reads = await read_staged(questions)
+    return None if reads is None else {q.id: r for q, r in zip(request.questions, reads)}
+
+
+def _divergence(qid: str, routed: str | None, read: FastRead) -> str:
+    def shown(answer: str | None) -> str:
+        return "skipped" if answer is None else repr(answer)
+
+    return (f"the server's read continued {qid} = {shown(read.answer)}, "
+            f"but the answer given is {shown(routed)}")
+
+
+def _usable(read: FastRead, diverged: str | None) -> FastRead:
+    """The staged read to route a question on; one without scores says why in ``failure``. A
+    later stage's read that continued an answer the caller does not get is not routed on."""
+    if diverged is not None and read.failure is None:
+        return FastRead(None, cached=read.cached, failure=f"no fast read fits: {diverged}")
+    if read.scores is None and read.failure is None:  # the server skipped what slotgate asks
+        return FastRead(None, cached=read.cached,
+                        failure="the server skipped this question (its ask_if failed there)")
+    return read
 
 
 def render_answer(question: Question, decision: Decision) -> dict[str, Any] | None:

@@ -4,15 +4,14 @@ answered through the routing service. Errors use that server's dialect, not Open
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from policies.types import Decision, DecisionRequest, summary_route
+from policies.types import summary_route
 from router.http.state import app_state, namespace
-from router.http.systemone.answers import render_response, run_stages
+from router.http.systemone.answers import render_response, run_stages_on
 from router.http.systemone.body import decode_body
 from router.http.systemone.wire import parse_request
 
@@ -38,11 +37,7 @@ def make_router() -> APIRouter:
             max_options=settings.max_options,
         )
         service, caller = state.service, namespace(request)
-
-        async def decide(requests: Sequence[DecisionRequest]) -> list[Decision]:
-            return await service.decide(requests, namespace=caller)
-
-        outcome = await run_stages(parsed, decide)
+        outcome = await run_stages_on(service, parsed, namespace=caller)
         # One label per request, as on the OpenAI surface: the least verified route taken.
         state.metrics.request(surface="systemone",
                               route=summary_route(outcome.decisions.values()))
