@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from policies.types import Decision, DecisionRequest, Route
+from policies.types import Decision, DecisionRequest, OptionScores, Route
+from router.backends.base import StagedQuestion
 from router.http.systemone.answers import render_answer, render_response, run_stages
 from router.http.systemone.wire import parse_request
+from router.routing.service import FastRead
 
 
 def decision(request: DecisionRequest, answer: str | None, *, route: Route = "fast",
@@ -29,9 +31,12 @@ class ScriptedDecide:
     def __init__(self, answers: dict[str, str]) -> None:
         self.answers = answers
         self.calls: list[list[DecisionRequest]] = []
+        self.reads: list[list[FastRead] | None] = []
 
-    async def __call__(self, requests: Sequence[DecisionRequest]) -> list[Decision]:
+    async def __call__(self, requests: Sequence[DecisionRequest],
+                       reads: Sequence[FastRead] | None = None) -> list[Decision]:
         self.calls.append(list(requests))
+        self.reads.append(None if reads is None else list(reads))
         return [decision(r, self.answers[r.question_id]) for r in requests]
 
 
@@ -185,3 +190,65 @@ def test_cache_route_shows_the_distribution_only_for_a_cached_fast_read() -> Non
     assert out is not None and out["noul"] == 0.95 and out["confidence"] == 0.95
     no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba, escalated=True)
     assert render_answer(q, no_bar)["confidence"] == 1.0  # type: ignore[index]
+
+
+def server_read(question: StagedQuestion, server_answers: dict[str, str | None]) -> FastRead:
+    """A staged read as the server made it: 0.8 on its answer, or skipped."""
+    answer = server_answers[question.request.question_id]
+    if answer is None:
+        return FastRead(None, cached=False, skipped=True)
+    names = question.request.option_names
+    rest = 0.2 / (len(names) - 1)
+    return FastRead(OptionScores(names, tuple(0.8 if n == answer else rest for n in names)),
+                    cached=False)
+
+
+def staged_reader(server_answers: dict[str, str | None], *, fail: bool = False):  # type: ignore[no-untyped-def]
+    asked: list[list[StagedQuestion]] = []
+
+    async def read_staged(questions: Sequence[StagedQuestion]) -> list[FastRead]:
+        asked.append(list(questions))
+        if fail:
+            return [FastRead(None, cached=False, failure="fast backend failed (x)") for _ in questions]
+        return [server_read(q, server_answers) for q in questions]
+
+    return read_staged, asked
+
+
+async def test_staged_reads_are_routed_on_while_the_answers_agree() -> None:
+    server = {"money": "yes", "kind": "charge", "severity": "high", "escalate": "no"}
+    read_staged, asked = staged_reader(server)
+    decide = ScriptedDecide(dict(server))
+    outcome = await run_stages(parse(CHAIN), decide, read_staged)
+    assert len(asked) == 1 and [q.request.question_id for q in asked[0]] == list(server)
+    assert [q.ask_if for q in asked[0]][1] == (("money", ("yes",)),)
+    assert all(r is not None and r[0].scores is not None for r in decide.reads)
+    assert outcome.stages == [["money"], ["kind"], ["severity"], ["escalate"]]
+
+
+async def test_a_changed_skip_makes_later_reads_unusable() -> None:
+    """The server answered money = no and skipped the rest; the routed answer is yes, so kind is
+    asked: the server has no read of it, and none of what follows continued yes."""
+    read_staged, _ = staged_reader({"money": "no", "kind": None, "severity": None,
+                                    "escalate": None})
+    decide = ScriptedDecide({"money": "yes", "kind": "refund"})
+    outcome = await run_stages(parse(CHAIN), decide, read_staged)
+    assert outcome.stages == [["money"], ["kind"]]
+    [kind_read] = decide.reads[1] or []
+    assert kind_read.scores is None and kind_read.failure == (
+        "no fast read fits: the server's read continued money = 'no', but the answer given "
+        "is 'yes'")
+
+
+async def test_failed_staged_reads_are_failures_not_divergences() -> None:
+    read_staged, _ = staged_reader({}, fail=True)
+    decide = ScriptedDecide({"money": "yes", "kind": "charge", "severity": "low"})
+    await run_stages(parse(CHAIN), decide, read_staged)
+    assert all(r.failure == "fast backend failed (x)" for reads in decide.reads for r in reads or [])
+
+
+async def test_one_stage_is_not_read_staged() -> None:
+    read_staged, asked = staged_reader({})
+    payload = {"state": "s", "questions": {"a": {"type": "noul"}, "b": {"type": "noul"}}}
+    await run_stages(parse(payload), ScriptedDecide({"a": "yes", "b": "no"}), read_staged)
+    assert asked == []
