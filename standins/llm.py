@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+GATE_WAIT_S = 10.0
 MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut")
 # (text, options) -> one of options
 Chooser = Callable[[str, Sequence[str]], str]
@@ -82,6 +83,10 @@ class StandinState:
     stall_s: float = 30.0
     chunk_delay_s: float = 0.0
     error_message: str = "stand-in failure"  # what mode "fail500" says (tests put CR/LF in it)
+    # When set, a stream's last chunk waits (at most GATE_WAIT_S) until a test sets it, so a test
+    # can show a client got the first chunks while the stream was still open, without timing.
+    last_chunk_gate: threading.Event | None = None
+    gate_waits: list[bool] = field(default_factory=list)  # per held stream: opened before timeout
     stopping: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -169,6 +174,10 @@ async def sse_chunks(state: StandinState, body: dict[str, Any], content: str, *,
         yield f"data: {json.dumps(chunk)}\n\n".encode()
         await asyncio.sleep(state.chunk_delay_s)
     final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    if state.last_chunk_gate is not None:
+        opened = await asyncio.to_thread(state.last_chunk_gate.wait, GATE_WAIT_S)
+        with state.lock:
+            state.gate_waits.append(opened)
     yield f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode()
 
 

@@ -23,7 +23,7 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
   (``Decision.escalated``).
 - ``usage`` has ``input_tokens`` and ``output_tokens`` set to 0: slotgate does not see its
   backends' token counts. It adds ``decisions`` (questions asked) and ``escalations`` (slow answers).
-- ``diagnostics`` has the server's ``steps``, ``stages``, ``skipped``, ``samples``, ``timing``
+- ``diagnostics`` has the server's ``steps``, ``stages``, ``skipped``, ``conditioning``, ``samples``, ``timing``
   (``total_ms``, ``reads``: answers not served from the cache) and ``engine`` (``slotgate:<fast backend>``), plus
   ``routes`` (each decision's routing facts).
 """
@@ -65,6 +65,10 @@ class StagedOutcome:
     decisions: dict[str, Decision] = field(default_factory=dict)
     skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
     stages: list[list[str]] = field(default_factory=list)
+    # The server's word for how later stages saw earlier answers: "prefill" when the body was read
+    # whole by a server that runs stages, None when nothing conditioned them (one stage, or
+    # stages read one by one).
+    conditioning: str | None = None
 
 
 def skip_reason(question: Question, answers: dict[str, str | None]) -> dict[str, Any] | None:
@@ -122,6 +126,8 @@ async def run_stages(request: SystemOneRequest, decide: Decide,
                 outcome.decisions[question.id] = decision
                 answers[question.id] = decision.answer
             outcome.stages.append([q.id for q in asked])
+        if upstream is not None and len(outcome.stages) > 1:
+            outcome.conditioning = "prefill"
         if upstream is not None and diverged is None:
             diverged = next((_divergence(qid, answers[qid], upstream[qid]) for qid in stage
                              if upstream[qid].failure is None
@@ -244,6 +250,7 @@ def diagnostics(request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: 
         "steps": steps,
         "stages": outcome.stages,
         "skipped": outcome.skipped,
+        "conditioning": outcome.conditioning,
         "samples": {"n": request.samples, "policy": policy},
         "timing": {"total_ms": round(total_ms, 3), "reads": fresh},
         "engine": engine,

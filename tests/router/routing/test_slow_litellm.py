@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -130,22 +131,28 @@ async def test_passthrough_model_litellm_cannot_route_is_the_callers_400(
 
 
 async def test_stream_passes_chunks_through_as_they_arrive(llm: StandinHandle) -> None:
-    llm.set_mode("ok", chunk_delay_s=0.15)
+    """The stand-in holds its last chunk until the test has the first: a slow path that buffered
+    the stream would only pass the first chunk on once the gate timed out."""
+    gate = threading.Event()
+    llm.state.last_chunk_gate = gate
     body = {"model": "openai/standin", "stream": True,
             "messages": [{"role": "user", "content": "stream these words please"}]}
-    start = time.monotonic()
-    arrivals: list[tuple[float, bytes]] = []
-    async for event in slow_path(llm).stream(body):
-        arrivals.append((time.monotonic() - start, event))
-    llm.set_mode("ok", chunk_delay_s=0.0)
-    events = [e for _, e in arrivals]
+    events: list[bytes] = []
+    llm.state.gate_waits.clear()
+    try:
+        async for event in slow_path(llm).stream(body):
+            gate.set()  # we have a chunk: the stand-in may end the stream
+            events.append(event)
+    finally:
+        llm.state.last_chunk_gate = None
+        gate.set()
+    assert llm.state.gate_waits == [True]  # the first chunk came while the last was held back
     assert all(e.startswith(b"data: ") and e.endswith(b"\n\n") for e in events)
     assert events[-1] == b"data: [DONE]\n\n"
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == "echo: stream these words please"
     assert len(chunks) >= 4 and all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert arrivals[0][0] < arrivals[-1][0] - 0.3  # the first chunk came long before the last
     assert llm.calls()[0]["body"]["stream"] is True
 
 

@@ -70,7 +70,7 @@ async def slotgate(standin: SystemOneStandin, slow: ScriptedSlow, *, threshold: 
                    options: SystemOneOptions | None = None) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings.model_validate({"policy": {"fallback_threshold": threshold}})
     app = create_app(settings, backend=SystemOneBackend(standin.url, options), slow=slow,
-                     decision_log=MemoryLog())
+                     decision_log=MemoryLog(), close_backend=True)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://slotgate"
     ) as client:
@@ -110,6 +110,7 @@ async def test_a_staged_body_gets_the_servers_own_answers(standin: SystemOneStan
         assert upstream["chase"]["ask_if"] == {"intent": ["card_arrival"]}
         assert expected["intent"]["choice"] == "card_arrival"  # so chase is asked, in stage 2
         assert body["diagnostics"]["stages"] == [["intent"], ["urgent", "chase"]]
+        assert body["diagnostics"]["conditioning"] == "prefill"
         for qid in ("intent", "urgent", "chase"):
             assert body["answers"][qid]["route"] == "fast"
             assert numbers(body["answers"][qid]) == pytest.approx(numbers(expected[qid]), abs=1e-12)
@@ -123,6 +124,7 @@ async def test_a_staged_body_gets_the_servers_own_answers(standin: SystemOneStan
         assert all("depends_on" not in q and "ask_if" not in q
                    for b in standin.stats.bodies[-2:] for q in b["questions"].values())
         assert numbers(by_stage["answers"]["urgent"]) != pytest.approx(numbers(expected["urgent"]))
+        assert by_stage["diagnostics"]["conditioning"] is None
 
 
 async def test_a_changed_earlier_answer_escalates_what_continued_it(
