@@ -7,7 +7,8 @@ passthrough throughput in the same run, interleaved; and Redis commands per deci
 Redis commands per decision are counted from ``INFO commandstats`` deltas around a run of
 decisions, round trips in all from the server's socket reads (``total_reads_processed``: a
 pipeline counts once). Round trips on the request path are the cache's own calls (MGET, and on a
-miss its SET pipeline); the decision log's XADD + SET go write-behind, batched after the reply.
+miss its SET pipeline), told apart by key in a MONITOR of the run (``CommandLog``); the decision
+log's EXISTS + SET + XADD go write-behind, batched after the reply.
 The last line printed is one JSON object."""
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import secrets
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from bench import common, peers, profiling
 
@@ -84,12 +86,54 @@ def route_of(reply: dict[str, Any]) -> str:
     return str(extra.get("route", "unknown"))
 
 
-def request_path_round_trips(commands: dict[str, int]) -> int:
-    """The cache's round trips, which a decision waits for: one MGET (GET) per read, and on a
-    miss one pipeline of SETs per decision (one question each here). Every other SET belongs
-    to the write-behind decision log, which also sends one XADD per record."""
-    cache_sets = max(0, commands.get("set", 0) - commands.get("xadd", 0))
-    return commands.get("mget", 0) + commands.get("get", 0) + cache_sets
+CACHE_KEY = re.compile(r"^slotgate:v1:[^:]+:(read|slow):")  # router/store/cache.py's keys
+
+
+class CommandLog:
+    """Every command Redis runs while it is open (MONITOR, on a connection of its own): which
+    connection sent it, when, and its words. The decision log's keys and the cache's differ, so
+    the cache's round trips, the ones a decision waits for, are told apart from the log's
+    write-behind batches by key, not guessed from command totals."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio
+
+        self._client = redis.asyncio.Redis.from_url(url)
+        self.commands: list[tuple[str, float, list[str]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        started = asyncio.Event()
+
+        async def listen() -> None:
+            async with self._client.monitor() as monitor:
+                started.set()
+                async for entry in monitor.listen():
+                    client = f"{entry.get('client_address')}:{entry.get('client_port')}"
+                    self.commands.append((client, float(entry["time"]),
+                                          str(entry["command"]).split()))
+
+        self._task = asyncio.create_task(listen())
+        await asyncio.wait_for(started.wait(), timeout=5)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.sleep(0.2)  # the last commands' MONITOR lines are on their way
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._client.aclose()
+
+    def cache_round_trips(self) -> int:
+        """The cache's reads (one MGET or GET each) plus its write pipelines (SETs from one
+        connection within a millisecond are one pipeline)."""
+        reads = sum(1 for _, _, words in self.commands
+                    if words[0].upper() in ("MGET", "GET") and len(words) > 1
+                    and CACHE_KEY.match(words[1].strip('"')))
+        writes = {(client, round(at * 1000)) for client, at, words in self.commands
+                  if words[0].upper() == "SET" and len(words) > 1
+                  and CACHE_KEY.match(words[1].strip('"'))}
+        return reads + len(writes)
 
 
 async def round_trips(sg_url: str, redis_url: str, api_key: str, n: int) -> dict[str, Any]:
@@ -104,10 +148,11 @@ async def round_trips(sg_url: str, redis_url: str, api_key: str, n: int) -> dict
                 ("miss", [common.decision_body(50_000_000 + i) for i in range(n)], 1),
                 ("hit_32_at_a_time", [hit_body(i) for i in range(n)], 32)):
             before, reads_before = counter.snapshot()
-            replies = [reply for part in await asyncio.gather(*(
-                send_sequentially(sg_url, bodies[k::senders], api_key) for k in range(senders)))
-                for reply in part]
-            await asyncio.sleep(0.5)  # let any write-behind (decision log, cache set) land
+            async with CommandLog(redis_url) as monitored:
+                replies = [reply for part in await asyncio.gather(*(
+                    send_sequentially(sg_url, bodies[k::senders], api_key)
+                    for k in range(senders))) for reply in part]
+                await asyncio.sleep(0.5)  # let any write-behind (decision log, cache set) land
             after, reads_after = counter.snapshot()
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             delta = {k: v for k, v in delta.items() if v}
@@ -115,7 +160,8 @@ async def round_trips(sg_url: str, redis_url: str, api_key: str, n: int) -> dict
             for reply in replies:
                 routes[route_of(reply)] = routes.get(route_of(reply), 0) + 1
             trips = reads_after - reads_before - counter.overhead_reads
-            on_path = request_path_round_trips(delta)
+            delta.pop("monitor", None)  # CommandLog's own
+            on_path = monitored.cache_round_trips()
             out[kind] = {"decisions": n, "commands": delta, "routes": routes,
                          "commands_per_decision": sum(delta.values()) / n,
                          "round_trips_per_decision": trips / n,

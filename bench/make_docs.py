@@ -188,9 +188,12 @@ def cache_section(r: dict[str, Any]) -> str:
                     "from `INFO commandstats` deltas, round trips in all from "
                     "`total_reads_processed` deltas (a pipeline is one), less the snapshots' "
                     "own. On the request path: the cache's own calls (one MGET per read; on a "
-                    "miss also one SET pipeline), counted from the commands; the decision log's "
-                    "XADD + SET are written behind the reply, batched (the rest of the round "
-                    "trips). Target: one round trip for a hit."))
+                    "miss also one SET pipeline), told apart by key in a MONITOR of the run "
+                    "(before 2026-12-03 they were inferred from command totals, which counted "
+                    "the decision log's per-decision key and restart marker as cache SETs: the "
+                    "1.9 of the run before was 1.0); the decision log's EXISTS + SET + XADD are "
+                    "written behind the reply, batched (the rest of the round trips). Target: "
+                    "one round trip for a hit."))
     out.append(table(["reads", "decisions", "round trips on the request path",
                       "round trips in all", "commands/decision", "commands", "routes"],
                      [[k, v["decisions"], v.get("request_path_round_trips_per_decision"),
