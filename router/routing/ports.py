@@ -40,13 +40,18 @@ class SlowModel(Protocol):
 
 class ReadCache(Protocol):
     """Bytes by key with a TTL. Never raises on the request path: a failing store answers misses
-    and drops writes (``router.store.cache`` says how it is counted)."""
+    and drops writes (``router.store.cache`` says how it is counted). ``claim``/``release``: which
+    replica computes a key's value while the others wait for it (True where there is one)."""
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
 
     async def set_many(self, items: Sequence[tuple[str, bytes]]) -> None: ...
 
     async def ping(self) -> bool: ...
+
+    async def claim(self, key: str, *, ttl_s: float) -> bool: ...
+
+    async def release(self, key: str) -> None: ...
 
 
 class DecisionSink(Protocol):

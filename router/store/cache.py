@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,16 @@ class Cache(ABC):
     async def ping(self) -> bool:
         """True when the store answers now."""
         return True
+
+    async def claim(self, key: str, *, ttl_s: float) -> bool:
+        """True when this process should compute ``key``'s value itself; False when another
+        replica has claimed it (and has not released it or let ``ttl_s`` pass), so waiting for
+        the value to appear under ``key`` is cheaper. Default: always True (one process: its
+        own single-flight already merges identical calls). Never raises."""
+        return True
+
+    async def release(self, key: str) -> None:
+        """Give up this process's claim on ``key`` (its value is stored, or will not come)."""
 
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
@@ -94,6 +105,12 @@ class MemoryCache(Cache):
         self._entries.clear()
 
 
+_RELEASE_IF_OURS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class RedisCache(Cache):
     """Redis through ``redis.asyncio``: one MGET per ``get_many``, one pipeline of ``SET EX`` per
     ``set_many`` (one round trip each). While Redis is down, calls within ``retry_interval_s`` of
@@ -108,6 +125,8 @@ class RedisCache(Cache):
         self.log_interval_s = log_interval_s
         self._on_error = on_error
         self.client: Any = redis_client(url, timeout_s=timeout_s)
+        self._token = uuid.uuid4().hex.encode()  # whose claim a claim key holds
+        self._release_script = self.client.register_script(_RELEASE_IF_OURS)
         self.healthy = True
         self._down_since: float | None = None  # monotonic time of the last failure while down
         self._last_log = -float("inf")
@@ -145,6 +164,32 @@ class RedisCache(Cache):
             return False
         self._succeeded()
         return True
+
+    async def claim(self, key: str, *, ttl_s: float) -> bool:
+        """``SET {key}:claim <this process> NX PX``: one replica per key wins until it releases
+        or the TTL passes. While Redis fails, every replica computes (fails open)."""
+        if self._skipping():
+            return True
+        try:
+            won = await self.client.set(f"{key}:claim", self._token, nx=True,
+                                        px=max(1, int(ttl_s * 1000)))
+        except _redis_errors() as exc:
+            self._failed("claim", exc)
+            return True
+        self._succeeded()
+        return bool(won)
+
+    async def release(self, key: str) -> None:
+        """Deletes the claim only while it is still this process's (a claim whose TTL passed may
+        be another replica's by now): compare and delete in one script."""
+        if self._skipping():
+            return
+        try:
+            await self._release_script(keys=[f"{key}:claim"], args=[self._token])
+        except _redis_errors() as exc:
+            self._failed("release", exc)
+            return
+        self._succeeded()
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -1,11 +1,13 @@
 """Replicas that agree (issue 13, item 3): two live slotgate apps (real uvicorn on loopback,
-each with its own decision log file) on one private Redis. The rate limit is shared, feedback
+each with its own decision log file) on one private Redis. Identical escalations on both make
+one slow call (litellm to the stand-in LLM), the rate limit is shared, feedback
 sent to replica B finds a decision made on A, a decision made on A while Redis was down is
 found from B once Redis is back (also after a restart that lost everything), and `export-log`
 over both logs sees the label."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +19,17 @@ from typer.testing import CliRunner
 from router.backends.mock import MockBackend
 from router.tuning.cli import app as cli
 from router.tuning.predictions import read_predictions
+from standins.llm import StandinHandle
 from tests.conftest import RedisServer
-from tests.reliability.conftest import OPTIONS, LiveServer, Switch, decision, settings_for
+from tests.reliability.conftest import (
+    OPTIONS,
+    LiveServer,
+    Switch,
+    answer_of,
+    decision,
+    settings_for,
+)
+from tests.reliability.test_slow_deadlines import burst
 
 
 @pytest.fixture
@@ -30,8 +41,9 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-def replica(name: str, redis_url: str, tmp_path: Path, **overrides: object) -> LiveServer:
-    settings = settings_for(None, tmp_path, cache={"redis_url": redis_url},
+def replica(name: str, redis_url: str, tmp_path: Path, standin: StandinHandle | None = None,
+            **overrides: object) -> LiveServer:
+    settings = settings_for(standin, tmp_path, cache={"redis_url": redis_url},
                             log={"decision_log_path": tmp_path / f"{name}.jsonl"}, **overrides)
     return LiveServer(settings, backend=MockBackend(Switch()))
 
@@ -45,6 +57,29 @@ def feedback_until(server: LiveServer, decision_id: str, label: str, *,
         if r.status_code != 404 or time.monotonic() > deadline:
             return r
         time.sleep(0.05)
+
+
+def test_identical_escalations_on_two_replicas_make_one_slow_call(
+    redis: RedisServer, tmp_path: Path, fresh_standin: StandinHandle
+) -> None:
+    """Before: single-flight was per process, so each replica made its own call (2 here)."""
+    with replica("a", redis.url, tmp_path, fresh_standin) as a, \
+            replica("b", redis.url, tmp_path, fresh_standin) as b:
+        for server in (a, b):
+            server.wait_for_slow_path()
+        fresh_standin.set_mode("stall", stall_s=1.0)  # both bursts arrive while it is in flight
+        body = decision("where is my lost_card, asked on both replicas")
+
+        async def both() -> list[tuple[int, float, httpx.Response]]:
+            on_a = asyncio.ensure_future(burst(a.url, [body] * 10))
+            await asyncio.sleep(0.3)
+            return await on_a + await burst(b.url, [body] * 10)
+
+        results = asyncio.run(both())
+        fresh_standin.set_mode("ok")
+    assert [status for status, _, _ in results] == [200] * 20
+    assert {answer_of(response)[0] for _, _, response in results} == {"lost_card"}
+    assert len(fresh_standin.calls()) == 1
 
 
 def test_the_rate_limit_is_shared_by_the_replicas(redis: RedisServer, tmp_path: Path) -> None:

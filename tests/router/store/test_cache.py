@@ -171,3 +171,38 @@ async def test_memory_cache_keeps_compact_copies_of_orjson_output() -> None:
     finally:
         tracemalloc.stop()
     assert held < 1000 * 512, f"{held / 1000:.0f} bytes per 50-byte entry"
+
+
+async def test_a_claim_is_one_replicas_until_it_releases_or_expires(redis_url: str) -> None:
+    """Two replicas' caches on one Redis: the first claim wins, the second waits; only the owner's
+    release frees it (a stranger's does not); a claim whose TTL passed is free again."""
+    a, b = RedisCache(redis_url, ttl_s=60), RedisCache(redis_url, ttl_s=60)
+    try:
+        key = slow_key("claims", request("who asks the slow model?"), "m")
+        assert await a.claim(key, ttl_s=5) is True
+        assert await b.claim(key, ttl_s=5) is False
+        await b.release(key)  # not b's claim: it stays
+        assert await b.claim(key, ttl_s=5) is False
+        await a.release(key)
+        assert await b.claim(key, ttl_s=0.05) is True
+        await asyncio.sleep(0.15)  # b's claim expires unreleased (a replica that died)
+        assert await a.claim(key, ttl_s=5) is True
+        await a.release(key)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_claims_fail_open_while_redis_is_down(tmp_path: Path) -> None:
+    """No Redis, no coordination: every replica computes for itself, nothing raises."""
+    errors: list[str] = []
+    cache = RedisCache(RedisServer(tmp_path).url, ttl_s=60, on_error=errors.append)
+    try:
+        assert await cache.claim("k", ttl_s=1) is True
+        assert await cache.claim("k", ttl_s=1) is True
+        await cache.release("k")
+        assert errors == ["claim"]  # then skipped within the retry interval
+    finally:
+        await cache.aclose()
+    memory = MemoryCache(max_entries=10, ttl_s=60)
+    assert await memory.claim("k", ttl_s=1) and await memory.claim("k", ttl_s=1)
