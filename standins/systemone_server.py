@@ -82,6 +82,8 @@ class SystemOneStandin(StandinServer):
         if len(questions) > MAX_QUESTIONS:
             raise SchemaError(f"schema: at most {MAX_QUESTIONS} questions")
         samples = _samples(request.get("samples", "auto"))
+        auto = (max(1, min(int(request.get("auto_max", AUTO_DRAWS)), MAX_SAMPLES)),
+                float(request.get("auto_threshold", AUTO_THRESHOLD_NATS)))
         _check_knobs(request)
         seed = int(request.get("seed", 42))
         parsed: dict[str, dict[str, Any]] = {}
@@ -114,9 +116,11 @@ class SystemOneStandin(StandinServer):
                 continue
             text = prompt + "".join(f"\n{line}" for line in earlier)
             previous_top: int | None = None
-            for qid in asked:  # one joint read per stage
-                answers[qid], previous_top = self._answer(parsed[qid], text, seed, samples,
-                                                          previous_top)
+            for qid in asked:  # one joint read per stage; an `alone` question reads on its own
+                alone = parsed[qid]["alone"]
+                answers[qid], top = self._answer(parsed[qid], text, seed, samples,
+                                                 None if alone else previous_top, auto)
+                previous_top = previous_top if alone else top
             earlier += [f"{qid}: {_answer_name(answers[qid])}" for qid in asked]
             asked_stages.append(asked)
         return {
@@ -165,15 +169,19 @@ class SystemOneStandin(StandinServer):
                                        not all(isinstance(d, str) for d in depends_on)):
             raise SchemaError(f"question {qid!r}: depends_on must be a list of question ids")
         return {"id": qid, "type": kind, "options": options, "depends_on": depends_on,
+                "alone": bool(question.get("alone", False)),
                 "ask_if": question.get("ask_if"), "instructions": str(question.get("instructions", ""))}
 
     def _answer(self, question: dict[str, Any], state: str, seed: int, samples: int | None,
-                previous_top: int | None) -> tuple[Any, int]:
+                previous_top: int | None,
+                auto: tuple[int, float] = (AUTO_DRAWS, AUTO_THRESHOLD_NATS)) -> tuple[Any, int]:
         options = question["options"]
         draws = samples or 1
         proba = self.reader.proba(state, options, seed=seed, samples=draws)
-        if samples is None and _entropy(proba) > AUTO_THRESHOLD_NATS and self.reader.noise > 0:
-            proba = self.reader.proba(state, options, seed=seed, samples=AUTO_DRAWS)
+        auto_max, auto_threshold = auto
+        if (samples is None and _entropy(proba) > auto_threshold and auto_max > 1
+                and self.reader.noise > 0):
+            proba = self.reader.proba(state, options, seed=seed, samples=auto_max)
         if previous_top is not None and previous_top < len(proba):  # joint slots copy letters
             proba = [(1 - JOINT_COPY) * p for p in proba]
             proba[previous_top] += JOINT_COPY

@@ -40,6 +40,10 @@ from router.errors import BackendMalformed, BackendRejected, ConfigError
 from router.settings import FastBackendSettings
 
 MAX_QUESTIONS = 64  # the example server's per-body cap
+# Engine knobs of one question (``DecisionRequest.engine``), sent on it rather than on the body.
+# A question read alone also differs in ``engine`` from the others, so it is never grouped with
+# them into one body when the router runs the stages: as on the server, it is read on its own.
+QUESTION_KNOBS = frozenset({"alone"})
 AUTH_FAILURES = frozenset({401, 403})
 log = logging.getLogger(__name__)
 
@@ -262,7 +266,9 @@ class SystemOneBackend(FastBackend):
         for knob in ("steps", "think", "chunk_rows", "chunk_prompt"):
             if getattr(o, knob) is not None:
                 body[knob] = getattr(o, knob)
-        body.update(first.engine)  # what the caller set wins over the operator's defaults
+        # What the caller set wins over the operator's defaults; per-question knobs go on
+        # their question.
+        body.update((k, v) for k, v in first.engine if k not in QUESTION_KNOBS)
         return body
 
     def parse_answer(self, request: DecisionRequest, payload: Mapping[str, Any],
@@ -320,6 +326,7 @@ class SystemOneBackend(FastBackend):
 
 def _question(request: DecisionRequest) -> dict[str, Any]:
     question: dict[str, Any] = {"type": request.kind, "instructions": request.instructions}
+    question.update((k, v) for k, v in request.engine if k in QUESTION_KNOBS)
     if request.kind == "choice":
         question["criteria"] = {o.name: o.description for o in request.options}
     elif request.kind == "score":

@@ -93,7 +93,7 @@ def decision_request(request: SystemOneRequest, question: Question) -> DecisionR
         seed=request.seed,
         policy=question.policy or request.policy,
         samples_auto=request.samples_auto,
-        engine=request.engine,
+        engine=request.engine + ((("alone", True),) if question.alone else ()),
     )
 
 

@@ -8,14 +8,16 @@ descriptions and criteria values of any JSON type are read as text, as the serve
 top-level ``instructions`` (shared context), ``samples`` (``"auto"`` or 1..32, larger counts
 capped), ``seed``, ``ask`` (a subset of ids) and the slotgate extension ``policy`` (a tuned
 policy's name, top level or per question). The example server's engine knobs ``steps``,
-``think``, ``chunk_rows`` and ``chunk_prompt`` are validated with its rules and carried to the
-fast backend (a System One backend forwards them); ``auto_*``, ``sequential`` and ``alone`` are
-accepted and ignored: they tune a read that slotgate's backends configure themselves.
+``think``, ``chunk_rows``, ``chunk_prompt``, ``auto_max``, ``auto_threshold``, ``sequential`` and
+the per-question ``alone`` are validated with its rules (``sequential`` and ``alone`` must be
+booleans here) and carried to the fast backend: a System One backend forwards them, so its reads
+are the ones the server gives its own clients; the other backends configure their own reads.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,8 @@ from router.errors import InvalidRequest
 
 MAX_SAMPLES = 32  # the example server's cap; larger counts are clamped, not refused
 DEFAULT_SEED = 42
-ENGINE_KNOBS = ("steps", "think", "chunk_rows", "chunk_prompt")  # validated, then forwarded
+ENGINE_KNOBS = ("steps", "think", "chunk_rows", "chunk_prompt", "auto_max", "auto_threshold",
+                "sequential")  # validated, then forwarded
 MAX_STEPS = 8  # the server clamps steps into [1, 8]
 MAX_THINK = 4096
 NOUL_ANSWERS = ("yes", "no")
@@ -59,6 +62,7 @@ class Question:
     depends_on: tuple[str, ...] = ()
     ask_if: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (dependency, wanted answers), in order
     policy: str | None = None
+    alone: bool = False  # the server reads it in a chunk of its own
 
     @property
     def answer_names(self) -> tuple[str, ...]:
@@ -155,7 +159,16 @@ def _question(raw_id: str, raw: Any, *, max_options: int) -> Question:
         depends_on=_depends_on(where, raw.get("depends_on")),
         ask_if=_ask_if(where, raw.get("ask_if")),
         policy=_policy_name(raw.get("policy"), f"questions.{qid}.policy"),
+        alone=_flag(raw.get("alone", False), f"questions.{qid}.alone", f"{where}: alone"),
     )
+
+
+def _flag(value: Any, field: str, what: str) -> bool:
+    """A boolean switch. The server takes ``bool(value)`` of anything (so "no" would mean yes);
+    slotgate refuses what is not a JSON boolean."""
+    if not isinstance(value, bool):
+        raise SystemOneError(f"{what} must be true or false", field=field)
+    return value
 
 
 def _options(where: str, kind: QuestionKind, criteria: Any) -> tuple[Option, ...]:
@@ -220,6 +233,20 @@ def _engine(payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
             raise SystemOneError('schema: chunk_prompt must be "shared" or "own"',
                                  field="chunk_prompt")
         knobs.append(("chunk_prompt", payload["chunk_prompt"]))
+    if "auto_max" in payload:
+        reads = payload["auto_max"]
+        if isinstance(reads, bool) or not isinstance(reads, int):
+            raise SystemOneError("schema: auto_max must be an integer", field="auto_max")
+        knobs.append(("auto_max", max(1, min(reads, MAX_SAMPLES))))  # clamped, as the server does
+    if "auto_threshold" in payload:
+        nats = payload["auto_threshold"]
+        if isinstance(nats, bool) or not isinstance(nats, (int, float)) or not math.isfinite(nats):
+            raise SystemOneError("schema: auto_threshold must be a number of nats",
+                                 field="auto_threshold")
+        knobs.append(("auto_threshold", float(nats)))
+    if "sequential" in payload:
+        knobs.append(("sequential", _flag(payload["sequential"], "sequential",
+                                          "schema: sequential")))
     return tuple(knobs)
 
 

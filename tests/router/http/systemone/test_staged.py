@@ -196,3 +196,31 @@ async def test_the_chat_variant_is_staged_upstream_too(standin: SystemOneStandin
     assert response.status_code == 200, response.text
     assert standin.stats.requests == 1
     assert standin.stats.bodies[0]["questions"]["urgent"]["depends_on"] == ["intent"]
+
+
+async def test_the_servers_read_knobs_and_alone_are_forwarded(standin: SystemOneStandin) -> None:
+    """auto_max, auto_threshold and sequential go upstream; a question marked alone is read on
+    its own, as the server reads it, so the answers equal a direct call's."""
+    payload: dict[str, Any] = {
+        "state": STATE, "seed": 3, "samples": 1, "auto_max": 6, "auto_threshold": 0.3,
+        "sequential": False,
+        "questions": {
+            "intent": {"type": "choice", "criteria": INTENTS},
+            "urgent": {"type": "noul", "alone": True,
+                       "criteria": {"true": "the card has still not arrived",
+                                    "false": "a question about a transfer"}},
+            "chase": {"type": "noul",
+                      "criteria": {"true": "the new card is late", "false": "the card came"}},
+        },
+    }
+    expected = await direct(standin, payload)
+    async for client in slotgate(standin, ScriptedSlow()):
+        body = await ask(client, payload)
+    bodies = standin.stats.bodies[1:]
+    assert sorted(list(b["questions"]) for b in bodies) == [["intent", "chase"], ["urgent"]]
+    assert all((b["auto_max"], b["auto_threshold"], b["sequential"]) == (6, 0.3, False)
+               for b in bodies)
+    assert [b["questions"]["urgent"].get("alone") for b in bodies if "urgent" in b["questions"]] \
+        == [True]
+    for qid in ("intent", "urgent", "chase"):
+        assert numbers(body["answers"][qid]) == pytest.approx(numbers(expected[qid]), abs=1e-12)

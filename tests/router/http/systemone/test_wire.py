@@ -266,10 +266,28 @@ def test_ask_subset_must_include_its_dependencies() -> None:
     )
 
 
-def test_engine_knobs_are_accepted_and_ignored() -> None:
+def test_engine_knobs_are_validated_and_carried() -> None:
     parsed = parse({**body(a={**NOUL, "alone": True}), "steps": 4, "think": 0, "chunk_rows": 16,
-                    "sequential": True, "auto_threshold": 0.2, "auto_max": 3})
-    assert parsed.stages == (("a",),)
+                    "sequential": True, "auto_threshold": 0.2, "auto_max": 99})
+    assert parsed.stages == (("a",),) and parsed.question("a").alone
+    assert dict(parsed.engine) == {"steps": 4, "think": 0, "chunk_rows": 16, "sequential": True,
+                                   "auto_threshold": 0.2, "auto_max": 32}  # clamped like steps
+
+
+@pytest.mark.parametrize(("extra", "field", "message"), [
+    ({"auto_max": "4"}, "auto_max", "schema: auto_max must be an integer"),
+    ({"auto_max": True}, "auto_max", "schema: auto_max must be an integer"),
+    ({"auto_threshold": "low"}, "auto_threshold", "schema: auto_threshold must be a number of nats"),
+    ({"sequential": "no"}, "sequential", "schema: sequential must be true or false"),
+])
+def test_bad_engine_knobs_name_their_field(extra: dict[str, Any], field: str, message: str) -> None:
+    error = error_of({**body(a=NOUL), **extra})
+    assert (error.field, error.message) == (field, message)
+
+
+def test_alone_must_be_a_boolean() -> None:
+    error = error_of(body(a={**NOUL, "alone": "yes"}))
+    assert (error.field, error.message) == ("questions.a.alone", "question 'a': alone must be true or false")
 
 
 # --- decode_body: malformed bodies are 400 invalid_request_error -------------------------------
