@@ -26,18 +26,14 @@ from router.errors import (
     BackendError,
     BackendMalformed,
     BackendTimeout,
-    NoSlowModel,
     SlowPathError,
-    SlowPathTimeout,
-    SlowPathUnavailable,
 )
 from router.routing.backpressure import ConcurrencyLimit
-from router.routing.deadline import deadline_in
+from router.routing.escalation import Escalation
 from router.routing.ports import DecisionSink, ReadCache, SlowModel
 from router.routing.registry import PolicyRegistry, RuntimePolicy
-from router.routing.singleflight import SingleFlight
 from router.settings import Settings
-from router.store.cache import read_key, slow_key
+from router.store.cache import read_key
 from router.store.metrics import Metrics
 
 if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
@@ -45,17 +41,6 @@ if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
 
 
 _T = TypeVar("_T")
-
-# How often a replica waiting for another replica's slow answer looks for it in the cache: from
-# CLAIM_POLL_S, doubling up to CLAIM_POLL_MAX_S (slow answers take ~0.5-5 s; polling, not
-# pub/sub, keeps the shared store a plain key-value cache with nothing to subscribe to).
-CLAIM_POLL_S = 0.02
-CLAIM_POLL_MAX_S = 0.25
-
-# How long past slow.timeout_s the service waits before cancelling an escalation itself. The
-# slow path's own timeout (litellm's, set to what is left of the deadline) ends a call first and
-# cleanly; cancelling litellm mid-call instead leaves its internal coroutines never awaited.
-DEADLINE_GRACE_S = 0.5
 
 
 @dataclass(slots=True)
@@ -105,14 +90,14 @@ class RoutingService:
         self._fast_limit = ConcurrencyLimit(
             f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
             max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
-        self._slow_calls: SingleFlight[tuple[str, bool]] = SingleFlight()
+        self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     @property
     def escalation_available(self) -> bool:
-        return self.slow is not None and self.slow.available
+        return self.escalation.available
 
     async def decide(
         self, requests: Sequence[DecisionRequest], *, namespace: str,
@@ -264,7 +249,7 @@ class RoutingService:
         # every decision and is served; the fast read and the policy's verdict are still logged.
         shadow, guarantee = self.registry.mode(policy)
         if read.scores is None:  # no usable read (the backend failed): only the slow path can answer
-            answer, from_cache = await self._escalate(request, namespace=namespace)
+            answer, from_cache = await self.escalation.answer(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
             return Decision(
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
@@ -281,7 +266,7 @@ class RoutingService:
                     f"{'accepted' if verdict.accept else 'escalated'} it ({verdict.reason})")
         if not verdict.accept or shadow:
             try:
-                answer, from_cache = await self._escalate(request, namespace=namespace)
+                answer, from_cache = await self.escalation.answer(request, namespace=namespace)
                 route = "cache" if from_cache else "slow"
             except SlowPathError as exc:
                 if not self.settings.slow.serve_unverified_on_failure:
@@ -300,68 +285,6 @@ class RoutingService:
             escalated=route in ("slow", "cache") and escalated, shadow=shadow,
             guarantee=guarantee)
 
-    async def _escalate(self, request: DecisionRequest, *, namespace: str) -> tuple[str, bool]:
-        """(answer, without a slow call of its own: from the slow cache, or shared with an
-        identical escalation already in flight). Raises SlowPathError subclasses (SlowPathTimeout
-        past ``slow.timeout_s``, which covers the cache, the wait for a slot, the call and its
-        corrective retry), or TooManyRequests when the slow model's queue is full or cannot
-        serve it before that deadline."""
-        if self.slow is None or not self.slow.available:
-            reason = getattr(self.slow, "unavailable_reason", None)
-            if reason and self.settings.slow.model:  # configured, but no credentials for it
-                raise SlowPathUnavailable(reason)
-            raise NoSlowModel()
-        timeout_s = self.settings.slow.timeout_s
-        key = slow_key(namespace, request, self.settings.slow.model or "")
-        with deadline_in(timeout_s):
-            try:  # a backstop: the slow path and its queue end at the deadline themselves
-                async with asyncio.timeout(timeout_s + DEADLINE_GRACE_S):
-                    [blob] = await self.cache.get_many([key])
-                    answer = _slow_answer(blob, request)
-                    if answer is not None:
-                        self.metrics.cache_lookups(store="slow", hits=1, misses=0)
-                        return answer, True
-                    self.metrics.cache_lookups(store="slow", hits=0, misses=1)
-                    # One slow call per question: identical escalations in flight share it,
-                    # in this process (single-flight) and across replicas (the cache's claim).
-                    (answer, elsewhere), shared = await self._slow_calls.run(
-                        key, lambda: self._ask_slow(request, key))
-                    return answer, shared or elsewhere
-            except TimeoutError as exc:
-                raise SlowPathTimeout(
-                    f"no slow answer within slow.timeout_s = {timeout_s:g} s (the wait for a "
-                    "slow-call slot included)") from exc
-
-    async def _ask_slow(self, request: DecisionRequest, key: str) -> tuple[str, bool]:
-        """The one slow call of a single flight, and whether another replica made it. The
-        replica that claims ``key`` in the shared cache calls the slow model and caches the
-        answer; the others poll the cache for it, and claim in turn if the claim is given up
-        without one (that replica's call failed). A replica that dies holding a claim holds it
-        until the claim's TTL (the slow deadline): its waiters end at that deadline too."""
-        assert self.slow is not None  # _escalate checked
-        ttl_s = self.settings.slow.timeout_s + DEADLINE_GRACE_S
-        poll_s = CLAIM_POLL_S
-        while not await self.cache.claim(key, ttl_s=ttl_s):
-            await asyncio.sleep(poll_s)
-            poll_s = min(2 * poll_s, CLAIM_POLL_MAX_S)
-            [blob] = await self.cache.get_many([key])
-            if (answer := _slow_answer(blob, request)) is not None:
-                return answer, True
-        try:
-            # Claimed: unless the replica before us cached its answer just as we claimed.
-            [blob] = await self.cache.get_many([key])
-            if (answer := _slow_answer(blob, request)) is not None:
-                return answer, True
-            t0 = time.perf_counter()
-            try:
-                slow_answer = await self.slow.decide(request)
-            finally:
-                self.metrics.stage("slow", time.perf_counter() - t0)
-            await self.cache.set_many([(key, slow_answer.answer.encode())])
-            return slow_answer.answer, False
-        finally:
-            await self.cache.release(key)
-
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decision]:
     """Every result, or the first error with the other questions cancelled: a request that
@@ -374,14 +297,6 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decis
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-def _slow_answer(blob: bytes | None, request: DecisionRequest) -> str | None:
-    """A cached slow answer, if it is one of the request's options (else it is asked again)."""
-    if blob is None:
-        return None
-    answer = blob.decode(errors="replace")
-    return answer if answer in request.option_names else None
 
 
 def _check_options(scores: Sequence[OptionScores | None],
