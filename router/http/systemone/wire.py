@@ -211,11 +211,12 @@ def _description(value: Any) -> str | None:
 def _engine(payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """The engine knobs given, checked with the server's rules and messages."""
     knobs: list[tuple[str, Any]] = []
-    if "steps" in payload:
-        steps = payload["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, int):
-            raise SystemOneError("schema: steps must be an integer", field="steps")
-        knobs.append(("steps", max(1, min(steps, MAX_STEPS))))  # clamped, as the server does
+    for name, cap in (("steps", MAX_STEPS), ("auto_max", MAX_SAMPLES)):
+        if name in payload:  # integers the server clamps into [1, cap]
+            value = payload[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SystemOneError(f"schema: {name} must be an integer", field=name)
+            knobs.append((name, max(1, min(value, cap))))
     if "think" in payload:
         think = payload["think"]
         if isinstance(think, bool) or not isinstance(think, int) or not 0 <= think <= MAX_THINK:
@@ -233,11 +234,6 @@ def _engine(payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
             raise SystemOneError('schema: chunk_prompt must be "shared" or "own"',
                                  field="chunk_prompt")
         knobs.append(("chunk_prompt", payload["chunk_prompt"]))
-    if "auto_max" in payload:
-        reads = payload["auto_max"]
-        if isinstance(reads, bool) or not isinstance(reads, int):
-            raise SystemOneError("schema: auto_max must be an integer", field="auto_max")
-        knobs.append(("auto_max", max(1, min(reads, MAX_SAMPLES))))  # clamped, as the server does
     if "auto_threshold" in payload:
         nats = payload["auto_threshold"]
         if isinstance(nats, bool) or not isinstance(nats, (int, float)) or not math.isfinite(nats):
