@@ -64,6 +64,7 @@ def _openapi_body() -> dict[str, Any]:
             "ask_if": {"type": "object", "additionalProperties": {
                 "type": "array", "minItems": 1, "items": {"type": "string"}}},
             "policy": {"type": "string"},
+            "alone": {"type": "boolean"},
         },
     }
     body = {
@@ -78,6 +79,14 @@ def _openapi_body() -> dict[str, Any]:
             "seed": {"type": "integer"},
             "ask": {"type": "array", "items": {"type": "string"}},
             "policy": {"type": "string"},
+            # The example server's engine knobs, forwarded to a System One fast backend.
+            "steps": {"type": "integer"},
+            "think": {"type": "integer", "minimum": 0, "maximum": 4096},
+            "chunk_rows": {"type": "integer", "minimum": 8},
+            "chunk_prompt": {"enum": ["shared", "own"]},
+            "auto_max": {"type": "integer"},
+            "auto_threshold": {"type": "number"},
+            "sequential": {"type": "boolean"},
         },
     }
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}

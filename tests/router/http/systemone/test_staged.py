@@ -224,3 +224,19 @@ async def test_the_servers_read_knobs_and_alone_are_forwarded(standin: SystemOne
         == [True]
     for qid in ("intent", "urgent", "chase"):
         assert numbers(body["answers"][qid]) == pytest.approx(numbers(expected[qid]), abs=1e-12)
+
+
+async def test_a_staged_body_the_server_refuses_is_the_callers_422(
+    standin: SystemOneStandin,
+) -> None:
+    """A dependent question whose id overflows the canvas: the server's 422 and its reason, no
+    slow call, nothing cached (the same body again goes upstream again)."""
+    payload = json.loads(json.dumps(STAGED))
+    payload["questions"]["u" * 300] = payload["questions"].pop("urgent")
+    slow = ScriptedSlow()
+    async for client in slotgate(standin, slow):
+        for _ in range(2):
+            response = await client.post("/v1/systemone", json=payload)
+            assert response.status_code == 422, response.text
+            assert "answer template is" in response.json()["error"]["message"]
+    assert slow.asked == [] and standin.stats.requests == 2
