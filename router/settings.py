@@ -109,6 +109,10 @@ class MonitoringSettings(BaseModel):
     enabled: bool = True
     audit_queue: int = Field(1000, ge=1)  # audits waiting beyond it are dropped (counted)
     audit_workers: int = Field(2, ge=1)  # concurrent audit calls to the slow model
+    # With cache.redis_url: an alarm one replica raises is latched by every replica serving the
+    # policy, within alarm_sync_s (router/store/alarm_board.py).
+    share_alarms: bool = True
+    alarm_sync_s: float = Field(2.0, gt=0)
 
 
 class LogSettings(BaseModel):

@@ -165,6 +165,12 @@ async def _build_service(
         from router.monitoring.monitor import make_monitor, restore_from_log
 
         monitor = make_monitor(settings, metrics=metrics, decision_log=decision_log, slow=slow)
+        if settings.cache.redis_url and settings.monitoring.share_alarms:
+            from router.store.alarm_board import RedisAlarmBoard
+
+            board = RedisAlarmBoard(settings.cache.redis_url, ttl_s=settings.cache.ttl_s)
+            stack.push_async_callback(board.aclose)  # after the monitor stops reading it
+            monitor.share(board, interval_s=settings.monitoring.alarm_sync_s)
         stack.push_async_callback(monitor.aclose)  # audits finish before the slow path closes
     registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
                                    monitor=monitor)

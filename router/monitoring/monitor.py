@@ -1,16 +1,18 @@
 """The router's view of its policies in production: one PolicyWatch per tuned policy, fed by every
 decision (label-free drift), by audits and by feedback (accuracy); alarms are logged, exported as
-gauges, written to the decision log and acted on per policy (``on_alarm``)."""
+gauges, written to the decision log and acted on per policy (``on_alarm``). With a shared alarm
+board (Redis: ``router/store/alarm_board.py``) an alarm one replica raises is posted there and
+latched by every other replica serving that policy within ``monitoring.alarm_sync_s``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.types import Decision, DecisionRequest, OptionScores, Verdict
 from router.monitoring.audits import AuditJob, AuditQueue
@@ -23,6 +25,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotgate.monitoring")
 EventSink = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class AlarmBoard(Protocol):
+    """Where replicas share alarm records; never raises (a failing store shares nothing)."""
+
+    async def post(self, record: dict[str, Any]) -> None: ...
+
+    async def read(self, policy_ids: Sequence[str]) -> list[dict[str, Any]]: ...
+
 SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 
@@ -68,6 +79,8 @@ class Monitor:
                                  on_count=None if metrics is None else metrics.audit)
         self._labelled: OrderedDict[str, str] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._board: AlarmBoard | None = None
+        self._sync: asyncio.Task[None] | None = None
         if metrics is not None:
             metrics.on_render(self.export)
 
@@ -114,15 +127,50 @@ class Monitor:
                 restored += 1
         return restored
 
-    def alarmed(self, alarm: Alarm) -> None:
+    def alarmed(self, alarm: Alarm, *, shared: bool = False) -> None:
+        """An alarm raised here (posted to the board, if any) or latched from the board."""
         watch = self.watches[alarm.policy_id]
-        logger.warning("ALARM %s on policy %s: %s; %s", alarm.kind, alarm.policy_id, alarm.detail,
+        logger.warning("ALARM %s on policy %s%s: %s; %s", alarm.kind, alarm.policy_id,
+                       " (raised on another replica)" if shared else "", alarm.detail,
                        "escalating every decision until a re-tuned policy is loaded"
                        if watch.escalate_all else "alert only (on_alarm: alert_only)")
-        self._emit({"type": "alarm", "policy_id": alarm.policy_id, "kind": alarm.kind,
-                    "decision": alarm.decision, "time": alarm.time, "detail": alarm.detail,
-                    "on_alarm": watch.settings.on_alarm})
+        record = {"type": "alarm", "policy_id": alarm.policy_id, "kind": alarm.kind,
+                  "decision": alarm.decision, "time": alarm.time, "detail": alarm.detail,
+                  "on_alarm": watch.settings.on_alarm}
+        self._emit(record | {"shared": True} if shared else record)
+        if self._board is not None and not shared:
+            self._spawn(self._board.post(record))
         self.export()
+
+    def share(self, board: AlarmBoard, *, interval_s: float) -> None:
+        """Post this replica's alarms to ``board`` and latch the others' every ``interval_s``
+        (a task of the running loop, stopped by ``aclose``)."""
+        self._board = board
+        self._sync = asyncio.get_running_loop().create_task(self._sync_every(interval_s))
+
+    async def sync_alarms(self) -> int:
+        """Latch the board's alarms of watched policies not in alarm here; how many."""
+        if self._board is None:
+            return 0
+        latched = 0
+        for record in await self._board.read(sorted(self.watches)):
+            watch = self.watches.get(str(record["policy_id"]))
+            if watch is None or watch.alarm is not None:
+                continue
+            alarm = Alarm(watch.policy_id, record["kind"], int(record["decision"]),
+                          float(record["time"]), str(record["detail"]))
+            watch.restore(alarm)
+            self.alarmed(alarm, shared=True)
+            latched += 1
+        return latched
+
+    async def _sync_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sync_alarms()
+            except (KeyError, TypeError, ValueError) as exc:  # a record of another version
+                logger.warning("shared policy alarms: unreadable record skipped (%s)", exc)
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [watch.snapshot() for watch in self.watches.values()]
@@ -133,6 +181,9 @@ class Monitor:
                 self.metrics.policy_state(state)
 
     async def aclose(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+            await asyncio.gather(self._sync, return_exceptions=True)
         await self.audits.aclose()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -166,11 +217,14 @@ class Monitor:
         return True
 
     def _emit(self, record: dict[str, Any]) -> None:
-        if self._events is None:
-            return
+        if self._events is not None:
+            self._spawn(self._write(record))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         try:
-            task = asyncio.get_running_loop().create_task(self._write(record))
+            task = asyncio.get_running_loop().create_task(work)
         except RuntimeError:  # no event loop (offline replay): the caller keeps the record
+            work.close()
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

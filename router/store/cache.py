@@ -8,7 +8,6 @@ into them: ``slotgate:v1:{namespace}:{read|slow}:{sha256 of canonical JSON}``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from policies.types import DecisionRequest, canonical_hash
 from router.errors import InvalidRequest
 from router.settings import NAMESPACE_PATTERN as _NAMESPACE
-from router.store.redis_client import redis_client
+from router.store.redis_client import redis_client, redis_errors
 
 if TYPE_CHECKING:
     from router.settings import CacheSettings
@@ -137,7 +136,7 @@ class RedisCache(Cache):
             return [None] * len(keys)
         try:
             values = await self.client.mget(list(keys))
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             self._failed("get_many", exc)
             return [None] * len(keys)
         self._succeeded()
@@ -151,7 +150,7 @@ class RedisCache(Cache):
                 for key, value in items:
                     pipe.set(key, value, ex=self.ttl_s)
                 await pipe.execute()
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             self._failed("set_many", exc)
             return
         self._succeeded()
@@ -159,7 +158,7 @@ class RedisCache(Cache):
     async def ping(self) -> bool:
         try:
             await self.client.ping()
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             self._failed("ping", exc)
             return False
         self._succeeded()
@@ -173,7 +172,7 @@ class RedisCache(Cache):
         try:
             won = await self.client.set(f"{key}:claim", self._token, nx=True,
                                         px=max(1, int(ttl_s * 1000)))
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             self._failed("claim", exc)
             return True
         self._succeeded()
@@ -186,7 +185,7 @@ class RedisCache(Cache):
             return
         try:
             await self._release_script(keys=[f"{key}:claim"], args=[self._token])
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             self._failed("release", exc)
             return
         self._succeeded()
@@ -217,13 +216,6 @@ class RedisCache(Cache):
             logger.warning("redis cache reachable again; cache use resumed")
         self.healthy = True
         self._down_since = None
-
-
-def _redis_errors() -> tuple[type[BaseException], ...]:
-    from redis.exceptions import RedisError
-
-    # OSError: refused/reset sockets not wrapped by redis-py; TimeoutError: asyncio timeouts.
-    return (RedisError, OSError, asyncio.TimeoutError)
 
 
 def make_cache(settings: CacheSettings, *, on_error: ErrorCallback | None = None) -> Cache:

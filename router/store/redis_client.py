@@ -16,3 +16,13 @@ def redis_client(url: str, *, timeout_s: float) -> Any:
     return aioredis.Redis.from_url(
         url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+
+
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """What a failing Redis raises: redis-py's errors, refused/reset sockets it does not wrap
+    (OSError) and asyncio timeouts."""
+    import asyncio
+
+    from redis.exceptions import RedisError
+
+    return (RedisError, OSError, asyncio.TimeoutError)

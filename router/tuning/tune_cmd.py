@@ -47,6 +47,9 @@ def tune(
                                               "slow model after the reply (monitoring).")] = 0.0,
     on_alarm: Annotated[str, typer.Option(help="escalate_all | alert_only: what a drift or "
                                           "accuracy alarm does.")] = "escalate_all",
+    alarm_alpha: Annotated[float, typer.Option(
+        help="False-alarm probability of the drift and accuracy alarms together, per replica "
+             "(with N replicas sharing alarms, the fleet's is at most N times it).")] = 0.05,
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -81,6 +84,8 @@ def tune(
         fail(f"--audit-rate must be in [0, 1], got {audit_rate}")
     if on_alarm not in ("escalate_all", "alert_only"):
         fail(f"--on-alarm must be escalate_all or alert_only, got {on_alarm!r}")
+    if not 0.0 < alarm_alpha < 1.0:
+        fail(f"--alarm-alpha must be in (0, 1), got {alarm_alpha}")
     check_out(out, "--out")
     if report is not None:
         check_folder(report, "--report")
@@ -130,7 +135,7 @@ def tune(
         budget_threshold=result.budget_threshold, budget_exceeded=result.budget_exceeded,
         data_hash=data.data_hash, tuning="split" if folds is None else "cross-fitted",
         n_folds=result.n_folds, guarantee="agreement_with_slow" if n_slow else "accuracy",
-        shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm,
+        shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm, alarm_alpha=alarm_alpha,
         reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
         options=list(data.options),
     )

@@ -23,7 +23,9 @@ from tests.router.monitoring.conftest import OPTIONS, watched_policy
 
 
 def sure(request: DecisionRequest) -> Sequence[float]:
-    return (0.98, 0.01, 0.01)  # the stand-in's rule answers "a" too: audits agree
+    """0.98 on "a" (the stand-in's rule answers "a" too: audits agree); 0.55 when the message
+    says "unsure", far less confident than the tuning rows (drift)."""
+    return (0.55, 0.25, 0.2) if "unsure" in request.state else (0.98, 0.01, 0.01)
 
 
 def body(text: str) -> dict[str, Any]:
@@ -39,14 +41,16 @@ def ask(server: LiveServer, text: str) -> dict[str, Any]:
     return facts
 
 
-def start(tmp_path: Path, standin: StandinHandle, **policy_fields: Any) -> tuple[LiveServer, str]:
+def start(tmp_path: Path, standin: StandinHandle, *, log_name: str = "decisions.jsonl",
+          redis_url: str | None = None, **policy_fields: Any) -> tuple[LiveServer, str]:
     backend = MockBackend(sure)
     policy = watched_policy(backend_fingerprint=backend.fingerprint, **policy_fields)
     policy.write(tmp_path / "policy.json")
     settings = Settings(
         policy={"files": [tmp_path / "policy.json"], "default": policy.name},
         slow={"model": "openai/standin", "api_base": standin.api_base, "api_key": "sk-test"},
-        log={"decision_log_path": tmp_path / "decisions.jsonl"})
+        log={"decision_log_path": tmp_path / log_name},
+        cache={"redis_url": redis_url}, monitoring={"alarm_sync_s": 0.1})
     return LiveServer(settings, backend=backend), policy.policy_id
 
 
@@ -94,3 +98,27 @@ def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
     server, retuned = start(tmp_path, standin, threshold=0.7)
     with server:
         assert retuned != policy_id and ask(server, "state after the re-tune")["route"] == "fast"
+
+
+def test_a_drift_alarm_on_one_replica_escalates_on_the_other(
+    tmp_path: Path, standin: StandinHandle, redis_url: str
+) -> None:
+    """Two replicas on one Redis. Replica A sees the drift (its traffic turns unsure) and alarms;
+    replica B saw none of it, yet escalates its next confident decision, within the sync."""
+    a, policy_id = start(tmp_path, standin, log_name="a.jsonl", redis_url=redis_url)
+    b, _ = start(tmp_path, standin, log_name="b.jsonl", redis_url=redis_url)
+    with a, b:
+        assert ask(b, "a confident state before")["route"] == "fast"
+        for i in range(200):
+            ask(a, f"unsure state {i}")
+            if app_state(a.app).service.monitor.watches[policy_id].alarm is not None:
+                break
+        watch_b = app_state(b.app).service.monitor.watches[policy_id]
+        deadline = time.monotonic() + 10
+        while watch_b.alarm is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        facts = ask(b, "a confident state after")
+    assert facts["route"] == "slow" and facts["escalated"]
+    [shared] = [r for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
+                if r.get("type") == "alarm"]
+    assert shared["shared"] is True and shared["kind"] == "drift"

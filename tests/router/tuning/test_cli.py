@@ -104,6 +104,15 @@ def test_tune_report_writes_pngs_and_the_policy_records_its_evidence(trained: Tr
     assert (policy["audit_rate"], policy["on_alarm"]) == (0.0, "escalate_all")
 
 
+def test_alarm_alpha_is_written_to_the_policy(trained: Trained, tmp_path: Path) -> None:
+    """With N replicas sharing alarms the fleet's false-alarm bound is N x alpha (docs)."""
+    out_path = tmp_path / "fleet.json"
+    code, _, err = invoke("tune", "--preds", trained.tune_preds, "--alarm-alpha", 0.0125,
+                          "--out", out_path)
+    assert code == 0, err
+    assert json.loads(out_path.read_text())["alarm_alpha"] == 0.0125
+
+
 def test_max_escalation_keeps_the_guarantee_and_warns(trained: Trained, tmp_path: Path) -> None:
     out_path = tmp_path / "budget.json"
     code, _, err = invoke("tune", "--preds", trained.tune_preds, "--max-escalation", 0.02,

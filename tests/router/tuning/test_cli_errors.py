@@ -175,7 +175,8 @@ def test_bad_policy_file_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flag", "value"), [("--target-accuracy", "1.5"), ("--delta", "0"),
                                              ("--calibrator", "magic"),
                                              ("--max-escalation", "2"),
-                                             ("--audit-rate", "1.5"), ("--on-alarm", "panic")])
+                                             ("--audit-rate", "1.5"), ("--on-alarm", "panic"),
+                                             ("--alarm-alpha", "0"), ("--alarm-alpha", "1")])
 def test_bad_tune_options(tmp_path: Path, flag: str, value: str) -> None:
     preds = write_jsonl(tmp_path / "p.jsonl", [good_row(i) for i in range(1, 41)])
     result = invoke("tune", "--preds", preds, "--out", tmp_path / "x.json", flag, value)
