@@ -47,12 +47,16 @@ _T = TypeVar("_T")
 class FastRead:
     """The fast read of one request: scores and where they came from. ``scores`` is None when
     there is no read to route on: ``failure`` then says why (it leads the escalation's note).
-    ``skipped``: in a staged read, the server skipped the question (its ``ask_if`` failed there)."""
+    ``skipped``: in a staged read, the server skipped the question (its ``ask_if`` failed there).
+    ``stale``: why a read that exists may not be routed on (a staged read that continued an
+    answer the caller does not get); it escalates, except in shadow mode, which judges and logs
+    it as any read, since the slow answer is served anyway."""
 
     scores: OptionScores | None
     cached: bool
     failure: str | None = None
     skipped: bool = False
+    stale: str | None = None
 
     @property
     def answer(self) -> str | None:
@@ -248,13 +252,15 @@ class RoutingService:
         # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
         # every decision and is served; the fast read and the policy's verdict are still logged.
         shadow, guarantee = self.registry.mode(policy)
-        if read.scores is None:  # no usable read (the backend failed): only the slow path can answer
+        if read.scores is None or (read.stale is not None and not shadow):
+            # No read to route on (the backend failed, or its read is stale): only the slow path
+            # can answer.
             answer, from_cache = await self.escalation.answer(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
             return Decision(
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
                 None, None, None, policy.policy_id, _ms(started),
-                note=f"{read.failure}; answered by the slow path",
+                note=f"{read.failure or read.stale}; answered by the slow path",
                 escalated=True, shadow=shadow, guarantee=guarantee)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
@@ -345,6 +351,8 @@ def _record(
         "signature": request.signature(),
         "fingerprint": fingerprint,
         "options": list(request.option_names),
-        "proba": list(read.scores.proba) if read.scores is not None else None,
+        # A stale read was not routed on (outside shadow mode): no row to tune from.
+        "proba": list(read.scores.proba) if read.scores is not None and (
+            read.stale is None or decision.shadow) else None,
         "text": request.state,
     }

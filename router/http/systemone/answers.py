@@ -30,6 +30,7 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -171,9 +172,13 @@ def _divergence(qid: str, routed: str | None, read: FastRead) -> str:
 
 def _usable(read: FastRead, diverged: str | None) -> FastRead:
     """The staged read to route a question on; one without scores says why in ``failure``. A
-    later stage's read that continued an answer the caller does not get is not routed on."""
+    later stage's read that continued an answer the caller does not get is ``stale``: not routed
+    on (shadow mode still judges and logs it)."""
     if diverged is not None and read.failure is None:
-        return FastRead(None, cached=read.cached, failure=f"no fast read fits: {diverged}")
+        reason = f"no fast read fits: {diverged}"
+        if read.scores is None:
+            return FastRead(None, cached=read.cached, failure=reason)
+        return dataclasses.replace(read, stale=reason)
     if read.scores is None and read.failure is None:  # the server skipped what slotgate asks
         return FastRead(None, cached=read.cached,
                         failure="the server skipped this question (its ask_if failed there)")

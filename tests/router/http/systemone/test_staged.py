@@ -67,10 +67,12 @@ def standin(banking77_dir: Path) -> Iterator[SystemOneStandin]:
 
 
 async def slotgate(standin: SystemOneStandin, slow: ScriptedSlow, *, threshold: float = 0.0,
-                   options: SystemOneOptions | None = None) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings.model_validate({"policy": {"fallback_threshold": threshold}})
+                   options: SystemOneOptions | None = None, shadow: bool = False,
+                   log: MemoryLog | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings.model_validate(
+        {"policy": {"fallback_threshold": threshold, "shadow": shadow}})
     app = create_app(settings, backend=SystemOneBackend(standin.url, options), slow=slow,
-                     decision_log=MemoryLog(), close_backend=True)
+                     decision_log=log or MemoryLog(), close_backend=True)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://slotgate"
     ) as client:
@@ -133,10 +135,12 @@ async def test_a_changed_earlier_answer_escalates_what_continued_it(
     """Every answer escalates (threshold 1). The slow model moves intent away from the server's
     card_arrival: chase is now skipped, and urgent, whose server read continued card_arrival,
     goes to the slow model without being routed on that read; the note says why."""
-    slow = ScriptedSlow({"intent": "exchange_rate"})
-    async for client in slotgate(standin, slow, threshold=1.0):
+    slow, log = ScriptedSlow({"intent": "exchange_rate"}), MemoryLog()
+    async for client in slotgate(standin, slow, threshold=1.0, log=log):
         body = await ask(client, STAGED)
     answers, diagnostics = body["answers"], body["diagnostics"]
+    [logged] = [r for r in log.records if r.get("question_id") == "urgent"]
+    assert logged["proba"] is None  # not routed on: no row to tune from
     assert answers["intent"]["answer"] == "exchange_rate" and answers["chase"] is None
     assert diagnostics["skipped"]["chase"] == {"because": "intent", "was": "exchange_rate",
                                                "wanted": ["card_arrival"]}
@@ -147,6 +151,20 @@ async def test_a_changed_earlier_answer_escalates_what_continued_it(
         "no fast read fits: the server's read continued intent = 'card_arrival', but the "
         "answer given is 'exchange_rate'")
     assert standin.stats.requests == 1
+
+
+async def test_shadow_mode_still_judges_and_logs_a_stale_read(standin: SystemOneStandin) -> None:
+    """Shadow mode serves the slow answer anyway, so the later stage's server read is judged
+    and logged (a row to tune from), not dropped as in live routing."""
+    log = MemoryLog()
+    async for client in slotgate(standin, ScriptedSlow({"intent": "exchange_rate"}),
+                                 shadow=True, log=log):
+        body = await ask(client, STAGED)
+    urgent = body["diagnostics"]["routes"]["urgent"]
+    assert urgent["shadow"] and urgent["route"] == "slow"
+    assert urgent["raw_probability"] is not None and urgent["note"].startswith("shadow mode")
+    [record] = [r for r in log.records if r.get("question_id") == "urgent"]
+    assert record["proba"] is not None
 
 
 async def test_an_agreeing_escalation_keeps_the_later_reads(standin: SystemOneStandin) -> None:
