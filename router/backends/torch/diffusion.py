@@ -17,6 +17,16 @@ from router.backends.base import DRAW_SEED_STRIDE
 from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
 from router.backends.torch.prefix_attention import pick_attend
+
+
+def rows_moe_ready(device: Any, dtype: Any) -> bool:
+    """Whether moe.py's row-copy experts pay here: on CUDA in bfloat16 (grouped GEMMs) with its
+    Triton kernels working; elsewhere the compiled transformers experts are as good."""
+    import torch
+
+    from router.backends.torch.moe import use_triton_rows
+
+    return device.type == "cuda" and dtype == torch.bfloat16 and use_triton_rows(device)
 from router.backends.torch.prefix_lru import PrefixLRU
 
 
@@ -72,12 +82,14 @@ class DiffusionSlotReader:
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
     caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
     the shared weights, attending to the shared prefix once (fused.py); without it (or with untied
-    weights) transformers' two-pass read runs. ``graphs`` (graphs.py), when set, replays captured
-    CUDA graphs for the shapes it holds. Not thread-safe: the backend serialises calls."""
+    weights) transformers' two-pass read runs. ``fast_kernels`` (default: on CUDA) reads the shared
+    prefix under a position band with GEMMs and routes the experts' rows with Triton copies
+    (``OnePass.use``). ``graphs`` (graphs.py), when set, replays captured CUDA graphs for the
+    shapes it holds. Not thread-safe: the backend serialises calls."""
 
     def __init__(
         self, model: Any, *, prefix_cache_entries: int = 8, use_prefix_cache: bool = True,
-        pad_id: int = 0, fused_pass: bool = True,
+        pad_id: int = 0, fused_pass: bool = True, fast_kernels: bool | None = None,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
@@ -97,7 +109,10 @@ class DiffusionSlotReader:
         if fused_pass and ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
             self.onepass = OnePass(model)
             dims = {int(c.head_dim) for c in text_config.per_layer_config}
-            self.onepass.attend = pick_attend(self.device, next(model.parameters()).dtype, dims)
+            dtype = next(model.parameters()).dtype
+            self.onepass.attend = pick_attend(self.device, dtype, dims)
+            if fast_kernels if fast_kernels is not None else self.device.type == "cuda":
+                self.onepass.use(band=True, rows_moe=rows_moe_ready(self.device, dtype))
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:

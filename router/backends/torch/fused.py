@@ -19,11 +19,15 @@ last ``window - 1`` prompt tokens (what the DynamicCache keeps) and the whole ca
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from router.backends.torch.prefix_attention import (
     Attend,
+    Band,
+    attend_band,
     attend_math,
+    band_softmax,
     fold_groups,
     merge,
     to_bias,
@@ -61,12 +65,23 @@ class OnePassBatch:
 
 def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
     """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``."""
+    return _ffn(layer, attn_out, residual, layer.experts)
+
+
+def ffn_half_rows(layer: Any, attn_out: Any, residual: Any) -> Any:
+    """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py)."""
+    from router.backends.torch.moe import experts_forward
+
+    return _ffn(layer, attn_out, residual, partial(experts_forward, layer.experts))
+
+
+def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
     hidden = residual + layer.post_attention_layernorm(attn_out)
     residual = hidden
     dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
     flat = residual.reshape(-1, residual.shape[-1])
     _, top_k_weights, top_k_index = layer.router(flat)
-    experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
+    experts = experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
     experts = layer.post_feedforward_layernorm_2(experts.reshape(residual.shape))
     return residual + layer.post_feedforward_layernorm(dense + experts)
 
@@ -121,8 +136,10 @@ def slot_read(model: Any, softcap: float | None, hidden: Any, slots: Any, label_
 
 
 class OnePass:
-    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend`` may
-    be replaced by compiled or kernel versions (compiled.py); each computes what its default does."""
+    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend``,
+    ``band_softmax`` may be replaced by compiled or kernel versions (compiled.py); each computes what
+    its default does. ``band`` (off by default) reads the shared prefix with ``attend_band`` under a
+    position band instead of ``attend`` under a dense bias (the same visibility)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -136,6 +153,17 @@ class OnePass:
         self.norm: Any = rms_norm
         self.attend: Attend = attend_math
         self.merge: Any = merge
+        self.band = False
+        self.band_softmax: Any = band_softmax
+        self.rows_moe = False  # experts through moe.py's row-copy ops (ffn_half_rows)
+
+    def use(self, *, band: bool, rows_moe: bool) -> None:
+        """Turn the band prefix read and the row-copy experts on or off (eager pieces)."""
+        self.band, self.rows_moe = band, rows_moe
+        self.ffn = self.eager_ffn()
+
+    def eager_ffn(self) -> Any:
+        return ffn_half_rows if self.rows_moe else ffn_half
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -211,8 +239,12 @@ class OnePass:
         n_kv = prefix.keys[index].shape[1]
         flat = torch.cat([q_e.transpose(0, 1).reshape(n_heads, -1, dim),
                           q_d.transpose(0, 1).reshape(n_heads, -1, dim)], dim=1)
-        out_p, lse_p = self.attend(fold_groups(flat.unsqueeze(0), n_kv), prefix.keys[index],
-                                   prefix.values[index], masks[("prefix", kind)])
+        folded, mask = fold_groups(flat.unsqueeze(0), n_kv), masks[("prefix", kind)]
+        if isinstance(mask, Band):
+            out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
+                                       self.band_softmax)
+        else:
+            out_p, lse_p = self.attend(folded, prefix.keys[index], prefix.values[index], mask)
         out_p, lse_p = unfold_groups(out_p, n_heads)[0], unfold_groups(lse_p, n_heads)[0]
         n_enc = q_e.shape[0] * q_e.shape[2]
 
@@ -225,7 +257,8 @@ class OnePass:
 
     def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
               dtype: Any) -> dict[tuple[str, str], Any]:
-        """Additive biases per (part, layer kind), built once per read from lengths on the device."""
+        """Additive biases per (part, layer kind), built once per read from lengths on the device
+        (the prefix part's a ``Band`` when ``band`` is set)."""
         import torch
 
         device = batch.input_ids.device
@@ -257,6 +290,10 @@ class OnePass:
                 low = torch.cat([(start + query).repeat(batch.input_ids.shape[0]),
                                  (start + row_len)[:, None].expand(-1, canvas_len).reshape(-1)])
                 low = low - (self.window - 1)
+            if self.band:  # the same visibility as two vectors (prefix_attention.Band)
+                out[("prefix", kind)] = Band(key_pos, low.repeat(g) if sliding else None, start)
+                continue
+            if sliding:
                 visible = visible & (key_pos[None, :] >= low[:, None])
             else:
                 n_queries = batch.input_ids.numel() + batch.canvas.numel()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,58 @@ def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q, k, v, bias, True, 0.0, False, False, scale=1.0)[:2]
     return out, lse.reshape(lse.shape[0], lse.shape[1], -1)[..., : q.shape[2]].float()
+
+
+@dataclass
+class Band:
+    """Which of a batch-of-one key set (the shared prefix) each folded query sees: key n is visible
+    to query i iff ``low[i] <= key_pos[n] < high`` (no lower bound when ``low`` is None). Why not a
+    dense bias: for the prefix part the bias is (G*M, N), up to ~0.2 GB a layer at a batch of 32,
+    read by every key head; a band is two small vectors the softmax reads instead."""
+
+    key_pos: Any  # (N,) long: each key's token position (FAR for an empty slot)
+    low: Any | None  # (G*M,) long: each folded query's lowest visible position
+    high: Any  # 0-d long: the first position not visible (the prefix's length)
+
+
+def band_softmax(scores: Any, key_pos: Any, low: Any | None, high: Any, dtype: Any) -> tuple[Any, Any]:
+    """Softmax over the last axis of float32 ``scores`` (Hk, G*M, N) restricted to the band;
+    returns (probabilities in ``dtype``, float32 log-sum-exp (Hk, G*M)). Masked scores get MASKED, as the
+    dense bias gives them, so a query that sees nothing has weight 0 in the merge."""
+    import torch
+
+    visible = (key_pos < high)[None, None, :]
+    if low is not None:
+        visible = visible & (key_pos[None, None, :] >= low[None, :, None])
+    scores = torch.where(visible, scores, MASKED)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - lse[..., None]).to(dtype), lse
+
+
+def scores_f32(q: Any, k: Any) -> Any:
+    """q (Hk, M, D) @ k (Hk, N, D)^T in float32. On CUDA a bf16/fp16 GEMM writes float32 directly
+    (``out_dtype``); elsewhere, or where that op is missing, the inputs are upcast first."""
+    import torch
+
+    if q.is_cuda and q.dtype != torch.float32:
+        try:
+            return torch.bmm(q, k.transpose(-1, -2), out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            pass
+    return torch.bmm(q.float(), k.float().transpose(-1, -2))
+
+
+def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax) -> tuple[Any, Any]:
+    """Attention of folded queries q (1, Hk, G*M, D) to a batch of one's keys/values (1, Hk, N, D)
+    under ``band``, as two batched GEMMs around ``softmax`` (compiled on CUDA into one kernel).
+    Why GEMMs, not a fused attention kernel: at head dims 256 and 512 PyTorch's fused kernels run
+    far below the chip's matrix rate; cuBLAS runs these two GEMMs near it, and the softmax costs
+    one pass over the (Hk, G*M, N) scores. Returns (out (1, Hk, G*M, D) in q's dtype, lse float32)."""
+    import torch
+
+    proba, lse = softmax(scores_f32(q[0], k[0]), band.key_pos, band.low, band.high, v.dtype)
+    out = torch.bmm(proba, v[0])
+    return out.unsqueeze(0).to(q.dtype), lse.unsqueeze(0)
 
 
 KERNELS: tuple[tuple[str, Attend], ...] = (("cudnn", attend_cudnn), ("efficient", attend_efficient))
