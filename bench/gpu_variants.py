@@ -19,10 +19,12 @@ from typing import Any
 from bench.gpu_read import ROOT, build_model, make_items, profile, sync, time_reads
 from router.backends.torch.compiled import compile_pieces
 from router.backends.torch.diffusion import DiffusionSlotReader, rows_moe_ready
-from router.backends.torch.graphs import GraphSet
+from router.backends.torch.graphs import KEY_ALIGN, GraphSet
 
-VARIANTS = {"dense+transformers_moe": (False, False), "band": (True, False),
-            "rows_moe": (False, True), "band+rows_moe": (True, True)}
+BOTH = ("sliding_attention", "full_attention")
+VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "dense+transformers_moe": ((), False), "rows_moe": ((), True),
+    "rows_moe+band_global": (("full_attention",), True), "rows_moe+band_all": (BOTH, True)}
 
 
 def event_ms(fn: Any, iters: int) -> float:
@@ -74,6 +76,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
         groups = int(config.num_attention_heads) // kv
         sliding = config.layer_types[index] == "sliding_attention"
         n_keys = min(args.prefix_capacity, int(config.sliding_window) - 1) if sliding else args.prefix_capacity
+        n_keys = -(-n_keys // KEY_ALIGN) * KEY_ALIGN  # as graphs.py lays the static prefix out
         q = torch.randn((1, kv, groups * n_queries, dim), generator=gen, device=device, dtype=dtype) / dim**0.5
         k, v = (torch.randn((1, kv, n_keys, dim), generator=gen, device=device, dtype=dtype) for _ in range(2))
         filled = min(n_keys, args.static_tokens)
@@ -104,7 +107,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
     return out
 
 
-def variant(args: argparse.Namespace, model: Any, device: Any, band: bool, rows: bool,
+def variant(args: argparse.Namespace, model: Any, device: Any, band: tuple[str, ...], rows: bool,
             items: list[Any]) -> tuple[dict[str, Any], Any]:
     import torch
 
@@ -114,7 +117,8 @@ def variant(args: argparse.Namespace, model: Any, device: Any, band: bool, rows:
     reader.onepass.use(band=band, rows_moe=rows and rows_moe_ready(device, dtype))
     started = time.monotonic()
     compile_pieces(reader.onepass, backend="inductor" if device.type == "cuda" else "aot_eager")
-    row: dict[str, Any] = {"band": reader.onepass.band, "rows_moe": reader.onepass.rows_moe}
+    row: dict[str, Any] = {"band": sorted(reader.onepass.band), "rows_moe": reader.onepass.rows_moe,
+                           "attention_kernels": getattr(reader.onepass.attend, "kernels", None)}
     if device.type == "cuda":
         reader.graphs = GraphSet(reader, batches=(1, args.batch), draws=(1,), widths=(args.width,),
                                  prefix_tokens=args.prefix_capacity, labels=128)

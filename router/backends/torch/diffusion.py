@@ -16,7 +16,7 @@ import numpy as np
 from router.backends.base import DRAW_SEED_STRIDE
 from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
-from router.backends.torch.prefix_attention import pick_attend
+from router.backends.torch.prefix_attention import CUDNN_HOPPER_MAX_DIM, pick_attend
 
 
 def rows_moe_ready(device: Any, dtype: Any) -> bool:
@@ -83,8 +83,8 @@ class DiffusionSlotReader:
     caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
     the shared weights, attending to the shared prefix once (fused.py); without it (or with untied
     weights) transformers' two-pass read runs. ``fast_kernels`` (default: on CUDA) reads the shared
-    prefix under a position band with GEMMs and routes the experts' rows with Triton copies
-    (``OnePass.use``). ``graphs`` (graphs.py), when set, replays captured CUDA graphs for the
+    prefix of the global layers (head dim 512) under a position band with GEMMs and routes the
+    experts' rows with Triton copies (``OnePass.use``). ``graphs`` (graphs.py), when set, replays captured CUDA graphs for the
     shapes it holds. Not thread-safe: the backend serialises calls."""
 
     def __init__(
@@ -112,7 +112,11 @@ class DiffusionSlotReader:
             dtype = next(model.parameters()).dtype
             self.onepass.attend = pick_attend(self.device, dtype, dims)
             if fast_kernels if fast_kernels is not None else self.device.type == "cuda":
-                self.onepass.use(band=True, rows_moe=rows_moe_ready(self.device, dtype))
+                # the band read where the fused kernels are slow (head dims over cuDNN's Hopper
+                # kernels: the global layers); elsewhere cuDNN's flash kernel is the faster one
+                band = {kind for kind, c in zip(text_config.layer_types, text_config.per_layer_config,
+                                                strict=True) if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
+                self.onepass.use(band=band, rows_moe=rows_moe_ready(self.device, dtype))
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:

@@ -18,6 +18,7 @@ last ``window - 1`` prompt tokens (what the DynamicCache keeps) and the whole ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,7 +30,7 @@ from router.backends.torch.prefix_attention import (
     attend_math,
     band_softmax,
     fold_groups,
-    merge,
+    merge_heads_last,
     to_bias,
     unfold_groups,
 )
@@ -138,8 +139,9 @@ def slot_read(model: Any, softcap: float | None, hidden: Any, slots: Any, label_
 class OnePass:
     """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend``,
     ``band_softmax`` may be replaced by compiled or kernel versions (compiled.py); each computes what
-    its default does. ``band`` (off by default) reads the shared prefix with ``attend_band`` under a
-    position band instead of ``attend`` under a dense bias (the same visibility)."""
+    its default does. ``band`` (empty by default) names the layer kinds whose shared prefix is read
+    with ``attend_band`` under a position band instead of ``attend`` under a dense bias (the same
+    visibility)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -152,14 +154,14 @@ class OnePass:
         self.qkv: Any = qkv_half
         self.norm: Any = rms_norm
         self.attend: Attend = attend_math
-        self.merge: Any = merge
-        self.band = False
+        self.merge: Any = merge_heads_last
+        self.band: frozenset[str] = frozenset()
         self.band_softmax: Any = band_softmax
         self.rows_moe = False  # experts through moe.py's row-copy ops (ffn_half_rows)
 
-    def use(self, *, band: bool, rows_moe: bool) -> None:
-        """Turn the band prefix read and the row-copy experts on or off (eager pieces)."""
-        self.band, self.rows_moe = band, rows_moe
+    def use(self, *, band: Iterable[str], rows_moe: bool) -> None:
+        """Read the prefix of the ``band`` layer kinds by band; row-copy experts on or off."""
+        self.band, self.rows_moe = frozenset(band), rows_moe
         self.ffn = self.eager_ffn()
 
     def eager_ffn(self) -> Any:
@@ -188,7 +190,7 @@ class OnePass:
         enc_h = self.encoder.embed_tokens(batch.input_ids)
         dec_h = self.decoder.embed_tokens(batch.canvas)
         dec_h = self.decoder.self_conditioning(dec_h, torch.zeros_like(dec_h))
-        (n_items, width), (n_rows, canvas_len) = batch.input_ids.shape, batch.canvas.shape
+        (n_items, width), canvas_len = batch.input_ids.shape, batch.canvas.shape[1]
         device = enc_h.device
         start = prefix.length if prefix is not None else torch.zeros((), dtype=torch.long, device=device)
         steps = torch.arange(width, device=device)
@@ -210,12 +212,14 @@ class OnePass:
             rows_v = torch.cat([v_e.index_select(0, batch.row_item), v_d], dim=2)
             out_d, lse_d = self.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
             out_e, out_d = unfold_groups(out_e, n_heads), unfold_groups(out_d, n_heads)
-            if prefix is not None:
+            if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
+                out_e, out_d = out_e.transpose(1, 2).flatten(2), out_d.transpose(1, 2).flatten(2)
+            else:
                 out_e, out_d = self.with_prefix(prefix, index, kind, (q_e, q_d), (out_e, out_d),
                                                 (unfold_groups(lse_e, n_heads),
                                                  unfold_groups(lse_d, n_heads)), masks)
-            enc_attn = enc.self_attn.o_proj(out_e.transpose(1, 2).reshape(n_items, width, -1))
-            dec_attn = dec.self_attn.o_proj(out_d.transpose(1, 2).reshape(n_rows, canvas_len, -1))
+            enc_attn = enc.self_attn.o_proj(out_e)
+            dec_attn = dec.self_attn.o_proj(out_d)
             hidden = self.ffn(
                 enc,
                 torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, dec_h.shape[-1])]),
@@ -231,7 +235,8 @@ class OnePass:
                     outs: tuple[Any, Any], lses: tuple[Any, Any],
                     masks: dict[tuple[str, str], Any]) -> tuple[Any, Any]:
         """Both streams' attention outputs merged with their attention to the shared prefix: all
-        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once."""
+        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once.
+        Returned as (B, M, H*D), the output projection's input."""
         import torch
 
         (q_e, q_d), (out_e, out_d), (lse_e, lse_d) = queries, outs, lses
@@ -258,7 +263,7 @@ class OnePass:
     def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
               dtype: Any) -> dict[tuple[str, str], Any]:
         """Additive biases per (part, layer kind), built once per read from lengths on the device
-        (the prefix part's a ``Band`` when ``band`` is set)."""
+        (the prefix part's a ``Band`` for the kinds in ``band``)."""
         import torch
 
         device = batch.input_ids.device
@@ -290,7 +295,7 @@ class OnePass:
                 low = torch.cat([(start + query).repeat(batch.input_ids.shape[0]),
                                  (start + row_len)[:, None].expand(-1, canvas_len).reshape(-1)])
                 low = low - (self.window - 1)
-            if self.band:  # the same visibility as two vectors (prefix_attention.Band)
+            if kind in self.band:  # the same visibility as two vectors (prefix_attention.Band)
                 out[("prefix", kind)] = Band(key_pos, low.repeat(g) if sliding else None, start)
                 continue
             if sliding:

@@ -126,7 +126,7 @@ def fast_reader(model: Any) -> DiffusionSlotReader:
     torch versions: the CPU has no Triton), as CUDA runs it by default."""
     reader = DiffusionSlotReader(model, fast_kernels=False)
     assert reader.onepass is not None
-    reader.onepass.use(band=True, rows_moe=True)
+    reader.onepass.use(band=("sliding_attention", "full_attention"), rows_moe=True)
     return reader
 
 
