@@ -18,13 +18,15 @@ from typing import Any
 
 from bench.gpu_read import ROOT, build_model, make_items, profile, sync, time_reads
 from router.backends.torch.compiled import compile_pieces
-from router.backends.torch.diffusion import DiffusionSlotReader, rows_moe_ready
+from router.backends.torch.diffusion import DiffusionSlotReader, rows_moe_ready, triton_ready
 from router.backends.torch.graphs import KEY_ALIGN, GraphSet
 
 BOTH = ("sliding_attention", "full_attention")
-VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "dense+transformers_moe": ((), False), "rows_moe": ((), True),
-    "rows_moe+band_global": (("full_attention",), True), "rows_moe+band_all": (BOTH, True)}
+VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool]] = {  # band kinds, row-copy MoE, merge op
+    "dense+transformers_moe": ((), False, False), "rows_moe": ((), True, False),
+    "rows_moe+band_global": (("full_attention",), True, False),
+    "rows_moe+band_global+merge_op": (("full_attention",), True, True),
+    "rows_moe+band_all+merge_op": (BOTH, True, True)}
 
 
 def event_ms(fn: Any, iters: int) -> float:
@@ -108,16 +110,18 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
 
 
 def variant(args: argparse.Namespace, model: Any, device: Any, band: tuple[str, ...], rows: bool,
-            items: list[Any]) -> tuple[dict[str, Any], Any]:
+            merge_op: bool, items: list[Any]) -> tuple[dict[str, Any], Any]:
     import torch
 
     reader = DiffusionSlotReader(model, fast_kernels=False)
     assert reader.onepass is not None
     dtype = next(model.parameters()).dtype
-    reader.onepass.use(band=band, rows_moe=rows and rows_moe_ready(device, dtype))
+    reader.onepass.use(band=band, rows_moe=rows and rows_moe_ready(device, dtype),
+                       merge_op=merge_op and triton_ready(device))
     started = time.monotonic()
     compile_pieces(reader.onepass, backend="inductor" if device.type == "cuda" else "aot_eager")
     row: dict[str, Any] = {"band": sorted(reader.onepass.band), "rows_moe": reader.onepass.rows_moe,
+                           "merge_op": reader.onepass.merge_op,
                            "attention_kernels": getattr(reader.onepass.attend, "kernels", None)}
     if device.type == "cuda":
         reader.graphs = GraphSet(reader, batches=(1, args.batch), draws=(1,), widths=(args.width,),

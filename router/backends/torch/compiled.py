@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from router.backends.torch.fused import OnePass, qkv_half, rms_norm
-from router.backends.torch.prefix_attention import band_softmax, merge_heads_last
+from router.backends.torch.prefix_attention import band_softmax
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 
@@ -44,11 +44,12 @@ def compile_pieces(onepass: OnePass, *, backend: str = "inductor") -> None:
     onepass.norm = norm
     onepass.qkv = torch.compile(qkv_half, dynamic=True, backend=backend)
     onepass.ffn = torch.compile(onepass.eager_ffn(), dynamic=True, backend=backend)
-    onepass.merge = torch.compile(merge_heads_last, dynamic=True, backend=backend)  # one kernel
+    if not onepass.merge_op:  # (the op is a kernel already; compiling its call gains nothing)
+        onepass.merge = torch.compile(onepass.eager_merge(), dynamic=True, backend=backend)
     onepass.band_softmax = torch.compile(band_softmax, dynamic=True, backend=backend)
 
 
 def reset_pieces(onepass: OnePass) -> None:
     """Back to the eager functions (the fall-back when compiling fails)."""
-    onepass.norm, onepass.qkv, onepass.ffn, onepass.merge = rms_norm, qkv_half, onepass.eager_ffn(), merge_heads_last
+    onepass.norm, onepass.qkv, onepass.ffn, onepass.merge = rms_norm, qkv_half, onepass.eager_ffn(), onepass.eager_merge()
     onepass.band_softmax = band_softmax

@@ -19,14 +19,19 @@ from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache
 from router.backends.torch.prefix_attention import CUDNN_HOPPER_MAX_DIM, pick_attend
 
 
+def triton_ready(device: Any) -> bool:
+    """Whether ops.py's Triton kernels serve here (CUDA, Triton present and agreeing)."""
+    from router.backends.torch.ops import use_triton
+
+    return device.type == "cuda" and use_triton(device)
+
+
 def rows_moe_ready(device: Any, dtype: Any) -> bool:
     """Whether moe.py's row-copy experts pay here: on CUDA in bfloat16 (grouped GEMMs) with its
     Triton kernels working; elsewhere the compiled transformers experts are as good."""
     import torch
 
-    from router.backends.torch.moe import use_triton_rows
-
-    return device.type == "cuda" and dtype == torch.bfloat16 and use_triton_rows(device)
+    return dtype == torch.bfloat16 and triton_ready(device)
 from router.backends.torch.prefix_lru import PrefixLRU
 
 
@@ -116,7 +121,8 @@ class DiffusionSlotReader:
                 # kernels: the global layers); elsewhere cuDNN's flash kernel is the faster one
                 band = {kind for kind, c in zip(text_config.layer_types, text_config.per_layer_config,
                                                 strict=True) if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
-                self.onepass.use(band=band, rows_moe=rows_moe_ready(self.device, dtype))
+                self.onepass.use(band=band, rows_moe=rows_moe_ready(self.device, dtype),
+                                 merge_op=triton_ready(self.device))
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:

@@ -30,7 +30,8 @@ from router.backends.torch.prefix_attention import (
     attend_math,
     band_softmax,
     fold_groups,
-    merge_heads_last,
+    group_view,
+    merge_grouped,
     to_bias,
     unfold_groups,
 )
@@ -154,18 +155,25 @@ class OnePass:
         self.qkv: Any = qkv_half
         self.norm: Any = rms_norm
         self.attend: Attend = attend_math
-        self.merge: Any = merge_heads_last
+        self.merge: Any = merge_grouped
         self.band: frozenset[str] = frozenset()
         self.band_softmax: Any = band_softmax
         self.rows_moe = False  # experts through moe.py's row-copy ops (ffn_half_rows)
+        self.merge_op = False  # the merge as ops.merge_groups (a Triton kernel on CUDA)
 
-    def use(self, *, band: Iterable[str], rows_moe: bool) -> None:
-        """Read the prefix of the ``band`` layer kinds by band; row-copy experts on or off."""
-        self.band, self.rows_moe = frozenset(band), rows_moe
-        self.ffn = self.eager_ffn()
+    def use(self, *, band: Iterable[str], rows_moe: bool, merge_op: bool = False) -> None:
+        """Read the prefix of the ``band`` layer kinds by band; row-copy experts and the merge op
+        on or off (eager pieces)."""
+        self.band, self.rows_moe, self.merge_op = frozenset(band), rows_moe, merge_op
+        self.ffn, self.merge = self.eager_ffn(), self.eager_merge()
 
     def eager_ffn(self) -> Any:
         return ffn_half_rows if self.rows_moe else ffn_half
+
+    def eager_merge(self) -> Any:
+        from router.backends.torch.ops import merge_groups
+
+        return merge_groups if self.merge_op else merge_grouped
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -211,13 +219,12 @@ class OnePass:
             rows_k = torch.cat([k_e.index_select(0, batch.row_item), k_d], dim=2)
             rows_v = torch.cat([v_e.index_select(0, batch.row_item), v_d], dim=2)
             out_d, lse_d = self.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
-            out_e, out_d = unfold_groups(out_e, n_heads), unfold_groups(out_d, n_heads)
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
-                out_e, out_d = out_e.transpose(1, 2).flatten(2), out_d.transpose(1, 2).flatten(2)
+                out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
+                out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
             else:
                 out_e, out_d = self.with_prefix(prefix, index, kind, (q_e, q_d), (out_e, out_d),
-                                                (unfold_groups(lse_e, n_heads),
-                                                 unfold_groups(lse_d, n_heads)), masks)
+                                                (lse_e, lse_d), masks)
             enc_attn = enc.self_attn.o_proj(out_e)
             dec_attn = dec.self_attn.o_proj(out_d)
             hidden = self.ffn(
@@ -236,7 +243,8 @@ class OnePass:
                     masks: dict[tuple[str, str], Any]) -> tuple[Any, Any]:
         """Both streams' attention outputs merged with their attention to the shared prefix: all
         queries of the batch, laid out as one sequence, read the prefix (batch of one) at once.
-        Returned as (B, M, H*D), the output projection's input."""
+        ``outs``/``lses``: each stream's own-key attention in ``fold_groups``' layout. Returned as
+        (B, M, H*D), the output projection's input."""
         import torch
 
         (q_e, q_d), (out_e, out_d), (lse_e, lse_d) = queries, outs, lses
@@ -250,15 +258,13 @@ class OnePass:
                                        self.band_softmax)
         else:
             out_p, lse_p = self.attend(folded, prefix.keys[index], prefix.values[index], mask)
-        out_p, lse_p = unfold_groups(out_p, n_heads)[0], unfold_groups(lse_p, n_heads)[0]
-        n_enc = q_e.shape[0] * q_e.shape[2]
-
-        def back(x: Any, like: Any) -> Any:  # (H, B*M, ...) -> (B, H, M, ...)
-            return x.reshape(n_heads, like.shape[0], like.shape[2], *x.shape[2:]).transpose(0, 1)
-
-        out_e = self.merge(out_e, lse_e, back(out_p[:, :n_enc], q_e), back(lse_p[:, :n_enc], q_e))
-        out_d = self.merge(out_d, lse_d, back(out_p[:, n_enc:], q_d), back(lse_p[:, n_enc:], q_d))
-        return out_e, out_d
+        g, n_enc = n_heads // n_kv, q_e.shape[0] * q_e.shape[2]
+        merged = []
+        for out, lse, q, offset in ((out_e, lse_e, q_e, 0), (out_d, lse_d, q_d, n_enc)):
+            part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
+            merged.append(self.merge(group_view(out, g), group_view(lse, g),
+                                     group_view(out_p, g, **part), group_view(lse_p, g, **part)))
+        return merged[0], merged[1]
 
     def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
               dtype: Any) -> dict[tuple[str, str], Any]:

@@ -89,11 +89,29 @@ def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     return merged.to(out_a.dtype)
 
 
-def merge_heads_last(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
-    """``merge`` laid out as the output projection reads it: (B, M, H*D), not (B, H, M, D).
-    Why: compiled, the merge kernel writes this layout directly instead of a second copy kernel
-    transposing its output."""
-    return merge(out_a, lse_a, out_b, lse_b).transpose(1, 2).flatten(2)
+def merge_grouped(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
+    """``merge`` of grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``), laid out as the
+    output projection reads it: (B, M, Hk*G*D), query head j*G+g. Why this layout: the attention
+    kernels' outputs are read where they lie (no unfolding copies) and written once, in place for
+    the projection (ops.merge_groups runs it as one Triton kernel on CUDA)."""
+    merged = merge(out_a, lse_a, out_b, lse_b)
+    return merged.permute(0, 3, 1, 2, 4).reshape(merged.shape[0], merged.shape[3], -1)
+
+
+def group_view(x: Any, groups: int, *, items: int = 0, rows: int = 0, offset: int = 0) -> Any:
+    """A folded (B, Hk, G*R, ...) tensor (``fold_groups``' layout, an attention kernel's output or
+    log-sum-exp) as a (B, Hk, G, R, ...) view, no copy. With ``items``: x is a batch of one whose R
+    queries are ``items`` runs of ``rows`` laid end to end from ``offset`` (the prefix read's
+    queries), viewed as (items, Hk, G, rows, ...)."""
+    stride, per_group = x.stride(), x.shape[2] // groups
+    rest, rest_stride = tuple(x.shape[3:]), tuple(stride[3:])
+    if not items:
+        size = (x.shape[0], x.shape[1], groups, per_group)
+        steps = (stride[0], stride[1], per_group * stride[2], stride[2])
+        return x.as_strided(size + rest, steps + rest_stride, x.storage_offset())
+    size = (items, x.shape[1], groups, rows)
+    steps = (rows * stride[2], stride[1], per_group * stride[2], stride[2])
+    return x.as_strided(size + rest, steps + rest_stride, x.storage_offset() + offset * stride[2])
 
 
 def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:

@@ -122,11 +122,11 @@ def test_compiled_pieces_equal_the_eager_pieces(model: Any) -> None:
 
 
 def fast_reader(model: Any) -> DiffusionSlotReader:
-    """The reader with the prefix read under a position band and the row-copy experts (their
-    torch versions: the CPU has no Triton), as CUDA runs it by default."""
+    """The reader with the prefix read under a position band, the row-copy experts and the merge
+    op (their torch versions: the CPU has no Triton), as CUDA runs them."""
     reader = DiffusionSlotReader(model, fast_kernels=False)
     assert reader.onepass is not None
-    reader.onepass.use(band=("sliding_attention", "full_attention"), rows_moe=True)
+    reader.onepass.use(band=("sliding_attention", "full_attention"), rows_moe=True, merge_op=True)
     return reader
 
 
