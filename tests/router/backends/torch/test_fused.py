@@ -189,3 +189,25 @@ def test_row_copy_experts_equal_transformers_experts() -> None:
     with torch.inference_mode():
         torch.testing.assert_close(experts_forward(experts, hidden, index, weights),
                                    experts(hidden, index, weights), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_order_tries_cudnn_last_above_its_hopper_head_dims() -> None:
+    from router.backends.torch.prefix_attention import KERNELS, kernel_order
+
+    assert [name for name, _ in kernel_order(256, KERNELS)] == ["cudnn", "efficient"]
+    assert [name for name, _ in kernel_order(512, KERNELS)] == ["efficient", "cudnn"]
+
+
+def test_triton_ops_fall_back_to_torch_when_triton_is_missing() -> None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Triton is installed here")
+    from router.backends.torch import ops
+
+    assert not ops.use_triton(torch.device("cpu"))
+    assert not ops._TRITON and ops._REFUSED  # refused once, and why is kept (and logged)
+    rows = torch.arange(12.0).view(6, 2)
+    assert torch.equal(ops.moe_gather(rows, torch.tensor([5, 0, 3]), 2), rows[[2, 0, 1]])
