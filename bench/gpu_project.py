@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # HBM2e, 312 TFLOP/s dense bf16. Both run at a similar fraction of these in practice.
 H200 = {"bandwidth_tb_s": 4.8, "bf16_tflop_s": 989.0}
 A100 = {"bandwidth_tb_s": 2.039, "bf16_tflop_s": 312.0}
-MATRIX_KERNELS = ("gemm", "nvjet", "fmha", "attention")
+MATRIX_KERNELS = ("gemm", "nvjet", "fmha", "attention", "sdpa")
 
 
 def project(profile: dict[str, Any], *, compute_bound: bool) -> dict[str, float]:

@@ -173,7 +173,7 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
     out: dict[str, Any] = {"items": len(items), "draws": 2, "dtype": str(next(model.parameters()).dtype),
                            "layers": model.config.get_text_config().num_hidden_layers,
                            "max_proba": max(float(r.proba.max()) for r in want)}
-    reference = DiffusionSlotReader(model)
+    reference = DiffusionSlotReader(model, fast_kernels=False)  # dense-bias prefix read, torch MoE
     reference.onepass.attend = attend_math  # type: ignore[union-attr]
     readers: list[tuple[str, Any]] = [("onepass_eager", lambda: DiffusionSlotReader(model)),
                                       ("onepass_eager_math_attention", lambda: reference),

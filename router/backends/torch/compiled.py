@@ -1,8 +1,9 @@
 """Compiled pieces of the one-pass read (fused.py): RMSNorm as one kernel, the q/k/v half of
-attention, the log-sum-exp merge and the feed-forward half of a layer. Each is a torch.compile
+attention, the log-sum-exp merge, the band softmax of the prefix read and the feed-forward half of
+a layer. Each is a torch.compile
 of the eager function it replaces, set on one ``OnePass`` instance (transformers is not patched).
 
-Why these three: they hold no KV cache and take the layer as an argument, so one compiled graph
+Why these: they hold no KV cache and take the layer as an argument, so one compiled graph
 (dynamic shapes) serves every layer and every batch; compiling whole layers recompiles per layer.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.backends.torch.fused import OnePass, ffn_half, qkv_half, rms_norm
-from router.backends.torch.prefix_attention import merge
+from router.backends.torch.fused import OnePass, qkv_half, rms_norm
+from router.backends.torch.prefix_attention import band_softmax
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 
@@ -42,10 +43,13 @@ def compile_pieces(onepass: OnePass, *, backend: str = "inductor") -> None:
 
     onepass.norm = norm
     onepass.qkv = torch.compile(qkv_half, dynamic=True, backend=backend)
-    onepass.ffn = torch.compile(ffn_half, dynamic=True, backend=backend)
-    onepass.merge = torch.compile(merge, dynamic=True, backend=backend)  # one kernel, not eight
+    onepass.ffn = torch.compile(onepass.eager_ffn(), dynamic=True, backend=backend)
+    if not onepass.merge_op:  # (the op is a kernel already; compiling its call gains nothing)
+        onepass.merge = torch.compile(onepass.eager_merge(), dynamic=True, backend=backend)
+    onepass.band_softmax = torch.compile(band_softmax, dynamic=True, backend=backend)
 
 
 def reset_pieces(onepass: OnePass) -> None:
     """Back to the eager functions (the fall-back when compiling fails)."""
-    onepass.norm, onepass.qkv, onepass.ffn, onepass.merge = rms_norm, qkv_half, ffn_half, merge
+    onepass.norm, onepass.qkv, onepass.ffn, onepass.merge = rms_norm, qkv_half, onepass.eager_ffn(), onepass.eager_merge()
+    onepass.band_softmax = band_softmax

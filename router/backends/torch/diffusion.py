@@ -16,7 +16,22 @@ import numpy as np
 from router.backends.base import DRAW_SEED_STRIDE
 from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
-from router.backends.torch.prefix_attention import pick_attend
+from router.backends.torch.prefix_attention import CUDNN_HOPPER_MAX_DIM, pick_attend
+
+
+def triton_ready(device: Any) -> bool:
+    """Whether ops.py's Triton kernels serve here (CUDA, Triton present and agreeing)."""
+    from router.backends.torch.ops import use_triton
+
+    return device.type == "cuda" and use_triton(device)
+
+
+def rows_moe_ready(device: Any, dtype: Any) -> bool:
+    """Whether moe.py's row-copy experts pay here: on CUDA in bfloat16 (grouped GEMMs) with its
+    Triton kernels working; elsewhere the compiled transformers experts are as good."""
+    import torch
+
+    return dtype == torch.bfloat16 and triton_ready(device)
 from router.backends.torch.prefix_lru import PrefixLRU
 
 
@@ -72,12 +87,14 @@ class DiffusionSlotReader:
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
     caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
     the shared weights, attending to the shared prefix once (fused.py); without it (or with untied
-    weights) transformers' two-pass read runs. ``graphs`` (graphs.py), when set, replays captured
-    CUDA graphs for the shapes it holds. Not thread-safe: the backend serialises calls."""
+    weights) transformers' two-pass read runs. ``fast_kernels`` (default: on CUDA) reads the shared
+    prefix of the global layers (head dim 512) under a position band with GEMMs and routes the
+    experts' rows with Triton copies (``OnePass.use``). ``graphs`` (graphs.py), when set, replays captured CUDA graphs for the
+    shapes it holds. Not thread-safe: the backend serialises calls."""
 
     def __init__(
         self, model: Any, *, prefix_cache_entries: int = 8, use_prefix_cache: bool = True,
-        pad_id: int = 0, fused_pass: bool = True,
+        pad_id: int = 0, fused_pass: bool = True, fast_kernels: bool | None = None,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
@@ -97,7 +114,15 @@ class DiffusionSlotReader:
         if fused_pass and ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
             self.onepass = OnePass(model)
             dims = {int(c.head_dim) for c in text_config.per_layer_config}
-            self.onepass.attend = pick_attend(self.device, next(model.parameters()).dtype, dims)
+            dtype = next(model.parameters()).dtype
+            self.onepass.attend = pick_attend(self.device, dtype, dims)
+            if fast_kernels if fast_kernels is not None else self.device.type == "cuda":
+                # the band read where the fused kernels are slow (head dims over cuDNN's Hopper
+                # kernels: the global layers); elsewhere cuDNN's flash kernel is the faster one
+                band = {kind for kind, c in zip(text_config.layer_types, text_config.per_layer_config,
+                                                strict=True) if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
+                self.onepass.use(band=band, rows_moe=rows_moe_ready(self.device, dtype),
+                                 merge_op=triton_ready(self.device))
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:

@@ -18,14 +18,20 @@ last ``window - 1`` prompt tokens (what the DynamicCache keeps) and the whole ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from router.backends.torch.prefix_attention import (
     Attend,
+    Band,
+    attend_band,
     attend_math,
+    band_softmax,
     fold_groups,
-    merge,
+    group_view,
+    merge_grouped,
     to_bias,
     unfold_groups,
 )
@@ -61,12 +67,23 @@ class OnePassBatch:
 
 def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
     """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``."""
+    return _ffn(layer, attn_out, residual, layer.experts)
+
+
+def ffn_half_rows(layer: Any, attn_out: Any, residual: Any) -> Any:
+    """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py)."""
+    from router.backends.torch.moe import experts_forward
+
+    return _ffn(layer, attn_out, residual, partial(experts_forward, layer.experts))
+
+
+def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
     hidden = residual + layer.post_attention_layernorm(attn_out)
     residual = hidden
     dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
     flat = residual.reshape(-1, residual.shape[-1])
     _, top_k_weights, top_k_index = layer.router(flat)
-    experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
+    experts = experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
     experts = layer.post_feedforward_layernorm_2(experts.reshape(residual.shape))
     return residual + layer.post_feedforward_layernorm(dense + experts)
 
@@ -121,8 +138,11 @@ def slot_read(model: Any, softcap: float | None, hidden: Any, slots: Any, label_
 
 
 class OnePass:
-    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend`` may
-    be replaced by compiled or kernel versions (compiled.py); each computes what its default does."""
+    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend``,
+    ``band_softmax`` may be replaced by compiled or kernel versions (compiled.py); each computes what
+    its default does. ``band`` (empty by default) names the layer kinds whose shared prefix is read
+    with ``attend_band`` under a position band instead of ``attend`` under a dense bias (the same
+    visibility)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -135,7 +155,25 @@ class OnePass:
         self.qkv: Any = qkv_half
         self.norm: Any = rms_norm
         self.attend: Attend = attend_math
-        self.merge: Any = merge
+        self.merge: Any = merge_grouped
+        self.band: frozenset[str] = frozenset()
+        self.band_softmax: Any = band_softmax
+        self.rows_moe = False  # experts through moe.py's row-copy ops (ffn_half_rows)
+        self.merge_op = False  # the merge as ops.merge_groups (a Triton kernel on CUDA)
+
+    def use(self, *, band: Iterable[str], rows_moe: bool, merge_op: bool = False) -> None:
+        """Read the prefix of the ``band`` layer kinds by band; row-copy experts and the merge op
+        on or off (eager pieces)."""
+        self.band, self.rows_moe, self.merge_op = frozenset(band), rows_moe, merge_op
+        self.ffn, self.merge = self.eager_ffn(), self.eager_merge()
+
+    def eager_ffn(self) -> Any:
+        return ffn_half_rows if self.rows_moe else ffn_half
+
+    def eager_merge(self) -> Any:
+        from router.backends.torch.ops import merge_groups
+
+        return merge_groups if self.merge_op else merge_grouped
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -160,7 +198,7 @@ class OnePass:
         enc_h = self.encoder.embed_tokens(batch.input_ids)
         dec_h = self.decoder.embed_tokens(batch.canvas)
         dec_h = self.decoder.self_conditioning(dec_h, torch.zeros_like(dec_h))
-        (n_items, width), (n_rows, canvas_len) = batch.input_ids.shape, batch.canvas.shape
+        (n_items, width), canvas_len = batch.input_ids.shape, batch.canvas.shape[1]
         device = enc_h.device
         start = prefix.length if prefix is not None else torch.zeros((), dtype=torch.long, device=device)
         steps = torch.arange(width, device=device)
@@ -181,13 +219,14 @@ class OnePass:
             rows_k = torch.cat([k_e.index_select(0, batch.row_item), k_d], dim=2)
             rows_v = torch.cat([v_e.index_select(0, batch.row_item), v_d], dim=2)
             out_d, lse_d = self.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
-            out_e, out_d = unfold_groups(out_e, n_heads), unfold_groups(out_d, n_heads)
-            if prefix is not None:
+            if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
+                out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
+                out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
+            else:
                 out_e, out_d = self.with_prefix(prefix, index, kind, (q_e, q_d), (out_e, out_d),
-                                                (unfold_groups(lse_e, n_heads),
-                                                 unfold_groups(lse_d, n_heads)), masks)
-            enc_attn = enc.self_attn.o_proj(out_e.transpose(1, 2).reshape(n_items, width, -1))
-            dec_attn = dec.self_attn.o_proj(out_d.transpose(1, 2).reshape(n_rows, canvas_len, -1))
+                                                (lse_e, lse_d), masks)
+            enc_attn = enc.self_attn.o_proj(out_e)
+            dec_attn = dec.self_attn.o_proj(out_d)
             hidden = self.ffn(
                 enc,
                 torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, dec_h.shape[-1])]),
@@ -203,7 +242,9 @@ class OnePass:
                     outs: tuple[Any, Any], lses: tuple[Any, Any],
                     masks: dict[tuple[str, str], Any]) -> tuple[Any, Any]:
         """Both streams' attention outputs merged with their attention to the shared prefix: all
-        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once."""
+        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once.
+        ``outs``/``lses``: each stream's own-key attention in ``fold_groups``' layout. Returned as
+        (B, M, H*D), the output projection's input."""
         import torch
 
         (q_e, q_d), (out_e, out_d), (lse_e, lse_d) = queries, outs, lses
@@ -211,21 +252,24 @@ class OnePass:
         n_kv = prefix.keys[index].shape[1]
         flat = torch.cat([q_e.transpose(0, 1).reshape(n_heads, -1, dim),
                           q_d.transpose(0, 1).reshape(n_heads, -1, dim)], dim=1)
-        out_p, lse_p = self.attend(fold_groups(flat.unsqueeze(0), n_kv), prefix.keys[index],
-                                   prefix.values[index], masks[("prefix", kind)])
-        out_p, lse_p = unfold_groups(out_p, n_heads)[0], unfold_groups(lse_p, n_heads)[0]
-        n_enc = q_e.shape[0] * q_e.shape[2]
-
-        def back(x: Any, like: Any) -> Any:  # (H, B*M, ...) -> (B, H, M, ...)
-            return x.reshape(n_heads, like.shape[0], like.shape[2], *x.shape[2:]).transpose(0, 1)
-
-        out_e = self.merge(out_e, lse_e, back(out_p[:, :n_enc], q_e), back(lse_p[:, :n_enc], q_e))
-        out_d = self.merge(out_d, lse_d, back(out_p[:, n_enc:], q_d), back(lse_p[:, n_enc:], q_d))
-        return out_e, out_d
+        folded, mask = fold_groups(flat.unsqueeze(0), n_kv), masks[("prefix", kind)]
+        if isinstance(mask, Band):
+            out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
+                                       self.band_softmax)
+        else:
+            out_p, lse_p = self.attend(folded, prefix.keys[index], prefix.values[index], mask)
+        g, n_enc = n_heads // n_kv, q_e.shape[0] * q_e.shape[2]
+        merged = []
+        for out, lse, q, offset in ((out_e, lse_e, q_e, 0), (out_d, lse_d, q_d, n_enc)):
+            part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
+            merged.append(self.merge(group_view(out, g), group_view(lse, g),
+                                     group_view(out_p, g, **part), group_view(lse_p, g, **part)))
+        return merged[0], merged[1]
 
     def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
               dtype: Any) -> dict[tuple[str, str], Any]:
-        """Additive biases per (part, layer kind), built once per read from lengths on the device."""
+        """Additive biases per (part, layer kind), built once per read from lengths on the device
+        (the prefix part's a ``Band`` for the kinds in ``band``)."""
         import torch
 
         device = batch.input_ids.device
@@ -257,6 +301,10 @@ class OnePass:
                 low = torch.cat([(start + query).repeat(batch.input_ids.shape[0]),
                                  (start + row_len)[:, None].expand(-1, canvas_len).reshape(-1)])
                 low = low - (self.window - 1)
+            if kind in self.band:  # the same visibility as two vectors (prefix_attention.Band)
+                out[("prefix", kind)] = Band(key_pos, low.repeat(g) if sliding else None, start)
+                continue
+            if sliding:
                 visible = visible & (key_pos[None, :] >= low[:, None])
             else:
                 n_queries = batch.input_ids.numel() + batch.canvas.numel()

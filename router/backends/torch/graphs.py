@@ -21,6 +21,11 @@ from router.backends.torch.fused import FAR, OnePassBatch, PrefixKV
 
 log = logging.getLogger(__name__)
 
+# Key slots of the static prefix buffer come in multiples of this: a sliding layer keeps
+# window - 1 = 1,023 keys, and an odd key count puts GEMMs and attention kernels on their slow
+# unaligned paths (cuBLAS picked sm75 align-1 kernels for the band read at 1,023 keys).
+KEY_ALIGN = 16
+
 
 @dataclass
 class _Captured:
@@ -55,6 +60,7 @@ class GraphSet:
         keys, values, positions = [], [], {}
         for index, kind in enumerate(self.onepass.kinds()):
             cap = min(tokens, window - 1) if kind == "sliding_attention" and window > 0 else tokens
+            cap = -(-cap // KEY_ALIGN) * KEY_ALIGN  # slots past the prefix stay empty (FAR)
             layer = config.per_layer_config[index]
             shape = (1, int(layer.num_key_value_heads), cap, int(layer.head_dim))
             keys.append(torch.zeros(shape, dtype=dtype, device=device))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,31 @@ def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     return merged.to(out_a.dtype)
 
 
+def merge_grouped(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
+    """``merge`` of grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``), laid out as the
+    output projection reads it: (B, M, Hk*G*D), query head j*G+g. Why this layout: the attention
+    kernels' outputs are read where they lie (no unfolding copies) and written once, in place for
+    the projection (ops.merge_groups runs it as one Triton kernel on CUDA)."""
+    merged = merge(out_a, lse_a, out_b, lse_b)
+    return merged.permute(0, 3, 1, 2, 4).reshape(merged.shape[0], merged.shape[3], -1)
+
+
+def group_view(x: Any, groups: int, *, items: int = 0, rows: int = 0, offset: int = 0) -> Any:
+    """A folded (B, Hk, G*R, ...) tensor (``fold_groups``' layout, an attention kernel's output or
+    log-sum-exp) as a (B, Hk, G, R, ...) view, no copy. With ``items``: x is a batch of one whose R
+    queries are ``items`` runs of ``rows`` laid end to end from ``offset`` (the prefix read's
+    queries), viewed as (items, Hk, G, rows, ...)."""
+    stride, per_group = x.stride(), x.shape[2] // groups
+    rest, rest_stride = tuple(x.shape[3:]), tuple(stride[3:])
+    if not items:
+        size = (x.shape[0], x.shape[1], groups, per_group)
+        steps = (stride[0], stride[1], per_group * stride[2], stride[2])
+        return x.as_strided(size + rest, steps + rest_stride, x.storage_offset())
+    size = (items, x.shape[1], groups, rows)
+    steps = (rows * stride[2], stride[1], per_group * stride[2], stride[2])
+    return x.as_strided(size + rest, steps + rest_stride, x.storage_offset() + offset * stride[2])
+
+
 def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     """cuDNN's attention (CUDA; Hopper kernels for head dims up to 256), with the log-sum-exp.
     Why: PyTorch's memory-efficient kernel is an sm80 kernel that keeps its accumulator in global
@@ -100,7 +126,70 @@ def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     return out, lse.reshape(lse.shape[0], lse.shape[1], -1)[..., : q.shape[2]].float()
 
 
+@dataclass
+class Band:
+    """Which of a batch-of-one key set (the shared prefix) each folded query sees: key n is visible
+    to query i iff ``low[i] <= key_pos[n] < high`` (no lower bound when ``low`` is None). Why not a
+    dense bias: for the prefix part the bias is (G*M, N), up to ~0.2 GB a layer at a batch of 32,
+    read by every key head; a band is two small vectors the softmax reads instead."""
+
+    key_pos: Any  # (N,) long: each key's token position (FAR for an empty slot)
+    low: Any | None  # (G*M,) long: each folded query's lowest visible position
+    high: Any  # 0-d long: the first position not visible (the prefix's length)
+
+
+def band_softmax(scores: Any, key_pos: Any, low: Any | None, high: Any, dtype: Any) -> tuple[Any, Any]:
+    """Softmax over the last axis of float32 ``scores`` (Hk, G*M, N) restricted to the band;
+    returns (probabilities in ``dtype``, float32 log-sum-exp (Hk, G*M)). Masked scores get MASKED, as the
+    dense bias gives them, so a query that sees nothing has weight 0 in the merge."""
+    import torch
+
+    visible = (key_pos < high)[None, None, :]
+    if low is not None:
+        visible = visible & (key_pos[None, None, :] >= low[None, :, None])
+    scores = torch.where(visible, scores, MASKED)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.exp(scores - lse[..., None]).to(dtype), lse
+
+
+def scores_f32(q: Any, k: Any) -> Any:
+    """q (Hk, M, D) @ k (Hk, N, D)^T in float32. On CUDA a bf16/fp16 GEMM writes float32 directly
+    (``out_dtype``); elsewhere, or where that op is missing, the inputs are upcast first."""
+    import torch
+
+    if q.is_cuda and q.dtype != torch.float32:
+        try:
+            return torch.bmm(q, k.transpose(-1, -2), out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            pass
+    return torch.bmm(q.float(), k.float().transpose(-1, -2))
+
+
+def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax) -> tuple[Any, Any]:
+    """Attention of folded queries q (1, Hk, G*M, D) to a batch of one's keys/values (1, Hk, N, D)
+    under ``band``, as two batched GEMMs around ``softmax`` (compiled on CUDA into one kernel).
+    Why GEMMs, not a fused attention kernel: at head dims 256 and 512 PyTorch's fused kernels run
+    far below the chip's matrix rate; cuBLAS runs these two GEMMs near it, and the softmax costs
+    one pass over the (Hk, G*M, N) scores. Returns (out (1, Hk, G*M, D) in q's dtype, lse float32)."""
+    import torch
+
+    proba, lse = softmax(scores_f32(q[0], k[0]), band.key_pos, band.low, band.high, v.dtype)
+    out = torch.bmm(proba, v[0])
+    return out.unsqueeze(0).to(q.dtype), lse.unsqueeze(0)
+
+
 KERNELS: tuple[tuple[str, Attend], ...] = (("cudnn", attend_cudnn), ("efficient", attend_efficient))
+# cuDNN's Hopper (wgmma) attention kernels stop at this head dim; above it cuDNN runs an sm80
+# kernel that measured slower than PyTorch's memory-efficient one on an H200 (5.3 vs 3.3 ms for
+# the global layers' prefix read at a batch of 32), so that one is tried first there.
+CUDNN_HOPPER_MAX_DIM = 256
+
+
+def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tuple[str, Attend], ...]:
+    """``kernels`` in the order ``pick_attend`` tries them at head dim ``dim``."""
+    if dim <= CUDNN_HOPPER_MAX_DIM:
+        return kernels
+    return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
 
 
 def pick_attend(device: Any, dtype: Any, head_dims: set[int],
@@ -113,7 +202,7 @@ def pick_attend(device: Any, dtype: Any, head_dims: set[int],
     chosen: dict[int, tuple[str, Attend]] = {}
     for dim in sorted(head_dims):
         chosen[dim] = ("math", attend_math)
-        for name, kernel in kernels:
+        for name, kernel in kernel_order(dim, kernels):
             problem = _agreement(kernel, dim, device, dtype)
             if problem is None:
                 chosen[dim] = (name, kernel)

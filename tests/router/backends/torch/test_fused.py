@@ -119,3 +119,95 @@ def test_compiled_pieces_equal_the_eager_pieces(model: Any) -> None:
         assert_same_reads(reader.read(ITEMS), want)
     finally:
         reset_pieces(reader.onepass)
+
+
+def fast_reader(model: Any) -> DiffusionSlotReader:
+    """The reader with the prefix read under a position band, the row-copy experts and the merge
+    op (their torch versions: the CPU has no Triton), as CUDA runs them."""
+    reader = DiffusionSlotReader(model, fast_kernels=False)
+    assert reader.onepass is not None
+    reader.onepass.use(band=("sliding_attention", "full_attention"), rows_moe=True, merge_op=True)
+    return reader
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_band_prefix_and_row_experts_equal_the_two_pass_reads(model: Any, cached: bool) -> None:
+    want = [DiffusionSlotReader(model, use_prefix_cache=cached, fused_pass=False).read([it])[0]
+            for it in ITEMS]
+    reader = fast_reader(model)
+    reader.use_prefix_cache = cached
+    assert_same_reads(reader.read(ITEMS), want)
+
+
+def test_band_and_row_experts_compiled_and_bucketed_equal_the_eager_read(model: Any) -> None:
+    from router.backends.torch.compiled import compile_pieces, reset_pieces
+
+    want = DiffusionSlotReader(model, fast_kernels=False).read(ITEMS)
+    reader = fast_reader(model)
+    reader.graphs = graph_set(reader)
+    compile_pieces(reader.onepass, backend="aot_eager")  # type: ignore[arg-type]
+    try:
+        assert_same_reads(reader.read(ITEMS), want)
+    finally:
+        reset_pieces(reader.onepass)  # type: ignore[arg-type]
+    assert reader.onepass is not None and reader.onepass.ffn is not None
+
+
+def test_band_attention_equals_the_dense_bias_attention() -> None:
+    from router.backends.torch.prefix_attention import Band, attend_band
+
+    gen = torch.Generator().manual_seed(1)
+    kv_heads, groups, m, n, dim = 2, 3, 7, 9, 8
+    q = torch.randn((1, kv_heads, groups * m, dim), generator=gen)
+    k, v = (torch.randn((1, kv_heads, n, dim), generator=gen) for _ in range(2))
+    key_pos = torch.tensor([3, 4, 5, 6, 7, 8, 9, 1 << 40, 1 << 40])  # two empty slots
+    low = torch.tensor([0, 4, 5, 6, 20, 9, 2])  # query 4 sees nothing
+    high = torch.tensor(10)
+    for bound in (low, None):
+        visible = key_pos[None, :] < high
+        if bound is not None:
+            visible = visible & (key_pos[None, :] >= bound[:, None])
+        visible = visible.expand(m, n)
+        want_out, want_lse = attend_math(q, k, v, to_bias(visible[None], groups, q.dtype))
+        band = Band(key_pos, bound.repeat(groups) if bound is not None else None, high)
+        got_out, got_lse = attend_band(q, k, v, band)
+        torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5)
+        seen = visible.any(-1).repeat(groups)  # a query that sees nothing: lse only "tiny"
+        torch.testing.assert_close(got_lse[0][:, seen], want_lse[0][:, seen])
+        assert bool((got_lse[0][:, ~seen] < -1e29).all())
+
+
+def test_row_copy_experts_equal_transformers_experts() -> None:
+    from router.backends.torch.moe import experts_forward
+
+    model = tiny_model(window=64)
+    experts = model.model.encoder.language_model.layers[0].experts
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn((11, experts.hidden_dim), generator=gen)
+    index = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(11)])
+    weights = torch.rand((11, 2), generator=gen)
+    with torch.inference_mode():
+        torch.testing.assert_close(experts_forward(experts, hidden, index, weights),
+                                   experts(hidden, index, weights), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_order_tries_cudnn_last_above_its_hopper_head_dims() -> None:
+    from router.backends.torch.prefix_attention import KERNELS, kernel_order
+
+    assert [name for name, _ in kernel_order(256, KERNELS)] == ["cudnn", "efficient"]
+    assert [name for name, _ in kernel_order(512, KERNELS)] == ["efficient", "cudnn"]
+
+
+def test_triton_ops_fall_back_to_torch_when_triton_is_missing() -> None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Triton is installed here")
+    from router.backends.torch import ops
+
+    assert not ops.use_triton(torch.device("cpu"))
+    assert not ops._TRITON and ops._REFUSED  # refused once, and why is kept (and logged)
+    rows = torch.arange(12.0).view(6, 2)
+    assert torch.equal(ops.moe_gather(rows, torch.tensor([5, 0, 3]), 2), rows[[2, 0, 1]])

@@ -1,0 +1,114 @@
+"""Custom ops of the one-pass read, each a torch reference (every device, the CPU tests) that
+``use_triton(device)`` swaps for a Triton kernel (triton_kernels.py) on CUDA once they agree.
+
+Why ops of their own: the compiler treats them as opaque calls, so it neither fuses them into
+slower kernels (the MoE row copies) nor needs copies to reach their inputs' layouts (the merge
+reads strided views). Each op's torch body is the arithmetic its kernel must reproduce.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_TRITON: dict[str, Any] = {}  # op name -> its CUDA implementation, once installed
+_REFUSED: list[str] = []  # why the Triton kernels were not installed (checked once)
+
+
+@torch.library.custom_op("slotgate::moe_gather", mutates_args=())
+def moe_gather(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """(S, H): row i is ``rows[order[i] // top_k]`` (the token of sorted pair i)."""
+    impl = _TRITON.get("gather") if rows.is_cuda else None
+    if impl is not None:
+        return impl(rows, order, top_k)  # type: ignore[no-any-return]
+    return rows.index_select(0, order // top_k)
+
+
+@moe_gather.register_fake
+def _(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    return rows.new_empty((order.shape[0], rows.shape[1]))
+
+
+@torch.library.custom_op("slotgate::moe_combine", mutates_args=())
+def moe_combine(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(T, H): token t's ``sum_k weights[t, k] * out_rows[place[t, k]]``, summed in float32 and
+    rounded once to ``out_rows``' dtype (``place``: where pair (t, k) sits in sorted order)."""
+    impl = _TRITON.get("combine") if out_rows.is_cuda else None
+    if impl is not None:
+        return impl(out_rows, place, weights)  # type: ignore[no-any-return]
+    picked = out_rows.index_select(0, place.reshape(-1)).view(*place.shape, -1)
+    return (picked.float() * weights.float()[..., None]).sum(dim=1).to(out_rows.dtype)
+
+
+@moe_combine.register_fake
+def _(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return out_rows.new_empty((place.shape[0], out_rows.shape[1]))
+
+
+@torch.library.custom_op("slotgate::merge_groups", mutates_args=())
+def merge_groups(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                 lse_b: torch.Tensor) -> torch.Tensor:
+    """Two attention parts of the same queries merged by their log-sum-exps (prefix_attention's
+    ``merge``), from grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``) to the output
+    projection's layout (B, M, Hk*G*D), query head j*G+g. Float32 arithmetic, rounded once."""
+    from router.backends.torch.prefix_attention import merge_grouped
+
+    dim = out_a.shape[-1]
+    impl = _TRITON.get("merge") if out_a.is_cuda else None
+    if impl is not None and out_a.stride(-1) == out_b.stride(-1) == 1 and dim & (dim - 1) == 0:
+        return impl(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
+    return merge_grouped(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
+
+
+@merge_groups.register_fake
+def _(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    b, h_kv, g, m, d = out_a.shape
+    return out_a.new_empty((b, m, h_kv * g * d))
+
+
+def use_triton(device: Any) -> bool:
+    """Install the Triton kernels for CUDA tensors once each agrees with its torch reference on
+    random inputs of ``device``; False (logged) when Triton is missing, fails or disagrees."""
+    if _TRITON or _REFUSED:
+        return bool(_TRITON)
+    try:
+        from router.backends.torch import triton_kernels as kernels
+
+        problem = _disagreement(kernels, device)
+    # a missing Triton, a failed build or launch: the torch ops serve, and the log says why
+    except Exception as exc:  # noqa: BLE001
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        log.warning("torch read: Triton kernels not used, their ops run as torch ops: %s", problem)
+        _REFUSED.append(problem)
+        return False
+    _TRITON.update(gather=kernels.gather_rows, combine=kernels.combine_rows, merge=kernels.merge_groups)
+    log.info("torch read: MoE row copies and the attention merge run as Triton kernels")
+    return True
+
+
+def _disagreement(kernels: Any, device: Any) -> str:
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = torch.randn((40, 2100), generator=gen, device=device, dtype=torch.bfloat16)
+    order = torch.randperm(80, generator=gen, device=device)
+    weights = torch.rand((40, 2), generator=gen, device=device)
+    if not torch.equal(kernels.gather_rows(rows, order, 2), moe_gather(rows, order, 2)):
+        return "MoE gather differs"
+    place = order.view(40, 2) % 40
+    if not torch.allclose(kernels.combine_rows(rows, place, weights).float(),
+                          moe_combine(rows, place, weights).float(), rtol=1e-2, atol=1e-2):
+        return "MoE combine differs"
+    # strided inputs, as the merge gets them: (B, Hk, G, M, D) views of transposed storage
+    out_a, out_b = (torch.randn((3, 5, 2, 2, 256), generator=gen, device=device, dtype=torch.bfloat16)
+                    .permute(0, 2, 3, 1, 4) for _ in range(2))
+    lse_a, lse_b = (torch.randn((5, 3, 2, 2), generator=gen, device=device).permute(1, 2, 3, 0)
+                    for _ in range(2))
+    want = merge_groups(out_a, lse_a, out_b, lse_b)
+    got = kernels.merge_groups(out_a, lse_a, out_b, lse_b)
+    if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
+        return "attention merge differs"
+    return ""
