@@ -191,14 +191,14 @@ class SystemOneBackend(FastBackend):
         requests = [q.request for q in questions]
         ids = wire_ids(requests)
         wire = dict(zip((r.question_id for r in requests), ids))
-        kinds = {r.question_id: r for r in requests}
+        by_id = {r.question_id: r for r in requests}
         body = self.build_body(requests, ids)
         for question, qid in zip(questions, ids):
             if question.depends_on:
                 body["questions"][qid]["depends_on"] = [wire[d] for d in question.depends_on]
             if question.ask_if:
                 body["questions"][qid]["ask_if"] = {
-                    wire[dep]: [_server_answer_name(kinds[dep], name) for name in wanted]
+                    wire[dep]: [_server_answer_name(by_id[dep], name) for name in wanted]
                     for dep, wanted in question.ask_if}
         payload = await self._poster.post("/v1/systemone", body)
         answers = payload.get("answers")
