@@ -68,9 +68,11 @@ def standin(banking77_dir: Path) -> Iterator[SystemOneStandin]:
 
 async def slotgate(standin: SystemOneStandin, slow: ScriptedSlow, *, threshold: float = 0.0,
                    options: SystemOneOptions | None = None, shadow: bool = False,
-                   log: MemoryLog | None = None) -> AsyncIterator[httpx.AsyncClient]:
+                   log: MemoryLog | None = None,
+                   redis_url: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings.model_validate(
-        {"policy": {"fallback_threshold": threshold, "shadow": shadow}})
+        {"policy": {"fallback_threshold": threshold, "shadow": shadow},
+         "cache": {"redis_url": redis_url}})
     app = create_app(settings, backend=SystemOneBackend(standin.url, options), slow=slow,
                      decision_log=log or MemoryLog(), close_backend=True)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
@@ -258,3 +260,21 @@ async def test_a_staged_body_the_server_refuses_is_the_callers_422(
             assert response.status_code == 422, response.text
             assert "answer template is" in response.json()["error"]["message"]
     assert slow.asked == [] and standin.stats.requests == 2
+
+
+async def test_a_question_the_server_skipped_is_cached_as_skipped_in_redis(
+    standin: SystemOneStandin, redis_url: str
+) -> None:
+    """Through Redis (two app instances, as two replicas): the server skips chase (intent is not
+    what it asks for); the same body again, on the other replica, makes no upstream call."""
+    payload = json.loads(json.dumps(STAGED))
+    payload["questions"]["chase"]["ask_if"] = {"intent": ["pin_blocked"]}
+    bodies = []
+    for _ in range(2):
+        async for client in slotgate(standin, ScriptedSlow(), redis_url=redis_url):
+            bodies.append(await ask(client, payload))
+    assert standin.stats.requests == 1
+    first, second = bodies
+    assert first["answers"]["chase"] is None and second["answers"]["chase"] is None
+    assert second["diagnostics"]["skipped"]["chase"]["because"] == "intent"
+    assert {a["route"] for a in second["answers"].values() if a} == {"cache"}
