@@ -142,6 +142,46 @@ def test_backend_coalesces_concurrent_reads_and_matches_reads_alone(parts: tuple
         np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
 
 
+def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[Any, Any]) -> None:
+    from router.backends.torch.prompt import encode, encode_many
+
+    shared = backend(parts, coalesce_window_ms=50)
+    many = requests(8)
+    many.append(type(many[0])("q", "Which intent?", many[0].options, "", seed=99))  # empty state
+    tokenizer = shared.tokenizer
+    assert encode_many(tokenizer, [r.state for r in many]) == [encode(tokenizer, r.state) for r in many]
+    one_by_one = [shared.items([shared.pending(r)])[0] for r in many]
+    assert shared.items([shared.pending(r) for r in many]) == one_by_one
+    assert one_by_one[0] == shared.item(many[0])
+    seen: list[list[Any]] = []
+    real_read = shared.reader.read
+
+    def read(items: list[Any]) -> list[Any]:
+        seen.append(list(items))
+        return real_read(items)  # type: ignore[no-any-return]
+
+    shared.reader.read = read
+    calls = 0
+    real_call = type(tokenizer).__call__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real_call(self, *args, **kwargs)
+
+    async def concurrently() -> list[Any]:
+        return await asyncio.gather(*(shared.read([r]) for r in many))
+
+    type(tokenizer).__call__ = counting
+    try:
+        asyncio.run(concurrently())
+    finally:
+        type(tokenizer).__call__ = real_call
+    assert sorted((it for batch in seen for it in batch), key=lambda it: it.seed) == \
+        sorted(one_by_one, key=lambda it: it.seed)
+    assert calls == len(seen) < len(many)  # one batched tokenizer call per batch
+
+
 def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
     from router.errors import BackendMalformed
 
@@ -153,7 +193,7 @@ def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, 
             raise ValueError("prompt too long for this reader")
         return real_read(items)  # type: ignore[no-any-return]
 
-    shared._coalescer.run_batch = read
+    shared.reader.read = read
     many = requests(4)
     many[2] = type(many[2])("q", "Which intent?", many[2].options, "word " * 60, seed=2)
 
