@@ -13,10 +13,18 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.types import DecisionRequest, Option
+from router.backends.torch import backend as backend_module
 from router.backends.torch.backend import TorchBackend
 from router.backends.torch.diffusion import DiffusionSlotReader
+from router.backends.torch.prompt import encode
+from router.backends.torch.prompt import encode_many as shipped_encode_many
 
 WORDS = ["card", "account", "money", "transfer", "refund", "payment", "my", "the", "a", "is", "not", "arrived", "yesterday", "please", "why", "still", "charged", "twice", "fee", "exchange", "rate", "top", "up", "pending", "cash", "machine", "declined", "lost", "stolen", "pin", "blocked", "verify", "identity", "app", "country", "limit", "balance", "wrong", "amount", "cancel"]
+
+
+def one_by_one(tokenizer: Any, texts: list[str]) -> list[tuple[int, ...]]:
+    """The states tokenized one at a time (before batched tokenizing): the on/off comparison."""
+    return [encode(tokenizer, text) for text in texts]
 
 
 def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[[int, int], DecisionRequest]:
@@ -96,14 +104,35 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
         return [[make(base + c * rounds + j, 1) for j in range(rounds)] for c in range(32)]
 
     await asyncio.gather(*(caller(r) for r in plan(1, 20_000)))  # warm the batched shapes
-    timed = plan(args.rounds, 30_000)
-    before = backend._coalescer.batches
-    t0 = time.perf_counter()
-    await asyncio.gather(*(caller(r) for r in timed))
-    wall = time.perf_counter() - t0
-    batches = backend._coalescer.batches - before
-    out["concurrent32_reads_per_s"] = 32 * args.rounds / wall
-    out["concurrent32_mean_batch"] = 32 * args.rounds / batches
-    out["concurrent32_reads"] = 32 * args.rounds
+    reader_read, read_ms = backend.reader.read, [0.0]
+
+    def timed_read(items: list[Any]) -> Any:  # the reader's share of each batch (no tokenizing)
+        t = time.perf_counter()
+        try:
+            return reader_read(items)
+        finally:
+            read_ms[0] += (time.perf_counter() - t) * 1000
+
+    backend.reader.read = timed_read
+    # the states tokenized in one batched call per batch (shipped), then one by one, as before
+    for suffix, encode_many in (("", None), ("_states_one_by_one", one_by_one)):
+        if encode_many is not None:
+            backend_module.encode_many = encode_many
+        try:
+            timed = plan(args.rounds, 30_000 if not suffix else 60_000)
+            before, read_ms[0] = backend._coalescer.batches, 0.0
+            t0 = time.perf_counter()
+            await asyncio.gather(*(caller(r) for r in timed))
+            wall = time.perf_counter() - t0
+        finally:
+            backend_module.encode_many = shipped_encode_many
+        batches = backend._coalescer.batches - before
+        out[f"concurrent32{suffix}_reads_per_s"] = 32 * args.rounds / wall
+        out[f"concurrent32{suffix}_mean_batch"] = 32 * args.rounds / batches
+        out[f"concurrent32{suffix}_batch_ms"] = wall * 1000 / batches
+        out[f"concurrent32{suffix}_reader_ms_per_batch"] = read_ms[0] / batches
+        if not suffix:
+            out["concurrent32_reads"] = 32 * args.rounds
+    backend.reader.read = reader_read
     await backend.aclose()
     return out

@@ -88,6 +88,30 @@ def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
     return residual + layer.post_feedforward_layernorm(dense + experts)
 
 
+def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any],
+             scalars: tuple[Any, Any]) -> tuple[Any, Any]:
+    """One layer's feed-forward half over both streams: their attention outputs and residuals
+    (encoder (B, S, E), decoder (R, C, E)) laid end to end as rows, ``ffn`` run once, and each
+    stream's part scaled by its layer's ``layer_scalar``. Compiled whole (compiled.py), the two
+    concatenations fuse into the first norm's kernel and the scalings into the last add."""
+    import torch
+
+    (enc_attn, dec_attn), (enc_h, dec_h) = attn, hidden
+    n_enc, width = enc_h.shape[0] * enc_h.shape[1], enc_h.shape[-1]
+    out = ffn(layer, torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, width)]),
+              torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, width)]))
+    return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
+
+
+def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any, Any]:
+    """Each canvas row's own keys/values: its item's prompt-rest keys then its canvas keys
+    (R, H_kv, S + C, D). Compiled (compiled.py), each is one copy kernel."""
+    import torch
+
+    return (torch.cat([k_e.index_select(0, row_item), k_d], dim=2),
+            torch.cat([v_e.index_select(0, row_item), v_d], dim=2))
+
+
 def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
     """An attention module's queries (B, H, M, D) and keys/values (B, H_kv, M, D), normed and
     rotated exactly as transformers' DiffusionGemma attention does before its cache update."""
@@ -152,6 +176,8 @@ class OnePass:
         self.window = int(self.config.sliding_window or 0)
         self.softcap = self.config.final_logit_softcapping
         self.ffn: Any = ffn_half
+        self.ffn_step: Any = None  # when set: ffn_step (with self.ffn) as one compiled piece
+        self.rows_kv: Any = rows_kv
         self.qkv: Any = qkv_half
         self.norm: Any = rms_norm
         self.attend: Attend = attend_math
@@ -209,15 +235,13 @@ class OnePass:
         enc_pe = {t: self.encoder.rotary_emb(enc_h, enc_pos, t) for t in set(types)}
         dec_pe = {t: self.decoder.rotary_emb(dec_h, dec_pos, t) for t in set(types)}
         masks = self.masks(prefix, batch, start, row_len, enc_h.dtype)
-        n_enc = n_items * width
         for index, (enc, dec) in enumerate(zip(self.encoder.layers, self.decoder.layers, strict=True)):
             kind = types[index]
             q_e, k_e, v_e = self.qkv(enc.self_attn, self.norm(enc.input_layernorm, enc_h), *enc_pe[kind])
             q_d, k_d, v_d = self.qkv(dec.self_attn, self.norm(dec.input_layernorm, dec_h), *dec_pe[kind])
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
             out_e, lse_e = self.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
-            rows_k = torch.cat([k_e.index_select(0, batch.row_item), k_d], dim=2)
-            rows_v = torch.cat([v_e.index_select(0, batch.row_item), v_d], dim=2)
+            rows_k, rows_v = self.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
             out_d, lse_d = self.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
@@ -225,15 +249,12 @@ class OnePass:
             else:
                 out_e, out_d = self.with_prefix(prefix, index, kind, (q_e, q_d), (out_e, out_d),
                                                 (lse_e, lse_d), masks)
-            enc_attn = enc.self_attn.o_proj(out_e)
-            dec_attn = dec.self_attn.o_proj(out_d)
-            hidden = self.ffn(
-                enc,
-                torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, dec_h.shape[-1])]),
-                torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, dec_h.shape[-1])]),
-            )
-            enc_h = hidden[:n_enc].reshape(enc_h.shape) * enc.layer_scalar
-            dec_h = hidden[n_enc:].reshape(dec_h.shape) * dec.layer_scalar
+            attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
+            scalars = (enc.layer_scalar, dec.layer_scalar)
+            if self.ffn_step is not None:
+                enc_h, dec_h = self.ffn_step(enc, attn, (enc_h, dec_h), scalars)
+            else:
+                enc_h, dec_h = ffn_step(self.ffn, enc, attn, (enc_h, dec_h), scalars)
         hidden = self.decoder.norm(dec_h)
         return slot_read(self.model, self.softcap, hidden, batch.slots, batch.label_index,
                          batch.label_valid)

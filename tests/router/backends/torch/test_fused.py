@@ -121,6 +121,50 @@ def test_compiled_pieces_equal_the_eager_pieces(model: Any) -> None:
         reset_pieces(reader.onepass)
 
 
+@pytest.mark.parametrize("fuse_cats", [True, False])
+def test_compiled_pieces_with_and_without_fused_cats_equal_the_eager_read(model: Any,
+                                                                          fuse_cats: bool) -> None:
+    from router.backends.torch import fused
+    from router.backends.torch.compiled import compile_pieces, reset_pieces
+
+    want = fast_reader(model).read(ITEMS)  # eager: concatenations outside the pieces
+    reader = fast_reader(model)
+    assert reader.onepass is not None
+    compile_pieces(reader.onepass, backend="aot_eager", fuse_cats=fuse_cats)
+    assert (reader.onepass.ffn_step is not None) is fuse_cats
+    assert (reader.onepass.rows_kv is not fused.rows_kv) is fuse_cats
+    try:
+        assert_same_reads(reader.read(ITEMS), want)
+    finally:
+        reset_pieces(reader.onepass)
+    assert reader.onepass.ffn_step is None and reader.onepass.rows_kv is fused.rows_kv
+    assert_same_reads(reader.read(ITEMS), want)
+
+
+def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
+    from router.backends.torch.fused import ffn_step, rows_kv
+
+    gen = torch.Generator().manual_seed(3)
+    enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
+    dec_attn, dec_h = torch.randn(3, 6, 4, generator=gen), torch.randn(3, 6, 4, generator=gen)
+
+    def ffn(layer: Any, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return attn * 2 + residual * layer
+
+    enc_out, dec_out = ffn_step(ffn, 0.5, (enc_attn, dec_attn), (enc_h, dec_h),
+                                (torch.tensor([3.0]), torch.tensor([5.0])))
+    torch.testing.assert_close(enc_out, (enc_attn * 2 + enc_h * 0.5) * 3, rtol=0, atol=0)
+    torch.testing.assert_close(dec_out, (dec_attn * 2 + dec_h * 0.5) * 5, rtol=0, atol=0)
+    k_e, v_e = torch.randn(2, 1, 5, 4, generator=gen), torch.randn(2, 1, 5, 4, generator=gen)
+    k_d, v_d = torch.randn(3, 1, 6, 4, generator=gen), torch.randn(3, 1, 6, 4, generator=gen)
+    rows = torch.tensor([0, 0, 1])
+    k, v = rows_kv(k_e, v_e, k_d, v_d, rows)
+    assert k.shape == (3, 1, 11, 4)
+    for r, owner in enumerate(rows.tolist()):
+        assert torch.equal(k[r, :, :5], k_e[owner]) and torch.equal(k[r, :, 5:], k_d[r])
+        assert torch.equal(v[r, :, :5], v_e[owner]) and torch.equal(v[r, :, 5:], v_d[r])
+
+
 def fast_reader(model: Any) -> DiffusionSlotReader:
     """The reader with the prefix read under a position band, the row-copy experts and the merge
     op (their torch versions: the CPU has no Triton), as CUDA runs them."""
