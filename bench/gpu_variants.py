@@ -22,13 +22,15 @@ from router.backends.torch.diffusion import DiffusionSlotReader, rows_moe_ready,
 from router.backends.torch.graphs import KEY_ALIGN, GraphSet
 
 BOTH = ("sliding_attention", "full_attention")
-# band kinds, row-copy MoE, merge op, fused concatenations (compiled.compile_pieces' fuse_cats)
-VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool, bool]] = {
-    "dense+transformers_moe": ((), False, False, False), "rows_moe": ((), True, False, False),
-    "rows_moe+band_global": (("full_attention",), True, False, False),
-    "rows_moe+band_global+merge_op": (("full_attention",), True, True, False),
-    "rows_moe+band_all+merge_op": (BOTH, True, True, False),
-    "rows_moe+band_global+merge_op+fused_cats": (("full_attention",), True, True, True)}
+# band kinds, row-copy MoE, merge op, compiled concatenations: "" none, "ffn" the feed-forward
+# half's (compile_pieces' fuse_cats), "ffn+rows_kv" also the rows' own keys (compile_rows_kv)
+VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool, str]] = {
+    "dense+transformers_moe": ((), False, False, ""), "rows_moe": ((), True, False, ""),
+    "rows_moe+band_global": (("full_attention",), True, False, ""),
+    "rows_moe+band_global+merge_op": (("full_attention",), True, True, ""),
+    "rows_moe+band_all+merge_op": (BOTH, True, True, ""),
+    "rows_moe+band_global+merge_op+fused_cats": (("full_attention",), True, True, "ffn+rows_kv"),
+    "rows_moe+band_global+merge_op+ffn_cats": (("full_attention",), True, True, "ffn")}
 
 
 def event_ms(fn: Any, iters: int) -> float:
@@ -112,7 +114,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
 
 
 def variant(args: argparse.Namespace, model: Any, device: Any, band: tuple[str, ...], rows: bool,
-            merge_op: bool, fuse_cats: bool, items: list[Any]) -> tuple[dict[str, Any], Any]:
+            merge_op: bool, cats: str, items: list[Any]) -> tuple[dict[str, Any], Any]:
     import torch
 
     reader = DiffusionSlotReader(model, fast_kernels=False)
@@ -122,9 +124,9 @@ def variant(args: argparse.Namespace, model: Any, device: Any, band: tuple[str, 
                        merge_op=merge_op and triton_ready(device))
     started = time.monotonic()
     compile_pieces(reader.onepass, backend="inductor" if device.type == "cuda" else "aot_eager",
-                   fuse_cats=fuse_cats)
+                   fuse_cats="ffn" in cats, compile_rows_kv="rows_kv" in cats)
     row: dict[str, Any] = {"band": sorted(reader.onepass.band), "rows_moe": reader.onepass.rows_moe,
-                           "merge_op": reader.onepass.merge_op, "fuse_cats": fuse_cats,
+                           "merge_op": reader.onepass.merge_op, "compiled_cats": cats,
                            "attention_kernels": getattr(reader.onepass.attend, "kernels", None)}
     if device.type == "cuda":
         reader.graphs = GraphSet(reader, batches=(1, args.batch), draws=(1,), widths=(args.width,),

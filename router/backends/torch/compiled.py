@@ -29,12 +29,15 @@ def rms(x: Any, weight: Any, eps: float) -> Any:
     return h.type_as(x)
 
 
-def compile_pieces(onepass: OnePass, *, backend: str = "inductor", fuse_cats: bool = True) -> None:
+def compile_pieces(onepass: OnePass, *, backend: str = "inductor", fuse_cats: bool = True,
+                   compile_rows_kv: bool = False) -> None:
     """Replace ``onepass``'s norm, q/k/v and feed-forward halves by compiled versions. Compiling
     happens at their first call (warm-up), where a failure surfaces. ``fuse_cats``: the
     feed-forward half is compiled with its streams' concatenation and scaling around it
-    (``ffn_step``), and the rows' own keys/values are gathered by one compiled copy
-    (``rows_kv``); without it those run eagerly (the 174.5 reads/s H200 run's read)."""
+    (``ffn_step``); without it they run eagerly (the 174.5 reads/s H200 run's read).
+    ``compile_rows_kv``: the rows' own keys/values gathered by one compiled copy (``rows_kv``);
+    off by default: inductor's kernel for it took 15.5 ms a batch of 32 on an H200 (60 calls),
+    where the eager index_select and cat took 4.8 ms."""
     import torch
 
     for name in ("recompile_limit", "cache_size_limit"):
@@ -51,6 +54,7 @@ def compile_pieces(onepass: OnePass, *, backend: str = "inductor", fuse_cats: bo
     if fuse_cats:
         step = partial(ffn_step, onepass.eager_ffn())
         onepass.ffn_step = torch.compile(step, dynamic=True, backend=backend)
+    if compile_rows_kv:
         onepass.rows_kv = torch.compile(rows_kv, dynamic=True, backend=backend)
     if not onepass.merge_op:  # (the op is a kernel already; compiling its call gains nothing)
         onepass.merge = torch.compile(onepass.eager_merge(), dynamic=True, backend=backend)

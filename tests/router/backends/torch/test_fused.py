@@ -121,18 +121,18 @@ def test_compiled_pieces_equal_the_eager_pieces(model: Any) -> None:
         reset_pieces(reader.onepass)
 
 
-@pytest.mark.parametrize("fuse_cats", [True, False])
-def test_compiled_pieces_with_and_without_fused_cats_equal_the_eager_read(model: Any,
-                                                                          fuse_cats: bool) -> None:
+@pytest.mark.parametrize(("fuse_cats", "compile_rows_kv"), [(True, False), (False, False), (True, True)])
+def test_compiled_pieces_with_and_without_fused_cats_equal_the_eager_read(
+        model: Any, fuse_cats: bool, compile_rows_kv: bool) -> None:
     from router.backends.torch import fused
     from router.backends.torch.compiled import compile_pieces, reset_pieces
 
     want = fast_reader(model).read(ITEMS)  # eager: concatenations outside the pieces
     reader = fast_reader(model)
     assert reader.onepass is not None
-    compile_pieces(reader.onepass, backend="aot_eager", fuse_cats=fuse_cats)
+    compile_pieces(reader.onepass, backend="aot_eager", fuse_cats=fuse_cats, compile_rows_kv=compile_rows_kv)
     assert (reader.onepass.ffn_step is not None) is fuse_cats
-    assert (reader.onepass.rows_kv is not fused.rows_kv) is fuse_cats
+    assert (reader.onepass.rows_kv is not fused.rows_kv) is compile_rows_kv
     try:
         assert_same_reads(reader.read(ITEMS), want)
     finally:
