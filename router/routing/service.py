@@ -153,9 +153,7 @@ class RoutingService:
         backend = self.backend
         keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
                 for r in requests]
-        t0 = time.perf_counter()
-        blobs = await self.cache.get_many(keys)
-        self.metrics.stage("cache", time.perf_counter() - t0)
+        blobs = await self._cached(keys)
         reads = [FastRead(_decode(blob, request), cached=True) for blob, request in zip(blobs, requests)]
         misses = [i for i, read in enumerate(reads) if read.scores is None]
         self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
@@ -166,11 +164,9 @@ class RoutingService:
         try:
             fresh = await self._read_backend([requests[i] for i in misses])
         except BackendError as exc:
-            kind = type(exc).__name__
-            self.metrics.backend_error(kind)
+            failure = self._failure(exc)
             for i in misses:
-                reads[i] = FastRead(None, cached=False,
-                                    failure=f"fast backend failed ({kind}: {exc.message})")
+                reads[i] = FastRead(None, cached=False, failure=failure)
             return reads
         for i, scores in zip(misses, fresh):
             reads[i] = FastRead(scores, cached=False)
@@ -192,9 +188,7 @@ class RoutingService:
         body = [q.key() for q in questions]
         keys = [read_key(namespace, r, fingerprint,
                          {**backend.read_inputs(r, requests), "staged": body}) for r in requests]
-        t0 = time.perf_counter()
-        blobs = await self.cache.get_many(keys)
-        self.metrics.stage("cache", time.perf_counter() - t0)
+        blobs = await self._cached(keys)
         cached = [FastRead(None, cached=True, skipped=True) if blob == _SKIPPED else
                   FastRead(_decode(blob, request), cached=True)
                   for blob, request in zip(blobs, requests)]
@@ -208,13 +202,23 @@ class RoutingService:
             fresh = await self._timed_read(lambda: backend.read_staged(bounded))
             _check_options(fresh, requests)
         except BackendError as exc:
-            kind = type(exc).__name__
-            self.metrics.backend_error(kind)
-            failure = f"fast backend failed ({kind}: {exc.message})"
+            failure = self._failure(exc)
             return [FastRead(None, cached=False, failure=failure) for _ in requests]
         await self.cache.set_many([(key, _SKIPPED if scores is None else _encode(scores))
                                    for key, scores in zip(keys, fresh)])
         return [FastRead(scores, cached=False, skipped=scores is None) for scores in fresh]
+
+    async def _cached(self, keys: Sequence[str]) -> list[bytes | None]:
+        t0 = time.perf_counter()
+        blobs = await self.cache.get_many(keys)
+        self.metrics.stage("cache", time.perf_counter() - t0)
+        return blobs
+
+    def _failure(self, exc: BackendError) -> str:
+        """A failed read, counted; the text leads the escalations' notes."""
+        kind = type(exc).__name__
+        self.metrics.backend_error(kind)
+        return f"fast backend failed ({kind}: {exc.message})"
 
     def _bounded_all(self, requests: Sequence[DecisionRequest]) -> list[DecisionRequest]:
         return [_bounded(r, self.settings.fast.max_input_chars) for r in requests]

@@ -127,12 +127,12 @@ async def run_stages(request: SystemOneRequest, decide: Decide,
                 outcome.decisions[question.id] = decision
                 answers[question.id] = decision.answer
             outcome.stages.append([q.id for q in asked])
-        if upstream is not None and len(outcome.stages) > 1:
-            outcome.conditioning = "prefill"
         if upstream is not None and diverged is None:
             diverged = next((_divergence(qid, answers[qid], upstream[qid]) for qid in stage
                              if upstream[qid].failure is None
                              and answers[qid] != upstream[qid].answer), None)
+    if upstream is not None and len(outcome.stages) > 1:
+        outcome.conditioning = "prefill"
     return outcome
 
 
