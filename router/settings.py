@@ -69,6 +69,10 @@ class SlowPathSettings(BaseModel):
     max_concurrency: int = Field(32, ge=1)
     # Models a passthrough request may name; empty = only ``model`` itself.
     allowed_models: list[str] = Field(default_factory=list)
+    # Names a passthrough request may use for "the configured slow model": the README's clients
+    # send model="any" for decisions (the name is ignored there), and the same client's plain
+    # chat must not get a 403 for it. An empty list makes every name literal.
+    model_aliases: list[str] = Field(default_factory=lambda: ["any"])
     # When the slow path is down, answer with the fast read marked "unverified" instead of an error.
     serve_unverified_on_failure: bool = False
 

@@ -285,6 +285,8 @@ class SlowPath:
             raise InvalidRequest("messages must be a non-empty list", field="messages")
         configured = self._require_model("passthrough")
         model = body.get("model") or configured
+        if model in self.settings.model_aliases:
+            model = configured
         allowed = {configured, *self.settings.allowed_models}
         if model not in allowed:
             raise Forbidden(f"model {model!r} is not allowed; allowed: {sorted(allowed)}",

@@ -151,6 +151,14 @@ async def test_passthrough_refuses_models_off_the_list_and_empty_chats(
     assert completion.calls == []
 
 
+async def test_passthrough_maps_the_alias_any_to_the_configured_model() -> None:
+    """The README's client sends model="any"; a plain chat from it reaches the slow model."""
+    completion = ScriptedCompletion("echo")
+    await slow_path(completion).complete(
+        {"model": "any", "messages": [{"role": "user", "content": "x"}]})
+    assert completion.calls[0]["model"] == "openai/standin"
+
+
 async def test_passthrough_allows_listed_models() -> None:
     completion = ScriptedCompletion("echo")
     await slow_path(completion, allowed_models=["openai/other"]).complete(
