@@ -27,8 +27,11 @@ serve: setup var/policy.json
 # delta 0.05); docs/calibration.md says what the cross-fitted guarantee assumes.
 var/policy.json: | setup
 	mkdir -p var
+	@echo "slotgate: first run builds the demo artifacts into var/ (about 90 s on 2 cores)"
+	@echo "slotgate: [1/2] training TF-IDF on $(SLOTGATE_DATA_DIR)/train.csv, 5-fold out-of-fold reads"
 	$(BIN)/slotgate train --data $(SLOTGATE_DATA_DIR)/train.csv --label-column category \
 		--out var/banking77-tfidf.joblib --cv 5 --oof-out var/banking77-oof.jsonl --seed 0
+	@echo "slotgate: [2/2] tuning the policy at 95% accepted accuracy on those reads"
 	$(BIN)/slotgate tune --preds var/banking77-oof.jsonl --model var/banking77-tfidf.joblib \
 		--out var/policy.json --target-accuracy 0.95 --name banking77
 

@@ -56,7 +56,7 @@ class Block:
         if self.lang == "python":
             return "python"
         if self.lang in ("sh", "bash", "shell", "console"):
-            if self.commands and all(c == "slotgate" for c in self.commands):
+            if "slotgate" in self.commands and set(self.commands) <= {"slotgate", "mkdir"}:
                 return "slotgate"
             if self.commands and all(c == "make" for c in self.commands):
                 return "make"
@@ -139,12 +139,26 @@ def test_slotgate_blocks_run_as_written(
 
 
 @pytest.mark.long
+def test_slotgate_blocks_write_only_where_git_ignores(
+    workdir: Path, slotgate_runs: list[tuple[Block, subprocess.CompletedProcess[str]]]
+) -> None:
+    """A newcomer runs the blocks in the checkout: what they write must not show in git status."""
+    test_slotgate_blocks_run_as_written(slotgate_runs)
+    written = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*")
+                     if p.is_file() and p.relative_to(workdir).parts[0] != "data")
+    assert written
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT,
+                             capture_output=True, text=True, check=False).stdout.split()
+    assert sorted(ignored) == written, set(written) - set(ignored)
+
+
+@pytest.mark.long
 def test_python_blocks_run_against_a_served_slotgate(
     workdir: Path, standin: StandinHandle,
     slotgate_runs: list[tuple[Block, subprocess.CompletedProcess[str]]],
 ) -> None:
     test_slotgate_blocks_run_as_written(slotgate_runs)  # the model and policy the README made
-    models, policies = sorted(workdir.glob("*.joblib")), sorted(workdir.glob("policy*.json"))
+    models, policies = sorted(workdir.rglob("*.joblib")), sorted(workdir.rglob("policy*.json"))
     assert models and policies, sorted(p.name for p in workdir.iterdir())
     port = free_port()
     env = environment() | {
