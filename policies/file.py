@@ -9,19 +9,31 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from calibration.artifacts import atomic_path
-from policies.rules import rule_from_dict
+from policies.specs import (
+    CalibratorSpec,
+    OpenUnit,
+    RuleSpec,
+    TargetAccuracy,
+    Unit,
+    guaranteed_threshold_of,
+)
 from policies.tuned import TunedPolicy
 from policies.types import canonical_hash
 
 POLICY_FORMAT = "slotgate/policy"
-POLICY_VERSION = 1
+# Version 2 stores the threshold once, in the rule; version 1 files (a top-level copy of it as
+# well) are still read, and the copy is checked against the rule.
+POLICY_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 OnAlarm = Literal["escalate_all", "alert_only"]
 # How the policy is watched in production, not what it decides: left out of ``policy_id``, so
 # changing them keeps a policy's identity (and its alarm) while re-tuning gives a new one.
 MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference"})
+# Fields added after version 1, hashed only when set: older files keep their ids.
+LATER_FIELDS = ("options", "per_answer_floor")
 
 
 class PolicyFileError(ValueError):
@@ -55,8 +67,10 @@ class ReferenceSummary(BaseModel):
 class PolicyFile(BaseModel):
     """What a tuned policy is and why it can be trusted.
 
-    ``threshold`` is the guaranteed one (None: no threshold passed, everything escalates);
-    ``bound`` is the Clopper-Pearson lower bound on accepted accuracy reached at it (level
+    ``threshold`` (read from the rule, stored there only) is the guaranteed one (None: no
+    threshold passed, everything escalates); ``per_answer_floor`` is set when tuning also gave
+    each answer its own bar (``rule.per_option``) so that every answer's accepted accuracy is at
+    least that floor (docs/calibration.md); ``bound`` is the Clopper-Pearson lower bound on accepted accuracy reached at it (level
     1 - delta) and ``coverage`` the share accepted, both on the ``n_tune`` threshold rows.
     ``max_escalation`` and ``budget_threshold`` are set when tuning had an escalation budget;
     ``budget_exceeded`` says the guarantee needed more escalation than the budget allows.
@@ -82,17 +96,16 @@ class PolicyFile(BaseModel):
     name: str = Field(min_length=1)
     signature: str | None = None
     backend_fingerprint: str = "unknown"
-    calibrator: dict[str, Any]
-    rule: dict[str, Any]
-    threshold: float | None = Field(ge=0, le=1)
-    target_accuracy: float = Field(gt=0, le=1)
-    delta: float = Field(gt=0, lt=1)
-    bound: float = Field(ge=0, le=1)
-    coverage: float = Field(ge=0, le=1)
+    calibrator: CalibratorSpec
+    rule: RuleSpec
+    target_accuracy: TargetAccuracy
+    delta: OpenUnit
+    bound: Unit
+    coverage: Unit
     n_tune: int = Field(ge=1)
     n_calibration: int = Field(ge=0)
     seed: int = 0
-    max_escalation: float | None = Field(default=None, ge=0, le=1)
+    max_escalation: Unit | None = None
     budget_threshold: float | None = None
     budget_exceeded: bool = False
     data_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -100,53 +113,66 @@ class PolicyFile(BaseModel):
     n_folds: int | None = Field(default=None, ge=2)
     guarantee: Literal["accuracy", "agreement_with_slow"] = "accuracy"
     shadow: bool | None = None
-    audit_rate: float = Field(default=0.0, ge=0, le=1)
+    audit_rate: Unit = 0.0
     on_alarm: OnAlarm = "escalate_all"
-    alarm_alpha: float = Field(default=0.05, gt=0, lt=1)
+    alarm_alpha: OpenUnit = 0.05
     reference: ReferenceSummary | None = None
     # The option names tuned on, in order (None in files written before it was recorded):
     # `slotgate eval` refuses predictions over other options.
     options: list[str] | None = None
+    per_answer_floor: TargetAccuracy | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
     @classmethod
     def _known_version(cls, value: int) -> int:
-        if value != POLICY_VERSION:
+        if value not in READABLE_VERSIONS:
             raise ValueError(f"unsupported policy file version {value}; this slotgate reads "
-                             f"version {POLICY_VERSION} (re-run `slotgate tune`)")
+                             f"versions {', '.join(map(str, READABLE_VERSIONS))} "
+                             "(re-run `slotgate tune`, or upgrade slotgate)")
         return value
 
-    @field_validator("calibrator")
+    @model_validator(mode="before")
     @classmethod
-    def _valid_calibrator(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from calibration.calibrators import calibrator_from_dict
+    def _threshold_once(cls, data: Any) -> Any:
+        """A top-level ``threshold`` (version 1 files; older callers) must equal the rule's, and
+        is not kept: the rule is where the bar lives. The file read becomes a version 2 one."""
+        if not isinstance(data, dict) or "threshold" not in data:
+            return data
+        data = dict(data)
+        threshold = data.pop("threshold")
+        rule = data.get("rule")
+        rule = rule.model_dump() if isinstance(rule, BaseModel) else rule
+        while isinstance(rule, dict) and rule.get("kind") == "budget":
+            rule = rule.get("base")
+        in_rule = rule.get("threshold") if isinstance(rule, dict) else None
+        if isinstance(rule, dict) and rule.get("kind") == "threshold" and threshold != in_rule:
+            raise ValueError(f"field 'threshold' is {threshold!r} but the rule's threshold is "
+                             f"{in_rule!r}; they must agree (version 2 files keep only the rule's)")
+        if data.get("version") == 1:
+            data["version"] = POLICY_VERSION
+        return data
 
-        calibrator_from_dict(value)  # raises ValueError naming what is wrong
-        return value
-
-    @field_validator("rule")
-    @classmethod
-    def _valid_rule(cls, value: dict[str, Any]) -> dict[str, Any]:
-        rule_from_dict(value)
-        return value
+    @property
+    def threshold(self) -> float | None:
+        """The guaranteed global bar (the rule's; None for a margin rule or when none passed)."""
+        return guaranteed_threshold_of(self.rule)
 
     @property
     def policy_id(self) -> str:
-        """The name plus a short hash of everything but the creation time."""
-        # Unrecorded options are left out, so files written before the field keep their ids.
+        """The name plus a short hash of everything but the creation time, shadow and the
+        monitoring fields. Hashed in the version 1 layout (top-level threshold, version 1), so a
+        policy keeps its id across the format change and alarms keyed by it stay attached."""
         exclude = {"created_at", "shadow", *MONITORING_FIELDS}
-        if self.options is None:
-            exclude.add("options")
+        exclude.update(name for name in LATER_FIELDS if getattr(self, name) is None)
         content = self.model_dump(mode="json", exclude=exclude)
+        content.update(version=1, threshold=self.threshold)
         return f"{self.name}@{canonical_hash(content)[:12]}"
 
     def runtime(self) -> TunedPolicy:
-        """A fresh runnable policy (a budget rule's window starts empty)."""
-        from calibration.calibrators import calibrator_from_dict
-
-        return TunedPolicy(calibrator_from_dict(self.calibrator), rule_from_dict(self.rule),
-                           policy_id=self.policy_id)
+        """A fresh runnable policy (a budget rule's window starts empty), built from the specs
+        once: validation built nothing."""
+        return TunedPolicy(self.calibrator.build(), self.rule.build(), policy_id=self.policy_id)
 
     def write(self, path: Path) -> None:
         """Write atomically (temporary file, then rename), as indented JSON."""
@@ -171,6 +197,16 @@ def load_policy(path: Path) -> PolicyFile:
     try:
         return PolicyFile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or None
-        raise PolicyFileError(f"{path}: field {field!r}: {first['msg']}", field=field) from exc
+        field, message = first_error(exc)
+        raise PolicyFileError(f"{path}: field {field!r}: {message}", field=field) from exc
+
+
+def first_error(exc: ValidationError) -> tuple[str | None, str]:
+    """The dotted field of a validation error's first problem and its message; a model-level
+    error (no field) names the field its message starts with ("field 'threshold' ...")."""
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or None
+    message = first["msg"].removeprefix("Value error, ")
+    if field is None and message.startswith("field '"):
+        field = message.split("'")[1]
+    return field, message

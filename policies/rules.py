@@ -34,25 +34,28 @@ def _check_unit(name: str, value: float) -> None:
 @dataclass(frozen=True)
 class ThresholdRule:
     """Accept when the answer's calibrated probability >= its bar: ``per_option[answer]`` if set,
-    else ``threshold``. A bar of None escalates everything: no threshold passed the guarantee."""
+    else ``threshold``. A bar of None escalates every answer it applies to: no threshold passed
+    the guarantee (globally, or for that answer under ``tune --per-answer-floor``)."""
 
     threshold: float | None
-    per_option: Mapping[str, float] = field(default_factory=dict)
+    per_option: Mapping[str, float | None] = field(default_factory=dict)
     kind: str = field(default="threshold", init=False)
 
     def __post_init__(self) -> None:
         if self.threshold is not None:
             _check_unit("threshold", self.threshold)
         for name, bar in self.per_option.items():
-            _check_unit(f"per_option[{name!r}]", bar)
+            if bar is not None:
+                _check_unit(f"per_option[{name!r}]", bar)
 
     def bar(self, option: str) -> float | None:
-        return self.per_option.get(option, self.threshold)
+        return self.per_option.get(option, self.threshold)  # a stored None is kept: escalate
 
     def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
         p, bar = float(calibrated[index]), self.bar(options[index])
         if bar is None:
-            return Verdict(False, index, p, None, "no guaranteed threshold: escalate everything")
+            what = "everything" if options[index] not in self.per_option else "this answer"
+            return Verdict(False, index, p, None, f"no guaranteed threshold: escalate {what}")
         if p >= bar:
             return Verdict(True, index, p, bar, f"p {p:.3f} >= threshold {bar:.3f}")
         return Verdict(False, index, p, bar, f"p {p:.3f} < threshold {bar:.3f}")

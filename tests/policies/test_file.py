@@ -58,10 +58,14 @@ def write(tmp_path: Path, data: Any) -> Path:
 
 
 @pytest.mark.parametrize(("change", "field"), [
-    ({"version": 2}, "version"),
+    ({"version": 3}, "version"),
     ({"delta": 1.5}, "delta"),
     ({"calibrator": {"kind": "magic"}}, "calibrator"),
-    ({"rule": {"kind": "threshold", "threshold": 3}}, "rule"),
+    ({"rule": {"kind": "threshold", "threshold": 3}}, "rule.threshold.threshold"),
+    ({"calibrator": {"kind": "isotonic", "state": {"x_thresholds_": [0.1, 0.5],
+                                                   "y_thresholds_": [0.2]}}},
+     "calibrator.isotonic.state"),
+    ({"threshold": 0.5}, "threshold"),  # a top-level copy that disagrees with the rule
     ({"data_hash": "not-a-hash"}, "data_hash"),
     ({"surprise": 1}, "surprise"),
     ({"audit_rate": 1.5}, "audit_rate"),
@@ -110,4 +114,37 @@ def test_monitoring_fields_default_for_older_files_and_leave_the_policy_id_alone
     watched = make_policy(audit_rate=0.1, on_alarm="alert_only",
                           reference={"n": 2, "accept_share": 0.5, "confidence": [0.4, 0.9]})
     assert watched.policy_id == old.policy_id == policy.policy_id
-    assert make_policy(threshold=0.7).policy_id != policy.policy_id  # a re-tune is a new policy
+    retuned = make_policy(threshold=0.7, rule=ThresholdRule(0.7).to_dict())
+    assert retuned.policy_id != policy.policy_id  # a re-tune is a new policy
+
+
+VERSION_1 = {
+    "format": "slotgate/policy", "version": 1, "name": "intents", "backend_fingerprint": "abc123",
+    "calibrator": {"kind": "temperature", "state": {"temperature_": 1.5},
+                   "options": {"min_temperature": 0.01, "max_temperature": 100.0}},
+    "rule": {"kind": "budget", "max_escalation": 0.2, "window": 500,
+             "base": {"kind": "threshold", "threshold": 0.8, "per_option": {}}},
+    "threshold": 0.8, "target_accuracy": 0.95, "delta": 0.05, "bound": 0.951, "coverage": 0.6,
+    "n_tune": 100, "n_calibration": 100, "data_hash": "0" * 64,
+    "created_at": "2026-11-01T00:00:00Z", "options": ["a", "b", "c"],
+}
+
+
+def test_version_1_files_load_with_the_id_they_always_had(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, VERSION_1))
+    # The id slotgate gave this file before the format stored the threshold once.
+    assert policy.policy_id == "intents@dbc708b84ab7"
+    assert policy.threshold == 0.8 and policy.version == 2
+    rewritten = tmp_path / "again.json"
+    policy.write(rewritten)
+    data = json.loads(rewritten.read_text())
+    assert "threshold" not in data and data["version"] == 2  # stored once, in the rule
+    assert load_policy(rewritten).policy_id == policy.policy_id
+
+
+def test_typed_parts_run_without_a_second_build() -> None:
+    policy = make_policy()
+    assert policy.calibrator.kind == "temperature" and policy.rule.kind == "threshold"
+    runtime = policy.runtime()
+    assert runtime.rule.to_dict() == policy.rule.model_dump()
+    assert runtime.calibrator.to_dict() == policy.calibrator.model_dump()
