@@ -82,6 +82,12 @@ class CacheSettings(BaseModel):
     ttl_s: int = Field(7 * 24 * 3600, ge=1)
     max_entries: int = Field(100_000, ge=1)  # in-process LRU size
     namespace: str = "default"
+    # Redis is a cache: while it is down decisions are still answered (slower, uncached), so by
+    # default /readyz stays 200 and reports it; true makes a down Redis take the replica out.
+    required: bool = False
+    # The cross-replica claim on a slow answer lives this long unless its holder renews it (every
+    # third of it): a replica that dies holding one frees the question within about this time.
+    claim_ttl_s: float = Field(3.0, gt=0)
 
     @field_validator("namespace")
     @classmethod
@@ -148,6 +154,10 @@ class Settings(BaseSettings):
     rate_limit_rps: float | None = Field(None, gt=0)
     rate_limit_burst: int = Field(20, ge=1)
     access_log: bool = False  # uvicorn's line per request (`slotgate serve`); costs 5-9% CPU
+    # How long `slotgate serve` keeps an idle keep-alive connection open. Longer than any client
+    # pool's idle expiry (httpx 5 s, aiohttp 15 s, load balancers 60 s): a server that closes
+    # first races the client reusing the connection, which gets a ReadError (docs/reliability.md).
+    keep_alive_s: int = Field(75, ge=1)
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)

@@ -79,7 +79,12 @@ def create_app(
             from router.routing.reload import live_reload  # SIGHUP and policy file changes
 
             await stack.enter_async_context(
-                live_reload(service.registry, watch=settings.policy.watch))
+                live_reload(service.registry, watch=settings.policy.watch, metrics=state.metrics,
+                            settings=settings.policy))
+            if settings.cache.redis_url:  # the gauge follows every cache call, not only /readyz
+                cache_in_use = service.cache
+                state.metrics.on_render(
+                    lambda: state.metrics.redis_up(getattr(cache_in_use, "healthy", True)))
             if not service.escalation_available:
                 log.warning(
                     "ESCALATION UNAVAILABLE: %s. Decisions below their threshold get %s.",

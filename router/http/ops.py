@@ -1,14 +1,26 @@
-"""Operational routes: liveness (``/healthz``), readiness (``/readyz``: what a decision needs: the
-fast backend answers, a configured Redis answers, the decision log is writable) and Prometheus
-metrics (``/metrics``)."""
+"""Operational routes: liveness (``/healthz``), readiness (``/readyz``) and Prometheus metrics
+(``/metrics``).
+
+Readiness is "this replica can answer decisions": the fast backend answers and the decision log
+is writable. Redis is a cache: while it is down or hung decisions are still answered (uncached),
+so it is reported (body, ``slotgate_redis_up``, a log line when it changes) but takes the replica
+out only with ``cache.required: true``; otherwise a Redis outage would take every replica of a
+fleet out of its load balancer at once (docs/reliability.md)."""
 
 from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from router.http.startup import decision_log_writable
-from router.http.state import app_state
+from router.http.state import AppState, app_state
+from router.routing.service import RoutingService
+
+log = logging.getLogger("slotgate")
 
 
 def make_router() -> APIRouter:
@@ -23,16 +35,28 @@ def make_router() -> APIRouter:
         state = app_state(request)
         service, settings = state.service, state.settings
         checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
-        if settings.cache.redis_url:
-            checks["redis"] = bool(await service.cache.ping())
         if state.decision_log_path is not None:  # None: a log injected by a test
             checks["decision_log"] = decision_log_writable(state.decision_log_path)
-        ready = all(checks.values())
+        required = sorted(checks)
+        body: dict[str, Any] = {}
+        if settings.cache.redis_url:
+            up = bool(await service.cache.ping())
+            checks["redis"] = up
+            _redis_seen(state, up, required=settings.cache.required)
+            if settings.cache.required:
+                required.append("redis")
+            body["redis"] = {"state": "up" if up else "down", "required": settings.cache.required,
+                             "effect": None if up else "decisions are served without the cache"}
+        ready = all(checks[name] for name in required)
+        available, escalation = escalation_state(service)
         body = {"status": "ready" if ready else "unavailable", "checks": checks,
-                "escalation_available": service.escalation_available,
-                # "available", "available once litellm is loaded", or why not (no model, no key)
-                "escalation": getattr(service.slow, "status", None) or (
-                    "available" if service.escalation_available else "unavailable")}
+                "required": required, **body,
+                # True, False, or None while not known yet (litellm loading); "escalation" says why
+                "escalation_available": available, "escalation": escalation,
+                "policies": [{"name": p.name, "policy_id": p.runtime.policy_id,
+                              "shadow": service.registry.mode(p.runtime)[0],
+                              "path": None if p.path is None else str(p.path)}
+                             for p in service.registry.loaded()]}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @router.get("/metrics", tags=["ops"])
@@ -41,3 +65,31 @@ def make_router() -> APIRouter:
         return Response(registry.render(), media_type=registry.content_type)
 
     return router
+
+
+def escalation_state(service: RoutingService) -> tuple[bool | None, str]:
+    """(available, why): None until it is known. The slow model's credentials are checked once
+    litellm's background import is done; until then "available" would be a guess."""
+    slow = service.slow
+    status = getattr(slow, "status", None)
+    if not service.escalation_available:
+        return False, status or "unavailable"
+    warmed_up = getattr(slow, "warmed_up", None)
+    if isinstance(warmed_up, threading.Event) and not warmed_up.is_set():
+        return None, status or "not known yet: litellm is loading"
+    return True, status or "available"
+
+
+def _redis_seen(state: AppState, up: bool, *, required: bool) -> None:
+    """The gauge, and one log line per change of what /readyz saw."""
+    state.metrics.redis_up(up)
+    if state.redis_up is not None and state.redis_up == up:
+        return
+    if up:
+        log.info("readiness: redis answers")
+    elif required:
+        log.warning("readiness: redis does not answer; NOT READY (cache.required is true)")
+    else:
+        log.warning("readiness: redis does not answer; still ready, decisions are served without "
+                    "the cache (cache.required: true would make it a readiness condition)")
+    state.redis_up = up

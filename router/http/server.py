@@ -56,6 +56,9 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         # already record every request.
         access_log=settings.access_log,
         timeout_graceful_shutdown=30,
+        # uvicorn's own default (5 s) equals httpx's pool expiry: the two close and reuse one
+        # connection at the same moment, and the client's request meets a closed socket.
+        timeout_keep_alive=settings.keep_alive_s,
     )
 
 

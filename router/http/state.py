@@ -24,6 +24,7 @@ class AppState:
     metrics: Metrics
     # The decision log file the app writes (None: a log injected by a test): /readyz checks it.
     decision_log_path: Path | None = None
+    redis_up: bool | None = None  # what /readyz last saw of a configured Redis (None: not yet)
     _service: RoutingService | None = None
     _feedback: FeedbackStore | None = None
 

@@ -82,10 +82,11 @@ class Escalation:
         """The one slow call of a single flight, and whether another replica made it. The
         replica that claims ``key`` in the shared cache calls the slow model and caches the
         answer; the others poll the cache for it, and claim in turn if the claim is given up
-        without one (that replica's call failed). A replica that dies holding a claim holds it
-        until the claim's TTL (the slow deadline): its waiters end at that deadline too."""
+        without one (that replica's call failed). The claim is short (``cache.claim_ttl_s``)
+        and renewed by its holder while the call runs: a replica that dies holding it frees the
+        question within that time, and a waiter then claims it and calls."""
         assert self.slow is not None  # answer() checked
-        ttl_s = self.settings.slow.timeout_s + DEADLINE_GRACE_S
+        ttl_s = self.settings.cache.claim_ttl_s
         poll_s = CLAIM_POLL_S
         while not await self.cache.claim(key, ttl_s=ttl_s):
             await asyncio.sleep(poll_s)
@@ -96,6 +97,7 @@ class Escalation:
         # Claimed. A replica that cached its answer and released between our last look and our
         # claim (a window of one round trip) costs a second call, as before claims existed;
         # looking again here would cost every escalation a round trip instead.
+        heartbeat = asyncio.create_task(self._renew(key, ttl_s))
         try:
             t0 = time.perf_counter()
             try:
@@ -105,7 +107,18 @@ class Escalation:
             await self.cache.set_many([(key, slow_answer.answer.encode())])
             return slow_answer.answer, False
         finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
             await self.cache.release(key)
+
+    async def _renew(self, key: str, ttl_s: float) -> None:
+        """The claim holder's heartbeat: renew every third of the TTL, so two beats can be late
+        (a loaded event loop) before another replica takes the question over. Stops when the
+        claim is no longer ours (lapsed and taken: that replica's answer is as good)."""
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            if not await self.cache.renew(key, ttl_s=ttl_s):
+                return
 
 
 def _slow_answer(blob: bytes | None, request: DecisionRequest) -> str | None:

@@ -51,6 +51,8 @@ class ReadCache(Protocol):
 
     async def claim(self, key: str, *, ttl_s: float) -> bool: ...
 
+    async def renew(self, key: str, *, ttl_s: float) -> bool: ...  # the claim holder's heartbeat
+
     async def release(self, key: str) -> None: ...
 
 

@@ -98,7 +98,7 @@ class PolicyRegistry:
                 continue
             try:
                 policy_file: Any = load_policy(path)
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # any failure to read a file refuses it, naming the file
                 raise ConfigError(f"policy file {path}: {exc}") from exc
             if (policy_file.backend_fingerprint != backend_fingerprint
                     and not settings.allow_fingerprint_mismatch):
@@ -164,3 +164,7 @@ class PolicyRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
+
+    def loaded(self) -> list[LoadedPolicy]:
+        """The policies serving now, by name (for /readyz and the start-up log)."""
+        return [self._by_name[name] for name in sorted(self._by_name)]

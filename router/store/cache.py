@@ -53,6 +53,12 @@ class Cache(ABC):
         own single-flight already merges identical calls). Never raises."""
         return True
 
+    async def renew(self, key: str, *, ttl_s: float) -> bool:
+        """Extend this process's claim on ``key`` to ``ttl_s`` from now (the holder's heartbeat:
+        a claim outlives its holder by at most ``ttl_s``). False when the claim is no longer
+        this process's. Never raises."""
+        return True
+
     async def release(self, key: str) -> None:
         """Give up this process's claim on ``key`` (its value is stored, or will not come)."""
 
@@ -108,6 +114,10 @@ _RELEASE_IF_OURS = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+_RENEW_IF_OURS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 
 class RedisCache(Cache):
@@ -126,6 +136,7 @@ class RedisCache(Cache):
         self.client: Any = redis_client(url, timeout_s=timeout_s)
         self._token = uuid.uuid4().hex.encode()  # whose claim a claim key holds
         self._release_script = self.client.register_script(_RELEASE_IF_OURS)
+        self._renew_script = self.client.register_script(_RENEW_IF_OURS)
         self.healthy = True
         self._down_since: float | None = None  # monotonic time of the last failure while down
         self._last_log = -float("inf")
@@ -177,6 +188,20 @@ class RedisCache(Cache):
             return True
         self._succeeded()
         return bool(won)
+
+    async def renew(self, key: str, *, ttl_s: float) -> bool:
+        """``PEXPIRE`` the claim only while it is still this process's (compare and extend in one
+        script). While Redis fails: True (the claim, if any, lapses by itself)."""
+        if self._skipping():
+            return True
+        try:
+            renewed = await self._renew_script(keys=[f"{key}:claim"],
+                                               args=[self._token, max(1, int(ttl_s * 1000))])
+        except redis_errors() as exc:
+            self._failed("renew", exc)
+            return True
+        self._succeeded()
+        return bool(renewed)
 
     async def release(self, key: str) -> None:
         """Deletes the claim only while it is still this process's (a claim whose TTL passed may

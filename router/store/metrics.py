@@ -92,11 +92,19 @@ class Metrics:
         self._audits = Counter(
             "slotgate_audits", "Audits of accepted decisions by result (done|dropped|failed)",
             ["policy", "result"], registry=r)
+        self._reloads = Counter(
+            "slotgate_policy_reloads", "Policy reloads (SIGHUP, file watch) by result "
+            "(loaded|refused)", ["result"], registry=r)
+        self._redis_up = Gauge(
+            "slotgate_redis_up", "1 while the configured Redis answers, 0 while it does not "
+            "(decisions are then served without the cache)", registry=r)
         self._n_decisions = 0
         self._n_escalated = 0
         self._before_render: list[Callable[[], None]] = []
         for stage in STAGES:  # expose every stage from the start, so dashboards see zeros
             self._latency.labels(stage=stage)
+        for result in ("loaded", "refused"):
+            self._reloads.labels(result=result)
 
     def request(self, *, surface: str, route: str) -> None:
         self._requests.labels(surface=surface, route=route).inc()
@@ -129,6 +137,12 @@ class Metrics:
 
     def queue_rejected(self, backend: str) -> None:
         self._queue_rejections.labels(backend=backend).inc()
+
+    def policy_reload(self, result: str) -> None:
+        self._reloads.labels(result=result).inc()
+
+    def redis_up(self, up: bool) -> None:
+        self._redis_up.set(1.0 if up else 0.0)
 
     def policy_state(self, state: dict[str, object]) -> None:
         """A PolicyWatch snapshot (``router.monitoring.watch``) as gauges."""

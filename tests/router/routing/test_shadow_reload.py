@@ -33,7 +33,8 @@ def write_policy(path: Path, *, shadow: bool | None, threshold: float = 0.9,
         name="intents", backend_fingerprint=FINGERPRINT, calibrator={"kind": "none"},
         rule=ThresholdRule(threshold).to_dict(), threshold=threshold, target_accuracy=0.95,
         delta=0.05, bound=0.95, coverage=0.7, n_tune=100, n_calibration=0, data_hash="0" * 64,
-        shadow=shadow, guarantee=guarantee).write(path)  # type: ignore[arg-type]
+        shadow=shadow, guarantee=guarantee, options=["a", "b", "c"],  # its scope: test_service's
+    ).write(path)  # type: ignore[arg-type]
     return path
 
 
