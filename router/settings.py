@@ -18,6 +18,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
+from policies.scope import UnscopedMode
 from router.backends.options import BackendOptions, parse_options
 from router.errors import ConfigError
 
@@ -102,6 +103,11 @@ class PolicySettings(BaseModel):
     default: str | None = None  # name of the policy used when none matches the signature
     # The rule for decisions no tuned policy covers and no default names:
     fallback_threshold: float = Field(0.9, ge=0, le=1)
+    # What a decision no loaded policy covers (its options, or question name, were never tuned
+    # on) gets: "escalate", "shadow", "unverified" or "threshold" (the fallback threshold above);
+    # see policies/scope.py. Unset: "threshold" when fallback_threshold is set (configurations
+    # written before scopes), else "escalate".
+    unscoped: UnscopedMode | None = None
     allow_fingerprint_mismatch: bool = False
     # Shadow mode for every decision whose policy file does not say otherwise (its own
     # ``shadow`` wins): the slow model answers and is served, the fast read is logged. The cold
@@ -110,6 +116,12 @@ class PolicySettings(BaseModel):
     # Reload the policy files when they change on disk (SIGHUP always reloads); an invalid
     # new file is refused with a log line naming it and the loaded policies keep serving.
     watch: bool = True
+
+    @property
+    def unscoped_mode(self) -> UnscopedMode:
+        if self.unscoped is not None:
+            return self.unscoped
+        return "threshold" if "fallback_threshold" in self.model_fields_set else "escalate"
 
 
 class MonitoringSettings(BaseModel):

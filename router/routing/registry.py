@@ -1,8 +1,10 @@
 """The tuned policies the router serves, looked up per decision: by the name a request asks for,
-else by (decision signature, backend fingerprint), else the configured default, else a fallback
-threshold on the uncalibrated read. Loaded at start-up and again by ``reload`` (SIGHUP or a
-changed file, ``router/routing/reload.py``): a reload swaps everything at once or, when any file
-is invalid, nothing."""
+else by (scope, backend fingerprint), else the configured default, always within the policy's
+scope (``policies/scope.py``: the options, and question name, it was tuned on). A decision no
+policy covers is *unscoped*: ``lookup`` returns None and the service follows ``policy.unscoped``
+(the fallback threshold on the uncalibrated read only under ``unscoped: threshold``). Loaded at
+start-up and again by ``reload`` (SIGHUP or a changed file, ``router/routing/reload.py``): a
+reload swaps everything at once or, when any file is invalid, nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from policies.scope import UnscopedMode, file_scope, request_scopes
 from policies.types import DecisionRequest, OptionScores, Verdict
 from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
@@ -31,8 +34,8 @@ class RuntimePolicy(Protocol):
 
 
 def fallback_policy(*, threshold: float) -> RuntimePolicy:
-    """Identity calibration and one threshold: for decisions no tuned policy covers. Its
-    confidence is the backend's own, which nothing has checked."""
+    """Identity calibration and one threshold: for decisions no tuned policy covers, under
+    ``policy.unscoped: threshold``. Its confidence is the backend's own, which nothing checked."""
     from calibration.calibrators import IdentityCalibrator
     from policies.rules import ThresholdRule
     from policies.tuned import TunedPolicy
@@ -49,6 +52,18 @@ class LoadedPolicy:
     runtime: RuntimePolicy
     shadow: bool | None = None  # the file's own flag (None: follow policy.shadow)
     guarantee: str | None = None  # "accuracy" | "agreement_with_slow"
+    options: tuple[str, ...] | None = None  # the option names tuned on (None: not recorded)
+
+    @property
+    def scope(self) -> str | None:
+        """What it answers (``policies.scope.file_scope``); None: unknown, refused."""
+        return file_scope(self.signature, self.options)
+
+    def covers(self, request: DecisionRequest) -> bool:
+        """Its scope covers the request, or (asked for by name, or as the default) the request
+        has exactly its options: the calibrator and threshold were fit on those."""
+        return (self.options == request.option_names
+                or self.scope in (*request_scopes(request), request.signature()))
 
 
 class PolicyRegistry:
@@ -59,8 +74,12 @@ class PolicyRegistry:
         default: str | None = None,
         fallback_threshold: float = 0.9,
         shadow: bool = False,
+        unscoped: UnscopedMode = "threshold",
     ) -> None:
+        # A registry built in code keeps the old fallback threshold (``unscoped: threshold``);
+        # one loaded from settings follows ``policy.unscoped``, "escalate" unless configured.
         self.shadow_all = shadow
+        self.unscoped: UnscopedMode = unscoped
         self._source: tuple[PolicySettings, str, Monitor | None] | None = None
         self._by_name: dict[str, LoadedPolicy] = {}
         self._by_signature: dict[tuple[str, str], LoadedPolicy] = {}
@@ -69,14 +88,21 @@ class PolicyRegistry:
                 raise ConfigError(
                     f"two policy files are named {policy.name!r}: "
                     f"{self._by_name[policy.name].path} and {policy.path}")
+            scope = policy.scope
+            if scope is None:
+                # Neither a signature nor its options: it would answer any question at all,
+                # a 2-option one included, on a calibration and threshold fit on others.
+                raise ConfigError(
+                    f"policy file {policy.path} ({policy.name!r}) records neither the question "
+                    "it was tuned on (signature) nor its options, so its scope is unknown; "
+                    "re-tune it with `slotgate tune`")
             self._by_name[policy.name] = policy
-            if policy.signature:
-                self._by_signature[(policy.signature, policy.backend_fingerprint)] = policy
+            self._by_signature[(scope, policy.backend_fingerprint)] = policy
         if default is not None and default not in self._by_name:
             raise ConfigError(
                 f"policy.default names {default!r}, but no policy file has that name "
                 f"(loaded: {sorted(self._by_name) or 'none'})")
-        self._default = self._by_name[default].runtime if default else None
+        self._default = self._by_name[default] if default else None
         self.fallback = fallback_policy(threshold=fallback_threshold)
         self._modes = {p.runtime.policy_id: (self.shadow_all if p.shadow is None else p.shadow,
                                              p.guarantee) for p in policies}
@@ -115,9 +141,11 @@ class PolicyRegistry:
                 path=path,
                 runtime=runtime if monitor is None else monitor.wrap(runtime, policy_file),
                 shadow=policy_file.shadow, guarantee=policy_file.guarantee,
+                options=tuple(policy_file.options) if policy_file.options else None,
             ))
         registry = cls(loaded, default=settings.default,
-                       fallback_threshold=settings.fallback_threshold, shadow=settings.shadow)
+                       fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
+                       unscoped=settings.unscoped_mode)
         registry._source = (settings, backend_fingerprint, monitor)
         return registry
 
@@ -149,18 +177,30 @@ class PolicyRegistry:
         """The policy files to watch (those configured, loaded or not yet written)."""
         return list(self._source[0].files) if self._source is not None else []
 
-    def lookup(self, request: DecisionRequest, *, fingerprint: str) -> RuntimePolicy:
+    def lookup(self, request: DecisionRequest, *, fingerprint: str) -> RuntimePolicy | None:
+        """The policy that decides ``request``, or None when no loaded policy covers it (the
+        service then follows ``self.unscoped``; under "threshold" the fallback is returned).
+        A policy asked for by name that does not cover the request leaves it unscoped too."""
         if request.policy is not None:
             named = self._by_name.get(request.policy)
             if named is None:
                 raise InvalidRequest(
                     f"policy: no policy named {request.policy!r} "
                     f"(known: {sorted(self._by_name) or 'none'})", field="policy")
-            return named.runtime
-        match = self._by_signature.get((request.signature(), fingerprint))
-        if match is not None:
-            return match.runtime
-        return self._default or self.fallback
+            return named.runtime if named.covers(request) else self._unscoped()
+        # Most specific first: a file tuned on one logged request (its signature is that
+        # request's hash), the named question's scope, any question over these options.
+        for key in (request.signature(), *request_scopes(request)):
+            match = self._by_signature.get((key, fingerprint))
+            if match is not None:
+                return match.runtime
+        default = self._default
+        if default is not None and default.covers(request):
+            return default.runtime
+        return self._unscoped()
+
+    def _unscoped(self) -> RuntimePolicy | None:
+        return self.fallback if self.unscoped == "threshold" else None
 
     def names(self) -> list[str]:
         return sorted(self._by_name)

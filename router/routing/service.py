@@ -32,6 +32,7 @@ from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
 from router.routing.ports import DecisionSink, ReadCache, SlowModel
 from router.routing.registry import PolicyRegistry, RuntimePolicy
+from router.routing.unscoped import route_unscoped
 from router.settings import Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
@@ -247,11 +248,16 @@ class RoutingService:
         self,
         request: DecisionRequest,
         read: FastRead,
-        policy: RuntimePolicy,
+        policy: RuntimePolicy | None,
         *,
         namespace: str,
         started: float,
     ) -> Decision:
+        if policy is None:  # no loaded policy covers it: policy.unscoped, no policy touched
+            return await route_unscoped(
+                request, read, mode=self.registry.unscoped, shadow_all=self.registry.shadow_all,
+                escalation=self.escalation, metrics=self.metrics, settings=self.settings,
+                namespace=namespace, started=started)
         decision_id = uuid.uuid4().hex
         # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
         # every decision and is served; the fast read and the policy's verdict are still logged.

@@ -30,7 +30,7 @@ def policy_file(tmp_path: Path, name: str, *, signature: str | None = None,
         name=name, signature=signature, backend_fingerprint=fingerprint,
         calibrator={"kind": "none"}, rule=ThresholdRule(threshold).to_dict(), threshold=threshold,
         target_accuracy=0.95, delta=0.05, bound=0.95, coverage=0.7, n_tune=100, n_calibration=0,
-        data_hash="0" * 64)
+        data_hash="0" * 64, options=["a", "b"])  # its scope: questions over options a, b
     path = tmp_path / f"{name}.json"
     policy.write(path)
     return path
@@ -53,7 +53,7 @@ def test_lookup_order_name_then_signature_then_default_then_fallback(tmp_path: P
     assert pid(request("Other?")).startswith("default@")
     assert pid(request("Other?", policy="by-sig")).startswith("by-sig@")
     bare = PolicyRegistry.load(PolicySettings(files=[by_sig]), backend_fingerprint=FINGERPRINT)
-    assert bare.lookup(request("Other?"), fingerprint=FINGERPRINT).policy_id == "fallback"
+    assert bare.lookup(request("Other?"), fingerprint=FINGERPRINT) is None  # unscoped: escalate
 
 
 def test_a_policy_tuned_for_another_backend_is_refused_unless_allowed(tmp_path: Path) -> None:

@@ -1,0 +1,79 @@
+"""What question a tuned policy answers: its scope, recorded at tuning as the policy file's
+``signature`` and checked by the router for every decision (docs/calibration.md, "Scope").
+
+A scope is the ordered option names the policy was tuned on and, when its tuning rows came from
+one named question, that name: an OpenAI ``json_schema`` ``name`` (an enum schema) or property
+name (an object schema; ``"choice"`` for vLLM's choice lists), or a System One question ``id``.
+A decision is covered when its options are the same names in the same order (a calibrator may
+treat options by position, so another order is another question) and, for a named scope, its
+question id is that name. A subset of the options (2 of the 77 intents) is another question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Literal
+
+from policies.types import DecisionRequest, canonical_hash
+
+# What a decision no loaded policy covers gets (``policy.unscoped``): the slow model's answer,
+# the same served as a shadow decision (the fast read logged beside it, to tune on later), the
+# fast answer marked ``unverified``, or (configurations written before scopes) the fallback
+# threshold on the uncalibrated read. None carries a guarantee or reaches any policy's watch.
+UnscopedMode = Literal["escalate", "shadow", "unverified", "threshold"]
+
+SCOPE_PREFIX = "scope-v1:"
+
+
+def scope_signature(options: Sequence[str], question: str | None = None) -> str:
+    """The policy file's ``signature``: what the policy answers. ``question`` None: any question
+    asked over exactly these options (a policy tuned on a labelled CSV knows no question name)."""
+    if not options:
+        raise ValueError("a scope needs the option names the policy was tuned on")
+    return SCOPE_PREFIX + canonical_hash({"options": list(options), "question": question})
+
+
+def is_scope_signature(signature: str | None) -> bool:
+    """True for a signature ``scope_signature`` wrote; files tuned before it hold null or the
+    hash of one logged request (``DecisionRequest.signature()``)."""
+    return signature is not None and signature.startswith(SCOPE_PREFIX)
+
+
+def request_scopes(request: DecisionRequest) -> tuple[str, str]:
+    """The two scope signatures that cover ``request``: its named question, then any question
+    over its options. Memoised: the registry asks for every decision, and hashing 77 option
+    names twice would be a visible share of a cache hit's CPU."""
+    return _scopes(request.question_id, request.option_names)
+
+
+@lru_cache(maxsize=4096)
+def _scopes(question: str, options: tuple[str, ...]) -> tuple[str, str]:
+    return scope_signature(options, question), scope_signature(options)
+
+
+def file_scope(signature: str | None, options: Sequence[str] | None) -> str | None:
+    """The scope a loaded policy file answers, as the registry indexes it.
+
+    A file tuned since scopes were recorded holds its scope signature. A file written before
+    (signature null) is scoped by its recorded ``options``: any question over those names, in
+    that order. A file whose signature is one logged request's hash keeps answering exactly that
+    question. A file with neither signature nor options has no known scope: None, and the
+    registry refuses it (re-tune it)."""
+    if signature is not None:
+        return signature
+    if options:
+        return scope_signature(options)
+    return None
+
+
+def covers(scope: str, request: DecisionRequest) -> bool:
+    """Whether a policy of this ``file_scope`` may decide ``request``."""
+    return scope in request_scopes(request) or scope == request.signature()
+
+
+def describe(request: DecisionRequest) -> str:
+    """The question as a person reads it in a note: its id and option count, a few names."""
+    names = request.option_names
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{request.question_id!r} over {len(names)} options ({shown})"

@@ -1,0 +1,72 @@
+"""Routing a decision no loaded policy covers (``policies/scope.py``): it follows
+``policy.unscoped`` and never reaches a policy, so it carries no guarantee and no watch sees it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from policies.scope import UnscopedMode, describe
+from policies.types import Decision, DecisionRequest, Route
+from router.errors import SlowPathError
+
+if TYPE_CHECKING:
+    from router.routing.escalation import Escalation
+    from router.routing.service import FastRead
+    from router.settings import Settings
+    from router.store.metrics import Metrics
+
+# The policy id an unscoped decision is logged under: the one the untuned fallback always had,
+# so dashboards and log readers keep one name for "no tuned policy decided this".
+UNSCOPED_POLICY_ID = "fallback"
+
+
+async def route_unscoped(
+    request: DecisionRequest, read: FastRead, *, mode: UnscopedMode, shadow_all: bool,
+    escalation: Escalation, metrics: Metrics, settings: Settings, namespace: str,
+    started: float,
+) -> Decision:
+    """``escalate``: the slow model answers. ``shadow`` (or the server-wide ``policy.shadow``):
+    the same, the decision marked shadow, the fast read logged beside it to tune on later.
+    ``unverified``: the fast answer, route ``unverified``; with no usable read it escalates.
+    The fast read is logged in every mode (the decision log's ``proba``), never judged."""
+    shadow = shadow_all or mode == "shadow"
+    # A read with a failure (none made, or one not to be trusted) is not served, only logged.
+    scores = read.scores if read.failure is None or shadow else None
+    why = f"unscoped: no loaded policy was tuned on {describe(request)}" + (
+        f"; {read.failure}" if scores is None and read.failure else "")
+    decision_id = uuid.uuid4().hex
+    if mode == "unverified" and not shadow and scores is not None:
+        index = scores.top_index
+        metrics.decision(route="unverified", escalated=False)
+        return Decision(
+            decision_id, request.question_id, scores.options[index], "unverified", None,
+            scores.proba[index], None, UNSCOPED_POLICY_ID, _ms(started),
+            note=f"{why}; the fast answer is served unverified (policy.unscoped: unverified)")
+    try:
+        answer, from_cache = await escalation.answer(request, namespace=namespace)
+    except SlowPathError as exc:
+        if scores is None or shadow or not settings.slow.serve_unverified_on_failure:
+            raise
+        index = scores.top_index
+        metrics.decision(route="unverified", escalated=True)
+        return Decision(
+            decision_id, request.question_id, scores.options[index], "unverified", None,
+            scores.proba[index], None, UNSCOPED_POLICY_ID, _ms(started),
+            note=f"{exc.message}; {why}; the fast answer was not verified")
+    route: Route = "cache" if from_cache else "slow"
+    metrics.decision(route=route, escalated=True)
+    note = f"{why}; answered by the slow model (policy.unscoped: {'shadow' if shadow else mode})"
+    if shadow and scores is not None:
+        top, p = scores.top
+        note += f"; the fast read answered {top!r} (p = {p:.3f}), logged to tune on"
+    raw = scores.proba[scores.options.index(answer)] if (
+        scores is not None and answer in scores.options) else None
+    return Decision(
+        decision_id, request.question_id, answer, route, None, raw, None, UNSCOPED_POLICY_ID,
+        _ms(started), note=note, escalated=True, shadow=shadow, guarantee=None)
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

@@ -1,0 +1,114 @@
+"""Decisions no loaded policy covers (issue 19.1): they follow ``policy.unscoped``, never carry a
+guarantee and never reach a policy (so no policy's watch sees them). Real service, MockBackend,
+MemoryCache and a tuned-file policy; a recording slow path and log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from policies.rules import ThresholdRule
+from policies.scope import UnscopedMode
+from policies.tuned import TunedPolicy
+from policies.types import DecisionRequest, Option, OptionScores, Verdict
+from router.backends.mock import MockBackend
+from router.errors import NoSlowModel
+from router.routing.registry import LoadedPolicy, PolicyRegistry
+from router.routing.service import RoutingService
+from router.settings import Settings
+from router.store.cache import MemoryCache
+from router.store.metrics import Metrics
+from tests.router.routing.test_service import ListLog, RecordingSlow
+
+INTENTS = ("card_arrival", "lost_or_stolen_card", "card_linking")
+
+
+@dataclass
+class Observed:
+    """A tuned policy that counts its decisions: what a watched policy reports to its watch."""
+
+    inner: TunedPolicy
+    calls: list[OptionScores] = field(default_factory=list)
+
+    @property
+    def policy_id(self) -> str:
+        return self.inner.policy_id
+
+    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]:
+        self.calls.append(scores)
+        return self.inner.decide(scores)
+
+
+def confident(req: DecisionRequest) -> list[float]:
+    n = len(req.options)
+    return [0.97] + [0.03 / (n - 1)] * (n - 1)
+
+
+def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None, **settings: object
+          ) -> tuple[RoutingService, Observed, RecordingSlow, ListLog]:
+    from calibration.calibrators import IdentityCalibrator
+
+    backend = MockBackend(confident)
+    policy = Observed(TunedPolicy(IdentityCalibrator(), ThresholdRule(0.9),
+                                  policy_id="intents@abc"))
+    registry = PolicyRegistry([LoadedPolicy(
+        name="intents", signature=None, backend_fingerprint=backend.fingerprint, path=None,
+        runtime=policy, guarantee="accuracy", options=INTENTS)], default="intents",
+        unscoped=mode)
+    slow = slow_path if slow_path is not None else RecordingSlow()
+    log = ListLog()
+    service = RoutingService(backend=backend, cache=MemoryCache(max_entries=100, ttl_s=60),
+                             registry=registry, slow=slow, log=log,  # type: ignore[arg-type]
+                             metrics=Metrics(), settings=Settings(**settings))  # type: ignore[arg-type]
+    return service, policy, slow, log
+
+
+def question(options: tuple[str, ...]) -> DecisionRequest:
+    return DecisionRequest("intent", "intent", tuple(Option(o) for o in options),
+                           "I still have not received my new card")
+
+
+async def test_in_scope_decisions_are_judged_by_the_policy_and_carry_its_guarantee() -> None:
+    service, policy, slow, _ = setup("escalate")
+    [d] = await service.decide([question(INTENTS)], namespace="t")
+    assert (d.route, d.guarantee, d.policy_id, d.answer) == ("fast", "accuracy", "intents@abc",
+                                                             "card_arrival")
+    assert len(policy.calls) == 1 and slow.calls == []
+
+
+@pytest.mark.parametrize("mode", ["escalate", "shadow"])
+async def test_a_subset_question_is_answered_by_the_slow_model_untouched_by_the_policy(
+        mode: UnscopedMode) -> None:
+    service, policy, slow, log = setup(mode)
+    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    # RecordingSlow answers the last option; the fast read said the first.
+    assert (d.answer, d.route, d.guarantee, d.policy_id) == (
+        "lost_or_stolen_card", "slow", None, "fallback")
+    assert d.escalated and d.shadow == (mode == "shadow") and d.probability is None
+    assert d.note is not None and "unscoped" in d.note and "2 options" in d.note
+    assert policy.calls == [] and len(slow.calls) == 1
+    [record] = log.records
+    assert record["guarantee"] is None and record["proba"] == pytest.approx([0.97, 0.03])
+
+
+async def test_unverified_serves_the_fast_answer_marked_so_without_the_slow_model() -> None:
+    service, policy, slow, _ = setup("unverified")
+    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    assert (d.answer, d.route, d.guarantee, d.escalated) == ("card_arrival", "unverified", None,
+                                                             False)
+    assert d.raw_probability == pytest.approx(0.97) and d.probability is None
+    assert policy.calls == [] and slow.calls == []
+
+
+async def test_with_no_slow_model_escalate_fails_unless_unverified_answers_are_allowed() -> None:
+    down = RecordingSlow(fail=NoSlowModel())
+    service, policy, _, _ = setup("escalate", slow_path=down)
+    with pytest.raises(NoSlowModel):
+        await service.decide([question(INTENTS[:2])], namespace="t")
+    service, policy, _, _ = setup("escalate", slow_path=RecordingSlow(
+        fail=NoSlowModel()),
+        slow={"serve_unverified_on_failure": True})
+    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    assert (d.route, d.answer, d.guarantee) == ("unverified", "card_arrival", None)
+    assert policy.calls == []
