@@ -114,6 +114,10 @@ class ConformalDriftTest:
         total = float(self._wealth.sum())
         mixed = (1.0 - self.jump) * self._wealth + (self.jump / 3.0) * total
         self._wealth = mixed * (1.0 + _EPSILONS * (p_value - 0.5))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Rescale the wealths and check the alarm after one bet."""
         scale = float(self._wealth.sum())
         if scale > 1e100 or scale < 1e-100:  # keep floats finite over unbounded streams
             self._wealth /= scale
@@ -121,6 +125,45 @@ class ConformalDriftTest:
         self.n += 1
         if self.alarm_at is None and self.log_value >= math.log(1.0 / self.alpha):
             self.alarm_at = self.n
+
+
+# The one-sided test's experts bet 1 + lam * (1/2 - p): only p-values below 1/2 (confidences
+# lower than the reference's) win. lam = 0 is the idle expert the jumper's mixing draws on after a
+# long benign stretch. Small stakes on purpose: with lam <= 0.25 a block of 40 unsure rows of one
+# intent multiplies the wealth by at most about e^3, below the alarm level (bench.watch "blocks").
+DROP_STAKES = (0.0, 0.1, 0.25)
+
+
+class ConfidenceDropTest(ConformalDriftTest):
+    """A one-sided conformal test martingale: it grows only when new confidences rank *below*
+    the reference's (accepted decisions less sure, more decisions under the bar, novel inputs
+    the model has no confident answer for). Confidences that rank higher (a sharper served model,
+    confident repeated traffic) lose its bets, so they can never raise it.
+
+    Guarantee (Ville's inequality): while decisions are exchangeable with the reference rows, the
+    rank p-values are independent and uniform, each bet has conditional mean 1 and the alarm
+    ever fires with probability at most ``alpha``. The same bound holds when each new confidence
+    is, given the past, stochastically at least as large as a draw from the ranked set: its
+    p-value is then stochastically at least uniform and every bet has conditional mean at most 1
+    (a supermartingale). ``tests/calibration/test_monitoring.py`` checks both by simulation.
+
+    The experts and the jumper mixing are the simple jumper of Vovk et al. (2005, section 7.1)
+    restricted to one side; MAPIE has no one-sided variant, hence written here."""
+
+    def __init__(self, reference: ArrayLike, *, alpha: float = 0.025, jump: float = 0.01,
+                 seed: int = 0, stakes: tuple[float, ...] = DROP_STAKES) -> None:
+        super().__init__(reference, alpha=alpha, jump=jump, seed=seed)
+        if not stakes or any(not 0.0 <= s <= 2.0 for s in stakes):
+            raise ValueError(f"stakes must be in [0, 2] (a bet stays >= 0), got {stakes!r}")
+        self._stakes = np.asarray(stakes, dtype=np.float64)
+        self._wealth = np.full(len(stakes), 1.0 / len(stakes))
+
+    def bet(self, p_value: float) -> None:
+        k = len(self._stakes)
+        total = float(self._wealth.sum())
+        mixed = (1.0 - self.jump) * self._wealth + (self.jump / k) * total
+        self._wealth = mixed * (1.0 + self._stakes * (0.5 - p_value))
+        self._settle()
 
 
 @dataclass(frozen=True)

@@ -1,66 +1,60 @@
-"""The router's view of its policies in production: one PolicyWatch per tuned policy, fed by every
+"""The router's view of its policies in production, behind routing's one observer port
+(``router.routing.ports.DecisionObserver``): one PolicyWatch per tuned policy, fed by every
 decision (label-free drift), by audits and by feedback (accuracy); alarms are logged, exported as
-gauges, written to the decision log and acted on per policy (``on_alarm``). With a shared alarm
-board (Redis: ``router/store/alarm_board.py``) an alarm one replica raises is posted there and
-latched by every other replica serving that policy within ``monitoring.alarm_sync_s``."""
+gauges, written to the decision log and acted on per policy (``on_alarm``, through ``gate``).
+With a shared alarm board (Redis: ``router/store/alarm_board.py``) an alarm one replica raises
+is latched by every replica serving that policy within ``monitoring.alarm_sync_s``, and an
+operator's clear (``slotgate alarms clear``) reaches them all the same way."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from policies.types import Decision, DecisionRequest, OptionScores, Verdict
+from policies.types import DecisionRequest
 from router.monitoring.audits import AuditJob, AuditQueue
-from router.monitoring.watch import Alarm, PolicyWatch, WatchSettings
+from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
+from router.routing.ports import Label, Observation
 
 if TYPE_CHECKING:
-    from router.routing.registry import RuntimePolicy
     from router.settings import Settings
     from router.store.metrics import Metrics
 
 logger = logging.getLogger("slotgate.monitoring")
 EventSink = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-class AlarmBoard(Protocol):
-    """Where replicas share alarm records; never raises (a failing store shares nothing)."""
-
-    async def post(self, record: dict[str, Any]) -> None: ...
-
-    async def read(self, policy_ids: Sequence[str]) -> list[dict[str, Any]]: ...
-
 SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
+ALARM_KINDS = ("drift", "accuracy")
+CLEAR = "clear"  # an alarm record of this kind is an operator's clear (it wins over older ones)
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 
 
-class WatchedPolicy:
-    """A runtime policy that reports each verdict to its watch and, while the watch is in alarm
-    with ``on_alarm: escalate_all``, escalates what it would have accepted."""
+class AlarmBoard(Protocol):
+    """Where replicas share alarm and clear records. Never raises: ``read`` answers None while
+    the store fails (so nothing is taken for lost), and skips a damaged record, its key only."""
 
-    def __init__(self, inner: RuntimePolicy, watch: PolicyWatch, monitor: Monitor) -> None:
-        self.inner = inner
-        self.watch = watch
-        self.policy_id = inner.policy_id
-        self._monitor = monitor
+    async def post(self, record: dict[str, Any]) -> None: ...
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]:
-        verdict, calibrated = self.inner.decide(scores)
-        # The drift reference holds the calibrated probability of the raw argmax (tuning's
-        # confidence), whatever option the rule's verdict names.
-        alarm = self.watch.observe(calibrated[scores.top_index], accepted=verdict.accept)
-        if alarm is not None:
-            self._monitor.alarmed(alarm)
-        if verdict.accept and self.watch.escalate_all:
-            assert self.watch.alarm is not None
-            verdict = replace(verdict, accept=False, reason=(
-                f"{self.watch.alarm.kind} alarm: every decision escalates until a re-tuned "
-                "policy is loaded"))
-        return verdict, calibrated
+    async def read(self, policy_ids: Sequence[str]) -> list[dict[str, Any]] | None: ...
+
+
+def input_key(request: DecisionRequest) -> str:
+    """What makes two decisions the same input: the text read and the options asked."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (request.instructions, request.context, request.state, request.kind,
+                 *request.option_names):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def alarm_record(alarm: Alarm, **extra: Any) -> dict[str, Any]:
+    return {"type": "alarm", "policy_id": alarm.policy_id, "kind": alarm.kind,
+            "decision": alarm.decision, "time": alarm.time, "detail": alarm.detail, **extra}
 
 
 class Monitor:
@@ -69,11 +63,12 @@ class Monitor:
 
     def __init__(self, *, metrics: Metrics | None = None, events: EventSink | None = None,
                  answer: SlowAnswer | None = None, audit_capacity: int = 1000,
-                 audit_workers: int = 2) -> None:
+                 audit_workers: int = 2, dedupe_window_s: float = DEDUPE_WINDOW_S) -> None:
         self.metrics = metrics
         self.watches: dict[str, PolicyWatch] = {}
         self._events = events
         self._answer = answer
+        self._dedupe_window_s = dedupe_window_s
         self.audits = AuditQueue(self._audit_answer, self._audit_label, capacity=audit_capacity,
                                  workers=audit_workers,
                                  on_count=None if metrics is None else metrics.audit)
@@ -84,63 +79,105 @@ class Monitor:
         if metrics is not None:
             metrics.on_render(self.export)
 
-    def wrap(self, runtime: RuntimePolicy, policy_file: Any) -> WatchedPolicy:
-        """Watch a loaded policy. A re-tuned file has a new policy id, so a fresh watch: that is
-        what clears an alarm. A file without a tuning summary gets no drift test (warned)."""
+    # -- the observer port (router.routing.ports.DecisionObserver) --------------------------
+
+    def watch(self, policy_file: Any) -> None:
+        """A policy file the registry loaded. A re-tuned file has a new policy id, so a fresh
+        watch; the same policy reloaded keeps its watch and takes the file's ``on_alarm``,
+        ``audit_rate`` and ``audit_boost`` at once. No tuning summary: no drift test (warned)."""
         settings = WatchSettings.of(policy_file)
+        watch = self.watches.get(settings.policy_id)
+        if watch is not None:
+            if watch.settings != settings:
+                logger.info("policy %s: monitoring settings reloaded (on_alarm %s, audit rate "
+                            "%g)", settings.policy_id, settings.on_alarm, settings.audit_rate)
+            watch.update_settings(settings)
+            self.export()
+            return
         if settings.reference is None:
             logger.warning("policy %s has no tuning-rows summary (tuned by an older slotgate): "
                            "no drift alarm; re-tune it to get one", settings.policy_id)
-        watch = self.watches.get(settings.policy_id)
+        self.watches[settings.policy_id] = PolicyWatch(
+            settings, dedupe_window_s=self._dedupe_window_s)
+
+    def gate(self, policy_id: str) -> str | None:
+        watch = self.watches.get(policy_id)
+        if watch is None or not watch.escalate_all:
+            return None
+        alarm = watch.alarm
+        assert alarm is not None
+        return (f"{alarm.kind} alarm: every decision escalates until the alarm is cleared "
+                "(`slotgate alarms clear`) or a re-tuned policy is loaded")
+
+    def decided(self, observation: Observation) -> None:
+        """One decision with a fast read: the watch takes it (identical inputs once per window)
+        and an accepted, served, new input may be drawn for an audit (queued, never waited on)."""
+        watch = self.watches.get(observation.policy_id)
         if watch is None:
-            watch = self.watches[settings.policy_id] = PolicyWatch(settings)
-        return WatchedPolicy(runtime, watch, self)
-
-    def after(self, requests: Sequence[DecisionRequest], decisions: Sequence[Decision]) -> None:
-        """Queue audits of the accepted decisions the draw picks; never waits."""
-        if self._answer is None:
             return
-        for request, decision in zip(requests, decisions, strict=True):
-            watch = self.watches.get(decision.policy_id)
-            if (watch is None or decision.escalated or decision.answer is None
-                    or decision.route not in ("fast", "cache") or not watch.wants_audit()):
-                continue
-            self.audits.submit(AuditJob(decision.policy_id, decision.decision_id,
-                                        decision.answer, request))
+        counted, alarm = watch.take(observation.confidence, accepted=observation.accepted,
+                                    key=input_key(observation.request))
+        if alarm is not None:
+            self.alarmed(alarm)
+        if (counted and observation.served_fast and observation.answer is not None
+                and self._answer is not None and watch.wants_audit()):
+            self.audits.submit(AuditJob(observation.policy_id, observation.decision_id,
+                                        observation.answer, observation.request))
 
-    async def feedback(self, record: dict[str, Any], label: str) -> None:
-        """A human label for a logged decision: counted for an accepted one not labelled yet."""
-        watch = self.watches.get(str(record.get("policy_id")))
-        if (watch is None or record.get("escalated") or record.get("route") not in
-                ("fast", "cache") or not self._first_label(str(record["decision_id"]), "feedback")):
+    async def labelled(self, label: Label) -> None:
+        """A label of a served fast answer, counted once per decision (the first label wins)."""
+        watch = self.watches.get(label.policy_id or "")
+        if (watch is None or not label.served_fast
+                or not self._first_label(label.decision_id, label.source)):
             return
-        self._label(watch, label == record.get("answer"))
+        self._label(watch, label.correct)
+
+    # -- alarms: raised, restored, shared, cleared ------------------------------------------
 
     def restore(self, records: Iterable[dict[str, Any]]) -> int:
-        """Re-arm alarms recorded in the decision log for policies loaded now; returns how many."""
-        restored = 0
+        """Re-arm the alarms a decision log holds for policies loaded now, in log order: a clear
+        record wins over the alarms before it. Returns how many alarms stand afterwards."""
+        before = sum(len(w.alarms) for w in self.watches.values())
         for record in records:
             watch = self.watches.get(str(record.get("policy_id")))
-            if record.get("type") == "alarm" and watch is not None and watch.alarm is None:
-                watch.restore(Alarm(watch.policy_id, record["kind"], int(record["decision"]),
-                                    float(record["time"]), str(record["detail"])))
-                restored += 1
-        return restored
+            if watch is None:
+                continue
+            kind = record.get("kind")
+            if kind == CLEAR:
+                watch.clear(float(record["time"]))
+            elif kind in ALARM_KINDS:
+                watch.restore(_alarm(watch.policy_id, record))
+        self.export()
+        return sum(len(w.alarms) for w in self.watches.values()) - before
 
     def alarmed(self, alarm: Alarm, *, shared: bool = False) -> None:
         """An alarm raised here (posted to the board, if any) or latched from the board."""
         watch = self.watches[alarm.policy_id]
         logger.warning("ALARM %s on policy %s%s: %s; %s", alarm.kind, alarm.policy_id,
                        " (raised on another replica)" if shared else "", alarm.detail,
-                       "escalating every decision until a re-tuned policy is loaded"
-                       if watch.escalate_all else "alert only (on_alarm: alert_only)")
-        record = {"type": "alarm", "policy_id": alarm.policy_id, "kind": alarm.kind,
-                  "decision": alarm.decision, "time": alarm.time, "detail": alarm.detail,
-                  "on_alarm": watch.settings.on_alarm}
+                       _action(watch))
+        record = alarm_record(alarm, on_alarm=watch.settings.on_alarm)
         self._emit(record | {"shared": True} if shared else record)
         if self._board is not None and not shared:
             self._spawn(self._board.post(record))
         self.export()
+
+    def clear(self, policy_id: str, at: float, *, shared: bool = False) -> bool:
+        """An operator's clear of a policy's alarms raised before ``at`` (``slotgate alarms
+        clear``, read from the board): logged, so a restart does not re-arm them."""
+        watch = self.watches.get(policy_id)
+        if watch is None or at <= watch.cleared_at:
+            return False
+        had = sorted(watch.alarms)
+        watch.clear(at)
+        logger.warning("policy %s: alarms cleared by an operator%s (%s); its decisions are "
+                       "routed by the policy again", policy_id, " on another replica" if shared
+                       else "", ", ".join(had) or "none standing here")
+        self._emit({"type": "alarm", "policy_id": policy_id, "kind": CLEAR,
+                    "decision": watch.n_decisions, "time": at, "shared": shared,
+                    "detail": "cleared by an operator (slotgate alarms clear)"})
+        self.export()
+        return True
 
     def share(self, board: AlarmBoard, *, interval_s: float) -> None:
         """Post this replica's alarms to ``board`` and latch the others' every ``interval_s``
@@ -149,28 +186,40 @@ class Monitor:
         self._sync = asyncio.get_running_loop().create_task(self._sync_every(interval_s))
 
     async def sync_alarms(self) -> int:
-        """Latch the board's alarms of watched policies not in alarm here; how many."""
+        """One round with the board: clears first, then alarms of watched policies not standing
+        here are latched, then alarms standing here that the board lost (Redis restarted empty,
+        the key expired) are posted again. Returns how many alarms were latched."""
         if self._board is None:
             return 0
+        records = await self._board.read(sorted(self.watches))
+        if records is None:  # the board is failing: take nothing for lost
+            return 0
+        for record in records:
+            if record["kind"] == CLEAR:
+                self.clear(record["policy_id"], float(record["time"]), shared=True)
         latched = 0
-        for record in await self._board.read(sorted(self.watches)):
-            watch = self.watches.get(str(record["policy_id"]))
-            if watch is None or watch.alarm is not None:
+        present = set()
+        for record in records:
+            watch = self.watches.get(record["policy_id"])
+            if watch is None or record["kind"] not in ALARM_KINDS:
                 continue
-            alarm = Alarm(watch.policy_id, record["kind"], int(record["decision"]),
-                          float(record["time"]), str(record["detail"]))
-            watch.restore(alarm)
-            self.alarmed(alarm, shared=True)
-            latched += 1
+            present.add((watch.policy_id, record["kind"]))
+            alarm = _alarm(watch.policy_id, record)
+            if watch.restore(alarm):
+                self.alarmed(alarm, shared=True)
+                latched += 1
+        for watch in self.watches.values():
+            for kind, alarm in watch.alarms.items():
+                if (watch.policy_id, kind) not in present:
+                    await self._board.post(alarm_record(alarm, on_alarm=watch.settings.on_alarm))
         return latched
 
     async def _sync_every(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            try:
-                await self.sync_alarms()
-            except (KeyError, TypeError, ValueError) as exc:  # a record of another version
-                logger.warning("shared policy alarms: unreadable record skipped (%s)", exc)
+            await self.sync_alarms()
+
+    # -- state, export, shutdown ------------------------------------------------------------
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [watch.snapshot() for watch in self.watches.values()]
@@ -208,7 +257,7 @@ class Monitor:
 
     def _first_label(self, decision_id: str, source: str) -> bool:
         """The first label of a decision counts; a human label that comes later is only logged
-        (it still wins in exports: ``export_predictions``)."""
+        (it still wins in exports: ``router.store.log_join``)."""
         if decision_id in self._labelled:
             return False
         self._labelled[decision_id] = source
@@ -237,11 +286,25 @@ class Monitor:
             logger.warning("monitoring record not written to the decision log: %s", exc)
 
 
+def _alarm(policy_id: str, record: dict[str, Any]) -> Alarm:
+    return Alarm(policy_id, record["kind"], int(record["decision"]), float(record["time"]),
+                 str(record["detail"]))
+
+
+def _action(watch: PolicyWatch) -> str:
+    if watch.escalate_all:
+        return "escalating every decision it would accept until cleared or re-tuned"
+    if watch.settings.on_alarm == "audit_then_escalate":
+        return (f"audit rate raised to {watch.audit_rate:g}; its accepted decisions escalate "
+                "once the audits show accuracy below the target")
+    return "alert only (on_alarm: alert_only)"
+
+
 def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
                  slow: Any) -> Monitor:
     """The app's monitor: alarms and audit labels go to the decision log, audits to the slow
     path (when one is configured), alarms recorded in the log before a restart are re-armed
-    once the policies are wrapped (``restore_from_log``)."""
+    once the policies are loaded (``restore_from_log``)."""
 
     async def answer(request: DecisionRequest) -> str:
         if slow is None or not slow.available:
@@ -252,18 +315,22 @@ def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
 
     return Monitor(metrics=metrics, events=getattr(decision_log, "add_event", None),
                    answer=answer, audit_capacity=settings.monitoring.audit_queue,
-                   audit_workers=settings.monitoring.audit_workers)
+                   audit_workers=settings.monitoring.audit_workers,
+                   dedupe_window_s=float(settings.cache.ttl_s))
 
 
 def restore_from_log(monitor: Monitor, path: Path) -> int:
-    """Re-arm the alarms a decision log holds for the policies ``monitor`` watches."""
-    from router.store.decision_log import read_records
+    """Re-arm the alarms a decision log holds for the policies ``monitor`` watches (an
+    operator's later clear wins). The typed reader skips (and counts) damaged lines: a bad
+    record never stops a start."""
+    from router.store.log_join import alarms
+    from router.store.log_reader import read_log
 
     if not monitor.watches:
         return 0
-    restored = monitor.restore(r for r in read_records(path, events=True)
-                               if r.get("type") == "alarm")
+    # quiet: the decision log warned of damaged lines once already, rebuilding its index
+    restored = monitor.restore(a.model_dump() for a in alarms(read_log(path, quiet=True)))
     if restored:
         logger.warning("%d policy alarm(s) restored from %s: those policies stay in alarm "
-                       "until re-tuned", restored, path)
+                       "until cleared (`slotgate alarms clear`) or re-tuned", restored, path)
     return restored

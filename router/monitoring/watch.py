@@ -1,24 +1,32 @@
-"""One tuned policy watched in production: its drift martingale (label-free), its accuracy
-sequence (audit and feedback labels), the live accept share, and the alarm they raise. No I/O:
-the Monitor feeds it and decides what to log and export."""
+"""One tuned policy watched in production: its one-sided drift martingale (label-free), its
+accuracy sequence (audit and feedback labels), the live accept share, the alarms they raise and
+the action those alarms call for (``on_alarm``). No I/O: the Monitor feeds it and decides what to
+log, share and export."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from calibration.monitoring import AccuracySequence, ConformalDriftTest
+from calibration.monitoring import AccuracySequence, ConfidenceDropTest
 
 AlarmKind = Literal["drift", "accuracy"]
+OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 ACCEPT_WINDOW = 1000  # decisions behind the live accept share
+DEFAULT_AUDIT_BOOST = 0.25  # audit rate while a drift alarm stands (audit_then_escalate)
+# Identical inputs count once per window: one day, or the last 65,536 distinct inputs per
+# policy (16-byte keys, a few MiB), whichever forgets first. A repeat inside it is the same read
+# of the same question (the read cache serves it), so it is no new evidence about the traffic.
+DEDUPE_WINDOW_S = 86_400.0
+DEDUPE_MAX_KEYS = 65_536
 
 
 @dataclass(frozen=True, slots=True)
 class Alarm:
-    """Why and when a policy stopped being trusted (latched until a re-tuned policy loads)."""
+    """Why and when a policy stopped being trusted (latched until cleared or re-tuned)."""
 
     policy_id: str
     kind: AlarmKind
@@ -34,7 +42,8 @@ class WatchSettings:
     policy_id: str
     target_accuracy: float
     audit_rate: float = 0.0
-    on_alarm: Literal["escalate_all", "alert_only"] = "escalate_all"
+    on_alarm: OnAlarm = "audit_then_escalate"
+    audit_boost: float = DEFAULT_AUDIT_BOOST
     alarm_alpha: float = 0.05
     reference: tuple[float, ...] | None = None  # tuning rows' confidences; None: no drift test
     reference_accept_share: float | None = None
@@ -45,6 +54,7 @@ class WatchSettings:
         reference = policy_file.reference
         return cls(policy_id=policy_file.policy_id, target_accuracy=policy_file.target_accuracy,
                    audit_rate=policy_file.audit_rate, on_alarm=policy_file.on_alarm,
+                   audit_boost=getattr(policy_file, "audit_boost", DEFAULT_AUDIT_BOOST),
                    alarm_alpha=policy_file.alarm_alpha,
                    reference=None if reference is None else tuple(reference.confidence),
                    reference_accept_share=None if reference is None else reference.accept_share,
@@ -54,74 +64,137 @@ class WatchSettings:
 class PolicyWatch:
     """The drift and accuracy alarms share ``alarm_alpha`` equally, so together they raise a
     false alarm with probability at most ``alarm_alpha`` while traffic looks like the tuning
-    rows and the policy keeps its promise."""
+    rows (or is surer than them) and the policy keeps its promise.
 
-    def __init__(self, settings: WatchSettings) -> None:
+    The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
+    on a drift alarm and escalates what the policy accepts once the accuracy alarm says the
+    promise is broken; ``escalate_all`` escalates on either alarm; ``alert_only`` never acts."""
+
+    def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
+                 dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
         self.settings = settings
-        half = settings.alarm_alpha / 2.0
-        self.drift = (None if settings.reference is None else
-                      ConformalDriftTest(settings.reference, alpha=half, seed=settings.seed))
-        self.accuracy = AccuracySequence(alpha=half)
-        self.alarm: Alarm | None = None
+        self.alarms: dict[AlarmKind, Alarm] = {}
+        self.cleared_at = 0.0  # alarms raised before an operator's clear are not re-armed
         self.n_decisions = 0
+        self.n_counted = 0  # decisions the drift test took (identical inputs once per window)
         self.n_accepted = 0
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._dedupe_window_s = dedupe_window_s
+        self._dedupe_max_keys = dedupe_max_keys
+        self._start_tests()
         # Seeded, one stream per policy: which accepted decisions get audited is reproducible.
         self._audit_rng = random.Random(f"{settings.seed}:{settings.policy_id}")
+
+    def _start_tests(self) -> None:
+        half = self.settings.alarm_alpha / 2.0
+        reference = self.settings.reference
+        self.drift = (None if reference is None else
+                      ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
+        self.accuracy = AccuracySequence(alpha=half)
 
     @property
     def policy_id(self) -> str:
         return self.settings.policy_id
 
     @property
+    def alarm(self) -> Alarm | None:
+        """The gravest standing alarm (accuracy before drift), None when there is none."""
+        return self.alarms.get("accuracy") or self.alarms.get("drift")
+
+    @property
     def escalate_all(self) -> bool:
-        return self.alarm is not None and self.settings.on_alarm == "escalate_all"
+        on_alarm = self.settings.on_alarm
+        if on_alarm == "escalate_all":
+            return bool(self.alarms)
+        return on_alarm == "audit_then_escalate" and "accuracy" in self.alarms
+
+    @property
+    def audit_rate(self) -> float:
+        """The audit rate now: the file's, or ``audit_boost`` while a drift alarm stands."""
+        rate = self.settings.audit_rate
+        if self.settings.on_alarm == "audit_then_escalate" and "drift" in self.alarms:
+            return max(rate, self.settings.audit_boost)
+        return rate
 
     @property
     def accept_share(self) -> float | None:
         """Accepted share of the last ``ACCEPT_WINDOW`` decisions (None before the first)."""
         return sum(self._recent) / len(self._recent) if self._recent else None
 
-    def observe(self, confidence: float, *, accepted: bool) -> Alarm | None:
+    def update_settings(self, settings: WatchSettings) -> None:
+        """A reloaded file of the same policy (same id): ``on_alarm``, ``audit_rate`` and
+        ``audit_boost`` act from the next decision. The statistics keep running."""
+        self.settings = settings
+
+    def observe(self, confidence: float, *, accepted: bool,
+                key: str | None = None) -> Alarm | None:
+        """``take``, returning only the alarm this decision raised (replays)."""
+        return self.take(confidence, accepted=accepted, key=key)[1]
+
+    def take(self, confidence: float, *, accepted: bool, key: str | None = None,
+             now: float | None = None) -> tuple[bool, Alarm | None]:
         """One decision with a fast read: its confidence (calibrated probability of the fast
-        answer) and whether the policy accepted it. Returns an alarm raised by this decision."""
+        answer), whether the policy accepted it and its input's key (None: always new).
+        Returns whether it counted (a new input in the window) and the alarm it raised."""
         self.n_decisions += 1
         self.n_accepted += int(accepted)
         self._recent.append(accepted)
+        if key is not None and not self._first_sight(key, time.time() if now is None else now):
+            return False, None
+        self.n_counted += 1
         if self.drift is None:
-            return None
+            return True, None
         # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
-        if self.drift.update(min(1.0, max(0.0, confidence))) and self.alarm is None:
-            return self._raise("drift", f"the confidence martingale reached "
-                               f"{self.drift.log_value:.2f} (log) >= log(1/{self.drift.alpha:g}) "
-                               f"after {self.drift.n} decisions")
-        return None
+        if self.drift.update(min(1.0, max(0.0, confidence))) and "drift" not in self.alarms:
+            return True, self._raise("drift", (
+                f"the confidence-drop martingale reached {self.drift.log_value:.2f} (log) >= "
+                f"log(1/{self.drift.alpha:g}) after {self.drift.n} distinct inputs"))
+        return True, None
 
     def wants_audit(self) -> bool:
         """Draw for one accepted decision: audit it?"""
-        rate = self.settings.audit_rate
+        rate = self.audit_rate
         return rate > 0.0 and self._audit_rng.random() < rate
 
     def label(self, correct: bool) -> Alarm | None:
         """One labelled accepted decision (audit or feedback). Returns an alarm it raised."""
         self.accuracy.update(correct)
         target = self.settings.target_accuracy
-        if self.alarm is None and self.accuracy.below(target):
+        if "accuracy" not in self.alarms and self.accuracy.below(target):
             return self._raise("accuracy", f"accepted accuracy is below the target {target}: "
                                f"upper confidence bound {self.accuracy.upper:.4f} after "
                                f"{self.accuracy.n} labels")
         return None
 
-    def restore(self, alarm: Alarm) -> None:
-        """Re-arm an alarm this policy raised before a restart (read back from the log)."""
-        if self.alarm is None:
-            self.alarm = alarm
+    def restore(self, alarm: Alarm) -> bool:
+        """Re-arm an alarm read back from the log or latched from another replica; False when
+        this kind already stands or an operator cleared the policy after it was raised."""
+        if alarm.kind in self.alarms or alarm.time <= self.cleared_at:
+            return False
+        self.alarms[alarm.kind] = alarm
+        return True
+
+    def clear(self, at: float) -> bool:
+        """An operator's clear at time ``at``: alarms raised before it go, and both tests start
+        afresh (their bound holds again from here). False when it changed nothing."""
+        if at <= self.cleared_at:
+            return False
+        self.cleared_at = at
+        stale = [kind for kind, alarm in self.alarms.items() if alarm.time <= at]
+        for kind in stale:
+            del self.alarms[kind]
+        if stale or self._tripped():
+            self._start_tests()
+        return bool(stale)
 
     def snapshot(self) -> dict[str, Any]:
         bounds = self.accuracy.bounds()
+        alarm = self.alarm
         return {
             "policy_id": self.policy_id,
             "decisions": self.n_decisions,
+            "distinct_inputs": self.n_counted,
             "accepted": self.n_accepted,
             "accept_share": self.accept_share,
             "reference_accept_share": self.settings.reference_accept_share,
@@ -132,11 +205,29 @@ class PolicyWatch:
             "accuracy_lower": bounds.lower,
             "accuracy_upper": bounds.upper,
             "target_accuracy": self.settings.target_accuracy,
-            "alarm": None if self.alarm is None else self.alarm.kind,
-            "alarm_detail": None if self.alarm is None else self.alarm.detail,
+            "alarm": None if alarm is None else alarm.kind,
+            "alarms": sorted(self.alarms),
+            "alarm_detail": None if alarm is None else alarm.detail,
             "on_alarm": self.settings.on_alarm,
+            "audit_rate": self.audit_rate,
+            "escalating": self.escalate_all,
         }
 
+    def _tripped(self) -> bool:
+        return (self.drift is not None and self.drift.alarm) or self.accuracy.below(
+            self.settings.target_accuracy)
+
+    def _first_sight(self, key: str, now: float) -> bool:
+        seen = self._seen.get(key)
+        if seen is not None and now - seen < self._dedupe_window_s:
+            return False
+        self._seen[key] = now
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._dedupe_max_keys:
+            self._seen.popitem(last=False)
+        return True
+
     def _raise(self, kind: AlarmKind, detail: str) -> Alarm:
-        self.alarm = Alarm(self.policy_id, kind, self.n_decisions, time.time(), detail)
-        return self.alarm
+        alarm = self.alarms[kind] = Alarm(self.policy_id, kind, self.n_decisions, time.time(),
+                                          detail)
+        return alarm

@@ -1,15 +1,16 @@
 """The seams of the routing service, typed the way httpx types its transports: what the service
-(and the routes above it) use of the slow model, the read cache and the decision log. The
-concrete parts (``SlowPath``, ``RedisCache``/``MemoryCache``, ``JsonlDecisionLog``/...) satisfy
+(and the routes above it) use of the slow model, the read cache, the decision log and production monitoring
+(``DecisionObserver``). The concrete parts (``SlowPath``, ``RedisCache``/``MemoryCache``, ``JsonlDecisionLog``/...) satisfy
 these structurally; tests pass small fakes."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from policies.types import DecisionRequest
+from router.store.records import DecisionRecord, DecisionView
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +60,53 @@ class ReadCache(Protocol):
 class DecisionSink(Protocol):
     """Where the service records each decision, durably, before the caller gets its answer."""
 
-    async def append(self, record: dict[str, Any]) -> None: ...
+    async def append(self, record: DecisionRecord) -> None: ...
 
 
 class FeedbackStore(Protocol):
     """The logged decisions a feedback label can be attached to (``POST /v1/feedback``)."""
 
-    async def get(self, decision_id: str) -> dict[str, Any] | None: ...
+    async def get(self, decision_id: str) -> DecisionView | None: ...
 
     async def add_feedback(self, decision_id: str, label: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One routed decision with a fast read, as monitoring sees it."""
+
+    request: DecisionRequest  # audits re-ask it; its text and options key the input (dedupe)
+    decision_id: str
+    policy_id: str
+    confidence: float  # calibrated probability of the fast answer (the raw argmax)
+    accepted: bool  # the policy's own verdict, before any alarm gate
+    answer: str | None  # what the caller got
+    served_fast: bool  # the accepted fast answer reached the caller: what a label measures
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """A label of a logged decision: a human's (``/v1/feedback``) or the slow model's (audit)."""
+
+    decision_id: str
+    policy_id: str | None
+    served_fast: bool
+    correct: bool  # the answer the caller got equals the label
+    source: Literal["feedback", "audit"]
+
+
+class DecisionObserver(Protocol):
+    """Production monitoring as routing sees it (``router.monitoring.monitor.Monitor``): told of
+    each policy file the registry loads, asked by the registry whether an alarm makes a policy
+    escalate what it accepts (the alarm gate), told once per decision with a fast read and once
+    per label. ``decided`` never waits and never raises: a decision is never slower for it."""
+
+    def watch(self, policy_file: Any) -> None: ...
+
+    def gate(self, policy_id: str) -> str | None:
+        """Why this policy's accepted answers escalate now; None while they are served."""
+        ...
+
+    def decided(self, observation: Observation) -> None: ...
+
+    async def labelled(self, label: Label) -> None: ...

@@ -1,6 +1,8 @@
-"""The Monitor as the router uses it: a policy wrapped by it escalates everything once drift is
-detected (escalate_all) or only alerts (alert_only); alarms reach the log, the gauges and a
-restart; a re-tuned policy starts clean; audits and feedback label accepted decisions once."""
+"""The Monitor behind routing's observer port: told of each decision (``decided``) and label
+(``labelled``), asked through ``gate`` whether a policy's accepted answers escalate. The ladder
+(audit_then_escalate), escalate_all and alert_only; alarms reach the log, the gauges and a
+restart, an operator's clear wins over them; a reload of the same policy changes the action at
+once; identical inputs count once; audits and feedback label accepted decisions once."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from policies.types import Decision, DecisionRequest, Option, OptionScores
+from policies.file import PolicyFile
+from policies.types import DecisionRequest, Option, OptionScores
 from router.errors import SlowPathTimeout
 from router.monitoring.monitor import Monitor
+from router.routing.ports import Label, Observation
 from router.store.metrics import Metrics
 from tests.router.monitoring.conftest import OPTIONS, confident, watched_policy
 
@@ -29,59 +33,142 @@ def scores(p: float) -> OptionScores:
     return OptionScores(OPTIONS, confident(p))
 
 
-async def test_drift_alarm_escalates_everything_and_is_logged_and_exported() -> None:
+def request(i: int | str) -> DecisionRequest:
+    return DecisionRequest(f"q{i}", "which?", tuple(Option(o) for o in OPTIONS), f"state {i}")
+
+
+def decide(monitor: Monitor, policy: PolicyFile, p: float, i: int | str = 0, *,
+           served: bool = True) -> bool:
+    """One decision as the service makes it: the pure policy, the gate, then the observer.
+    Returns whether the fast answer was served (accepted and not gated)."""
+    verdict, calibrated = policy.runtime().decide(scores(p))
+    gated = monitor.gate(policy.policy_id) is not None
+    served_fast = verdict.accept and not gated and served
+    monitor.decided(Observation(request(i), f"d{i}", policy.policy_id, calibrated[0],
+                                verdict.accept, "a", served_fast))
+    return served_fast
+
+
+def drive_into_drift(monitor: Monitor, policy: PolicyFile) -> int:
+    watch = monitor.watches[policy.policy_id]
+    for n in range(400):
+        if "drift" in watch.alarms:
+            return n
+        decide(monitor, policy, 0.55, f"unsure {n}")  # far less sure than the tuning rows
+    raise AssertionError("no drift alarm within 400 decisions")
+
+
+async def test_escalate_all_gates_on_a_drift_alarm_logged_exported_and_restored() -> None:
     metrics, events = Metrics(), Events()
     monitor = Monitor(metrics=metrics, events=events)
-    policy = watched_policy()
-    runtime = monitor.wrap(policy.runtime(), policy)
-    high = scores(0.98)
-    assert runtime.decide(high)[0].accept  # confident reads, like the tuning rows: accepted
-    n = 0
-    while runtime.watch.alarm is None:  # the reads become much less confident
-        runtime.decide(scores(0.55))
-        n += 1
-        assert n < 200
-    verdict, _ = runtime.decide(high)
-    assert not verdict.accept and "drift alarm" in verdict.reason
+    policy = watched_policy(on_alarm="escalate_all")
+    monitor.watch(policy)
+    assert decide(monitor, policy, 0.98) and monitor.gate(policy.policy_id) is None
+    drive_into_drift(monitor, policy)
+    assert not decide(monitor, policy, 0.98, "sure")
+    assert "drift alarm" in str(monitor.gate(policy.policy_id))
     await asyncio.sleep(0)  # the alarm record is written by a task
     [alarm] = [r for r in events.records if r["type"] == "alarm"]
     assert alarm["policy_id"] == policy.policy_id and alarm["kind"] == "drift"
     text = metrics.render().decode()
     assert f'slotgate_policy_alarm{{kind="drift",policy="{policy.policy_id}"}} 1.0' in text
-    assert "slotgate_policy_accept_share" in text and "slotgate_policy_drift_log_martingale" in text
     # a restart with the same policy re-arms the alarm from the log; a re-tuned one starts clean
     again = Monitor()
-    restarted = again.wrap(policy.runtime(), policy)
-    assert again.restore(events.records) == 1 and not restarted.decide(high)[0].accept
-    retuned = watched_policy(threshold=0.7)
-    assert again.wrap(retuned.runtime(), retuned).decide(high)[0].accept
+    again.watch(policy)
+    assert again.restore(events.records) == 1 and again.gate(policy.policy_id) is not None
+    retuned = watched_policy(data_hash="1" * 64, on_alarm="escalate_all")
+    again.watch(retuned)
+    assert again.gate(retuned.policy_id) is None
+
+
+async def test_the_ladder_boosts_audits_on_drift_and_escalates_on_accuracy() -> None:
+    asked: list[str] = []
+
+    async def wrong(req: DecisionRequest) -> str:
+        asked.append(req.question_id)
+        return "b"  # the slow model disagrees with every fast answer
+
+    monitor = Monitor(answer=wrong)
+    policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.0, audit_boost=0.5)
+    monitor.watch(policy)
+    watch = monitor.watches[policy.policy_id]
+    drive_into_drift(monitor, policy)
+    # drift alone: alert and audit more, the policy's answers are still served
+    assert monitor.gate(policy.policy_id) is None and watch.audit_rate == 0.5
+    assert not asked
+    for i in range(200):
+        decide(monitor, policy, 0.98, f"sure {i}")
+        await monitor.audits.join()
+        if "accuracy" in watch.alarms:
+            break
+    assert "accuracy" in watch.alarms and 0 < len(asked) < 200
+    assert "accuracy alarm" in str(monitor.gate(policy.policy_id))
+    assert not decide(monitor, policy, 0.98, "after")
+    await monitor.aclose()
+
+
+def test_a_reload_of_the_same_policy_changes_the_action_at_once() -> None:
+    monitor = Monitor()
+    policy = watched_policy(on_alarm="escalate_all")
+    monitor.watch(policy)
+    drive_into_drift(monitor, policy)
+    assert monitor.gate(policy.policy_id) is not None
+    edited = policy.model_copy(update={"on_alarm": "alert_only", "audit_rate": 0.3})
+    assert edited.policy_id == policy.policy_id  # monitoring fields keep the identity
+    monitor.watch(edited)  # what registry.load does on a live reload
+    watch = monitor.watches[policy.policy_id]
+    assert monitor.gate(policy.policy_id) is None and watch.audit_rate == 0.3
+    assert "drift" in watch.alarms  # the alarm stands; only its action changed
+
+
+def test_identical_inputs_count_once_and_confident_traffic_never_alarms() -> None:
+    monitor = Monitor()
+    policy = watched_policy(on_alarm="escalate_all")
+    monitor.watch(policy)
+    watch = monitor.watches[policy.policy_id]
+    for _ in range(1000):  # one unsure question asked again and again: one input
+        decide(monitor, policy, 0.55, "canary")
+    assert watch.n_decisions == 1000 and watch.n_counted == 1 and not watch.alarms
+    for i in range(3000):  # many distinct inputs, all surer than the tuning rows
+        decide(monitor, policy, 0.999, f"confident {i}")
+    assert not watch.alarms and watch.drift is not None and watch.drift.log_value < 0
+
+
+async def test_a_clear_stops_the_action_is_logged_and_wins_at_restore() -> None:
+    events = Events()
+    monitor = Monitor(events=events)
+    policy = watched_policy(on_alarm="escalate_all")
+    monitor.watch(policy)
+    drive_into_drift(monitor, policy)
+    alarm_time = monitor.watches[policy.policy_id].alarms["drift"].time
+    assert monitor.clear(policy.policy_id, alarm_time + 1.0)
+    assert monitor.gate(policy.policy_id) is None
+    assert decide(monitor, policy, 0.98, "after the clear")  # the reset test does not re-fire
+    await asyncio.sleep(0)
+    kinds = [r["kind"] for r in events.records if r["type"] == "alarm"]
+    assert kinds == ["drift", "clear"]
+    restarted = Monitor()
+    restarted.watch(policy)
+    assert restarted.restore(events.records) == 0 and restarted.gate(policy.policy_id) is None
+    # an alarm raised after the clear is re-armed again
+    later = {**events.records[0], "time": alarm_time + 2.0}
+    assert restarted.restore([*events.records, later]) == 1
 
 
 def test_alert_only_keeps_serving_and_no_summary_means_no_drift_test(
         caplog: pytest.LogCaptureFixture) -> None:
     monitor = Monitor()
     policy = watched_policy(on_alarm="alert_only")
-    runtime = monitor.wrap(policy.runtime(), policy)
-    for _ in range(200):
-        runtime.decide(scores(0.55))
-    assert runtime.watch.alarm is not None and runtime.decide(scores(0.98))[0].accept
+    monitor.watch(policy)
+    drive_into_drift(monitor, policy)
+    assert monitor.gate(policy.policy_id) is None and decide(monitor, policy, 0.98, "sure")
     with caplog.at_level(logging.WARNING, logger="slotgate.monitoring"):
-        old = watched_policy(reference=None, threshold=0.75)
-        bare = monitor.wrap(old.runtime(), old)
-    assert "no drift alarm" in caplog.text and bare.watch.drift is None
-    for _ in range(200):
-        bare.decide(scores(0.55))
-    assert bare.watch.alarm is None
-
-
-def request(i: int) -> DecisionRequest:
-    return DecisionRequest(f"q{i}", "which?", tuple(Option(o) for o in OPTIONS), f"state {i}")
-
-
-def decision(i: int, policy_id: str, *, answer: str = "a", route: str = "fast",
-             escalated: bool = False) -> Decision:
-    return Decision(f"d{i}", f"q{i}", answer, route, 0.9, 0.9, 0.8, policy_id,  # type: ignore[arg-type]
-                    1.0, escalated=escalated)
+        old = watched_policy(reference=None, data_hash="2" * 64)
+        monitor.watch(old)
+    assert "no drift alarm" in caplog.text and monitor.watches[old.policy_id].drift is None
+    for i in range(200):
+        decide(monitor, old, 0.55, i)
+    assert monitor.watches[old.policy_id].alarm is None
 
 
 async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
@@ -96,24 +183,24 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
 
     monitor = Monitor(metrics=metrics, events=events, answer=slow)
     policy = watched_policy(audit_rate=1.0)
-    monitor.wrap(policy.runtime(), policy)
+    monitor.watch(policy)
     pid = policy.policy_id
-    monitor.after([request(i) for i in range(5)],
-                  [decision(0, pid), decision(1, pid, route="slow", escalated=True),
-                   decision(2, pid), decision(3, pid), decision(4, pid, route="cache")])
+    for i in range(5):
+        decide(monitor, policy, 0.98, i, served=i != 1)  # decision 1 was escalated
+    decide(monitor, policy, 0.98, 0)  # the same input again: not audited twice
     await monitor.audits.join()
-    assert sorted(asked) == ["q0", "q2", "q3", "q4"]  # accepted ones only, escalated not
+    assert sorted(asked) == ["q0", "q2", "q3", "q4"]
     audits = {r["decision_id"]: r for r in events.records if r["type"] == "audit"}
     assert audits["d0"]["correct"] and not audits["d2"]["correct"] and "d3" not in audits
     watch = monitor.watches[pid]
     assert watch.accuracy.n == 3 and watch.accuracy.bounds().mean == pytest.approx(2 / 3)
     counts = monitor.audits.counts
     assert (counts.done, counts.failed, counts.dropped) == (3, 1, 0)
-    # feedback for an audited decision is not counted twice; for a new one it is
-    await monitor.feedback({"decision_id": "d0", "policy_id": pid, "answer": "a",
-                            "route": "fast", "escalated": False}, "c")
-    await monitor.feedback({"decision_id": "d9", "policy_id": pid, "answer": "a",
-                            "route": "fast", "escalated": False}, "a")
+    # feedback for an audited decision is not counted twice; for a new one it is; for an
+    # escalated one never
+    await monitor.labelled(Label("d0", pid, True, False, "feedback"))
+    await monitor.labelled(Label("d9", pid, True, True, "feedback"))
+    await monitor.labelled(Label("d8", pid, False, True, "feedback"))
     assert watch.accuracy.n == 4
     await monitor.aclose()
 
@@ -124,10 +211,11 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
         return "a"
 
     small = Monitor(metrics=metrics, answer=stuck, audit_capacity=1, audit_workers=1)
-    small.wrap(policy.runtime(), policy)
-    small.after([request(i) for i in range(4)], [decision(i, pid) for i in range(4)])
+    small.watch(policy)
+    for i in range(4):
+        decide(small, policy, 0.98, i)
     await asyncio.sleep(0)  # the worker takes one; one waits; the others find the queue full
-    small.after([request(9)], [decision(9, pid)])
+    decide(small, policy, 0.98, 9)
     assert small.audits.counts.dropped >= 2
     assert f'slotgate_audits_total{{policy="{pid}",result="dropped"}}' in metrics.render().decode()
     gate.set()

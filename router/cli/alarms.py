@@ -1,0 +1,148 @@
+"""``slotgate alarms list|clear``: operator control of policy alarms. ``list`` shows the alarms
+standing in a decision log (an operator's clear wins over the alarms before it) and, with
+``--redis-url``, those the fleet shares; ``clear`` writes a clear record to the log (so a restart
+does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Policy alarms: list them, clear them (docs/monitoring.md).")
+
+LogOption = Annotated[Path, typer.Option(
+    "--log", envvar="SLOTGATE_LOG__DECISION_LOG_PATH",
+    help="The decision log (the proxy's log.decision_log_path).")]
+RedisOption = Annotated[str | None, typer.Option(
+    "--redis-url", envvar="SLOTGATE_CACHE__REDIS_URL",
+    help="The fleet's Redis (cache.redis_url): read or clear the alarms every replica shares.")]
+DETAIL = "cleared by an operator (slotgate alarms clear)"
+
+
+def standing(log: Path, policy: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """(policy id, kind) -> the alarm record standing in ``log``: the first of its kind since
+    the policy's last clear, as the proxy re-arms them at start-up."""
+    from router.store.log_join import alarms
+    from router.store.log_reader import read_log
+
+    held: dict[tuple[str, str], dict[str, Any]] = {}
+    cleared: dict[str, float] = {}
+    for record in alarms(read_log(log, quiet=True)):
+        if policy is not None and record.policy_id != policy:
+            continue
+        if record.kind == "clear":
+            cleared[record.policy_id] = max(cleared.get(record.policy_id, 0.0), record.time)
+            for key in [k for k in held if k[0] == record.policy_id]:
+                if held[key]["time"] <= record.time:
+                    del held[key]
+        elif record.time > cleared.get(record.policy_id, 0.0):
+            held.setdefault((record.policy_id, record.kind), record.model_dump())
+    return held
+
+
+async def _shared(redis_url: str, policy: str | None) -> list[dict[str, Any]]:
+    from router.store.alarm_board import KEY_PREFIX, RedisAlarmBoard
+
+    board = RedisAlarmBoard(redis_url, ttl_s=1)
+    try:
+        ids = [policy] if policy is not None else sorted({
+            record["policy_id"] for record in
+            await _scan_records(board.client, KEY_PREFIX)})
+        records = await board.read(ids) if ids else []
+        if records is None:
+            raise typer.BadParameter(f"Redis at {redis_url} did not answer",
+                                     param_hint="--redis-url")
+        return [r for r in records if r["kind"] != "clear"]
+    finally:
+        await board.aclose()
+
+
+async def _scan_records(client: Any, prefix: str) -> list[dict[str, Any]]:
+    """Every readable record under the alarm prefix (ids are hashed in keys: read them back)."""
+    records = []
+    async for key in client.scan_iter(match=prefix + "*", count=500):
+        blob = await client.get(key)
+        try:
+            record = json.loads(blob) if blob is not None else None
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("policy_id"), str):
+            records.append(record)
+    return records
+
+
+@app.command(name="list")
+def list_alarms(
+    log: LogOption = Path("var/decisions.jsonl"),
+    policy: Annotated[str | None, typer.Option(help="Only this policy id.")] = None,
+    redis_url: RedisOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The alarms standing: in the decision log and, with --redis-url, shared by the fleet."""
+    from router.cli.common import show_table
+
+    rows = [{**record, "source": "log"} for record in standing(log, policy).values()]
+    if redis_url is not None:
+        rows += [{**r, "source": "redis"} for r in asyncio.run(_shared(redis_url, policy))]
+    if as_json:
+        typer.echo(json.dumps({"alarms": rows}))
+        return
+    if not rows:
+        typer.echo("no alarm stands" + (f" for policy {policy}" if policy else ""))
+        return
+    show_table("policy alarms", [
+        (f"{r['policy_id']} {r['kind']} ({r['source']})",
+         f"{datetime.fromtimestamp(r['time'], UTC):%Y-%m-%d %H:%M:%S}Z: {r['detail']}")
+        for r in rows])
+
+
+@app.command()
+def clear(
+    policy: Annotated[str, typer.Option(help="The policy id (as `alarms list` and the "
+                                        "/metrics labels show it).")],
+    log: LogOption = Path("var/decisions.jsonl"),
+    redis_url: RedisOption = None,
+) -> None:
+    """Clear a policy's alarms: its decisions are routed by the policy again. Logged (a restart
+    does not re-arm them) and, with --redis-url, shared: every replica clears within
+    monitoring.alarm_sync_s. Without Redis a running replica clears when it restarts."""
+    from router.cli.common import fail
+
+    if redis_url is None and not log.parent.is_dir():
+        fail(f"--log: no folder {log.parent} (and no --redis-url): nothing to clear in")
+    at = time.time()
+    held = standing(log, policy) if log.is_file() else {}
+    if log.parent.is_dir():
+        record = {"type": "alarm", "policy_id": policy, "kind": "clear", "decision": 0,
+                  "time": at, "detail": DETAIL}
+        with log.open("a", encoding="utf-8") as f:  # one short O_APPEND write: whole or absent
+            f.write(json.dumps(record) + "\n")
+    where = f"logged in {log}"
+    if redis_url is not None:
+        asyncio.run(_clear_shared(redis_url, policy, at))
+        where += "; shared through Redis: every replica clears within monitoring.alarm_sync_s"
+    else:
+        where += "; replicas running now clear when restarted (pass --redis-url for a fleet)"
+    kinds = ", ".join(sorted(kind for _, kind in held)) or "none in the log"
+    typer.echo(f"cleared policy {policy} (alarms: {kinds}); {where}")
+
+
+async def _clear_shared(redis_url: str, policy: str, at: float) -> None:
+    from router.cli.common import fail
+    from router.store.alarm_board import RedisAlarmBoard
+    from router.store.redis_client import redis_errors
+
+    board = RedisAlarmBoard(redis_url, ttl_s=7 * 24 * 3600)
+    try:
+        await board.clear(policy, at, DETAIL)
+    except redis_errors() as exc:
+        fail(f"--redis-url: the clear was logged but not shared ({type(exc).__name__}: {exc})")
+    finally:
+        await board.aclose()
