@@ -15,7 +15,7 @@ from calibration.metrics import ece, risk_coverage_curve, top_label_bins
 from calibration.validation import check_confidence_correct
 
 
-def _figure(width_in: float, height_in: float) -> Any:
+def new_figure(width_in: float, height_in: float) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open a window, work on a headless server
@@ -25,7 +25,7 @@ def _figure(width_in: float, height_in: float) -> Any:
     return Figure(figsize=(width_in, height_in), layout="constrained")
 
 
-def _save(figure: Any, path: str | os.PathLike[str]) -> Path:
+def save_figure(figure: Any, path: str | os.PathLike[str]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(target, format="png", dpi=120)
@@ -38,7 +38,7 @@ def reliability_diagram(path: str | os.PathLike[str], proba_before: ArrayLike,
     """Two panels (before, after calibration): accuracy against mean top-label confidence per
     equal-width bin, marker area by row count and counts written by the points; the diagonal is
     perfect calibration; ECE in each legend. Returns the PNG path."""
-    figure = _figure(11.0, 5.0)
+    figure = new_figure(11.0, 5.0)
     axes = figure.subplots(1, 2, sharey=True)
     for ax, proba, label in ((axes[0], proba_before, "before"), (axes[1], proba_after, "after")):
         bins = top_label_bins(proba, y_true, n_bins=n_bins, strategy="uniform")
@@ -59,7 +59,7 @@ def reliability_diagram(path: str | os.PathLike[str], proba_before: ArrayLike,
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy in the bin (numbers: rows in the bin)")
     figure.suptitle(title)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def risk_coverage_plot(path: str | os.PathLike[str], confidence: ArrayLike, correct: ArrayLike, *,
@@ -69,7 +69,7 @@ def risk_coverage_plot(path: str | os.PathLike[str], confidence: ArrayLike, corr
     point of ``threshold`` marked (or a note that none passed), the target's error as a line."""
     conf, hits = check_confidence_correct(confidence, correct)
     coverage, risk = risk_coverage_curve(conf, hits)
-    figure = _figure(7.0, 5.0)
+    figure = new_figure(7.0, 5.0)
     ax = figure.subplots()
     ax.plot(coverage, risk, color="tab:blue", label="risk among answered (most confident first)")
     if target_accuracy is not None:
@@ -93,4 +93,4 @@ def risk_coverage_plot(path: str | os.PathLike[str], confidence: ArrayLike, corr
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(figure, path)
+    return save_figure(figure, path)

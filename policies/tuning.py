@@ -91,11 +91,16 @@ class GuaranteedPolicy:
     def get_params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in TuneOptions.model_fields}
 
+    def check_params(self) -> TuneOptions:
+        """The parameters, validated (pydantic ValidationError naming the field); ``fit`` calls
+        it first, a caller may call it before reading any data."""
+        return TuneOptions.model_validate(self.get_params())
+
     def fit(self, proba: ArrayLike, y_true: ArrayLike, *, options: Sequence[str] | None = None,
             folds: ArrayLike | None = None) -> Self:
         """Fit the calibrator and choose the rule. ``options`` names the columns (default "0",
         "1", ...); ``folds``: the rows are out-of-fold reads, cross-fit over these folds."""
-        params = TuneOptions.model_validate(self.get_params())  # ValidationError names the field
+        params = self.check_params()
         proba = np.asarray(proba, dtype=np.float64)
         labels = np.asarray(y_true, dtype=np.int64)
         self.options_ = tuple(options) if options is not None else tuple(
@@ -158,7 +163,7 @@ class GuaranteedPolicy:
     def to_file(self, *, name: str, data_hash: str, backend_fingerprint: str = "unknown",
                 signature: str | None = None, guarantee: str = "accuracy",
                 shadow: bool | None = None, audit_rate: float = 0.0,
-                on_alarm: OnAlarm = "escalate_all", alarm_alpha: float = 0.05) -> PolicyFile:
+                on_alarm: OnAlarm = "audit_then_escalate", alarm_alpha: float = 0.05) -> PolicyFile:
         """The policy file of this fitted policy, with the monitoring settings given here."""
         from calibration.monitoring import reference_summary
         from policies.file import PolicyFile

@@ -6,7 +6,9 @@ Predictions format, one JSON object per line::
     {"id": str, "options": [str, ...], "proba": [float, ...], "label": str | null,
      "text": str (optional), "signature": str (optional), "fingerprint": str (optional),
      "fold": int (optional; out-of-fold reads from ``slotgate train --cv``: the fold whose model
-     did not see the row), "reference": "human" | "slow" (optional; where the label came from)}
+     did not see the row), "reference": "human" | "slow" (optional; where the label came from),
+     "novel": true (optional; the label is none of the options, ``predict --allow-novel-labels``:
+     the row is always wrong)}
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from calibration.artifacts import atomic_path
+from policies.evaluation import NOVEL_LABEL
 from router.errors import ConfigError
 
 SUM_TOLERANCE = 1e-4  # the same tolerance OptionScores accepts
@@ -56,7 +59,8 @@ class LabelledTexts:
 
 @dataclass(frozen=True)
 class Predictions:
-    """A validated predictions file. ``y_true`` is the label's option index, -1 where unknown."""
+    """A validated predictions file. ``y_true`` is the label's option index, -1 where unknown,
+    ``NOVEL_LABEL`` where the label is none of the options (the row is always wrong)."""
 
     path: Path
     ids: list[str]
@@ -72,7 +76,18 @@ class Predictions:
 
     @property
     def labelled(self) -> npt.NDArray[np.bool_]:
+        """Rows labelled with one of the options."""
         return self.y_true >= 0
+
+    @property
+    def scored(self) -> npt.NDArray[np.bool_]:
+        """Rows with any label, novel ones included (what an evaluation counts)."""
+        scored: npt.NDArray[np.bool_] = self.y_true != -1
+        return scored
+
+    @property
+    def n_novel(self) -> int:
+        return int((self.y_true == NOVEL_LABEL).sum())
 
 
 def _is_jsonl(path: Path) -> bool:
@@ -200,8 +215,14 @@ def _check_row(path: Path, row: int, obj: dict[str, Any]) -> tuple[list[str], li
     if abs(total - 1.0) > SUM_TOLERANCE:
         raise PredictionsError(path, row, "proba", f"sums to {total:.6f}, not 1")
     label = obj["label"]
-    if label is not None and label not in options:
-        raise PredictionsError(path, row, "label", f"{label!r} is not among the options")
+    if label is not None and not isinstance(label, str):
+        raise PredictionsError(path, row, "label", f"{label!r} is not a string")
+    novel = obj.get("novel", False)
+    if not isinstance(novel, bool):
+        raise PredictionsError(path, row, "novel", f"{novel!r} is not true or false")
+    if label is not None and (label in options) == novel:
+        raise PredictionsError(path, row, "label", f"{label!r} is among the options but the row "
+                               "says novel" if novel else f"{label!r} is not among the options")
     fold = obj.get("fold")
     if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 0):
         raise PredictionsError(path, row, "fold", f"{fold!r} is not a fold number (an int >= 0)")
@@ -245,7 +266,8 @@ def read_predictions(path: Path) -> Predictions:
         raise PredictionsError(path, None, "id", "ids are not unique")
     assert first is not None
     index = {name: j for j, name in enumerate(first)}
-    y_true = np.array([index[lab] if lab is not None else -1 for lab in labels], dtype=np.int64)
+    y_true = np.array([-1 if lab is None else index.get(lab, NOVEL_LABEL) for lab in labels],
+                      dtype=np.int64)
     return Predictions(
         path=path, ids=ids, options=tuple(first), proba=np.asarray(probas, dtype=np.float64),
         labels=labels, y_true=y_true, fingerprints=fingerprints, signatures=signatures,

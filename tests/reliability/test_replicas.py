@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from router.backends.mock import MockBackend
-from router.tuning.cli import app as cli
+from router.cli.app import app as cli
 from router.tuning.predictions import read_predictions
 from standins.llm import StandinHandle
 from tests.conftest import RedisServer

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
-from router.tuning.cli import app
+from router.cli.app import app
 from tests.router.monitoring.conftest import OPTIONS, confident, watched_policy
 
 
@@ -71,3 +72,98 @@ def test_monitor_refuses_a_log_without_decisions_or_without_the_policy(tmp_path:
     (tmp_path / "bad.json").write_text("{}")
     result = invoke("monitor", "--log", other, "--policy", tmp_path / "bad.json")
     assert result.exit_code == 2 and "--policy" in result.stderr and "'format'" in result.stderr
+
+
+def monitor_json(tmp_path: Path, log: Path, policy: Any) -> Any:
+    policy.write(tmp_path / "policy.json")
+    result = invoke("monitor", "--log", log, "--policy", tmp_path / "policy.json", "--json")
+    assert result.exit_code == 0, result.output
+    [state] = json.loads(result.stdout)["policies"]
+    return state
+
+
+def test_a_log_appended_twice_counts_each_decision_once(tmp_path: Path) -> None:
+    policy = watched_policy()
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    write_log(once, policy.policy_id)
+    twice.write_text(once.read_text() * 2)
+    single, doubled = monitor_json(tmp_path, once, policy), monitor_json(tmp_path, twice, policy)
+    assert doubled["decisions"] == single["decisions"] == 600
+    assert doubled["labels"] == single["labels"] == 120
+    assert doubled["per_answer"] == single["per_answer"]
+
+
+def test_damaged_lines_are_skipped_and_counted_never_a_traceback(tmp_path: Path) -> None:
+    policy = watched_policy()
+    log = tmp_path / "log.jsonl"
+    write_log(log, policy.policy_id)
+    with log.open("a") as f:  # a line of 100,000 '[' and an alarm missing its 'decision'
+        f.write("[" * 100_000 + "\n")
+        f.write(json.dumps({"type": "alarm", "policy_id": policy.policy_id, "kind": "drift",
+                            "time": 0.0, "detail": "torn"}) + "\n")
+    state = monitor_json(tmp_path, log, policy)
+    assert state["decisions"] == 600 and state["damaged_lines"] == 2
+    assert len(state["logged_alarms"]) == 1  # the valid one
+    out = tmp_path / "preds.jsonl"
+    result = invoke("export-log", "--log", log, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 600
+
+
+def test_a_log_of_several_option_counts_replays(tmp_path: Path) -> None:
+    """A 2-option and a 77-option decision logged under one policy (the default policy once
+    routed any question): no numpy "inhomogeneous shape", each decision judged on its own."""
+    policy = watched_policy()
+    log = tmp_path / "log.jsonl"
+    write_log(log, policy.policy_id, n=50)
+    many = [f"intent_{k}" for k in range(77)]
+    with log.open("a") as f:
+        for i, options in enumerate((["yes", "no"], many)):
+            proba = [0.9] + [0.1 / (len(options) - 1)] * (len(options) - 1)
+            f.write(json.dumps({"type": "decision", "decision_id": f"m{i}", "options": options,
+                                "proba": proba, "policy_id": policy.policy_id,
+                                "answer": options[0], "route": "fast"}) + "\n")
+    state = monitor_json(tmp_path, log, policy)
+    assert state["decisions"] + state["unfit_decisions"] == 52
+
+
+def test_the_replay_asks_the_policys_own_rule(tmp_path: Path) -> None:
+    """Per-option bars and the escalation budget hold in a replay, not ``c >= threshold``."""
+    from policies.rules import BudgetRule, ThresholdRule
+
+    strict_a = watched_policy(rule=ThresholdRule(0.8, {"a": 1.0}).to_dict())
+    log = tmp_path / "strict.jsonl"
+    write_log(log, strict_a.policy_id, n=300, shift_at=300)  # every read confident on "a"
+    assert monitor_json(tmp_path, log, strict_a)["accepted"] == 0
+    plain = watched_policy()
+    write_log(log, plain.policy_id, n=300, shift_at=300)
+    assert monitor_json(tmp_path, log, plain)["accepted"] > 250
+    budget = watched_policy(rule=BudgetRule(ThresholdRule(1.0), max_escalation=0.2,
+                                            window=100).to_dict(), threshold=1.0)
+    write_log(log, budget.policy_id, n=300, shift_at=300)
+    accepted = monitor_json(tmp_path, log, budget)["accepted"]
+    assert 0.75 * 300 <= accepted <= 0.85 * 300  # the budget accepts what it may not escalate
+
+
+def test_monitor_shows_accepted_accuracy_per_answer_worst_first(tmp_path: Path) -> None:
+    policy = watched_policy()
+    log = tmp_path / "log.jsonl"
+    lines = []
+    for i in range(200):  # answer "a": 100 labelled, 99 right; "b": 100 labelled, 80 right
+        answer = "a" if i % 2 == 0 else "b"
+        proba = [0.98, 0.01, 0.01] if answer == "a" else [0.01, 0.98, 0.01]
+        lines.append({"type": "decision", "decision_id": f"d{i}", "policy_id": policy.policy_id,
+                      "options": list(OPTIONS), "proba": proba, "answer": answer,
+                      "route": "fast"})
+        wrong = (answer == "a" and i == 0) or (answer == "b" and i % 10 == 1)
+        lines.append({"type": "feedback", "decision_id": f"d{i}",
+                      "label": "c" if wrong else answer, "time": float(i)})
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = monitor_json(tmp_path, log, policy)["per_answer"]
+    assert [(r["answer"], r["n"], r["correct"]) for r in rows] == [("b", 100, 80),
+                                                                   ("a", 100, 99)]
+    assert rows[0]["lower"] < 0.8 < rows[0]["upper"] < rows[1]["upper"]
+    assert rows[0]["lower"] == pytest.approx(0.7082, abs=1e-3)  # Clopper-Pearson 95%: 80/100
+    table = invoke("monitor", "--log", log, "--policy", tmp_path / "policy.json")
+    assert table.exit_code == 0 and "per answer, worst first" in table.stdout
+    assert table.stdout.index("0.8000 [") < table.stdout.index("0.9900 [")

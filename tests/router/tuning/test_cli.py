@@ -11,8 +11,9 @@ import pytest
 from scipy.stats import binomtest
 from typer.testing import CliRunner
 
+from policies.file import load_policy
 from router.backends.sklearn import SklearnBackend
-from router.tuning.cli import app
+from router.cli.app import app
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ def test_tune_report_writes_pngs_and_the_policy_records_its_evidence(trained: Tr
     assert is_png(report / "reliability.png") and is_png(report / "risk_coverage.png")
     policy = json.loads(trained.policy.read_text())
     assert policy["target_accuracy"] == 0.95 and policy["delta"] == 0.05
-    assert policy["bound"] >= 0.95 and policy["threshold"] is not None
+    assert policy["bound"] >= 0.95 and policy["rule"]["threshold"] is not None
+    assert "threshold" not in policy  # stored once, in the rule (version 2)
     assert policy["n_tune"] + policy["n_calibration"] == round(0.3 * 10003)
     assert policy["backend_fingerprint"] == SklearnBackend(trained.model).fingerprint
     assert policy["calibrator"]["kind"] == "temperature"
@@ -120,7 +122,7 @@ def test_max_escalation_keeps_the_guarantee_and_warns(trained: Trained, tmp_path
     assert code == 0, err
     policy = json.loads(out_path.read_text())
     assert policy["rule"]["kind"] == "budget"
-    assert policy["rule"]["base"]["threshold"] == policy["threshold"]
+    assert policy["rule"]["base"]["threshold"] == load_policy(out_path).threshold is not None
     assert policy["budget_exceeded"] is True and "outside the guarantee" in err
 
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from router.backends.sklearn import SklearnBackend, load_text_model
-from router.tuning.cli import app
+from router.cli.app import app
 
 
 def invoke(*args: object) -> Any:

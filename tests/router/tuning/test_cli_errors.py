@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from router.tuning.cli import app
+from router.cli.app import app
 
 OPTIONS = ["card_arrival", "card_lost", "exchange_rate"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from typer.testing import CliRunner
 
-from router.tuning.cli import app
+from router.cli.app import app
 
 OPTIONS = ["yes", "no", "maybe"]
 
@@ -50,7 +50,7 @@ def test_policy_records_signature_fingerprint_and_data_hash(tmp_path: Path) -> N
     assert policy["backend_fingerprint"] == "fp1"
     assert policy["data_hash"] == hashlib.sha256(preds.read_bytes()).hexdigest()
     assert policy["n_calibration"] == 1000 and policy["n_tune"] == 1000
-    assert policy["threshold"] is not None and policy["bound"] >= 0.9
+    assert policy["rule"]["threshold"] is not None and policy["bound"] >= 0.9
 
 
 def test_same_seed_same_policy_other_seed_other_split(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_same_seed_same_policy_other_seed_other_split(tmp_path: Path) -> None:
     for i, seed in enumerate((0, 0, 1)):
         out = tmp_path / f"p{i}.json"
         assert invoke("tune", "--preds", preds, "--seed", seed, "--out", out).exit_code == 0
-        thresholds.append(json.loads(out.read_text())["threshold"])
+        thresholds.append(json.loads(out.read_text())["rule"]["threshold"])
     assert thresholds[0] == thresholds[1] != thresholds[2]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from typer.testing import CliRunner
 
-from router.tuning.cli import app
+from router.cli.app import app
 from router.tuning.predictions import read_predictions
 
 OPTIONS = ["card_arrival", "card_lost", "exchange_rate"]

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from router.cli.app import app
 from router.settings import LogSettings, Settings
 from router.store.decision_log import JsonlDecisionLog
-from router.tuning.cli import app
 from router.tuning.log_export import export_predictions
 from router.tuning.predictions import PredictionsError, read_predictions
 
@@ -166,7 +166,7 @@ async def test_export_of_several_questions_needs_a_signature(tmp_path: Path) -> 
 
 async def test_the_redis_stream_is_read_whole_in_chunks(redis_url: str, tmp_path: Path) -> None:
     from router.store.redis_log import RedisStreamDecisionLog
-    from router.tuning.log_export import read_stream
+    from router.store.log_reader import read_stream
 
     log = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "d.jsonl")
     for i in range(5):
@@ -176,7 +176,7 @@ async def test_the_redis_stream_is_read_whole_in_chunks(redis_url: str, tmp_path
     assert await log.flush()
     await log.aclose()
     records = list(read_stream(redis_url, "s", chunk=2))
-    assert [(r["type"], r["decision_id"]) for r in records] == [
+    assert [(r.type, r.decision_id) for r in records] == [  # type: ignore[union-attr]
         *(("decision", f"d{i}") for i in range(5)), ("feedback", "d3")]
     out = tmp_path / "p.jsonl"
     assert export_predictions([], out, redis_stream=(redis_url, "s"), labelled_only=True) == 1

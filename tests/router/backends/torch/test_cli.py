@@ -14,9 +14,9 @@ pytest.importorskip("transformers")
 from typer.testing import CliRunner
 
 from router.backends.factory import build_backend
+from router.cli.app import app
 from router.errors import ConfigError
 from router.settings import FastBackendSettings
-from router.tuning.cli import app
 from tests.router.backends.torch_models import tiny_bert_folder
 
 

@@ -26,8 +26,8 @@ def monitor(
     """Replay a decision log's monitoring: accept share against the tuning rows, audited
     accuracy with its anytime-valid bounds, the drift martingale, and alarms."""
     from policies.file import PolicyFileError, load_policy
+    from router.cli.common import check_out, fail, show_table
     from router.monitoring.replay import LogError, replay_log
-    from router.tuning.common import check_out, fail, show_table
 
     try:
         policies = [load_policy(p) for p in policy]
@@ -42,8 +42,7 @@ def monitor(
     if plot is not None:
         write_plot(plot, series)
     if as_json:
-        typer.echo(json.dumps({"policies": [
-            {**s.state, "alarms": s.alarms, "logged_alarms": s.logged_alarms} for s in series]}))
+        typer.echo(json.dumps({"policies": [s.as_json() for s in series]}))
         return
     for s in series:
         state = s.state
@@ -62,7 +61,12 @@ def monitor(
              f"{s.alarms[0]['kind']} at decision {s.alarms[0]['decision'] + 1}: "
              f"{s.alarms[0]['detail']}"),
             ("alarms the proxy logged", str(len(s.logged_alarms))),
+            ("decisions not replayed (read does not fit) / damaged log lines",
+             f"{s.unfit} / {s.damaged_lines}"),
         ])
+        if s.per_answer:
+            show_table(f"accepted accuracy per answer, worst first (95% Clopper-Pearson; "
+                       f"{len(s.per_answer)} answers)", s.per_answer_rows())
     if plot is not None:
         typer.echo(f"wrote {plot}")
 
@@ -76,9 +80,9 @@ def fmt(value: Any) -> str:
 def write_plot(path: Path, series: list[Series]) -> Path:
     """Per policy: accept share (rolling) against the tuning rows', the audited accuracy's
     confidence sequence against the target, the drift martingale against its alarm level."""
-    from calibration.plots import _figure, _save
+    from calibration.plots import new_figure, save_figure
 
-    figure = _figure(15.0, 4.0 * len(series))
+    figure = new_figure(15.0, 4.0 * len(series))
     grid = figure.subplots(len(series), 3, squeeze=False)
     for (share_ax, accuracy_ax, drift_ax), s in zip(grid, series, strict=True):
         x = range(1, len(s.accepted) + 1)
@@ -115,4 +119,4 @@ def write_plot(path: Path, series: list[Series]) -> Path:
             ax.set_xlabel("decision")
             ax.grid(alpha=0.3)
             ax.legend(loc="best", fontsize=8)
-    return _save(figure, path)
+    return save_figure(figure, path)

@@ -1,44 +1,20 @@
-"""The ``slotgate`` command line: train a fast model, predict, tune a policy, evaluate it, compare
-two prediction files, export the decision log. One function per command (``tune`` and ``eval`` in
-``tune_cmd.py``); heavy imports inside the commands.
-
-Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
-every input is read and checked before the first output is written. The cross-fitted run (every
-labelled row both trains and tunes)::
-
-    slotgate train --data train.csv --label-column category --out m.joblib \
-        --cv 5 --oof-out oof.jsonl
-    slotgate tune --preds oof.jsonl --model m.joblib --target-accuracy 0.95 --out policy.json
-    slotgate predict --model m.joblib --data test.csv --label-column category --out test.jsonl
-    slotgate eval --preds test.jsonl --policy policy.json --json
-
-or the split one: ``train --holdout 0.3 --holdout-out tune.csv``, ``predict`` on tune.csv, and
-``tune --preds tune.jsonl`` (half the held-out rows calibrate, half choose the threshold).
-"""
+"""``slotgate train`` and ``slotgate predict``: a fast text model from labelled rows (with its
+out-of-fold reads for a cross-fitted tune), and one prediction line per row read by a model."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from router.tuning.common import check_out, fail, load_preds, progress, show_table
-from router.tuning.tune_cmd import evaluate, tune
-
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="slotgate: confidence routing for LLM decision calls.")
-app.command()(tune)
-app.command(name="eval")(evaluate)
-
+from router.cli.common import check_out, fail, progress
 
 Text = Annotated[str, typer.Option(help="Name of the text column.")]
 IdColumn = Annotated[str | None, typer.Option(help="Column with row ids (default: 'id' if "
                                               "present, else the 1-based row number).")]
 
 
-@app.command()
 def train(
     data: Annotated[Path, typer.Option(help="Labelled CSV or JSONL file.")],
     out: Annotated[Path, typer.Option(help="Where to write the model artifact (joblib).")],
@@ -53,7 +29,8 @@ def train(
              "stratified); the saved model is still fit on all rows. Needs --oof-out.")] = None,
     oof_out: Annotated[Path | None, typer.Option(
         help="Predictions JSONL of the out-of-fold reads (input of `slotgate tune`).")] = None,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the held-out split, the folds and the "
+                                      "model's own randomness: the same seed, the same model.")] = 0,
 ) -> None:
     """Train a fast text classifier and save it as a versioned artifact."""
     import csv
@@ -138,7 +115,6 @@ def write_out_of_fold(path: Path, oof: Any, model_path: Path, *, ids: list[str],
                                                                   oof.folds, strict=True)))
 
 
-@app.command()
 def predict(
     model: Annotated[Path, typer.Option(help="Model artifact from `slotgate train`.")],
     data: Annotated[Path, typer.Option(help="CSV or JSONL file of texts.")],
@@ -154,6 +130,10 @@ def predict(
         "Which intent does the customer's message express?"),
     limit: Annotated[int | None, typer.Option(
         min=1, help="Read a seeded random subset of this many rows.")] = None,
+    allow_novel_labels: Annotated[bool, typer.Option(
+        help="Keep rows whose label is none of the model's options (a class it never learnt, "
+             "as under a novel-class shift): written with \"novel\": true, `eval` counts them "
+             "wrong, `tune` refuses them.")] = False,
 ) -> None:
     """Read every row with the fast model and write one prediction line per row."""
     import asyncio
@@ -181,9 +161,10 @@ def predict(
     if limit is not None:
         rows = seeded_subset(rows, limit, seed=0)
     for row, label in enumerate(rows.labels, start=1):
-        if label is not None and label not in options:
+        if label is not None and label not in options and not allow_novel_labels:
             fail(f"{data}: row {row}: field {label_column!r}: label {label!r} is not among the "
-                 f"model's {len(options)} options")
+                 f"model's {len(options)} options (pass --allow-novel-labels to keep such rows, "
+                 "counted wrong)")
     choices = tuple(Option(name) for name in options)
     instructions = question if torch_kind is not None else ""
     requests = [DecisionRequest(question_id=i if torch_kind is None else "intent",
@@ -204,122 +185,14 @@ def predict(
     except SlotgateError as exc:
         fail(f"{model}: {exc}")
     fingerprint = backend.fingerprint
+    known = set(options)
     write_predictions(out, ({"id": i, "options": list(options), "proba": list(s.proba),
-                             "label": label, "text": text, "fingerprint": fingerprint}
+                             "label": label, "text": text, "fingerprint": fingerprint,
+                             **({"novel": True} if label is not None and label not in known
+                                else {})}
                             for i, text, label, s in zip(rows.ids, rows.texts, rows.labels, scores,
                                                          strict=True)))
+    n_novel = sum(label is not None and label not in known for label in rows.labels)
     typer.echo(f"wrote {len(scores)} predictions over {len(options)} options -> {out} "
-               f"(fingerprint {fingerprint})")
-
-
-@app.command()
-def compare(
-    a: Annotated[Path, typer.Argument(help="Predictions JSONL of model A.")],
-    b: Annotated[Path, typer.Argument(help="Predictions JSONL of model B.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-) -> None:
-    """Compare two prediction files row by row: discordant pairs, exact McNemar p."""
-    from router.tuning.pairing import compare_predictions
-    from router.tuning.predictions import PredictionsError
-
-    first, second = load_preds(a, labelled=True), load_preds(b, labelled=True)
-    try:
-        summary = compare_predictions(first, second)
-    except PredictionsError as exc:
-        fail(str(exc))
-    if as_json:
-        typer.echo(json.dumps(summary))
-        return
-    show_table(f"{a.name} (A) vs {b.name} (B)", [
-        ("paired rows", str(summary["n"])),
-        ("accuracy A / B", f"{summary['accuracy_a']:.4f} / {summary['accuracy_b']:.4f}"),
-        ("same answer", f"{summary['answers_agree']:.4f}"),
-        ("both right or both wrong", f"{summary['agreement']:.4f}"),
-        ("discordant: only A right / only B right", f"{summary['a_only']} / {summary['b_only']}"),
-        ("exact McNemar p", f"{summary['p_value']:.4g}"),
-        ("unpaired rows A / B", f"{summary['unpaired_a']} / {summary['unpaired_b']}"),
-    ])
-
-
-@app.command(name="export-log")
-def export_log(
-    out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
-    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log "
-                                                "(default: ./slotgate.yaml when present).")] = None,
-    log: Annotated[list[Path] | None, typer.Option(
-        help="Decision log JSONL (default: the config's). Repeat it to join the logs of several "
-             "replicas: feedback sent to one replica for a decision made on another is in the "
-             "other's log.")] = None,
-    signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
-                                                  "holds several.")] = None,
-    labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
-    audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
-                                               "audit (the slow model's answer); a human label "
-                                               "wins.")] = False,
-    reference: Annotated[str, typer.Option(help="human: labels are /v1/feedback only; slow: "
-                                           "where none, the slow model's answer (shadow mode, "
-                                           "audits, escalations); `tune` on it promises "
-                                           "agreement with the slow model.")] = "human",
-    redis_url: Annotated[str | None, typer.Option(
-        help="Also read the Redis stream every replica writes its records to (alone, without "
-             "--log, only the stream is read).")] = None,
-    stream: Annotated[str, typer.Option(help="The stream's name (log.redis_stream).")]
-        = "slotgate:v1:log",
-) -> None:
-    """Join the decision log with its feedback labels into a predictions file."""
-    from redis.exceptions import RedisError
-
-    from router.errors import ConfigError
-    from router.http.server import default_config
-    from router.settings import load_settings
-    from router.tuning.log_export import export_predictions
-    from router.tuning.predictions import PredictionsError
-
-    if reference not in ("human", "slow"):
-        fail(f"--reference must be human or slow, got {reference!r}")
-    check_out(out, "--out")
-    try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
-        sources = log if log else [] if redis_url else [
-            load_settings(default_config(config)).log.decision_log_path]
-    except ConfigError as exc:
-        fail(exc.message)
-    for source in sources:
-        if not source.is_file():
-            fail(f"decision log {source}: file not found")
-    tally: dict[str, int] = {}
-    try:
-        n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
-                               audit_labels=audit_labels,
-                               redis_stream=(redis_url, stream) if redis_url else None,
-                               reference_slow=reference == "slow", tally=tally)
-    except PredictionsError as exc:
-        fail(exc.message)
-    except (RedisError, OSError) as exc:
-        fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
-    names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
-    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
-               f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
-               f"{tally['unlabelled']} none")
-
-
-@app.command()
-def serve(
-    config: Annotated[Path | None, typer.Option(help="slotgate YAML config (default: ./slotgate.yaml "
-                                                "when present).")] = None,
-    host: Annotated[str | None, typer.Option(help="Interface (default: the config's).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: the config's).")] = None,
-) -> None:
-    """Run the routing proxy (OpenAI and System One routes) under uvicorn."""
-    from router.errors import ConfigError
-    from router.http.server import serve as run_server
-
-    try:
-        run_server(config=config, host=host, port=port)
-    except ConfigError as exc:  # settings, decision log, model or policy: named in the message
-        fail(exc.message)
-
-
-# `slotgate monitor` lives with the monitoring it replays (router/monitoring/cli.py).
-from router.monitoring.cli import monitor as _monitor
-
-app.command(name="monitor")(_monitor)
+               f"(fingerprint {fingerprint})"
+               + (f"; {n_novel} rows labelled outside the options (novel)" if n_novel else ""))

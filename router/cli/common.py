@@ -1,19 +1,54 @@
-"""What the ``slotgate`` commands share: exiting on bad input, output checks, progress bars,
-tables, report plots and reading predictions files."""
+"""What the ``slotgate`` commands share: exiting on bad input (a flag's validation error named by
+its flag), output checks, progress bars, tables, report plots and reading predictions files."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from router.tuning.predictions import Predictions
 
 
 def fail(message: str) -> NoReturn:
     """Print to stderr and exit 2 (bad input); plain echo so long paths are never re-wrapped."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
+
+
+def fail_flag(exc: ValidationError) -> NoReturn:
+    """Exit 2 on the first problem of validated options, named by its flag: the field
+    ``target_accuracy`` is ``--target-accuracy``, and the message is the field's own."""
+    first = exc.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else ""
+    message = first["msg"].removeprefix("Value error, ")
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    fail(f"--{field.replace('_', '-')}: {message}{shown}")
+
+
+def check_policy_fields(**values: Any) -> None:
+    """Check flag values against the policy file's own fields (their types and ranges, declared
+    once in ``PolicyFile``), before any work; a bad one exits 2 naming its flag."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter
+
+    from policies.file import PolicyFile
+
+    for name, value in values.items():
+        field = PolicyFile.model_fields[name]
+        kind: Any = (Annotated[field.annotation, *field.metadata] if field.metadata
+                     else field.annotation)
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as exc:
+            message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            fail(f"--{name.replace('_', '-')}: {message} (got {value!r})")
 
 
 def check_out(path: Path, what: str) -> None:
@@ -50,7 +85,7 @@ def single(values: list[str | None], what: str, path: Path) -> str | None:
     return distinct.pop() if distinct else None
 
 
-def load_preds(path: Path, *, labelled: bool) -> Any:
+def load_preds(path: Path, *, labelled: bool) -> Predictions:
     """Read a predictions file, exiting 2 on bad input or (``labelled``) with no labelled row."""
     from router.tuning.predictions import PredictionsError, read_predictions
 

@@ -1,24 +1,35 @@
 """``slotgate tune`` and ``slotgate eval``: a policy file from labelled predictions (split, or
-cross-fitted on out-of-fold reads), and its metrics on fresh labelled predictions."""
+cross-fitted on out-of-fold reads), and its metrics on fresh labelled predictions. ``tune`` is
+argument parsing around ``GuaranteedPolicy(...).fit(...).to_file(...)``; the ranges of its flags
+are the policy file's own fields (``policies.specs``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from router.tuning.common import (
+from router.cli.common import (
     check_folder,
     check_out,
     fail,
+    fail_flag,
     fmt,
     load_preds,
     show_table,
     single,
     write_report,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from policies.file import PolicyFile
+    from policies.tuning import GuaranteedPolicy
+    from router.tuning.predictions import Predictions
 
 
 def tune(
@@ -42,7 +53,9 @@ def tune(
     shadow: Annotated[bool, typer.Option(
         help="Write the policy in shadow mode: every decision is also answered by the slow "
              "model, which is served (switch it off by editing the file; it reloads live).")] = False,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the calibration/threshold split, the --cv "
+                                      "folds and the drift reference's subsample: the same "
+                                      "seed and rows, the same policy.")] = 0,
     audit_rate: Annotated[float, typer.Option(help="Share of accepted decisions also sent to the "
                                               "slow model after the reply (monitoring).")] = 0.0,
     on_alarm: Annotated[str, typer.Option(help="escalate_all | alert_only: what a drift or "
@@ -50,6 +63,10 @@ def tune(
     alarm_alpha: Annotated[float, typer.Option(
         help="False-alarm probability of the drift and accuracy alarms together, per replica "
              "(with N replicas sharing alarms, the fleet's is at most N times it).")] = 0.05,
+    per_answer_floor: Annotated[float | None, typer.Option(
+        help="Also give each answer its own bar so that every answer's accepted accuracy is at "
+             "least this, all answers at once with the same --delta (Bonferroni over the "
+             "answers; docs/calibration.md). Answers with too little evidence escalate.")] = None,
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -61,114 +78,117 @@ def tune(
     With --max-escalation the guaranteed threshold still stands: the policy caps escalation at
     runtime, and answers it accepts below the threshold say so.
     """
-    from calibration.calibrators import calibrator_kinds
-    from calibration.metrics import ece
-    from calibration.monitoring import reference_summary
-    from policies.file import PolicyFile
-    from policies.tuning import tune as tune_policy
-    from policies.tuning import tune_crossfit
-    from router.tuning.crossfit import check_crossfit_rows
+    from pydantic import ValidationError
+
+    from policies.tuning import GuaranteedPolicy
+    from router.cli.common import check_policy_fields
     from router.tuning.predictions import PredictionsError
 
-    if calibrator not in calibrator_kinds():
-        fail(f"--calibrator must be one of {', '.join(sorted(calibrator_kinds()))}, got {calibrator!r}")
-    if not 0.0 < target_accuracy <= 1.0:
-        fail(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
-    if not 0.0 < delta < 1.0:
-        fail(f"--delta must be in (0, 1), got {delta}")
-    if max_escalation is not None and not 0.0 <= max_escalation <= 1.0:
-        fail(f"--max-escalation must be in [0, 1], got {max_escalation}")
-    if not 0.0 < calibration_fraction < 1.0:
-        fail(f"--calibration-fraction must be in (0, 1), got {calibration_fraction}")
-    if not 0.0 <= audit_rate <= 1.0:
-        fail(f"--audit-rate must be in [0, 1], got {audit_rate}")
-    if on_alarm not in ("escalate_all", "alert_only"):
-        fail(f"--on-alarm must be escalate_all or alert_only, got {on_alarm!r}")
-    if not 0.0 < alarm_alpha < 1.0:
-        fail(f"--alarm-alpha must be in (0, 1), got {alarm_alpha}")
+    try:
+        fitter = GuaranteedPolicy(calibrator=calibrator, target_accuracy=target_accuracy,
+                                  delta=delta, calibration_fraction=calibration_fraction,
+                                  seed=seed, max_escalation=max_escalation,
+                                  budget_window=budget_window, per_answer_floor=per_answer_floor)
+        fitter.check_params()
+    except ValidationError as exc:
+        fail_flag(exc)
+    check_policy_fields(audit_rate=audit_rate, on_alarm=on_alarm, alarm_alpha=alarm_alpha)
     check_out(out, "--out")
     if report is not None:
         check_folder(report, "--report")
     data = load_preds(preds, labelled=True)
+    if data.n_novel:
+        fail(f"{preds}: field 'label': {data.n_novel} rows are labelled with none of the options "
+             "(novel); a policy is tuned on rows of its own options only")
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
     signature = single(data.signatures, "signature", preds)
-    mask = data.labelled
     try:
-        folds = check_crossfit_rows(data)
-        if folds is not None and cv is not None:
-            fail(f"--cv: {preds} is already out-of-fold (its rows carry a 'fold')")
-        if folds is not None:
-            check_model(data, model)
-        elif model is not None:
-            fail(f"--model goes with an out-of-fold --preds file (rows with a 'fold'); {preds} "
-                 "has none")
+        rows, folds = tuning_rows(data, model=model, cv=cv, seed=seed)
+        fitter.fit(data.proba[rows], data.y_true[rows], options=data.options, folds=folds)
     except PredictionsError as exc:
         fail(str(exc))
+    except ValueError as exc:
+        fail(f"{preds}: {exc}")
+    n_slow = sum(ref == "slow" for ref, known in zip(data.references, data.labelled, strict=True)
+                 if known)
+    policy = fitter.to_file(
+        name=name or out.stem, data_hash=data.data_hash, backend_fingerprint=fingerprint,
+        signature=signature, guarantee="agreement_with_slow" if n_slow else "accuracy",
+        shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm,  # type: ignore[arg-type]
+        alarm_alpha=alarm_alpha)
+    policy.write(out)
+    if report is not None:
+        write_report(report, fitter.proba_before_, fitter.proba_after_, fitter.y_true_,
+                     threshold=policy.threshold, target_accuracy=target_accuracy,
+                     title=f"{policy.name}, {calibrator}, {fitter.risk_.n} threshold rows of "
+                           f"{preds.name} (target {target_accuracy}, delta {delta})")
+    show_tuned(policy, fitter, out=out, n_slow=n_slow, n_labelled=int(data.labelled.sum()))
+
+
+def tuning_rows(data: Predictions, *, model: Path | None, cv: int | None, seed: int
+                ) -> tuple[Any, NDArray[np.int64] | None]:
+    """The rows to tune on and their folds (None: split): an out-of-fold file's own folds (all
+    its rows, checked against --model), random folds with --cv, else the labelled rows."""
+    from router.tuning.crossfit import check_crossfit_rows
+
+    folds = check_crossfit_rows(data)
+    if folds is not None and cv is not None:
+        fail(f"--cv: {data.path} is already out-of-fold (its rows carry a 'fold')")
+    if folds is not None:
+        check_model(data, model)
+        return slice(None), folds
+    if model is not None:
+        fail(f"--model goes with an out-of-fold --preds file (rows with a 'fold'); {data.path} "
+             "has none")
     if cv is not None:
         from calibration.crossfit import random_folds
 
         try:
-            folds = random_folds(int(mask.sum()), n_folds=cv, seed=seed)
+            folds = random_folds(int(data.labelled.sum()), n_folds=cv, seed=seed)
         except ValueError as exc:
             fail(f"--cv: {str(exc).removeprefix('n_folds ')}")
-    try:
-        if folds is not None:
-            rows = mask if cv is not None else slice(None)
-            result = tune_crossfit(data.proba[rows], data.y_true[rows], folds, calibrator=calibrator,
-                                   target_accuracy=target_accuracy, delta=delta,
-                                   max_escalation=max_escalation, budget_window=budget_window)
-        else:
-            result = tune_policy(data.proba[mask], data.y_true[mask], calibrator=calibrator,
-                                 target_accuracy=target_accuracy, delta=delta, seed=seed,
-                                 calibration_fraction=calibration_fraction,
-                                 max_escalation=max_escalation, budget_window=budget_window)
-    except ValueError as exc:
-        fail(f"{preds}: {exc}")
-    n_slow = sum(ref == "slow" for ref, known in zip(data.references, mask, strict=True) if known)
-    risk = result.risk
-    policy = PolicyFile(
-        name=name or out.stem, signature=signature, backend_fingerprint=fingerprint,
-        calibrator=result.calibrator.to_dict(), rule=result.rule.to_dict(),
-        threshold=risk.threshold, target_accuracy=target_accuracy, delta=delta,
-        bound=risk.bound, coverage=risk.coverage, n_tune=risk.n,
-        n_calibration=result.n_calibration, seed=seed, max_escalation=max_escalation,
-        budget_threshold=result.budget_threshold, budget_exceeded=result.budget_exceeded,
-        data_hash=data.data_hash, tuning="split" if folds is None else "cross-fitted",
-        n_folds=result.n_folds, guarantee="agreement_with_slow" if n_slow else "accuracy",
-        shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm, alarm_alpha=alarm_alpha,
-        reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
-        options=list(data.options),
-    )
-    policy.write(out)
-    if report is not None:
-        write_report(report, result.proba_before, result.proba_after, result.y_true,
-                     threshold=risk.threshold, target_accuracy=target_accuracy,
-                     title=f"{policy.name}, {calibrator}, {risk.n} threshold rows of {preds.name} "
-                           f"(target {target_accuracy}, delta {delta})")
-    show_table(f"policy {policy.policy_id} -> {out}", [
-        ("tuning", "split" if folds is None else f"cross-fitted, {result.n_folds} folds"),
-        ("rows: calibration / threshold", f"{result.n_calibration} / {risk.n}"),
-        ("guarantee", policy.guarantee + (f" ({n_slow} of {int(mask.sum())} labels are the "
-                                          "slow model's answers)" if n_slow else "")),
+    return data.labelled, folds
+
+
+def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slow: int,
+               n_labelled: int) -> None:
+    from calibration.metrics import ece
+
+    risk, max_escalation = fitted.risk_, fitted.max_escalation
+    rows = [
+        ("tuning", "split" if fitted.n_folds_ is None else f"cross-fitted, {fitted.n_folds_} folds"),
+        ("rows: calibration / threshold", f"{fitted.n_calibration_} / {risk.n}"),
+        ("guarantee", policy.guarantee + (f" ({n_slow} of {n_labelled} labels are the slow "
+                                          "model's answers)" if n_slow else "")),
         ("threshold (guaranteed)", "none passed: escalate all" if risk.threshold is None
          else f"{risk.threshold:.4f}"),
-        (f"accuracy lower bound (1-delta = {1 - delta:.2f})", f"{risk.bound:.4f}"),
-        ("coverage on threshold rows", f"{risk.coverage:.4f}"),
-        ("escalation on threshold rows", f"{result.escalation_rate:.4f}" + (
-            "" if max_escalation is None else f" (budget {max_escalation}, window {budget_window})")),
+        (f"accuracy lower bound (1-delta = {1 - policy.delta:.2f})", f"{risk.bound:.4f}"),
+        ("coverage on threshold rows", f"{fitted.coverage_:.4f}"),
+        ("escalation on threshold rows", f"{fitted.escalation_rate_:.4f}" + (
+            "" if max_escalation is None
+            else f" (budget {max_escalation}, window {fitted.budget_window})")),
         ("ECE before / after (threshold rows)",
-         f"{ece(result.proba_before, result.y_true):.4f} / {ece(result.proba_after, result.y_true):.4f}"),
-        ("backend fingerprint", fingerprint),
-    ])
-    if result.budget_exceeded:
+         (f"{ece(fitted.proba_before_, fitted.y_true_):.4f} / "
+          f"{ece(fitted.proba_after_, fitted.y_true_):.4f}")),
+        ("backend fingerprint", policy.backend_fingerprint),
+    ]
+    if fitted.answer_bars_ is not None:
+        closed = sum(bar.bar is None for bar in fitted.answer_bars_)
+        raised = sum(bar.bar is not None and bar.bar != risk.threshold
+                     for bar in fitted.answer_bars_)
+        rows.insert(6, (f"per-answer floor {fitted.per_answer_floor}",
+                        (f"{raised} answers with a higher bar, {closed} always escalated "
+                         f"(coverage {risk.coverage:.4f} without the floor)")))
+    show_table(f"policy {policy.policy_id} -> {out}", rows)
+    if fitted.budget_exceeded_:
         typer.echo(
-            f"warning: the guarantee needs escalation {result.escalation_rate:.3f} on the "
+            f"warning: the guarantee needs escalation {fitted.escalation_rate_:.3f} on the "
             f"threshold rows, above --max-escalation {max_escalation}; at runtime the budget "
             "accepts reads below the guaranteed threshold once it is used up, and marks them "
             "'budget exhausted' (those answers are outside the guarantee)", err=True)
 
 
-def check_model(data: Any, model: Path | None) -> None:
+def check_model(data: Predictions, model: Path | None) -> None:
     """An out-of-fold file must come with the model trained with it, and match its rows."""
     from router.backends.sklearn import SklearnBackend
     from router.errors import ConfigError
@@ -193,14 +213,18 @@ def evaluate(
     allow_mismatch: Annotated[bool, typer.Option(
         help="Evaluate even when the predictions come from another backend (fingerprint) or "
              "another question (options) than the policy was tuned on.")] = False,
+    answers: Annotated[int, typer.Option(
+        min=0, help="Rows of the per-answer table to show, worst first (0: all; --json has "
+                    "all).")] = 10,
 ) -> None:
     """Evaluate a policy on labelled predictions.
 
     Accuracy, accepted accuracy, coverage, escalation rate, ECE before and after calibration,
-    each with a 95% interval.
+    each with a 95% interval; then accepted accuracy per answer, worst first. Rows labelled with
+    none of the options (`predict --allow-novel-labels`) count as wrong answers.
     """
+    from policies.evaluation import evaluate as evaluate_policy
     from policies.file import PolicyFileError, load_policy
-    from policies.tuning import evaluate as evaluate_policy
 
     if report is not None:
         check_folder(report, "--report")
@@ -222,7 +246,7 @@ def evaluate(
         fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
     for line in mismatches:
         typer.echo(f"warning: {line}", err=True)
-    mask = data.labelled
+    mask = data.scored
     runtime = tuned.runtime()
     try:
         metrics = evaluate_policy(runtime, data.options, data.proba[mask], data.y_true[mask])
@@ -231,16 +255,18 @@ def evaluate(
     metrics = {"policy": tuned.policy_id, "threshold": tuned.threshold,
                "target_accuracy": tuned.target_accuracy, "delta": tuned.delta,
                "n_unlabelled": int((~mask).sum()), **metrics}
-    if report is not None:
-        before = data.proba[mask]
-        write_report(report, before, runtime.calibrator.transform(before), data.y_true[mask],
-                     threshold=tuned.threshold, target_accuracy=tuned.target_accuracy,
+    if report is not None:  # the plots need an option index: rows of the policy's options
+        before = data.proba[data.labelled]
+        write_report(report, before, runtime.calibrator.transform(before),
+                     data.y_true[data.labelled], threshold=tuned.threshold,
+                     target_accuracy=tuned.target_accuracy,
                      title=f"{tuned.name} on {preds.name} ({metrics['n']} rows)")
     if as_json:
         typer.echo(json.dumps(metrics))
         return
     show_table(f"{tuned.policy_id} on {preds} (95% intervals)", [
-        ("rows (labelled)", str(metrics["n"])),
+        ("rows (labelled)", str(metrics["n"])
+         + (f", {metrics['n_novel']} of them novel (counted wrong)" if metrics["n_novel"] else "")),
         ("accuracy (all rows)", fmt(metrics["accuracy"], metrics["accuracy_ci"])),
         ("accepted accuracy", fmt(metrics["accepted_accuracy"], metrics["accepted_accuracy_ci"])),
         ("target accuracy", f"{tuned.target_accuracy} (delta {tuned.delta})"),
@@ -249,6 +275,25 @@ def evaluate(
         ("ECE before calibration", fmt(metrics["ece_before"], metrics["ece_before_ci"])),
         ("ECE after calibration", fmt(metrics["ece_after"], metrics["ece_after_ci"])),
     ])
+    show_per_answer(metrics["per_answer"], limit=answers, floor=tuned.per_answer_floor)
+
+
+def show_per_answer(table: list[dict[str, Any]], *, limit: int, floor: float | None) -> None:
+    """Accepted accuracy per answer, worst first (what each caller of that answer received)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    shown = table if limit == 0 else table[:limit]
+    title = (f"accepted accuracy per answer, worst first ({len(shown)} of {len(table)} answers"
+             + (f"; per-answer floor {floor}" if floor is not None else "") + ")")
+    grid = Table(title=title)
+    for column in ("answer", "answered", "accepted", "accepted accuracy [95% interval]"):
+        grid.add_column(column, justify="left" if column == "answer" else "right")
+    for row in shown:
+        grid.add_row(row["answer"], str(row["n_answered"]), str(row["n_accepted"]),
+                     fmt(row["accepted_accuracy"], row["accepted_accuracy_ci"]
+                         if row["n_accepted"] else None))
+    Console(width=120).print(grid)
 
 
 def _preview(options: Any) -> str:

@@ -1,0 +1,48 @@
+"""The ``slotgate`` command line, assembled: one module per command group in ``router/cli/``
+(models: train, predict; compare; policy: tune, eval; logs: export-log; monitor; serve), each
+importing its heavy dependencies inside the command so that ``slotgate --help`` starts fast.
+
+Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
+every input is read and checked before the first output is written. The cross-fitted run (every
+labelled row both trains and tunes)::
+
+    slotgate train --data train.csv --label-column category --out m.joblib \\
+        --cv 5 --oof-out oof.jsonl
+    slotgate tune --preds oof.jsonl --model m.joblib --target-accuracy 0.95 --out policy.json
+    slotgate predict --model m.joblib --data test.csv --label-column category --out test.jsonl
+    slotgate eval --preds test.jsonl --policy policy.json --json
+
+or the split one: ``train --holdout 0.3 --holdout-out tune.csv``, ``predict`` on tune.csv, and
+``tune --preds tune.jsonl`` (half the held-out rows calibrate, half choose the threshold).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import typer
+
+from router.cli.compare import compare
+from router.cli.logs import export_log
+from router.cli.models import predict, train
+from router.cli.monitor import monitor
+from router.cli.policy import evaluate, tune
+from router.cli.serve import serve
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="slotgate: confidence routing for LLM decision calls.")
+app.command()(train)
+app.command()(predict)
+app.command()(tune)
+app.command(name="eval")(evaluate)
+app.command()(compare)
+app.command(name="export-log")(export_log)
+app.command()(serve)
+app.command()(monitor)
+
+# A command group lands by adding its module here; `slotgate alarms list|clear` (operator control
+# of shared alarms) is a typer sub-app in router/cli/alarms.py, mounted when that module exists.
+if importlib.util.find_spec("router.cli.alarms") is not None:
+    from router.cli.alarms import app as alarms_app
+
+    app.add_typer(alarms_app, name="alarms")

@@ -1,0 +1,71 @@
+"""``slotgate export-log``: the decision log (files and/or the replicas' Redis stream) joined
+with its labels, as a predictions file ``slotgate tune`` reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from router.cli.common import check_out, fail
+
+
+def export_log(
+    out: Annotated[Path, typer.Option(help="Predictions JSONL to write (input of `slotgate tune`).")],
+    config: Annotated[Path | None, typer.Option(help="slotgate YAML config naming the log "
+                                                "(default: ./slotgate.yaml when present).")] = None,
+    log: Annotated[list[Path] | None, typer.Option(
+        help="Decision log JSONL (default: the config's). Repeat it to join the logs of several "
+             "replicas: feedback sent to one replica for a decision made on another is in the "
+             "other's log.")] = None,
+    signature: Annotated[str | None, typer.Option(help="The question to export, when the log "
+                                                  "holds several.")] = None,
+    labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
+    audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
+                                               "audit (the slow model's answer); a human label "
+                                               "wins.")] = False,
+    reference: Annotated[str, typer.Option(help="human: labels are /v1/feedback only; slow: "
+                                           "where none, the slow model's answer (shadow mode, "
+                                           "audits, escalations); `tune` on it promises "
+                                           "agreement with the slow model.")] = "human",
+    redis_url: Annotated[str | None, typer.Option(
+        help="Also read the Redis stream every replica writes its records to (alone, without "
+             "--log, only the stream is read).")] = None,
+    stream: Annotated[str, typer.Option(help="The stream's name (log.redis_stream).")]
+        = "slotgate:v1:log",
+) -> None:
+    """Join the decision log with its feedback labels into a predictions file."""
+    from redis.exceptions import RedisError
+
+    from router.errors import ConfigError
+    from router.http.server import default_config
+    from router.settings import load_settings
+    from router.tuning.log_export import export_predictions
+    from router.tuning.predictions import PredictionsError
+
+    if reference not in ("human", "slow"):
+        fail(f"--reference must be human or slow, got {reference!r}")
+    check_out(out, "--out")
+    try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
+        sources = log if log else [] if redis_url else [
+            load_settings(default_config(config)).log.decision_log_path]
+    except ConfigError as exc:
+        fail(exc.message)
+    for source in sources:
+        if not source.is_file():
+            fail(f"decision log {source}: file not found")
+    tally: dict[str, int] = {}
+    try:
+        n = export_predictions(sources, out, signature=signature, labelled_only=labelled_only,
+                               audit_labels=audit_labels,
+                               redis_stream=(redis_url, stream) if redis_url else None,
+                               reference_slow=reference == "slow", tally=tally)
+    except PredictionsError as exc:
+        fail(exc.message)
+    except (RedisError, OSError) as exc:
+        fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
+    names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
+    typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
+               f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
+               f"{tally['unlabelled']} none")
