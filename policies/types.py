@@ -29,6 +29,15 @@ class Option:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadExtension:
+    """Base of the knobs a request may carry for one fast-backend family
+    (``DecisionRequest.extension``). Routing, policies and the slow path never look inside; a
+    backend reads only its own subclass and ignores the others, and says in its ``read_inputs``
+    what of it a read depends on. Subclasses are frozen dataclasses: requests that differ in
+    their knobs must compare unequal, so they are never read as one."""
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionRequest:
     """One question with a fixed set of options about one state.
 
@@ -51,12 +60,9 @@ class DecisionRequest:
     samples: int = 1
     seed: int = 42
     policy: str | None = None  # a policy name the caller asked for, else looked up by signature
-    # The caller asked for samples "auto": a System One server then decides (one read, more when
-    # it is unsure); a backend that cannot reads ``samples`` draws.
-    samples_auto: bool = False
-    # The System One engine knobs the caller set (steps, think, chunk_rows, chunk_prompt), as
-    # (name, value) pairs: a System One backend forwards them; the other backends ignore them.
-    engine: tuple[tuple[str, Any], ...] = ()
+    # What the caller asked of one fast-backend family beyond the question (System One's samples
+    # "auto" and engine knobs): carried through routing unread; the backend it is for reads it.
+    extension: ReadExtension | None = None
     turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
     # signature() memoised: the registry, the cache key and the decision log each need it, and
     # hashing it is most of a cache hit's own CPU. Not part of equality, hashing or repr.
@@ -79,6 +85,27 @@ class DecisionRequest:
         signature = canonical_hash(payload)
         object.__setattr__(self, "_signature", signature)  # frozen: memoised once, never changed
         return signature
+
+
+@dataclass(frozen=True, slots=True)
+class StagedQuestion:
+    """One question of a body answered in stages: its request and what it waits for, named by
+    the ``question_id`` of other questions of the same body. ``ask_if`` pairs a dependency with
+    the answers it must have for this question to be asked (it is a dependency too)."""
+
+    request: DecisionRequest
+    depends_on: tuple[str, ...] = ()
+    ask_if: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        """``depends_on`` plus every ``ask_if`` key, each once, in the order given."""
+        return tuple(dict.fromkeys(self.depends_on + tuple(dep for dep, _ in self.ask_if)))
+
+    def key(self) -> list[Any]:
+        """What of it a read of the whole body depends on, beside the request's read inputs."""
+        return [self.request.question_id, self.request.signature(), list(self.depends_on),
+                [[dep, list(wanted)] for dep, wanted in self.ask_if]]
 
 
 @dataclass(frozen=True, slots=True)

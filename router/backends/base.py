@@ -10,8 +10,11 @@ Contract for every implementation (checked by ``tests/router/backends/test_contr
   can change the answer (a question id that becomes prompt text, co-questions of a joint read),
   nothing else.
 - ``read_staged(questions)`` (only where ``reads_staged(questions)`` is True) reads a body of
-  several stages whole, as the server runs it (``ask_if`` evaluated there, later stages continuing
-  the answers it gave): one ``OptionScores`` per question, None for one the server skipped.
+  several stages (``policies.types.StagedQuestion``) whole, as the server runs it (``ask_if``
+  evaluated there, later stages continuing the answers it gave): one ``OptionScores`` per
+  question, None for one the server skipped. The router's side of it is ``routing.stages``.
+- ``DecisionRequest.extension`` carries knobs for one backend family (``router.backends.knobs``):
+  a backend reads its own and ignores the others.
 - ``fingerprint`` identifies everything that changes what a read returns (model, prompt
   template version, canvas, samples, label alphabet...). Policies are tuned for one fingerprint
   and cache keys include it, so it must change whenever reads could change.
@@ -21,30 +24,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from policies.types import DecisionRequest, OptionScores, canonical_hash
+from policies.types import DecisionRequest, OptionScores, StagedQuestion, canonical_hash
 
 # System One's draw seeds: draw j of a read with seed s uses s + DRAW_SEED_STRIDE * j (the example
 # server's rule; the vllm and torch readers follow it so that their draws match).
 DRAW_SEED_STRIDE = 7919
-
-
-@dataclass(frozen=True, slots=True)
-class StagedQuestion:
-    """One question of a staged body: its request and what it waits for, named by the
-    ``question_id`` of other questions of the same body. ``ask_if`` pairs a dependency with the
-    answers it must have for this question to be asked (it is a dependency too)."""
-
-    request: DecisionRequest
-    depends_on: tuple[str, ...] = ()
-    ask_if: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-    def key(self) -> list[Any]:
-        """What of it a staged read depends on, beside the request's own read inputs."""
-        return [self.request.question_id, self.request.signature(), list(self.depends_on),
-                [[dep, list(wanted)] for dep, wanted in self.ask_if]]
 
 
 class FastBackend(ABC):

@@ -30,17 +30,18 @@ from typing import Any
 
 import httpx
 
-from policies.types import DecisionRequest, OptionScores
-from router.backends.base import FastBackend, StagedQuestion
+from policies.types import DecisionRequest, OptionScores, StagedQuestion
+from router.backends.base import FastBackend
 from router.backends.example_template import noul_order
 from router.backends.grouping import grouped_read
 from router.backends.http_post import JsonPoster
+from router.backends.knobs import systemone_knobs
 from router.backends.options import SystemOneOptions
 from router.errors import BackendMalformed, BackendRejected, ConfigError
 from router.settings import FastBackendSettings
 
 MAX_QUESTIONS = 64  # the example server's per-body cap
-# Engine knobs of one question (``DecisionRequest.engine``), sent on it rather than on the body.
+# Engine knobs of one question (``SystemOneKnobs.engine``), sent on it rather than on the body.
 # A question read alone also differs in ``engine`` from the others, so it is never grouped with
 # them into one body when the router runs the stages: as on the server, it is read on its own.
 QUESTION_KNOBS = frozenset({"alone"})
@@ -149,8 +150,9 @@ class SystemOneBackend(FastBackend):
         self, request: DecisionRequest, batch: Sequence[DecisionRequest]
     ) -> Mapping[str, Any]:
         # The id is prompt text upstream; a joint read's answer also depends on its co-questions.
+        knobs = systemone_knobs(request)
         inputs = {**super().read_inputs(request, batch), "question_id": question_id(request),
-                  "samples_auto": request.samples_auto, "engine": list(request.engine)}
+                  "samples_auto": knobs.samples_auto, "engine": list(knobs.engine)}
         for group in self._joint_groups(batch):
             if len(group) > 1 and any(batch[i] == request for i in group):
                 inputs["joint"] = [[question_id(batch[i]), batch[i].signature()] for i in group]
@@ -170,7 +172,7 @@ class SystemOneBackend(FastBackend):
         by_key: dict[tuple[Any, ...], list[int]] = {}
         for i, r in enumerate(batch):
             if not self._alone(r):
-                key = (r.state, r.context, r.samples, r.samples_auto, r.seed, r.engine)
+                key = (r.state, r.context, r.samples, r.seed, systemone_knobs(r))
                 by_key.setdefault(key, []).append(i)
         return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
                 for k in range(0, len(idx), MAX_QUESTIONS)]
@@ -249,11 +251,11 @@ class SystemOneBackend(FastBackend):
     def build_body(self, requests: Sequence[DecisionRequest],
                    ids: Sequence[str] | None = None) -> dict[str, Any]:
         """The /v1/systemone body asking ``requests`` (one state) in one read."""
-        first = requests[0]
+        first, knobs = requests[0], systemone_knobs(requests[0])
         ids = list(ids) if ids is not None else wire_ids(requests)
         o = self.options
         samples: int | str = (o.samples if o.samples is not None else
-                              "auto" if first.samples_auto else first.samples)
+                              "auto" if knobs.samples_auto else first.samples)
         body: dict[str, Any] = {
             "model": self.model,
             "state": first.state,
@@ -268,7 +270,7 @@ class SystemOneBackend(FastBackend):
                 body[knob] = getattr(o, knob)
         # What the caller set wins over the operator's defaults; per-question knobs go on
         # their question.
-        body.update((k, v) for k, v in first.engine if k not in QUESTION_KNOBS)
+        body.update((k, v) for k, v in knobs.engine if k not in QUESTION_KNOBS)
         return body
 
     def parse_answer(self, request: DecisionRequest, payload: Mapping[str, Any],
@@ -326,7 +328,8 @@ class SystemOneBackend(FastBackend):
 
 def _question(request: DecisionRequest) -> dict[str, Any]:
     question: dict[str, Any] = {"type": request.kind, "instructions": request.instructions}
-    question.update((k, v) for k, v in request.engine if k in QUESTION_KNOBS)
+    question.update((k, v) for k, v in systemone_knobs(request).engine
+                    if k in QUESTION_KNOBS)
     if request.kind == "choice":
         question["criteria"] = {o.name: o.description for o in request.options}
     elif request.kind == "score":

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from policies.types import Decision, DecisionRequest, OptionScores
-from router.backends.base import FastBackend, StagedQuestion
+from router.backends.base import FastBackend
 from router.errors import (
     BackendError,
     BackendMalformed,
@@ -42,30 +42,20 @@ if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
 
 
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound=OptionScores | None)
 
 
 @dataclass(slots=True)
 class FastRead:
-    """The fast read of one request: scores and where they came from. ``scores`` is None when
-    there is no read to route on: ``failure`` then says why (it leads the escalation's note).
-    ``skipped``: in a staged read, the server skipped the question (its ``ask_if`` failed there).
-    ``stale``: why a read that exists may not be routed on (a staged read that continued an
-    answer the caller does not get); it escalates, except in shadow mode, which judges and logs
-    it as any read, since the slow answer is served anyway."""
+    """The fast read of one request: scores and where they came from. ``failure``: why the read
+    is not routed on (it leads the escalation's note). With no ``scores``, why there are none;
+    with scores, why they may not be trusted (``routing.stages``: a read that continued an
+    answer the caller does not get): that escalates too, except in shadow mode, which judges and
+    logs it as any read, since the slow answer is served anyway."""
 
     scores: OptionScores | None
     cached: bool
     failure: str | None = None
-    skipped: bool = False
-    stale: str | None = None
-
-    @property
-    def answer(self) -> str | None:
-        """The read's own answer (its argmax), as a server that runs stages continues it."""
-        return self.scores.options[self.scores.top_index] if self.scores is not None else None
-
-
-_SKIPPED = b'{"skipped":true}'  # a staged read's skipped question, in the read cache
 
 
 class RoutingService:
@@ -154,8 +144,9 @@ class RoutingService:
         backend = self.backend
         keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
                 for r in requests]
-        blobs = await self._cached(keys)
-        reads = [FastRead(_decode(blob, request), cached=True) for blob, request in zip(blobs, requests)]
+        blobs = await self.look_up(keys)
+        reads = [FastRead(decode_scores(blob, request), cached=True)
+                 for blob, request in zip(blobs, requests)]
         misses = [i for i, read in enumerate(reads) if read.scores is None]
         self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
         if not misses:
@@ -165,57 +156,23 @@ class RoutingService:
         try:
             fresh = await self._read_backend([requests[i] for i in misses])
         except BackendError as exc:
-            failure = self._failure(exc)
+            failure = self.read_failed(exc)
             for i in misses:
                 reads[i] = FastRead(None, cached=False, failure=failure)
             return reads
         for i, scores in zip(misses, fresh):
             reads[i] = FastRead(scores, cached=False)
-        await self.cache.set_many([(keys[i], _encode(s)) for i, s in zip(misses, fresh)])
+        await self.cache.set_many([(keys[i], encode_scores(s)) for i, s in zip(misses, fresh)])
         return reads
 
-    async def read_staged(
-        self, questions: Sequence[StagedQuestion], *, namespace: str
-    ) -> list[FastRead] | None:
-        """The fast reads of a whole body of several stages, read as one (``backend.read_staged``:
-        the server runs the stages) through the read cache; None when the backend cannot read
-        this body so (the caller then runs the stages). Each key holds the whole body, since
-        every answer of it depends on every question."""
-        backend = self.backend
-        if not backend.reads_staged(questions):
-            return None
-        fingerprint = backend.fingerprint
-        requests = [q.request for q in questions]
-        body = [q.key() for q in questions]
-        keys = [read_key(namespace, r, fingerprint,
-                         {**backend.read_inputs(r, requests), "staged": body}) for r in requests]
-        blobs = await self._cached(keys)
-        cached = [FastRead(None, cached=True, skipped=True) if blob == _SKIPPED else
-                  FastRead(_decode(blob, request), cached=True)
-                  for blob, request in zip(blobs, requests)]
-        hits = sum(read.skipped or read.scores is not None for read in cached)
-        self.metrics.cache_lookups(store="read", hits=hits, misses=len(cached) - hits)
-        if hits == len(cached):
-            return cached
-        bounded = [dataclasses.replace(q, request=r) for q, r in
-                   zip(questions, self._bounded_all(requests))]
-        try:
-            fresh = await self._timed_read(lambda: backend.read_staged(bounded))
-            _check_options(fresh, requests)
-        except BackendError as exc:
-            failure = self._failure(exc)
-            return [FastRead(None, cached=False, failure=failure) for _ in requests]
-        await self.cache.set_many([(key, _SKIPPED if scores is None else _encode(scores))
-                                   for key, scores in zip(keys, fresh)])
-        return [FastRead(scores, cached=False, skipped=scores is None) for scores in fresh]
-
-    async def _cached(self, keys: Sequence[str]) -> list[bytes | None]:
+    async def look_up(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The read cache's blobs for ``keys`` (None where absent), timed as the cache stage."""
         t0 = time.perf_counter()
         blobs = await self.cache.get_many(keys)
         self.metrics.stage("cache", time.perf_counter() - t0)
         return blobs
 
-    def _failure(self, exc: BackendError) -> str:
+    def read_failed(self, exc: BackendError) -> str:
         """A failed read, counted; the text leads the escalations' notes."""
         kind = type(exc).__name__
         self.metrics.backend_error(kind)
@@ -225,8 +182,18 @@ class RoutingService:
         return [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
 
     async def _read_backend(self, requests: list[DecisionRequest]) -> list[OptionScores]:
+        return await self.read_upstream(requests, self.backend.read)
+
+    async def read_upstream(
+        self, requests: Sequence[DecisionRequest],
+        read: Callable[[list[DecisionRequest]], Awaitable[list[_S]]],
+    ) -> list[_S]:
+        """``read`` (a backend call) of ``requests`` as every fast read is made: states cut to
+        ``fast.max_input_chars``, under the concurrency cap and timeout, the answers checked
+        against the options asked (None: a question the backend's server skipped). Raises
+        ``BackendError``; ``read_failed`` counts it."""
         bounded = self._bounded_all(requests)
-        scores = await self._timed_read(lambda: self.backend.read(bounded))
+        scores = await self._timed_read(lambda: read(bounded))
         _check_options(scores, requests)
         return scores
 
@@ -262,15 +229,15 @@ class RoutingService:
         # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
         # every decision and is served; the fast read and the policy's verdict are still logged.
         shadow, guarantee = self.registry.mode(policy)
-        if read.scores is None or (read.stale is not None and not shadow):
-            # No read to route on (the backend failed, or its read is stale): only the slow path
-            # can answer.
+        if read.scores is None or (read.failure is not None and not shadow):
+            # No read to route on (the backend failed, or its read cannot be trusted): only the
+            # slow path can answer.
             answer, from_cache = await self.escalation.answer(request, namespace=namespace)
             self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
             return Decision(
                 decision_id, request.question_id, answer, "cache" if from_cache else "slow",
                 None, None, None, policy.policy_id, _ms(started),
-                note=f"{read.failure or read.stale}; answered by the slow path",
+                note=f"{read.failure}; answered by the slow path",
                 escalated=True, shadow=shadow, guarantee=guarantee)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
@@ -331,11 +298,12 @@ def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
     return dataclasses.replace(request, state=request.state[:max_chars])
 
 
-def _encode(scores: OptionScores) -> bytes:
+def encode_scores(scores: OptionScores) -> bytes:
+    """A read as the read cache keeps it."""
     return orjson.dumps({"options": scores.options, "proba": scores.proba})
 
 
-def _decode(blob: bytes | None, request: DecisionRequest) -> OptionScores | None:
+def decode_scores(blob: bytes | None, request: DecisionRequest) -> OptionScores | None:
     """A cached read, or None when absent or unusable (then it is read again, never trusted)."""
     if blob is None:
         return None
@@ -361,8 +329,8 @@ def _record(
         "signature": request.signature(),
         "fingerprint": fingerprint,
         "options": list(request.option_names),
-        # A stale read was not routed on (outside shadow mode): no row to tune from.
+        # A read not routed on (failure set, outside shadow mode): no row to tune from.
         "proba": list(read.scores.proba) if read.scores is not None and (
-            read.stale is None or decision.shadow) else None,
+            read.failure is None or decision.shadow) else None,
         "text": request.state,
     }

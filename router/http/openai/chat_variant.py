@@ -18,7 +18,7 @@ from typing import Any
 from policies.types import Decision
 from router.errors import InvalidRequest
 from router.http.openai.wire import ChatCompletionRequest
-from router.http.systemone.answers import StagedOutcome, calibrated_distribution, diagnostics
+from router.http.systemone.answers import calibrated_distribution, diagnostics
 from router.http.systemone.wire import (
     ENGINE_KNOBS,
     Question,
@@ -26,6 +26,7 @@ from router.http.systemone.wire import (
     SystemOneRequest,
     parse_request,
 )
+from router.routing.stages import StagedOutcome
 
 SCHEMA_KEYS = ("instructions", "samples", *ENGINE_KNOBS)
 DEFAULT_MODEL = "dgemma-structured"  # the server's name for a reply when the body names none

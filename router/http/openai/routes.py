@@ -22,9 +22,9 @@ from router.http.openai.wire import (
     routing_headers,
 )
 from router.http.state import app_state, namespace
-from router.http.systemone.answers import run_stages_on
 from router.http.text import lone_surrogate_field, surrogate_message
 from router.routing.ports import SlowModel
+from router.routing.stages import answer_stages
 
 
 class FeedbackRequest(BaseModel):
@@ -122,7 +122,7 @@ async def _chat_variant(request: Request, body: ChatCompletionRequest,
                            max_options=settings.max_options)
     service, caller = state.service, namespace(request)
     try:
-        outcome = await run_stages_on(service, parsed, namespace=caller)
+        outcome = await answer_stages(service, parsed.staged(), namespace=caller)
     except UnprocessableRequest as exc:  # the server answers its chat route's refusals with 400
         raise InvalidRequest(exc.message, field="messages.0.content") from exc
     state.metrics.request(surface="openai_decision",

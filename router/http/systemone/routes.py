@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse
 
 from policies.types import summary_route
 from router.http.state import app_state, namespace
-from router.http.systemone.answers import render_response, run_stages_on
+from router.http.systemone.answers import render_response
 from router.http.systemone.body import decode_body
 from router.http.systemone.wire import parse_request
+from router.routing.stages import answer_stages
 
 
 def make_router() -> APIRouter:
@@ -37,7 +38,7 @@ def make_router() -> APIRouter:
             max_options=settings.max_options,
         )
         service, caller = state.service, namespace(request)
-        outcome = await run_stages_on(service, parsed, namespace=caller)
+        outcome = await answer_stages(service, parsed.staged(), namespace=caller)
         # One label per request, as on the OpenAI surface: the least verified route taken.
         state.metrics.request(surface="systemone",
                               route=summary_route(outcome.decisions.values()))

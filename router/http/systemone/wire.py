@@ -21,8 +21,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from policies.types import Option, QuestionKind
+from policies.types import DecisionRequest, Option, QuestionKind, StagedQuestion
+from router.backends.knobs import SystemOneKnobs
 from router.errors import InvalidRequest
+from router.routing.stages import stage_order
 
 MAX_SAMPLES = 32  # the example server's cap; larger counts are clamped, not refused
 DEFAULT_SEED = 42
@@ -92,6 +94,28 @@ class SystemOneRequest:
 
     def question(self, question_id: str) -> Question:
         return next(q for q in self.questions if q.id == question_id)
+
+    def staged(self) -> tuple[StagedQuestion, ...]:
+        """The asked questions as ``routing.stages`` answers them, in request order."""
+        return tuple(StagedQuestion(self.decision_request(q), q.depends_on, q.ask_if)
+                     for q in self.questions)
+
+    def decision_request(self, question: Question) -> DecisionRequest:
+        """One question of the body as the routing service decides it; the engine knobs travel
+        to the fast backend as ``SystemOneKnobs``."""
+        engine = self.engine + ((("alone", True),) if question.alone else ())
+        return DecisionRequest(
+            question_id=question.id,
+            instructions=question.instructions,
+            options=question.options,
+            state=self.state,
+            context=self.context,
+            kind=question.kind,
+            samples=self.samples,
+            seed=self.seed,
+            policy=question.policy or self.policy,
+            extension=SystemOneKnobs(samples_auto=self.samples_auto, engine=engine),
+        )
 
 
 def parse_request(payload: Any, *, max_questions: int, max_options: int) -> SystemOneRequest:
@@ -306,19 +330,10 @@ def _asked(raw: Any, questions: dict[str, Question]) -> dict[str, Question]:
 
 
 def _stages(questions: dict[str, Question]) -> tuple[tuple[str, ...], ...]:
-    placed: set[str] = set()
-    stages: list[tuple[str, ...]] = []
-    while len(placed) < len(questions):
-        ready = tuple(
-            qid for qid, q in questions.items()
-            if qid not in placed and all(dep in placed for dep in q.dependencies)
-        )
-        if not ready:
-            stuck = ", ".join(qid for qid in questions if qid not in placed)
-            raise SystemOneError(f"schema: dependency cycle among {stuck}", field="questions")
-        stages.append(ready)
-        placed.update(ready)
-    return tuple(stages)
+    try:
+        return stage_order({qid: q.dependencies for qid, q in questions.items()})
+    except ValueError as exc:
+        raise SystemOneError(f"schema: {exc}", field="questions") from exc
 
 
 def _samples(raw: Any) -> int:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from policies.types import DecisionRequest, Option
+from router.backends.knobs import SystemOneKnobs
 from router.backends.options import SystemOneOptions
 from router.backends.systemone import SystemOneBackend
 from router.errors import UnprocessableRequest
@@ -114,7 +115,7 @@ async def test_a_stage_is_read_jointly_as_the_server_reads_it(standin: SystemOne
 
 async def test_auto_samples_and_engine_knobs_are_forwarded(standin: SystemOneStandin) -> None:
     backend = SystemOneBackend(standin.url, SystemOneOptions(think=16, chunk_prompt="shared"))
-    await backend.read([intent_request(FOUR, samples_auto=True)])
+    await backend.read([intent_request(FOUR, extension=SystemOneKnobs(samples_auto=True))])
     body: dict[str, Any] = standin.stats.bodies[0]
     assert (body["samples"], body["think"], body["chunk_prompt"]) == ("auto", 16, "shared")
     await backend.aclose()

@@ -82,7 +82,10 @@ def make_app(slow: RecordingSlow, reads: list[str]) -> FastAPI:
         reads.append(request.question_id)
         return confident(request)
 
-    settings = Settings(max_options=200, max_body_bytes=4096)
+    # The fallback bar set explicitly: these questions are tuned on by no policy, and are routed
+    # on it (policy.unscoped "threshold") rather than all escalated.
+    settings = Settings.model_validate({"max_options": 200, "max_body_bytes": 4096,
+                                        "policy": {"fallback_threshold": 0.9}})
     return create_app(settings, backend=MockBackend(handler), slow=slow, decision_log=MemoryLog())
 
 
