@@ -67,19 +67,12 @@ def evaluate(policy: TunedPolicy, options: tuple[str, ...], proba: FloatArray,
 
 def per_answer(options: Sequence[str], answers: NDArray[np.int64], accepted: NDArray[np.bool_],
                correct: NDArray[np.bool_]) -> list[dict[str, Any]]:
-    """Accepted accuracy of each answer a caller received (Clopper-Pearson 95% interval), worst
-    first: lowest accepted accuracy, then the larger sample first; answers never accepted last."""
-    from calibration.metrics import proportion_ci
+    """Accepted accuracy of each answer a caller received, worst first, with its Clopper-Pearson
+    95% interval (``calibration.per_answer``), and how often the answer was given at all
+    (``n_answered``: accepted or escalated). Answers never accepted have no row."""
+    from calibration.per_answer import per_answer_accuracy
 
-    rows = []
-    for k, name in enumerate(options):
-        given = answers == k
-        if not given.any():
-            continue
-        taken = given & accepted
-        m, hits = int(taken.sum()), int((taken & correct).sum())
-        rows.append({"answer": name, "n_answered": int(given.sum()), "n_accepted": m,
-                     "accepted_accuracy": hits / m if m else None,
-                     "accepted_accuracy_ci": list(proportion_ci(hits, m))})
-    return sorted(rows, key=lambda r: (r["accepted_accuracy"] is None,
-                                       r["accepted_accuracy"] or 0.0, -r["n_accepted"]))
+    given = np.bincount(answers, minlength=len(options))
+    table = per_answer_accuracy([options[k] for k in answers[accepted]], correct[accepted])
+    index = {name: k for k, name in enumerate(options)}
+    return [{**row.as_dict(), "n_answered": int(given[index[row.answer]])} for row in table]

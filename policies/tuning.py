@@ -31,7 +31,7 @@ from policies.specs import OpenUnit, TargetAccuracy, Unit
 from policies.tuned import TunedPolicy
 
 if TYPE_CHECKING:
-    from policies.file import OnAlarm, PolicyFile
+    from policies.file import PolicyFile
 
 FloatArray = NDArray[np.float64]
 __all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "evaluate", "split_rows",
@@ -163,8 +163,10 @@ class GuaranteedPolicy:
     def to_file(self, *, name: str, data_hash: str, backend_fingerprint: str = "unknown",
                 signature: str | None = None, guarantee: str = "accuracy",
                 shadow: bool | None = None, audit_rate: float = 0.0,
-                on_alarm: OnAlarm = "audit_then_escalate", alarm_alpha: float = 0.05) -> PolicyFile:
-        """The policy file of this fitted policy, with the monitoring settings given here."""
+                alarm_alpha: float = 0.05, **watch: Any) -> PolicyFile:
+        """The policy file of this fitted policy, with the monitoring settings given here
+        (``watch``: further monitoring fields, ``on_alarm``, ``audit_boost``; left out, the
+        file's defaults)."""
         from calibration.monitoring import reference_summary
         from policies.file import PolicyFile
 
@@ -181,7 +183,7 @@ class GuaranteedPolicy:
             "budget_exceeded": self.budget_exceeded_, "data_hash": data_hash,
             "tuning": "split" if self.n_folds_ is None else "cross-fitted",
             "n_folds": self.n_folds_, "guarantee": guarantee, "shadow": shadow,
-            "audit_rate": audit_rate, "on_alarm": on_alarm, "alarm_alpha": alarm_alpha,
+            "audit_rate": audit_rate, "alarm_alpha": alarm_alpha, **watch,
             "reference": reference, "options": list(self.options_),
             "per_answer_floor": self.per_answer_floor,
         })

@@ -1,5 +1,6 @@
 """The ``slotgate`` command line, assembled: one module per command group in ``router/cli/``
-(models: train, predict; compare; policy: tune, eval; logs: export-log; monitor; serve), each
+(models: train, predict; compare; policy: tune, eval; logs: export-log; monitor; serve; alarms:
+list, clear), each
 importing its heavy dependencies inside the command so that ``slotgate --help`` starts fast.
 
 Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
@@ -18,10 +19,9 @@ or the split one: ``train --holdout 0.3 --holdout-out tune.csv``, ``predict`` on
 
 from __future__ import annotations
 
-import importlib.util
-
 import typer
 
+from router.cli.alarms import app as alarms_app
 from router.cli.compare import compare
 from router.cli.logs import export_log
 from router.cli.models import predict, train
@@ -39,10 +39,4 @@ app.command()(compare)
 app.command(name="export-log")(export_log)
 app.command()(serve)
 app.command()(monitor)
-
-# A command group lands by adding its module here; `slotgate alarms list|clear` (operator control
-# of shared alarms) is a typer sub-app in router/cli/alarms.py, mounted when that module exists.
-if importlib.util.find_spec("router.cli.alarms") is not None:
-    from router.cli.alarms import app as alarms_app
-
-    app.add_typer(alarms_app, name="alarms")
+app.add_typer(alarms_app, name="alarms")  # a command group of its own: list, clear

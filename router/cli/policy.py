@@ -58,8 +58,13 @@ def tune(
                                       "seed and rows, the same policy.")] = 0,
     audit_rate: Annotated[float, typer.Option(help="Share of accepted decisions also sent to the "
                                               "slow model after the reply (monitoring).")] = 0.0,
-    on_alarm: Annotated[str, typer.Option(help="escalate_all | alert_only: what a drift or "
-                                          "accuracy alarm does.")] = "escalate_all",
+    on_alarm: Annotated[str | None, typer.Option(
+        help="What an alarm does: audit_then_escalate (the default: a drift alarm raises the "
+             "audit rate to --audit-boost, an accuracy alarm escalates), escalate_all (any "
+             "alarm escalates) or alert_only.")] = None,
+    audit_boost: Annotated[float | None, typer.Option(
+        help="Audit rate while a drift alarm stands, under audit_then_escalate (default: the "
+             "policy file's, 0.25).")] = None,
     alarm_alpha: Annotated[float, typer.Option(
         help="False-alarm probability of the drift and accuracy alarms together, per replica "
              "(with N replicas sharing alarms, the fleet's is at most N times it).")] = 0.05,
@@ -67,6 +72,11 @@ def tune(
         help="Also give each answer its own bar so that every answer's accepted accuracy is at "
              "least this, all answers at once with the same --delta (Bonferroni over the "
              "answers; docs/calibration.md). Answers with too little evidence escalate.")] = None,
+    question: Annotated[str | None, typer.Option(
+        help="The question name the rows answer (OpenAI json_schema name or property, System One "
+             "question id): the policy then decides only that question over these options; "
+             "without it, any question over exactly these options (docs/calibration.md, "
+             "\"Scope\").")] = None,
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -80,6 +90,7 @@ def tune(
     """
     from pydantic import ValidationError
 
+    from policies.scope import scope_signature
     from policies.tuning import GuaranteedPolicy
     from router.cli.common import check_policy_fields
     from router.tuning.predictions import PredictionsError
@@ -92,7 +103,10 @@ def tune(
         fitter.check_params()
     except ValidationError as exc:
         fail_flag(exc)
-    check_policy_fields(audit_rate=audit_rate, on_alarm=on_alarm, alarm_alpha=alarm_alpha)
+    # Monitoring flags left out take the policy file's defaults.
+    watch = {name: value for name, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost))
+             if value is not None}
+    check_policy_fields(audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
     check_out(out, "--out")
     if report is not None:
         check_folder(report, "--report")
@@ -101,7 +115,7 @@ def tune(
         fail(f"{preds}: field 'label': {data.n_novel} rows are labelled with none of the options "
              "(novel); a policy is tuned on rows of its own options only")
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
-    signature = single(data.signatures, "signature", preds)
+    logged = single(data.signatures, "signature", preds)  # rows of one logged question
     try:
         rows, folds = tuning_rows(data, model=model, cv=cv, seed=seed)
         fitter.fit(data.proba[rows], data.y_true[rows], options=data.options, folds=folds)
@@ -113,9 +127,11 @@ def tune(
                  if known)
     policy = fitter.to_file(
         name=name or out.stem, data_hash=data.data_hash, backend_fingerprint=fingerprint,
-        signature=signature, guarantee="agreement_with_slow" if n_slow else "accuracy",
-        shadow=shadow, audit_rate=audit_rate, on_alarm=on_alarm,  # type: ignore[arg-type]
-        alarm_alpha=alarm_alpha)
+        # The scope (policies.scope): a named question, else the logged question the rows came
+        # from (export-log), else any question over exactly these options.
+        signature=scope_signature(data.options, question) if question or not logged else logged,
+        guarantee="agreement_with_slow" if n_slow else "accuracy", shadow=shadow,
+        audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
     policy.write(out)
     if report is not None:
         write_report(report, fitter.proba_before_, fitter.proba_after_, fitter.y_true_,
@@ -290,9 +306,8 @@ def show_per_answer(table: list[dict[str, Any]], *, limit: int, floor: float | N
     for column in ("answer", "answered", "accepted", "accepted accuracy [95% interval]"):
         grid.add_column(column, justify="left" if column == "answer" else "right")
     for row in shown:
-        grid.add_row(row["answer"], str(row["n_answered"]), str(row["n_accepted"]),
-                     fmt(row["accepted_accuracy"], row["accepted_accuracy_ci"]
-                         if row["n_accepted"] else None))
+        grid.add_row(row["answer"], str(row["n_answered"]), str(row["n"]),
+                     fmt(row["accuracy"], [row["lower"], row["upper"]]))
     Console(width=120).print(grid)
 
 

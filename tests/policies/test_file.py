@@ -110,7 +110,8 @@ def test_monitoring_fields_default_for_older_files_and_leave_the_policy_id_alone
     for field in ("audit_rate", "on_alarm", "alarm_alpha", "reference"):
         del data[field]  # a file written before monitoring existed
     old = load_policy(write(tmp_path, data))
-    assert (old.audit_rate, old.on_alarm, old.reference) == (0.0, "escalate_all", None)
+    default_action = PolicyFile.model_fields["on_alarm"].default
+    assert (old.audit_rate, old.on_alarm, old.reference) == (0.0, default_action, None)
     watched = make_policy(audit_rate=0.1, on_alarm="alert_only",
                           reference={"n": 2, "accept_share": 0.5, "confidence": [0.4, 0.9]})
     assert watched.policy_id == old.policy_id == policy.policy_id

@@ -90,18 +90,17 @@ def test_per_answer_floor_holds_each_answer_on_fresh_data() -> None:
     before = evaluate(plain.runtime(), OPTIONS, fresh, fresh_y, n_resamples=20)
     after = evaluate(floored.runtime(), OPTIONS, fresh, fresh_y, n_resamples=20)
     worst_before = before["per_answer"][0]
-    assert worst_before["answer"] == OPTIONS[weak] and worst_before["accepted_accuracy"] < 0.8
-    accepted = [row for row in after["per_answer"] if row["n_accepted"]]
-    assert all(row["accepted_accuracy"] >= 0.8 for row in accepted)
-    assert OPTIONS[weak] not in {row["answer"] for row in accepted}
+    assert worst_before["answer"] == OPTIONS[weak] and worst_before["accuracy"] < 0.8
+    assert all(row["accuracy"] >= 0.8 for row in after["per_answer"])
+    assert OPTIONS[weak] not in {row["answer"] for row in after["per_answer"]}
 
 
 def test_per_answer_table_is_worst_first_with_intervals() -> None:
     proba, y_true = reads(3000, seed=5, weak=1)
     policy = GuaranteedPolicy(target_accuracy=0.85).fit(proba, y_true, options=OPTIONS)
     table = evaluate(policy.runtime(), OPTIONS, proba, y_true, n_resamples=20)["per_answer"]
-    values = [row["accepted_accuracy"] for row in table if row["accepted_accuracy"] is not None]
-    assert values == sorted(values)
+    values = [row["accuracy"] for row in table]
+    assert values == sorted(values) and len(values) == len(OPTIONS)
     for row in table:
-        low, high = row["accepted_accuracy_ci"]
-        assert row["accepted_accuracy"] is None or low <= row["accepted_accuracy"] <= high
+        assert row["lower"] <= row["accuracy"] <= row["upper"]
+        assert row["n"] <= row["n_answered"]
