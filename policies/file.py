@@ -28,10 +28,13 @@ POLICY_FORMAT = "slotgate/policy"
 # well) are still read, and the copy is checked against the rule.
 POLICY_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-OnAlarm = Literal["escalate_all", "alert_only"]
+# audit_then_escalate (default): a drift alarm raises the audit rate to audit_boost, an accuracy
+# alarm escalates; escalate_all: any alarm escalates; alert_only: never acts (docs/monitoring.md).
+OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 # How the policy is watched in production, not what it decides: left out of ``policy_id``, so
 # changing them keeps a policy's identity (and its alarm) while re-tuning gives a new one.
-MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference"})
+MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference",
+                               "audit_boost"})
 # Fields added after version 1, hashed only when set: older files keep their ids.
 LATER_FIELDS = ("options", "per_answer_floor")
 
@@ -114,7 +117,8 @@ class PolicyFile(BaseModel):
     guarantee: Literal["accuracy", "agreement_with_slow"] = "accuracy"
     shadow: bool | None = None
     audit_rate: Unit = 0.0
-    on_alarm: OnAlarm = "escalate_all"
+    on_alarm: OnAlarm = "audit_then_escalate"
+    audit_boost: Unit = 0.25  # audit rate while a drift alarm stands
     alarm_alpha: OpenUnit = 0.05
     reference: ReferenceSummary | None = None
     # The option names tuned on, in order (None in files written before it was recorded):
