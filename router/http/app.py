@@ -137,7 +137,7 @@ async def _build_service(
     # Closed in reverse order of registration: the log last, so it records every drained decision.
     if decision_log is None:
         from router.http.startup import check_decision_log
-        from router.store.decision_log import make_decision_log
+        from router.store.log_factory import make_decision_log
 
         check_decision_log(settings.log.decision_log_path)
         built_log = make_decision_log(settings)

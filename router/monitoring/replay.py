@@ -1,18 +1,33 @@
 """The monitoring a proxy ran, replayed offline from its decision log and its policy files, as
 time series (``slotgate monitor``): accept share, drift martingale, the accuracy confidence
-sequence at each label, alarms. Labels: a human (feedback) label wins over an audit label."""
+sequence at each label, alarms, and accepted accuracy per answer.
+
+The log is streamed twice (labels and alarms first, then the decisions in order), so memory
+holds the labels and the series, never the records. Each decision is judged by the policy's
+own rule (``verdict_on``: per-option bars, margins and the budget as served); labels are joined
+by ``router.store.log_join`` and count, as live, for decisions whose fast answer was served."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from calibration.per_answer import AnswerAccuracy, PerAnswerTally
+from policies.types import OptionScores, Verdict
 from router.monitoring.watch import PolicyWatch, WatchSettings
+from router.store.log_join import LabelJoin, distinct_decisions
+from router.store.log_reader import ReadCounts, read_log
+from router.store.records import AlarmRecord, DecisionRecord
+
+if TYPE_CHECKING:
+    from policies.tuned import TunedPolicy
 
 ROLLING = 200  # decisions behind the plotted accept share
+logger = logging.getLogger("slotgate.monitoring")
 
 
 class LogError(ValueError):
@@ -25,7 +40,9 @@ class LogError(ValueError):
 
 @dataclass
 class Series:
-    """One policy's replay. ``labels`` rows: (decision index, correct, lower, upper)."""
+    """One policy's replay. ``labels`` rows: (decision index, correct, lower, upper).
+    ``unfit``: decisions of this policy whose logged read its calibrator cannot take (another
+    number of options); they are counted, not replayed."""
 
     policy_id: str
     target_accuracy: float
@@ -37,6 +54,20 @@ class Series:
     alarms: list[dict[str, Any]] = field(default_factory=list)  # replayed here
     logged_alarms: list[dict[str, Any]] = field(default_factory=list)  # raised by the proxy
     state: dict[str, Any] = field(default_factory=dict)
+    per_answer: list[AnswerAccuracy] = field(default_factory=list)  # worst first
+    unfit: int = 0
+    damaged_lines: int = 0  # of the whole log
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``slotgate monitor --json`` prints of this policy."""
+        return {**self.state, "alarms": self.alarms, "logged_alarms": self.logged_alarms,
+                "per_answer": [row.as_dict() for row in self.per_answer],
+                "unfit_decisions": self.unfit, "damaged_lines": self.damaged_lines}
+
+    def per_answer_rows(self, *, limit: int = 20) -> list[tuple[str, str]]:
+        """The per-answer table's rows, worst first: (answer, accuracy [bounds] (n labelled))."""
+        return [(row.answer, f"{row.accuracy:.4f} [{row.lower:.4f}, {row.upper:.4f}] "
+                 f"({row.correct}/{row.n})") for row in self.per_answer[:limit]]
 
     def rolling_accept_share(self) -> np.ndarray[Any, np.dtype[np.float64]]:
         accepted = np.asarray(self.accepted, dtype=np.float64)
@@ -46,64 +77,89 @@ class Series:
         return np.asarray((sums - lagged) / window, dtype=np.float64)
 
 
+def verdict_on(runtime: TunedPolicy, record: DecisionRecord) -> tuple[Verdict, float] | None:
+    """The policy's own verdict on a logged fast read (its rule, stateful rules advancing), and
+    the confidence its drift test watches: the calibrated probability of the raw argmax, as
+    served. None when the record has no read or the read does not fit the policy."""
+    if record.proba is None:
+        return None
+    try:
+        scores = OptionScores(tuple(record.options), tuple(record.proba))
+        verdict, calibrated = runtime.decide(scores)
+        return verdict, float(calibrated[scores.top_index])
+    except (ValueError, IndexError):  # another option count than the calibrator was fit on
+        return None
+
+
+class _Replay:
+    """One policy's state while the log streams past."""
+
+    def __init__(self, policy: Any, logged_alarms: list[dict[str, Any]], damaged: int) -> None:
+        self.runtime = policy.runtime()
+        self.watch = PolicyWatch(WatchSettings.of(policy))
+        drift = self.watch.drift
+        self.series = Series(policy.policy_id, policy.target_accuracy,
+                             self.watch.settings.reference_accept_share,
+                             None if drift is None else float(np.log(1 / drift.alpha)),
+                             logged_alarms=logged_alarms, damaged_lines=damaged)
+        self.tally = PerAnswerTally()
+
+    def step(self, record: DecisionRecord, labels: LabelJoin) -> None:
+        judged = verdict_on(self.runtime, record)
+        if judged is None:
+            self.series.unfit += 1
+            return
+        verdict, confidence = judged
+        watch, series, i = self.watch, self.series, len(self.series.accepted)
+        raised = watch.observe(confidence, accepted=verdict.accept)
+        series.accepted.append(verdict.accept)
+        if watch.drift is not None:
+            series.drift.append(watch.drift.log_value)
+        joined = labels.label(record.decision_id)
+        if joined is not None and record.served_fast and record.answer is not None:
+            correct = joined[0] == record.answer
+            raised = watch.label(correct) or raised
+            series.labels.append((i, correct, watch.accuracy.lower, watch.accuracy.upper))
+            self.tally.add(record.answer, correct)
+        if raised is not None:
+            series.alarms.append({"decision": i, "kind": raised.kind, "detail": raised.detail})
+
+    def finish(self) -> Series:
+        self.series.state = self.watch.snapshot()
+        self.series.per_answer = self.tally.table()
+        return self.series
+
+
 def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
     """Replay ``log_path`` for each policy file in ``policies`` whose id made decisions."""
-    from policies.tuning import answer_confidence
-    from router.store.decision_log import read_records
-
     if not log_path.is_file():
         raise LogError(f"{log_path}: decision log not found", field="log")
-    decisions: dict[str, list[dict[str, Any]]] = {}
-    human: dict[str, str] = {}
-    audit: dict[str, str] = {}
-    alarms: dict[str, list[dict[str, Any]]] = {}
-    for record in read_records(log_path, events=True):
-        kind = record.get("type", "decision")
-        if kind == "decision" and record.get("proba") is not None:
-            decisions.setdefault(str(record.get("policy_id")), []).append(record)
-        elif kind == "feedback":
-            human[str(record["decision_id"])] = str(record["label"])
-        elif kind == "audit":
-            audit[str(record["decision_id"])] = str(record["label"])
-        elif kind == "alarm":
-            alarms.setdefault(str(record.get("policy_id")), []).append(record)
-    if not decisions:
+    counts = ReadCounts()
+    labels = LabelJoin()
+    logged: dict[str, list[dict[str, Any]]] = {}
+    made: dict[str, int] = {}  # policy id -> decisions with a fast read
+    seen: set[str] = set()
+    for record in read_log(log_path, counts=counts):
+        labels.add(record)
+        if isinstance(record, AlarmRecord):
+            logged.setdefault(record.policy_id, []).append(record.model_dump())
+        elif (isinstance(record, DecisionRecord) and record.proba is not None
+              and record.decision_id not in seen):
+            seen.add(record.decision_id)
+            made[str(record.policy_id)] = made.get(str(record.policy_id), 0) + 1
+    del seen
+    if not made:
         raise LogError(f"{log_path}: field 'type': the log holds no decisions (no record of "
                        "type 'decision' with a fast read in 'proba')", field="type")
-    out = []
-    for policy in policies:
-        records = decisions.get(policy.policy_id)
-        if not records:
-            continue
-        proba = np.asarray([r["proba"] for r in records], dtype=np.float64)
-        runtime = policy.runtime()
-        _, confidence = answer_confidence(proba, runtime.calibrator.transform(proba))
-        watch = PolicyWatch(WatchSettings.of(policy))
-        series = Series(policy.policy_id, policy.target_accuracy,
-                        watch.settings.reference_accept_share,
-                        None if watch.drift is None else float(np.log(1 / watch.drift.alpha)),
-                        logged_alarms=alarms.get(policy.policy_id, []))
-        threshold = np.inf if policy.threshold is None else policy.threshold
-        for i, (record, c) in enumerate(zip(records, confidence, strict=True)):
-            accepted = bool(c >= threshold)
-            raised = watch.observe(float(c), accepted=accepted)
-            series.accepted.append(accepted)
-            if watch.drift is not None:
-                series.drift.append(watch.drift.log_value)
-            decision_id = str(record["decision_id"])
-            label = human.get(decision_id, audit.get(decision_id))
-            served_fast = record.get("route") in ("fast", "cache") and not record.get("escalated")
-            if label is not None and served_fast:
-                raised = watch.label(label == record.get("answer")) or raised
-                series.labels.append((i, label == record.get("answer"), watch.accuracy.lower,
-                                      watch.accuracy.upper))
-            if raised is not None:
-                series.alarms.append({"decision": i, "kind": raised.kind, "detail": raised.detail})
-        series.state = watch.snapshot()
-        out.append(series)
-    if not out:
-        known = ", ".join(sorted(decisions)) or "none"
+    replays = {p.policy_id: _Replay(p, logged.get(p.policy_id, []), counts.damaged)
+               for p in policies if p.policy_id in made}
+    if not replays:
+        known = ", ".join(sorted(made)) or "none"
         raise LogError(f"{log_path}: field 'policy_id': no decision was made by the given policies "
                        f"({', '.join(p.policy_id for p in policies)}); policy ids in the log: "
                        f"{known}", field="policy_id")
-    return out
+    for decision in distinct_decisions(read_log(log_path, quiet=True)):
+        replay = replays.get(str(decision.policy_id))
+        if replay is not None and decision.proba is not None:
+            replay.step(decision, labels)
+    return [replay.finish() for replay in replays.values()]

@@ -36,6 +36,7 @@ from router.routing.unscoped import route_unscoped
 from router.settings import Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
+from router.store.records import DecisionRecord
 
 if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
     from router.monitoring.monitor import Monitor
@@ -321,16 +322,16 @@ def _ms(started: float) -> float:
 
 def _record(
     request: DecisionRequest, read: FastRead, decision: Decision, namespace: str, fingerprint: str
-) -> dict[str, Any]:
-    return {
+) -> DecisionRecord:
+    return DecisionRecord(
         **decision.facts(),
-        "time": time.time(),
-        "namespace": namespace,
-        "signature": request.signature(),
-        "fingerprint": fingerprint,
-        "options": list(request.option_names),
+        time=time.time(),
+        namespace=namespace,
+        signature=request.signature(),
+        fingerprint=fingerprint,
+        options=list(request.option_names),
         # A read not routed on (failure set, outside shadow mode): no row to tune from.
-        "proba": list(read.scores.proba) if read.scores is not None and (
+        proba=list(read.scores.proba) if read.scores is not None and (
             read.failure is None or decision.shadow) else None,
-        "text": request.state,
-    }
+        text=request.state,
+    )

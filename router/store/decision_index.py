@@ -9,6 +9,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from router.store.records import DecisionView
+
 # Per-entry cost beyond the id string itself: the 6-slot tuple (88 B), the
 # OrderedDict's hash slot and linked-list node (~100 B), the unsynced mark when kept (~60 B).
 # Measured with tracemalloc in tests/router/store/test_decision_index.py, which keeps it honest.
@@ -20,13 +22,15 @@ FACTS = ("namespace", "policy_id", "route", "escalated")
 
 
 def feedback_view(decision_id: str, options: Sequence[str], answer: str | None,
-                  facts: dict[str, Any]) -> dict[str, Any]:
-    """The shape ``DecisionLog.get`` returns: all ``/v1/feedback`` (and the monitor it tells)
-    needs of a decision: ``decision_id``, ``options``, ``answer`` and the ``FACTS``."""
-    return {"decision_id": decision_id, "options": list(options), "answer": answer,
-            "namespace": str(facts.get("namespace") or ""),
-            "policy_id": facts.get("policy_id"), "route": facts.get("route"),
-            "escalated": bool(facts.get("escalated"))}
+                  facts: dict[str, Any]) -> DecisionView:
+    """What ``DecisionLog.get`` returns: all ``/v1/feedback`` (and the monitor it tells) needs of
+    a decision: ``decision_id``, ``options``, ``answer`` and the ``FACTS``."""
+    policy_id, route = facts.get("policy_id"), facts.get("route")
+    return DecisionView(decision_id=decision_id, options=tuple(options), answer=answer,
+                        namespace=str(facts.get("namespace") or ""),
+                        policy_id=None if policy_id is None else str(policy_id),
+                        route=None if route is None else str(route),
+                        escalated=bool(facts.get("escalated")))
 
 
 class DecisionIndex:
@@ -77,7 +81,7 @@ class DecisionIndex:
                 self.nbytes > self.max_bytes and len(self._entries) > 1):
             self._drop(next(iter(self._entries)))
 
-    def get(self, decision_id: str) -> dict[str, Any] | None:
+    def get(self, decision_id: str) -> DecisionView | None:
         entry = self.entry(decision_id)
         return None if entry is None else feedback_view(decision_id, *entry)
 

@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 
 from router.store.decision_index import DecisionIndex, feedback_view
-from router.store.decision_log import DecisionLog, JsonlDecisionLog
+from router.store.decision_log import DecisionLog, EventRecord, JsonlDecisionLog
+from router.store.records import DecisionRecord, DecisionView
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +104,11 @@ class RedisStreamDecisionLog(DecisionLog):
         # Ids come from clients (feedback): hashed, so nothing they hold reaches a key.
         return f"{self.stream}:decision:{hashlib.sha256(decision_id.encode()).hexdigest()}"
 
-    async def append(self, record: dict[str, Any]) -> None:
+    async def append(self, record: DecisionRecord | dict[str, Any]) -> None:
         data = await self.jsonl.append_encoded(record, unsynced=True)
         self._enqueue(data)
 
-    async def get(self, decision_id: str) -> dict[str, Any] | None:
+    async def get(self, decision_id: str) -> DecisionView | None:
         """This process's index first; Redis holds what other replicas logged."""
         local = await self.jsonl.get(decision_id)
         if local is not None:
@@ -121,7 +122,13 @@ class RedisStreamDecisionLog(DecisionLog):
             return None
         if raw is None:
             return None
-        value = orjson.loads(raw)
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):  # a damaged key: as unknown as a missing one
+            self._count_failure("get", "damaged decision key")
+            return None
         options = value.get("options")  # keys written before options were stored by hash
         if options is None:
             try:
@@ -129,14 +136,20 @@ class RedisStreamDecisionLog(DecisionLog):
             except (RedisError, OSError) as exc:
                 self._count_failure("get", type(exc).__name__)
                 return None
-            options = orjson.loads(raw) if raw is not None else []
+            try:
+                options = orjson.loads(raw) if raw is not None else []
+            except orjson.JSONDecodeError:
+                options = None
+        if not isinstance(options, list):
+            self._count_failure("get", "damaged option list")
+            return None
         return feedback_view(decision_id, [str(o) for o in options], value.get("answer"), value)
 
     async def add_feedback(self, decision_id: str, label: str) -> None:
         data = await self.jsonl.add_feedback_encoded(decision_id, label)
         self._enqueue(data)
 
-    async def add_event(self, record: dict[str, Any]) -> None:
+    async def add_event(self, record: EventRecord | dict[str, Any]) -> None:
         data = await self.jsonl.add_event_encoded(record)
         self._enqueue(data)
 

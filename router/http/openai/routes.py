@@ -23,7 +23,7 @@ from router.http.openai.wire import (
 )
 from router.http.state import app_state, namespace
 from router.http.text import lone_surrogate_field, surrogate_message
-from router.routing.ports import SlowModel
+from router.routing.ports import Label, SlowModel
 from router.routing.stages import answer_stages
 
 
@@ -72,22 +72,24 @@ def make_router() -> APIRouter:
         await _refuse_lone_surrogates(request)
         state = app_state(request)
         caller = namespace(request)
-        record = await state.feedback.get(body.decision_id)
+        decision = await state.feedback.get(body.decision_id)
         # Another tenant's decision ids are as unknown to this caller as ids that never existed.
-        if record is None or record.get("namespace", caller) != caller:
+        if decision is None or decision.namespace != caller:
             raise UnknownDecision(f"decision_id: no decision {body.decision_id!r} in the log",
                                   field="decision_id")
-        if body.label not in record["options"]:
+        if body.label not in decision.options:
             raise InvalidRequest(
-                f"label: {body.label!r} is not one of the decision's {len(record['options'])} options",
-                field="label")
+                f"label: {body.label!r} is not one of the decision's {len(decision.options)} "
+                "options", field="label")
         await state.feedback.add_feedback(body.decision_id, body.label)
         monitor = state.service.monitor
-        if monitor is not None:  # a human label for the accuracy sequence
-            await monitor.feedback(record, body.label)
+        if monitor is not None:  # a human label for the accuracy sequence (the observer port)
+            await monitor.labelled(Label(decision.decision_id, decision.policy_id,
+                                         decision.served_fast, body.label == decision.answer,
+                                         "feedback"))
         state.metrics.request(surface="feedback", route="none")
         return {"decision_id": body.decision_id, "label": body.label,
-                "correct": body.label == record.get("answer")}
+                "correct": body.label == decision.answer}
 
     @router.get("/v1/models", tags=["openai"])
     async def models(request: Request) -> dict[str, Any]:

@@ -52,8 +52,8 @@ class RecordingSlow:
 class ListLog:
     records: list[dict[str, Any]] = field(default_factory=list)
 
-    async def append(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
+    async def append(self, record: Any) -> None:  # a DecisionRecord, kept as its dict
+        self.records.append(record.model_dump())
 
 
 def request(state: str, *, policy: str | None = None) -> DecisionRequest:

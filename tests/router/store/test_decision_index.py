@@ -10,6 +10,7 @@ import pytest
 
 from router.store.decision_index import DecisionIndex
 from router.store.decision_log import JsonlDecisionLog
+from router.store.records import DecisionView
 
 OPTIONS = [f"intent_{i}" for i in range(77)]
 
@@ -20,11 +21,11 @@ def test_get_returns_the_feedback_view_and_interns_option_lists() -> None:
                                                "route": "fast", "escalated": False, "text": "x"})
     index.add("b", list(OPTIONS), "not-an-option", {"namespace": "tenant"})  # kept as it is
     index.add("c", ["yes", "no"], None, {"namespace": "tenant"})
-    assert index.get("a") == {"decision_id": "a", "namespace": "tenant", "options": OPTIONS,
-                              "answer": "intent_3", "policy_id": "p@1", "route": "fast",
-                              "escalated": False}  # what the monitor reads, and no text
-    assert index.get("b")["answer"] == "not-an-option"  # type: ignore[index]
-    assert index.get("c")["answer"] is None  # type: ignore[index]
+    assert index.get("a") == DecisionView(  # what the monitor reads, and no text
+        decision_id="a", namespace="tenant", options=tuple(OPTIONS), answer="intent_3",
+        policy_id="p@1", route="fast", escalated=False)
+    assert index.get("b").answer == "not-an-option"  # type: ignore[union-attr]
+    assert index.get("c").answer is None  # type: ignore[union-attr]
     assert index.get("zzz") is None
     assert len(index._options) == 2  # one copy per distinct option list
 
@@ -90,7 +91,7 @@ async def test_a_900_kb_message_is_not_kept_in_memory(tmp_path: Path) -> None:
         await log.aclose()
     assert held < 50 * 2_000, f"{held / 50:.0f} B held per decision"
     assert (tmp_path / "d.jsonl").stat().st_size > 50 * len(message)  # the file has it all
-    assert (await log.get("d7"))["answer"] == "intent_0"  # type: ignore[index]
+    assert (await log.get("d7")).answer == "intent_0"  # type: ignore[union-attr]
 
 
 def test_rejects_bad_bounds() -> None:

@@ -16,18 +16,20 @@ import pytest
 import redis
 
 from router.settings import CacheSettings, LogSettings, Settings
-from router.store.decision_log import (
-    JsonlDecisionLog,
-    make_decision_log,
-    read_records,
-)
+from router.store.decision_log import JsonlDecisionLog, read_records
+from router.store.log_factory import make_decision_log
+from router.store.records import DecisionView
 from router.store.redis_log import RedisStreamDecisionLog
 from tests.conftest import ROOT, RedisServer
 
 OPTIONS = ["lost_card", "card_arrival", "exchange_rate"]
 # What get() returns of record(i): what feedback and the monitor read, never the text.
-VIEW = {"namespace": "default", "options": OPTIONS, "answer": "lost_card", "policy_id": "p@1",
-        "route": "fast", "escalated": False}
+VIEW = {"namespace": "default", "options": tuple(OPTIONS), "answer": "lost_card",
+        "policy_id": "p@1", "route": "fast", "escalated": False}
+
+
+def view(decision_id: str) -> DecisionView:
+    return DecisionView(decision_id=decision_id, **VIEW)
 
 
 def record(i: int, *, proba: list[float] | None = None, signature: str = "sig-a",
@@ -44,7 +46,7 @@ async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> 
     for i in range(3):
         await log.append(record(i))
     await log.add_feedback("d1", "card_arrival")
-    assert await log.get("d2") == VIEW | {"decision_id": "d2"}
+    assert await log.get("d2") == view("d2")
     assert await log.get("nope") is None
     await log.aclose()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -52,7 +54,7 @@ async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> 
     assert lines[3]["decision_id"] == "d1" and lines[3]["label"] == "card_arrival"
     assert lines[3]["time"] > 0
     reopened = JsonlDecisionLog(path)  # a server restart: recent decisions still found
-    assert (await reopened.get("d0"))["options"] == OPTIONS  # type: ignore[index]
+    assert (await reopened.get("d0")).options == tuple(OPTIONS)  # type: ignore[union-attr]
     await reopened.append(record(9))  # appends after the old records, nothing overwritten
     await reopened.aclose()
     assert len(path.read_text().splitlines()) == 5
@@ -136,7 +138,7 @@ async def test_redis_stream_round_trip_and_jsonl_copy(redis_url: str, tmp_path: 
     assert [r["type"] for r in read_records(tmp_path / "d.jsonl")] == ["decision", "feedback"]
     # another process (other JSONL file, empty index) finds the decision through Redis
     other = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", jsonl=tmp_path / "o.jsonl")
-    assert await other.get("d0") == VIEW | {"decision_id": "d0"}  # monitoring's facts too
+    assert await other.get("d0") == view("d0")  # monitoring's facts too
     assert await other.get("d0:\nKEYS *") is None
     await other.aclose()
 
@@ -166,7 +168,7 @@ async def test_redis_writes_happen_behind_append_in_one_batch(redis_url: str,
         assert [json.loads(f[b"data"])["decision_id"] for _, f in entries] == [
             f"d{i}" for i in range(20)]
         assert reads_after - reads_before - polls - 1 == 1  # the log's own round trips
-        assert (await log.get("d3"))["answer"] == "lost_card"  # type: ignore[index]
+        assert (await log.get("d3")).answer == "lost_card"  # type: ignore[union-attr]
     finally:
         await log.aclose()
         client.close()
@@ -181,7 +183,7 @@ async def test_redis_down_loses_nothing_and_raises_nothing(tmp_path: Path) -> No
         server.stop()
         await log.append(record(1))
         await log.add_feedback("d1", "lost_card")
-        assert (await log.get("d1"))["decision_id"] == "d1"  # type: ignore[index]
+        assert (await log.get("d1")).decision_id == "d1"  # type: ignore[union-attr]
         await log.flush()  # Redis is written behind the request: send the queue now
         assert log.redis_errors >= 2
         server.start()  # restarted empty (no persistence): the JSONL still has everything
@@ -249,8 +251,8 @@ async def test_decisions_made_while_redis_was_down_reach_it_later(tmp_path: Path
             await asyncio.sleep(0.05)
             if log.n_pending == 0 and await other.get("d0") is not None:
                 break
-        assert (await other.get("d1"))["options"] == OPTIONS  # type: ignore[index]
-        assert (await other.get("d0"))["answer"] == "lost_card"  # type: ignore[index]
+        assert (await other.get("d1")).options == tuple(OPTIONS)  # type: ignore[union-attr]
+        assert (await other.get("d0")).answer == "lost_card"  # type: ignore[union-attr]
         client = redis.Redis.from_url(server.url)
         stream = [json.loads(f[b"data"]) for _, f in client.xrange("s")]
         client.close()
@@ -273,7 +275,7 @@ async def test_a_restarted_replica_sends_the_keys_it_read_back(redis_url: str,
     try:
         await log.append(record(1))
         assert await log.flush()
-        assert (await other.get("d0"))["answer"] == "lost_card"  # type: ignore[index]
+        assert (await other.get("d0")).answer == "lost_card"  # type: ignore[union-attr]
     finally:
         await log.aclose()
         await other.aclose()

@@ -53,8 +53,8 @@ class MemoryLog:
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
 
-    async def append(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
+    async def append(self, record: Any) -> None:  # a DecisionRecord, kept as its dict
+        self.records.append(record.model_dump())
 
     async def get(self, decision_id: str) -> dict[str, Any] | None:
         return next((r for r in self.records if r.get("decision_id") == decision_id), None)

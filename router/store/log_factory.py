@@ -1,0 +1,23 @@
+"""The app's decision log, chosen by settings: the JSONL file alone, or the Redis stream on top of
+it. Its own module so that ``decision_log`` (the file) and ``redis_log`` (the stream, which
+builds on the file) import one way only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from router.store.decision_log import DecisionLog, JsonlDecisionLog
+from router.store.redis_log import RedisStreamDecisionLog
+
+if TYPE_CHECKING:
+    from router.settings import Settings
+
+
+def make_decision_log(settings: Settings) -> DecisionLog:
+    """The Redis stream (plus JSONL) when a Redis URL is configured, else the JSONL file."""
+    jsonl = JsonlDecisionLog(settings.log.decision_log_path, max_index=settings.log.max_index,
+                             max_index_bytes=settings.log.max_index_bytes)
+    if settings.cache.redis_url:
+        return RedisStreamDecisionLog(settings.cache.redis_url, settings.log.redis_stream,
+                                      jsonl=jsonl, ttl_s=settings.cache.ttl_s)
+    return jsonl

@@ -1,0 +1,141 @@
+"""The decision log's records, typed: one pydantic model per kind (decision, feedback, audit,
+alarm), a union discriminated on ``type``, and the one encoder every writer uses. Readers go
+through ``router.store.log_reader``; nothing else parses a log line.
+
+Fields added later get defaults, so logs written by older versions still read; a line that
+is not one of these records (a missing required field, a wrong type, a proba of the wrong
+length) is *damaged* and skipped by the reader, counted, never raised."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+# What a decision id may be: the service writes uuid4 hex, feedback ids are checked to 128.
+DecisionId = Annotated[str, Field(min_length=1)]
+FAST_ROUTES = ("fast", "cache")  # where a fast answer reached the caller (cache: a cached read)
+
+
+class _Record(BaseModel):
+    # Unknown fields (written by a newer version) are ignored, not kept: what a reader uses is
+    # exactly what is declared here.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class DecisionRecord(_Record):
+    """One routed decision: ``Decision.facts()`` plus what tuning needs of the read (options,
+    raw ``proba`` or None when no fast read was routed on, the state ``text``)."""
+
+    type: Literal["decision"] = "decision"
+    decision_id: DecisionId
+    time: float = 0.0
+    namespace: str = ""
+    question_id: str = ""
+    answer: str | None = None
+    route: str | None = None
+    escalated: bool = False
+    probability: float | None = None
+    raw_probability: float | None = None
+    threshold: float | None = None
+    policy_id: str | None = None
+    latency_ms: float | None = None
+    note: str | None = None
+    shadow: bool = False
+    guarantee: str | None = None
+    signature: str | None = None
+    fingerprint: str | None = None
+    options: list[str] = Field(default_factory=list)
+    proba: list[float] | None = None
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _proba_matches_options(self) -> DecisionRecord:
+        if self.proba is not None and len(self.proba) != len(self.options):
+            raise ValueError(f"proba has {len(self.proba)} values for "
+                             f"{len(self.options)} options")
+        return self
+
+    @property
+    def served_fast(self) -> bool:
+        """Whether the caller got the policy's accepted fast answer: what a label of this
+        decision measures (``accepted``)."""
+        return accepted(self.route, self.escalated)
+
+
+class FeedbackRecord(_Record):
+    """A human label (``POST /v1/feedback``) for a logged decision."""
+
+    type: Literal["feedback"] = "feedback"
+    decision_id: DecisionId
+    label: str
+    time: float = Field(default_factory=time.time)
+
+
+class AuditRecord(_Record):
+    """The slow model's answer to an accepted decision drawn for audit (router/monitoring)."""
+
+    type: Literal["audit"] = "audit"
+    decision_id: DecisionId
+    policy_id: str | None = None
+    label: str
+    answer: str | None = None
+    correct: bool | None = None
+    time: float = Field(default_factory=time.time)
+
+
+class AlarmRecord(_Record):
+    """A policy's monitoring alarm, raised here or latched from another replica (``shared``)."""
+
+    type: Literal["alarm"] = "alarm"
+    policy_id: str
+    kind: str
+    decision: int
+    time: float
+    detail: str
+    on_alarm: str | None = None
+    shared: bool = False
+
+
+LogRecord = Annotated[DecisionRecord | FeedbackRecord | AuditRecord | AlarmRecord,
+                      Field(discriminator="type")]
+LabelRecord = FeedbackRecord | AuditRecord
+RECORD_TYPES = ("decision", "feedback", "audit", "alarm")
+record_adapter: TypeAdapter[LogRecord] = TypeAdapter(LogRecord)
+
+
+class DecisionView(_Record):
+    """What ``DecisionLog.get`` returns of a decision: all ``/v1/feedback`` and the monitor
+    need (never the text or the read)."""
+
+    decision_id: str
+    options: tuple[str, ...]
+    answer: str | None = None
+    namespace: str = ""
+    policy_id: str | None = None
+    route: str | None = None
+    escalated: bool = False
+
+    @property
+    def served_fast(self) -> bool:
+        return accepted(self.route, self.escalated)
+
+
+def accepted(route: str | None, escalated: bool) -> bool:
+    """The one rule for "the policy accepted this logged decision": its fast answer (fresh or a
+    cached read) was served. Labels of these decisions are what the accuracy promise is about;
+    a replay asks the policy itself instead (``router.monitoring.replay.verdict_on``)."""
+    return route in FAST_ROUTES and not escalated
+
+
+def encode(record: DecisionRecord | FeedbackRecord | AuditRecord | AlarmRecord) -> bytes:
+    """A record's JSON (no newline), serialised once for the file, the index and Redis alike."""
+    return record.model_dump_json().encode()
+
+
+def as_decision(record: DecisionRecord | dict[str, Any]) -> DecisionRecord:
+    """A decision record, validated when it came as a mapping (older callers, tests)."""
+    if isinstance(record, DecisionRecord):
+        return record
+    return DecisionRecord.model_validate({**record, "type": "decision"})
