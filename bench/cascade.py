@@ -123,8 +123,8 @@ def comparison(rows: Sequence[dict[str, Any]], offline: dict[str, Any]) -> list[
     if unguarded:
         out.append(f"{', '.join(unguarded)}: no threshold passed the guarantee on the tuning "
                    "rows, so the policy escalates every decision.")
-    alone = [r["accuracy"] for r in rows if r["point"] == "fast alone"]
-    out.append(f"The tiers here are close ({min(alone):.3f}-{max(alone):.3f} alone against "
+    alone_accuracy = [r["accuracy"] for r in rows if r["point"] == "fast alone"]
+    out.append(f"The tiers here are close ({min(alone_accuracy):.3f}-{max(alone_accuracy):.3f} alone against "
                f"{slow:.3f}), much closer than the anchors' small and large LLMs, so keeping "
                "95% of the slow tier's accuracy costs no slow call here: the comparable figure "
                "is the escalation needed to match it.")

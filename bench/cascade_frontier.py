@@ -126,7 +126,7 @@ def fixed_policy(path: Path, *, name: str, accept_all: bool, fingerprint: str) -
     threshold = 0.0 if accept_all else None
     PolicyFile(name=name, backend_fingerprint=fingerprint,
                calibrator=IdentityCalibrator().to_dict(), rule=ThresholdRule(threshold).to_dict(),
-               threshold=threshold, target_accuracy=1.0, delta=0.5, bound=0.0,
+               target_accuracy=1.0, delta=0.5, bound=0.0,
                coverage=1.0 if accept_all else 0.0, n_tune=1, n_calibration=0,
                data_hash="0" * 64).write(path)
     return path

@@ -65,17 +65,19 @@ def ask_intents(url: str, texts: Sequence[str], labels: list[str], *, concurrenc
     """Each text asked as a one-of-``labels`` decision: {"answer", "facts" (the reply's slotgate
     block), "ms" (as the client saw it)}, in order."""
     import openai
+    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.shared_params import ResponseFormatJSONSchema
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
                            timeout=timeout_s)
-    response_format = {"type": "json_schema", "json_schema": {
+    response_format: ResponseFormatJSONSchema = {"type": "json_schema", "json_schema": {
         "name": "intent", "schema": {"type": "string", "enum": labels}}}
 
     def ask(text: str) -> dict[str, Any]:
         start = time.perf_counter()
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
         completion = client.chat.completions.create(
-            model="banking77", response_format=response_format,  # type: ignore[arg-type]
-            messages=[{"role": "user", "content": text}])
+            model="banking77", response_format=response_format, messages=messages)
         return {"answer": json.loads(completion.choices[0].message.content or "null"),
                 "facts": (completion.model_extra or {})["slotgate"],
                 "ms": (time.perf_counter() - start) * 1000}

@@ -117,15 +117,16 @@ async def sample_rss(pid: int, samples: list[int], stop: asyncio.Event) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="slotgate-load-"))
-    settings = {
+    slow = {"model": "openai/standin", "api_base": "", "api_key": "sk-load"}
+    settings: dict[str, Any] = {
         # A mock fast read sure of its first option: the router's own cost is what is measured.
         "fast": {"kind": "mock", "options": {"top_proba": 0.97}},
-        "slow": {"model": "openai/standin", "api_base": "", "api_key": "sk-load"},
+        "slow": slow,
         "log": {"decision_log_path": str(workdir / "decisions.jsonl")},
         "api_key_hashes": [hashlib.sha256(API_KEY.encode()).hexdigest()],
     }
     with upstream_server() as upstream:
-        settings["slow"]["api_base"] = f"{upstream.url}/v1"
+        slow["api_base"] = f"{upstream.url}/v1"
         with slotgate_server(settings, workdir) as server:
             assert server.proc is not None
             pid = server.proc.pid

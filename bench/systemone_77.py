@@ -46,7 +46,7 @@ def mcnemar(correct_a: np.ndarray, correct_b: np.ndarray) -> dict[str, Any]:
 
 async def read_all(url: str, requests: list[DecisionRequest], *, grouping: str,
                    group_size: int | None, concurrency: int) -> tuple[list[OptionScores], float]:
-    options = SystemOneOptions(grouping=grouping, group_size=group_size)  # type: ignore[arg-type]
+    options = SystemOneOptions(grouping=grouping, group_size=group_size)
     backend = SystemOneBackend(url, options, max_concurrency=concurrency, timeout_s=30.0)
     start = time.perf_counter()
     try:

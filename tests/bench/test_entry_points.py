@@ -1,0 +1,87 @@
+"""The benchmarks' safety net (issue 18, part 7): every module under bench/ imports, every runnable
+one answers ``--help``, and every benchmark with a ``--quick`` path runs it to the end in a fresh
+interpreter, as a user types it. A refactor that breaks a benchmark (an import moved, a field
+renamed) fails here instead of on the next person who runs it.
+
+Result files go to a temporary folder (``SLOTGATE_BENCH_RESULTS``, ``--out``, ``--work``), never
+over the committed bench/results/. The quick runs are ``long`` (minutes each on a shared 2-core
+machine): `.ci/run` runs them, `make test-fast` skips them."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bench
+from tests.conftest import ROOT
+
+MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
+RUNNABLE = [m for m in MODULES
+            if '__name__ == "__main__"' in (ROOT / "bench" / f"{m}.py").read_text()]
+HAS_QUICK = {m for m in RUNNABLE if '"--quick"' in (ROOT / "bench" / f"{m}.py").read_text()}
+
+# Extra arguments of each quick run: where it may write ({tmp} is the test's folder).
+QUICK_ARGS: dict[str, list[str]] = {
+    "cache": [],
+    "cascade": ["--work", "{tmp}/work", "--out", "{tmp}/cascade.json",
+                "--png", "{tmp}/cascade.png"],
+    "decision_log_cost": [],
+    "drift": ["--work", "{tmp}/work", "--out", "{tmp}/drift.json"],
+    "guarantee": ["--out", "{tmp}/guarantee.json"],
+    "load": [],
+    "log_memory": [],
+    "overhead": [],
+    "watch": ["--work", "{tmp}/work", "--out", "{tmp}/watch.json"],
+}
+# Benchmarks with a --quick path that is still not a smoke run here, and why (--help only).
+QUICK_SKIPPED = {
+    "ab": "compares two commits' servers (needs --before <commit> and a second checkout)",
+}
+QUICK_TIMEOUT_S = 900
+
+
+def run_module(module: str, *args: str, tmp_path: Path, timeout_s: float) -> str:
+    env = {**os.environ, "SLOTGATE_BENCH_RESULTS": str(tmp_path / "results"),
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"python -m bench.{module} {' '.join(args)} -> " \
+                                 f"{done.returncode}:\n{output[-4000:]}"
+    return output
+
+
+def test_every_quick_benchmark_is_run_or_excused() -> None:
+    """A new benchmark with --quick joins QUICK_ARGS (or QUICK_SKIPPED, with a reason)."""
+    assert set(QUICK_ARGS) | set(QUICK_SKIPPED) == HAS_QUICK
+    assert not set(QUICK_ARGS) & set(QUICK_SKIPPED)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_bench_module_imports(module: str) -> None:
+    importlib.import_module(f"bench.{module}")
+
+
+@pytest.mark.parametrize("module", RUNNABLE)
+def test_bench_help(module: str, tmp_path: Path) -> None:
+    output = run_module(module, "--help", tmp_path=tmp_path, timeout_s=120)
+    assert re.search(r"usage:", output), output
+    assert not (tmp_path / "results").exists()  # --help ran nothing
+
+
+@pytest.mark.long
+@pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
+@pytest.mark.parametrize("module", sorted(QUICK_ARGS))
+def test_bench_quick(module: str, tmp_path: Path) -> None:
+    args = [a.format(tmp=tmp_path) for a in QUICK_ARGS[module]]
+    before = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results").rglob("*")}
+    run_module(module, "--quick", *args, tmp_path=tmp_path, timeout_s=QUICK_TIMEOUT_S)
+    after = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results").rglob("*")}
+    assert after == before, "a quick run wrote over bench/results/"
