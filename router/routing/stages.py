@@ -89,7 +89,8 @@ def stage_order(dependencies: Mapping[str, Sequence[str]]) -> tuple[tuple[str, .
 
 def skip_reason(question: StagedQuestion, answers: Mapping[str, str | None]) -> dict[str, Any] | None:
     """Why ``question`` is not asked, or None when every ``ask_if`` key holds (AND over keys, OR
-    within a key's list). A skipped or unanswered dependency was ``None``, so skips cascade."""
+    within a key's list). A skipped or unanswered dependency was ``None``, so skips cascade.
+    ``run_stages`` adds a ``note`` when the dependency's answer was escalated."""
     for dep, wanted in question.ask_if:
         was = answers.get(dep)
         if was not in wanted:
@@ -117,7 +118,7 @@ async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
             if reason is None:
                 asked.append(by_id[qid])
             else:
-                outcome.skipped[qid] = reason
+                outcome.skipped[qid] = _noted(reason, outcome.decisions.get(reason["because"]))
                 answers[qid] = None
         if asked:
             requests = [q.request for q in asked]
@@ -193,6 +194,14 @@ def _cached(blob: bytes | None, request: DecisionRequest) -> ServerRead | None:
         return ServerRead(None, cached=True)
     scores = decode_scores(blob, request)
     return None if scores is None else ServerRead(scores, cached=True)
+
+
+def _noted(reason: dict[str, Any], dependency: Decision | None) -> dict[str, Any]:
+    """A skip decided on an escalated answer says so: the fast read alone might have asked it."""
+    if dependency is None or not dependency.escalated:
+        return reason
+    return reason | {"note": f"ask_if was evaluated on an escalated answer: {reason['because']} = "
+                             f"{reason['was']!r} is the slow model's answer"}
 
 
 def _divergence(qid: str, routed: str | None, read: ServerRead) -> str:

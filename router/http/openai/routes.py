@@ -50,6 +50,8 @@ def make_router() -> APIRouter:
         variant = schema_payload(body)  # the example server's own chat-shaped decision call
         if variant is not None:
             return await _chat_variant(request, body, variant)
+        if body.model is None:  # the variant alone may leave it out, as on the example server
+            raise InvalidRequest("model: Field required", field="model")
         plan = plan_decisions(
             body, max_options=settings.max_options, max_questions=settings.max_questions)
         if plan is None:

@@ -65,7 +65,9 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(min_length=1)
+    # Optional only for the example server's chat variant (its README's call names none); every
+    # other chat request needs it (routes.py answers its absence as pydantic did).
+    model: str | None = Field(None, min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM: {"choice": [...]} among others

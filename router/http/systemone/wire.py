@@ -4,14 +4,16 @@ it, into typed questions ordered in dependency stages. Errors speak the example 
 Accepted: ``model`` (echoed), ``state`` (required; a string as is, anything else as JSON text),
 ``questions`` (id -> ``{type, criteria, instructions, depends_on, ask_if}``; types ``noul``
 (``bool``/``boolean`` too), ``choice``, ``score``; ids trimmed, as the server trims them; levels,
-descriptions and criteria values of any JSON type are read as text, as the server prints them),
-top-level ``instructions`` (shared context), ``samples`` (``"auto"`` or 1..32, larger counts
-capped), ``seed``, ``ask`` (a subset of ids) and the slotgate extension ``policy`` (a tuned
-policy's name, top level or per question). The example server's engine knobs ``steps``,
-``think``, ``chunk_rows``, ``chunk_prompt``, ``auto_max``, ``auto_threshold``, ``sequential`` and
-the per-question ``alone`` are validated with its rules (``sequential`` and ``alone`` must be
-booleans here) and carried to the fast backend: a System One backend forwards them, so its reads
-are the ones the server gives its own clients; the other backends configure their own reads.
+descriptions and criteria values of any JSON type are read as text, as the server prints them;
+an empty ``depends_on``/``ask_if`` is none, as there), top-level ``instructions`` (shared
+context), ``samples`` (``"auto"`` or 1..32, larger counts capped; ``true`` is 1, as there),
+``seed`` (``int()`` of it, as there), ``ask`` (a subset of ids) and the slotgate extension
+``policy`` (a tuned policy's name, top level or per question). The example server's engine
+knobs ``steps``, ``think``, ``chunk_rows``, ``chunk_prompt``, ``auto_max``, ``auto_threshold``,
+``sequential`` and the per-question ``alone`` are validated with its rules (``sequential`` and
+``alone`` must be booleans here) and carried to the fast backend: a System One backend forwards
+them, so its reads are the ones the server gives its own clients; the other backends configure
+their own reads.
 """
 
 from __future__ import annotations
@@ -271,7 +273,7 @@ def _engine(payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def _depends_on(where: str, raw: Any) -> tuple[str, ...]:
-    if raw is None:
+    if not raw:  # the server reads ``depends_on or []``: null, [] or {} is no dependency
         return ()
     if not isinstance(raw, list) or not all(isinstance(dep, str) for dep in raw):
         raise SystemOneError(f"{where}: depends_on must be a list of question ids",
@@ -280,7 +282,7 @@ def _depends_on(where: str, raw: Any) -> tuple[str, ...]:
 
 
 def _ask_if(where: str, raw: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    if raw is None:
+    if not raw:  # the server reads ``ask_if or {}``: null, [] or {} is no condition
         return ()
     bad = SystemOneError(
         f"{where}: ask_if must map a question id to a non-empty list of its answers",
@@ -338,7 +340,7 @@ def _stages(questions: dict[str, Question]) -> tuple[tuple[str, ...], ...]:
 
 def _samples(raw: Any) -> int:
     # "auto" lets the example server re-read on high entropy; slotgate's backends read once.
-    if raw == "auto":
+    if raw == "auto" or raw is True:  # true is the count 1 to the server (a bool is an int)
         return 1
     if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
         return min(raw, MAX_SAMPLES)
@@ -346,9 +348,16 @@ def _samples(raw: Any) -> int:
 
 
 def _seed(raw: Any) -> int:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    raise SystemOneError("seed: must be an integer", field="seed")
+    """The seed as the server takes it, ``int()`` of a number or of an integer's text (7.9 is 7,
+    "7" is 7). What ``int()`` refuses fails the server without a reply; booleans, which it
+    would take as 0 and 1, are refused here too, as a seed nobody means."""
+    if isinstance(raw, (int, float, str)) and not isinstance(raw, bool):
+        try:
+            return int(raw)
+        except (ValueError, OverflowError):
+            pass
+    raise SystemOneError("seed: must be an integer (or a number or text int() takes)",
+                         field="seed")
 
 
 def _policy_name(raw: Any, field: str) -> str | None:

@@ -144,8 +144,10 @@ async def test_a_changed_earlier_answer_escalates_what_continued_it(
     [logged] = [r for r in log.records if r.get("question_id") == "urgent"]
     assert logged["proba"] is None  # not routed on: no row to tune from
     assert answers["intent"]["answer"] == "exchange_rate" and answers["chase"] is None
-    assert diagnostics["skipped"]["chase"] == {"because": "intent", "was": "exchange_rate",
-                                               "wanted": ["card_arrival"]}
+    assert diagnostics["skipped"]["chase"] == {
+        "because": "intent", "was": "exchange_rate", "wanted": ["card_arrival"],
+        "note": "ask_if was evaluated on an escalated answer: intent = 'exchange_rate' is the "
+                "slow model's answer"}
     assert slow.asked == ["intent", "urgent"]
     urgent = diagnostics["routes"]["urgent"]
     assert urgent["route"] == "slow" and urgent["raw_probability"] is None
