@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from policies.types import DecisionRequest, Option
+from policies.types import DecisionRequest, Option, OptionScores
 from router.backends.mock import MockBackend
 from router.errors import (
+    BackendMalformed,
     BackendUnavailable,
     InvalidRequest,
     SlowPathTimeout,
@@ -19,7 +20,7 @@ from router.errors import (
     TooManyRequests,
 )
 from router.routing.registry import PolicyRegistry
-from router.routing.service import RoutingService
+from router.routing.service import FastRead, RoutingService
 from router.settings import Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
@@ -217,3 +218,38 @@ async def test_a_failing_question_cancels_the_others_escalations() -> None:
         with pytest.raises(SlowPathTimeout):
             await service.decide(questions, namespace="t")
     assert slow.cancelled and log.records == []
+
+
+async def test_given_reads_are_routed_on_and_one_not_to_be_trusted_escalates_saying_why() -> None:
+    """``decide(reads=...)``: reads made elsewhere (``routing.stages``, a body read whole) are
+    routed as the service's own; a read with a ``failure`` is not routed on, even with scores,
+    and leaves no row to tune from."""
+    service, backend, log, _ = make_service()
+    sure, doubted = request("I am sure"), request("I am sure too")
+    scores = OptionScores(("a", "b", "c"), (0.98, 0.01, 0.01))
+    reads = [FastRead(scores, cached=False),
+             FastRead(scores, cached=False, failure="no fast read fits: q = 'a'")]
+    fast, slow = await service.decide([sure, doubted], namespace="t", reads=reads)
+    assert (fast.route, fast.answer) == ("fast", "a")
+    assert (slow.route, slow.answer, slow.escalated) == ("slow", "c", True)
+    assert slow.note == "no fast read fits: q = 'a'; answered by the slow path"
+    assert [r["proba"] for r in log.records] == [pytest.approx([0.98, 0.01, 0.01]), None]
+    assert backend.calls == []  # type: ignore[attr-defined]
+
+
+async def test_read_upstream_cuts_states_and_checks_the_options_answered() -> None:
+    service, _, _, _ = make_service(fast={"max_input_chars": 5})
+    seen: list[str] = []
+
+    async def read(requests: list[DecisionRequest]) -> list[OptionScores | None]:
+        seen.extend(r.state for r in requests)
+        return [None, OptionScores(("a", "b", "c"), (0.2, 0.3, 0.5))]
+
+    answers = await service.read_upstream([request("0123456789"), request("short")], read)
+    assert seen == ["01234", "short"] and answers[0] is None
+
+    async def wrong(requests: list[DecisionRequest]) -> list[OptionScores | None]:
+        return [OptionScores(("x", "y"), (0.5, 0.5)) for _ in requests]
+
+    with pytest.raises(BackendMalformed):
+        await service.read_upstream([request("s")], wrong)
