@@ -165,8 +165,8 @@ async def test_export_of_several_questions_needs_a_signature(tmp_path: Path) -> 
 
 
 async def test_the_redis_stream_is_read_whole_in_chunks(redis_url: str, tmp_path: Path) -> None:
-    from router.store.redis_log import RedisStreamDecisionLog
     from router.store.log_reader import read_stream
+    from router.store.redis_log import RedisStreamDecisionLog
 
     log = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "d.jsonl")
     for i in range(5):
