@@ -91,9 +91,7 @@ def build(work: Path, parts: Split, *, target: float, delta: float, audit_rate: 
           seed: int) -> tuple[Path, Path]:
     """The TF-IDF fast model (fit rows) and its policy (tune rows, as ``slotgate tune`` does,
     with the tuning-rows summary and ``audit_rate``). Returns (model path, policy path)."""
-    from calibration.monitoring import reference_summary
-    from policies.file import PolicyFile
-    from policies.tuning import tune
+    from policies.tuning import GuaranteedPolicy
     from policies.types import canonical_hash
     from router.backends.sklearn import SklearnBackend, save_text_model, train_text_model
 
@@ -107,31 +105,31 @@ def build(work: Path, parts: Split, *, target: float, delta: float, audit_rate: 
     backend = SklearnBackend(model_path)
     proba = _proba(backend, parts.options, parts.tune.texts)
     y_true = np.array([parts.options.index(label) for label in parts.tune.labels])
-    result = tune(proba, y_true, calibrator="temperature", target_accuracy=target, delta=delta,
-                  seed=seed)
-    risk = result.risk
-    PolicyFile(
-        name="banking77-drift", backend_fingerprint=backend.fingerprint,
-        calibrator=result.calibrator.to_dict(), rule=result.rule.to_dict(),
-        threshold=risk.threshold, target_accuracy=target, delta=delta, bound=risk.bound,
-        coverage=risk.coverage, n_tune=risk.n, n_calibration=result.n_calibration, seed=seed,
-        data_hash=canonical_hash([parts.tune.texts, parts.tune.labels]), audit_rate=audit_rate,
-        on_alarm="escalate_all",
-        reference=reference_summary(result.confidence, threshold=risk.threshold, seed=seed),
-    ).write(policy_path)
+    fitted = GuaranteedPolicy(calibrator="temperature", target_accuracy=target, delta=delta,
+                              seed=seed).fit(proba, y_true, options=parts.options)
+    fitted.to_file(name="banking77-drift", backend_fingerprint=backend.fingerprint,
+                   data_hash=canonical_hash([parts.tune.texts, parts.tune.labels]),
+                   audit_rate=audit_rate, on_alarm="escalate_all").write(policy_path)
     return model_path, policy_path
 
 
 def score(model_path: Path, policy: Any, options: list[str], rows: Rows) -> Scored:
-    """What the proxy's fast tier does with ``rows`` under ``policy`` (a PolicyFile)."""
-    from policies.tuning import answer_confidence
+    """What the proxy's fast tier does with ``rows`` under ``policy`` (a PolicyFile): the fast
+    answer (the raw argmax), its calibrated confidence, the policy's own verdict (its bars, per
+    answer too) and whether it is right (a label the model never learnt is wrong)."""
+    from policies.types import OptionScores
     from router.backends.sklearn import SklearnBackend
 
     proba = _proba(SklearnBackend(model_path), options, rows.texts)
     runtime = policy.runtime()
-    index, confidence = answer_confidence(proba, runtime.calibrator.transform(proba))
-    answers = [options[i] for i in index]
-    accepted = confidence >= (policy.threshold if policy.threshold is not None else np.inf)
+    answers = []
+    confidence = np.empty(len(rows))
+    accepted = np.empty(len(rows), dtype=bool)
+    for i, p in enumerate(proba):
+        scores = OptionScores(tuple(options), tuple(float(v) for v in p))
+        verdict, calibrated = runtime.decide(scores)
+        answers.append(options[scores.top_index])
+        confidence[i], accepted[i] = calibrated[scores.top_index], verdict.accept
     correct = np.array([a == t for a, t in zip(answers, rows.labels, strict=True)])
     return Scored(rows.texts, rows.labels, answers, confidence, accepted, correct)
 

@@ -29,7 +29,7 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
 
     def oracle(text: str, options: Sequence[str]) -> str:
         label = truth.get(text)
-        return label if label in options else rule_chooser(text, options)
+        return label if label is not None and label in options else rule_chooser(text, options)
 
     log_path = work / "decisions.jsonl"
     log_path.unlink(missing_ok=True)
@@ -66,7 +66,7 @@ def wait_for_audits(app: Any, timeout_s: float = 60.0) -> dict[str, int]:
     """Audits run after each reply; wait until the queue is empty, then read its counts."""
     from router.http.state import app_state
 
-    monitor = app_state(app).service.monitor
+    monitor: Any = app_state(app).service.monitor  # the Monitor behind the observer port
     deadline = time.monotonic() + timeout_s
     while monitor.audits.pending and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -5,6 +5,7 @@ log, share and export."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import OrderedDict, deque
@@ -74,7 +75,7 @@ class PolicyWatch:
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
         self.settings = settings
         self.alarms: dict[AlarmKind, Alarm] = {}
-        self.cleared_at = 0.0  # alarms raised before an operator's clear are not re-armed
+        self.cleared_at = -math.inf  # alarms raised before an operator's clear stay cleared
         self.n_decisions = 0
         self.n_counted = 0  # decisions the drift test took (identical inputs once per window)
         self.n_accepted = 0

@@ -15,7 +15,7 @@ OPTIONS = ("a", "b", "c")
 def watched_policy(**overrides: Any) -> PolicyFile:
     reference = np.random.default_rng(0).uniform(0.85, 1.0, size=400)
     fields: dict[str, Any] = {
-        "audit_rate": 0.0, "on_alarm": "escalate_all", "alarm_alpha": 0.05,
+        "audit_rate": 0.0, "on_alarm": "escalate_all", "alarm_alpha": 0.05, "options": list(OPTIONS),
         "reference": {"n": 400, "accept_share": float(np.mean(reference >= 0.8)),
                       "confidence": sorted(round(float(v), 4) for v in reference)}}
     fields.update(overrides)

@@ -95,7 +95,7 @@ def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
     assert facts["route"] == "slow" and facts["escalated"]
     assert metric_value(metrics, "slotgate_policy_alarm", policy=policy_id, kind="drift") == 1
     # A re-tuned policy (another id) starts clean.
-    server, retuned = start(tmp_path, standin, threshold=0.7)
+    server, retuned = start(tmp_path, standin, data_hash="1" * 64)
     with server:
         assert retuned != policy_id and ask(server, "state after the re-tune")["route"] == "fast"
 
@@ -122,3 +122,70 @@ def test_a_drift_alarm_on_one_replica_escalates_on_the_other(
     [shared] = [r for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
                 if r.get("type") == "alarm"]
     assert shared["shared"] is True and shared["kind"] == "drift"
+
+
+def test_editing_on_alarm_takes_effect_on_reload(tmp_path: Path, standin: StandinHandle) -> None:
+    """An alarm stands and on_alarm is escalate_all: editing the file to alert_only and reloading
+    (what SIGHUP or the file watch does) serves the fast answers again, without a restart."""
+    server, policy_id = start(tmp_path, standin, on_alarm="escalate_all")
+    with (tmp_path / "decisions.jsonl").open("a") as log:
+        log.write(json.dumps({"type": "alarm", "policy_id": policy_id, "kind": "drift",
+                              "decision": 5, "time": 1.0, "detail": "test"}) + "\n")
+    with server:
+        assert ask(server, "before the edit")["route"] == "slow"
+        path = tmp_path / "policy.json"
+        edited = json.loads(path.read_text()) | {"on_alarm": "alert_only"}
+        path.write_text(json.dumps(edited))
+        assert app_state(server.app).service.registry.reload()
+        facts = ask(server, "after the edit")
+    assert facts["route"] == "fast" and facts["policy_id"] == policy_id
+
+
+def test_an_operator_clear_reaches_both_live_replicas_and_survives_a_restart(
+    tmp_path: Path, standin: StandinHandle, redis_url: str
+) -> None:
+    """`slotgate alarms clear --policy ID --redis-url` while two replicas escalate on an alarm:
+    both serve fast answers again within the sync, each logs the clear, and a restarted
+    replica (its log holds the alarm, then the clear) is not re-armed."""
+    from typer.testing import CliRunner
+
+    from router.cli.app import app
+
+    a, policy_id = start(tmp_path, standin, log_name="a.jsonl", redis_url=redis_url,
+                         on_alarm="escalate_all")
+    b, _ = start(tmp_path, standin, log_name="b.jsonl", redis_url=redis_url,
+                 on_alarm="escalate_all")
+    with a, b:
+        for i in range(200):
+            ask(a, f"unsure state {i}")
+            if app_state(a.app).service.monitor.watches[policy_id].alarm is not None:
+                break
+        watch_b = app_state(b.app).service.monitor.watches[policy_id]
+        wait_for(lambda: watch_b.alarm is not None)
+        assert ask(b, "confident, in alarm")["route"] == "slow"
+        listed = CliRunner().invoke(app, ["alarms", "list", "--log", str(tmp_path / "b.jsonl"),
+                                          "--redis-url", redis_url, "--json"])
+        assert listed.exit_code == 0, listed.output
+        assert {(r["kind"], r["source"]) for r in json.loads(listed.output)["alarms"]} == {
+            ("drift", "log"), ("drift", "redis")}
+        done = CliRunner().invoke(app, ["alarms", "clear", "--policy", policy_id, "--log",
+                                        str(tmp_path / "ops.jsonl"), "--redis-url", redis_url])
+        assert done.exit_code == 0, done.output
+        assert "every replica clears" in done.output
+        watch_a = app_state(a.app).service.monitor.watches[policy_id]
+        wait_for(lambda: watch_a.alarm is None and watch_b.alarm is None)
+        assert ask(a, "confident, cleared")["route"] == "fast"
+        assert ask(b, "confident, cleared on b")["route"] == "fast"
+    kinds = [r["kind"] for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
+             if r.get("type") == "alarm"]
+    assert kinds == ["drift", "clear"]
+    again, _ = start(tmp_path, standin, log_name="b.jsonl", on_alarm="escalate_all")
+    with again:  # restarted without Redis: only its log speaks, and the clear wins
+        assert ask(again, "confident, after the restart")["route"] == "fast"
+
+
+def wait_for(condition: Any, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
