@@ -34,3 +34,28 @@ def test_accept_share_covers_the_last_window() -> None:
     for i in range(ACCEPT_WINDOW * 2):
         watch.observe(0.95, accepted=i >= ACCEPT_WINDOW)
     assert watch.accept_share == 1.0 and watch.n_accepted == ACCEPT_WINDOW
+
+
+def test_an_input_counts_again_once_its_window_has_passed_or_it_was_forgotten() -> None:
+    watch = PolicyWatch(WatchSettings.of(watched_policy()), dedupe_window_s=10.0,
+                        dedupe_max_keys=2)
+    assert watch.take(0.9, accepted=True, key="x", now=0.0)[0]
+    assert not watch.take(0.9, accepted=True, key="x", now=9.0)[0]  # inside the window
+    assert watch.take(0.9, accepted=True, key="x", now=10.0)[0]  # the window has passed
+    watch.take(0.9, accepted=True, key="y", now=11.0)
+    watch.take(0.9, accepted=True, key="z", now=11.0)  # "x" is forgotten (two keys kept)
+    assert watch.take(0.9, accepted=True, key="x", now=12.0)[0]
+    assert watch.n_decisions == 6 and watch.n_counted == 5
+
+
+def test_a_clear_restarts_both_tests_and_refuses_older_alarms() -> None:
+    watch = PolicyWatch(WatchSettings.of(watched_policy()))
+    for i in range(400):
+        watch.observe(0.3, accepted=False, key=str(i))
+        watch.label(False)
+    assert set(watch.alarms) == {"drift", "accuracy"}
+    old = watch.alarms["drift"]
+    assert watch.clear(old.time + 1.0) and not watch.alarms
+    assert watch.drift is not None and not watch.drift.alarm and watch.accuracy.n == 0
+    assert not watch.restore(old)  # raised before the clear: stays cleared
+    assert not watch.clear(old.time)  # an older clear changes nothing
