@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import requests
+import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.generation.modes import GenerationMode
 
 from router.backends.mock import MockBackend
 from standins.llm import StandinHandle
@@ -51,9 +53,9 @@ def check(method: str, path: str, response: requests.Response) -> None:
 
 @pytest.mark.long
 def test_schema_fuzz_every_route(server: LiveServer) -> None:
-    import schemathesis
-    from schemathesis.generation.modes import GenerationMode
-
+    # schemathesis is imported above, at collection, while no other thread runs: pytest parses
+    # its modules to rewrite them, and a parse meeting another thread's used to fail here
+    # (tests/ast_guard.py).
     schema = schemathesis.openapi.from_dict(server.app.openapi())
     operations = [result.ok() for result in schema.get_all_operations()]
     counts: Counter[str] = Counter()
