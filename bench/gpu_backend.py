@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.types import DecisionRequest, Option
-from router.backends.torch import backend as backend_module
-from router.backends.torch.backend import TorchBackend
+from router.backends.torch.backend import TorchBackend, make_reader
 from router.backends.torch.diffusion import DiffusionSlotReader
+from router.backends.torch.options import TorchOptions
 from router.backends.torch.prompt import encode
-from router.backends.torch.prompt import encode_many as shipped_encode_many
+from router.backends.torch.reader import SlotReader
 
 WORDS = ["card", "account", "money", "transfer", "refund", "payment", "my", "the", "a", "is", "not", "arrived", "yesterday", "please", "why", "still", "charged", "twice", "fee", "exchange", "rate", "top", "up", "pending", "cash", "machine", "declined", "lost", "stolen", "pin", "blocked", "verify", "identity", "app", "country", "limit", "balance", "wrong", "amount", "cancel"]
 
@@ -39,7 +39,8 @@ def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[
     tokenizer = backend.tokenizer
 
     def state(k: int) -> str:
-        rng, words = random.Random(k), []
+        rng = random.Random(k)
+        words: list[str] = []
         while len(tokenizer.encode(" ".join(words), add_special_tokens=False)) < args.message_tokens:
             words.extend(rng.choice(WORDS) for _ in range(16))
         return " ".join(words)
@@ -55,22 +56,47 @@ def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[
     return make
 
 
+CALLERS = (1, 8, 16, 32, 64, 128)
+
+
+class TimedReader:
+    """The backend's reader with the time of each batch's read summed (no tokenizing in it)."""
+
+    def __init__(self, inner: SlotReader) -> None:
+        self.inner, self.read_ms = inner, 0.0
+        self.device, self.compiled, self.needs_warm_up = inner.device, inner.compiled, False
+
+    def read(self, items: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return self.inner.read(items)
+        finally:
+            self.read_ms += (time.perf_counter() - t) * 1000
+
+    def warm_up(self, sample: Any) -> SlotReader:
+        return self
+
+
 def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Callable[[str], None],
                     deadline: float) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
-    backend = TorchBackend(
-        DiffusionSlotReader(model), tokenizer, kind="diffusion", model_id="random-weights",
-        canvas_length=args.canvas, turn_close_id=int(tokenizer.eos_token_id or 0),
-        max_batch=32, coalesce_window_ms=2.0, compiled=device.type == "cuda",
-        graph_batches=(1, 2, 4, 8, 16, 32), graph_draws=(1, 4), graph_widths=(224, 256),
-        graph_prefix_tokens=args.prefix_capacity)
+    top = max(getattr(args, "callers", CALLERS))
+    options = TorchOptions(
+        kind="diffusion", canvas_length=args.canvas, turn_close_id=int(tokenizer.eos_token_id or 0),
+        max_batch=top, coalesce_window_ms=2.0, compiled=device.type == "cuda",
+        graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
+        graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity)
+    backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
+                           model_id="random-weights")
     return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))
 
 
 async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionRequest],
                    args: argparse.Namespace, log: Callable[[str], None], deadline: float) -> dict[str, Any]:
+    import torch
+
     started = time.monotonic()
     while not await backend.ready():
         if time.monotonic() > deadline:
@@ -79,9 +105,10 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
     out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started}
     first = backend.item(make(0, 1))
     out["prefix_tokens"], out["suffix_tokens"] = len(first.prefix_ids), len(first.suffix_ids)
-    graphs = backend.reader.graphs
-    out["graphs"] = len(graphs.graphs) if graphs is not None else 0
-    out["attention_kernels"] = getattr(backend.reader.onepass.attend, "kernels", None)
+    reader = backend.reader
+    assert isinstance(reader, DiffusionSlotReader)
+    out["graphs"] = len(reader.graphs.graphs) if reader.graphs is not None else 0
+    out["choice"] = reader.choice.summary()
     log(f"backend ready: {out}")
     for samples, name in ((1, "single"), (4, "draws4")):
         for k in range(3):  # warm: prefix cache, static prompt, first replay
@@ -91,48 +118,56 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
             t0 = time.perf_counter()
             await backend.read([request])
             times.append((time.perf_counter() - t0) * 1000)
-        times.sort()
-        out[f"{name}_p50_ms"] = times[len(times) // 2]
-        out[f"{name}_p99_ms"] = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+        out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = percentile(times, 50), percentile(times, 99)
     out["draws4_over_draws1"] = out["draws4_p50_ms"] / out["single_p50_ms"]
 
-    async def caller(requests: list[DecisionRequest]) -> None:
+    async def caller(requests: list[DecisionRequest], latencies: list[float]) -> None:
         for request in requests:
-            await backend.read([request])
-
-    def plan(rounds: int, base: int) -> list[list[DecisionRequest]]:  # built before timing
-        return [[make(base + c * rounds + j, 1) for j in range(rounds)] for c in range(32)]
-
-    await asyncio.gather(*(caller(r) for r in plan(1, 20_000)))  # warm the batched shapes
-    reader_read, read_ms = backend.reader.read, [0.0]
-
-    def timed_read(items: list[Any]) -> Any:  # the reader's share of each batch (no tokenizing)
-        t = time.perf_counter()
-        try:
-            return reader_read(items)
-        finally:
-            read_ms[0] += (time.perf_counter() - t) * 1000
-
-    backend.reader.read = timed_read
-    # the states tokenized in one batched call per batch (shipped), then one by one, as before
-    for suffix, encode_many in (("", None), ("_states_one_by_one", one_by_one)):
-        if encode_many is not None:
-            backend_module.encode_many = encode_many
-        try:
-            timed = plan(args.rounds, 30_000 if not suffix else 60_000)
-            before, read_ms[0] = backend._coalescer.batches, 0.0
             t0 = time.perf_counter()
-            await asyncio.gather(*(caller(r) for r in timed))
-            wall = time.perf_counter() - t0
-        finally:
-            backend_module.encode_many = shipped_encode_many
+            await backend.read([request])
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    def plan(callers: int, rounds: int, base: int) -> list[list[DecisionRequest]]:  # built before timing
+        return [[make(base + c * rounds + j, 1) for j in range(rounds)] for c in range(callers)]
+
+    timed = TimedReader(reader)
+    backend.reader = timed  # the backend's attribute; the reader itself is unchanged
+    curve: dict[str, Any] = {}
+    base = 30_000
+    for callers in getattr(args, "callers", CALLERS):
+        if time.monotonic() > deadline:
+            curve[str(callers)] = {"skipped": "time budget"}
+            continue
+        rounds = max(args.rounds, 2 * max(1, 256 // callers)) if callers < 32 else args.rounds
+        warm: list[float] = []
+        await asyncio.gather(*(caller(r, warm) for r in plan(callers, 1, base)))  # warm the shapes
+        requests = plan(callers, rounds, base + 1_000 * callers)
+        torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+        latencies: list[float] = []
+        before, timed.read_ms = backend._coalescer.batches, 0.0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(r, latencies) for r in requests))
+        wall = time.perf_counter() - t0
         batches = backend._coalescer.batches - before
-        out[f"concurrent32{suffix}_reads_per_s"] = 32 * args.rounds / wall
-        out[f"concurrent32{suffix}_mean_batch"] = 32 * args.rounds / batches
-        out[f"concurrent32{suffix}_batch_ms"] = wall * 1000 / batches
-        out[f"concurrent32{suffix}_reader_ms_per_batch"] = read_ms[0] / batches
-        if not suffix:
-            out["concurrent32_reads"] = 32 * args.rounds
-    backend.reader.read = reader_read
+        row = {"reads_per_s": callers * rounds / wall, "p50_ms": percentile(latencies, 50),
+               "p99_ms": percentile(latencies, 99), "mean_batch": callers * rounds / batches,
+               "batch_ms": wall * 1000 / batches, "reader_ms_per_batch": timed.read_ms / batches,
+               "reads": callers * rounds}
+        if torch.cuda.is_available():
+            row["gpu_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["gpu_reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+        curve[str(callers)] = row
+        log(f"callers {callers}: {row}")
+        base += 100_000
+    out["curve"] = curve
+    if "32" in curve and "reads_per_s" in curve["32"]:
+        out["concurrent32_reads_per_s"] = curve["32"]["reads_per_s"]
+        out["concurrent32_reader_ms_per_batch"] = curve["32"]["reader_ms_per_batch"]
+    backend.reader = reader
     await backend.aclose()
     return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]

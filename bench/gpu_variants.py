@@ -12,25 +12,25 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.gpu_read import ROOT, build_model, make_items, profile, sync, time_reads
-from router.backends.torch.compiled import compile_pieces
-from router.backends.torch.diffusion import DiffusionSlotReader, rows_moe_ready, triton_ready
-from router.backends.torch.graphs import KEY_ALIGN, GraphSet
+from router.backends.torch.choice import KernelChoice, default_choice
+from router.backends.torch.diffusion import DiffusionSlotReader
+from router.backends.torch.graphs import KEY_ALIGN, GraphShapes
+from router.backends.torch.warm_up import warm_up
 
-BOTH = ("sliding_attention", "full_attention")
-# band kinds, row-copy MoE, merge op, compiled concatenations: "" none, "ffn" the feed-forward
-# half's (compile_pieces' fuse_cats), "ffn+rows_kv" also the rows' own keys (compile_rows_kv)
-VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool, str]] = {
-    "dense+transformers_moe": ((), False, False, ""), "rows_moe": ((), True, False, ""),
-    "rows_moe+band_global": (("full_attention",), True, False, ""),
-    "rows_moe+band_global+merge_op": (("full_attention",), True, True, ""),
-    "rows_moe+band_all+merge_op": (BOTH, True, True, ""),
-    "rows_moe+band_global+merge_op+fused_cats": (("full_attention",), True, True, "ffn+rows_kv"),
-    "rows_moe+band_global+merge_op+ffn_cats": (("full_attention",), True, True, "ffn")}
+BOTH = frozenset({"sliding_attention", "full_attention"})
+# Each variant: the device's shipped choice (compiled, default_choice) with these switches changed;
+# a combination the choice refuses is reported as an error.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "shipped": {}, "no_band": {"band": frozenset()}, "band_all": {"band": BOTH},
+    "no_rows_moe": {"rows_moe": False}, "no_merge_op": {"merge_op": False},
+    "no_triton": {"rows_moe": False, "merge_op": False, "triton": False},
+    "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True}}
 
 
 def event_ms(fn: Any, iters: int) -> float:
@@ -42,12 +42,13 @@ def event_ms(fn: Any, iters: int) -> float:
     times = []
     for _ in range(iters):
         if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             fn()
             end.record()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(float(start.elapsed_time(end)))
         else:
             t0 = time.perf_counter()
             fn()
@@ -113,25 +114,19 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
     return out
 
 
-def variant(args: argparse.Namespace, model: Any, device: Any, band: tuple[str, ...], rows: bool,
-            merge_op: bool, cats: str, items: list[Any]) -> tuple[dict[str, Any], Any]:
+def variant(args: argparse.Namespace, model: Any, device: Any, changes: dict[str, Any],
+            items: list[Any]) -> tuple[dict[str, Any], Any]:
     import torch
 
-    reader = DiffusionSlotReader(model, fast_kernels=False)
-    assert reader.onepass is not None
-    dtype = next(model.parameters()).dtype
-    reader.onepass.use(band=band, rows_moe=rows and rows_moe_ready(device, dtype),
-                       merge_op=merge_op and triton_ready(device))
+    on_cuda = device.type == "cuda"
+    shipped = default_choice(model, compiled=True, compile_backend="inductor" if on_cuda else "aot_eager")
+    choice = replace(shipped, **changes)
     started = time.monotonic()
-    compile_pieces(reader.onepass, backend="inductor" if device.type == "cuda" else "aot_eager",
-                   fuse_cats="ffn" in cats, compile_rows_kv="rows_kv" in cats)
-    row: dict[str, Any] = {"band": sorted(reader.onepass.band), "rows_moe": reader.onepass.rows_moe,
-                           "merge_op": reader.onepass.merge_op, "compiled_cats": cats,
-                           "attention_kernels": getattr(reader.onepass.attend, "kernels", None)}
-    if device.type == "cuda":
-        reader.graphs = GraphSet(reader, batches=(1, args.batch), draws=(1,), widths=(args.width,),
-                                 prefix_tokens=args.prefix_capacity, labels=128)
-        reader.graphs.warm_up(items[0].prefix_ids, items[0].canvas_ids, args.slot)
+    shapes = GraphShapes(batches=(1, args.batch), draws=(1,), widths=(args.width,),
+                         prefix_tokens=args.prefix_capacity, labels=128, capture=on_cuda)
+    reader = warm_up(DiffusionSlotReader(model, choice=choice, graphs=shapes), items[0])
+    row: dict[str, Any] = {"choice": reader.choice.summary(), "compiled": reader.compiled}
+    if on_cuda and reader.graphs is not None:
         graph = reader.graphs.graphs[(args.batch, args.batch, args.width)].graph
         row["replay_ms"] = event_ms(graph.replay, args.iters)
         row["replay_batch1_ms"] = event_ms(reader.graphs.graphs[(1, 1, args.width)].graph.replay,
@@ -140,7 +135,7 @@ def variant(args: argparse.Namespace, model: Any, device: Any, band: tuple[str, 
     row["read"] = time_reads(reader.read, items, args.batch, device, args.iters)
     reads = reader.read(items[: args.batch])
     del reader
-    torch.cuda.empty_cache() if device.type == "cuda" else None
+    torch.cuda.empty_cache() if on_cuda else None
     return row, reads
 
 
@@ -185,12 +180,13 @@ def main() -> None:
 
     print(f"model built in {time.monotonic() - started:.1f} s", flush=True)
     if "micro" in args.blocks:
-        results["attention_micro"] = attention_micro(args, DiffusionSlotReader(model, fast_kernels=False), device)
+        results["attention_micro"] = attention_micro(args, DiffusionSlotReader(model, choice=KernelChoice()),
+                                                     device)
         save()
     first = None
     for name in args.variants if "variants" in args.blocks else []:
         try:
-            row, reads = variant(args, model, device, *VARIANTS[name], items)
+            row, reads = variant(args, model, device, VARIANTS[name], items)
             first = reads if first is None else first
             row["max_abs_proba_diff_vs_first"] = max(float(np.abs(a.draws - b.draws).max())
                                                      for a, b in zip(reads, first))
@@ -199,8 +195,7 @@ def main() -> None:
         results["variants"][name] = row
         save()
     if "profile" in args.blocks and device.type == "cuda":
-        reader = DiffusionSlotReader(model)  # the shipped default
-        compile_pieces(reader.onepass, backend="inductor")  # type: ignore[arg-type]
+        reader = DiffusionSlotReader(model, choice=default_choice(model, compiled=True))  # shipped
         results["profile_default"] = profile(args, model, reader, device)
         sync(device)
         save()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from policies.types import DecisionRequest, OptionScores, canonical_hash
+from policies.types import DecisionRequest, Option, OptionScores, canonical_hash
 from router.backends.base import FastBackend
 from router.backends.labels import (
     LabelAlphabet,
@@ -30,6 +30,7 @@ from router.backends.labels import (
 )
 from router.backends.torch.coalescer import Coalescer
 from router.backends.torch.diffusion import SlotItem, SlotRead
+from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
 from router.backends.torch.prompt import (
     DEFAULT_PREAMBLE,
@@ -41,6 +42,7 @@ from router.backends.torch.prompt import (
     encode_many,
     masked_prompt,
 )
+from router.backends.torch.reader import SlotReader
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
@@ -52,7 +54,8 @@ log = logging.getLogger(__name__)
 
 
 class TorchBackend(FastBackend):
-    """Reads with ``reader`` (a Diffusion/Causal/MaskedSlotReader) and ``tokenizer``.
+    """Reads with ``reader`` (a SlotReader: diffusion, causal or masked, made by ``make_reader``
+    from the same ``options``) and ``tokenizer``, as ``options`` (a TorchOptions) say.
 
     ``model_id`` names the weights in the fingerprint (path plus a content hash when loaded from a
     folder). ``samples`` overrides the request's noise draws (diffusion only; the others are
@@ -62,63 +65,48 @@ class TorchBackend(FastBackend):
     token); ``auto`` reads the names when they qualify and the alphabet otherwise.
 
     Speed settings: concurrent ``read`` calls wait at most ``coalesce_window_ms`` for companions
-    and run together up to ``max_batch`` items. ``compiled`` (default: on for a diffusion reader
-    on CUDA) compiles the one-pass read and captures CUDA graphs for ``graph_batches`` items x
-    ``graph_draws`` draws (default: 1 and ``samples``) x ``graph_widths`` prompt-rest tokens, with
-    prefixes up to ``graph_prefix_tokens``; a read outside those shapes runs eagerly.
+    and run together up to ``max_batch`` items. The reader's own (``compiled``, ``graph_*``,
+    ``prefix_cache``) were used when it was made; one that ``needs_warm_up`` is warmed in the
+    worker thread before any read (``ready()`` is False until then) and replaced by what its
+    ``warm_up`` returns (itself, or an eager twin when compiling or capturing failed).
     """
 
     name = "torch"
 
-    def __init__(
-        self, reader: Any, tokenizer: Any, *, kind: ReadKind, model_id: str,
-        labels: Sequence[str] | None = None, label_prefix: str | None = None,
-        preamble: str = DEFAULT_PREAMBLE, answer_prefix: str = "Answer:",
-        samples: int | None = None, max_batch: int = 32, max_tokens: int = 512,
-        canvas_length: int = 64, canvas_step: int = 16,
-        thought_block: str = "<|channel>thought\n<channel|>", turn_close_id: int = 106,
-        pad_id: int = 0, label_mode: Literal["alphabet", "names", "auto"] = "auto",
-        coalesce_window_ms: float = 2.0, compiled: bool | None = None,
-        graph_batches: Sequence[int] = (1, 2, 4, 8, 16, 32), graph_draws: Sequence[int] | None = None,
-        graph_widths: Sequence[int] = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512),
-        graph_prefix_tokens: int = 2048,
-    ) -> None:
-        if kind not in ("diffusion", "causal", "masked"):
-            raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
+    def __init__(self, reader: SlotReader, tokenizer: Any, options: TorchOptions, *,
+                 model_id: str) -> None:
+        kind = options.kind
         self.reader, self.tokenizer, self.kind, self.model_id = reader, tokenizer, kind, model_id
+        self.options = options
+        label_prefix = options.label_prefix
         self.label_prefix = (" " if kind != "masked" else "") if label_prefix is None else label_prefix
-        self.alphabet = self._alphabet(labels)
-        if label_mode not in ("alphabet", "names", "auto"):
-            raise ConfigError(f"torch backend: label_mode must be alphabet, names or auto, got {label_mode!r}")
-        self.label_mode = label_mode
-        self.preamble, self.answer_prefix = preamble, answer_prefix
-        self.samples = samples if kind == "diffusion" else 1
-        self.max_batch, self.max_tokens = max_batch, max_tokens
+        self.alphabet = self._alphabet(options.labels)
+        self.label_mode = options.label_mode
+        self.preamble = options.preamble if options.preamble is not None else DEFAULT_PREAMBLE
+        self.answer_prefix = options.answer_prefix
+        self.samples = options.samples if kind == "diffusion" else 1
+        self.max_batch, self.max_tokens = options.max_batch, options.max_tokens
         self.canvas: dict[str, Any] = {
-            "length": canvas_length, "step": canvas_step, "thought_block": thought_block,
-            "turn_close_id": turn_close_id, "pad_id": pad_id,
+            "length": options.canvas_length, "step": options.canvas_step,
+            "thought_block": options.thought_block, "turn_close_id": options.turn_close_id,
+            "pad_id": options.pad_id,
         }
         self._questions: dict[tuple[str, str], _Question] = {}
-        if coalesce_window_ms < 0 or max_batch < 1:
-            raise ConfigError("torch backend: coalesce_window_ms must be >= 0 and max_batch >= 1")
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
         self._coalescer: Coalescer[_Pending, SlotRead] = Coalescer(
-            self._read_batch, executor=self._executor, window_s=coalesce_window_ms / 1000,
-            max_batch=max_batch)
-        self.graph_shapes = {
-            "batches": tuple(b for b in graph_batches if b <= max_batch),
-            "draws": tuple(graph_draws) if graph_draws else tuple(sorted({1, samples or 1})),
-            "widths": tuple(graph_widths), "prefix_tokens": graph_prefix_tokens,
-        }
-        self.compiled = False  # True once the compiled, graph-replayed read is warm
+            self._read_batch, executor=self._executor, window_s=options.coalesce_window_ms / 1000,
+            max_batch=options.max_batch)
+        self.compiled = False  # True once a compiled (graph-replayed) read is warm
         self._warm: Future[None] | None = None
-        on_cuda = getattr(getattr(reader, "device", None), "type", "cpu") == "cuda"
-        if kind == "diffusion" and getattr(reader, "onepass", None) is not None and (
-                compiled if compiled is not None else on_cuda):
-            from router.backends.torch.warm_up import warm_up
+        if reader.needs_warm_up:
+            self._warm = self._executor.submit(self._warm_up)
 
-            self._warm = self._executor.submit(warm_up, self)
+    def _warm_up(self) -> None:
+        """In the worker thread: the reader warmed on a sample request of the real template."""
+        sample = DecisionRequest("warm-up", "Which?", (Option("yes"), Option("no")), "warm-up")
+        self.reader = self.reader.warm_up(self.item(sample))
+        self.compiled = self.reader.compiled
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:
         if labels is not None:
@@ -129,22 +117,21 @@ class TorchBackend(FastBackend):
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> TorchBackend:
         typed = settings.options_as(TorchOptions)  # validated when settings loaded
-        # Unset (and null) options keep this constructor's own defaults.
-        options = {k: v for k, v in typed.model_dump(exclude_unset=True).items() if v is not None}
-        kind = options.pop("kind")
         if settings.model_path is None:
             raise ConfigError("torch backend needs fast.model_path", field="fast.model_path")
-        return cls.from_folder(kind, settings.model_path, **options)
+        return cls.from_options(typed, settings.model_path)
 
     @classmethod
     def from_folder(cls, kind: str, path: Path | str, **options: Any) -> TorchBackend:
-        """A backend over a LOCAL model folder (``device``, ``dtype``, ``prefix_cache`` and the
-        constructor's keyword options may be given)."""
-        model, tokenizer, model_id = load_model(
-            kind, path, device=options.pop("device", "cpu"), dtype=options.pop("dtype", "float32"),
-            gguf_file=options.pop("gguf_file", None))
-        reader = make_reader(kind, model, tokenizer, use_prefix_cache=options.pop("prefix_cache", True))
-        return cls(reader, tokenizer, kind=kind, model_id=model_id, **options)  # type: ignore[arg-type]
+        """A backend over a LOCAL model folder; ``options`` are TorchOptions fields."""
+        return cls.from_options(TorchOptions(kind=kind, **options), path)
+
+    @classmethod
+    def from_options(cls, options: TorchOptions, path: Path | str) -> TorchBackend:
+        """A backend over a LOCAL model folder, as ``options`` say."""
+        model, tokenizer, model_id = load_model(options.kind, path, device=options.device,
+                                                dtype=options.dtype, gguf_file=options.gguf_file)
+        return cls(make_reader(options, model, tokenizer), tokenizer, options, model_id=model_id)
 
     def identity(self) -> Mapping[str, Any]:
         ident: dict[str, Any] = {
@@ -181,7 +168,7 @@ class TorchBackend(FastBackend):
         Why: with closed-loop callers the GPU idles while their next states are tokenized; one
         batched call (parallel in a fast tokenizer, the GIL released) takes a fraction of the
         one-by-one encodes on the event loop."""
-        return self.reader.read(self.items(pending))  # type: ignore[no-any-return]
+        return self.reader.read(self.items(pending))
 
     def _scores(self, request: DecisionRequest, read: SlotRead) -> OptionScores:
         proba = [float(p) for p in read.proba.astype("float64")]
@@ -290,21 +277,39 @@ class _Pending:
     item: SlotItem | None
 
 
-def make_reader(kind: str, model: Any, tokenizer: Any, *, use_prefix_cache: bool = True) -> Any:
+def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader:
+    """The reader ``options.kind`` names over ``model``. A diffusion reader gets its device's
+    kernels (choice.py), compiled (``options.compiled``; default: on CUDA) with CUDA graphs of
+    ``graph_shapes(options)``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    if kind == "diffusion":
+    if options.kind == "diffusion":
+        from router.backends.torch.choice import default_choice
         from router.backends.torch.diffusion import DiffusionSlotReader
 
-        return DiffusionSlotReader(model, use_prefix_cache=use_prefix_cache, pad_id=pad)
-    if kind == "causal":
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        compiled = options.compiled if options.compiled is not None else on_cuda
+        choice = default_choice(model, compiled=compiled)
+        graphs = graph_shapes(options, capture=on_cuda) if compiled and choice.fused_pass else None
+        return DiffusionSlotReader(model, choice=choice, graphs=graphs,
+                                   use_prefix_cache=options.prefix_cache, pad_id=pad)
+    if options.kind == "causal":
         from router.backends.torch.causal import CausalSlotReader
 
-        return CausalSlotReader(model, pad_id=pad, use_prefix_cache=use_prefix_cache)
-    if kind == "masked":
-        from router.backends.torch.masked import MaskedSlotReader
+        return CausalSlotReader(model, pad_id=pad, use_prefix_cache=options.prefix_cache)
+    from router.backends.torch.masked import MaskedSlotReader
 
-        return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)
-    raise ConfigError(f"torch backend: kind must be diffusion, causal or masked, got {kind!r}")
+    return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)
+
+
+def graph_shapes(options: TorchOptions, *, capture: bool) -> GraphShapes:
+    """The graph buckets ``options`` ask for: unset, every batch size of ``GraphShapes`` up to
+    ``max_batch`` and 1 and ``samples`` draws."""
+    default = GraphShapes()
+    batches = options.graph_batches or [b for b in default.batches if b <= options.max_batch]
+    draws = options.graph_draws or sorted({1, options.samples or 1})
+    return GraphShapes(batches=tuple(b for b in batches if b <= options.max_batch) or (1,),
+                       draws=tuple(draws), widths=tuple(options.graph_widths or default.widths),
+                       prefix_tokens=options.graph_prefix_tokens, labels=MAX_LABELS, capture=capture)
 
 
 def load_model(kind: str, path: Path | str, *, device: str = "cpu", dtype: str = "float32",

@@ -14,6 +14,7 @@ import numpy as np
 from router.backends.torch.diffusion import SlotItem, SlotRead
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache
 from router.backends.torch.prefix_lru import PrefixLRU
+from router.backends.torch.reader import Frozen, SlotReader
 
 
 def label_read(logits: Any, items: Sequence[SlotItem]) -> list[SlotRead]:
@@ -41,7 +42,7 @@ def softcapped(model: Any, logits: Any) -> Any:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-class CausalSlotReader:
+class CausalSlotReader(Frozen):
     """Next-token read after ``prefix_ids + suffix_ids`` (the suffix ends with the answer prefix)."""
 
     def __init__(self, model: Any, *, pad_id: int = 0, prefix_cache_entries: int = 8,
@@ -52,6 +53,13 @@ class CausalSlotReader:
         self._prefixes = PrefixLRU(max_entries=prefix_cache_entries)
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model.get_decoder().forward)
+        self._seal()
+
+    compiled = False  # eager reads; nothing to warm up
+    needs_warm_up = False
+
+    def warm_up(self, sample: SlotItem) -> SlotReader:
+        return self
 
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
         import torch

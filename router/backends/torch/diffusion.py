@@ -14,25 +14,13 @@ from typing import Any
 import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
+from router.backends.torch.choice import KernelChoice, build_pieces, default_choice
 from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
+from router.backends.torch.graphs import GraphSet, GraphShapes
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
-from router.backends.torch.prefix_attention import CUDNN_HOPPER_MAX_DIM, pick_attend
-
-
-def triton_ready(device: Any) -> bool:
-    """Whether ops.py's Triton kernels serve here (CUDA, Triton present and agreeing)."""
-    from router.backends.torch.ops import use_triton
-
-    return device.type == "cuda" and use_triton(device)
-
-
-def rows_moe_ready(device: Any, dtype: Any) -> bool:
-    """Whether moe.py's row-copy experts pay here: on CUDA in bfloat16 (grouped GEMMs) with its
-    Triton kernels working; elsewhere the compiled transformers experts are as good."""
-    import torch
-
-    return dtype == torch.bfloat16 and triton_ready(device)
 from router.backends.torch.prefix_lru import PrefixLRU
+from router.backends.torch.reader import Frozen, SlotReader
+from router.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,23 +71,23 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
     return torch.randint(0, vocab_size, (count,), generator=generator).tolist()
 
 
-class DiffusionSlotReader:
+class DiffusionSlotReader(Frozen):
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
-    caches (keyed by their token ids). ``fused_pass`` runs encoder and decoder in one pass over
-    the shared weights, attending to the shared prefix once (fused.py); without it (or with untied
-    weights) transformers' two-pass read runs. ``fast_kernels`` (default: on CUDA) reads the shared
-    prefix of the global layers (head dim 512) under a position band with GEMMs and routes the
-    experts' rows with Triton copies (``OnePass.use``). ``graphs`` (graphs.py), when set, replays captured CUDA graphs for the
-    shapes it holds. Not thread-safe: the backend serialises calls."""
+    caches (keyed by their token ids; ``prefixes`` shares another reader's). ``choice`` (default:
+    the device's, choice.py ``default_choice``) fixes its kernels: the one-pass read (fused.py) or
+    transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
+    are the shapes whose reads ``warm_up`` captures as CUDA graphs (padded, uncaptured on the CPU).
+    Immutable once built. Not thread-safe: the backend serialises calls."""
 
     def __init__(
-        self, model: Any, *, prefix_cache_entries: int = 8, use_prefix_cache: bool = True,
-        pad_id: int = 0, fused_pass: bool = True, fast_kernels: bool | None = None,
+        self, model: Any, *, choice: KernelChoice | None = None, graphs: GraphShapes | None = None,
+        prefix_cache_entries: int = 8, use_prefix_cache: bool = True, pad_id: int = 0,
+        prefixes: PrefixLRU | None = None,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
         self.pad_id = pad_id
-        self._prefixes = PrefixLRU(max_entries=prefix_cache_entries)
+        self.prefixes = prefixes if prefixes is not None else PrefixLRU(max_entries=prefix_cache_entries)
         text_config = model.config.get_text_config()
         self.text_config = text_config
         self.vocab_size = int(text_config.vocab_size)
@@ -109,20 +97,41 @@ class DiffusionSlotReader:
         self._encoder_cache_kw = cache_kwarg(self.encoder.forward)
         self._decoder_cache_kw = cache_kwarg(self.decoder.forward)
         self.device = next(model.parameters()).device
-        self.onepass: OnePass | None = None
-        self.graphs: Any = None
-        if fused_pass and ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
-            self.onepass = OnePass(model)
-            dims = {int(c.head_dim) for c in text_config.per_layer_config}
-            dtype = next(model.parameters()).dtype
-            self.onepass.attend = pick_attend(self.device, dtype, dims)
-            if fast_kernels if fast_kernels is not None else self.device.type == "cuda":
-                # the band read where the fused kernels are slow (head dims over cuDNN's Hopper
-                # kernels: the global layers); elsewhere cuDNN's flash kernel is the faster one
-                band = {kind for kind, c in zip(text_config.layer_types, text_config.per_layer_config,
-                                                strict=True) if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
-                self.onepass.use(band=band, rows_moe=rows_moe_ready(self.device, dtype),
-                                 merge_op=triton_ready(self.device))
+        self.choice = choice if choice is not None else default_choice(model)
+        self.choice.check(layer_kinds=set(text_config.layer_types), device=self.device)
+        if self.choice.fused_pass and not ffn_weights_shared(model):
+            raise ConfigError("kernel choice: fused_pass needs tied encoder/decoder weights",
+                              field="fused_pass")
+        self.onepass = (OnePass(model, build_pieces(self.choice), self.choice.band)
+                        if self.choice.fused_pass else None)
+        if graphs is not None and self.onepass is None:
+            raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
+        if graphs is not None and graphs.capture and self.device.type != "cuda":
+            raise ConfigError("graph capture needs a CUDA device", field="capture")
+        self.graph_shapes = graphs
+        self.graphs = GraphSet(self, graphs) if graphs is not None else None
+        self._seal()
+
+    @property
+    def compiled(self) -> bool:
+        return self.choice.compiled
+
+    @property
+    def needs_warm_up(self) -> bool:
+        return self.choice.compiled or self.graphs is not None
+
+    def rebuilt(self, choice: KernelChoice, *, graphs: bool = True) -> DiffusionSlotReader:
+        """A twin over the same model and prefix caches with ``choice`` (and this one's graph
+        shapes, unless ``graphs`` is False)."""
+        return DiffusionSlotReader(self.model, choice=choice,
+                                   graphs=self.graph_shapes if graphs else None,
+                                   use_prefix_cache=self.use_prefix_cache, pad_id=self.pad_id,
+                                   prefixes=self.prefixes)
+
+    def warm_up(self, sample: SlotItem) -> SlotReader:
+        from router.backends.torch.warm_up import warm_up
+
+        return warm_up(self, sample) if self.needs_warm_up else self
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
@@ -153,7 +162,7 @@ class DiffusionSlotReader:
                              **{self._encoder_cache_kw: cache})
             return cache
 
-        return self._prefixes.get_or_build(prefix_ids, build)
+        return self.prefixes.get_or_build(prefix_ids, build)
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -193,7 +202,7 @@ class DiffusionSlotReader:
         if self.graphs is not None and cache is not None:
             replayed = self.graphs.run(items, prefix, cache)
             if replayed is not None:
-                return replayed  # type: ignore[no-any-return]
+                return replayed
         kv = self.onepass.prefix_kv(cache, len(prefix)) if cache is not None else None
         return self.onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
 

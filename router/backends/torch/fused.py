@@ -18,10 +18,9 @@ last ``window - 1`` prompt tokens (what the DynamicCache keeps) and the whole ca
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.backends.torch.prefix_attention import (
     Attend,
@@ -35,6 +34,10 @@ from router.backends.torch.prefix_attention import (
     to_bias,
     unfold_groups,
 )
+from router.backends.torch.reader import Frozen
+
+if TYPE_CHECKING:
+    from router.backends.torch.ops import RowOps
 
 FAR = 1 << 40  # key position of an empty prefix slot: never visible
 
@@ -70,11 +73,18 @@ def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
     return _ffn(layer, attn_out, residual, layer.experts)
 
 
-def ffn_half_rows(layer: Any, attn_out: Any, residual: Any) -> Any:
-    """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py)."""
+def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, ops: RowOps | None = None) -> Any:
+    """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py), ``ops``'
+    (default: the torch references)."""
     from router.backends.torch.moe import experts_forward
+    from router.backends.torch.ops import TORCH_OPS
 
-    return _ffn(layer, attn_out, residual, partial(experts_forward, layer.experts))
+    row_ops = ops if ops is not None else TORCH_OPS
+
+    def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        return experts_forward(layer.experts, hidden, top_k_index, top_k_weights, row_ops)
+
+    return _ffn(layer, attn_out, residual, experts)
 
 
 def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
@@ -161,45 +171,41 @@ def slot_read(model: Any, softcap: float | None, hidden: Any, slots: Any, label_
     return proba, entropy, mass
 
 
-class OnePass:
-    """The one-pass read of a tied DiffusionGemma. ``ffn``, ``qkv``, ``norm``, ``merge``, ``attend``,
-    ``band_softmax`` may be replaced by compiled or kernel versions (compiled.py); each computes what
-    its default does. ``band`` (empty by default) names the layer kinds whose shared prefix is read
-    with ``attend_band`` under a position band instead of ``attend`` under a dense bias (the same
-    visibility)."""
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """The functions one ``OnePass`` calls, fixed when it is built (choice.py ``build_pieces``):
+    the eager defaults, or compiled / kernel versions that compute the same (compiled.py, ops.py)."""
 
-    def __init__(self, model: Any) -> None:
+    norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
+    qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)
+    ffn: Callable[[Any, Any, Any], Any]  # (layer, attention out, residual): ffn_half(_rows)
+    ffn_step: Callable[[Any, tuple[Any, Any], tuple[Any, Any], tuple[Any, Any]], tuple[Any, Any]] | None
+    rows_kv: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
+    merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
+    attend: Attend
+    band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
+
+
+EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
+               merge=merge_grouped, attend=attend_math, band_softmax=band_softmax)
+
+
+class OnePass(Frozen):
+    """The one-pass read of a tied DiffusionGemma with ``pieces`` (each computes what its eager
+    default does). ``band`` names the layer kinds whose shared prefix is read with ``attend_band``
+    under a position band instead of ``pieces.attend`` under a dense bias (the same visibility).
+    Immutable once built: the kernels are chosen before (choice.py), never swapped while serving."""
+
+    def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = ()) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
         self.config = self.encoder.config
         self.window = int(self.config.sliding_window or 0)
         self.softcap = self.config.final_logit_softcapping
-        self.ffn: Any = ffn_half
-        self.ffn_step: Any = None  # when set: ffn_step (with self.ffn) as one compiled piece
-        self.rows_kv: Any = rows_kv
-        self.qkv: Any = qkv_half
-        self.norm: Any = rms_norm
-        self.attend: Attend = attend_math
-        self.merge: Any = merge_grouped
-        self.band: frozenset[str] = frozenset()
-        self.band_softmax: Any = band_softmax
-        self.rows_moe = False  # experts through moe.py's row-copy ops (ffn_half_rows)
-        self.merge_op = False  # the merge as ops.merge_groups (a Triton kernel on CUDA)
-
-    def use(self, *, band: Iterable[str], rows_moe: bool, merge_op: bool = False) -> None:
-        """Read the prefix of the ``band`` layer kinds by band; row-copy experts and the merge op
-        on or off (eager pieces)."""
-        self.band, self.rows_moe, self.merge_op = frozenset(band), rows_moe, merge_op
-        self.ffn, self.merge = self.eager_ffn(), self.eager_merge()
-
-    def eager_ffn(self) -> Any:
-        return ffn_half_rows if self.rows_moe else ffn_half
-
-    def eager_merge(self) -> Any:
-        from router.backends.torch.ops import merge_groups
-
-        return merge_groups if self.merge_op else merge_grouped
+        self.pieces = pieces
+        self.band = frozenset(band)
+        self._seal()
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -237,12 +243,12 @@ class OnePass:
         masks = self.masks(prefix, batch, start, row_len, enc_h.dtype)
         for index, (enc, dec) in enumerate(zip(self.encoder.layers, self.decoder.layers, strict=True)):
             kind = types[index]
-            q_e, k_e, v_e = self.qkv(enc.self_attn, self.norm(enc.input_layernorm, enc_h), *enc_pe[kind])
-            q_d, k_d, v_d = self.qkv(dec.self_attn, self.norm(dec.input_layernorm, dec_h), *dec_pe[kind])
+            q_e, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h), *enc_pe[kind])
+            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h), *dec_pe[kind])
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
-            out_e, lse_e = self.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
-            rows_k, rows_v = self.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
-            out_d, lse_d = self.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
+            out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
+            rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
+            out_d, lse_d = self.pieces.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
                 out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
@@ -251,10 +257,10 @@ class OnePass:
                                                 (lse_e, lse_d), masks)
             attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
             scalars = (enc.layer_scalar, dec.layer_scalar)
-            if self.ffn_step is not None:
-                enc_h, dec_h = self.ffn_step(enc, attn, (enc_h, dec_h), scalars)
+            if self.pieces.ffn_step is not None:
+                enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars)
             else:
-                enc_h, dec_h = ffn_step(self.ffn, enc, attn, (enc_h, dec_h), scalars)
+                enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars)
         hidden = self.decoder.norm(dec_h)
         return slot_read(self.model, self.softcap, hidden, batch.slots, batch.label_index,
                          batch.label_valid)
@@ -276,14 +282,14 @@ class OnePass:
         folded, mask = fold_groups(flat.unsqueeze(0), n_kv), masks[("prefix", kind)]
         if isinstance(mask, Band):
             out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
-                                       self.band_softmax)
+                                       self.pieces.band_softmax)
         else:
-            out_p, lse_p = self.attend(folded, prefix.keys[index], prefix.values[index], mask)
+            out_p, lse_p = self.pieces.attend(folded, prefix.keys[index], prefix.values[index], mask)
         g, n_enc = n_heads // n_kv, q_e.shape[0] * q_e.shape[2]
         merged = []
         for out, lse, q, offset in ((out_e, lse_e, q_e, 0), (out_d, lse_d, q_d, n_enc)):
             part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
-            merged.append(self.merge(group_view(out, g), group_view(lse, g),
+            merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g),
                                      group_view(out_p, g, **part), group_view(lse_p, g, **part)))
         return merged[0], merged[1]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from router.backends.torch.fused import FAR, OnePassBatch, PrefixKV
+from router.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +35,48 @@ class _Captured:
     graph: Any  # torch.cuda.CUDAGraph, or None when not captured
 
 
-class GraphSet:
-    """Captured reads for every (items, rows, width) bucket: ``batches`` item counts, rows per
-    item from ``draws``, ``widths`` prompt-rest token counts; ``labels`` label slots each."""
+@dataclass(frozen=True, slots=True)
+class GraphShapes:
+    """The buckets a reader's graphs hold: ``batches`` item counts, rows per item from ``draws``,
+    ``widths`` prompt-rest token counts, prefixes up to ``prefix_tokens``, ``labels`` label slots
+    (the backend's alphabet holds at most 128). ``capture``: CUDA graphs (off: the same buffers
+    and padding run eagerly, as the CPU tests do)."""
 
-    def __init__(self, reader: Any, *, batches: Sequence[int], draws: Sequence[int],
-                 widths: Sequence[int], prefix_tokens: int, labels: int, capture: bool = True) -> None:
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    draws: tuple[int, ...] = (1,)
+    widths: tuple[int, ...] = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+    prefix_tokens: int = 2048
+    labels: int = 128
+    capture: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "draws", "widths"):
+            values = tuple(sorted(set(getattr(self, name))))
+            if not values or values[0] < 1:
+                raise ConfigError(f"graph shapes: {name} must be positive counts, got {values}",
+                                  field=f"graph_{name}")
+            object.__setattr__(self, name, values)
+
+    def count(self) -> int:
+        return len(self.batches) * len(self.draws) * len(self.widths)
+
+
+class GraphSet:
+    """Captured reads for every (items, rows, width) bucket of ``shapes``, for ``reader`` (a
+    one-pass DiffusionSlotReader; built by it, filled once by ``warm_up``)."""
+
+    def __init__(self, reader: Any, shapes: GraphShapes) -> None:
         import torch
 
         if reader.onepass is None:
             raise ValueError("graphs need the one-pass read (tied encoder/decoder weights)")
-        self.reader, self.onepass = reader, reader.onepass
-        self.batches, self.draws, self.widths = sorted(set(batches)), sorted(set(draws)), sorted(set(widths))
-        self.labels, self.capture = labels, capture
+        self.reader, self.onepass, self.shapes = reader, reader.onepass, shapes
+        self.batches, self.draws, self.widths = list(shapes.batches), list(shapes.draws), list(shapes.widths)
+        self.labels, self.capture = shapes.labels, shapes.capture
+        prefix_tokens = shapes.prefix_tokens
         self.graphs: dict[tuple[int, int, int], _Captured] = {}
         self.loaded: tuple[int, ...] | None = None
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = torch.cuda.graph_pool_handle() if shapes.capture else None
         self.prefix = self._static_prefix(prefix_tokens)
 
     def _static_prefix(self, tokens: int) -> PrefixKV:

@@ -8,9 +8,10 @@ from typing import Any
 
 from router.backends.torch.causal import label_read
 from router.backends.torch.diffusion import SlotItem, SlotRead
+from router.backends.torch.reader import Frozen, SlotReader
 
 
-class MaskedSlotReader:
+class MaskedSlotReader(Frozen):
     """Fills the ``[MASK]`` in ``prefix_ids + suffix_ids`` (the last mask token is the slot)."""
 
     def __init__(self, model: Any, *, mask_id: int, pad_id: int = 0) -> None:
@@ -18,6 +19,13 @@ class MaskedSlotReader:
         self.mask_id = mask_id
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        self._seal()
+
+    compiled = False  # eager reads; nothing to warm up
+    needs_warm_up = False
+
+    def warm_up(self, sample: SlotItem) -> SlotReader:
+        return self
 
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
         import torch

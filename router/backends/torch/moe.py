@@ -7,7 +7,7 @@ weighted sum into two kernels that took ~0.7 ms each per layer at a batch of 8,4
 H200 (41 ms of a 230 ms batch), where moving the ~0.4 GB each touches takes ~0.1 ms.
 
 Here the two copies are ops of their own (ops.py: ``slotgate::moe_gather``,
-``slotgate::moe_combine``), opaque to the compiler: each row is one contiguous copy, and the
+``slotgate::moe_combine``, or their Triton twins, as the reader's choice says), opaque to the compiler: each row is one contiguous copy, and the
 combine reads a token's top-k rows and sums them weighted in float32 in one pass (no float32
 (S, hidden) intermediate); on CUDA they run as Triton kernels (0.16 and 0.10 ms a layer there).
 The arithmetic is transformers' (sum of float32 products over k in order, rounded once).
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from router.backends.torch.ops import moe_combine, moe_gather
+from router.backends.torch.ops import TORCH_OPS, RowOps
 
 
 def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
@@ -35,18 +35,20 @@ def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
     return torch._grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
 
 
-def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: Any,
+                    ops: RowOps = TORCH_OPS) -> Any:
     """What ``experts(hidden, top_k_index, top_k_weights)`` returns for transformers' gated
-    ``grouped_mm`` experts (DiffusionGemma's: no biases, no expert parallelism)."""
+    ``grouped_mm`` experts (DiffusionGemma's: no biases, no expert parallelism); the row copies
+    are ``ops``' gather and combine."""
     n_tokens, top_k = top_k_index.shape
     expert_ids, order = torch.sort(top_k_index.reshape(-1))
     # histc, not bincount: bincount syncs with the host (no CUDA graph); CPU histc wants floats
     counts = torch.histc(expert_ids.float() if hidden.device.type == "cpu" else expert_ids.int(),
                          bins=experts.num_experts, min=0, max=experts.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    sorted_rows = moe_gather(hidden, order, top_k)
+    sorted_rows = ops.gather(hidden, order, top_k)
     gate, up = grouped_mm(sorted_rows, experts.gate_up_proj, offsets).chunk(2, dim=-1)
     out_rows = grouped_mm(experts.act_fn(gate) * up, experts.down_proj, offsets)
     place = torch.empty_like(order)
     place[order] = torch.arange(order.shape[0], device=order.device)
-    return moe_combine(out_rows, place.view(n_tokens, top_k), top_k_weights)
+    return ops.combine(out_rows, place.view(n_tokens, top_k), top_k_weights)

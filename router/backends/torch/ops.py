@@ -1,30 +1,28 @@
-"""Custom ops of the one-pass read, each a torch reference (every device, the CPU tests) that
-``use_triton(device)`` swaps for a Triton kernel (triton_kernels.py) on CUDA once they agree.
+"""Custom ops of the one-pass read: each a torch reference (every device, the CPU tests) and, for
+CUDA, a twin op that runs its Triton kernel (triton_kernels.py). Which of the two a reader calls is
+chosen once, at its construction (choice.py: ``KernelChoice.triton``), never switched at run time.
 
 Why ops of their own: the compiler treats them as opaque calls, so it neither fuses them into
 slower kernels (the MoE row copies) nor needs copies to reach their inputs' layouts (the merge
-reads strided views). Each op's torch body is the arithmetic its kernel must reproduce.
+reads strided views). Each reference op's torch body is the arithmetic its kernel must reproduce.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
 
-_TRITON: dict[str, Any] = {}  # op name -> its CUDA implementation, once installed
-_REFUSED: list[str] = []  # why the Triton kernels were not installed (checked once)
-
 
 @torch.library.custom_op("slotgate::moe_gather", mutates_args=())
 def moe_gather(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
     """(S, H): row i is ``rows[order[i] // top_k]`` (the token of sorted pair i)."""
-    impl = _TRITON.get("gather") if rows.is_cuda else None
-    if impl is not None:
-        return impl(rows, order, top_k)  # type: ignore[no-any-return]
     return rows.index_select(0, order // top_k)
 
 
@@ -37,9 +35,6 @@ def _(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
 def moe_combine(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """(T, H): token t's ``sum_k weights[t, k] * out_rows[place[t, k]]``, summed in float32 and
     rounded once to ``out_rows``' dtype (``place``: where pair (t, k) sits in sorted order)."""
-    impl = _TRITON.get("combine") if out_rows.is_cuda else None
-    if impl is not None:
-        return impl(out_rows, place, weights)  # type: ignore[no-any-return]
     picked = out_rows.index_select(0, place.reshape(-1)).view(*place.shape, -1)
     return (picked.float() * weights.float()[..., None]).sum(dim=1).to(out_rows.dtype)
 
@@ -57,10 +52,6 @@ def merge_groups(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
     projection's layout (B, M, Hk*G*D), query head j*G+g. Float32 arithmetic, rounded once."""
     from router.backends.torch.prefix_attention import merge_grouped
 
-    dim = out_a.shape[-1]
-    impl = _TRITON.get("merge") if out_a.is_cuda else None
-    if impl is not None and out_a.stride(-1) == out_b.stride(-1) == 1 and dim & (dim - 1) == 0:
-        return impl(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
     return merge_grouped(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
 
 
@@ -70,11 +61,72 @@ def _(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torc
     return out_a.new_empty((b, m, h_kv * g * d))
 
 
-def use_triton(device: Any) -> bool:
-    """Install the Triton kernels for CUDA tensors once each agrees with its torch reference on
-    random inputs of ``device``; False (logged) when Triton is missing, fails or disagrees."""
-    if _TRITON or _REFUSED:
-        return bool(_TRITON)
+# The Triton twins: the same schemas and fakes; only a reader whose choice says ``triton`` (made
+# on CUDA after ``triton_problem`` found none) ever calls them.
+@torch.library.custom_op("slotgate::moe_gather_triton", mutates_args=())
+def moe_gather_triton(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    from router.backends.torch import triton_kernels
+
+    return triton_kernels.gather_rows(rows, order, top_k)  # type: ignore[no-any-return]
+
+
+moe_gather_triton.register_fake(lambda rows, order, top_k: rows.new_empty((order.shape[0], rows.shape[1])))
+
+
+@torch.library.custom_op("slotgate::moe_combine_triton", mutates_args=())
+def moe_combine_triton(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    from router.backends.torch import triton_kernels
+
+    return triton_kernels.combine_rows(out_rows, place, weights)  # type: ignore[no-any-return]
+
+
+moe_combine_triton.register_fake(
+    lambda out_rows, place, weights: out_rows.new_empty((place.shape[0], out_rows.shape[1])))
+
+
+@torch.library.custom_op("slotgate::merge_groups_triton", mutates_args=())
+def merge_groups_triton(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                        lse_b: torch.Tensor) -> torch.Tensor:
+    """``merge_groups`` as one Triton kernel where it applies (unit last strides, D a power of two);
+    the torch arithmetic elsewhere."""
+    from router.backends.torch import triton_kernels
+    from router.backends.torch.prefix_attention import merge_grouped
+
+    dim = out_a.shape[-1]
+    if out_a.stride(-1) == out_b.stride(-1) == 1 and dim & (dim - 1) == 0:
+        return triton_kernels.merge_groups(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
+    return merge_grouped(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
+
+
+merge_groups_triton.register_fake(
+    lambda out_a, lse_a, out_b, lse_b: out_a.new_empty(
+        (out_a.shape[0], out_a.shape[3], out_a.shape[1] * out_a.shape[2] * out_a.shape[4])))
+
+
+@dataclass(frozen=True, slots=True)
+class RowOps:
+    """The three row ops one reader calls: the torch references or their Triton twins."""
+
+    gather: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    merge: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups)
+TRITON_OPS = RowOps(moe_gather_triton, moe_combine_triton, merge_groups_triton)
+
+
+def row_ops(triton: bool) -> RowOps:
+    return TRITON_OPS if triton else TORCH_OPS
+
+
+@functools.cache
+def triton_problem(device: torch.device) -> str:
+    """Why the Triton kernels cannot serve on ``device`` ("" when they can): not CUDA, Triton
+    missing or failing, or a kernel disagreeing with its torch reference on random inputs. Checked
+    once per device (a pure check, memoised); the log says why when refused."""
+    if device.type != "cuda":
+        return f"Triton kernels need CUDA, not {device.type}"
     try:
         from router.backends.torch import triton_kernels as kernels
 
@@ -84,14 +136,10 @@ def use_triton(device: Any) -> bool:
         problem = f"{type(exc).__name__}: {exc}"
     if problem:
         log.warning("torch read: Triton kernels not used, their ops run as torch ops: %s", problem)
-        _REFUSED.append(problem)
-        return False
-    _TRITON.update(gather=kernels.gather_rows, combine=kernels.combine_rows, merge=kernels.merge_groups)
-    log.info("torch read: MoE row copies and the attention merge run as Triton kernels")
-    return True
+    return problem
 
 
-def _disagreement(kernels: Any, device: Any) -> str:
+def _disagreement(kernels: Any, device: torch.device) -> str:
     gen = torch.Generator(device=device).manual_seed(0)
     rows = torch.randn((40, 2100), generator=gen, device=device, dtype=torch.bfloat16)
     order = torch.randperm(80, generator=gen, device=device)

@@ -186,34 +186,44 @@ CUDNN_HOPPER_MAX_DIM = 256
 
 
 def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tuple[str, Attend], ...]:
-    """``kernels`` in the order ``pick_attend`` tries them at head dim ``dim``."""
+    """``kernels`` in the order ``pick_attention`` tries them at head dim ``dim``."""
     if dim <= CUDNN_HOPPER_MAX_DIM:
         return kernels
     return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
 
 
-def pick_attend(device: Any, dtype: Any, head_dims: set[int],
-                kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> Attend:
-    """Per head dim, the first CUDA kernel of ``kernels`` that agrees with ``attend_math`` on random
-    inputs (checked once, logged); ``attend_math`` on the CPU or when none agrees. The returned
-    function's ``kernels`` maps each head dim to the kernel's name."""
+KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS)}
+
+
+def pick_attention(device: Any, dtype: Any, head_dims: set[int],
+                   kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
+    """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with
+    ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees."""
     if device.type != "cuda":
-        return attend_math
-    chosen: dict[int, tuple[str, Attend]] = {}
+        return tuple((dim, "math") for dim in sorted(head_dims))
+    chosen: dict[int, str] = {}
     for dim in sorted(head_dims):
-        chosen[dim] = ("math", attend_math)
+        chosen[dim] = "math"
         for name, kernel in kernel_order(dim, kernels):
             problem = _agreement(kernel, dim, device, dtype)
             if problem is None:
-                chosen[dim] = (name, kernel)
+                chosen[dim] = name
                 break
             log.warning("attention kernel %s at head dim %d: %s", name, dim, problem)
-    log.info("attention kernels by head dim: %s", {d: n for d, (n, _) in chosen.items()})
+    log.info("attention kernels by head dim: %s", chosen)
+    return tuple(sorted(chosen.items()))
+
+
+def attend_by_dim(names: tuple[tuple[int, str], ...]) -> Attend:
+    """One attention function calling, per query head dim, the kernel ``names`` gives it
+    (``attend_math`` for a dim it does not name); the dispatch table is fixed here, once."""
+    table = {dim: KERNEL_BY_NAME[name] for dim, name in names}
+    if all(kernel is attend_math for kernel in table.values()):
+        return attend_math
 
     def attend(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
-        return chosen.get(q.shape[-1], ("math", attend_math))[1](q, k, v, bias)
+        return table.get(q.shape[-1], attend_math)(q, k, v, bias)
 
-    attend.kernels = {d: n for d, (n, _) in chosen.items()}  # type: ignore[attr-defined]
     return attend
 
 

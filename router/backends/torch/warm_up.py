@@ -1,67 +1,57 @@
-"""Start-up of the compiled diffusion read: compile the one-pass pieces, capture the CUDA graphs,
-and fall back to the eager read (logged) when any of it fails. Runs in the backend's worker
-thread before any read; the backend reports ready when it returns."""
+"""Start-up of a compiled diffusion reader: compile its pieces (at their first call) and capture
+its CUDA graphs, in the backend's worker thread before any read. Nothing of the reader is changed:
+when any of it fails, an eager twin over the same model is returned (logged) and serves instead."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from policies.types import DecisionRequest, Option
-from router.backends.torch.compiled import compile_pieces, reset_pieces
-from router.backends.torch.graphs import GraphSet
-from router.backends.torch.prefix_attention import attend_efficient, pick_attend
+from router.backends.torch.prefix_attention import attend_efficient, pick_attention
+
+if TYPE_CHECKING:
+    from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
 
 log = logging.getLogger(__name__)
 
 
-def warm_up(backend: Any, *, capture: bool = True, compile_backend: str = "inductor") -> None:
-    """Compile and capture for ``backend`` (a TorchBackend over a DiffusionSlotReader); sets
-    ``backend.compiled``. A sample request gives the canvas and a prefix of the real template."""
-    reader = backend.reader
-    sample = DecisionRequest("warm-up", "Which?", (Option("yes"), Option("no")), "warm-up")
-    item = backend.item(sample)
+def warm_up(reader: DiffusionSlotReader, sample: SlotItem) -> DiffusionSlotReader:
+    """``reader`` compiled and its graphs captured on ``sample``'s prefix and canvas; or, when
+    that fails, a reader without cuDNN attention (which may refuse capture), else an eager one."""
     started = time.monotonic()
     try:
-        graphs = _compile_and_capture(backend, item, capture, compile_backend)
+        _warm(reader, sample)
+        return reader
     # Compiling (dynamo, inductor, triton) and capturing raise many unrelated exception types;
-    # any of them means the same thing here: serve the eager read, and say so.
+    # any of them means the same thing here: serve another reader, and say so.
     except Exception as exc:  # noqa: BLE001
-        kernels = getattr(reader.onepass.attend, "kernels", {})
-        if "cudnn" in kernels.values():  # cuDNN attention may refuse capture: try without it
-            log.warning("torch read: capture failed with cuDNN attention (%s: %s); retrying with "
-                        "the memory-efficient kernel", type(exc).__name__, exc)
-            try:
-                reader.onepass.attend = pick_attend(
-                    reader.device, next(reader.model.parameters()).dtype, set(kernels),
-                    kernels=(("efficient", attend_efficient),))
-                graphs = _compile_and_capture(backend, item, capture, compile_backend)
-            except Exception as again:  # noqa: BLE001 (as above)
-                _fall_back(backend, again, started)
-                return
-        else:
-            _fall_back(backend, exc, started)
-            return
-    reader.graphs = graphs
-    backend.compiled = True
-    log.info("torch read: compiled, %d CUDA graphs captured in %.1f s", len(graphs.graphs),
-             time.monotonic() - started)
-
-
-def _compile_and_capture(backend: Any, item: Any, capture: bool, compile_backend: str) -> GraphSet:
-    reader, shapes = backend.reader, backend.graph_shapes
-    compile_pieces(reader.onepass, backend=compile_backend)
-    graphs = GraphSet(reader, batches=shapes["batches"], draws=shapes["draws"],
-                      widths=shapes["widths"], prefix_tokens=shapes["prefix_tokens"],
-                      labels=len(backend.alphabet), capture=capture)
-    graphs.warm_up(item.prefix_ids, item.canvas_ids, item.slot)
-    return graphs
-
-
-def _fall_back(backend: Any, exc: BaseException, started: float) -> None:
-    reset_pieces(backend.reader.onepass)
-    backend.reader.graphs = None
-    backend.compiled = False
+        failure: BaseException = exc
+    choice = reader.choice
+    if "cudnn" in dict(choice.attention).values():  # cuDNN attention may refuse capture
+        log.warning("torch read: capture failed with cuDNN attention (%s: %s); retrying with the "
+                    "memory-efficient kernel", type(failure).__name__, failure)
+        dtype = next(reader.model.parameters()).dtype
+        attention = pick_attention(reader.device, dtype, set(dict(choice.attention)),
+                                   kernels=(("efficient", attend_efficient),))
+        try:
+            again = reader.rebuilt(replace(choice, attention=attention))
+            _warm(again, sample)
+            return again
+        except Exception as exc:  # noqa: BLE001 (as above)
+            failure = exc
     log.warning("torch read: compiled read failed after %.1f s, serving the eager read: %s: %s",
-                time.monotonic() - started, type(exc).__name__, exc)
+                time.monotonic() - started, type(failure).__name__, failure)
+    return reader.rebuilt(choice.eager(), graphs=False)
+
+
+def _warm(reader: DiffusionSlotReader, sample: SlotItem) -> None:
+    started = time.monotonic()
+    if reader.graphs is not None:
+        reader.graphs.warm_up(sample.prefix_ids, sample.canvas_ids, sample.slot)
+    else:  # compiled without graphs: the first read compiles
+        reader.read([sample])
+    count = len(reader.graphs.graphs) if reader.graphs is not None else 0
+    log.info("torch read: compiled=%s, %d CUDA graphs captured in %.1f s", reader.compiled, count,
+             time.monotonic() - started)

@@ -154,6 +154,8 @@ def vllm_case(url: str) -> Case:
 class FailingReader:
     """A torch slot reader whose device fails, as a CUDA out-of-memory would."""
 
+    needs_warm_up = False
+
     def read(self, items: object) -> object:
         raise RuntimeError("CUDA out of memory")
 
@@ -162,11 +164,12 @@ def torch_case(kind: str) -> Case:
     if importlib.util.find_spec("router.backends.torch.backend") is None:
         pytest.skip("router/backends/torch/backend.py (TORCH) is not in the tree")
     from router.backends.torch.backend import TorchBackend, load_model, make_reader
+    from router.backends.torch.options import TorchOptions
 
     tok = small_tokenizer()
     if kind == "masked":
         model, tok, model_id = load_model("masked", tokenizer_dir())
-        reader = make_reader("masked", model, tok)
+        reader = make_reader(TorchOptions(kind="masked"), model, tok)
         fixed: dict[str, Any] = {"kind": "masked", "label_mode": "alphabet"}
         variants: dict[str, dict[str, Any]] = {}
     else:
@@ -179,8 +182,9 @@ def torch_case(kind: str) -> Case:
                     "labels": {"labels": ["Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z"]}}
 
     def make(**overrides: Any) -> FastBackend:
-        return TorchBackend(**{"reader": reader, "tokenizer": tok, "model_id": model_id, **fixed,
-                               **overrides})
+        options = {"reader": reader, "model_id": model_id, **fixed, **overrides}
+        chosen, named = options.pop("reader"), options.pop("model_id")
+        return TorchBackend(chosen, tok, TorchOptions(**options), model_id=named)
 
     return Case(
         make=make,

@@ -15,6 +15,8 @@ pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
 from router.backends.torch.backend import TorchBackend, load_model, make_reader
+from router.backends.torch.causal import CausalSlotReader
+from router.backends.torch.options import TorchOptions
 from tests.router.backends.torch_models import smollm2_folder, tiny_bert_folder
 
 SENTIMENT = (Option("positive"), Option("negative"))
@@ -33,6 +35,12 @@ def sentiment(text: str, seed: int = 0) -> DecisionRequest:
                            SENTIMENT, text, seed=seed)
 
 
+def built(kind: str, model: Any, tokenizer: Any, model_id: str, **options: Any) -> TorchBackend:
+    """A backend as ``from_options`` builds it, over an already loaded model."""
+    typed = TorchOptions(kind=kind, **options)
+    return TorchBackend(make_reader(typed, model, tokenizer), tokenizer, typed, model_id=model_id)
+
+
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[Any, Any, str]:
     return load_model("causal", smollm2_folder())
@@ -41,8 +49,7 @@ def smollm2() -> tuple[Any, Any, str]:
 @pytest.mark.long
 def test_causal_read_beats_chance_on_an_easy_decision(smollm2: tuple[Any, Any, str]) -> None:
     model, tokenizer, model_id = smollm2
-    backend = TorchBackend(make_reader("causal", model, tokenizer), tokenizer, kind="causal",
-                           model_id=model_id)
+    backend = built("causal", model, tokenizer, model_id)
     scores = asyncio.run(backend.read([sentiment(text) for text, _ in EASY]))
     answers = [s.top[0] for s in scores]
     correct = sum(a == gold for a, (_, gold) in zip(answers, EASY))
@@ -54,13 +61,12 @@ def test_causal_read_beats_chance_on_an_easy_decision(smollm2: tuple[Any, Any, s
 @pytest.mark.long
 def test_causal_read_is_the_models_next_token_softmax(smollm2: tuple[Any, Any, str]) -> None:
     model, tokenizer, model_id = smollm2
-    cached = TorchBackend(make_reader("causal", model, tokenizer), tokenizer, kind="causal",
-                          model_id=model_id, label_mode="alphabet")
-    uncached = TorchBackend(make_reader("causal", model, tokenizer, use_prefix_cache=False),
-                            tokenizer, kind="causal", model_id=model_id, label_mode="alphabet")
+    cached = built("causal", model, tokenizer, model_id, label_mode="alphabet")
+    uncached = built("causal", model, tokenizer, model_id, label_mode="alphabet", prefix_cache=False)
     requests = [sentiment(text) for text, _ in EASY[:3]]
     batched = asyncio.run(cached.read(requests))  # right-padded batch on the cached prefix
     plain = asyncio.run(uncached.read(requests))
+    assert isinstance(cached.reader, CausalSlotReader)
     prefix_cache = cached.reader.prefix_cache(cached.item(requests[0]).prefix_ids)
     keys_before = [layer.keys.clone() for layer in prefix_cache.layers]
     for request, a, b in zip(requests, batched, plain):
@@ -77,8 +83,7 @@ def test_causal_read_is_the_models_next_token_softmax(smollm2: tuple[Any, Any, s
 
 def test_masked_read_fills_the_mask_slot() -> None:
     model, tokenizer, model_id = load_model("masked", tiny_bert_folder())
-    backend = TorchBackend(make_reader("masked", model, tokenizer), tokenizer, kind="masked",
-                           model_id=model_id, label_mode="alphabet")
+    backend = built("masked", model, tokenizer, model_id, label_mode="alphabet")
     options = tuple(Option(f"option {k}") for k in range(4))
     requests = [DecisionRequest("q", "Which option fits?", options, text)
                 for text in ("short message", "a somewhat longer message about a card payment")]

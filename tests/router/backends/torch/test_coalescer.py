@@ -108,13 +108,33 @@ def parts() -> tuple[Any, Any]:
     return tiny_model(vocab=len(tokenizer), window=4096), tokenizer
 
 
-def backend(parts: tuple[Any, Any], **options: Any) -> Any:
+def backend(parts: tuple[Any, Any], reader: Any = None, **options: Any) -> Any:
     from router.backends.torch.backend import TorchBackend
     from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.options import TorchOptions
 
     model, tokenizer = parts
-    return TorchBackend(DiffusionSlotReader(model), tokenizer, kind="diffusion", model_id="tiny",
-                        turn_close_id=2, **options)
+    typed = TorchOptions(kind="diffusion", turn_close_id=2, **options)
+    return TorchBackend(reader if reader is not None else DiffusionSlotReader(model), tokenizer, typed,
+                        model_id="tiny")
+
+
+class Spy:
+    """A SlotReader over a real one that records each batch, or refuses one (``refuse``)."""
+
+    def __init__(self, inner: Any, refuse: Any = None) -> None:
+        self.inner, self.refuse = inner, refuse
+        self.seen: list[list[Any]] = []
+        self.device, self.compiled, self.needs_warm_up = inner.device, False, False
+
+    def read(self, items: Any) -> list[Any]:
+        self.seen.append(list(items))
+        if self.refuse is not None and self.refuse(items):
+            raise ValueError("prompt too long for this reader")
+        return self.inner.read(items)  # type: ignore[no-any-return]
+
+    def warm_up(self, sample: Any) -> Any:
+        return self
 
 
 def requests(n: int) -> list[Any]:
@@ -143,9 +163,11 @@ def test_backend_coalesces_concurrent_reads_and_matches_reads_alone(parts: tuple
 
 
 def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[Any, Any]) -> None:
+    from router.backends.torch.diffusion import DiffusionSlotReader
     from router.backends.torch.prompt import encode, encode_many
 
-    shared = backend(parts, coalesce_window_ms=50)
+    spy = Spy(DiffusionSlotReader(parts[0]))
+    shared = backend(parts, spy, coalesce_window_ms=50)
     many = requests(8)
     many.append(type(many[0])("q", "Which intent?", many[0].options, "", seed=99))  # empty state
     tokenizer = shared.tokenizer
@@ -153,14 +175,7 @@ def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[
     one_by_one = [shared.items([shared.pending(r)])[0] for r in many]
     assert shared.items([shared.pending(r) for r in many]) == one_by_one
     assert one_by_one[0] == shared.item(many[0])
-    seen: list[list[Any]] = []
-    real_read = shared.reader.read
-
-    def read(items: list[Any]) -> list[Any]:
-        seen.append(list(items))
-        return real_read(items)  # type: ignore[no-any-return]
-
-    shared.reader.read = read
+    seen = spy.seen
     calls = 0
     real_call = type(tokenizer).__call__
 
@@ -183,17 +198,12 @@ def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[
 
 
 def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
+    from router.backends.torch.diffusion import DiffusionSlotReader
     from router.errors import BackendMalformed
 
-    shared = backend(parts, coalesce_window_ms=50)
-    real_read = shared.reader.read
-
-    def read(items: list[Any]) -> list[Any]:  # the reader cannot read one request's prompt
-        if any(len(it.suffix_ids) > 40 for it in items):
-            raise ValueError("prompt too long for this reader")
-        return real_read(items)  # type: ignore[no-any-return]
-
-    shared.reader.read = read
+    # the reader cannot read one request's prompt
+    spy = Spy(DiffusionSlotReader(parts[0]), refuse=lambda items: any(len(it.suffix_ids) > 40 for it in items))
+    shared = backend(parts, spy, coalesce_window_ms=50)
     many = requests(4)
     many[2] = type(many[2])("q", "Which intent?", many[2].options, "word " * 60, seed=2)
 
@@ -207,7 +217,12 @@ def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, 
 
 def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[Any, Any],
                                                                caplog: Any) -> None:
+    from dataclasses import replace
+
     from router.backends.torch import warm_up
+    from router.backends.torch.choice import default_choice
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.graphs import GraphShapes
 
     eager = backend(parts)
     assert asyncio.run(eager.ready()) and eager.compiled is False  # CPU: nothing to warm up
@@ -215,14 +230,16 @@ def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[An
     gate = threading.Event()
     original = warm_up.warm_up
 
-    def slow_warm_up(b: Any) -> None:
+    def slow_warm_up(reader: Any, sample: Any) -> Any:
         gate.wait(5)
-        original(b, capture=False, compile_backend="aot_eager")
+        return original(reader, sample)
 
-    warm_up.warm_up = slow_warm_up  # type: ignore[assignment]
+    model = parts[0]
+    compiled = replace(default_choice(model), compiled=True, fuse_cats=True, compile_backend="aot_eager")
+    shapes = GraphShapes(batches=(1, 4), widths=(64,), draws=(1, 3), prefix_tokens=1024, capture=False)
+    warm_up.warm_up = slow_warm_up
     try:
-        warming = backend(parts, compiled=True, graph_batches=(1, 4), graph_widths=(64,), graph_draws=(1, 3),
-                          graph_prefix_tokens=1024)
+        warming = backend(parts, DiffusionSlotReader(model, choice=compiled, graphs=shapes))
         assert asyncio.run(warming.ready()) is False
         gate.set()
         warming._warm.result(timeout=60)
@@ -233,18 +250,22 @@ def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[An
         assert warming.reader.graphs.loaded == warming.item(requests(1)[0]).prefix_ids
         for a, b in zip(got, want):
             np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
-        # a compiler that fails: logged, and the eager read serves
-        with caplog.at_level("WARNING"):
-            warm_up.warm_up = lambda b: original(b, capture=False, compile_backend="no-such-backend")
-            failing = backend(parts, compiled=True)
-            failing._warm.result(timeout=60)
-        assert asyncio.run(failing.ready()) and failing.compiled is False
-        assert failing.reader.graphs is None and "serving the eager read" in caplog.text
-        got = asyncio.run(failing.read(requests(3)))
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
     finally:
         warm_up.warm_up = original
+
+    # a warm-up that fails (here: graphs too small for the template's prefix): logged, and an
+    # eager twin of the reader serves; the reader itself is never changed
+    with caplog.at_level("WARNING"):
+        reader = DiffusionSlotReader(model, choice=compiled, graphs=replace(shapes, prefix_tokens=8))
+        failing = backend(parts, reader)
+        failing._warm.result(timeout=60)
+    assert asyncio.run(failing.ready()) and failing.compiled is False
+    assert failing.reader is not reader and failing.reader.choice == compiled.eager()
+    assert reader.choice.compiled and reader.graphs is not None  # never changed
+    assert failing.reader.graphs is None and "serving the eager read" in caplog.text
+    got = asyncio.run(failing.read(requests(3)))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
 
 
 def test_speed_options_are_validated_settings() -> None:

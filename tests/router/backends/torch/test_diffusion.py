@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
+from router.backends.torch.choice import TWO_PASS
 from router.backends.torch.diffusion import (
     DiffusionSlotReader,
     SlotItem,
@@ -130,11 +131,16 @@ def tokenizer() -> Any:
 
 def test_backend_reads_exactly_the_options_and_fingerprints_its_settings(tokenizer: Any) -> None:
     from router.backends.torch.backend import TorchBackend
+    from router.backends.torch.options import TorchOptions
 
     model = tiny_model(vocab=len(tokenizer), window=4096)
     reader = DiffusionSlotReader(model)
-    kwargs: dict[str, Any] = {"kind": "diffusion", "model_id": "tiny", "turn_close_id": 2}
-    backend = TorchBackend(reader, tokenizer, **kwargs)
+    kwargs: dict[str, Any] = {"kind": "diffusion", "turn_close_id": 2}
+
+    def make(model_id: str = "tiny", **options: Any) -> TorchBackend:
+        return TorchBackend(reader, tokenizer, TorchOptions(**{**kwargs, **options}), model_id=model_id)
+
+    backend = make()
     options = tuple(Option(f"intent_{k}") for k in range(5))
     requests = [DecisionRequest("q", "Which intent?", options, text, samples=2, seed=k)
                 for k, text in enumerate(["my card is lost", "refund please, now"])]
@@ -146,18 +152,17 @@ def test_backend_reads_exactly_the_options_and_fingerprints_its_settings(tokeniz
     assert len(prefixes) == 1  # one static prefix for both states: one cached encoder pass
     assert backend.item(requests[0]).canvas_ids[backend.item(requests[0]).slot + 1] == 2
     base = backend.fingerprint
-    assert TorchBackend(reader, tokenizer, **kwargs).fingerprint == base
+    assert make().fingerprint == base
     for change in ({"samples": 4}, {"canvas_length": 32}, {"model_id": "other"},
                    {"preamble": "Pick one."}):
-        assert TorchBackend(reader, tokenizer, **{**kwargs, **change}).fingerprint != base
+        assert make(**change).fingerprint != base
 
 
 def test_fused_pass_matches_the_two_pass_read(model: Any) -> None:
-    fused = DiffusionSlotReader(model)
-    assert fused.onepass is not None  # the tiny model ties encoder and decoder weights
-    two_pass = DiffusionSlotReader(model, fused_pass=False)
     for cached in (True, False):
-        fused.use_prefix_cache = two_pass.use_prefix_cache = cached
+        fused = DiffusionSlotReader(model, use_prefix_cache=cached)
+        assert fused.onepass is not None  # the tiny model ties encoder and decoder weights
+        two_pass = DiffusionSlotReader(model, choice=TWO_PASS, use_prefix_cache=cached)
         for items in ([item((70, 71, 72))], [item((70, 71, 72), draws=3), item((80, 81, 82), seed=4)]):
             for a, b in zip(fused.read(items), two_pass.read(items)):
                 np.testing.assert_allclose(a.draws, b.draws, rtol=1e-4, atol=1e-6)

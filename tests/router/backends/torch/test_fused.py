@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from router.backends.torch.choice import TWO_PASS
 from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
-from router.backends.torch.graphs import GraphSet
+from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.prefix_attention import (
     attend_math,
     fold_groups,
@@ -45,7 +46,7 @@ def assert_same_reads(got: list[Any], want: list[Any]) -> None:
 def test_one_pass_batch_equals_two_pass_reads_one_at_a_time(model: Any, cached: bool) -> None:
     one = DiffusionSlotReader(model, use_prefix_cache=cached)
     assert one.onepass is not None
-    two = DiffusionSlotReader(model, use_prefix_cache=cached, fused_pass=False)
+    two = DiffusionSlotReader(model, use_prefix_cache=cached, choice=TWO_PASS)
     # different prompt lengths: the batch is right-padded, the two-pass reads are not
     assert_same_reads(one.read(ITEMS), [two.read([it])[0] for it in ITEMS])
 
@@ -72,23 +73,30 @@ def test_merged_two_part_attention_equals_one_softmax_over_all_keys() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def graph_set(reader: DiffusionSlotReader, **shapes: Any) -> GraphSet:
+def graph_set(reader: DiffusionSlotReader, **shapes: Any) -> DiffusionSlotReader:
+    """``reader`` rebuilt with uncaptured graph buckets (the CPU's stand-in for CUDA graphs)."""
     kwargs: dict[str, Any] = {"batches": (1, 4), "draws": (1, 3), "widths": (4, 16),
-                              "prefix_tokens": 64, "labels": 6, **shapes}
-    graphs = GraphSet(reader, capture=False, **kwargs)
-    graphs.warm_up(tuple(range(200, 212)), CANVAS_IDS, 5)
-    return graphs
+                              "prefix_tokens": 64, "labels": 6, "capture": False, **shapes}
+    bucketed = DiffusionSlotReader(reader.model, choice=reader.choice, graphs=GraphShapes(**kwargs))
+    assert bucketed.graphs is not None
+    bucketed.graphs.warm_up(tuple(range(200, 212)), CANVAS_IDS, 5)
+    return bucketed
 
 
 def test_bucket_padded_static_reads_equal_the_eager_read(model: Any) -> None:
     eager = DiffusionSlotReader(model)
     want = eager.read(ITEMS)
-    bucketed = DiffusionSlotReader(model)
-    bucketed.graphs = graph_set(bucketed)
+    bucketed = graph_set(DiffusionSlotReader(model))
+    assert bucketed.graphs is not None
     assert bucketed.graphs.bucket(ITEMS, 11) == (4, 12, 16)  # 5 rows: 4 items x 3 draws
     seen: list[Any] = []
     run = bucketed.graphs.run
-    bucketed.graphs.run = lambda *a: seen.append(run(*a)) or seen[-1]  # type: ignore[method-assign]
+
+    def recorded(*args: Any) -> Any:
+        seen.append(run(*args))
+        return seen[-1]
+
+    bucketed.graphs.run = recorded  # type: ignore[method-assign,assignment]
     assert_same_reads(bucketed.read(ITEMS), want)
     # another prefix is loaded into the static buffer, then the first one again
     other = [SlotItem(tuple(range(300, 325)), it.suffix_ids, it.canvas_ids, it.slot, it.label_ids,
@@ -99,46 +107,12 @@ def test_bucket_padded_static_reads_equal_the_eager_read(model: Any) -> None:
 
 
 def test_reads_no_bucket_holds_run_eagerly(model: Any) -> None:
-    reader = DiffusionSlotReader(model)
-    reader.graphs = graph_set(reader, widths=(2,), prefix_tokens=16)
+    reader = graph_set(DiffusionSlotReader(model), widths=(2,), prefix_tokens=16)
+    assert reader.graphs is not None
     long_prefix = ITEMS  # 40 prefix tokens > 16: does not fit the static buffer
     assert reader.graphs.run(long_prefix, PREFIX, reader.prefix_cache(PREFIX)) is None
     assert reader.graphs.bucket(ITEMS, 11) is None  # 11 tokens > the widest bucket
     assert_same_reads(reader.read(ITEMS), DiffusionSlotReader(model).read(ITEMS))
-
-
-def test_compiled_pieces_equal_the_eager_pieces(model: Any) -> None:
-    from router.backends.torch.compiled import compile_pieces, reset_pieces
-
-    reader = DiffusionSlotReader(model)
-    assert reader.onepass is not None
-    want = reader.read(ITEMS)
-    # aot_eager traces the same graphs inductor compiles, without a C++ build on the CPU
-    compile_pieces(reader.onepass, backend="aot_eager")
-    try:
-        assert_same_reads(reader.read(ITEMS), want)
-    finally:
-        reset_pieces(reader.onepass)
-
-
-@pytest.mark.parametrize(("fuse_cats", "compile_rows_kv"), [(True, False), (False, False), (True, True)])
-def test_compiled_pieces_with_and_without_fused_cats_equal_the_eager_read(
-        model: Any, fuse_cats: bool, compile_rows_kv: bool) -> None:
-    from router.backends.torch import fused
-    from router.backends.torch.compiled import compile_pieces, reset_pieces
-
-    want = fast_reader(model).read(ITEMS)  # eager: concatenations outside the pieces
-    reader = fast_reader(model)
-    assert reader.onepass is not None
-    compile_pieces(reader.onepass, backend="aot_eager", fuse_cats=fuse_cats, compile_rows_kv=compile_rows_kv)
-    assert (reader.onepass.ffn_step is not None) is fuse_cats
-    assert (reader.onepass.rows_kv is not fused.rows_kv) is compile_rows_kv
-    try:
-        assert_same_reads(reader.read(ITEMS), want)
-    finally:
-        reset_pieces(reader.onepass)
-    assert reader.onepass.ffn_step is None and reader.onepass.rows_kv is fused.rows_kv
-    assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
@@ -148,7 +122,7 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
     dec_attn, dec_h = torch.randn(3, 6, 4, generator=gen), torch.randn(3, 6, 4, generator=gen)
 
-    def ffn(layer: Any, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def ffn(layer: Any, attn: Any, residual: Any) -> Any:
         return attn * 2 + residual * layer
 
     enc_out, dec_out = ffn_step(ffn, 0.5, (enc_attn, dec_attn), (enc_h, dec_h),
@@ -163,38 +137,6 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
     for r, owner in enumerate(rows.tolist()):
         assert torch.equal(k[r, :, :5], k_e[owner]) and torch.equal(k[r, :, 5:], k_d[r])
         assert torch.equal(v[r, :, :5], v_e[owner]) and torch.equal(v[r, :, 5:], v_d[r])
-
-
-def fast_reader(model: Any) -> DiffusionSlotReader:
-    """The reader with the prefix read under a position band, the row-copy experts and the merge
-    op (their torch versions: the CPU has no Triton), as CUDA runs them."""
-    reader = DiffusionSlotReader(model, fast_kernels=False)
-    assert reader.onepass is not None
-    reader.onepass.use(band=("sliding_attention", "full_attention"), rows_moe=True, merge_op=True)
-    return reader
-
-
-@pytest.mark.parametrize("cached", [True, False])
-def test_band_prefix_and_row_experts_equal_the_two_pass_reads(model: Any, cached: bool) -> None:
-    want = [DiffusionSlotReader(model, use_prefix_cache=cached, fused_pass=False).read([it])[0]
-            for it in ITEMS]
-    reader = fast_reader(model)
-    reader.use_prefix_cache = cached
-    assert_same_reads(reader.read(ITEMS), want)
-
-
-def test_band_and_row_experts_compiled_and_bucketed_equal_the_eager_read(model: Any) -> None:
-    from router.backends.torch.compiled import compile_pieces, reset_pieces
-
-    want = DiffusionSlotReader(model, fast_kernels=False).read(ITEMS)
-    reader = fast_reader(model)
-    reader.graphs = graph_set(reader)
-    compile_pieces(reader.onepass, backend="aot_eager")  # type: ignore[arg-type]
-    try:
-        assert_same_reads(reader.read(ITEMS), want)
-    finally:
-        reset_pieces(reader.onepass)  # type: ignore[arg-type]
-    assert reader.onepass is not None and reader.onepass.ffn is not None
 
 
 def test_band_attention_equals_the_dense_bias_attention() -> None:
@@ -242,16 +184,11 @@ def test_kernel_order_tries_cudnn_last_above_its_hopper_head_dims() -> None:
     assert [name for name, _ in kernel_order(512, KERNELS)] == ["efficient", "cudnn"]
 
 
-def test_triton_ops_fall_back_to_torch_when_triton_is_missing() -> None:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("Triton is installed here")
+def test_triton_is_refused_off_cuda_and_its_ops_are_chosen_not_swapped() -> None:
     from router.backends.torch import ops
 
-    assert not ops.use_triton(torch.device("cpu"))
-    assert not ops._TRITON and ops._REFUSED  # refused once, and why is kept (and logged)
+    assert ops.triton_problem(torch.device("cpu"))  # refused, and why is kept (and logged)
+    assert ops.row_ops(False) is ops.TORCH_OPS and ops.row_ops(True) is ops.TRITON_OPS
     rows = torch.arange(12.0).view(6, 2)
     assert torch.equal(ops.moe_gather(rows, torch.tensor([5, 0, 3]), 2), rows[[2, 0, 1]])
+    assert not hasattr(ops, "_TRITON")  # no run-time dispatch table

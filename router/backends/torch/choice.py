@@ -1,0 +1,137 @@
+"""Which kernels a DiffusionGemma read runs: chosen once, when its reader is built, into a frozen
+``KernelChoice``, and turned into the fixed ``Pieces`` of its ``OnePass`` (as vLLM's CustomOp
+picks its native or CUDA forward once, at construction). Nothing is swapped while serving: a
+compiled read that fails at warm-up is served by a second reader built with ``choice.eager()``.
+
+The switches: ``fused_pass`` (one pass over the shared weights, fused.py; off: transformers'
+two-pass read), ``band`` (layer kinds whose shared prefix is read under a position band),
+``rows_moe`` (the experts' permutation as row-copy ops, moe.py), ``merge_op`` (the attention merge
+as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_cats`` and
+``compile_rows_kv`` (compiled.py), ``attention`` (the attention kernel per head dim). A combination
+that cannot run is refused here with a ConfigError naming the switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from router.backends.torch.fused import EAGER, Pieces, ffn_half_rows
+from router.backends.torch.prefix_attention import (
+    CUDNN_HOPPER_MAX_DIM,
+    KERNEL_BY_NAME,
+    attend_by_dim,
+    pick_attention,
+)
+from router.errors import ConfigError
+
+CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"}
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    """The kernels of one reader (see the module's docstring). The defaults are the plain eager
+    one-pass read; ``default_choice`` gives a device's fast one."""
+
+    fused_pass: bool = True
+    band: frozenset[str] = frozenset()
+    rows_moe: bool = False
+    merge_op: bool = False
+    triton: bool = False
+    compiled: bool = False
+    fuse_cats: bool = False
+    compile_rows_kv: bool = False
+    compile_backend: str = "inductor"
+    attention: tuple[tuple[int, str], ...] = ()  # (head dim, kernel name); others: "math"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "band", frozenset(self.band))
+        if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
+            for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention"):
+                if getattr(self, name):
+                    raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
+                                      field=name)
+        for name in ("fuse_cats", "compile_rows_kv"):
+            if getattr(self, name) and not self.compiled:
+                raise ConfigError(f"kernel choice: {name} needs compiled", field=name)
+        if self.triton and not (self.rows_moe or self.merge_op):
+            raise ConfigError("kernel choice: triton needs rows_moe or merge_op (its kernels are "
+                              "their ops)", field="triton")
+        unknown = {name for _, name in self.attention} - set(KERNEL_BY_NAME)
+        if unknown:
+            raise ConfigError(f"kernel choice: unknown attention kernels {sorted(unknown)}",
+                              field="attention")
+
+    def check(self, *, layer_kinds: set[str], device: Any) -> None:
+        """ConfigError when this choice cannot run on ``device`` over a model of ``layer_kinds``."""
+        if not self.band <= layer_kinds:
+            raise ConfigError(f"kernel choice: band names layer kinds {sorted(self.band - layer_kinds)} "
+                              f"the model lacks (it has {sorted(layer_kinds)})", field="band")
+        if device.type != "cuda":
+            if self.triton:
+                raise ConfigError("kernel choice: triton needs a CUDA device", field="triton")
+            if {name for _, name in self.attention} & CUDA_ONLY_KERNELS:
+                raise ConfigError("kernel choice: attention kernels other than math need a CUDA "
+                                  "device", field="attention")
+
+    def eager(self) -> KernelChoice:
+        """The same kernels, uncompiled (the fall-back when compiling or capturing fails)."""
+        return replace(self, compiled=False, fuse_cats=False, compile_rows_kv=False)
+
+    def summary(self) -> dict[str, Any]:
+        return {"fused_pass": self.fused_pass, "band": sorted(self.band), "rows_moe": self.rows_moe,
+                "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
+                "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
+                "attention": dict(self.attention)}
+
+
+TWO_PASS = KernelChoice(fused_pass=False)
+
+
+def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
+                   compile_backend: str = "inductor") -> KernelChoice:
+    """A device's choice for ``model``: with ``fast_kernels`` (default: on CUDA) the band read for
+    the head dims over cuDNN's Hopper kernels (the global layers; elsewhere cuDNN's flash kernel
+    is faster), the row-copy experts in bfloat16 (grouped GEMMs) and the merge op, as Triton
+    kernels when they work here; the attention kernel per head dim that agrees with the reference;
+    ``compiled`` with the feed-forward half's concatenations fused in."""
+    from router.backends.torch.fused import ffn_weights_shared
+    from router.backends.torch.ops import triton_problem
+
+    if not ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
+        return TWO_PASS
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    config = model.config.get_text_config()
+    dims = {int(c.head_dim) for c in config.per_layer_config}
+    attention = pick_attention(device, dtype, dims)
+    if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
+        return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,
+                            compile_backend=compile_backend)
+    import torch
+
+    triton = not triton_problem(device)
+    band = {kind for kind, c in zip(config.layer_types, config.per_layer_config, strict=True)
+            if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
+    return KernelChoice(band=frozenset(band), rows_moe=triton and dtype == torch.bfloat16,
+                        merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
+                        compile_backend=compile_backend, attention=attention)
+
+
+def build_pieces(choice: KernelChoice) -> Pieces:
+    """The ``Pieces`` of ``choice`` (the two-pass choice has none: its read is transformers')."""
+    from router.backends.torch.ops import row_ops
+
+    ops = row_ops(choice.triton)
+    pieces = replace(EAGER, attend=attend_by_dim(choice.attention))
+    if choice.rows_moe:
+        pieces = replace(pieces, ffn=partial(ffn_half_rows, ops=ops))
+    if choice.merge_op:
+        pieces = replace(pieces, merge=ops.merge)
+    if not choice.compiled:
+        return pieces
+    from router.backends.torch.compiled import compile_pieces
+
+    return compile_pieces(pieces, backend=choice.compile_backend, fuse_cats=choice.fuse_cats,
+                          compile_rows_kv=choice.compile_rows_kv, merge_op=choice.merge_op)

@@ -1,0 +1,137 @@
+"""The kernel choice (choice.py): every combination of switches that can ship reads what
+transformers' two-pass read reads (CPU, the tiny DiffusionGemma; Triton and the CUDA attention
+kernels are CUDA-only and refused here), the others are refused at construction naming the switch,
+and a built reader is immutable."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from itertools import product
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
+from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.graphs import GraphShapes
+from router.errors import ConfigError
+from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
+from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
+
+KINDS = ("sliding_attention", "full_attention")
+BANDS = [frozenset(b) for b in ((), ("full_attention",), ("sliding_attention",), KINDS)]
+COMPILES = [(False, False, False), (True, False, False), (True, True, False), (True, False, True),
+            (True, True, True)]  # (compiled, fuse_cats, compile_rows_kv)
+SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
+            "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
+            "fuse_cats": (False, True), "compile_rows_kv": (False, True)}
+SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
+LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
+                ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
+
+
+def shippable() -> list[KernelChoice]:
+    """Every choice the CPU accepts: the two-pass read, and each one-pass combination."""
+    out = [TWO_PASS]
+    for band, rows, merge, (compiled, cats, rows_kv) in product(BANDS, (False, True), (False, True),
+                                                                 COMPILES):
+        out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
+                                fuse_cats=cats, compile_rows_kv=rows_kv, compile_backend="aot_eager"))
+    return out
+
+
+CHOICES = shippable()
+
+
+def choice_id(choice: KernelChoice) -> str:
+    if not choice.fused_pass:
+        return "two_pass"
+    band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
+    on = [name for name in ("rows_moe", "merge_op", "compiled", "fuse_cats", "compile_rows_kv")
+          if getattr(choice, name)]
+    return "-".join([f"band={band}", *on])
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    # A window of 8 under a 40-token prefix: the sliding layers' limits bind in every part.
+    return tiny_model(window=8)
+
+
+@pytest.fixture(scope="module")
+def want(model: Any) -> list[Any]:
+    two = DiffusionSlotReader(model, choice=TWO_PASS)
+    return [two.read([it])[0] for it in [*ITEMS, LONG]]
+
+
+def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
+    names = list(SWITCHES)
+    matrix = {replace(c, compile_backend="aot_eager") for c in CHOICES}
+    accepted = 0
+    for values in product(*SWITCHES.values()):
+        switches = dict(zip(names, values, strict=True))
+        try:
+            choice = KernelChoice(compile_backend="aot_eager", **switches)  # type: ignore[arg-type]
+            choice.check(layer_kinds=set(KINDS), device=torch.device("cpu"))
+        except ConfigError as exc:
+            assert exc.field in names and exc.field in str(exc)
+            continue
+        accepted += 1
+        assert choice in matrix, choice  # accepted here: so it is in the equality matrix below
+    assert accepted == len(CHOICES) == len(matrix)
+
+
+@pytest.mark.parametrize("choice", CHOICES, ids=choice_id)
+def test_each_shippable_choice_reads_what_the_two_pass_read_reads(model: Any, want: list[Any],
+                                                                   choice: KernelChoice) -> None:
+    if not choice.fused_pass:
+        # transformers' read is exact unpadded only (its sliding cache keeps a padded row's pads
+        # in the window): it is the reference, read one item at a time
+        reader = DiffusionSlotReader(model, choice=choice)
+        assert_same_reads([reader.read([it])[0] for it in [*ITEMS, LONG]], want)
+        return
+    reader = DiffusionSlotReader(model, choice=choice, graphs=SHAPES)
+    assert reader.graphs is not None
+    reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
+    assert reader.graphs.bucket(ITEMS, 11) == (4, 12, 16)
+    assert_same_reads(reader.read(ITEMS), want[: len(ITEMS)])  # bucketed (padded buffers)
+    assert_same_reads(reader.read([LONG]), want[len(ITEMS):])  # no bucket: the eager read
+
+
+def test_refusals_name_the_switch(model: Any) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"fused_pass": False, "compiled": True}, "compiled"),
+        ({"fused_pass": False, "band": frozenset({"full_attention"})}, "band"),
+        ({"fuse_cats": True}, "fuse_cats"), ({"compile_rows_kv": True}, "compile_rows_kv"),
+        ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention")]
+    for switches, field in cases:
+        with pytest.raises(ConfigError, match=field) as info:
+            KernelChoice(**switches)
+        assert info.value.field == field
+    for choice, field in ((KernelChoice(band=frozenset({"chunked_attention"})), "band"),
+                          (KernelChoice(rows_moe=True, triton=True), "triton"),
+                          (KernelChoice(attention=((16, "cudnn"),)), "attention")):
+        with pytest.raises(ConfigError, match=field):
+            DiffusionSlotReader(model, choice=choice)
+    with pytest.raises(ConfigError, match="capture"):
+        DiffusionSlotReader(model, graphs=replace(SHAPES, capture=True))
+    with pytest.raises(ConfigError, match="one-pass"):
+        DiffusionSlotReader(model, choice=TWO_PASS, graphs=SHAPES)
+
+
+def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> None:
+    reader = DiffusionSlotReader(model)
+    assert reader.choice == default_choice(model) == KernelChoice(attention=((16, "math"), (32, "math")))
+    assert reader.onepass is not None
+    for target, name in ((reader, "graphs"), (reader, "choice"), (reader, "use_prefix_cache"),
+                         (reader.onepass, "pieces"), (reader.onepass, "band")):
+        with pytest.raises(AttributeError, match="immutable"):
+            setattr(target, name, None)
+    eager = replace(CHOICES[-1], compiled=False, fuse_cats=False, compile_rows_kv=False)
+    assert CHOICES[-1].eager() == eager
+    pieces = build_pieces(CHOICES[-1])
+    assert pieces.ffn_step is not None and pieces.rows_kv is not build_pieces(eager).rows_kv
+    assert {f.name for f in fields(KernelChoice)} >= set(SWITCHES)
