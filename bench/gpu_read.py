@@ -242,6 +242,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--rounds", type=int, default=8, help="reads per concurrent caller")
+    parser.add_argument("--callers", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128],
+                        help="concurrent callers of the backend block's curve")
     parser.add_argument("--experts", default="grouped_mm")
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
