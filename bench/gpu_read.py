@@ -272,10 +272,20 @@ def main() -> None:
     }
     log(f"built model in {time.monotonic() - started:.1f} s on {device}; {results['params_b']} B params")
     fast: Any = None
+
+    def shared_fast() -> DiffusionSlotReader:  # one compiled reader for the blocks that need one
+        nonlocal fast
+        if fast is None:
+            started = time.monotonic()
+            fast = make_fast(args, model, device)
+            results["fast_compile_capture_s"] = time.monotonic() - started
+            results["fast_choice"] = fast.choice.summary()
+        return fast  # type: ignore[no-any-return]
+
     blocks: list[tuple[str, Callable[[], Any]]] = [
         ("raw", lambda: raw_blocks(args, model, device, log, results, deadline)),
-        ("agreement", lambda: agreement(args, model, fast, device)),
-        ("profile", lambda: profile(args, model, fast or make_fast(args, model, device), device)),
+        ("agreement", lambda: agreement(args, model, shared_fast(), device)),
+        ("profile", lambda: profile(args, model, shared_fast(), device)),
         ("backend", lambda: measure_backend(args, model, device, log, deadline)),
     ]
     for name, run in blocks:
