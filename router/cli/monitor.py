@@ -95,8 +95,7 @@ def write_plot(path: Path, series: list[Series]) -> Path:
         share_ax.set_title(f"{s.policy_id}: accept share")
         if s.labels:
             at = [i + 1 for i, *_ in s.labels]
-            running = [sum(c for _, c, *_ in s.labels[:k + 1]) / (k + 1)
-                       for k in range(len(s.labels))]
+            running = s.running_accuracy()
             accuracy_ax.fill_between(at, [lo for *_, lo, _ in s.labels],
                                      [hi for *_, hi in s.labels], color="tab:green", alpha=0.25,
                                      step="post", label="confidence sequence")

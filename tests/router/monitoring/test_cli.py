@@ -91,6 +91,10 @@ def test_a_log_appended_twice_counts_each_decision_once(tmp_path: Path) -> None:
     assert doubled["decisions"] == single["decisions"] == 600
     assert doubled["labels"] == single["labels"] == 120
     assert doubled["per_answer"] == single["per_answer"]
+    for log in (once, twice):  # export-log agrees: each decision once
+        out = tmp_path / f"{log.stem}.preds.jsonl"
+        assert invoke("export-log", "--log", log, "--out", out).exit_code == 0
+        assert len(out.read_text().splitlines()) == 600
 
 
 def test_damaged_lines_are_skipped_and_counted_never_a_traceback(tmp_path: Path) -> None:
