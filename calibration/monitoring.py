@@ -250,6 +250,68 @@ def _add(tree: list[int], index: int) -> None:
         i += i & -i
 
 
+# Stakes of the accuracy test as fractions of the largest bet a right answer can survive,
+# 1 / (1 - target): 0.05 is the growth-optimal stake when the error rate is about twice the
+# allowed one, 0.2 when it is several times it; 0 is the idle expert (jumper mixing).
+SHORTFALL_FRACTIONS = (0.0, 0.025, 0.05, 0.1, 0.2)
+
+
+class AccuracyShortfallTest:
+    """A one-sided test by betting (Waudby-Smith & Ramdas 2023) that accepted accuracy is at least
+    ``target``, from 0/1 labels of accepted answers: each label bets ``1 + lam (target - x)``,
+    which wins on a wrong answer and loses a little on a right one. While accuracy is at least
+    the target every bet has conditional mean at most 1, so the wealth is a supermartingale and
+    ``alarm`` (it reached ``1 / alpha``) fires with probability at most ``alpha`` (Ville). The
+    wealth grows with the mean tested, so rejecting ``target`` is rejecting every mean above it:
+    the alarm is the betting confidence sequence's upper bound falling below the target.
+
+    Several stakes are mixed by the jumper (as ``ConfidenceDropTest``), so a long stretch of
+    right answers before a shift does not leave it unable to bet when the errors come. It needs
+    several times fewer labels than the two-sided empirical-Bernstein sequence
+    (``AccuracySequence``, kept for the gauges) to show a shortfall of a few points."""
+
+    def __init__(self, target: float, *, alpha: float = 0.025, jump: float = 0.01,
+                 fractions: tuple[float, ...] = SHORTFALL_FRACTIONS) -> None:
+        check_fraction(target, name="target", low_open=True)
+        check_fraction(alpha, name="alpha", low_open=True, high_open=True)
+        if not fractions or any(not 0.0 <= f < 1.0 for f in fractions):
+            raise ValueError(f"fractions must be in [0, 1), got {fractions!r}")
+        largest = 1.0 / (1.0 - target) if target < 1.0 else 1e6  # target 1: any error counts
+        self.target = target
+        self.alpha = alpha
+        self.jump = jump
+        self._stakes = tuple(f * largest for f in fractions)
+        self._wealth = [1.0 / len(fractions)] * len(fractions)
+        self._log_scale = 0.0
+        self._threshold = math.log(1.0 / alpha)
+        self.n = 0
+        self.alarm_at: int | None = None
+
+    @property
+    def log_value(self) -> float:
+        return self._log_scale + math.log(sum(self._wealth))
+
+    @property
+    def alarm(self) -> bool:
+        return self.alarm_at is not None
+
+    def update(self, correct: bool) -> bool:
+        """Take one label; True when the alarm is (already or newly) raised."""
+        edge = self.target - (1.0 if correct else 0.0)
+        share = self.jump / len(self._wealth) * sum(self._wealth)
+        keep = 1.0 - self.jump
+        self._wealth = [max(0.0, (keep * w + share) * (1.0 + s * edge))
+                        for w, s in zip(self._wealth, self._stakes, strict=True)]
+        scale = sum(self._wealth)
+        if scale > 1e100 or scale < 1e-100:
+            self._wealth = [w / scale for w in self._wealth]
+            self._log_scale += math.log(scale)
+        self.n += 1
+        if self.alarm_at is None and self.log_value >= self._threshold:
+            self.alarm_at = self.n
+        return self.alarm
+
+
 @dataclass(frozen=True)
 class Bounds:
     """A confidence sequence's current interval for a mean in [0, 1]."""

@@ -12,7 +12,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from calibration.monitoring import AccuracySequence, ConfidenceDropTest
+from calibration.monitoring import AccuracySequence, AccuracyShortfallTest, ConfidenceDropTest
 
 AlarmKind = Literal["drift", "accuracy"]
 OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
@@ -92,7 +92,8 @@ class PolicyWatch:
         reference = self.settings.reference
         self.drift = (None if reference is None else
                       ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
-        self.accuracy = AccuracySequence(alpha=half)
+        self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
+        self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half)
 
     @property
     def policy_id(self) -> str:
@@ -162,10 +163,11 @@ class PolicyWatch:
         """One labelled accepted decision (audit or feedback). Returns an alarm it raised."""
         self.accuracy.update(correct)
         target = self.settings.target_accuracy
-        if "accuracy" not in self.alarms and self.accuracy.below(target):
-            return self._raise("accuracy", f"accepted accuracy is below the target {target}: "
-                               f"upper confidence bound {self.accuracy.upper:.4f} after "
-                               f"{self.accuracy.n} labels")
+        if self.shortfall.update(correct) and "accuracy" not in self.alarms:
+            return self._raise("accuracy", (
+                f"accepted accuracy is below the target {target}: the betting test's wealth "
+                f"reached {self.shortfall.log_value:.2f} (log) >= log(1/{self.shortfall.alpha:g})"
+                f" after {self.shortfall.n} labels ({self.accuracy.bounds().mean:.3f} right)"))
         return None
 
     def restore(self, alarm: Alarm) -> bool:
@@ -215,8 +217,7 @@ class PolicyWatch:
         }
 
     def _tripped(self) -> bool:
-        return (self.drift is not None and self.drift.alarm) or self.accuracy.below(
-            self.settings.target_accuracy)
+        return (self.drift is not None and self.drift.alarm) or self.shortfall.alarm
 
     def _first_sight(self, key: str, now: float) -> bool:
         seen = self._seen.get(key)

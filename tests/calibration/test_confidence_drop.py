@@ -59,3 +59,25 @@ def test_lower_confidences_are_caught() -> None:
 def test_stakes_must_keep_every_bet_non_negative() -> None:
     with pytest.raises(ValueError, match="stakes"):
         ConfidenceDropTest([0.5], stakes=(0.0, 3.0))
+
+
+def test_the_accuracy_shortfall_test_holds_alpha_at_the_target_and_catches_a_drop() -> None:
+    from calibration.monitoring import AccuracyShortfallTest
+
+    rng = np.random.default_rng(3)
+    alarms = 0
+    for _ in range(100):  # accuracy exactly at the target: the hardest null
+        test = AccuracyShortfallTest(0.95, alpha=0.05)
+        for c in rng.random(2000) < 0.95:
+            if test.update(bool(c)):
+                break
+        alarms += test.alarm
+    assert alarms / 100 <= 0.1  # Ville: <= 0.05 in expectation
+    needed = []
+    for _ in range(20):  # 87% right against 95%: caught within a couple of hundred labels
+        test = AccuracyShortfallTest(0.95, alpha=0.025)
+        for n, c in enumerate(rng.random(2000) < 0.87, start=1):
+            if test.update(bool(c)):
+                needed.append(n)
+                break
+    assert len(needed) == 20 and np.median(needed) < 200

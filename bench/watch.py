@@ -1,0 +1,387 @@
+"""Watch benchmark: does ordinary traffic leave a policy's watch quiet, and does a harmful shift
+trip it, and what does each action (``on_alarm``) then cost and save?
+
+Benign streams (the promise holds; each ``false_alarm_rate`` should be <= alpha = 0.05): the
+README's cross-fitted policy on BANKING77 test.csv in random order; a split-tuned policy on the
+same; one confident question repeated 1,000 times in 3,000 rows; one popular question at 20% of
+traffic; test rows in blocks of one intent (bursts of 40); only the 30 intents the model reads
+best (by its out-of-fold accuracy). Harmful streams: rare intents becoming common (bench.drift's
+data); intents the model never learnt at 25% and at 5% of traffic; the novel share rising
+linearly from 0 to 50% over 5,000 rows. Each replay feeds the proxy's PolicyWatch row by row
+(identical texts once, audits answered at once with the true label) under every action, and
+MAPIE's RiskMonitoring the audit labels drawn with no action, as bench.drift does.
+
+    python -m bench.watch [--quick] [--replays N] [--out bench/results/watch.json]
+
+The last line printed is one JSON object ``{"scenarios": {name: {...}}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, write_json
+from bench.drift import concat, delay, mapie_alarm_row, shifted_order
+from bench.drift_data import Scored
+from bench.watch_data import Built, novel_split, read_csv, score, split_tuned, write_csv
+
+ACTIONS = ("alert_only", "audit_then_escalate", "escalate_all")
+Order = tuple[NDArray[np.int64], int | None]  # row indices, the position of the shift (or None)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    kind: str  # "benign" | "harmful"
+    rows: Scored
+    settings: Any  # WatchSettings
+    order: Callable[[np.random.Generator], Order]
+    note: str
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if not (args.data / "train.csv").is_file():
+        sys.exit(f"BANKING77 not found at {args.data}: pass --data DIR (the folder with train.csv)")
+    started = time.perf_counter()
+    scenarios = build_scenarios(args)
+    results = {s.name: run_scenario(s, args.replays, args.target) for s in scenarios}
+    results_table(results)
+    cost = watch_cost_us()
+    payload = {"machine": machine_info(), "quick": args.quick, "replays": args.replays,
+               "target": args.target, "audit_rate": args.audit_rate,
+               "watch_cost_us_per_decision": cost,
+               "wall_s": round(time.perf_counter() - started, 1), "scenarios": results}
+    out = args.out or (RESULTS_DIR / "watch.json" if not args.quick else None)
+    if out is not None:
+        if out.parent == RESULTS_DIR:
+            write_json(out.name, payload)
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"the watch's cost per decision (Monitor.decided, input key included): {cost} us")
+    print(json.dumps({"scenarios": results}))
+    return results
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    default_data = Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="20 replays per scenario instead of 100 (CI)")
+    parser.add_argument("--replays", type=int, default=None)
+    parser.add_argument("--data", type=Path, default=default_data, help="BANKING77 folder")
+    parser.add_argument("--work", type=Path, default=ROOT / "var/watch", help="artifact folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="result JSON (default: bench/results/watch.json, none with --quick)")
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--audit-rate", type=float, default=0.05,
+                        help="the policies' base audit rate (the ladder boosts it to 0.25)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.replays is None:
+        args.replays = 20 if args.quick else 100
+    return args
+
+
+def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    from bench.watch_data import crossfit
+
+    work, data = args.work, args.data
+    work.mkdir(parents=True, exist_ok=True)
+    default = crossfit(work, "default", data / "train.csv", target=args.target,
+                       audit_rate=args.audit_rate)
+    split = split_tuned(work, data / "train.csv", target=args.target, audit_rate=args.audit_rate)
+    test = read_csv(data / "test.csv")
+    d_rows, s_rows = score(default, test), score(split, test)
+    novel, fit, unseen, novel_rows = novel_split(data, n_novel=10, seed=args.seed)
+    fit_csv = write_csv(work / "novel-fit.csv", fit)
+    novel_model = crossfit(work, "novel", fit_csv, target=args.target,
+                           audit_rate=args.audit_rate)
+    known, fresh = score(novel_model, unseen), score(novel_model, novel_rows)
+    n_rows = concat(known, fresh)
+    rare_rows, rare_settings, rare_sizes = rare_intents(args)
+    easy = easy_intents(work / "default-oof.jsonl", 30)
+    easy_index = np.array([i for i, label in enumerate(d_rows.labels) if label in easy])
+    d_set, s_set, n_set = (settings_of(b.policy) for b in (default, split, novel_model))
+    nk, nv = len(known.texts), len(fresh.texts)
+    return [
+        Scenario("crossfit_random", "benign", d_rows, d_set,
+                 lambda rng: (rng.permutation(len(d_rows.texts)), None),
+                 "README policy (train --cv 5, tune on out-of-fold reads), test.csv shuffled"),
+        Scenario("split_random", "benign", s_rows, s_set,
+                 lambda rng: (rng.permutation(len(s_rows.texts)), None),
+                 "split-tuned policy (train --holdout 0.3), test.csv shuffled"),
+        Scenario("canary_repeat", "benign", d_rows, d_set,
+                 lambda rng: (with_repeats(rng, d_rows, n=3000, repeats=1000), None),
+                 "one confident question 1,000 times among 2,000 other test rows"),
+        Scenario("popular_20", "benign", d_rows, d_set,
+                 lambda rng: (with_popular(rng, d_rows, n=3000, share=0.2), None),
+                 "one popular question at 20% of 3,000 rows"),
+        Scenario("intent_blocks", "benign", d_rows, d_set,
+                 lambda rng: (in_blocks(rng, d_rows.labels), None),
+                 "test.csv in blocks of one intent (40 rows each), blocks shuffled"),
+        Scenario("easy_mix", "benign", d_rows, d_set,
+                 lambda rng: (rng.permutation(easy_index), None),
+                 "only the 30 intents with the best out-of-fold accuracy (1,200 test rows)"),
+        Scenario("rare_shift", "harmful", rare_rows, rare_settings,
+                 lambda rng: (shifted_order(*rare_sizes, n_pre=1000, n_post=2000, share=0.3,
+                                            seed=int(rng.integers(2**31))), 1000),
+                 "bench.drift's stream: 10 intents rare in fit and tune rows, 30% after row "
+                 "1,000"),
+        Scenario("novel_25", "harmful", n_rows, n_set,
+                 lambda rng: (novel_order(rng, nk, nv, 1000, np.full(4000, 0.25)), 1000),
+                 f"intents never learnt ({len(novel)}) at 25% after row 1,000 (4,000 rows)"),
+        Scenario("novel_5", "harmful", n_rows, n_set,
+                 lambda rng: (novel_order(rng, nk, nv, 1000, np.full(4000, 0.05)), 1000),
+                 "intents never learnt at 5% after row 1,000 (4,000 rows)"),
+        Scenario("slow_drift", "harmful", n_rows, n_set,
+                 lambda rng: (novel_order(rng, nk, nv, 1000, np.linspace(0, 0.5, 5000)), 1000),
+                 "novel share rising linearly from 0 to 50% over 5,000 rows after row 1,000"),
+    ]
+
+
+def settings_of(policy_path: Path) -> Any:
+    from policies.file import load_policy
+    from router.monitoring.watch import WatchSettings
+
+    return WatchSettings.of(load_policy(policy_path))
+
+
+def rare_intents(args: argparse.Namespace) -> tuple[Scored, Any, tuple[int, int]]:
+    """bench.drift's data and policy (split-tuned on rows where 10 intents are rare)."""
+    from bench.drift_data import build, split
+
+    parts = split(args.data, n_rare=10, rare_keep=0.05, seed=args.seed)
+    model, policy = build(args.work / "rare", parts, target=args.target, delta=0.05,
+                          audit_rate=args.audit_rate, seed=args.seed)
+    built = Built("rare", model, policy)
+    pairs = [list(zip(r.texts, r.labels, strict=True)) for r in (parts.stream, parts.shift)]
+    rows = concat(score(built, pairs[0]), score(built, pairs[1]))
+    return rows, settings_of(policy), (len(parts.stream), len(rows.texts))
+
+
+def easy_intents(oof: Path, n: int) -> set[str]:
+    """The ``n`` intents the model reads best out of fold (never the test rows)."""
+    right: dict[str, list[bool]] = {}
+    with oof.open() as f:
+        for line in f:
+            row = json.loads(line)
+            top = row["options"][int(np.argmax(row["proba"]))]
+            right.setdefault(row["label"], []).append(top == row["label"])
+    return set(sorted(right, key=lambda k: -float(np.mean(right[k])))[:n])
+
+
+def with_repeats(rng: np.random.Generator, rows: Scored, *, n: int,
+                 repeats: int) -> NDArray[np.int64]:
+    sure = np.flatnonzero(rows.accepted & rows.correct & (rows.confidence >= 0.99))
+    canary = int(rng.choice(sure))
+    others = rng.permutation(np.setdiff1d(np.arange(len(rows.texts)), [canary]))[:n - repeats]
+    order = np.full(n, canary, dtype=np.int64)
+    slots = np.sort(rng.choice(n, size=n - repeats, replace=False))
+    order[slots] = others
+    return order
+
+
+def with_popular(rng: np.random.Generator, rows: Scored, *, n: int,
+                 share: float) -> NDArray[np.int64]:
+    common = np.flatnonzero(rows.accepted & rows.correct & (rows.confidence >= 0.9))
+    popular = int(rng.choice(common))
+    is_popular = rng.random(n) < share
+    others = rng.permutation(np.setdiff1d(np.arange(len(rows.texts)), [popular]))
+    order = np.full(n, popular, dtype=np.int64)
+    order[~is_popular] = others[:int((~is_popular).sum())]
+    return order
+
+
+def in_blocks(rng: np.random.Generator, labels: list[str]) -> NDArray[np.int64]:
+    by_label: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_label.setdefault(label, []).append(i)
+    names = sorted(by_label)
+    return np.concatenate([rng.permutation(by_label[names[k]])
+                           for k in rng.permutation(len(names))]).astype(np.int64)
+
+
+def novel_order(rng: np.random.Generator, n_known: int, n_novel: int, n_pre: int,
+                shares: NDArray[np.float64]) -> NDArray[np.int64]:
+    """``n_pre`` known rows, then one row per share: novel with that probability; no row twice."""
+    known, novel = rng.permutation(n_known), n_known + rng.permutation(n_novel)
+    from_novel = rng.random(len(shares)) < shares
+    k = int(from_novel.sum())
+    post = np.empty(len(shares), dtype=np.int64)
+    post[from_novel] = novel[:k]
+    post[~from_novel] = known[n_pre:n_pre + len(shares) - k]
+    return np.concatenate([known[:n_pre], post])
+
+
+def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
+           shift_at: int | None) -> dict[str, Any]:
+    """The proxy's PolicyWatch fed row by row under ``action``: a gated decision escalates
+    (a slow call, never audited), an audited one is a slow call too (its label counts at once)."""
+    from router.monitoring.watch import PolicyWatch
+
+    watch = PolicyWatch(replace(settings, on_alarm=action))
+    first_alarm = escalated_from = None
+    kind = None
+    labelled: list[int] = []
+    wrong_after = slow_after = slow_all = 0
+    for position, i in enumerate(order):
+        gated = watch.escalate_all
+        if gated and escalated_from is None:
+            escalated_from = position
+        accepted = bool(rows.accepted[i])
+        served = accepted and not gated
+        counted, _ = watch.take(float(rows.confidence[i]), accepted=accepted,
+                                key=rows.texts[i], now=0.0)
+        audited = served and counted and watch.wants_audit()
+        if audited:
+            labelled.append(position)
+            watch.label(bool(rows.correct[i]))
+        if first_alarm is None and watch.alarm is not None:
+            first_alarm, kind = position, watch.alarm.kind
+        slow = int(not served) + int(audited)
+        slow_all += slow
+        if shift_at is not None and position >= shift_at:
+            wrong_after += int(served and not rows.correct[i])
+            slow_after += slow
+    return {"alarm_row": first_alarm, "alarm_kind": kind, "escalated_from": escalated_from,
+            "labelled": labelled, "wrong_after": wrong_after, "slow_after": slow_after,
+            "slow_all": slow_all}
+
+
+def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, Any]:
+    rng = np.random.default_rng(sum(map(ord, scenario.name)))  # seeded per scenario
+    actions = ACTIONS if scenario.kind == "harmful" else ("audit_then_escalate",)
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in actions}
+    mapie_rows: list[int | None] = []
+    wrong_no_action: list[int] = []
+    accepted_accuracy: list[float] = []
+    n_rows, shift_at = 0, None
+    for r in range(replays):
+        order, shift_at = scenario.order(rng)
+        n_rows = len(order)
+        settings = replace(scenario.settings, seed=r)
+        for action in actions:
+            runs[action].append(replay(scenario.rows, order, settings, action, shift_at))
+        peer_run = runs[actions[0]][-1]  # audit labels drawn with no action (benign: the ladder's)
+        mapie_rows.append(mapie_alarm_row(peer_run, scenario.rows, order, target))
+        window = order if shift_at is None else order[shift_at:]
+        served = scenario.rows.accepted[window]
+        accepted_accuracy.append(float(scenario.rows.correct[window][served].mean()))
+        wrong_no_action.append(int((served & ~scenario.rows.correct[window]).sum()))
+    result: dict[str, Any] = {"kind": scenario.kind, "note": scenario.note, "replays": replays,
+                              "rows": n_rows}
+    first = runs[actions[0]]
+    if scenario.kind == "benign":
+        ladder = runs["audit_then_escalate"]
+        result |= {
+            "false_alarm_rate": finite(mean([r["alarm_row"] is not None for r in first]), 4),
+            "false_alarm_kinds": kinds(first),
+            "false_escalation_rate_audit_then_escalate": finite(
+                mean([r["escalated_from"] is not None for r in ladder]), 4),
+            "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
+            "accepted_accuracy": finite(mean(accepted_accuracy), 4),
+            "slow_calls_audit_then_escalate": finite(mean([r["slow_all"] for r in ladder]), 1),
+        }
+        return result
+    assert shift_at is not None
+    n_post = n_rows - shift_at
+    delays = [delay(r["alarm_row"], shift_at, n_post) for r in runs["alert_only"]]
+    escalation = [delay(r["escalated_from"], shift_at, n_post)
+                  for r in runs["audit_then_escalate"]]
+    no_action = float(np.mean(wrong_no_action))
+    result |= {
+        "shift_at_row": shift_at,
+        "detection_delay_median": float(np.median(delays)),
+        "detected_share": finite(mean([d <= n_post for d in delays]), 4),
+        "alarm_kinds": kinds(runs["alert_only"]),
+        "escalation_delay_median_audit_then_escalate": float(np.median(escalation)),
+        "mapie_detection_delay_median": float(np.median(
+            [delay(m, shift_at, n_post) for m in mapie_rows])),
+        "delay_when_missed": n_post + 1,
+        "accepted_accuracy_after_shift_no_action": finite(mean(accepted_accuracy), 4),
+        "promise_broken_share": finite(mean([a < target for a in accepted_accuracy]), 4),
+        "wrong_accepted_after_shift_no_action": finite(no_action, 1),
+    }
+    for action in ("audit_then_escalate", "escalate_all"):
+        wrong = float(np.mean([r["wrong_after"] for r in runs[action]]))
+        result[f"wrong_accepted_after_shift_with_{action}"] = finite(wrong, 1)
+        result[f"with_{action}_share_of_no_action"] = finite(wrong / max(no_action, 1e-9), 4)
+    for action in ACTIONS:
+        result[f"slow_calls_after_shift_{action}"] = finite(
+            np.mean([r["slow_after"] for r in runs[action]]), 1)
+    result["wrong_accepted_after_shift_with_action"] = result[
+        "wrong_accepted_after_shift_with_audit_then_escalate"]
+    return result
+
+
+def mean(values: Any) -> float:
+    return float(np.mean(values))
+
+
+def kinds(runs: list[dict[str, Any]]) -> dict[str, int]:
+    found = [str(r["alarm_kind"]) for r in runs if r["alarm_kind"] is not None]
+    return {k: found.count(k) for k in sorted(set(found))}
+
+
+def results_table(results: dict[str, dict[str, Any]]) -> None:
+    rows = []
+    for name, r in results.items():
+        if r["kind"] == "benign":
+            rows.append((name, "benign", f"{r['false_alarm_rate']:.3f}",
+                         f"{r['mapie_false_alarm_rate']:.3f}", f"{r['accepted_accuracy']:.3f}",
+                         "-", "-"))
+        else:
+            rows.append((name, "harmful", f"delay {r['detection_delay_median']:g}",
+                         f"delay {r['mapie_detection_delay_median']:g}",
+                         f"{r['accepted_accuracy_after_shift_no_action']:.3f}",
+                         (f"{r['wrong_accepted_after_shift_no_action']:g} / "
+                         f"{r['wrong_accepted_after_shift_with_audit_then_escalate']:g} / "
+                         f"{r['wrong_accepted_after_shift_with_escalate_all']:g}"),
+                         (f"{r['slow_calls_after_shift_alert_only']:g} / "
+                         f"{r['slow_calls_after_shift_audit_then_escalate']:g} / "
+                         f"{r['slow_calls_after_shift_escalate_all']:g}")))
+    print_table("watch: false alarms on benign streams, detection and action on harmful ones", [
+        "scenario", "kind", "slotgate: false-alarm rate / median delay",
+        "MAPIE RiskMonitoring", "accepted accuracy (after the shift, no action)",
+        "wrong accepted: none / ladder / escalate_all",
+        "slow calls: none / ladder / escalate_all"], rows)
+
+
+def watch_cost_us(n: int = 20_000) -> float:
+    """Microseconds one decision costs the watch on the request path: ``Monitor.decided`` with
+    its input key, drift update and audit draw (no audit answered: that is off the path)."""
+    from policies.types import DecisionRequest, Option
+    from router.monitoring.monitor import Monitor
+    from router.monitoring.watch import PolicyWatch, WatchSettings
+    from router.routing.ports import Observation
+
+    rng = np.random.default_rng(0)
+    settings = WatchSettings("bench", 0.95, reference=tuple(rng.beta(6, 1, 5000).round(4)))
+    monitor = Monitor()
+    monitor.watches["bench"] = PolicyWatch(settings)
+    options = tuple(Option(f"intent_{k}") for k in range(77))
+    observations = [Observation(DecisionRequest(f"q{i}", "which intent?", options,
+                                                f"message number {i} about a card payment"),
+                                f"d{i}", "bench", float(c), True, "intent_0", True)
+                    for i, c in enumerate(rng.beta(6, 1, n))]
+    t0 = time.perf_counter()
+    for observation in observations:
+        monitor.decided(observation)
+    return round((time.perf_counter() - t0) / n * 1e6, 1)
+
+
+if __name__ == "__main__":
+    main()
