@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         export = run_cli(["export-log", "--log", str(log), "--out", str(workdir / "p.jsonl")])
         export.pop("stdout")
         exported = sum(1 for _ in (workdir / "p.jsonl").open("rb"))
-    result = {"log_mib": log_mib, "decisions": n, "limit_mib": LIMIT_MIB,
+    within = max(monitor["peak_rss_mib"], export["peak_rss_mib"]) < LIMIT_MIB
+    result = {"log_mib": log_mib, "decisions": n, "limit_mib": LIMIT_MIB, "within_limit": within,
               "monitor": monitor | {"decisions_replayed": state["decisions"],
                                     "labels": state["labels"]},
               "export_log": export | {"rows": exported}, "machine": machine_info()}
@@ -121,8 +122,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "wall s"], [["monitor --plot", monitor["peak_rss_mib"], monitor["wall_s"]],
                             ["export-log", export["peak_rss_mib"], export["wall_s"]]])
     if not args.quick:
-        write_json("log_memory", result)
+        write_json("log_memory.json", result)
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}))
+    if not within:
+        raise SystemExit(f"peak RSS over {LIMIT_MIB} MiB: the log is not streamed")
     return result
 
 
