@@ -195,6 +195,7 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
 def profile(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader, device: Any) -> dict[str, Any]:
     """Kernel time by op of one compiled read (its one pass called directly, not graph-replayed:
     the profiler names each kernel), batch 1 and the largest batch."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     assert fast.onepass is not None
@@ -203,13 +204,14 @@ def profile(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader, dev
     for batch in (1, args.batches[-1]):
         items = make_items(args, vocab, batch, 1, seed=5)
         prefix = items[0].prefix_ids
-        kv = fast.onepass.prefix_kv(fast.prefix_cache(prefix), len(prefix))
-        tensors = fast.prepare_onepass(items, prefix_len=len(prefix), device=device)
-        fast.onepass(kv, tensors)
-        sync(device)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with torch.inference_mode():
+            kv = fast.onepass.prefix_kv(fast.prefix_cache(prefix), len(prefix))
+            tensors = fast.prepare_onepass(items, prefix_len=len(prefix), device=device)
             fast.onepass(kv, tensors)
             sync(device)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fast.onepass(kv, tensors)
+                sync(device)
         events = prof.key_averages()
         kernels = [e for e in events if getattr(e, "device_type", None) is not None
                    and str(e.device_type).endswith("CUDA") and e.self_device_time_total > 0]
