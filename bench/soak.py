@@ -92,6 +92,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.keep_alive_s is not None:
         settings["keep_alive_s"] = args.keep_alive_s
+    if args.max_index is not None:
+        settings["log"]["max_index"] = args.max_index
     soak = Soak()
     result: dict[str, Any] = {}
     with upstream_server() as upstream:
@@ -131,7 +133,8 @@ def summary(args: argparse.Namespace, soak: Soak, elapsed_s: float) -> dict[str,
     return {
         "command": "python -m bench.soak " + " ".join(sys.argv[1:]),
         "clients": args.clients, "idle_clients": args.idle_clients,
-        "keep_alive_s": args.keep_alive_s or "default", "seconds": round(elapsed_s, 1),
+        "keep_alive_s": args.keep_alive_s or "default", "max_index": args.max_index or "default",
+        "seconds": round(elapsed_s, 1),
         "warmup_s": args.warmup_s, "ok": soak.ok, "errors": n_errors,
         "errors_by_type": dict(soak.errors), "first_errors": soak.first_errors,
         "non_200": dict(soak.statuses), "requests_per_s": round(soak.ok / max(elapsed_s, 1e-9), 1),
@@ -151,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=180.0)
     parser.add_argument("--keep-alive-s", type=int, default=None,
                         help="the server's keep_alive_s (default: the setting's default)")
+    parser.add_argument("--max-index", type=int, default=None,
+                        help="log.max_index: the decision index fills (and stops growing) "
+                             "within warm-up when small")
     parser.add_argument("--out", default="soak.json", help="file name under bench/results/")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import httpx
@@ -56,26 +57,57 @@ def test_a_restarted_app_reuses_the_redis_entries(
     assert recorder.states == []
 
 
-def test_readyz_reports_redis_down_and_requests_still_succeed(
-    standin: StandinHandle, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+def test_readyz_stays_ready_with_redis_down_and_says_so(
+    standin: StandinHandle, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Before: 503 on every replica while Redis was down, though each answered decisions: a
+    load balancer would have taken the whole fleet out over a cache (issue 20, item 2)."""
     redis = RedisServer(tmp_path_factory.mktemp("redis-stop"))
     redis.start()
     settings = settings_for(standin, tmp_path, cache={"redis_url": redis.url})
     try:
         with Server(settings, backend=MockBackend(Recorder())) as server, \
                 httpx.Client(base_url=server.url) as http:
-            assert http.get("/readyz").status_code == 200
+            up = http.get("/readyz")
             redis.stop()
-            down = http.get("/readyz")
+            with caplog.at_level(logging.WARNING, logger="slotgate"):
+                down = http.get("/readyz")
+                http.get("/readyz")  # the log line is for the change, not every probe
             answered = ask(server, "sure, redis is down")
             metrics = http.get("/metrics").text
     finally:
         redis.stop()
-    assert down.status_code == 503 and down.json()["checks"]["redis"] is False
+    assert up.status_code == 200 and up.json()["redis"]["state"] == "up"
+    assert down.status_code == 200 and down.json()["status"] == "ready"
+    body = down.json()
+    assert body["redis"] == {"state": "down", "required": False,
+                             "effect": "decisions are served without the cache"}
+    assert body["checks"]["redis"] is False and "redis" not in body["required"]
     assert answered["route"] == "fast"
+    assert "slotgate_redis_up 0.0" in metrics
     assert "slotgate_cache_errors_total" in metrics
     assert "slotgate_cache_errors_total 0.0" not in metrics
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("readiness:")]
+    assert len(lines) == 1 and "still ready" in lines[0]
+
+
+def test_cache_required_makes_a_down_redis_unready(
+    standin: StandinHandle, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    redis = RedisServer(tmp_path_factory.mktemp("redis-required"))
+    redis.start()
+    settings = settings_for(standin, tmp_path, cache={"redis_url": redis.url, "required": True})
+    try:
+        with Server(settings, backend=MockBackend(Recorder())) as server, \
+                httpx.Client(base_url=server.url) as http:
+            assert http.get("/readyz").status_code == 200
+            redis.stop()
+            down = http.get("/readyz")
+    finally:
+        redis.stop()
+    assert down.status_code == 503 and down.json()["redis"]["required"] is True
+    assert "redis" in down.json()["required"]
 
 
 def test_api_keys_authenticate_and_separate_cache_namespaces(

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,7 @@ def test_serve_runs_the_config_and_stops_on_sigterm(tmp_path: Path) -> None:
     log_path = tmp_path / "decisions.jsonl"
     config.write_text(
         "fast:\n  kind: mock\n  options: {top_proba: 0.95}\n"
+        "policy:\n  fallback_threshold: 0.9\n"  # no policy file: the fallback bar routes
         f"log:\n  decision_log_path: {log_path}\n")
     port = free_port()
     exe = Path(sys.executable).parent / "slotgate"
@@ -45,3 +47,54 @@ def test_serve_runs_the_config_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert "ESCALATION UNAVAILABLE" in output and "slow model NONE" in output
     [record] = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert record["answer"] == "yes" and record["policy_id"] == "fallback"
+
+
+def test_serve_keeps_an_idle_connection_past_the_clients_pool_expiry(tmp_path: Path) -> None:
+    """uvicorn's default keep-alive (5 s) equals httpx's pool expiry (5 s): the server closed a
+    connection the client was reusing at that moment, and the client got a ReadError with nothing
+    in the server's log (issue 20, item 4; bench/soak.py --keep-alive-s 5 shows it). `serve` now
+    keeps idle connections for keep_alive_s (75 s): a connection idle for 6 s still answers."""
+    import socket
+
+    config = tmp_path / "slotgate.yaml"
+    config.write_text("fast:\n  kind: mock\n"
+                      f"log:\n  decision_log_path: {tmp_path / 'decisions.jsonl'}\n")
+    port = free_port()
+    exe = Path(sys.executable).parent / "slotgate"
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    proc = subprocess.Popen([str(exe), "serve", "--config", str(config), "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}", proc)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(request)
+            first = read_response(conn)
+            time.sleep(6.0)  # idle past httpx's 5 s expiry (and uvicorn's old 5 s timeout)
+            try:
+                conn.sendall(request)
+                second = read_response(conn)
+            except OSError as exc:  # reset by the server
+                second = repr(exc).encode()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert first.startswith(b"HTTP/1.1 200")
+    assert second.startswith(b"HTTP/1.1 200"), second  # before: b"" (closed after 5 s)
+
+
+def read_response(conn: object) -> bytes:
+    """One whole HTTP/1.1 response with a Content-Length body (b"" if the server closed)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)  # type: ignore[attr-defined]
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                  if line.startswith(b"content-length:"))
+    while len(body) < length:
+        body += conn.recv(4096)  # type: ignore[attr-defined]
+    return head + b"\r\n\r\n" + body

@@ -50,12 +50,13 @@ async def caches(redis_url: str) -> AsyncIterator[tuple[RedisCache, RedisCache]]
     await b.aclose()
 
 
-def replica(cache: RedisCache, slow: GatedSlow) -> RoutingService:
+def replica(cache: RedisCache, slow: GatedSlow, *, claim_ttl_s: float = 3.0) -> RoutingService:
     """A replica whose fast read (0.5 on 'a') is always below the 0.9 fallback threshold."""
     return RoutingService(
         backend=MockBackend(lambda _: [0.5, 0.3, 0.2]), cache=cache, registry=PolicyRegistry(),
         slow=slow, log=ListLog(), metrics=Metrics(),  # type: ignore[arg-type]
-        settings=Settings.model_validate({"slow": {"model": "gated", "timeout_s": 10}}))
+        settings=Settings.model_validate({"slow": {"model": "gated", "timeout_s": 10},
+                                          "cache": {"claim_ttl_s": claim_ttl_s}}))
 
 
 async def burst(service: RoutingService, n: int) -> list[Decision]:
@@ -100,3 +101,34 @@ async def test_a_replica_whose_call_fails_hands_the_question_over(
         await on_a
     assert {d.answer for d in await on_b} == {"c"}
     assert len(calls) == 2  # a's failed call, then b's own
+
+
+async def test_a_call_longer_than_the_claim_ttl_keeps_its_claim_by_heartbeat(
+    caches: tuple[RedisCache, RedisCache],
+) -> None:
+    """The claim is short (so a dead holder frees it soon) and renewed while the call runs: a
+    slow call four times the TTL is still the only one."""
+    calls: list[str] = []
+    gate = asyncio.Event()
+    a = replica(caches[0], GatedSlow(calls, gate), claim_ttl_s=0.3)
+    b = replica(caches[1], GatedSlow(calls, gate), claim_ttl_s=0.3)
+    on_a = asyncio.ensure_future(burst(a, 3))
+    await asyncio.sleep(0.1)
+    on_b = asyncio.ensure_future(burst(b, 3))
+    await asyncio.sleep(1.2)
+    gate.set()
+    assert {d.answer for d in await on_a + await on_b} == {"c"}
+    assert len(calls) == 1
+
+
+async def test_renew_extends_only_this_replicas_claim(
+    caches: tuple[RedisCache, RedisCache],
+) -> None:
+    a, b = caches
+    assert await a.claim("k", ttl_s=0.2) and not await b.claim("k", ttl_s=0.2)
+    assert not await b.renew("k", ttl_s=5)  # not b's to extend
+    assert await a.renew("k", ttl_s=5)
+    await asyncio.sleep(0.4)  # past the first TTL: renewed, so still held
+    assert not await b.claim("k", ttl_s=0.2)
+    await a.release("k")
+    assert await b.claim("k", ttl_s=0.2)

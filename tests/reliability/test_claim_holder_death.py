@@ -1,0 +1,142 @@
+"""Single flight across replicas when the claim holder dies (issue 20, item 3): two real
+`slotgate serve` processes on one private Redis. Replica A claims a question and calls a slow
+model that never answers; replica B's identical escalations wait on A's claim; A is SIGKILLed.
+Before: the claim lived as long as the slow deadline (30 s) and B's waiters ran into it (504).
+Now the claim is short (cache.claim_ttl_s, 3 s) and renewed by its holder's heartbeat: it lapses
+within 3 s of A's death, one of B's waiters claims it and calls, and all are answered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from standins.llm import StandinHandle
+from tests.conftest import ROOT, free_port
+from tests.live import wait_until_up
+from tests.reliability.conftest import SECRET, SLOW_MODEL, answer_of, decision
+
+
+class Hang:
+    """A slow model endpoint that accepts connections and never answers (the claim holder's
+    call is in flight when the holder dies)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def replica(name: str, tmp_path: Path, *, redis_url: str, api_base: str) -> tuple[
+        subprocess.Popen[str], str]:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "fast": {"kind": "mock", "options": {"top_proba": 0.5}},  # below 0.9: escalated
+        "slow": {"model": SLOW_MODEL, "api_base": api_base, "api_key": SECRET, "timeout_s": 30},
+        "cache": {"redis_url": redis_url},
+        "policy": {"fallback_threshold": 0.9},
+        "log": {"decision_log_path": str(tmp_path / f"{name}.jsonl")}}))
+    port = free_port()
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path),
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "slotgate"), "serve", "--config", str(config),
+         "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def escalation_known(url: str, *, within_s: float = 120) -> None:
+    """Until litellm is loaded in that replica (its slow path is warm)."""
+    deadline = time.monotonic() + within_s
+    while httpx.get(f"{url}/readyz", timeout=10).json()["escalation_available"] is not True:
+        assert time.monotonic() < deadline, "litellm never loaded"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def hang() -> Iterator[Hang]:
+    server = Hang()
+    yield server
+    server.close()
+
+
+def test_waiters_take_over_within_the_claim_ttl_when_the_holder_is_killed(
+        redis_url: str, standin: StandinHandle, hang: Hang, tmp_path: Path) -> None:
+    import redis
+
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        a, url_a = replica("a", tmp_path, redis_url=redis_url,
+                           api_base=f"http://127.0.0.1:{hang.port}/v1")
+        b, url_b = replica("b", tmp_path, redis_url=redis_url, api_base=standin.api_base)
+        procs += [a, b]
+        for proc, url in ((a, url_a), (b, url_b)):
+            wait_until_up(url, proc, timeout_s=120)
+            escalation_known(url)
+        body = decision("my card never came and nobody tells me why")
+        threading.Thread(target=lambda: _post(url_a, body, {}), daemon=True).start()
+        store = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + 20
+        while not store.keys("slotgate:v1:*:claim"):  # A holds the claim, its call hanging
+            assert time.monotonic() < deadline, "replica A never claimed the question"
+            time.sleep(0.05)
+        results: list[dict[str, Any]] = [{} for _ in range(5)]
+        waiters = [threading.Thread(target=_post, args=(url_b, body, results[i]))
+                   for i in range(5)]
+        for waiter in waiters:
+            waiter.start()
+        time.sleep(1.0)  # B's waiters are polling A's claim
+        assert all(not r for r in results)
+        killed_at = time.monotonic()
+        os.kill(a.pid, signal.SIGKILL)
+        for waiter in waiters:
+            waiter.join(timeout=60)
+        store.close()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+    after_kill_s = max(r["done"] for r in results) - killed_at
+    print(f"claim holder SIGKILLed: replica B's 5 waiters answered {after_kill_s:.2f} s later, "
+          f"{len(standin.calls())} slow call(s) from B")
+    assert [r["status"] for r in results] == [200] * 5, results
+    assert {r["route"] for r in results} <= {"slow", "cache"}  # "cache": shared, not called
+    assert after_kill_s < 3.0 + 2.0  # the claim's TTL, plus one slow call and polling
+    assert len(standin.calls()) == 1  # B's waiters still shared one call
+
+
+def _post(url: str, body: dict[str, Any], into: dict[str, Any]) -> None:
+    try:
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    except httpx.HTTPError as exc:
+        into.update(status=0, error=repr(exc), done=time.monotonic())
+        return
+    into.update(status=r.status_code, done=time.monotonic(),
+                route=answer_of(r)[1] if r.status_code == 200 else r.text)
