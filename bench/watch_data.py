@@ -2,7 +2,8 @@
 user builds them (README): the cross-fitted default (train --cv 5 on all of train.csv, tune on
 the out-of-fold reads), the split-tuned one (train --holdout 0.3), and a novel-class one that
 never saw ``n_novel`` intents (cross-fitted on half the other intents' train.csv rows; the other
-half and their test.csv rows are its unseen known traffic). Built once into ``work``."""
+half and their test.csv rows are its unseen known traffic). Built once into ``work`` (delete a
+policy .json there to re-tune it, its model and reads are kept)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def slotgate(*args: str | Path) -> None:
 
 def crossfit(work: Path, name: str, data: Path, *, target: float, audit_rate: float) -> Built:
     model, oof, policy = work / f"{name}.joblib", work / f"{name}-oof.jsonl", work / f"{name}.json"
-    if not policy.is_file():
+    if not oof.is_file():
         slotgate("train", "--data", data, "--label-column", "category", "--kind", "tfidf",
                  "--cv", "5", "--oof-out", oof, "--out", model, "--seed", "0")
+    if not policy.is_file():
         slotgate("tune", "--preds", oof, "--model", model, "--target-accuracy", str(target),
                  "--audit-rate", str(audit_rate), "--out", policy, "--name", name)
     return Built(name, model, policy)
@@ -60,7 +62,7 @@ def crossfit(work: Path, name: str, data: Path, *, target: float, audit_rate: fl
 def split_tuned(work: Path, data: Path, *, target: float, audit_rate: float) -> Built:
     model, tune_csv = work / "split.joblib", work / "split-tune.csv"
     preds, policy = work / "split-tune.jsonl", work / "split.json"
-    if not policy.is_file():
+    if not preds.is_file():
         slotgate("train", "--data", data, "--label-column", "category", "--kind", "tfidf",
                  "--holdout", "0.3", "--holdout-out", tune_csv, "--out", model, "--seed", "0")
         slotgate("predict", "--model", model, "--data", tune_csv, "--label-column", "category",
