@@ -40,6 +40,9 @@ from router.routing.backpressure import ConcurrencyLimit
 from router.routing.credentials import Credentials
 from router.routing.credentials import resolve as resolve_credentials
 from router.routing.deadline import remaining_s
+from router.routing.litellm_import import import_shared_dependencies
+from router.routing.litellm_import import litellm_module as _litellm
+from router.routing.litellm_import import warm_up as _warm_up
 from router.routing.ports import SlowAnswer
 
 if TYPE_CHECKING:
@@ -134,6 +137,7 @@ class SlowPath:
         if settings.model and completion is None and "litellm" not in sys.modules:
             # litellm takes seconds to import: start now, off the event loop, so that the first
             # escalation neither pays for it nor blocks the loop for every other request.
+            import_shared_dependencies()  # first: litellm_import.py says why
             threading.Thread(target=self._warm_up, name="slotgate-litellm-warm-up",
                              daemon=True).start()
         else:
@@ -372,22 +376,3 @@ def _retry_after_s(exc: BaseException) -> float | None:
     headers = dict(getattr(response, "headers", None) or {})
     headers.update(getattr(exc, "headers", None) or {})
     return retry_after_s(headers)
-
-
-def _warm_up() -> None:
-    """Import litellm and run one offline mock call, which loads the modules litellm imports
-    lazily on its first call (about a second more)."""
-    try:
-        _litellm().completion(model="openai/slotgate-warm-up", mock_response="ok",
-                              messages=[{"role": "user", "content": "warm-up"}])
-    except Exception as exc:  # noqa: BLE001 - best effort: the first real call reports real errors
-        logger.debug("litellm warm-up failed: %s", type(exc).__name__)
-
-
-def _litellm() -> Any:
-    """Import litellm on first use, with its cost map read locally (no network at start-up)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.suppress_debug_info = True  # its "Give Feedback" banner would go to stdout per error
-    return litellm

@@ -1,0 +1,39 @@
+"""Issue 18.7: `AttributeError: partially initialized module 'httpx' has no attribute 'URL'` in
+`python -m bench.drift --quick` (2 runs in 4). litellm's background import ran while the
+benchmark's client threads imported the same packages, and CPython hands a thread another
+thread's half-initialised module when their imports cross (router/routing/litellm_import.py).
+
+Each round is a fresh interpreter (litellm not yet imported) that starts slotgate with a slow
+model and sends concurrent first requests at once, through the OpenAI SDK and httpx
+(tests/reliability/import_race_probe.py). Every request must succeed, and no thread may reach a
+module the warm-up thread is still initialising: before the fix the client threads met it in
+`openai` in every round (the crossing the failure needs); the AttributeError itself comes only
+when the crossing closes a cycle, which the fix rules out by construction."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+ROUNDS = 3
+
+
+@pytest.mark.long
+@pytest.mark.timeout(ROUNDS * 300 + 60)
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_first_requests_meet_no_half_imported_module(round_: int) -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.reliability.import_race_probe"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [], result
+    assert result["statuses"] == [200] * 16, result
+    assert result["contended"] == [], result["pairs"]
+    assert "partially initialized module" not in done.stderr, done.stderr[-3000:]
