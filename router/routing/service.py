@@ -323,7 +323,7 @@ def _ms(started: float) -> float:
 def _record(
     request: DecisionRequest, read: FastRead, decision: Decision, namespace: str, fingerprint: str
 ) -> DecisionRecord:
-    return DecisionRecord(
+    return DecisionRecord.trusted(
         **decision.facts(),
         time=time.time(),
         namespace=namespace,

@@ -87,3 +87,15 @@ def test_labels_join_by_one_rule_and_a_doubled_log_counts_each_decision_once() -
     doubled = [DECISION, alarm, DECISION.model_copy(update={"answer": "b"}), alarm]
     assert [d.answer for d in distinct_decisions(doubled)] == ["a"]  # the first record
     assert list(alarms(doubled)) == [alarm, alarm]
+
+
+def test_the_services_trusted_record_is_the_validated_one() -> None:
+    """``DecisionRecord.trusted`` skips validation on the request path (~20 us of 77 options):
+    what it builds, and the line it writes, are what validation gives."""
+    fields = DECISION.model_dump(exclude={"type"}) | {"probability": 0.93, "shadow": True}
+    trusted = DecisionRecord.trusted(**fields)
+    assert trusted == DecisionRecord(**fields) and encode(trusted) == encode(DecisionRecord(**fields))
+    assert parse_record(encode(trusted)) == trusted and trusted.served_fast
+    assert DecisionRecord.trusted(decision_id="x").options == []
+    with pytest.raises(TypeError, match="bogus"):
+        DecisionRecord.trusted(decision_id="x", bogus=1)
