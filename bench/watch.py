@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     scenarios = build_scenarios(args)
     results = {s.name: run_scenario(s, args.replays, args.target) for s in scenarios}
     results_table(results)
-    cost = watch_cost_us()
+    from bench.watch_cost import decided_us
+
+    cost = decided_us()
     payload = {"machine": machine_info(), "quick": args.quick, "replays": args.replays,
                "target": args.target, "audit_rate": args.audit_rate,
                "watch_cost_us_per_decision": cost,
@@ -358,29 +360,6 @@ def results_table(results: dict[str, dict[str, Any]]) -> None:
         "MAPIE RiskMonitoring", "accepted accuracy (after the shift, no action)",
         "wrong accepted: none / ladder / escalate_all",
         "slow calls: none / ladder / escalate_all"], rows)
-
-
-def watch_cost_us(n: int = 20_000) -> float:
-    """Microseconds one decision costs the watch on the request path: ``Monitor.decided`` with
-    its input key, drift update and audit draw (no audit answered: that is off the path)."""
-    from policies.types import DecisionRequest, Option
-    from router.monitoring.monitor import Monitor
-    from router.monitoring.watch import PolicyWatch, WatchSettings
-    from router.routing.ports import Observation
-
-    rng = np.random.default_rng(0)
-    settings = WatchSettings("bench", 0.95, reference=tuple(rng.beta(6, 1, 5000).round(4)))
-    monitor = Monitor()
-    monitor.watches["bench"] = PolicyWatch(settings)
-    options = tuple(Option(f"intent_{k}") for k in range(77))
-    observations = [Observation(DecisionRequest(f"q{i}", "which intent?", options,
-                                                f"message number {i} about a card payment"),
-                                f"d{i}", "bench", float(c), True, "intent_0", True)
-                    for i, c in enumerate(rng.beta(6, 1, n))]
-    t0 = time.perf_counter()
-    for observation in observations:
-        monitor.decided(observation)
-    return round((time.perf_counter() - t0) / n * 1e6, 1)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def split_tuned(work: Path, data: Path, *, target: float, audit_rate: float) -> 
                  "--holdout", "0.3", "--holdout-out", tune_csv, "--out", model, "--seed", "0")
         slotgate("predict", "--model", model, "--data", tune_csv, "--label-column", "category",
                  "--out", preds)
+    if not policy.is_file():
         slotgate("tune", "--preds", preds, "--target-accuracy", str(target),
                  "--audit-rate", str(audit_rate), "--out", policy, "--name", "split")
     return Built("split", model, policy)
