@@ -44,6 +44,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check router policies calibration tests bench standins
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache  # the architecture: pyproject.toml [tool.importlinter]
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache
