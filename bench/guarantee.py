@@ -1,16 +1,18 @@
 """Does the tuned threshold keep its promise on data it never saw, and how much does it accept?
-Re-draws which BANKING77 rows are labelled and which are held back, and on each draw runs, on the
-same rows: slotgate's split tuning, slotgate's cross-fitted tuning, the naive rule, and MAPIE
-1.6's risk controller (``bench/guarantee_methods.py`` says how MAPIE is asked for the promise).
+Re-draws which rows of a labelled pool are labelled and which are held back, and on each draw
+runs, on the same rows: slotgate's split and cross-fitted tuning (its threshold search), the
+naive rule, and MAPIE 1.6's risk controller (``bench/guarantee_methods.py`` says how MAPIE is
+asked for the promise).
 
-Setup: train.csv and test.csv are pooled (13,083 rows) and embedded once with wordllama (static
-pretrained embeddings: no label and no draw is involved, so embedding once leaks nothing). The
-fast model of every draw is logistic regression on those embeddings: the "cheaper fast model"
-that makes hundreds of re-fits affordable (7 fits per draw). Each draw takes ``--labelled``
-random rows as the labelled data and holds back all the others:
+Data: any labelled CSV or JSONL (``--data FILE ... --text-column --label-column``), or a folder
+holding BANKING77's train.csv and test.csv (the default: both pooled, 13,083 rows). Fast model of
+every draw: logistic regression on wordllama embeddings (``--model embeddings``: static
+pretrained embeddings, so embedding the pool once leaks no label and no draw) or slotgate's own
+TF-IDF pipeline (``--model tfidf``, what `train --kind tfidf` fits; 7 fits a draw). Each draw
+takes ``--labelled`` random rows as the labelled data and holds back all the others:
 
 - split: the model fits 70% of the labelled rows; of the other 30%, half fit the calibrator
-  and half choose the threshold (today's ``train --holdout 0.3`` + ``tune``);
+  and half choose the threshold (``train --holdout 0.3`` + ``tune``);
 - cross-fitted: K-fold out-of-fold reads of every labelled row, the calibrator cross-fitted on
   the same folds, threshold on all rows; the final model and calibrator fit on all rows
   (``train --cv K --oof-out`` + ``tune``);
@@ -23,9 +25,12 @@ rate relates to delta (the held-back accuracy is itself an estimate; draws share
 docs/calibration.md. When no threshold passes, the policy escalates everything: coverage 0, and
 that draw cannot violate.
 
-Usage: python -m bench.guarantee [--draws 200] [--labelled 4000] [--folds 5] [--jobs N] [--quick]
-``--save-embeddings F.npz`` / ``--embeddings F.npz`` embed once here and run the draws elsewhere
-(a machine with more cores and no wordllama). The last stdout line is one JSON object: per target, per method, violation rate and coverage.
+Usage: python -m bench.guarantee [--data F.csv --text-column text --label-column label]
+[--draws 200] [--labelled 4000] [--folds 5] [--model embeddings|tfidf] [--jobs N] [--quick]
+The fits are the cost, the threshold choices are cheap: ``--save-scores F.npz`` keeps every
+draw's confidences and correctness, ``--scores F.npz`` re-runs the choosers on them without a
+fit. ``--save-embeddings`` / ``--embeddings`` embed once here and fit elsewhere. The last stdout
+line is one JSON object: per target, per method, violation rate and coverage.
 """
 
 from __future__ import annotations
@@ -34,124 +39,152 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench import guarantee_methods as gm
+from bench.guarantee_report import report_of, show
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS: dict[str, tuple[str, Callable[..., float | None]]] = {
-    # name: (which rows choose the threshold, chooser)
-    "split": ("split", gm.slotgate_threshold),
-    "cross-fitted": ("cross-fitted", gm.slotgate_threshold),
-    "naive (split rows)": ("split", gm.naive_threshold),
-    "cross-fitted, fold-0 model serves (diagnostic)": ("fold-0", gm.slotgate_threshold),
-    "MAPIE (split rows)": ("split", gm.mapie_threshold),
-    "MAPIE (cross-fitted rows)": ("cross-fitted", gm.mapie_threshold),
-    "MAPIE fixed-sequence (cross-fitted rows)": (
-        "cross-fitted", lambda s, **kw: gm.mapie_threshold(s, fixed_sequence=True, **kw)),
-}
 
 
-def default_data_dir() -> Path:
-    return Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))
+def default_data() -> list[Path]:
+    return [Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))]
 
 
-def load_pool(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, int]:
-    if args.model == "tfidf":  # texts: each fit is slotgate's own TF-IDF pipeline
-        saved = np.load(args.embeddings) if args.embeddings is not None else None
-        texts, y = (saved["texts"], saved["y"]) if saved is not None else read_pool(args.data)
-        return texts, y, int(y.max()) + 1
-    if args.embeddings is not None:
-        saved = np.load(args.embeddings)
-        return saved["x"], saved["y"], int(saved["n_classes"])
-    x, y, n_classes = embed_pool(args.data)
-    if args.save_embeddings is not None:
-        texts, _ = read_pool(args.data)
-        np.savez_compressed(args.save_embeddings, x=x.astype(np.float32), y=y, n_classes=n_classes,
-                            texts=texts)
-    return x, y, n_classes
+def read_pool(paths: list[Path], *, text_column: str, label_column: str
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Texts and labels (class indices) of every file; a folder stands for its train.csv and
+    test.csv (BANKING77's layout)."""
+    from router.tuning.predictions import PredictionsError, read_texts
 
-
-def read_pool(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    """train.csv + test.csv: texts, and labels as class indices."""
-    from router.tuning.predictions import read_texts
-
-    if not (data_dir / "train.csv").is_file():
-        raise SystemExit(f"BANKING77 not found in {data_dir}: pass --data DIR (the folder holding "
-                         "train.csv and test.csv) or set SLOTGATE_DATA_DIR")
     texts: list[str] = []
     labels: list[str] = []
-    for name in ("train.csv", "test.csv"):
-        rows = read_texts(data_dir / name, text_column="text", label_column="category",
-                          require_labels=True)
-        texts += rows.texts
-        labels += [str(label) for label in rows.labels]
+    for path in paths:
+        files = [path / "train.csv", path / "test.csv"] if path.is_dir() else [path]
+        for file in files:
+            try:
+                rows = read_texts(file, text_column=text_column, label_column=label_column,
+                                  require_labels=True)
+            except PredictionsError as exc:
+                raise SystemExit(f"--data: {exc} (pass --data FILE.csv --text-column T "
+                                 "--label-column L, or a folder with train.csv and test.csv)"
+                                 ) from exc
+            texts += rows.texts
+            labels += [str(label) for label in rows.labels]
     y = np.unique(np.asarray(labels), return_inverse=True)[1]
     return np.asarray(texts), y.astype(np.int64)
 
 
-def embed_pool(data_dir: Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """wordllama embeddings of train.csv + test.csv, labels as class indices, class count."""
-    from router.backends.embedding import load_encoder
+def load_pool(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, int]:
+    """The model's inputs (texts for tfidf, embeddings otherwise), labels, class count."""
+    saved = np.load(args.embeddings) if args.embeddings is not None else None
+    if args.model == "tfidf":  # texts: each fit is slotgate's own TF-IDF pipeline
+        texts, y = (saved["texts"], saved["y"]) if saved is not None else read_pool(
+            args.data, text_column=args.text_column, label_column=args.label_column)
+        return texts, y, int(y.max()) + 1
+    if saved is not None:
+        return saved["x"], saved["y"], int(saved["n_classes"])
+    from router.backends.encoders import load_encoder
 
-    texts, y = read_pool(data_dir)
-    features = np.asarray(load_encoder("wordllama")(list(texts)), dtype=np.float64)
-    return features, y, int(y.max()) + 1
+    texts, y = read_pool(args.data, text_column=args.text_column, label_column=args.label_column)
+    x = np.asarray(load_encoder("wordllama")(list(texts)), dtype=np.float64)
+    if args.save_embeddings is not None:
+        np.savez_compressed(args.save_embeddings, x=x.astype(np.float32), y=y,
+                            n_classes=int(y.max()) + 1, texts=texts)
+    return x, y, int(y.max()) + 1
 
 
 def one_draw(x: np.ndarray, y: np.ndarray, n_classes: int, *, labelled: int, n_folds: int,
-             targets: list[float], delta: float, calibrator: str, seed: int
-             ) -> dict[str, dict[str, Any]]:
+             calibrator: str, seed: int) -> dict[str, gm.Scored]:
+    """The three sets of rows one draw scores: split, cross-fitted, and fold 0's model."""
     order = np.random.default_rng(seed).permutation(len(y))
     lab, held = order[:labelled], order[labelled:]
     crossfit, fold0 = gm.crossfit_scores(x, y, lab, held, n_classes=n_classes,
                                          calibrator=calibrator, seed=seed, n_folds=n_folds)
-    scored = {
-        "split": gm.split_scores(x, y, lab, held, n_classes=n_classes, calibrator=calibrator,
-                                 seed=seed),
-        "cross-fitted": crossfit, "fold-0": fold0,
-    }
-    out: dict[str, dict[str, Any]] = {}
-    for target in targets:
-        key = f"{target:.2f}"
-        out[key] = {}
-        for name, (rows, chooser) in METHODS.items():
-            threshold = chooser(scored[rows], target=target, delta=delta)
-            out[key][name] = gm.outcome(scored[rows], threshold, target)
-    return out
+    split = gm.split_scores(x, y, lab, held, n_classes=n_classes, calibrator=calibrator,
+                            seed=seed)
+    return {"split": split, "cross-fitted": crossfit, "fold-0": fold0}
 
 
-def summarise(draws: list[dict[str, dict[str, Any]]], key: str) -> dict[str, Any]:
-    from calibration.metrics import proportion_ci
+def oof_draw(oof: np.ndarray, y: np.ndarray, *, labelled: int, n_folds: int, calibrator: str,
+             seed: int) -> dict[str, gm.Scored]:
+    order = np.random.default_rng(seed).permutation(len(y))
+    return gm.oof_draw(oof, y, order[:labelled], order[labelled:], calibrator=calibrator,
+                       seed=seed, n_folds=n_folds)
 
-    summary: dict[str, Any] = {}
-    for name in METHODS:
-        rows = [d[key][name] for d in draws]
-        violations = sum(r["violated"] for r in rows)
-        accuracies = [r["accepted_accuracy"] for r in rows if r["accepted_accuracy"] is not None]
-        summary[name] = {
-            "violation_rate": violations / len(rows),
-            "violation_rate_ci": list(proportion_ci(violations, len(rows))),
-            "mean_coverage": float(np.mean([r["coverage"] for r in rows])),
-            "mean_accepted_accuracy": float(np.mean(accuracies)) if accuracies else None,
-            "draws_without_threshold": sum(r["threshold"] is None for r in rows),
-            # tuning rows' minus held-back rows' accepted accuracy at the chosen threshold, on average
-            "mean_optimism": float(np.mean(
-                [r["tune_accepted_accuracy"] - r["accepted_accuracy"] for r in rows
-                 if r["accepted_accuracy"] is not None])) if accuracies else None,
-        }
-    return summary
+
+def fit_draws(args: argparse.Namespace, draws_n: int) -> tuple[list[dict[str, gm.Scored]],
+                                                               dict[str, Any]]:
+    from joblib import Parallel, delayed
+    from rich.console import Console
+    from rich.progress import Progress
+
+    x, y, n_classes = load_pool(args)
+    labelled = args.labelled if args.labelled is not None else min(4000, len(y) // 2 - 1)
+    if not 0 < labelled < len(y) // 2:
+        raise SystemExit(f"--labelled must be in (0, {len(y) // 2}), got {labelled}")
+    seeds = [args.seed + 1000 + draw for draw in range(draws_n)]
+    if args.fit_once:
+        oof = gm.pool_oof(x, y, n_classes=n_classes, seed=args.seed, n_folds=args.folds)
+        work = (delayed(oof_draw)(oof, y, labelled=labelled, n_folds=args.folds,
+                                  calibrator=args.calibrator, seed=seed) for seed in seeds)
+    else:
+        work = (delayed(one_draw)(x, y, n_classes, labelled=labelled, n_folds=args.folds,
+                                  calibrator=args.calibrator, seed=seed) for seed in seeds)
+    draws = []
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("re-draws", total=draws_n)
+        for result in Parallel(n_jobs=args.jobs, return_as="generator")(work):
+            draws.append(result)
+            bar.advance(task)
+    pool = {"labelled_rows": labelled, "held_back_rows": len(y) - labelled,
+            "pool_rows": len(y), "classes": n_classes}
+    return draws, pool
+
+
+def save_scores(path: Path, draws: list[dict[str, gm.Scored]], pool: dict[str, Any]) -> None:
+    """One file per set of rows (``F.split.npz``, ...), small enough to copy between machines:
+    tuning confidences as float32, held-back ones as 1 - c in float16 (3 significant digits of
+    the distance to 1, where thresholds sit)."""
+    for rows in draws[0]:
+        arrays: dict[str, Any] = {}
+        for i, draw in enumerate(draws):
+            scored = draw[rows]
+            arrays[f"{i}/tune_confidence"] = scored.tune_confidence.astype(np.float32)
+            arrays[f"{i}/tune_correct"] = scored.tune_correct
+            arrays[f"{i}/held_distance"] = (1.0 - scored.held_confidence).astype(np.float16)
+            arrays[f"{i}/held_correct"] = scored.held_correct
+        arrays["pool"] = np.asarray(json.dumps(pool))
+        np.savez_compressed(path.with_suffix(f".{rows}.npz"), **arrays)
+
+
+def load_scores(path: Path) -> tuple[list[dict[str, gm.Scored]], dict[str, Any]]:
+    draws: dict[int, dict[str, gm.Scored]] = {}
+    pool: dict[str, Any] = {}
+    for rows in ("split", "cross-fitted", "fold-0"):
+        if not path.with_suffix(f".{rows}.npz").is_file():  # --fit-once saves no fold-0
+            continue
+        saved = np.load(path.with_suffix(f".{rows}.npz"))
+        pool = json.loads(str(saved["pool"]))
+        for i in sorted({int(key.split("/")[0]) for key in saved.files if key != "pool"}):
+            draws.setdefault(i, {})[rows] = gm.Scored(
+                saved[f"{i}/tune_confidence"].astype(np.float64), saved[f"{i}/tune_correct"],
+                1.0 - saved[f"{i}/held_distance"].astype(np.float64), saved[f"{i}/held_correct"])
+    return [draws[i] for i in sorted(draws)], pool
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=default_data_dir())
+    parser.add_argument("--data", type=Path, nargs="+", default=default_data(),
+                        help="labelled CSV/JSONL files, or a folder with train.csv and test.csv")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--label-column", default="category")
     parser.add_argument("--draws", type=int, default=200)
-    parser.add_argument("--labelled", type=int, default=4000)
+    parser.add_argument("--labelled", type=int, default=None,
+                        help="labelled rows per draw (default 4000, at most half the pool)")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--targets", type=str, default="0.90,0.95,0.98")
     parser.add_argument("--delta", type=float, default=0.05)
@@ -161,69 +194,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=("embeddings", "tfidf"), default="embeddings",
                         help="embeddings: LR on wordllama embeddings (cheap); tfidf: the real "
                              "TF-IDF pipeline of `train --kind tfidf` (7 fits a draw)")
-    parser.add_argument("--jobs", type=int, default=1, help="draws run in parallel (joblib)")
+    parser.add_argument("--jobs", type=int, default=1, help="draws fit in parallel (joblib)")
+    parser.add_argument("--fit-once", action="store_true",
+                        help="read the pool out-of-fold once and re-draw only which rows tune: "
+                             "the search alone, in seconds (no final-model refit per draw)")
     parser.add_argument("--embeddings", type=Path, default=None)
     parser.add_argument("--save-embeddings", type=Path, default=None)
+    parser.add_argument("--scores", type=Path, default=None,
+                        help="choose thresholds on saved draws (--save-scores) without fitting")
+    parser.add_argument("--save-scores", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/guarantee.json")
     args = parser.parse_args(argv)
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
 
-    draws_n = 10 if args.quick else args.draws
-    targets = [float(t) for t in args.targets.split(",")]
     started = time.perf_counter()
-    x, y, n_classes = load_pool(args)
-    if not 0 < args.labelled < len(y) // 2:
-        raise SystemExit(f"--labelled must be in (0, {len(y) // 2}), got {args.labelled}")
-    from joblib import Parallel, delayed
-
-    work = (delayed(one_draw)(x, y, n_classes, labelled=args.labelled, n_folds=args.folds,
-                              targets=targets, delta=args.delta, calibrator=args.calibrator,
-                              seed=args.seed + 1000 + draw) for draw in range(draws_n))
-    draws = []
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("re-draws", total=draws_n)
-        for result in Parallel(n_jobs=args.jobs, return_as="generator")(work):
-            draws.append(result)
-            bar.advance(task)
-    summaries = {f"{t:.2f}": summarise(draws, f"{t:.2f}") for t in targets}
-    held = len(y) - args.labelled
-    table = Table(title=f"{draws_n} re-draws, delta {args.delta}, {args.labelled} labelled rows, "
-                        f"{held} held back; {args.model} model, {args.calibrator}")
-    for column in ("target", "method", "violation rate [95% CI]", "mean coverage",
-                   "mean accepted acc", "no threshold"):
-        table.add_column(column, justify="right")
-    for key, per_method in summaries.items():
-        for name, s in per_method.items():
-            ci = s["violation_rate_ci"]
-            acc = s["mean_accepted_accuracy"]
-            table.add_row(key, name, f"{s['violation_rate']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]",
-                          f"{s['mean_coverage']:.3f}", "n/a" if acc is None else f"{acc:.4f}",
-                          str(s["draws_without_threshold"]))
-    Console(width=140).print(table)
+    targets = [float(t) for t in args.targets.split(",")]
+    if args.scores is not None:
+        draws, pool = load_scores(args.scores)
+    else:
+        draws, pool = fit_draws(args, 10 if args.quick else args.draws)
+        if args.save_scores is not None:
+            save_scores(args.save_scores, draws, pool)
+    outcomes = [gm.choose_all(draw, targets=targets, delta=args.delta) for draw in draws]
     elapsed_s = time.perf_counter() - started
-    headline = {f"{key} {name}": f"violation {s['violation_rate']:.3f}, coverage "
-                f"{s['mean_coverage']:.3f}" for key, per in summaries.items()
-                for name, s in per.items() if name in ("cross-fitted", "MAPIE (cross-fitted rows)")}
-    command = "python -m bench.guarantee" + (" --quick" if args.quick else
-                                              f" --draws {draws_n}") + (
-        f" --model {args.model}" if args.model != "embeddings" else "") + (
-        f" --jobs {args.jobs}" if args.jobs != 1 else "")
-    report = {"command": command, "draws": draws_n, "labelled_rows": args.labelled,
-              "held_back_rows": held, "pool_rows": len(y), "folds": args.folds,
-              "delta": args.delta, "calibrator": args.calibrator,
-              "fast_model": "logistic regression on wordllama embeddings (cheap re-draw model)"
-              if args.model == "embeddings" else "slotgate's TF-IDF pipeline (train --kind tfidf)",
-              "data": "BANKING77 train.csv + test.csv", "elapsed_s": elapsed_s,
-              "cpus": os.cpu_count(), "jobs": args.jobs,
-              "headline": headline, "targets": summaries}
+    command = " ".join(["python -m bench.guarantee", *(argv if argv is not None else
+                                                       __import__("sys").argv[1:])])
+    report = report_of(outcomes, targets=targets, delta=args.delta, pool=pool, args=args,
+                       command=command, elapsed_s=elapsed_s)
+    show(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out} in {elapsed_s:.0f} s")
     print(json.dumps({key: {name: {"violation_rate": s["violation_rate"],
                                    "mean_coverage": s["mean_coverage"]}
-                            for name, s in per.items()} for key, per in summaries.items()}))
+                            for name, s in per.items() if name != "vs MAPIE"}
+                      for key, per in report["targets"].items()}))
 
 
 if __name__ == "__main__":

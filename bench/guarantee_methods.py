@@ -19,6 +19,7 @@ slotgate, so the difference is the p-value and the grid).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,11 +120,64 @@ def crossfit_scores(x: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.in
             Scored(conf, answers == y_lab, fold0_conf, fold0_answers == y[held]))
 
 
+def pool_oof(x: Any, y: NDArray[np.int64], *, n_classes: int, seed: int, n_folds: int
+             ) -> FloatArray:
+    """``--fit-once``: every pool row read by a model fit on the other folds of the whole pool.
+    Draws then re-draw which rows tune and which are held back, with no refit: the search and
+    its guarantee on exchangeable rows, without the final model's shift (docs/calibration.md)."""
+    from calibration.crossfit import stratified_folds
+
+    folds = stratified_folds(y.tolist(), n_folds=n_folds, seed=seed)
+    oof = np.zeros((len(y), n_classes))
+    for k in range(n_folds):
+        inside = folds == k
+        oof[inside] = fit_lr(x[~inside], y[~inside], n_classes, seed)(x[inside])
+    return oof
+
+
+def oof_draw(oof: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.int64],
+             held: NDArray[np.int64], *, calibrator: str, seed: int, n_folds: int
+             ) -> dict[str, Scored]:
+    """One ``--fit-once`` draw: cross-fitted (the calibrator cross-fitted over the tuning rows,
+    then fit on all of them for the held-back rows) and split (half of 30% of the tuning rows
+    fit the calibrator, the other half choose the threshold)."""
+    from calibration.calibrators import make_calibrator
+    from calibration.crossfit import crossfit_calibrated, stratified_folds
+    from policies.tuning import split_rows
+
+    y_lab = y[labelled]
+    folds = stratified_folds(y_lab.tolist(), n_folds=n_folds, seed=seed)
+    answers, conf = answers_of(oof[labelled], crossfit_calibrated(
+        oof[labelled], y_lab, folds, calibrator=calibrator))
+    fitted = make_calibrator(calibrator).fit(oof[labelled], y_lab)
+    held_answers, held_conf = answers_of(oof[held], fitted.transform(oof[held]))
+    crossfit = Scored(conf, answers == y_lab, held_conf, held_answers == y[held])
+    tune_rows = labelled[round(0.7 * len(labelled)):]
+    cal, thr = split_rows(len(tune_rows), calibration_fraction=0.5, seed=seed)
+    split_cal = make_calibrator(calibrator).fit(oof[tune_rows][cal], y[tune_rows][cal])
+    answers, conf = answers_of(oof[tune_rows][thr], split_cal.transform(oof[tune_rows][thr]))
+    held_answers, held_conf = answers_of(oof[held], split_cal.transform(oof[held]))
+    split = Scored(conf, answers == y[tune_rows][thr], held_conf, held_answers == y[held])
+    return {"split": split, "cross-fitted": crossfit}
+
+
 def slotgate_threshold(scored: Scored, *, target: float, delta: float) -> float | None:
+    """What ``slotgate tune`` chooses (``calibration.risk.guaranteed_threshold``)."""
     from calibration.risk import guaranteed_threshold
 
     return guaranteed_threshold(scored.tune_confidence, scored.tune_correct,
                                 target_accuracy=target, delta=delta).threshold
+
+
+def plain_fixed_sequence_threshold(scored: Scored, *, target: float, delta: float
+                                   ) -> float | None:
+    """The search before issue 19: one fixed-sequence walk over every distinct confidence from
+    the top, which stops at the first failure."""
+    from calibration.risk import guaranteed_threshold
+
+    return guaranteed_threshold(scored.tune_confidence, scored.tune_correct,
+                                target_accuracy=target, delta=delta, starts=1,
+                                grid_step=0.0).threshold
 
 
 def naive_threshold(scored: Scored, *, target: float, delta: float) -> float | None:
@@ -174,3 +228,27 @@ def outcome(scored: Scored, threshold: float | None, target: float) -> dict[str,
             # what the rows that chose the threshold saw there: held minus this is the optimism
             "tune_accepted_accuracy": float(scored.tune_correct[on_tune].mean())
             if on_tune.any() else None}
+
+
+# name: (which rows choose the threshold, chooser)
+METHODS: dict[str, tuple[str, Callable[..., float | None]]] = {
+    "split": ("split", slotgate_threshold),
+    "cross-fitted": ("cross-fitted", slotgate_threshold),
+    "cross-fitted, plain fixed sequence (before)": (
+        "cross-fitted", plain_fixed_sequence_threshold),
+    "naive (split rows)": ("split", naive_threshold),
+    "cross-fitted, fold-0 model serves (diagnostic)": ("fold-0", slotgate_threshold),
+    "MAPIE (split rows)": ("split", mapie_threshold),
+    "MAPIE (cross-fitted rows)": ("cross-fitted", mapie_threshold),
+    "MAPIE fixed-sequence (cross-fitted rows)": (
+        "cross-fitted", lambda s, **kw: mapie_threshold(s, fixed_sequence=True, **kw)),
+}
+
+
+def choose_all(scored: dict[str, Scored], *, targets: list[float], delta: float
+               ) -> dict[str, dict[str, Any]]:
+    """Every method's outcome on one draw, per target ("0.95")."""
+    return {f"{target:.2f}": {name: outcome(scored[rows], chooser(scored[rows], target=target,
+                                                                  delta=delta), target)
+                              for name, (rows, chooser) in METHODS.items() if rows in scored}
+            for target in targets}

@@ -4,6 +4,11 @@ promise on fresh rows; the outcome counts a violation only when accepted accurac
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -42,3 +47,58 @@ def test_outcome_without_threshold_escalates_everything() -> None:
                                              "tune_accepted_accuracy": None}
     missed = gm.outcome(scored, 0.0, 0.99)  # accept all: accuracy ~0.86 < 0.99
     assert missed["violated"] and missed["coverage"] == 1.0
+
+
+def own_csv(banking77_dir: Path, path: Path, *, intents: int = 6, per_intent: int = 80) -> Path:
+    """A user's labelled CSV with its own column names: BANKING77 rows of a few intents."""
+    with (banking77_dir / "train.csv").open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    kept: dict[str, list[str]] = {}
+    for row in rows:
+        texts = kept.setdefault(row["category"], [])
+        if len(texts) < per_intent:
+            texts.append(row["text"])
+    chosen = sorted(kept)[:intents]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["utterance", "intent"])
+        writer.writerows((text, name) for name in chosen for text in kept[name])
+    return path
+
+
+def last_json(output: str) -> dict[str, Any]:
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def test_any_labelled_csv_runs_and_saved_scores_rerun_without_fitting(
+        tmp_path: Path, banking77_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19.5: `python -m bench.guarantee --data F.csv --text-column --label-column` on a
+    user's own file; --save-scores / --scores re-choose thresholds with no fit."""
+    from bench import guarantee
+
+    data = own_csv(banking77_dir, tmp_path / "mine.csv")
+    common = ["--targets", "0.9,0.95", "--out", str(tmp_path / "report.json")]
+    guarantee.main(["--data", str(data), "--text-column", "utterance", "--label-column",
+                    "intent", "--model", "tfidf", "--fit-once", "--draws", "3",
+                    "--labelled", "200", "--save-scores", str(tmp_path / "s.npz"), *common])
+    fitted = last_json(capsys.readouterr().out)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["pool_rows"] == 480 and report["classes"] == 6 and report["draws"] == 3
+    assert report["labelled_rows"] == 200 and str(data) in report["data"]
+    assert set(fitted) == {"0.90", "0.95"} and "cross-fitted" in fitted["0.90"]
+    assert report["targets"]["0.90"]["vs MAPIE"]["draws"] == 3
+    guarantee.main(["--scores", str(tmp_path / "s.npz"), *common])
+    again = last_json(capsys.readouterr().out)
+    for target, per in fitted.items():
+        for name, s in per.items():  # held-back confidences come back to 3 significant digits
+            assert again[target][name]["mean_coverage"] == pytest.approx(s["mean_coverage"],
+                                                                          abs=0.01)
+
+
+def test_a_missing_column_is_refused_naming_it(tmp_path: Path, banking77_dir: Path) -> None:
+    from bench import guarantee
+
+    data = own_csv(banking77_dir, tmp_path / "mine.csv")
+    with pytest.raises(SystemExit, match="label"):
+        guarantee.main(["--data", str(data), "--text-column", "utterance", "--model", "tfidf",
+                        "--fit-once", "--draws", "1", "--out", str(tmp_path / "r.json")])

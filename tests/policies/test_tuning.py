@@ -55,7 +55,9 @@ def test_unreachable_target_escalates_everything() -> None:
 
 def test_budget_wraps_the_guaranteed_threshold_and_flags_a_conflict() -> None:
     proba, y_true = overconfident_reads(4000, seed=3)
-    result = tune(proba, y_true, calibrator="temperature", target_accuracy=0.95, delta=0.05,
+    # 0.90: at 0.95 only the top 5% of these reads pass, which the three-walk search (each at
+    # delta / 3, calibration/risk.py) no longer certifies; the budget conflict is the same.
+    result = tune(proba, y_true, calibrator="temperature", target_accuracy=0.9, delta=0.05,
                   max_escalation=0.05, budget_window=200)
     assert isinstance(result.rule, BudgetRule)
     assert result.rule.base.to_dict()["threshold"] == result.risk.threshold
