@@ -21,7 +21,6 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     │   ├── SlowPathTimeout          504
     │   ├── SlowPathRateLimited      429 passed through, with Retry-After
     │   └── SlowPathInvalidAnswer    502: no valid option after one corrective retry
-    ├── CacheError                   never reaches a caller: the service serves without the cache
     └── ConfigError                  bad settings, policy or artifact, found at start-up or load
 """
 
@@ -134,10 +133,6 @@ class SlowPathRateLimited(SlowPathError):
 
 
 class SlowPathInvalidAnswer(SlowPathError):
-    pass
-
-
-class CacheError(SlotgateError):
     pass
 
 

@@ -75,15 +75,6 @@ def chat_static(
     return encode(tokenizer, before), after
 
 
-def chat_prompt(
-    tokenizer: Any, request: DecisionRequest, labels: tuple[str, ...], *, preamble: str,
-    answer_prefix: str, **template_kwargs: Any,
-) -> PromptIds:
-    """The static prefix, then the state and the model turn's answer prefix."""
-    prefix, after = chat_static(tokenizer, request, labels, preamble=preamble, **template_kwargs)
-    return PromptIds(prefix, encode(tokenizer, request.state) + encode(tokenizer, after + answer_prefix))
-
-
 def masked_prompt(
     tokenizer: Any, request: DecisionRequest, labels: tuple[str, ...], *, preamble: str,
     answer_prefix: str, max_tokens: int,

@@ -34,7 +34,6 @@ ENGINE_KNOBS = ("steps", "think", "chunk_rows", "chunk_prompt", "auto_max", "aut
                 "sequential")  # validated, then forwarded
 MAX_STEPS = 8  # the server clamps steps into [1, 8]
 MAX_THINK = 4096
-NOUL_ANSWERS = ("yes", "no")
 _KINDS: dict[str, QuestionKind] = {
     "noul": "noul", "bool": "noul", "boolean": "noul", "choice": "choice", "score": "score",
 }
