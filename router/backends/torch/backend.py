@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from policies.types import DecisionRequest, Option, OptionScores, canonical_hash
 from router.backends.base import FastBackend
@@ -48,7 +48,6 @@ from router.errors import BackendMalformed, BackendRejected, BackendUnavailable,
 if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
     from router.settings import FastBackendSettings
 
-ReadKind = Literal["diffusion", "causal", "masked"]
 MAX_LABELS = 128
 log = logging.getLogger(__name__)
 
