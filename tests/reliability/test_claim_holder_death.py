@@ -63,7 +63,9 @@ def replica(name: str, tmp_path: Path, *, redis_url: str, api_base: str) -> tupl
         "log": {"decision_log_path": str(tmp_path / f"{name}.jsonl")}}))
     port = free_port()
     env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           # the checkout under test, where it is not the installed one (a worktree)
+           **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "slotgate"), "serve", "--config", str(config),
          "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
