@@ -11,6 +11,7 @@ above ``[tool.importlinter]``).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def test_the_import_contracts_hold() -> None:
 
 
 # One new module per contract, each importing what that contract forbids (new files, so the
-# probe does not depend on any existing module's name or imports).
+# probe does not depend on any existing module's name or imports). A new contract needs a probe
+# here: the test below wants every contract broken.
 VIOLATIONS = {
     "calibration/_probe_upward.py": "import policies\n",
     "policies/_probe_redis.py": "import redis\n",
@@ -147,3 +149,87 @@ def test_the_cycles_issue_18_named_are_gone(a: str, b: str) -> None:
                  and graph.chain_exists(importer=b, imported=a))
     assert not both_ways, (graph.find_shortest_chain(importer=a, imported=b),
                            graph.find_shortest_chain(importer=b, imported=a))
+
+
+# The README's Layout block: an entry is a name at an even indent below the description column
+# (`router/`, `  cli/`), nested by indent; the description may name files or folders
+# (`settings.py`, `torch/`), found beside the entry or from the project root.
+NAMED = re.compile(r"(?<![\w./<-])((?:[\w-]+/)*[\w-]+(?:\.(?:py|md|yaml|toml|json|sh)\b|/))")
+
+
+def layout_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    assert block is not None, "README's Layout section has no ``` block"
+    return block.group(1).splitlines()
+
+
+def layout_paths(lines: list[str]) -> tuple[list[str], list[str]]:
+    """(entries, every path named), each relative to the project root."""
+    first = re.match(r"\S+ +", lines[0])
+    assert first is not None, lines[0]
+    column = first.end()  # where descriptions start; an entry's name starts left of it
+    parents: list[str] = []
+    entries: list[str] = []
+    named: list[str] = []
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if indent < column:
+            name, _, description = line.strip().partition(" ")
+            depth = indent // 2
+            parents = parents[:depth]
+            here = "".join(parents) + name
+            entries.append(here)
+            parents.append(name if name.endswith("/") else "")
+        else:
+            description = line
+        folder = "".join(parents)
+        for word in NAMED.findall(description):
+            nearby = folder + word
+            named.append(nearby if (ROOT / nearby).exists() or "/" not in word.rstrip("/")
+                         else word)
+    return entries, entries + named
+
+
+def test_every_path_the_readme_layout_names_exists() -> None:
+    entries, paths = layout_paths(layout_block())
+    assert len(entries) > 10
+    missing = [path for path in paths if not (ROOT / path).exists()]
+    assert not missing, f"README's Layout names paths that are not in the tree: {missing}"
+
+
+def test_the_readme_layout_names_every_package_folder() -> None:
+    """The other direction, for folders: a new package (a room of router/, torch/) is placed."""
+    _, paths = layout_paths(layout_block())
+    named = {path.rstrip("/") for path in paths}
+    packages = sorted(str(init.parent.relative_to(ROOT)) for package in PACKAGES
+                      for init in (ROOT / package).rglob("__init__.py"))
+    unnamed = [package for package in packages if package not in named]
+    assert not unnamed, f"README's Layout does not name these packages: {unnamed}"
+
+
+def test_the_layout_parser_resolves_nested_entries_and_names() -> None:
+    lines = ["router/        settings.py and one room each:",
+             "  backends/      base.py; torch/ its own folder",
+             "                 (torch/backend.py)",
+             "bench/         results under bench/results/"]
+    entries, paths = layout_paths(lines)
+    assert entries == ["router/", "router/backends/", "bench/"]
+    assert paths[3:] == ["router/settings.py", "router/backends/base.py",
+                         "router/backends/torch/", "router/backends/torch/backend.py",
+                         "bench/results/"]
+
+
+ROOTED = re.compile(r"(?<![\w./-])((?:router|policies|calibration|bench|standins|tests|docs|deploy)/"
+                    r"(?:[\w.-]+/)*(?:[\w-]+\.(?:py|md|yaml|json|sh)\b)?)")
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(
+    str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))])
+def test_every_project_path_a_doc_names_exists(doc: str) -> None:
+    """The docs' file maps: a path from the project root (`router/store/records.py`,
+    `tests/reliability/`) that a document names is in the tree."""
+    named = ROOTED.findall((ROOT / doc).read_text())
+    missing = sorted({path for path in named if not (ROOT / path).exists()})
+    assert not missing, f"{doc} names paths that are not in the tree: {missing}"
