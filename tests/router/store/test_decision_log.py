@@ -291,3 +291,31 @@ async def test_a_full_queue_drops_the_oldest_stream_entries_not_the_keys(tmp_pat
         assert log.index.n_unsynced == 20  # the small keys are all still to be sent
     finally:
         await log.aclose()
+
+
+async def test_damaged_redis_entries_are_skipped_never_raised(redis_url: str,
+                                                              tmp_path: Path) -> None:
+    """A damaged per-decision key reads as an unknown decision (counted), a damaged stream
+    entry is skipped by the reader (counted) and the rest of the stream still reads."""
+    import hashlib
+
+    from router.store.log_reader import ReadCounts, read_stream
+
+    log = RedisStreamDecisionLog(redis_url, "dmg", jsonl=tmp_path / "d.jsonl")
+    await log.append(record(0))
+    assert await log.flush()
+    await log.aclose()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        key = f"dmg:decision:{hashlib.sha256(b'd9').hexdigest()}"
+        client.set(key, b"[" * 100_000)
+        client.xadd("dmg", {"data": b'{"type": "feedback", "decision_id": "d0"}'})  # no label
+        client.xadd("dmg", {"data": b'{"type": "feedback", "decision_id": "d0", "label": "x"}'})
+    finally:
+        client.close()
+    other = RedisStreamDecisionLog(redis_url, "dmg", jsonl=tmp_path / "o.jsonl")
+    assert await other.get("d9") is None and other.redis_errors == 1
+    await other.aclose()
+    counts = ReadCounts()
+    kinds = [(r.type, r.decision_id) for r in read_stream(redis_url, "dmg", counts=counts)]
+    assert kinds == [("decision", "d0"), ("feedback", "d0")] and counts.damaged == 1
