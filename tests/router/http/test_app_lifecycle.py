@@ -32,7 +32,8 @@ class SlowReads:
 
 def test_shutdown_drains_in_flight_decisions_and_logs_each(tmp_path: Path) -> None:
     log_path = tmp_path / "decisions.jsonl"
-    settings = Settings(fast={"timeout_s": 5}, log={"decision_log_path": log_path})
+    settings = Settings(fast={"timeout_s": 5}, log={"decision_log_path": log_path},
+                        policy={"fallback_threshold": 0.9})  # no policy file: the fallback bar
     reads = SlowReads()
     server = Server(settings, backend=MockBackend(reads)).__enter__()
     body = {"model": "m", "response_format": enum_format(INTENTS)}
@@ -56,7 +57,8 @@ def test_shutdown_drains_in_flight_decisions_and_logs_each(tmp_path: Path) -> No
 
 
 def test_a_streamed_decision_is_one_event_then_done(tmp_path: Path) -> None:
-    settings = Settings(log={"decision_log_path": tmp_path / "d.jsonl"})
+    settings = Settings(log={"decision_log_path": tmp_path / "d.jsonl"},
+                        policy={"fallback_threshold": 0.9})  # no policy file: the fallback bar
     with Server(settings, backend=MockBackend(lambda r: [0.96, 0.02, 0.02])) as server:
         stream = server.client().chat.completions.create(
             model="m", stream=True, response_format=enum_format(INTENTS),  # type: ignore[arg-type]
