@@ -6,6 +6,7 @@ type, samples the server's RSS every 5 s, and writes bench/results/<out> as it g
 
     python -m bench.soak --clients 50 --seconds 1200 --warmup-s 180
     python -m bench.soak --keep-alive-s 5 --seconds 120   # uvicorn's old default: the race
+    python -m bench.soak --escalate   # every decision escalates to the stand-in LLM (litellm)
 """
 
 from __future__ import annotations
@@ -45,14 +46,24 @@ class Soak:
             self.first_errors.append(what[:300])
 
 
+def escalated_body(i: int) -> tuple[str, str, bytes]:
+    """``body_for``'s mix with a state of its own per request: no cache hit, every decision is
+    a slow call (through the claim, its heartbeat and litellm)."""
+    kind, path, body = body_for(i)
+    if kind == "passthrough":
+        return kind, path, body
+    return kind, path, body.replace(b"customer message ", f"customer {i} message ".encode())
+
+
 async def client(http: Any, url: str, soak: Soak, *, deadline: float, seed: int,
-                 pause_s: tuple[float, float] | None) -> None:
+                 pause_s: tuple[float, float] | None, escalate: bool = False) -> None:
     import httpx
 
     rng = random.Random(seed)
     headers = {"content-type": "application/json", "authorization": f"Bearer {API_KEY}"}
     while time.monotonic() < deadline:
-        _, path, body = body_for(rng.randrange(10**9))
+        i = rng.randrange(10**9)
+        _, path, body = escalated_body(i) if escalate else body_for(i)
         try:
             r = await http.post(url + path, content=body, headers=headers)
         except httpx.HTTPError as exc:
@@ -94,22 +105,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         settings["keep_alive_s"] = args.keep_alive_s
     if args.max_index is not None:
         settings["log"]["max_index"] = args.max_index
+        settings["cache"] = {"max_entries": args.max_index}  # bounded within warm-up too
     soak = Soak()
     result: dict[str, Any] = {}
+    standin = None
+    if args.escalate:  # the stand-in LLM answers decisions with one of their options
+        from standins.llm import start_standin
+
+        settings["fast"]["options"]["top_proba"] = 0.5  # below the 0.9 bar: escalated
+        settings["policy"] = {"fallback_threshold": 0.9}
+        standin = start_standin()
     with upstream_server() as upstream:
-        settings["slow"]["api_base"] = f"{upstream.url}/v1"
+        settings["slow"]["api_base"] = standin.api_base if standin else f"{upstream.url}/v1"
         with slotgate_server(settings, workdir) as server:
             assert server.proc is not None
             pid, t0 = server.proc.pid, time.monotonic()
             deadline = t0 + args.seconds
             limits = httpx.Limits(max_connections=args.clients + args.idle_clients)
             async with httpx.AsyncClient(limits=limits, timeout=60.0) as http:  # expiry 5 s
-                tasks = [asyncio.create_task(client(http, server.url, soak, deadline=deadline,
-                                                    seed=i, pause_s=None))
-                         for i in range(args.clients)]
-                tasks += [asyncio.create_task(client(http, server.url, soak, deadline=deadline,
-                                                     seed=10_000 + i, pause_s=(4.8, 5.2)))
-                          for i in range(args.idle_clients)]
+                tasks = [asyncio.create_task(client(
+                    http, server.url, soak, deadline=deadline, seed=i, pause_s=None,
+                    escalate=args.escalate)) for i in range(args.clients)]
+                tasks += [asyncio.create_task(client(
+                    http, server.url, soak, deadline=deadline, seed=10_000 + i,
+                    pause_s=(4.8, 5.2), escalate=args.escalate)) for i in range(args.idle_clients)]
                 next_write = t0 + 60
                 while time.monotonic() < deadline:
                     soak.rss.append((round(time.monotonic() - t0, 1), rss_kib(pid) / 1024))
@@ -122,7 +141,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.monotonic() - t0
             soak.rss.append((round(elapsed, 1), rss_kib(pid) / 1024))
             log_tail = server.tail(20_000)
+            if standin is not None:
+                result_calls = len(standin.calls())
+                standin.stop()
     result = summary(args, soak, elapsed)
+    if standin is not None:
+        result["standin_calls"] = result_calls
     result["server_log_errors"] = [line for line in log_tail.splitlines()
                                    if " ERROR " in line or "Traceback" in line][:20]
     return result
@@ -132,7 +156,7 @@ def summary(args: argparse.Namespace, soak: Soak, elapsed_s: float) -> dict[str,
     n_errors = sum(soak.errors.values())
     return {
         "command": "python -m bench.soak " + " ".join(sys.argv[1:]),
-        "clients": args.clients, "idle_clients": args.idle_clients,
+        "clients": args.clients, "idle_clients": args.idle_clients, "escalate": args.escalate,
         "keep_alive_s": args.keep_alive_s or "default", "max_index": args.max_index or "default",
         "seconds": round(elapsed_s, 1),
         "warmup_s": args.warmup_s, "ok": soak.ok, "errors": n_errors,
@@ -157,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-index", type=int, default=None,
                         help="log.max_index: the decision index fills (and stops growing) "
                              "within warm-up when small")
+    parser.add_argument("--escalate", action="store_true",
+                        help="every decision escalates to the stand-in LLM (standins/llm.py)")
     parser.add_argument("--out", default="soak.json", help="file name under bench/results/")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))
