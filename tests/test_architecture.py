@@ -137,9 +137,7 @@ def test_the_cycle_finder_finds_a_cycle_through_another_room() -> None:
 
 
 @pytest.mark.parametrize("a, b", [
-    pytest.param("router.backends.options", "router.backends.torch.options", marks=pytest.mark.xfail(
-        strict=True, reason="still there (options_model imports TorchOptions in a function); "
-        "its owner is told in notes/shared-apis.md")),
+    ("router.backends.options", "router.backends.torch.options"),
     ("router.store.decision_log", "router.store.redis_log"),
     ("router.monitoring.monitor", "router.routing.registry"),
 ])

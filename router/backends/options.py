@@ -8,25 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+
+from router.backends.options_base import BackendOptions
 
 GroupingMode = Literal["combined", "chained"]
 Dialect = Literal["example", "openjev", "jev"]
 VLLM_LABEL_CAP = 128  # vLLM's per-request cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS)
 ENGINE_VOCAB = 262_144  # DiffusionGemma's vocabulary: the bound vLLM checks canvas ids against
-
-
-class BackendOptions(BaseModel):
-    """Base of every backend's options: unknown keys are refused, values are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class MockOptions(BackendOptions):
@@ -125,8 +114,9 @@ class VllmOptions(RetryOptions):
 
 
 def options_model(kind: str) -> type[BackendOptions]:
-    """The options model of backend ``kind`` (TorchOptions lives beside its backend and subclasses
-    BackendOptions, so it is imported here, when asked for)."""
+    """The options model of backend ``kind`` (TorchOptions lives beside its backend, imported here
+    when asked for; it subclasses BackendOptions from options_base.py, not from here, so the two
+    modules do not import each other)."""
     if kind == "torch":
         from router.backends.torch.options import TorchOptions
 

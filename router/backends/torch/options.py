@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from router.backends.options import BackendOptions
+from router.backends.options_base import BackendOptions
 
 
 class TorchOptions(BackendOptions):
