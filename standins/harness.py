@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
+POLL_S = 0.02  # how often the serving thread looks for stop()
+
 
 @dataclass
 class Reply:
@@ -58,12 +60,14 @@ class StandinServer:
         raise NotImplementedError
 
     def start(self) -> Self:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        self._httpd.serve_forever()
+        # socketserver looks for shutdown() once per poll interval (0.5 s by default): every
+        # stop, so every test using a stand-in, paid up to that.
+        self._httpd.serve_forever(poll_interval=POLL_S)
 
     def stop(self) -> None:
         self._httpd.shutdown()
