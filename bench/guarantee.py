@@ -141,7 +141,9 @@ def fit_draws(args: argparse.Namespace, draws_n: int) -> tuple[list[dict[str, gm
             draws.append(result)
             bar.advance(task)
     pool = {"labelled_rows": labelled, "held_back_rows": len(y) - labelled,
-            "pool_rows": len(y), "classes": n_classes}
+            "pool_rows": len(y), "classes": n_classes, "model": args.model,
+            "fit_once": args.fit_once, "folds": args.folds, "calibrator": args.calibrator,
+            "data": ", ".join(str(p) for p in args.data)}
     return draws, pool
 
 

@@ -56,16 +56,18 @@ def report_of(outcomes: list[dict[str, dict[str, Any]]], *, targets: list[float]
     headline = {f"{key} {name}": f"violation {s['violation_rate']:.3f}, coverage "
                 f"{s['mean_coverage']:.3f}" for key, per in summaries.items()
                 for name, s in per.items() if name in (OURS, THEIRS)}
+    # How the draws were fit: from the saved scores' record when re-run with --scores.
+    model, fit_once = pool.get("model", args.model), pool.get("fit_once", args.fit_once)
     return {
-        "command": command, "draws": len(outcomes), **pool, "folds": args.folds, "delta": delta,
-        "calibrator": args.calibrator,
+        "command": command, "draws": len(outcomes), "folds": args.folds,
+        "calibrator": args.calibrator, "data": ", ".join(str(p) for p in args.data), **pool,
+        "delta": delta,
         "fast_model": "logistic regression on wordllama embeddings (cheap re-draw model)"
-        if args.model == "embeddings" else "slotgate's TF-IDF pipeline (train --kind tfidf)",
+        if model == "embeddings" else "slotgate's TF-IDF pipeline (train --kind tfidf)",
         "fits": "once: the pool read out-of-fold, draws re-draw the tuning rows (--fit-once)"
-        if getattr(args, "fit_once", False) else "every draw: 7 fits (split, 5 folds, final)",
-        "data": ", ".join(str(p) for p in args.data), "elapsed_s": elapsed_s,
-        "cpus": os.cpu_count(), "jobs": args.jobs, "scikit_learn": sklearn.__version__,
-        "headline": headline, "targets": summaries,
+        if fit_once else "every draw: 7 fits (split, 5 folds, final)",
+        "elapsed_s": elapsed_s, "cpus": os.cpu_count(), "jobs": args.jobs,
+        "scikit_learn": sklearn.__version__, "headline": headline, "targets": summaries,
     }
 
 
