@@ -103,7 +103,7 @@ def test_tune_report_writes_pngs_and_the_policy_records_its_evidence(trained: Tr
     reference = policy["reference"]
     assert reference["n"] == policy["n_tune"] == len(reference["confidence"])
     assert reference["accept_share"] == pytest.approx(policy["coverage"])
-    assert (policy["audit_rate"], policy["on_alarm"]) == (0.0, "escalate_all")
+    assert (policy["audit_rate"], policy["on_alarm"]) == (0.0, "audit_then_escalate")
 
 
 def test_alarm_alpha_is_written_to_the_policy(trained: Trained, tmp_path: Path) -> None:
