@@ -1,1 +1,2 @@
-"""Tuning from labelled data: the CLI, the predictions file format, and the decision-log export."""
+"""Tuning from labelled data, as a library: the predictions file format, cross-fitting, paired
+comparison and the decision-log export. The ``slotgate`` commands around it are in router/cli."""
