@@ -103,8 +103,13 @@ class GuaranteedPolicy:
         params = self.check_params()
         proba = np.asarray(proba, dtype=np.float64)
         labels = np.asarray(y_true, dtype=np.int64)
+        if proba.ndim != 2:
+            raise ValueError(f"proba must be 2-D (n_samples, n_options), got shape {proba.shape}")
         self.options_ = tuple(options) if options is not None else tuple(
-            str(j) for j in range(proba.shape[1] if proba.ndim == 2 else 0))
+            str(j) for j in range(proba.shape[1]))
+        if len(self.options_) != proba.shape[1]:
+            raise ValueError(f"options names {len(self.options_)} options but proba has "
+                             f"{proba.shape[1]} columns")
         if folds is None:
             cal_rows, tune_rows = split_rows(len(labels), seed=params.seed,
                                              calibration_fraction=params.calibration_fraction)
@@ -135,16 +140,16 @@ class GuaranteedPolicy:
                                           target_accuracy=params.target_accuracy,
                                           delta=params.delta)
         self.answer_bars_: list[AnswerBar] | None = None
-        rule: Rule = ThresholdRule(self.risk_.threshold)
+        bars_rule = ThresholdRule(self.risk_.threshold)
         if params.per_answer_floor is not None:
             self.answer_bars_ = per_answer_bars(
                 self.answers_, self.confidence_, self.correct_, options=self.options_,
                 floor=params.per_answer_floor, delta=params.delta, threshold=self.risk_.threshold)
-            rule = ThresholdRule(self.risk_.threshold,
-                                 {b.option: b.bar for b in self.answer_bars_
-                                  if b.bar != self.risk_.threshold})
-        assert isinstance(rule, ThresholdRule)
-        bars = np.array([_inf(rule.bar(name)) for name in self.options_])
+            bars_rule = ThresholdRule(self.risk_.threshold,
+                                      {b.option: b.bar for b in self.answer_bars_
+                                       if b.bar != self.risk_.threshold})
+        rule: Rule = bars_rule
+        bars = np.array([_inf(bars_rule.bar(name)) for name in self.options_])
         self.accepted_ = self.confidence_ >= bars[self.answers_]
         self.coverage_ = float(self.accepted_.mean())
         self.escalation_rate_ = 1.0 - self.coverage_
