@@ -140,20 +140,16 @@ class BudgetRule:
 
 
 def rule_from_dict(data: Mapping[str, Any]) -> Rule:
-    """Rebuild a rule from ``to_dict()``; unknown kinds or fields raise ValueError naming them."""
-    kind = data.get("kind")
-    fields = {k: v for k, v in data.items() if k != "kind"}
+    """Rebuild a rule from ``to_dict()`` through the policy file's typed rule union
+    (``policies.specs.RuleSpec``), the one reader of rule JSON; a bad dict raises ValueError
+    naming the kind and field."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from policies.specs import RuleSpec
+
     try:
-        if kind == "threshold":
-            return ThresholdRule(fields.get("threshold"), dict(fields.get("per_option") or {}))
-        if kind == "margin":
-            return MarginRule(float(fields["min_margin"]))
-        if kind == "budget":
-            return BudgetRule(rule_from_dict(fields["base"]),
-                              max_escalation=float(fields["max_escalation"]),
-                              window=int(fields.get("window", 1000)))
-    except KeyError as exc:
-        raise ValueError(f"rule of kind {kind!r} is missing {exc.args[0]!r}") from exc
-    except TypeError as exc:
-        raise ValueError(f"rule of kind {kind!r}: {exc}") from exc
-    raise ValueError(f"unknown rule kind {kind!r} (threshold, margin, budget)")
+        return TypeAdapter(RuleSpec).validate_python(data).build()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"rule {where or 'kind'}: {first['msg']}") from exc

@@ -78,10 +78,13 @@ def test_rules_survive_their_dict_form(rule: object) -> None:
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"kind": "magic"}, "unknown rule kind 'magic'"),
-    ({"kind": "margin"}, "missing 'min_margin'"),
-    ({"kind": "budget", "base": {"kind": "threshold", "threshold": 0.5}}, "max_escalation"),
-    ({"kind": "threshold", "threshold": 2.0}, "threshold"),
+    ({"kind": "magic"}, "tag 'magic'.*'threshold', 'margin', 'budget'"),
+    ({"kind": "margin"}, "rule margin.min_margin: Field required"),
+    ({"kind": "budget", "base": {"kind": "threshold", "threshold": 0.5}},
+     "rule budget.max_escalation: Field required"),
+    ({"kind": "threshold", "threshold": 2.0}, "rule threshold.threshold: .*less than or equal"),
+    ({"kind": "budget", "base": {"kind": "margin"}, "max_escalation": 0.1},
+     "rule budget.base.margin.min_margin"),
 ])
 def test_bad_rule_dicts_name_the_problem(data: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
