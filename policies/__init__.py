@@ -1,7 +1,8 @@
 """Routing policies and the value types shared upward (pure logic: numpy only, no I/O beyond policy files)."""
 
 from policies.file import PolicyFile, PolicyFileError, load_policy
-from policies.rules import BudgetRule, MarginRule, Rule, ThresholdRule, rule_from_dict
+from policies.rules import BudgetRule, MarginRule, Rule, ThresholdRule
+from policies.specs import rule_from_dict
 from policies.tuned import TunedPolicy
 from policies.types import Decision, DecisionRequest, Option, OptionScores, Verdict
 

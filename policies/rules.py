@@ -2,7 +2,7 @@
 read), accept the fast answer or escalate. Threshold (global or per option), margin, budget.
 
 Every rule is a small object with ``verdict(options, calibrated, index) -> Verdict`` and
-``to_dict()``; ``rule_from_dict`` reads them back from a policy file.
+``to_dict()``; ``policies.specs.rule_from_dict`` reads them back (the policy file's typed union).
 """
 
 from __future__ import annotations
@@ -137,19 +137,3 @@ class BudgetRule:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "base": self.base.to_dict(),
                 "max_escalation": self.max_escalation, "window": self.window}
-
-
-def rule_from_dict(data: Mapping[str, Any]) -> Rule:
-    """Rebuild a rule from ``to_dict()`` through the policy file's typed rule union
-    (``policies.specs.RuleSpec``), the one reader of rule JSON; a bad dict raises ValueError
-    naming the kind and field."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from policies.specs import RuleSpec
-
-    try:
-        return TypeAdapter(RuleSpec).validate_python(data).build()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ValueError(f"rule {where or 'kind'}: {first['msg']}") from exc

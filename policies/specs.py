@@ -4,9 +4,10 @@ own JSON without building anything; ``build()`` makes the runnable object once, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal, Self
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from policies.rules import BudgetRule, MarginRule, Rule, ThresholdRule
 
@@ -150,3 +151,15 @@ def guaranteed_threshold_of(rule: RuleSpec) -> float | None:
     if isinstance(rule, BudgetRuleSpec):
         return guaranteed_threshold_of(rule.base)
     return rule.threshold if isinstance(rule, ThresholdRuleSpec) else None
+
+
+def rule_from_dict(data: Mapping[str, Any]) -> Rule:
+    """Rebuild a rule from ``to_dict()`` through the policy file's typed rule union
+    (``RuleSpec``), the one reader of rule JSON; a bad dict raises ValueError
+    naming the kind and field."""
+    try:
+        return TypeAdapter(RuleSpec).validate_python(data).build()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"rule {where or 'kind'}: {first['msg']}") from exc

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.rules import BudgetRule, MarginRule, ThresholdRule, rule_from_dict
+from policies.rules import BudgetRule, MarginRule, ThresholdRule
+from policies.specs import rule_from_dict
 
 OPTIONS = ("a", "b", "c")
 
