@@ -14,16 +14,14 @@ own bar (``policies.answer_floor``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from calibration.base import Calibrator
 from calibration.calibrators import calibrator_kinds, make_calibrator
-from calibration.risk import RiskControlResult, budget_threshold, guaranteed_threshold
+from calibration.risk import budget_threshold, guaranteed_threshold
 from policies.answer_floor import AnswerBar, per_answer_bars
 from policies.evaluation import evaluate
 from policies.rules import BudgetRule, Rule, ThresholdRule
@@ -34,8 +32,7 @@ if TYPE_CHECKING:
     from policies.file import PolicyFile
 
 FloatArray = NDArray[np.float64]
-__all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "evaluate", "split_rows",
-           "tune", "tune_crossfit"]
+__all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "evaluate", "split_rows"]
 
 
 class TuneOptions(BaseModel):
@@ -215,36 +212,3 @@ def answer_confidence(proba: FloatArray, calibrated: FloatArray
     """The raw argmax of each read and the calibrated probability of that option."""
     answers = proba.argmax(axis=1)
     return answers, calibrated[np.arange(len(answers)), answers]
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    """The earlier return shape of ``tune``/``tune_crossfit``, kept for the benchmarks that read
-    it; new code uses ``GuaranteedPolicy`` and its fitted attributes."""
-
-    calibrator: Calibrator
-    rule: Rule
-    risk: RiskControlResult
-    n_calibration: int
-    confidence: FloatArray
-    escalation_rate: float
-    budget_threshold: float | None
-    budget_exceeded: bool
-    n_folds: int | None
-
-    @classmethod
-    def of(cls, fitted: GuaranteedPolicy) -> TuneResult:
-        return cls(fitted.calibrator_, fitted.rule_, fitted.risk_, fitted.n_calibration_,
-                   fitted.confidence_, fitted.escalation_rate_, fitted.budget_threshold_,
-                   fitted.budget_exceeded_, fitted.n_folds_)
-
-
-def tune(proba: FloatArray, y_true: NDArray[np.int64], **params: Any) -> TuneResult:
-    """``GuaranteedPolicy(**params).fit(proba, y_true)``, split (the earlier function API)."""
-    return TuneResult.of(GuaranteedPolicy(**params).fit(proba, y_true))
-
-
-def tune_crossfit(proba: FloatArray, y_true: NDArray[np.int64], folds: NDArray[np.int64],
-                  **params: Any) -> TuneResult:
-    """``GuaranteedPolicy(**params).fit(proba, y_true, folds=folds)`` (the earlier function API)."""
-    return TuneResult.of(GuaranteedPolicy(**params).fit(proba, y_true, folds=folds))

@@ -9,7 +9,7 @@ import pytest
 from calibration.calibrators import make_calibrator
 from calibration.crossfit import check_folds, check_n_folds, crossfit_calibrated, stratified_folds
 from policies.tuned import TunedPolicy
-from policies.tuning import evaluate, tune, tune_crossfit
+from policies.tuning import GuaranteedPolicy, evaluate
 from tests.policies.test_tuning import overconfident_reads
 
 
@@ -57,14 +57,15 @@ def test_each_row_is_calibrated_by_a_calibrator_fit_outside_its_fold() -> None:
 def test_crossfit_uses_every_row_and_keeps_the_promise_on_fresh_reads() -> None:
     proba, y = overconfident_reads(4000, seed=0)
     folds = stratified_folds(y.tolist(), n_folds=5, seed=0)
-    result = tune_crossfit(proba, y, folds, calibrator="temperature", target_accuracy=0.9,
-                           delta=0.05)
-    assert result.n_folds == 5 and result.risk.n == 4000 and result.n_calibration == 4000
-    assert result.risk.bound >= 0.9
-    split = tune(proba, y, calibrator="temperature", target_accuracy=0.9, delta=0.05)
-    assert split.risk.n == 2000  # the split path spends half the rows on the calibrator
+    result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9, delta=0.05).fit(
+        proba, y, folds=folds)
+    assert result.n_folds_ == 5 and result.risk_.n == 4000 and result.n_calibration_ == 4000
+    assert result.risk_.bound >= 0.9
+    split = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9,
+                             delta=0.05).fit(proba, y)
+    assert split.risk_.n == 2000  # the split path spends half the rows on the calibrator
     fresh, y_fresh = overconfident_reads(20000, seed=1)
-    metrics = evaluate(TunedPolicy(result.calibrator, result.rule, policy_id="cf"),
+    metrics = evaluate(TunedPolicy(result.calibrator_, result.rule_, policy_id="cf"),
                        tuple("abcde"), fresh, y_fresh, n_resamples=20)
     assert metrics["accepted_accuracy"] >= 0.9
 
@@ -77,12 +78,12 @@ def test_crossfit_violation_rate_on_fresh_reads_is_within_delta() -> None:
     for seed in range(60):
         proba, y = overconfident_reads(800, seed=seed + 100)
         folds = stratified_folds(y.tolist(), n_folds=4, seed=seed)
-        result = tune_crossfit(proba, y, folds, calibrator="temperature", target_accuracy=0.85,
-                               delta=0.2)
-        if result.risk.threshold is None:
+        result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.85,
+                                  delta=0.2).fit(proba, y, folds=folds)
+        if result.risk_.threshold is None:
             continue
-        calibrated = result.calibrator.transform(fresh)
+        calibrated = result.calibrator_.transform(fresh)
         answers = fresh.argmax(axis=1)
-        accepted = calibrated[np.arange(len(answers)), answers] >= result.risk.threshold
+        accepted = calibrated[np.arange(len(answers)), answers] >= result.risk_.threshold
         violations += (answers[accepted] == y_fresh[accepted]).mean() < 0.85
     assert violations <= 20

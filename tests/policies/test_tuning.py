@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 
 from policies.rules import BudgetRule, ThresholdRule
 from policies.tuned import TunedPolicy
-from policies.tuning import evaluate, split_rows, tune
+from policies.tuning import GuaranteedPolicy, evaluate, split_rows
 
 
 def overconfident_reads(n: int, seed: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
@@ -33,12 +33,13 @@ def test_split_is_seeded_and_disjoint() -> None:
 
 def test_tuned_threshold_meets_its_target_on_fresh_data() -> None:
     proba, y_true = overconfident_reads(4000, seed=0)
-    result = tune(proba, y_true, calibrator="temperature", target_accuracy=0.9, delta=0.05)
-    assert isinstance(result.rule, ThresholdRule) and result.risk.threshold is not None
-    assert result.risk.bound >= 0.9
-    assert result.n_calibration + result.risk.n == 4000
+    result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9,
+                              delta=0.05).fit(proba, y_true)
+    assert isinstance(result.rule_, ThresholdRule) and result.risk_.threshold is not None
+    assert result.risk_.bound >= 0.9
+    assert result.n_calibration_ + result.risk_.n == 4000
     fresh, y_fresh = overconfident_reads(20000, seed=1)
-    policy = TunedPolicy(result.calibrator, result.rule, policy_id="t")
+    policy = TunedPolicy(result.calibrator_, result.rule_, policy_id="t")
     metrics = evaluate(policy, tuple("abcde"), fresh, y_fresh, n_resamples=20)
     assert metrics["accepted_accuracy"] >= 0.9
     assert metrics["ece_after"] < metrics["ece_before"]
@@ -48,19 +49,20 @@ def test_tuned_threshold_meets_its_target_on_fresh_data() -> None:
 
 def test_unreachable_target_escalates_everything() -> None:
     proba, y_true = overconfident_reads(300, seed=2)
-    result = tune(proba, y_true, calibrator="none", target_accuracy=1.0, delta=0.05)
-    assert result.risk.threshold is None and result.risk.coverage == 0.0
-    assert result.rule.verdict(("a", "b"), [1.0, 0.0], 0).accept is False
+    result = GuaranteedPolicy(calibrator="none", target_accuracy=1.0,
+                              delta=0.05).fit(proba, y_true)
+    assert result.risk_.threshold is None and result.risk_.coverage == 0.0
+    assert result.rule_.verdict(("a", "b"), [1.0, 0.0], 0).accept is False
 
 
 def test_budget_wraps_the_guaranteed_threshold_and_flags_a_conflict() -> None:
     proba, y_true = overconfident_reads(4000, seed=3)
     # 0.90: at 0.95 only the top 5% of these reads pass, which the three-walk search (each at
     # delta / 3, calibration/risk.py) no longer certifies; the budget conflict is the same.
-    result = tune(proba, y_true, calibrator="temperature", target_accuracy=0.9, delta=0.05,
-                  max_escalation=0.05, budget_window=200)
-    assert isinstance(result.rule, BudgetRule)
-    assert result.rule.base.to_dict()["threshold"] == result.risk.threshold
-    assert result.escalation_rate > 0.05 and result.budget_exceeded
-    assert result.budget_threshold is not None
-    assert result.risk.threshold is not None and result.budget_threshold < result.risk.threshold
+    result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9, delta=0.05,
+                              max_escalation=0.05, budget_window=200).fit(proba, y_true)
+    assert isinstance(result.rule_, BudgetRule)
+    assert result.rule_.base.to_dict()["threshold"] == result.risk_.threshold
+    assert result.escalation_rate_ > 0.05 and result.budget_exceeded_
+    assert result.budget_threshold_ is not None
+    assert result.risk_.threshold is not None and result.budget_threshold_ < result.risk_.threshold
