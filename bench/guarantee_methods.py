@@ -73,7 +73,7 @@ def split_scores(x: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.int64
                  held: NDArray[np.int64], *, n_classes: int, calibrator: str, seed: int,
                  holdout: float = 0.3) -> Scored:
     """Today's path: the model fits 70% of the labelled rows; of the other 30%, half fit the
-    calibrator and half choose the threshold (``policies.tuning.tune``'s split)."""
+    calibrator and half choose the threshold (``GuaranteedPolicy.fit``'s split)."""
     from calibration.calibrators import make_calibrator
     from policies.tuning import split_rows
 
