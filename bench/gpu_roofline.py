@@ -27,7 +27,7 @@ GROUPS: list[tuple[str, str, bool]] = [
     ("activation (gelu x up)", r"gelu|tanh", False),
     ("expert grouped GEMMs", r"enable_3x_kernel_for_sm9x|GroupProblem|grouped_gemm", True),
     ("attention (cuDNN / mem-efficient)", r"sdpa|fmha|flash|attention", True),
-    ("dense GEMMs (cuBLAS)", r"nvjet|gemm|cutlass|xmma", True),
+    ("dense GEMMs (cuBLAS)", r"nvjet|gemm|cutlass|xmma", True),  # with the global layers' band read
     ("MoE row copies (gather, combine)", r"_gather_kernel|_combine_kernel", False),
     ("attention merge", r"_merge_kernel", False),
     ("rows' own keys, other copies (cat, index_select)", r"cat|index_select|gather|copy", False),
@@ -59,17 +59,20 @@ def work(m: dict[str, Any], items: int, width: int, canvas: int, prefix: int) ->
     sliding_keys = min(prefix, m["window"] - 1)
     dense_f = sum(2 * tokens * layer["dense"] for layer in m["layers"]) + 2 * items * m["hidden"] * m["vocab"]
     expert_f = len(m["layers"]) * 2 * tokens * m["top_k"] * m["expert"]
-    attn_f = 0.0
+    attn_f = band_f = 0.0  # band_f: the global layers' prefix read, run as cuBLAS GEMMs (band)
     for layer in m["layers"]:
         keys = sliding_keys if layer["kind"] == "sliding_attention" else prefix
         own = width / 2 + canvas  # causal prompt rest, plus the canvas over its row's keys
         attn_f += 4 * tokens * m["heads"] * layer["dim"] * (keys + own)
+        if layer["kind"] == "full_attention":
+            band_f += 4 * tokens * m["heads"] * layer["dim"] * keys
     touched = min(m["experts"], tokens * m["top_k"])  # experts a batch reads (all, past ~16 tokens)
     weight_bytes = 2 * (len(m["layers"]) * touched * m["expert"] + sum(x["dense"] for x in m["layers"])
                         + m["hidden"] * m["vocab"])
     row_bytes = 2 * tokens * m["hidden"]
     layers = len(m["layers"])
     return {"tokens": tokens, "expert_flops": expert_f, "dense_flops": dense_f, "attention_flops": attn_f,
+            "band_flops": band_f,
             "weight_bytes": weight_bytes, "expert_weight_bytes": 2 * layers * touched * m["expert"],
             # gather: each token read once (its k copies hit L2), k rows written; combine: k rows read,
             # one written
@@ -86,15 +89,17 @@ def table(results: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
     for key in sorted((k for k in profile if k.startswith("batch")), key=lambda k: int(k[5:])):
         items = int(key[5:])
         prof = profile[key]
-        width = prof["tokens"] // items - canvas  # the profiled items' prompt rests
+        # the profiled items' prompt rests (older results: the message tokens, no "tokens" key)
+        width = prof["tokens"] // items - canvas if "tokens" in prof else int(results["message_tokens"])
         w = work(m, items, width, canvas, prefix)
         need = {"expert grouped GEMMs": (w["expert_flops"], w["expert_weight_bytes"]),
-                "dense GEMMs (cuBLAS)": (w["dense_flops"], w["weight_bytes"] - w["expert_weight_bytes"]),
-                "attention (cuDNN / mem-efficient)": (w["attention_flops"], 0.0),
+                "dense GEMMs (cuBLAS)": (w["dense_flops"] + w["band_flops"],
+                                         w["weight_bytes"] - w["expert_weight_bytes"]),
+                "attention (cuDNN / mem-efficient)": (w["attention_flops"] - w["band_flops"], 0.0),
                 "MoE row copies (gather, combine)": (0.0, w["copy_bytes"]),
                 "attention merge": (0.0, w["merge_bytes"])}
         grouped: dict[str, float] = {}
-        for kernel in prof["kernels"]:
+        for kernel in prof.get("kernels", prof.get("top_kernels", [])):
             name = next((g for g, pattern, _ in GROUPS if re.search(pattern, kernel["kernel"], re.IGNORECASE)),
                         "other element-wise / copies")
             grouped[name] = grouped.get(name, 0.0) + kernel["ms"]
