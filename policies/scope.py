@@ -1,12 +1,13 @@
 """What question a tuned policy answers: its scope, recorded at tuning as the policy file's
 ``signature`` and checked by the router for every decision (docs/calibration.md, "Scope").
 
-A scope is the ordered option names the policy was tuned on and, when its tuning rows came from
+A scope is the set of option names the policy was tuned on and, when its tuning rows came from
 one named question, that name: an OpenAI ``json_schema`` ``name`` (an enum schema) or property
 name (an object schema; ``"choice"`` for vLLM's choice lists), or a System One question ``id``.
-A decision is covered when its options are the same names in the same order (a calibrator may
-treat options by position, so another order is another question) and, for a named scope, its
-question id is that name. A subset of the options (2 of the 77 intents) is another question.
+A decision is covered when its options are the same names (in any order: every calibrator
+slotgate fits is top-label or one temperature, and rules name options by name, so a policy reads
+options the same in any order) and, for a named scope, its question id is that name. A subset of
+the options (2 of the 77 intents) is another question.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def scope_signature(options: Sequence[str], question: str | None = None) -> str:
     asked over exactly these options (a policy tuned on a labelled CSV knows no question name)."""
     if not options:
         raise ValueError("a scope needs the option names the policy was tuned on")
-    return SCOPE_PREFIX + canonical_hash({"options": list(options), "question": question})
+    return SCOPE_PREFIX + canonical_hash({"options": sorted(options), "question": question})
 
 
 def is_scope_signature(signature: str | None) -> bool:
@@ -56,8 +57,7 @@ def file_scope(signature: str | None, options: Sequence[str] | None) -> str | No
     """The scope a loaded policy file answers, as the registry indexes it.
 
     A file tuned since scopes were recorded holds its scope signature. A file written before
-    (signature null) is scoped by its recorded ``options``: any question over those names, in
-    that order. A file whose signature is one logged request's hash keeps answering exactly that
+    (signature null) is scoped by its recorded ``options``: any question over those names. A file whose signature is one logged request's hash keeps answering exactly that
     question. A file with neither signature nor options has no known scope: None, and the
     registry refuses it (re-tune it)."""
     if signature is not None:

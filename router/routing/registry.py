@@ -61,9 +61,10 @@ class LoadedPolicy:
 
     def covers(self, request: DecisionRequest) -> bool:
         """Its scope covers the request, or (asked for by name, or as the default) the request
-        has exactly its options: the calibrator and threshold were fit on those."""
-        return (self.options == request.option_names
-                or self.scope in (*request_scopes(request), request.signature()))
+        has exactly its options, in any order: the calibrator and threshold were fit on those."""
+        return (self.scope in (*request_scopes(request), request.signature())
+                or (self.options is not None and len(self.options) == len(request.options)
+                    and set(self.options) == set(request.option_names)))
 
 
 class PolicyRegistry:

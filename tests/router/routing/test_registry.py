@@ -103,8 +103,14 @@ def test_a_default_policy_takes_only_decisions_over_its_own_options() -> None:
     assert full is not None and full.policy_id == "banking77"
     subset = intents_request(("intent_11", "intent_41"))
     assert registry.lookup(subset, fingerprint=FINGERPRINT) is None  # unscoped: escalate
-    reordered = intents_request(INTENTS[::-1])  # a calibrator may read options by position
-    assert registry.lookup(reordered, fingerprint=FINGERPRINT) is None
+    # The same options in another order are the same question (a client's enum order is its
+    # own; every calibrator is top-label or one temperature): covered, by scope or as default.
+    reordered = intents_request(INTENTS[::-1])
+    for fingerprint in (FINGERPRINT, "another-backend"):
+        match = registry.lookup(reordered, fingerprint=fingerprint)
+        assert match is not None and match.policy_id == "banking77"
+    one_more = intents_request((*INTENTS, "intent_77"))
+    assert registry.lookup(one_more, fingerprint="another-backend") is None
     threshold = PolicyRegistry([default], default="banking77", unscoped="threshold")
     assert threshold.lookup(subset, fingerprint=FINGERPRINT) is threshold.fallback
 
