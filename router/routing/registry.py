@@ -20,7 +20,7 @@ from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
 
 if TYPE_CHECKING:
-    from router.monitoring.monitor import Monitor
+    from router.routing.ports import DecisionObserver
 
 log = logging.getLogger("slotgate")
 
@@ -81,7 +81,7 @@ class PolicyRegistry:
         # one loaded from settings follows ``policy.unscoped``, "escalate" unless configured.
         self.shadow_all = shadow
         self.unscoped: UnscopedMode = unscoped
-        self._source: tuple[PolicySettings, str, Monitor | None] | None = None
+        self._source: tuple[PolicySettings, str, DecisionObserver | None] | None = None
         self._by_name: dict[str, LoadedPolicy] = {}
         self._by_signature: dict[tuple[str, str], LoadedPolicy] = {}
         for policy in policies:
@@ -110,13 +110,15 @@ class PolicyRegistry:
 
     @classmethod
     def load(cls, settings: PolicySettings, *, backend_fingerprint: str,
-             monitor: Monitor | None = None) -> PolicyRegistry:
+             monitor: DecisionObserver | None = None) -> PolicyRegistry:
         """Load ``settings.files``; refuse a policy tuned for another backend fingerprint unless
         ``allow_fingerprint_mismatch``: its thresholds would mean nothing for this backend.
-        With a ``monitor``, every loaded policy is watched (and acted on) in production."""
+        With a ``monitor``, every loaded policy is watched in production (its ``decide``
+        stays pure: the service reports to the monitor, ``gate`` asks it)."""
         from policies.file import load_policy  # policies stays importable without the router
 
         loaded = []
+        watched: list[Any] = []  # the files, for the monitor
         for path in settings.files:
             if settings.shadow and not path.exists():
                 # Cold start: nothing is tuned yet and every decision is shadowed; the file is
@@ -135,12 +137,13 @@ class PolicyRegistry:
                     f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
                     "policy.allow_fingerprint_mismatch: true to serve it anyway")
             runtime = policy_file.runtime()
+            watched.append(policy_file)
             loaded.append(LoadedPolicy(
                 name=policy_file.name,
                 signature=getattr(policy_file, "signature", None),
                 backend_fingerprint=policy_file.backend_fingerprint,
                 path=path,
-                runtime=runtime if monitor is None else monitor.wrap(runtime, policy_file),
+                runtime=runtime,
                 shadow=policy_file.shadow, guarantee=policy_file.guarantee,
                 options=tuple(policy_file.options) if policy_file.options else None,
             ))
@@ -148,6 +151,9 @@ class PolicyRegistry:
                        fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
                        unscoped=settings.unscoped_mode)
         registry._source = (settings, backend_fingerprint, monitor)
+        if monitor is not None:  # after all loaded: a refused reload changes no watch
+            for policy_file in watched:
+                monitor.watch(policy_file)
         return registry
 
     def reload(self) -> bool:
@@ -169,6 +175,12 @@ class PolicyRegistry:
         after = {p.runtime.policy_id for p in self._by_name.values()}
         log.info("policies reloaded: %s (was %s)", sorted(after) or "none", sorted(before) or "none")
         return True
+
+    def gate(self, policy: RuntimePolicy) -> str | None:
+        """The alarm gate, beside the mode: why an alarm on this policy escalates what it
+        accepts (``on_alarm``, docs/monitoring.md); None while its verdicts stand."""
+        monitor = self._source[2] if self._source is not None else None
+        return None if monitor is None else monitor.gate(policy.policy_id)
 
     def mode(self, policy: RuntimePolicy) -> tuple[bool, str | None]:
         """(shadow, guarantee) of a policy ``lookup`` returned: its file's, else the server's."""
