@@ -14,6 +14,7 @@ from policies.tuned import TunedPolicy
 from policies.types import DecisionRequest, Option, OptionScores, Verdict
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
+from router.routing.ports import Label, Observation
 from router.routing.registry import LoadedPolicy, PolicyRegistry
 from router.routing.service import RoutingService
 from router.settings import Settings
@@ -45,7 +46,26 @@ def confident(req: DecisionRequest) -> list[float]:
     return [0.97] + [0.03 / (n - 1)] * (n - 1)
 
 
-def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None, **settings: object
+@dataclass
+class Watching:
+    """Production monitoring as routing sees it (``ports.DecisionObserver``), recording what it
+    is told: the watch of each policy is fed from ``decided``."""
+
+    decided_ids: list[str] = field(default_factory=list)
+
+    def watch(self, policy_file: object) -> None: ...
+
+    def gate(self, policy_id: str) -> str | None:
+        return None
+
+    def decided(self, observation: Observation) -> None:
+        self.decided_ids.append(observation.policy_id)
+
+    async def labelled(self, label: Label) -> None: ...
+
+
+def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None,
+          monitor: Watching | None = None, **settings: object
           ) -> tuple[RoutingService, Observed, RecordingSlow, ListLog]:
     from calibration.calibrators import IdentityCalibrator
 
@@ -60,7 +80,8 @@ def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None, **setti
     log = ListLog()
     service = RoutingService(backend=backend, cache=MemoryCache(max_entries=100, ttl_s=60),
                              registry=registry, slow=slow, log=log,  # type: ignore[arg-type]
-                             metrics=Metrics(), settings=Settings(**settings))  # type: ignore[arg-type]
+                             metrics=Metrics(), settings=Settings(**settings),  # type: ignore[arg-type]
+                             monitor=monitor)
     return service, policy, slow, log
 
 
@@ -112,3 +133,13 @@ async def test_with_no_slow_model_escalate_fails_unless_unverified_answers_are_a
     [d] = await service.decide([question(INTENTS[:2])], namespace="t")
     assert (d.route, d.answer, d.guarantee) == ("unverified", "card_arrival", None)
     assert policy.calls == []
+
+
+@pytest.mark.parametrize("mode", ["escalate", "shadow", "unverified"])
+async def test_no_policy_watch_is_told_of_an_unscoped_decision(mode: UnscopedMode) -> None:
+    """The watch of the default 3-option policy sees its own decisions only: an unscoped
+    2-option decision can neither raise its drift alarm nor be counted in its accuracy."""
+    monitor = Watching()
+    service, _, _, _ = setup(mode, monitor=monitor)
+    await service.decide([question(INTENTS[:2]), question(INTENTS)], namespace="t")
+    assert monitor.decided_ids == ["intents@abc"]
