@@ -13,7 +13,6 @@ the options (2 of the 77 intents) is another question.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Literal
 
 from policies.types import DecisionRequest, canonical_hash
@@ -43,14 +42,22 @@ def is_scope_signature(signature: str | None) -> bool:
 
 def request_scopes(request: DecisionRequest) -> tuple[str, str]:
     """The two scope signatures that cover ``request``: its named question, then any question
-    over its options. Memoised: the registry asks for every decision, and hashing 77 option
-    names twice would be a visible share of a cache hit's CPU."""
-    return _scopes(request.question_id, request.option_names)
+    over its options. Memoised by the request's own (memoised) signature, which hashes its
+    options, and its question id: the registry asks for every decision, and hashing 77 option
+    names twice, or even building their tuple, would be a visible share of a cache hit's CPU."""
+    key = (request.signature(), request.question_id)
+    scopes = _SCOPES.get(key)
+    if scopes is None:
+        if len(_SCOPES) >= _SCOPES_MAX:  # distinct questions are few; a flood just starts over
+            _SCOPES.clear()
+        options = request.option_names
+        scopes = _SCOPES[key] = (scope_signature(options, request.question_id),
+                                 scope_signature(options))
+    return scopes
 
 
-@lru_cache(maxsize=4096)
-def _scopes(question: str, options: tuple[str, ...]) -> tuple[str, str]:
-    return scope_signature(options, question), scope_signature(options)
+_SCOPES: dict[tuple[str, str], tuple[str, str]] = {}
+_SCOPES_MAX = 4096
 
 
 def file_scope(signature: str | None, options: Sequence[str] | None) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,18 +53,23 @@ class LoadedPolicy:
     shadow: bool | None = None  # the file's own flag (None: follow policy.shadow)
     guarantee: str | None = None  # "accuracy" | "agreement_with_slow"
     options: tuple[str, ...] | None = None  # the option names tuned on (None: not recorded)
+    # What it answers (``policies.scope.file_scope``; None: unknown, refused), hashed once here:
+    # ``covers`` runs on the request path.
+    scope: str | None = field(init=False, default=None)
+    option_set: frozenset[str] | None = field(init=False, default=None)
 
-    @property
-    def scope(self) -> str | None:
-        """What it answers (``policies.scope.file_scope``); None: unknown, refused."""
-        return file_scope(self.signature, self.options)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", file_scope(self.signature, self.options))  # frozen
+        object.__setattr__(self, "option_set", frozenset(self.options) if self.options else None)
 
     def covers(self, request: DecisionRequest) -> bool:
         """Its scope covers the request, or (asked for by name, or as the default) the request
         has exactly its options, in any order: the calibrator and threshold were fit on those."""
-        return (self.scope in (*request_scopes(request), request.signature())
-                or (self.options is not None and len(self.options) == len(request.options)
-                    and set(self.options) == set(request.option_names)))
+        if self.scope in (request.signature(), *request_scopes(request)):
+            return True
+        options = self.option_set
+        return (options is not None and len(options) == len(request.options)
+                and options == frozenset(o.name for o in request.options))
 
 
 class PolicyRegistry:
