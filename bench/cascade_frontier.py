@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,11 @@ def load_tier(kind: str, preds_path: Path, labels: list[str]
             tuple(preds.options))
 
 
-def fixed_policy(path: Path, *, name: str, accept_all: bool, fingerprint: str) -> Path:
+def fixed_policy(path: Path, *, name: str, accept_all: bool, fingerprint: str,
+                 options: Sequence[str] | None = None) -> Path:
     """A policy file that accepts every fast answer (fast alone) or escalates every decision
-    (slow alone): the two ends of the frontier, served by the same proxy as the tuned points."""
+    (slow alone): the two ends of the frontier, served by the same proxy as the tuned points.
+    ``options``: its scope (policies/scope.py); the proxy refuses a file that records none."""
     from calibration.calibrators import IdentityCalibrator
     from policies.file import PolicyFile
     from policies.rules import ThresholdRule
@@ -128,7 +131,7 @@ def fixed_policy(path: Path, *, name: str, accept_all: bool, fingerprint: str) -
                calibrator=IdentityCalibrator().to_dict(), rule=ThresholdRule(threshold).to_dict(),
                target_accuracy=1.0, delta=0.5, bound=0.0,
                coverage=1.0 if accept_all else 0.0, n_tune=1, n_calibration=0,
-               data_hash="0" * 64).write(path)
+               data_hash="0" * 64, options=None if options is None else list(options)).write(path)
     return path
 
 

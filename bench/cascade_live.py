@@ -198,11 +198,13 @@ def live_run(data: Path, work: Path, offline: dict[str, Any], *, n: int, seed: i
             files = [policy_path(work, kind, t) for t in offline["targets"]]
             names.append(f"{kind}-fast-alone")
             files.append(fixed_policy(work / f"policy-{kind}-fast-alone.json", name=names[-1],
-                                      accept_all=True, fingerprint=fast.fingerprint))
+                                      accept_all=True, fingerprint=fast.fingerprint,
+                                      options=options))
             if position == 0:  # slow alone once: it reads the first tier, then always escalates
                 names.append("slow-alone")
                 files.append(fixed_policy(work / "policy-slow-alone.json", name="slow-alone",
-                                          accept_all=False, fingerprint=fast.fingerprint))
+                                          accept_all=False, fingerprint=fast.fingerprint,
+                                          options=options))
             points = [Point(name, name) for name in names]
             with proxy(kind=kind, model=work / f"{kind}.joblib", policies=files, points=points,
                        standin_url=standin_url, work=work) as url:
