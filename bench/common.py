@@ -54,6 +54,9 @@ def slotgate_settings(upstream_url: str, workdir: Path, api_key: str, *,
     return {
         # A mock fast read sure of the first option: a decision costs the router, nothing else.
         "fast": {"kind": "mock", "options": {"top_proba": 0.97}},
+        # No policy is tuned for the mock's questions: the fallback threshold answers them fast
+        # (policy.unscoped would otherwise escalate every one to the upstream).
+        "policy": {"unscoped": "threshold"},
         "slow": {"model": f"openai/{MODEL}", "api_base": f"{upstream_url}/v1",
                  "api_key": "sk-bench"},
         "cache": {"redis_url": redis_url},

@@ -121,6 +121,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {
         # A mock fast read sure of its first option: the router's own cost is what is measured.
         "fast": {"kind": "mock", "options": {"top_proba": 0.97}},
+        "policy": {"unscoped": "threshold"},  # no tuned policy: the fallback bar answers fast
         "slow": slow,
         "log": {"decision_log_path": str(workdir / "decisions.jsonl")},
         "api_key_hashes": [hashlib.sha256(API_KEY.encode()).hexdigest()],
