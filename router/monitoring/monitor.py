@@ -76,6 +76,7 @@ class Monitor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._board: AlarmBoard | None = None
         self._sync: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
         if metrics is not None:
             metrics.on_render(self.export)
 
@@ -215,9 +216,14 @@ class Monitor:
         return latched
 
     async def _sync_every(self, interval_s: float) -> None:
+        # Stopped by an event between rounds, never cancelled inside one: redis-py's asyncio
+        # client can hang when a command is cancelled half-way (seen in the shared-alarm tests).
         while True:
-            await asyncio.sleep(interval_s)
-            await self.sync_alarms()
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=interval_s)
+                return
+            except TimeoutError:
+                await self.sync_alarms()
 
     # -- state, export, shutdown ------------------------------------------------------------
 
@@ -231,8 +237,12 @@ class Monitor:
 
     async def aclose(self) -> None:
         if self._sync is not None:
-            self._sync.cancel()
-            await asyncio.gather(self._sync, return_exceptions=True)
+            self._stop.set()
+            try:  # a round in flight ends within the board's timeouts
+                await asyncio.wait_for(asyncio.shield(self._sync), timeout=5.0)
+            except TimeoutError:
+                self._sync.cancel()
+                await asyncio.gather(self._sync, return_exceptions=True)
         await self.audits.aclose()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
