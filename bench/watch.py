@@ -88,8 +88,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="result JSON (default: bench/results/watch.json, none with --quick)")
     parser.add_argument("--target", type=float, default=0.95)
-    parser.add_argument("--audit-rate", type=float, default=0.05,
-                        help="the policies' base audit rate (the ladder boosts it to 0.25)")
+    parser.add_argument("--audit-rate", type=float, default=0.1,
+                        help="the policies' base audit rate, as bench.drift (the ladder boosts "
+                             "it to audit_boost, 0.75)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.replays is None:

@@ -17,7 +17,7 @@ from calibration.monitoring import AccuracySequence, AccuracyShortfallTest, Conf
 AlarmKind = Literal["drift", "accuracy"]
 OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 ACCEPT_WINDOW = 1000  # decisions behind the live accept share
-DEFAULT_AUDIT_BOOST = 0.5  # audit rate while a drift alarm stands (audit_then_escalate)
+DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_escalate)
 # Identical inputs count once per window: one day, or the last 65,536 distinct inputs per
 # policy (16-byte keys, a few MiB), whichever forgets first. A repeat inside it is the same read
 # of the same question (the read cache serves it), so it is no new evidence about the traffic.
