@@ -118,7 +118,7 @@ class PolicyFile(BaseModel):
     shadow: bool | None = None
     audit_rate: Unit = 0.0
     on_alarm: OnAlarm = "audit_then_escalate"
-    audit_boost: Unit = 0.5  # audit rate while a drift alarm stands (docs/monitoring.md)
+    audit_boost: Unit = 0.75  # audit rate while a drift alarm stands (docs/monitoring.md)
     alarm_alpha: OpenUnit = 0.05
     reference: ReferenceSummary | None = None
     # The option names tuned on, in order (None in files written before it was recorded):

@@ -64,7 +64,7 @@ def tune(
              "alarm escalates) or alert_only.")] = None,
     audit_boost: Annotated[float | None, typer.Option(
         help="Audit rate while a drift alarm stands, under audit_then_escalate (default: the "
-             "policy file's, 0.5).")] = None,
+             "policy file's, 0.75).")] = None,
     alarm_alpha: Annotated[float, typer.Option(
         help="False-alarm probability of the drift and accuracy alarms together, per replica "
              "(with N replicas sharing alarms, the fleet's is at most N times it).")] = 0.05,

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -30,17 +30,13 @@ from router.errors import (
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
-from router.routing.ports import DecisionSink, ReadCache, SlowModel
+from router.routing.ports import DecisionObserver, DecisionSink, Observation, ReadCache, SlowModel
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.routing.unscoped import route_unscoped
 from router.settings import Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
 from router.store.records import DecisionRecord
-
-if TYPE_CHECKING:  # the monitor is injected; its module loads its own parts
-    from router.monitoring.monitor import Monitor
-
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound=OptionScores | None)
@@ -73,10 +69,10 @@ class RoutingService:
         log: DecisionSink,
         metrics: Metrics,
         settings: Settings,
-        monitor: Monitor | None = None,
+        monitor: DecisionObserver | None = None,
     ) -> None:
         self.backend = backend
-        self.monitor = monitor  # production monitoring: told of every decision, queues audits
+        self.monitor = monitor  # production monitoring: told of every decision with a fast read
         self.cache = cache
         self.registry = registry
         self.slow = slow
@@ -121,8 +117,6 @@ class RoutingService:
                 self.log.append(_record(request, read, decision, namespace, fingerprint))
                 for request, read, decision in zip(requests, reads, decisions, strict=True)
             ))
-            if self.monitor is not None:  # audits are queued, answered after the reply
-                self.monitor.after(requests, decisions)
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
         finally:
@@ -242,6 +236,10 @@ class RoutingService:
                 escalated=True, shadow=shadow, guarantee=guarantee)
         scores = read.scores
         verdict, calibrated = policy.decide(scores)
+        accepted = verdict.accept  # the policy's own verdict: what its watch takes
+        gate = self.registry.gate(policy)
+        if accepted and gate is not None:  # an alarm's action (on_alarm), beside the mode
+            verdict = dataclasses.replace(verdict, accept=False, reason=gate)
         index = scores.top_index  # the fast answer is always the raw argmax
         answer, route, note = scores.options[index], "cache" if read.cached else "fast", None
         if shadow:
@@ -262,6 +260,10 @@ class RoutingService:
             index = scores.options.index(answer)
         escalated = not verdict.accept or shadow
         self.metrics.decision(route=route, escalated=escalated)
+        if self.monitor is not None:  # the observer port: once per decision, never waits
+            self.monitor.decided(Observation(
+                request, decision_id, policy.policy_id, calibrated[scores.top_index], accepted,
+                answer, served_fast=not escalated))
         return Decision(
             decision_id, request.question_id, answer, route,  # type: ignore[arg-type]
             calibrated[index], scores.proba[index], verdict.threshold, policy.policy_id,
