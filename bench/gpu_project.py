@@ -30,7 +30,7 @@ def project(profile: dict[str, Any], *, compute_bound: bool) -> dict[str, float]
     memory = H200["bandwidth_tb_s"] / A100["bandwidth_tb_s"]
     compute = H200["bf16_tflop_s"] / A100["bf16_tflop_s"]
     total = profile["gpu_kernel_ms"]
-    matrix = sum(k["ms"] for k in profile["top_kernels"]
+    matrix = sum(k["ms"] for k in profile.get("kernels", profile.get("top_kernels", []))
                  if any(tag in k["kernel"].lower() for tag in MATRIX_KERNELS)) if compute_bound else 0.0
     return {"h200_kernel_ms": total, "a100_kernel_ms": matrix * compute + (total - matrix) * memory,
             "matrix_ms": matrix}

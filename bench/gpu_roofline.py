@@ -30,8 +30,8 @@ GROUPS: list[tuple[str, str, bool]] = [
     ("dense GEMMs (cuBLAS)", r"nvjet|gemm|cutlass|xmma", True),  # with the global layers' band read
     ("MoE row copies (gather, combine)", r"_gather_kernel|_combine_kernel", False),
     ("attention merge", r"_merge_kernel", False),
-    ("rows' own keys, other copies (cat, index_select)", r"cat|index_select|gather|copy", False),
-    ("sort, histogram, scatter", r"sort|histc|histogram|scatter|cumsum", False),
+    ("router top-k, sort, scatter", r"sort|topk|histc|histogram|scatter|cumsum", False),
+    ("concatenations, row gathers (rows' own keys)", r"cat|index_select|gather|copy", False),
 ]
 
 
