@@ -151,8 +151,10 @@ def test_the_cycles_issue_18_named_are_gone(a: str, b: str) -> None:
 
 # The README's Layout block: an entry is a name at an even indent below the description column
 # (`router/`, `  cli/`), nested by indent; the description may name files or folders
-# (`settings.py`, `torch/`), found beside the entry or from the project root.
-NAMED = re.compile(r"(?<![\w./<-])((?:[\w-]+/)*[\w-]+(?:\.(?:py|md|yaml|toml|json|sh)\b|/))")
+# (`settings.py`, `openai/ (routes.py)`), found in the folder it last named, beside the entry, or
+# from the project root, the first that exists.
+NAMED = re.compile(
+    r"(?<![\w./<-])((?:[\w-]+/)*[\w-]+(?:\.(?:py|md|yaml|toml|json|sh)\b|/(?!\w)))")
 
 
 def layout_block() -> list[str]:
@@ -171,22 +173,25 @@ def layout_paths(lines: list[str]) -> tuple[list[str], list[str]]:
     parents: list[str] = []
     entries: list[str] = []
     named: list[str] = []
+    last_folder = ""
     for line in lines:
         indent = len(line) - len(line.lstrip())
         if indent < column:
             name, _, description = line.strip().partition(" ")
             depth = indent // 2
             parents = parents[:depth]
-            here = "".join(parents) + name
-            entries.append(here)
+            entries.append("".join(parents) + name)
             parents.append(name if name.endswith("/") else "")
+            last_folder = ""
         else:
             description = line
         folder = "".join(parents)
         for word in NAMED.findall(description):
-            nearby = folder + word
-            named.append(nearby if (ROOT / nearby).exists() or "/" not in word.rstrip("/")
-                         else word)
+            places = [folder + last_folder + word, folder + word, word]
+            path = next((place for place in places if (ROOT / place).exists()), folder + word)
+            named.append(path)
+            if word.endswith("/"):
+                last_folder = word
     return entries, entries + named
 
 
@@ -209,14 +214,16 @@ def test_the_readme_layout_names_every_package_folder() -> None:
 
 def test_the_layout_parser_resolves_nested_entries_and_names() -> None:
     lines = ["router/        settings.py and one room each:",
-             "  backends/      base.py; torch/ its own folder",
-             "                 (torch/backend.py)",
-             "bench/         results under bench/results/"]
+             "  backends/      base.py; torch/ its own folder (backend.py)",
+             "                 (torch/fused.py), no I/O, factory.py; pyproject.toml",
+             "bench/         results under bench/results/, make_docs.py; nothere.py"]
     entries, paths = layout_paths(lines)
     assert entries == ["router/", "router/backends/", "bench/"]
     assert paths[3:] == ["router/settings.py", "router/backends/base.py",
                          "router/backends/torch/", "router/backends/torch/backend.py",
-                         "bench/results/"]
+                         "router/backends/torch/fused.py", "router/backends/factory.py",
+                         "pyproject.toml", "bench/results/", "bench/make_docs.py",
+                         "bench/nothere.py"]
 
 
 ROOTED = re.compile(r"(?<![\w./-])((?:router|policies|calibration|bench|standins|tests|docs|deploy)/"
