@@ -34,12 +34,6 @@ def scope_signature(options: Sequence[str], question: str | None = None) -> str:
     return SCOPE_PREFIX + canonical_hash({"options": sorted(options), "question": question})
 
 
-def is_scope_signature(signature: str | None) -> bool:
-    """True for a signature ``scope_signature`` wrote; files tuned before it hold null or the
-    hash of one logged request (``DecisionRequest.signature()``)."""
-    return signature is not None and signature.startswith(SCOPE_PREFIX)
-
-
 def request_scopes(request: DecisionRequest) -> tuple[str, str]:
     """The two scope signatures that cover ``request``: its named question, then any question
     over its options. Memoised by the request's own (memoised) signature, which hashes its
@@ -64,19 +58,15 @@ def file_scope(signature: str | None, options: Sequence[str] | None) -> str | No
     """The scope a loaded policy file answers, as the registry indexes it.
 
     A file tuned since scopes were recorded holds its scope signature. A file written before
-    (signature null) is scoped by its recorded ``options``: any question over those names. A file whose signature is one logged request's hash keeps answering exactly that
-    question. A file with neither signature nor options has no known scope: None, and the
-    registry refuses it (re-tune it)."""
+    (signature null) is scoped by its recorded ``options``: any question over those names. A
+    file whose signature is one logged request's hash keeps answering exactly that question. A
+    file with neither signature nor options has no known scope: None, and the registry refuses
+    it (re-tune it)."""
     if signature is not None:
         return signature
     if options:
         return scope_signature(options)
     return None
-
-
-def covers(scope: str, request: DecisionRequest) -> bool:
-    """Whether a policy of this ``file_scope`` may decide ``request``."""
-    return scope in request_scopes(request) or scope == request.signature()
 
 
 def describe(request: DecisionRequest) -> str:
