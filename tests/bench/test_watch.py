@@ -57,6 +57,7 @@ def test_a_replay_counts_wrong_answers_and_slow_calls_per_action() -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(1200)  # three models trained with the CLI, then 20 replays of each scenario
 def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> None:
     result = main(["--quick", "--data", str(banking77_dir), "--work", str(tmp_path),
                    "--out", str(tmp_path / "watch.json")])
