@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SHARED ?= ../shared
 export SLOTGATE_DATA_DIR ?= $(abspath $(SHARED)/data/banking77)
 
-.PHONY: setup serve test test-fast lint redis clean
+.PHONY: setup serve test test-fast bench-smoke lint redis clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,10 @@ test: setup
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not long"
+
+# Every benchmark's --quick run, the long ones included (tests/bench/test_entry_points.py).
+bench-smoke: setup
+	SLOTGATE_BENCH_SMOKE=1 $(BIN)/pytest -q tests/bench
 
 lint: setup
 	$(BIN)/ruff check router policies calibration tests bench standins
