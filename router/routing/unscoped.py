@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -48,7 +49,15 @@ async def route_unscoped(
         answer, from_cache = await escalation.answer(request, namespace=namespace)
     except SlowPathError as exc:
         if scores is None or shadow or not settings.slow.serve_unverified_on_failure:
-            raise
+            # The caller sees why this decision needed the slow model at all: a confident read
+            # of a question no policy covers is escalated, and a bare "escalation unavailable"
+            # would not say so. Same error class and status, the reason appended.
+            # A copy: single flight hands one exception object to every waiter of the question.
+            explained = copy.copy(exc)
+            explained.message = (f"{exc.message}; {why} (policy.unscoped: {mode}; 'unverified' "
+                                 "serves the fast answer marked so)")
+            explained.args = (explained.message,)
+            raise explained from exc
         index = scores.top_index
         metrics.decision(route="unverified", escalated=True)
         return Decision(

@@ -125,8 +125,14 @@ async def test_unverified_serves_the_fast_answer_marked_so_without_the_slow_mode
 async def test_with_no_slow_model_escalate_fails_unless_unverified_answers_are_allowed() -> None:
     down = RecordingSlow(fail=NoSlowModel())
     service, policy, _, _ = setup("escalate", slow_path=down)
-    with pytest.raises(NoSlowModel):
+    with pytest.raises(NoSlowModel) as info:
         await service.decide([question(INTENTS[:2])], namespace="t")
+    # The 503 says why a question was escalated at all: no policy covers it.
+    assert "unscoped: no loaded policy was tuned on" in info.value.message
+    assert "policy.unscoped: escalate" in str(info.value)
+    with pytest.raises(NoSlowModel) as again:  # the shared error object is never rewritten
+        await service.decide([question(INTENTS[:2])], namespace="t")
+    assert again.value.message.count("no loaded policy") == 1
     service, policy, _, _ = setup("escalate", slow_path=RecordingSlow(
         fail=NoSlowModel()),
         slow={"serve_unverified_on_failure": True})
