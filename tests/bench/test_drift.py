@@ -28,8 +28,13 @@ def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> Non
     assert result["replays"] >= 100 and result["false_alarm_rate"] <= 0.05
     assert result["detection_delay_median"] <= 2000
     assert result["accepted_accuracy_after_shift_no_action"] < result["target"]
+    # One live run (escalate_all after the alarm). The one-sided watch of issue 19.2 never
+    # alarms on a sharper served model or repeated confident traffic, and pays for it here: it
+    # detects this shift later (quick live run: 333 rows, was 172 with the two-sided test), so
+    # 28% of the wrong answers still get through (21% in the full run), not the old 25%. The
+    # 25% bar is now bench.watch's novel_25 target (tests/bench/test_watch.py).
     assert (result["wrong_accepted_after_shift_with_action"]
-            <= 0.25 * result["wrong_accepted_after_shift_no_action"])
+            <= 0.35 * result["wrong_accepted_after_shift_no_action"])
     assert result["mapie_detection_delay_median"] >= result["detection_delay_median"]
     assert result["live_alarm"] is not None and result["live_all_answers_valid"]
     assert (tmp_path / "drift.json").is_file()
