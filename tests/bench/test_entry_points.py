@@ -46,10 +46,6 @@ QUICK_SKIPPED = {
 }
 # Quick runs another test already makes, asserting the benchmark's targets: not run twice.
 QUICK_RUN_ELSEWHERE = {"drift": "tests/bench/test_drift.py", "watch": "tests/bench/test_watch.py"}
-# Quick runs too long for every CI run (minutes on 2 cores: cascade trains two tiers and serves
-# them live, guarantee re-draws): run by `make bench-smoke` (SLOTGATE_BENCH_SMOKE=1); their modules
-# still import and answer --help in every run.
-QUICK_ON_REQUEST = {"cascade", "guarantee"}
 # Quick runs that print their figures and write no file (by design: a smoke run).
 QUICK_PRINTS_ONLY = {"log_memory"}
 QUICK_TIMEOUT_S = 900
@@ -88,8 +84,6 @@ def test_bench_help(module: str, tmp_path: Path) -> None:
 @pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 @pytest.mark.parametrize("module", sorted(set(QUICK_ARGS) - set(QUICK_RUN_ELSEWHERE)))
 def test_bench_quick(module: str, tmp_path: Path) -> None:
-    if module in QUICK_ON_REQUEST and not os.environ.get("SLOTGATE_BENCH_SMOKE"):
-        pytest.skip(f"bench.{module} --quick runs with `make bench-smoke` (minutes on 2 cores)")
     args = [a.format(tmp=tmp_path) for a in QUICK_ARGS[module]]
     run_module(module, "--quick", *args, tmp_path=tmp_path, timeout_s=QUICK_TIMEOUT_S)
     # Its result went where it was told (so not over the committed bench/results/, which other
