@@ -136,7 +136,46 @@ class ConformalDriftTest:
 DROP_STAKES = (0.0, 0.1, 0.2)
 
 
-class ConfidenceDropTest:
+class _JumperBet:
+    """A mixture of bets at fixed ``stakes`` with fixed-share jumps between them (the simple
+    jumper of Vovk et al. 2005, section 7.1): the wealth and the alarm that
+    ``ConfidenceDropTest`` and ``AccuracyShortfallTest`` share; each says what a step bets on."""
+
+    def __init__(self, stakes: tuple[float, ...], *, alpha: float, jump: float) -> None:
+        self.alpha = alpha
+        self.jump = jump
+        self._stakes = stakes
+        self._wealth = [1.0 / len(stakes)] * len(stakes)
+        self._log_scale = 0.0
+        self._threshold = math.log(1.0 / alpha)
+        self.n = 0
+        self.alarm_at: int | None = None
+
+    @property
+    def log_value(self) -> float:
+        """Natural log of the martingale's current value (it starts at 0)."""
+        return self._log_scale + math.log(sum(self._wealth))
+
+    @property
+    def alarm(self) -> bool:
+        return self.alarm_at is not None
+
+    def _bet(self, edge: float) -> None:
+        """One step: each expert's wealth times ``1 + stake * edge``, after the jumps."""
+        share = self.jump / len(self._wealth) * sum(self._wealth)
+        keep = 1.0 - self.jump
+        self._wealth = [max(0.0, (keep * w + share) * (1.0 + s * edge))
+                        for w, s in zip(self._wealth, self._stakes, strict=True)]
+        scale = sum(self._wealth)
+        if scale > 1e100 or scale < 1e-100:  # keep floats finite over unbounded streams
+            self._wealth = [w / scale for w in self._wealth]
+            self._log_scale += math.log(scale)
+        self.n += 1
+        if self.alarm_at is None and self.log_value >= self._threshold:
+            self.alarm_at = self.n
+
+
+class ConfidenceDropTest(_JumperBet):
     """A one-sided conformal test martingale: it grows only when new confidences rank *below*
     the reference's (accepted decisions less sure, more decisions under the bar, novel inputs
     the model has no confident answer for). Confidences that rank higher (a sharper served model,
@@ -167,29 +206,13 @@ class ConfidenceDropTest:
             raise ValueError("reference is empty: the drift test needs the tuning confidences")
         if not np.all((ref >= 0.0) & (ref <= 1.0)):
             raise ValueError("reference has values outside [0, 1]")
-        self.alpha = alpha
-        self.jump = jump
-        self._stakes = tuple(float(s) for s in stakes)
+        super().__init__(tuple(float(s) for s in stakes), alpha=alpha, jump=jump)
         counts = np.bincount(np.clip(np.rint(ref * GRID), 0, GRID).astype(np.int64),
                              minlength=GRID + 1)
         self._counts = [int(c) for c in counts]
         self._tree = _fenwick(self._counts)
         self._total = int(ref.size)
         self._random = random.Random(seed)
-        self._log_scale = 0.0
-        self._wealth = [1.0 / len(stakes)] * len(stakes)
-        self._threshold = math.log(1.0 / alpha)
-        self.n = 0
-        self.alarm_at: int | None = None
-
-    @property
-    def log_value(self) -> float:
-        """Natural log of the martingale's current value (it starts at 0)."""
-        return self._log_scale + math.log(sum(self._wealth))
-
-    @property
-    def alarm(self) -> bool:
-        return self.alarm_at is not None
 
     def p_value(self, confidence: float) -> float:
         """The randomised rank of ``confidence`` among everything seen so far (small when it is
@@ -211,17 +234,7 @@ class ConfidenceDropTest:
 
     def bet(self, p_value: float) -> None:
         """One step of the one-sided jumper on a p-value in [0, 1]."""
-        share = self.jump / len(self._wealth) * sum(self._wealth)
-        keep, edge = 1.0 - self.jump, 0.5 - p_value
-        self._wealth = [(keep * w + share) * (1.0 + s * edge)
-                        for w, s in zip(self._wealth, self._stakes, strict=True)]
-        scale = sum(self._wealth)
-        if scale > 1e100 or scale < 1e-100:  # keep floats finite over unbounded streams
-            self._wealth = [w / scale for w in self._wealth]
-            self._log_scale += math.log(scale)
-        self.n += 1
-        if self.alarm_at is None and self.log_value >= self._threshold:
-            self.alarm_at = self.n
+        self._bet(0.5 - p_value)
 
 
 def _fenwick(counts: list[int]) -> list[int]:
@@ -257,7 +270,7 @@ def _add(tree: list[int], index: int) -> None:
 SHORTFALL_FRACTIONS = (0.0, 0.025, 0.05, 0.1, 0.2)
 
 
-class AccuracyShortfallTest:
+class AccuracyShortfallTest(_JumperBet):
     """A one-sided test by betting (Waudby-Smith & Ramdas 2023) that accepted accuracy is at least
     ``target``, from 0/1 labels of accepted answers: each label bets ``1 + lam (target - x)``,
     which wins on a wrong answer and loses a little on a right one. While accuracy is at least
@@ -278,38 +291,12 @@ class AccuracyShortfallTest:
         if not fractions or any(not 0.0 <= f < 1.0 for f in fractions):
             raise ValueError(f"fractions must be in [0, 1), got {fractions!r}")
         largest = 1.0 / (1.0 - target) if target < 1.0 else 1e6  # target 1: any error counts
+        super().__init__(tuple(f * largest for f in fractions), alpha=alpha, jump=jump)
         self.target = target
-        self.alpha = alpha
-        self.jump = jump
-        self._stakes = tuple(f * largest for f in fractions)
-        self._wealth = [1.0 / len(fractions)] * len(fractions)
-        self._log_scale = 0.0
-        self._threshold = math.log(1.0 / alpha)
-        self.n = 0
-        self.alarm_at: int | None = None
-
-    @property
-    def log_value(self) -> float:
-        return self._log_scale + math.log(sum(self._wealth))
-
-    @property
-    def alarm(self) -> bool:
-        return self.alarm_at is not None
 
     def update(self, correct: bool) -> bool:
         """Take one label; True when the alarm is (already or newly) raised."""
-        edge = self.target - (1.0 if correct else 0.0)
-        share = self.jump / len(self._wealth) * sum(self._wealth)
-        keep = 1.0 - self.jump
-        self._wealth = [max(0.0, (keep * w + share) * (1.0 + s * edge))
-                        for w, s in zip(self._wealth, self._stakes, strict=True)]
-        scale = sum(self._wealth)
-        if scale > 1e100 or scale < 1e-100:
-            self._wealth = [w / scale for w in self._wealth]
-            self._log_scale += math.log(scale)
-        self.n += 1
-        if self.alarm_at is None and self.log_value >= self._threshold:
-            self.alarm_at = self.n
+        self._bet(self.target - (1.0 if correct else 0.0))
         return self.alarm
 
 
