@@ -9,7 +9,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from policies.scope import UnscopedMode, describe
-from policies.types import Decision, DecisionRequest, Route
+from policies.types import Decision, DecisionRequest, OptionScores, Route
 from router.errors import SlowPathError
 
 if TYPE_CHECKING:
@@ -38,13 +38,19 @@ async def route_unscoped(
     why = f"unscoped: no loaded policy was tuned on {describe(request)}" + (
         f"; {read.failure}" if scores is None and read.failure else "")
     decision_id = uuid.uuid4().hex
-    if mode == "unverified" and not shadow and scores is not None:
-        index = scores.top_index
-        metrics.decision(route="unverified", escalated=False)
+
+    def unverified(read: OptionScores, note: str, *, escalated: bool) -> Decision:
+        """The fast read's top answer, served with no guarantee."""
+        index = read.top_index
+        metrics.decision(route="unverified", escalated=escalated)
         return Decision(
-            decision_id, request.question_id, scores.options[index], "unverified", None,
-            scores.proba[index], None, UNSCOPED_POLICY_ID, _ms(started),
-            note=f"{why}; the fast answer is served unverified (policy.unscoped: unverified)")
+            decision_id, request.question_id, read.options[index], "unverified", None,
+            read.proba[index], None, UNSCOPED_POLICY_ID, _ms(started), note=note)
+
+    if mode == "unverified" and not shadow and scores is not None:
+        return unverified(
+            scores, f"{why}; the fast answer is served unverified (policy.unscoped: unverified)",
+            escalated=False)
     try:
         answer, from_cache = await escalation.answer(request, namespace=namespace)
     except SlowPathError as exc:
@@ -58,12 +64,8 @@ async def route_unscoped(
                                  "serves the fast answer marked so)")
             explained.args = (explained.message,)
             raise explained from exc
-        index = scores.top_index
-        metrics.decision(route="unverified", escalated=True)
-        return Decision(
-            decision_id, request.question_id, scores.options[index], "unverified", None,
-            scores.proba[index], None, UNSCOPED_POLICY_ID, _ms(started),
-            note=f"{exc.message}; {why}; the fast answer was not verified")
+        return unverified(scores, f"{exc.message}; {why}; the fast answer was not verified",
+                          escalated=True)
     route: Route = "cache" if from_cache else "slow"
     metrics.decision(route=route, escalated=True)
     note = f"{why}; answered by the slow model (policy.unscoped: {'shadow' if shadow else mode})"
