@@ -1,0 +1,217 @@
+"""A DiffusionGemma layer's experts as two fused Triton GEMMs (CUDA; on the CPU under Triton's
+interpreter, for the tests), the peer of moe.experts_forward's gather + two grouped GEMMs.
+
+The (token, expert) pairs are sorted by expert and each expert's group padded to a whole number of
+row blocks (``align_pairs``, torch ops only: no host sync, so a CUDA graph can hold it). The first
+kernel reads its rows straight from ``hidden`` through the sorted pairs (no gathered copy), runs the
+gate and up GEMMs of one column block side by side and stores ``gelu_tanh(gate) * up`` once; the
+second runs the down GEMM and stores each row at its pair's own place; the weighted sum over the
+top-k is triton_kernels.combine_rows (float32, in k order, rounded once, as transformers sums).
+Launch shapes come from ``pick_config`` (shapes only, never a timing run: autotuning at the first
+call would break graph capture and make results depend on a race).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """Launch shapes of both GEMM kernels: rows, columns and reduction per block, the row blocks
+    walked together over one column band (``group_m``: neighbours reuse the band in L2), and
+    Triton's warps and pipelining depth."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+# ~16 pairs an expert (one read, memory bound): short row blocks, so padding costs little, and
+# narrow column blocks, so every multiprocessor streams its own slice of the weights.
+SMALL_M = MoeConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
+# ~64 pairs an expert.
+MID_M = MoeConfig(block_m=64, block_n=64, block_k=64, group_m=4, num_warps=4, num_stages=4)
+# ~500 pairs an expert (a batch of reads, compute bound): tensor-core sized tiles, grouped so that
+# row blocks of one expert share its weight tiles in L2.
+LARGE_M = MoeConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+
+
+def pick_config(n_pairs: int, n_experts: int) -> MoeConfig:
+    """The launch shapes for ``n_pairs`` (token, expert) pairs over ``n_experts`` experts: by the
+    mean pairs an expert gets, a static number (the same shapes always get the same config)."""
+    per_expert = n_pairs / max(n_experts, 1)
+    if per_expert <= 32:
+        return SMALL_M
+    if per_expert <= 128:
+        return MID_M
+    return LARGE_M
+
+
+class Alignment(NamedTuple):
+    """Sorted pairs, each expert's run padded to whole row blocks of ``block_m``.
+
+    ``sorted_pairs`` (n_blocks * block_m,): flat pair indices (token * top_k + j), grouped by
+    expert in pair order; padding holds the sentinel ``n_pairs``. ``block_expert`` (n_blocks,):
+    the expert of each row block, -1 for the blocks past the real ones (the kernels skip them).
+    """
+
+    sorted_pairs: torch.Tensor
+    block_expert: torch.Tensor
+
+
+def align_pairs(top_k_index: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
+    """``top_k_index`` (T, k) as an ``Alignment``, of static size (room for every expert's worst
+    padding: T*k + E*(block_m-1) rows, rounded up to whole blocks), by torch ops that never wait
+    for the device."""
+    flat = top_k_index.reshape(-1)
+    n_pairs, device = flat.shape[0], flat.device
+    expert_of, order = torch.sort(flat, stable=True)
+    # histc, not bincount: bincount syncs with the host; CPU histc wants floats (as moe.py)
+    counts = torch.histc(expert_of.float() if device.type == "cpu" else expert_of.int(),
+                         bins=n_experts, min=0, max=n_experts - 1).long()
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    first_padded = padded_end - padded
+    first_sorted = torch.cumsum(counts, 0) - counts
+    n_blocks = triton.cdiv(n_pairs + n_experts * (block_m - 1), block_m)
+    dest = first_padded[expert_of] + torch.arange(n_pairs, device=device) - first_sorted[expert_of]
+    sorted_pairs = torch.full((n_blocks * block_m,), n_pairs, dtype=torch.int64, device=device)
+    sorted_pairs.scatter_(0, dest, order)
+    block_start = torch.arange(n_blocks, device=device) * block_m
+    block_expert = torch.searchsorted(padded_end, block_start, right=True)
+    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    return Alignment(sorted_pairs, block_expert)
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # (Triton ships no type hints)
+def _tile(pid, n_blocks_m, n_blocks_n, group_m: tl.constexpr):  # type: ignore[no-untyped-def]
+    """(row block, column block) of program ``pid``: ``group_m`` row blocks walk each column band
+    together, so a band's weight tile is read from memory once per group, not once per block."""
+    per_group = group_m * n_blocks_n
+    first_m = (pid // per_group) * group_m
+    size_m = tl.minimum(n_blocks_m - first_m, group_m)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _gate_up_kernel(  # type: ignore[no-untyped-def]  # (Triton reads the annotations: none)
+        hidden, weight, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m, hidden_dim,
+        inter_dim, w_e, w_n, w_k, top_k: tl.constexpr, precision: tl.constexpr,
+        block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr, group_m: tl.constexpr):
+    pid_m, pid_n = _tile(tl.program_id(0), n_blocks_m, tl.cdiv(inter_dim, block_n), group_m)
+    expert = tl.load(block_expert + pid_m).to(tl.int64)
+    if expert < 0:  # a block past the real ones
+        return
+    rows = pid_m * block_m + tl.arange(0, block_m)
+    pairs = tl.load(sorted_pairs + rows)
+    real = pairs < n_pairs
+    tokens = pairs // top_k
+    cols = pid_n * block_n + tl.arange(0, block_n)
+    cols_in = cols < inter_dim
+    ks = tl.arange(0, block_k)
+    a_at = hidden + tokens[:, None] * hidden_dim + ks[None, :]
+    gate_at = weight + expert * w_e + cols[None, :] * w_n + ks[:, None] * w_k
+    up_at = gate_at + inter_dim * w_n  # the up rows follow the gate rows (chunk(2) of one GEMM)
+    gate = tl.zeros((block_m, block_n), dtype=tl.float32)
+    up = tl.zeros((block_m, block_n), dtype=tl.float32)
+    for start in range(0, hidden_dim, block_k):
+        k_in = ks < hidden_dim - start
+        a = tl.load(a_at, mask=real[:, None] & k_in[None, :], other=0.0)
+        b_mask = k_in[:, None] & cols_in[None, :]
+        gate = tl.dot(a, tl.load(gate_at, mask=b_mask, other=0.0), gate, input_precision=precision)
+        up = tl.dot(a, tl.load(up_at, mask=b_mask, other=0.0), up, input_precision=precision)
+        a_at += block_k
+        gate_at += block_k * w_k
+        up_at += block_k * w_k
+    # gelu's tanh form: 0.5 x (1 + tanh(y)) = x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
+    act = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate))
+    out_at = inter + rows[:, None].to(tl.int64) * inter_dim + cols[None, :]
+    tl.store(out_at, (act * up).to(inter.dtype.element_ty), mask=cols_in[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _down_kernel(  # type: ignore[no-untyped-def]
+        inter, weight, sorted_pairs, block_expert, out, n_pairs, n_blocks_m, hidden_dim, inter_dim,
+        w_e, w_n, w_k, precision: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr,
+        block_k: tl.constexpr, group_m: tl.constexpr):
+    pid_m, pid_n = _tile(tl.program_id(0), n_blocks_m, tl.cdiv(hidden_dim, block_n), group_m)
+    expert = tl.load(block_expert + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    rows = pid_m * block_m + tl.arange(0, block_m)
+    pairs = tl.load(sorted_pairs + rows)
+    cols = pid_n * block_n + tl.arange(0, block_n)
+    cols_in = cols < hidden_dim
+    ks = tl.arange(0, block_k)
+    a_at = inter + rows[:, None].to(tl.int64) * inter_dim + ks[None, :]
+    b_at = weight + expert * w_e + cols[None, :] * w_n + ks[:, None] * w_k
+    acc = tl.zeros((block_m, block_n), dtype=tl.float32)
+    for start in range(0, inter_dim, block_k):
+        k_in = ks < inter_dim - start
+        a = tl.load(a_at, mask=k_in[None, :], other=0.0)
+        b = tl.load(b_at, mask=k_in[:, None] & cols_in[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=precision)
+        a_at += block_k
+        b_at += block_k * w_k
+    # each row goes to its pair's own place (token * top_k + j); padding rows nowhere
+    out_at = out + pairs[:, None] * hidden_dim + cols[None, :]
+    tl.store(out_at, acc.to(out.dtype.element_ty), mask=(pairs < n_pairs)[:, None] & cols_in[None, :])
+
+
+def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                  top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *,
+                  config: MoeConfig | None = None) -> torch.Tensor:
+    """What moe.experts_forward returns (T, H) in ``hidden``'s dtype, for gated experts
+    ``gate_up`` (E, 2I, H) and ``down`` (E, H, I) of that dtype (no biases, gelu's tanh form):
+    for each token, ``sum_j weights[j] * down[e_j] @ (gelu(gate_j) * up_j)``. ``config``: the
+    launch shapes (default ``pick_config``'s)."""
+    if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
+        raise ValueError(f"experts' weights are {gate_up.dtype}/{down.dtype}, hidden {hidden.dtype}")
+    from router.backends.torch.triton_kernels import combine_rows
+
+    n_tokens, top_k = top_k_index.shape
+    n_experts, hidden_dim, inter_dim = down.shape
+    n_pairs = n_tokens * top_k
+    if n_pairs == 0:
+        return hidden.new_zeros((n_tokens, hidden_dim))
+    config = config or pick_config(n_pairs, n_experts)
+    hidden = hidden.contiguous()
+    sorted_pairs, block_expert = align_pairs(top_k_index, n_experts, config.block_m)
+    n_blocks_m = block_expert.shape[0]
+    # float32 inputs multiply in float32 (tensor cores would round them to tf32)
+    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    shapes = asdict(config)  # the kernels' block and launch arguments, by name
+    inter = hidden.new_empty((sorted_pairs.shape[0], inter_dim))
+    grid = (n_blocks_m * triton.cdiv(inter_dim, config.block_n),)
+    _gate_up_kernel[grid](hidden, gate_up, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m,
+                          hidden_dim, inter_dim, *gate_up.stride(), top_k, precision, **shapes)
+    out_rows = hidden.new_empty((n_pairs, hidden_dim))
+    grid = (n_blocks_m * triton.cdiv(hidden_dim, config.block_n),)
+    _down_kernel[grid](inter, down, sorted_pairs, block_expert, out_rows, n_pairs, n_blocks_m,
+                       hidden_dim, inter_dim, *down.stride(), precision, **shapes)
+    # rows already sit in (token, j) order: the combine's places are the identity
+    place = torch.arange(n_pairs, device=hidden.device).view(n_tokens, top_k)
+    return combine_rows(out_rows, place, top_k_weights)  # type: ignore[no-any-return]
+
+
+@torch.library.custom_op("slotgate::fused_moe", mutates_args=())
+def fused_moe(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+              top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """``fused_experts`` with ``pick_config``'s shapes, as an op the compiler leaves opaque."""
+    return fused_experts(hidden, gate_up, down, top_k_index, top_k_weights)
+
+
+@fused_moe.register_fake
+def _(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
+      top_k_weights: torch.Tensor) -> torch.Tensor:
+    return hidden.new_empty((top_k_index.shape[0], down.shape[1]))
+
