@@ -7,7 +7,9 @@ The switches: ``fused_pass`` (one pass over the shared weights, fused.py; off: t
 two-pass read), ``band`` (layer kinds whose shared prefix is read under a position band),
 ``rows_moe`` (the experts' permutation as row-copy ops, moe.py), ``merge_op`` (the attention merge
 as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_cats`` and
-``compile_rows_kv`` (compiled.py), ``attention`` (the attention kernel per head dim). A combination
+``compile_rows_kv`` (compiled.py), ``attention`` (the attention kernel per head dim), ``trim_last``
+(the last layer cut to the slot's query and the encoder's keys/values: exact, on by default,
+a switch so the bench can measure it off). A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
 
@@ -44,11 +46,13 @@ class KernelChoice:
     compile_rows_kv: bool = False
     compile_backend: str = "inductor"
     attention: tuple[tuple[int, str], ...] = ()  # (head dim, kernel name); others: "math"
+    trim_last: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
-            for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention"):
+            for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
+                         "trim_last"):
                 if getattr(self, name):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -83,10 +87,10 @@ class KernelChoice:
         return {"fused_pass": self.fused_pass, "band": sorted(self.band), "rows_moe": self.rows_moe,
                 "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
                 "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
-                "attention": dict(self.attention)}
+                "attention": dict(self.attention), "trim_last": self.trim_last}
 
 
-TWO_PASS = KernelChoice(fused_pass=False)
+TWO_PASS = KernelChoice(fused_pass=False, trim_last=False)
 
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,

@@ -15,7 +15,13 @@ import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
 from router.backends.torch.choice import KernelChoice, build_pieces, default_choice
-from router.backends.torch.fused import OnePass, OnePassBatch, ffn_weights_shared, slot_read
+from router.backends.torch.fused import (
+    OnePass,
+    OnePassBatch,
+    at_slots,
+    ffn_weights_shared,
+    slot_read,
+)
 from router.backends.torch.graphs import GraphSet, GraphShapes
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
 from router.backends.torch.prefix_lru import PrefixLRU
@@ -102,7 +108,8 @@ class DiffusionSlotReader(Frozen):
         if self.choice.fused_pass and not ffn_weights_shared(model):
             raise ConfigError("kernel choice: fused_pass needs tied encoder/decoder weights",
                               field="fused_pass")
-        self.onepass = (OnePass(model, build_pieces(self.choice), self.choice.band)
+        self.onepass = (OnePass(model, build_pieces(self.choice), self.choice.band,
+                                self.choice.trim_last)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
@@ -325,5 +332,5 @@ class DiffusionSlotReader(Frozen):
         return self.slot_read(hidden, batch)
 
     def slot_read(self, hidden: Any, batch: GroupBatch) -> tuple[Any, Any, Any]:
-        return slot_read(self.model, self.softcap, hidden, batch.slots, batch.label_index,
-                         batch.label_valid)
+        return slot_read(self.model, self.softcap, at_slots(hidden, batch.slots),
+                         batch.label_index, batch.label_valid)

@@ -27,7 +27,7 @@ COMPILES = [(False, False, False), (True, False, False), (True, True, False), (T
             (True, True, True)]  # (compiled, fuse_cats, compile_rows_kv)
 SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
-            "fuse_cats": (False, True), "compile_rows_kv": (False, True)}
+            "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False)}
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -36,10 +36,11 @@ LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].sl
 def shippable() -> list[KernelChoice]:
     """Every choice the CPU accepts: the two-pass read, and each one-pass combination."""
     out = [TWO_PASS]
-    for band, rows, merge, (compiled, cats, rows_kv) in product(BANDS, (False, True), (False, True),
-                                                                 COMPILES):
+    for band, rows, merge, (compiled, cats, rows_kv), trim in product(
+            BANDS, (False, True), (False, True), COMPILES, (True, False)):
         out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
-                                fuse_cats=cats, compile_rows_kv=rows_kv, compile_backend="aot_eager"))
+                                fuse_cats=cats, compile_rows_kv=rows_kv, trim_last=trim,
+                                compile_backend="aot_eager"))
     return out
 
 
@@ -51,7 +52,7 @@ def choice_id(choice: KernelChoice) -> str:
         return "two_pass"
     band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
     on = [name for name in ("rows_moe", "merge_op", "compiled", "fuse_cats", "compile_rows_kv")
-          if getattr(choice, name)]
+          if getattr(choice, name)] + ([] if choice.trim_last else ["untrimmed"])
     return "-".join([f"band={band}", *on])
 
 
@@ -105,6 +106,7 @@ def test_refusals_name_the_switch(model: Any) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"fused_pass": False, "compiled": True}, "compiled"),
         ({"fused_pass": False, "band": frozenset({"full_attention"})}, "band"),
+        ({"fused_pass": False}, "trim_last"),
         ({"fuse_cats": True}, "fuse_cats"), ({"compile_rows_kv": True}, "compile_rows_kv"),
         ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention")]
     for switches, field in cases:

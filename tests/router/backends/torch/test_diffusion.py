@@ -24,11 +24,12 @@ VOCAB = 512
 CANVAS = 16
 
 
-def tiny_model(*, vocab: int = VOCAB, window: int = 64, seed: int = 0) -> Any:
+def tiny_model(*, vocab: int = VOCAB, window: int = 64, seed: int = 0,
+               layers: tuple[str, ...] = ("sliding_attention", "full_attention")) -> Any:
     config = transformers.DiffusionGemmaConfig(
         text_config={
-            "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
-            "layer_types": ["sliding_attention", "full_attention"], "num_attention_heads": 2,
+            "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": len(layers),
+            "layer_types": list(layers), "num_attention_heads": 2,
             "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
             "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16, "sliding_window": window,
             "initializer_range": 0.5,  # large weights: reads far from uniform, differences visible

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.choice import TWO_PASS
+from router.backends.torch.choice import TWO_PASS, KernelChoice
 from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.prefix_attention import (
@@ -49,6 +49,19 @@ def test_one_pass_batch_equals_two_pass_reads_one_at_a_time(model: Any, cached: 
     two = DiffusionSlotReader(model, use_prefix_cache=cached, choice=TWO_PASS)
     # different prompt lengths: the batch is right-padded, the two-pass reads are not
     assert_same_reads(one.read(ITEMS), [two.read([it])[0] for it in ITEMS])
+
+
+@pytest.mark.parametrize("band", [(), ("full_attention",)], ids=["bias", "band"])
+def test_the_trimmed_last_layer_reads_what_the_full_one_reads(band: tuple[str, ...]) -> None:
+    # (transformers makes a DiffusionGemma's last layer full attention, whatever the config says)
+    model = tiny_model(window=8, layers=("sliding_attention", "sliding_attention", "full_attention"))
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    for cached in (True, False):
+        for trim in (True, False):
+            choice = KernelChoice(band=frozenset(band), trim_last=trim)
+            reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
+            assert reader.onepass is not None and reader.onepass.trim_last is trim
+            assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_merged_two_part_attention_equals_one_softmax_over_all_keys() -> None:
