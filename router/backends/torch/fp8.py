@@ -1,0 +1,316 @@
+"""FP8 (e4m3) copies of a DiffusionGemma's layer weights and the matrix products that use them: an
+opt-in read that streams half the bytes and runs Hopper's FP8 tensor cores at twice the bf16 rate.
+
+Weights are quantized once, per output channel (scale = amax / 448, e4m3's largest value), into
+copies beside the model's bf16 weights, which stay (the prefix encoding and the reference read
+use them; nothing of the model is changed). Activations are quantized per row at each product.
+On CUDA the products are ``torch._scaled_grouped_mm`` (experts) and ``torch._scaled_mm`` (dense
+layers), float32 accumulation, bf16 out; elsewhere an emulation does the same arithmetic
+(dequantized e4m3 values, float32 sums, the scales applied after the sum, rounded once to bf16)
+so the CPU tests check it. ``fp8_problem`` says whether a device can serve the CUDA kernels.
+
+Memory added for the released model (30 layers; hidden H=2816, E=128 experts of I=704, dense MLP
+2112; 25 sliding layers with q 16x256, k/v 8x256; 5 full layers with q 16x512, k 2x512, no v):
+experts 30 x (128x1408x2816 + 128x2816x704) bytes of e4m3 + float32 scales = 22.90 GB; attention
+25 x 34.65 MB + 5 x 49.07 MB = 1.11 GB; dense MLPs 30 x 17.87 MB = 0.54 GB: 24.55 GB in all,
+beside the ~45.7 GB of bf16 experts it halves the reads of (embeddings, router, norms stay bf16).
+
+Keying: the hot path gets a layer's copies as an ``Fp8Layer`` argument (a NamedTuple of tensors),
+looked up by layer index outside compiled code. Looking them up by module inside a compiled
+function is a trap: ``table[id(module)]`` makes dynamo guard each module's identity (one graph per
+module: 60 attention modules, past the recompile limit), and a dict keyed by the modules
+themselves compiled into ONE graph that returned the first module's weights for every module
+(torch 2.13, CPU, eager backend). ``Fp8Model.linear(module, x)`` is the id()-keyed look-up for
+eager code only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from typing import Any, NamedTuple
+
+import torch
+
+from router.backends.torch.moe import experts_forward, grouped_mm
+from router.backends.torch.ops import TORCH_OPS, RowOps
+
+log = logging.getLogger(__name__)
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+CHECK_RTOL = 2.0**-7  # CUDA vs emulation: one bf16 rounding step of the largest output
+
+
+class Fp8Weight(NamedTuple):
+    """A weight (..., N, K) in e4m3 and its float32 scale per output channel (..., N)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+
+class Fp8Layer(NamedTuple):
+    """The FP8 copies of one layer (the encoder and decoder layer of an index share them: their
+    weights are tied). A dense weight is None where the layer has none (``v_proj`` of full
+    attention: values are the keys) or where only the experts were quantized."""
+
+    q_proj: Fp8Weight | None
+    k_proj: Fp8Weight | None
+    v_proj: Fp8Weight | None
+    o_proj: Fp8Weight | None
+    gate_proj: Fp8Weight | None
+    up_proj: Fp8Weight | None
+    down_proj: Fp8Weight | None
+    gate_up: Fp8Weight  # experts (E, 2I, H)
+    down: Fp8Weight  # experts (E, H, I)
+
+
+def _scale(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448 in float32, 1 where amax is 0 (an all-zero row quantizes to zeros, not NaN)."""
+    amax = amax.float()
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def quantize_rows(weight: torch.Tensor) -> Fp8Weight:
+    """``weight`` (..., N, K) as e4m3 with one float32 scale per row along N (per output channel
+    of a weight; per token of activations): ``dequantize(q) ~= weight`` within 2^-4 relative per
+    element (e4m3 keeps 3 mantissa bits), or 2^-10 x scale below e4m3's normal range."""
+    scale = _scale(weight.abs().amax(dim=-1))
+    scaled = (weight.float() / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX)
+    return Fp8Weight(scaled.to(torch.float8_e4m3fn), scale)
+
+
+def dequantize(quantized: Fp8Weight) -> torch.Tensor:
+    """The float32 values ``quantized`` stands for."""
+    return quantized.weight.float() * quantized.scale[..., None]
+
+
+def grouped_mm_fp8(rows: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                   offsets: torch.Tensor) -> torch.Tensor:
+    """rows (S, K) @ weight (E, N, K)^T per expert group (``offsets`` (E,) int32: each group's
+    end), weight in e4m3 with scales (E, N); rows quantized per row here. (S, N) in rows' dtype,
+    rounded through bf16 (the kernel's output). CUDA: ``torch._scaled_grouped_mm``, which wants
+    the rows row-major, the weight column-major (our (E, N, K) storage, transposed), K and N
+    multiples of 16, a (S,) and an (E, N) float32 scale; elsewhere ``_grouped_mm_emulated``."""
+    row_q, row_scale = quantize_rows(rows)
+    if rows.device.type != "cuda":
+        return _grouped_mm_emulated(row_q, row_scale, weight, weight_scale, offsets).to(rows.dtype)
+    out = torch._scaled_grouped_mm(row_q, weight.transpose(-2, -1), row_scale, weight_scale,
+                                   offs=offsets, out_dtype=torch.bfloat16)
+    return out.to(rows.dtype)
+
+
+def _grouped_mm_emulated(row_q: torch.Tensor, row_scale: torch.Tensor, weight: torch.Tensor,
+                         weight_scale: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic: e4m3 products summed in float32, scaled after the sum, rounded
+    to bf16. Each row takes its expert's weight (memory S x N x K floats: tests and checks)."""
+    expert = torch.searchsorted(offsets, torch.arange(row_q.shape[0], device=row_q.device),
+                                right=True).clamp(max=weight.shape[0] - 1)
+    sums = torch.bmm(weight.index_select(0, expert).float(), row_q.float()[:, :, None])[:, :, 0]
+    return (sums * row_scale[:, None] * weight_scale.index_select(0, expert)).to(torch.bfloat16)
+
+
+def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` for x (..., K), weight (N, K) in e4m3 with scales (N,); x quantized
+    per row. (..., N) in x's dtype, rounded through bf16. CUDA: ``torch._scaled_mm`` with rowwise
+    scales (x's (M, 1), the weight's (1, N)) and the weight column-major (its (N, K) transposed)."""
+    flat = x.reshape(-1, x.shape[-1])
+    row_q, row_scale = quantize_rows(flat)
+    if x.device.type == "cuda":
+        out = torch._scaled_mm(row_q, weight.t(), scale_a=row_scale[:, None],
+                               scale_b=weight_scale[None, :], out_dtype=torch.bfloat16)
+    else:
+        sums = row_q.float() @ weight.float().t()
+        out = (sums * row_scale[:, None] * weight_scale[None, :]).to(torch.bfloat16)
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def linear(weight: Fp8Weight | None, module: Any, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` (a bias-free nn.Linear) with its FP8 copy ``weight``; ``module(x)`` itself
+    when it has none."""
+    if weight is None:
+        return module(x)  # type: ignore[no-any-return]
+    return linear_fp8(x, weight.weight, weight.scale)
+
+
+def mlp_forward(mlp: Any, layer: Fp8Layer, x: torch.Tensor) -> torch.Tensor:
+    """A layer's dense MLP (``mlp(x)``: down(act(gate(x)) * up(x))) with ``layer``'s FP8 copies."""
+    gate = linear(layer.gate_proj, mlp.gate_proj, x)
+    return linear(layer.down_proj, mlp.down_proj, mlp.act_fn(gate) * linear(layer.up_proj, mlp.up_proj, x))
+
+
+def _grouped(rows: torch.Tensor, weight: Fp8Weight, offsets: torch.Tensor) -> torch.Tensor:
+    return grouped_mm_fp8(rows, weight.weight, weight.scale, offsets)
+
+
+def experts_forward_fp8(experts: Any, layer: Fp8Layer, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor, ops: RowOps = TORCH_OPS) -> torch.Tensor:
+    """``moe.experts_forward`` with ``layer``'s FP8 expert copies: (T, H) from hidden (T, H)."""
+    return experts_forward(experts, hidden, top_k_index, top_k_weights, ops,  # type: ignore[no-any-return]
+                           weights=(layer.gate_up, layer.down), matmul=_grouped)
+
+
+# (name, parent module) of the nn.Linear layers that get copies
+LINEARS = (("q_proj", "self_attn"), ("k_proj", "self_attn"), ("v_proj", "self_attn"),
+           ("o_proj", "self_attn"), ("gate_proj", "mlp"), ("up_proj", "mlp"), ("down_proj", "mlp"))
+
+
+class Fp8Model:
+    """FP8 copies of every layer of a tied DiffusionGemma (``layers[i]`` serves encoder and
+    decoder layer i), built once; the model is only read. ``dense``: the attention and dense MLP
+    projections too (off: the experts alone, the bulk of a read's bytes). ``linear`` looks a module's copy up by
+    id() for eager code (the module docstring says why compiled code takes ``layers[i]``)."""
+
+    def __init__(self, model: Any, *, dense: bool = True) -> None:
+        self.model = model  # keeps the modules alive, so their id()s stay theirs
+        layers = []
+        by_module: dict[int, Fp8Weight] = {}
+        with torch.no_grad():
+            for enc, dec in zip(model.model.encoder.language_model.layers, model.model.decoder.layers,
+                                strict=True):
+                untied = _untied(enc, dec)
+                if untied:
+                    raise ValueError(f"FP8 copies serve both streams: {untied} of layer "
+                                     f"{enc.layer_idx} must be tied between encoder and decoder")
+                copies = [quantize_rows(module.weight) if module is not None and dense else None
+                          for module in _linears(enc).values()]
+                layer = Fp8Layer._make([*copies, quantize_rows(enc.experts.gate_up_proj),
+                                        quantize_rows(enc.experts.down_proj)])
+                layers.append(layer)
+                for owner in (enc, dec):
+                    by_module.update({id(module): getattr(layer, name)
+                                      for name, module in _linears(owner).items()
+                                      if getattr(layer, name) is not None})
+        self.layers = tuple(layers)
+        self._by_module = by_module
+
+    def linear(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        """``module(x)``, through its FP8 copy when it has one (eager code only)."""
+        return linear(self._by_module.get(id(module)), module, x)
+
+    def nbytes(self) -> int:
+        """Bytes the copies hold (weights and scales)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for copy in layer
+                   if copy is not None for t in copy)
+
+
+def _linears(layer: Any) -> dict[str, Any]:
+    return {name: getattr(getattr(layer, parent), name) for name, parent in LINEARS}
+
+
+def _untied(enc: Any, dec: Any) -> str:
+    """The first weight of ``enc`` that ``dec`` does not share ("" when all are)."""
+    pairs = [(f"{parent}.{name}", a.weight if a is not None else None,
+              b.weight if b is not None else None)
+             for (name, parent), a, b in zip(LINEARS, _linears(enc).values(), _linears(dec).values(),
+                                             strict=True)]
+    pairs += [(f"experts.{name}", getattr(enc.experts, name), getattr(dec.experts, name))
+              for name in ("gate_up_proj", "down_proj")]
+    for name, a, b in pairs:
+        if (a.data_ptr() if a is not None else None) != (b.data_ptr() if b is not None else None):
+            return name
+    return ""
+
+
+@functools.cache
+def fp8_problem(device: torch.device) -> str:
+    """Why the FP8 kernels cannot serve on ``device`` ("" when they can): not CUDA, compute
+    capability under 9.0 (``_scaled_grouped_mm`` is Hopper's), torch lacking the ops, or a kernel
+    failing or disagreeing with its emulation on random inputs by more than ``CHECK_RTOL`` of the
+    largest output. Checked once per device; the log says why when refused."""
+    if device.type != "cuda":
+        problem = f"FP8 kernels need CUDA, not {device.type}"
+    elif torch.cuda.get_device_capability(device) < (9, 0):
+        problem = f"FP8 grouped GEMMs need compute capability 9.0, not {torch.cuda.get_device_capability(device)}"
+    elif not (hasattr(torch, "_scaled_grouped_mm") and hasattr(torch, "_scaled_mm")):
+        problem = f"torch {torch.__version__} lacks _scaled_grouped_mm or _scaled_mm"
+    else:
+        try:
+            problem = _disagreement(device)
+        # a layout or shape the kernels refuse, a launch failure: the bf16 read serves, the log says why
+        except Exception as exc:  # noqa: BLE001
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        log.warning("torch read: FP8 not used: %s", problem)
+    return problem
+
+
+def _disagreement(device: torch.device) -> str:
+    """"" when both CUDA products agree with their emulation, else which one and by how much.
+    Group sizes are uneven, one group empty, as routing makes them."""
+    errors = kernel_errors(device)
+    bad = [f"{name} differs from its emulation by {error:.3g} of its largest output"
+           for name, error in errors.items() if not error <= CHECK_RTOL]
+    return "; ".join(bad)
+
+
+def kernel_errors(device: torch.device, rows: int = 96, n: int = 256, k: int = 512) -> dict[str, float]:
+    """Largest |CUDA - emulation| of each product over its largest |emulation| on random inputs."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn((rows, k), generator=gen, device=device, dtype=torch.bfloat16)
+    weights = quantize_rows(torch.randn((5, n, k), generator=gen, device=device, dtype=torch.bfloat16))
+    offsets = torch.tensor([10, 10, 50, 81, rows], dtype=torch.int32, device=device)
+    row_q, row_scale = quantize_rows(x)
+    pairs = {"_scaled_grouped_mm": (grouped_mm_fp8(x, weights.weight, weights.scale, offsets),
+                                    _grouped_mm_emulated(row_q, row_scale, *weights, offsets)),
+             "_scaled_mm": (linear_fp8(x, weights.weight[2], weights.scale[2]),
+                            _grouped_mm_emulated(row_q, row_scale, weights.weight[2:3],
+                                                 weights.scale[2:3], offsets[-1:]))}
+    return {name: float((got.float() - want.float()).abs().max() / want.float().abs().max())
+            for name, (got, want) in pairs.items()}
+
+
+def _time_ms(fn: Any, repeats: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / repeats
+
+
+def _expert_gemms(matmul: Any, rows: torch.Tensor, weights: tuple[Any, Any],
+                  offsets: torch.Tensor) -> torch.Tensor:
+    """One layer's two expert GEMMs (the activation left out: it is the same in both forms)."""
+    mid = matmul(rows, weights[0], offsets)
+    return matmul(mid[:, : mid.shape[1] // 2], weights[1], offsets)  # type: ignore[no-any-return]
+
+
+def self_check(tokens: tuple[int, ...] = (264, 8448), experts: int = 128, top_k: int = 8,
+               hidden: int = 2816, inner: int = 704) -> None:
+    """One device call's report: the problem string, the kernels' errors against their emulation,
+    and one layer's expert GEMMs (gate_up then down) FP8 vs bf16 at the released sizes, with the
+    FP8 result's error relative to bf16's."""
+    device = torch.device("cuda")
+    print(f"fp8_problem: {fp8_problem(device)!r}")
+    print(f"kernel vs emulation (max |diff| / max |out|): {kernel_errors(device)}")
+    gen = torch.Generator(device=device).manual_seed(1)
+    gate_up = torch.randn((experts, 2 * inner, hidden), generator=gen, device=device, dtype=torch.bfloat16)
+    down = torch.randn((experts, hidden, inner), generator=gen, device=device, dtype=torch.bfloat16)
+    gate_up_q, down_q = quantize_rows(gate_up), quantize_rows(down)
+    for count in tokens:
+        rows = torch.randn((count * top_k, hidden), generator=gen, device=device, dtype=torch.bfloat16)
+        ids = torch.randint(0, experts, (count * top_k,), generator=gen, device=device).sort().values
+        offsets = torch.cumsum(torch.bincount(ids, minlength=experts), 0, dtype=torch.int32)
+
+        bf16 = functools.partial(_expert_gemms, grouped_mm, rows, (gate_up, down), offsets)
+        fp8 = functools.partial(_expert_gemms, _grouped, rows, (gate_up_q, down_q), offsets)
+        want, got = bf16().float(), fp8().float()
+        error = float((got - want).norm() / want.norm())
+        print(f"T={count} ({count * top_k} rows): bf16 {_time_ms(bf16):.3f} ms, "
+              f"fp8 {_time_ms(fp8):.3f} ms, fp8 vs bf16 relative error (Frobenius) {error:.4f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="the device self-check (CUDA)")
+    if parser.parse_args(argv).check:
+        self_check()
+
+
+if __name__ == "__main__":
+    main()
