@@ -30,7 +30,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shipped": {}, "no_band": {"band": frozenset()}, "band_all": {"band": BOTH},
     "no_rows_moe": {"rows_moe": False}, "no_merge_op": {"merge_op": False},
     "no_triton": {"rows_moe": False, "merge_op": False, "triton": False},
-    "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True}}
+    "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True},
+    "no_trim": {"trim_last": False}}
 
 
 def event_ms(fn: Any, iters: int) -> float:
