@@ -1,0 +1,158 @@
+"""One DiffusionGemma MoE layer's experts at the real sizes (H 2816, I 704, 128 experts, top 8):
+moe.experts_forward with the Triton row ops (two CUTLASS grouped GEMMs) against triton_moe's
+fused kernels over a sweep of launch shapes, each replayed from a CUDA graph, at one read
+(264 tokens: memory bound) and a batch of 32 reads (8,448 tokens: compute bound). CUDA only.
+
+    python -m bench.moe_kernels --out $OUT/moe_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bench.common import print_table
+
+HIDDEN, INTER, EXPERTS, TOP_K = 2816, 704, 128, 8
+# (block_m, block_n, block_k, group_m, num_warps, num_stages) swept per token count; the
+# heuristic's own pick (pick_config) is always run too.
+SWEEP: dict[int, list[tuple[int, int, int, int, int, int]]] = {
+    264: [(16, 32, 128, 1, 4, 4), (16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4),
+          (16, 64, 256, 1, 4, 3), (16, 64, 128, 4, 4, 4), (32, 64, 128, 1, 4, 4),
+          (16, 64, 128, 1, 2, 5), (64, 64, 64, 4, 4, 4)],
+    8448: [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 64, 64, 8, 4, 4),
+           (64, 128, 64, 8, 4, 4), (128, 128, 32, 8, 4, 4), (64, 64, 64, 8, 4, 4),
+           (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3)],
+}
+QUICK_SWEEP = 2  # configs per token count under --quick (after the heuristic's pick)
+
+
+def graph_ms(fn: Any, iters: int) -> tuple[float, Any, bool]:
+    """Median ms of ``fn`` over ``iters`` replays of one captured CUDA graph (events around each
+    replay), its output, and whether capture worked (else ``fn`` itself is timed)."""
+    import torch
+
+    out = fn()  # compiles the Triton kernels outside the capture
+    torch.cuda.synchronize()
+    run = fn
+    captured = True
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        run = graph.replay
+    except RuntimeError as exc:
+        print(f"capture failed, timing eagerly: {exc}", file=sys.stderr)
+        captured = False
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    return sorted(times)[len(times) // 2], out, captured
+
+
+def layer(n_tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:
+    """Random bf16 experts, hidden rows and a softmax-over-top-8 routing of random logits."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    scale = HIDDEN ** -0.5
+
+    def rand(*shape: int, std: float = 1.0) -> Any:
+        return (torch.randn(shape, generator=gen, device="cuda") * std).bfloat16()
+
+    experts = SimpleNamespace(num_experts=EXPERTS, gate_up_proj=rand(EXPERTS, 2 * INTER, HIDDEN, std=scale),
+                              down_proj=rand(EXPERTS, HIDDEN, INTER, std=INTER ** -0.5),
+                              act_fn=partial(torch.nn.functional.gelu, approximate="tanh"))
+    hidden = rand(n_tokens, HIDDEN)
+    logits = torch.randn((n_tokens, EXPERTS), generator=gen, device="cuda")
+    weights, index = torch.topk(logits.softmax(-1), TOP_K, dim=-1)
+    return experts, hidden, index, weights / weights.sum(-1, keepdim=True)
+
+
+def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    from router.backends.torch import triton_moe
+    from router.backends.torch.moe import experts_forward
+    from router.backends.torch.ops import TRITON_OPS
+
+    experts, hidden, index, weights = layer(n_tokens, seed=n_tokens)
+    weight_bytes = (experts.gate_up_proj.numel() + experts.down_proj.numel()) * 2
+    flops = 2 * n_tokens * TOP_K * 3 * INTER * HIDDEN
+
+    def row(kernel: str, config: str, ms: float, captured: bool) -> dict[str, Any]:
+        return {"tokens": n_tokens, "kernel": kernel, "config": config, "ms": round(ms, 4),
+                "weight_tb_s": round(weight_bytes / ms / 1e9, 3),
+                "tflop_s": round(flops / ms / 1e9, 1), "graph": captured}
+
+    with torch.inference_mode():
+        peer_ms, peer, captured = graph_ms(
+            partial(experts_forward, experts, hidden, index, weights, TRITON_OPS), args.iters)
+        rows = [row("grouped_mm", "cutlass", peer_ms, captured) | {"vs_peer": 1.0,
+                                                                   "max_abs_diff": 0.0}]
+        picked = triton_moe.pick_config(n_tokens * TOP_K, EXPERTS)
+        configs = [picked] + [c for c in (triton_moe.MoeConfig(*shape) for shape in SWEEP[n_tokens])
+                              if c != picked][: QUICK_SWEEP if args.quick else None]
+        for config in configs:
+            name = "/".join(str(v) for v in (config.block_m, config.block_n, config.block_k,
+                                             config.group_m, config.num_warps, config.num_stages))
+            name += " (pick)" if config == picked else ""
+            fused = partial(triton_moe.fused_experts, hidden, experts.gate_up_proj,
+                            experts.down_proj, index, weights, config=config)
+            try:
+                ms, out, captured = graph_ms(fused, args.iters)
+            # a shape past the chip's registers or shared memory is reported, the others run
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"tokens": n_tokens, "kernel": "triton_fused", "config": name,
+                             "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                continue
+            rows.append(row("triton_fused", name, ms, captured) | {
+                "vs_peer": round(peer_ms / ms, 3),
+                "max_abs_diff": float((out.float() - peer.float()).abs().max())})
+        rows[0]["peer_max_abs"] = float(peer.float().abs().max())
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=sorted(SWEEP), choices=sorted(SWEEP))
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the heuristic's pick and {QUICK_SWEEP} more configs, 10 replays")
+    parser.add_argument("--out", default="", help="write the rows as JSON here")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench.moe_kernels needs a CUDA device (Triton kernels at an H200's sizes); "
+                 "none found")
+    args.iters = 10 if args.quick else args.iters
+    started = time.monotonic()
+    rows = [r for n_tokens in args.tokens for r in measure(n_tokens, args)]
+    columns = ["tokens", "kernel", "config", "ms", "weight_tb_s", "tflop_s", "vs_peer",
+               "max_abs_diff", "graph"]
+    print_table(f"MoE experts on {torch.cuda.get_device_name()} (vs_peer: peer ms / ms)", columns,
+                [[r.get(c, r.get("error", "")) if c == "ms" else r.get(c, "") for c in columns]
+                 for r in rows])
+    print(f"ran in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                              "torch": torch.__version__, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

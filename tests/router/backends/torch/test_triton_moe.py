@@ -1,0 +1,231 @@
+"""triton_moe's fused experts on the CPU, under Triton's interpreter: the alignment's invariants
+exactly, and the kernels against moe.experts_forward (the row-copy path) and transformers' own
+experts forward, at sizes that make every block shape meet padding, partial tiles and K loops."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+# The interpreter is chosen when a kernel is decorated (triton.knobs reads the variable then): set
+# before triton_moe (and the triton_kernels it uses) is first imported, restored afterwards (and
+# set again while this module's tests run: ``_interpreter``).
+_saved = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    triton = pytest.importorskip("triton")
+    from router.backends.torch import triton_kernels, triton_moe
+    from router.backends.torch.moe import experts_forward
+    from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig
+finally:
+    if _saved is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+if not all(type(k).__name__ == "InterpretedFunction"
+           for k in (triton_moe._down_kernel, triton_kernels._combine_kernel)):
+    pytest.skip("Triton's kernels were imported compiled earlier in this process (CUDA): these "
+                "tests run them interpreted on the CPU", allow_module_level=True)
+
+HIDDEN, INTER, EXPERTS, TOP_K = 64, 24, 8, 2
+# Tiles far below the sizes: several row, column and reduction blocks, the last ones partial
+# (24 = 16 + 8), and row blocks grouped two by two.
+MANY_BLOCKS = MoeConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
+CONFIGS = {"small_m": SMALL_M, "large_m": LARGE_M, "many_blocks": MANY_BLOCKS}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter() -> Iterator[None]:
+    """TRITON_INTERPRET stays set while the kernels run (Triton imports parts of itself lazily, at
+    the first launch, and those check it). And two bfloat16 faults of Triton 3.9's interpreter are
+    mended, so that it computes what the GPU does: it holds bfloat16 as bit patterns (uint16) and
+    its ``tl.dot`` multiplies those patterns as integers (float8 operands it converts first,
+    bfloat16 not): convert them to float32, which is exact, as the tensor cores multiply them; and
+    its float32 -> bfloat16 cast truncates, where the GPU's ``.to`` rounds to nearest even: round
+    through torch. The kernels themselves run unchanged."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    bf16, f32 = triton.language.bfloat16, triton.language.float32
+    dot, cast = interpreter.InterpreterBuilder.create_dot, interpreter.InterpreterBuilder.cast_impl
+
+    def as_float32(x: Any) -> Any:
+        if x.dtype.scalar != bf16:
+            return x
+        data = interpreter._convert_float(x.data, bf16, f32, None).view(np.float32)
+        return interpreter.TensorHandle(data, f32)
+
+    def create_dot(self: Any, a: Any, b: Any, *rest: Any) -> Any:
+        return dot(self, as_float32(a), as_float32(b), *rest)
+
+    def cast_impl(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar != f32 or dst_type.scalar != bf16:
+            return cast(self, src, dst_type)
+        rounded = torch.from_numpy(np.ascontiguousarray(src.data)).bfloat16().view(torch.int16)
+        return interpreter.TensorHandle(rounded.numpy().view(np.uint16), bf16)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        patch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+        patch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
+        yield
+
+
+def experts_module(seed: int = 0) -> Any:
+    """transformers' DiffusionGemma experts at small sizes, random weights of a sane scale."""
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
+        DiffusionGemmaTextExperts,
+    )
+
+    config = SimpleNamespace(num_experts=EXPERTS, hidden_size=HIDDEN, moe_intermediate_size=INTER,
+                             hidden_activation="gelu_pytorch_tanh", _experts_implementation="eager")
+    experts = DiffusionGemmaTextExperts(config)  # type: ignore[arg-type]  # (the fields it reads)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=gen) * HIDDEN**-0.5)
+        experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=gen) * INTER**-0.5)
+    return experts
+
+
+def routing(n_tokens: int, kind: str, seed: int = 1) -> tuple[Any, Any, Any]:
+    """Hidden rows, top-k expert indices and weights: ``random`` (distinct experts per token),
+    ``two_experts`` (every token on experts 3 and 5: the others get no pair) or ``one_expert``
+    (every pair on expert 6, both of a token's slots)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn((n_tokens, HIDDEN), generator=gen)
+    if kind == "random":
+        index = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(n_tokens)])
+    elif kind == "two_experts":
+        index = torch.tensor([[3, 5], [5, 3]]).repeat(n_tokens, 1)[:n_tokens]
+    else:
+        index = torch.full((n_tokens, TOP_K), 6)
+    weights = torch.rand((n_tokens, TOP_K), generator=gen).softmax(-1)
+    return hidden, index.reshape(n_tokens, TOP_K), weights
+
+
+def run_fused(experts: Any, hidden: Any, index: Any, weights: Any, config: MoeConfig | None,
+              dtype: Any = torch.float32) -> Any:
+    return triton_moe.fused_experts(hidden.to(dtype), experts.gate_up_proj.to(dtype),
+                                    experts.down_proj.to(dtype), index, weights, config=config)
+
+
+@pytest.mark.parametrize("block_m", [4, 16])
+@pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
+@pytest.mark.parametrize("n_tokens", [1, 5, 37])
+def test_alignment_holds_every_pair_once_in_single_expert_blocks(n_tokens: int, kind: str,
+                                                                 block_m: int) -> None:
+    _, index, _ = routing(n_tokens, kind)
+    n_pairs = index.numel()
+    sorted_pairs, block_expert = triton_moe.align_pairs(index, EXPERTS, block_m)
+    n_blocks = -(-(n_pairs + EXPERTS * (block_m - 1)) // block_m)
+    assert sorted_pairs.shape == (n_blocks * block_m,) and block_expert.shape == (n_blocks,)
+    real = sorted_pairs != n_pairs  # the sentinel, and nothing else, marks padding
+    assert bool(((sorted_pairs >= 0) & (sorted_pairs <= n_pairs)).all())
+    assert torch.equal(sorted_pairs[real].sort().values, torch.arange(n_pairs))
+    experts_of = index.reshape(-1)
+    blocks = sorted_pairs.view(n_blocks, block_m)
+    used = block_expert >= 0
+    n_used = int(used.sum())
+    assert bool(used[:n_used].all()) and not bool(used[n_used:].any())  # skipped blocks: the tail
+    assert not bool((blocks[~used] != n_pairs).any())
+    for b in range(n_used):
+        pairs = blocks[b][blocks[b] != n_pairs]
+        assert pairs.numel() > 0  # no block of padding alone before the tail
+        assert bool((experts_of[pairs] == block_expert[b]).all())
+        assert bool((pairs[1:] > pairs[:-1]).all())  # each expert's pairs in pair order
+    counts = torch.bincount(experts_of, minlength=EXPERTS)
+    blocks_per_expert = torch.bincount(block_expert[used].long(), minlength=EXPERTS)
+    assert torch.equal(blocks_per_expert, -(-counts // block_m))
+    assert bool((block_expert[used][1:] >= block_expert[used][:-1]).all())  # by expert
+
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
+@pytest.mark.parametrize("n_tokens", [1, 5, 37])
+def test_float32_fused_experts_equal_the_row_copy_experts(n_tokens: int, kind: str,
+                                                          config: str) -> None:
+    # Both multiply in float32 (the row-copy path through its bmm fallback, the kernels with
+    # ieee dots) and sum over k in the same order: only the GEMMs' summation order differs.
+    experts = experts_module()
+    hidden, index, weights = routing(n_tokens, kind)
+    with torch.inference_mode():
+        want = experts_forward(experts, hidden, index, weights)
+        got = run_fused(experts, hidden, index, weights, CONFIGS[config])
+    assert got.dtype == torch.float32 and got.shape == (n_tokens, HIDDEN)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_tokens", [5, 37])
+def test_fused_experts_equal_transformers_experts(n_tokens: int) -> None:
+    # transformers loops over experts and index_adds: another summation order over k, in float32
+    experts = experts_module(seed=3)
+    hidden, index, weights = routing(n_tokens, "random", seed=4)
+    with torch.inference_mode():
+        torch.testing.assert_close(run_fused(experts, hidden, index, weights, None),
+                                   experts(hidden, index, weights), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", ["small_m", "many_blocks"])
+@pytest.mark.parametrize("n_tokens", [5, 37])
+def test_bfloat16_fused_experts_match_the_row_copy_experts(n_tokens: int, config: str) -> None:
+    # Same bf16 inputs to both. The row-copy path rounds gate and up to bf16, then gelu, then their
+    # product (three roundings of 2^-9 relative each); the kernel rounds gelu(gate) * up once. Both
+    # round each expert's output row and the final sum: outputs (up to ~4 here, where a bf16 step is
+    # 2^-6) may differ by a few steps, not more. The float32 product of the same bf16 inputs is the
+    # fixed point: the kernel must be about as close to it as the row-copy path (measured: 0.016
+    # against the path's 0.019 at 37 tokens).
+    experts = experts_module(seed=5)
+    hidden, index, weights = routing(n_tokens, "random", seed=6)
+    bf16 = torch.bfloat16
+    with torch.inference_mode():
+        got = run_fused(experts, hidden, index, weights, CONFIGS[config], dtype=bf16)
+        peer_experts = SimpleNamespace(num_experts=EXPERTS, gate_up_proj=experts.gate_up_proj.to(bf16),
+                                       down_proj=experts.down_proj.to(bf16), act_fn=experts.act_fn)
+        peer = experts_forward(peer_experts, hidden.to(bf16), index, weights)
+        exact_experts = SimpleNamespace(num_experts=EXPERTS, act_fn=experts.act_fn,
+                                        gate_up_proj=peer_experts.gate_up_proj.float(),
+                                        down_proj=peer_experts.down_proj.float())
+        exact = experts_forward(exact_experts, hidden.to(bf16).float(), index, weights)
+    assert got.dtype == bf16
+    torch.testing.assert_close(got.float(), peer.float(), rtol=2e-2, atol=2e-2)
+    got_error = (got.float() - exact).abs().max()
+    assert got_error <= max(1.5 * float((peer.float() - exact).abs().max()), 4e-3)
+
+
+def test_custom_op_is_fused_experts_and_its_fake_has_the_output_shape() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    experts = experts_module()
+    hidden, index, weights = routing(5, "random")
+    args = (hidden, experts.gate_up_proj.detach(), experts.down_proj.detach(), index, weights)
+    with torch.inference_mode():
+        assert torch.equal(torch.ops.slotgate.fused_moe(*args), triton_moe.fused_experts(*args))
+    with FakeTensorMode() as mode:
+        fake = torch.ops.slotgate.fused_moe(*(mode.from_tensor(a) for a in args))
+    assert fake.shape == (5, HIDDEN) and fake.dtype == hidden.dtype
+
+
+def test_no_tokens_give_an_empty_output_and_mixed_dtypes_are_refused() -> None:
+    experts = experts_module()
+    hidden, index, weights = routing(5, "random")
+    empty = run_fused(experts, hidden[:0], index[:0], weights[:0], None)
+    assert empty.shape == (0, HIDDEN)
+    with pytest.raises(ValueError, match="bfloat16"):
+        triton_moe.fused_experts(hidden, experts.gate_up_proj.bfloat16(), experts.down_proj, index,
+                                 weights)
+
+
+def test_pick_config_by_pairs_per_expert() -> None:
+    assert triton_moe.pick_config(264 * 8, 128) == SMALL_M  # one read: ~16 pairs an expert
+    assert triton_moe.pick_config(8448 * 8, 128) == LARGE_M  # 32 reads: ~528
+    assert triton_moe.pick_config(64 * 128, 128) == triton_moe.MID_M
+    for config in (SMALL_M, triton_moe.MID_M, LARGE_M):  # tl.dot tiles: powers of two, >= 16
+        for size in (config.block_m, config.block_n, config.block_k):
+            assert size >= 16 and size & (size - 1) == 0
