@@ -87,7 +87,8 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         kind="diffusion", canvas_length=args.canvas, turn_close_id=int(tokenizer.eos_token_id or 0),
         max_batch=top, coalesce_window_ms=2.0, compiled=device.type == "cuda",
         graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
-        graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity)
+        graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity,
+        fp8=getattr(args, "fp8", "off"))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
     return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))

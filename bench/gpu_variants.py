@@ -31,7 +31,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no_rows_moe": {"rows_moe": False}, "no_merge_op": {"merge_op": False},
     "no_triton": {"rows_moe": False, "merge_op": False, "triton": False},
     "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True},
-    "no_trim": {"trim_last": False}}
+    "no_trim": {"trim_last": False},
+    "fused_moe": {"rows_moe": False, "fused_moe": True},
+    "fp8_experts": {"fp8": "experts"}, "fp8_all": {"fp8": "all"}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

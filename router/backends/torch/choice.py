@@ -9,7 +9,9 @@ two-pass read), ``band`` (layer kinds whose shared prefix is read under a positi
 as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_cats`` and
 ``compile_rows_kv`` (compiled.py), ``attention`` (the attention kernel per head dim), ``trim_last``
 (the last layer cut to the slot's query and the encoder's keys/values: exact, on by default,
-a switch so the bench can measure it off). A combination
+a switch so the bench can measure it off), ``fused_moe`` (the experts as one fused Triton MoE,
+triton_moe.py), ``fp8`` (FP8 copies of the experts, or of every product's weights, fp8.py:
+opt-in, it changes the read). A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.fused import EAGER, Pieces, ffn_half_rows
+from router.backends.torch.fused import EAGER, Pieces, ffn_half_fused, ffn_half_rows
 from router.backends.torch.prefix_attention import (
     CUDNN_HOPPER_MAX_DIM,
     KERNEL_BY_NAME,
@@ -47,13 +49,15 @@ class KernelChoice:
     compile_backend: str = "inductor"
     attention: tuple[tuple[int, str], ...] = ()  # (head dim, kernel name); others: "math"
     trim_last: bool = True
+    fused_moe: bool = False
+    fp8: str = "off"  # FP8 weight copies (fp8.py): "off", "experts", "all" (experts and dense)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
-                         "trim_last"):
-                if getattr(self, name):
+                         "trim_last", "fused_moe", "fp8"):
+                if getattr(self, name) not in (False, "off", frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
         for name in ("fuse_cats", "compile_rows_kv"):
@@ -62,6 +66,15 @@ class KernelChoice:
         if self.triton and not (self.rows_moe or self.merge_op):
             raise ConfigError("kernel choice: triton needs rows_moe or merge_op (its kernels are "
                               "their ops)", field="triton")
+        if self.fp8 not in FP8_MODES:
+            raise ConfigError(f"kernel choice: fp8 must be one of {FP8_MODES}, not {self.fp8!r}",
+                              field="fp8")
+        if self.fused_moe and self.rows_moe:
+            raise ConfigError("kernel choice: fused_moe and rows_moe are two kernels for the same "
+                              "experts: choose one", field="fused_moe")
+        if self.fused_moe and self.fp8 != "off":
+            raise ConfigError("kernel choice: fused_moe reads the bf16 experts; fp8 has its own "
+                              "experts' products", field="fused_moe")
         unknown = {name for _, name in self.attention} - set(KERNEL_BY_NAME)
         if unknown:
             raise ConfigError(f"kernel choice: unknown attention kernels {sorted(unknown)}",
@@ -72,9 +85,16 @@ class KernelChoice:
         if not self.band <= layer_kinds:
             raise ConfigError(f"kernel choice: band names layer kinds {sorted(self.band - layer_kinds)} "
                               f"the model lacks (it has {sorted(layer_kinds)})", field="band")
+        if self.fp8 != "off":
+            from router.backends.torch.fp8 import fp8_problem
+
+            problem = fp8_problem(device)
+            if problem:
+                raise ConfigError(f"kernel choice: fp8 cannot serve here: {problem}", field="fp8")
         if device.type != "cuda":
-            if self.triton:
-                raise ConfigError("kernel choice: triton needs a CUDA device", field="triton")
+            for name in ("triton", "fused_moe"):
+                if getattr(self, name):
+                    raise ConfigError(f"kernel choice: {name} needs a CUDA device", field=name)
             if {name for _, name in self.attention} & CUDA_ONLY_KERNELS:
                 raise ConfigError("kernel choice: attention kernels other than math need a CUDA "
                                   "device", field="attention")
@@ -87,19 +107,21 @@ class KernelChoice:
         return {"fused_pass": self.fused_pass, "band": sorted(self.band), "rows_moe": self.rows_moe,
                 "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
                 "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
-                "attention": dict(self.attention), "trim_last": self.trim_last}
+                "attention": dict(self.attention), "trim_last": self.trim_last,
+                "fused_moe": self.fused_moe, "fp8": self.fp8}
 
 
+FP8_MODES = ("off", "experts", "all")
 TWO_PASS = KernelChoice(fused_pass=False, trim_last=False)
 
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
-                   compile_backend: str = "inductor") -> KernelChoice:
+                   compile_backend: str = "inductor", fp8: str = "off") -> KernelChoice:
     """A device's choice for ``model``: with ``fast_kernels`` (default: on CUDA) the band read for
     the head dims over cuDNN's Hopper kernels (the global layers; elsewhere cuDNN's flash kernel
     is faster), the row-copy experts in bfloat16 (grouped GEMMs) and the merge op, as Triton
     kernels when they work here; the attention kernel per head dim that agrees with the reference;
-    ``compiled`` with the feed-forward half's concatenations fused in."""
+    ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in)."""
     from router.backends.torch.fused import ffn_weights_shared
     from router.backends.torch.ops import triton_problem
 
@@ -112,7 +134,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     attention = pick_attention(device, dtype, dims)
     if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
         return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,
-                            compile_backend=compile_backend)
+                            compile_backend=compile_backend, fp8=fp8)
     import torch
 
     triton = not triton_problem(device)
@@ -120,7 +142,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
             if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
     return KernelChoice(band=frozenset(band), rows_moe=triton and dtype == torch.bfloat16,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
-                        compile_backend=compile_backend, attention=attention)
+                        compile_backend=compile_backend, attention=attention, fp8=fp8)
 
 
 def build_pieces(choice: KernelChoice) -> Pieces:
@@ -131,6 +153,8 @@ def build_pieces(choice: KernelChoice) -> Pieces:
     pieces = replace(EAGER, attend=attend_by_dim(choice.attention))
     if choice.rows_moe:
         pieces = replace(pieces, ffn=partial(ffn_half_rows, ops=ops))
+    if choice.fused_moe:
+        pieces = replace(pieces, ffn=ffn_half_fused)
     if choice.merge_op:
         pieces = replace(pieces, merge=ops.merge)
     if not choice.compiled:

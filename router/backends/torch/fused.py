@@ -37,9 +37,19 @@ from router.backends.torch.prefix_attention import (
 from router.backends.torch.reader import Frozen
 
 if TYPE_CHECKING:
+    from router.backends.torch.fp8 import Fp8Layer, Fp8Model, Fp8Weight
     from router.backends.torch.ops import RowOps
 
 FAR = 1 << 40  # key position of an empty prefix slot: never visible
+
+
+class _NoFp8:
+    """Every FP8 copy absent: the bf16 projections (``qkv_half`` without ``weights``)."""
+
+    q_proj = k_proj = v_proj = o_proj = None
+
+
+_NO_FP8 = _NoFp8()
 
 
 @dataclass
@@ -68,29 +78,69 @@ class OnePassBatch:
     label_valid: Any
 
 
-def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
-    """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``."""
-    return _ffn(layer, attn_out, residual, layer.experts)
+def ffn_half(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
+    """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``; with
+    ``weights`` (fp8.py), its products through those FP8 copies."""
+    if weights is None:
+        return _ffn(layer, attn_out, residual, layer.experts, None)
+    return ffn_half_rows(layer, attn_out, residual, weights)
 
 
-def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, ops: RowOps | None = None) -> Any:
+def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None,
+                  ops: RowOps | None = None) -> Any:
     """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py), ``ops``'
     (default: the torch references)."""
-    from router.backends.torch.moe import experts_forward
     from router.backends.torch.ops import TORCH_OPS
 
     row_ops = ops if ops is not None else TORCH_OPS
 
     def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        if weights is not None:
+            from router.backends.torch.fp8 import experts_forward_fp8
+
+            return experts_forward_fp8(layer.experts, weights, hidden, top_k_index, top_k_weights,
+                                       row_ops)
+        from router.backends.torch.moe import experts_forward
+
         return experts_forward(layer.experts, hidden, top_k_index, top_k_weights, row_ops)
 
-    return _ffn(layer, attn_out, residual, experts)
+    return _ffn(layer, attn_out, residual, experts, weights)
 
 
-def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
+def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
+    """``ffn_half`` with the experts as one fused Triton MoE (triton_moe.py: gather, gate/up GEMM
+    with the activation, down GEMM, weighted sum); bf16 weights only (``weights`` must be None)."""
+    from router.backends.torch.triton_moe import fused_moe
+
+    assert weights is None, "the fused MoE reads the bf16 experts"
+
+    def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        return fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj, top_k_index,
+                         top_k_weights)
+
+    return _ffn(layer, attn_out, residual, experts, None)
+
+
+def project(weight: Fp8Weight | None, module: Any, x: Any) -> Any:
+    """``module(x)`` (a bias-free linear layer), through its FP8 copy ``weight`` when given."""
+    if weight is None:
+        return module(x)
+    from router.backends.torch.fp8 import linear
+
+    return linear(weight, module, x)
+
+
+def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any, weights: Fp8Layer | None) -> Any:
     hidden = residual + layer.post_attention_layernorm(attn_out)
     residual = hidden
-    dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+    normed = layer.pre_feedforward_layernorm(hidden)
+    if weights is not None and weights.gate_proj is not None:
+        from router.backends.torch.fp8 import mlp_forward
+
+        mlp = mlp_forward(layer.mlp, weights, normed)
+    else:
+        mlp = layer.mlp(normed)
+    dense = layer.post_feedforward_layernorm_1(mlp)
     flat = residual.reshape(-1, residual.shape[-1])
     _, top_k_weights, top_k_index = layer.router(flat)
     experts = experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
@@ -99,7 +149,7 @@ def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
 
 
 def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any],
-             scalars: tuple[Any, Any]) -> tuple[Any, Any]:
+             scalars: tuple[Any, Any], weights: Fp8Layer | None = None) -> tuple[Any, Any]:
     """One layer's feed-forward half over both streams: their attention outputs and residuals
     (encoder (B, S, E), decoder (R, C, E)) laid end to end as rows, ``ffn`` run once, and each
     stream's part scaled by its layer's ``layer_scalar``. Compiled whole (compiled.py), the two
@@ -109,7 +159,7 @@ def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any
     (enc_attn, dec_attn), (enc_h, dec_h) = attn, hidden
     n_enc, width = enc_h.shape[0] * enc_h.shape[1], enc_h.shape[-1]
     out = ffn(layer, torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, width)]),
-              torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, width)]))
+              torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, width)]), weights)
     return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
 
 
@@ -122,16 +172,19 @@ def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any,
             torch.cat([v_e.index_select(0, row_item), v_d], dim=2))
 
 
-def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
+def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any,
+             weights: Fp8Layer | None = None) -> tuple[Any, Any, Any]:
     """An attention module's queries (B, H, M, D) and keys/values (B, H_kv, M, D), normed and
-    rotated exactly as transformers' DiffusionGemma attention does before its cache update."""
+    rotated exactly as transformers' DiffusionGemma attention does before its cache update (the
+    projections through ``weights``' FP8 copies when given)."""
     from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
 
+    w: Any = weights if weights is not None else _NO_FP8
     shape = (*hidden.shape[:-1], -1, attn.head_dim)
-    query = attn.q_norm(attn.q_proj(hidden).view(shape))
+    query = attn.q_norm(project(w.q_proj, attn.q_proj, hidden).view(shape))
     query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
-    key = attn.k_proj(hidden).view(shape)
-    value = attn.v_proj(hidden).view(shape) if attn.v_proj is not None else key
+    key = project(w.k_proj, attn.k_proj, hidden).view(shape)
+    value = project(w.v_proj, attn.v_proj, hidden).view(shape) if attn.v_proj is not None else key
     key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
     return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
 
@@ -184,9 +237,9 @@ class Pieces:
     the eager defaults, or compiled / kernel versions that compute the same (compiled.py, ops.py)."""
 
     norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
-    qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)
-    ffn: Callable[[Any, Any, Any], Any]  # (layer, attention out, residual): ffn_half(_rows)
-    ffn_step: Callable[[Any, tuple[Any, Any], tuple[Any, Any], tuple[Any, Any]], tuple[Any, Any]] | None
+    qkv: Callable[..., tuple[Any, Any, Any]]  # (attention, hidden, cos, sin, FP8 layer | None)
+    ffn: Callable[..., Any]  # (layer, attention out, residual, FP8 layer | None): ffn_half(_rows)
+    ffn_step: Callable[..., tuple[Any, Any]] | None  # (layer, attns, hiddens, scalars, FP8 layer)
     rows_kv: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
     merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
     attend: Attend
@@ -202,11 +255,12 @@ class OnePass(Frozen):
     default does). ``band`` names the layer kinds whose shared prefix is read with ``attend_band``
     under a position band instead of ``pieces.attend`` under a dense bias (the same visibility).
     ``trim_last``: the last layer computes only what the read uses (``last_layer``); the same
-    result, less work. Immutable once built: the kernels are chosen before (choice.py), never
+    result, less work. ``fp8``: FP8 copies of the layers' weights (fp8.py) that the products use
+    (opt-in: a different read, within the agreement docs/backends.md states). Immutable once built: the kernels are chosen before (choice.py), never
     swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
-                 trim_last: bool = True) -> None:
+                 trim_last: bool = True, fp8: Fp8Model | None = None) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
@@ -216,7 +270,12 @@ class OnePass(Frozen):
         self.pieces = pieces
         self.band = frozenset(band)
         self.trim_last = trim_last
+        self.fp8 = fp8
         self._seal()
+
+    def weights(self, index: int) -> Fp8Layer | None:
+        """Layer ``index``'s FP8 copies (None: the bf16 weights)."""
+        return self.fp8.layers[index] if self.fp8 is not None else None
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -255,9 +314,11 @@ class OnePass(Frozen):
         layers = list(zip(self.encoder.layers, self.decoder.layers, strict=True))
         full = layers[:-1] if self.trim_last else layers
         for index, (enc, dec) in enumerate(full):
-            kind = types[index]
-            q_e, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h), *enc_pe[kind])
-            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h), *dec_pe[kind])
+            kind, weights = types[index], self.weights(index)
+            q_e, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h),
+                                            *enc_pe[kind], weights)
+            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h),
+                                            *dec_pe[kind], weights)
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
             out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
@@ -268,12 +329,13 @@ class OnePass(Frozen):
             else:
                 out_e, out_d = self.with_prefix(prefix, index, (q_e, q_d), (out_e, out_d),
                                                 (lse_e, lse_d), masks[("prefix", kind)])
-            attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
+            o_proj = weights.o_proj if weights is not None else None
+            attn = (project(o_proj, enc.self_attn.o_proj, out_e), project(o_proj, dec.self_attn.o_proj, out_d))
             scalars = (enc.layer_scalar, dec.layer_scalar)
             if self.pieces.ffn_step is not None:
-                enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars)
+                enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars, weights)
             else:
-                enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars)
+                enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars, weights)
         if self.trim_last:
             (enc, dec), index = layers[-1], len(layers) - 1
             at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), prefix,
@@ -295,8 +357,11 @@ class OnePass(Frozen):
         import torch
 
         (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
-        _, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h), *enc_pe[kind])
-        q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h), *dec_pe[kind])
+        weights = self.weights(index)
+        _, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h),
+                                      *enc_pe[kind], weights)
+        q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h),
+                                        *dec_pe[kind], weights)
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads, n_kv = query.shape[1], k_d.shape[1]
@@ -307,8 +372,9 @@ class OnePass(Frozen):
         else:
             (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
                                       masks[("prefix_slot", kind)])
-        attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
-        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
+        attn = project(weights.o_proj if weights is not None else None, dec.self_attn.o_proj,
+                       out).flatten(0, 1)  # (R, E)
+        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), weights) * dec.layer_scalar
 
     def with_prefix(self, prefix: PrefixKV, index: int, queries: tuple[Any, ...],
                     outs: tuple[Any, ...], lses: tuple[Any, ...], mask: Any) -> list[Any]:

@@ -27,7 +27,8 @@ COMPILES = [(False, False, False), (True, False, False), (True, True, False), (T
             (True, True, True)]  # (compiled, fuse_cats, compile_rows_kv)
 SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
-            "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False)}
+            "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
+            "fused_moe": (False, True), "fp8": ("off", "experts", "all")}  # the last two: CUDA only
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -108,14 +109,18 @@ def test_refusals_name_the_switch(model: Any) -> None:
         ({"fused_pass": False, "band": frozenset({"full_attention"})}, "band"),
         ({"fused_pass": False}, "trim_last"),
         ({"fuse_cats": True}, "fuse_cats"), ({"compile_rows_kv": True}, "compile_rows_kv"),
-        ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention")]
+        ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention"),
+        ({"fp8": "int4"}, "fp8"), ({"fused_moe": True, "rows_moe": True}, "fused_moe"),
+        ({"fused_moe": True, "fp8": "experts"}, "fused_moe")]
     for switches, field in cases:
         with pytest.raises(ConfigError, match=field) as info:
             KernelChoice(**switches)
         assert info.value.field == field
     for choice, field in ((KernelChoice(band=frozenset({"chunked_attention"})), "band"),
                           (KernelChoice(rows_moe=True, triton=True), "triton"),
-                          (KernelChoice(attention=((16, "cudnn"),)), "attention")):
+                          (KernelChoice(attention=((16, "cudnn"),)), "attention"),
+                          (KernelChoice(fused_moe=True), "fused_moe"),
+                          (KernelChoice(fp8="experts"), "fp8")):
         with pytest.raises(ConfigError, match=field):
             DiffusionSlotReader(model, choice=choice)
     with pytest.raises(ConfigError, match="capture"):

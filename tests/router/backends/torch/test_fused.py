@@ -135,7 +135,8 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
     dec_attn, dec_h = torch.randn(3, 6, 4, generator=gen), torch.randn(3, 6, 4, generator=gen)
 
-    def ffn(layer: Any, attn: Any, residual: Any) -> Any:
+    def ffn(layer: Any, attn: Any, residual: Any, weights: Any) -> Any:
+        assert weights is None  # the bf16 weights: no FP8 copies passed
         return attn * 2 + residual * layer
 
     enc_out, dec_out = ffn_step(ffn, 0.5, (enc_attn, dec_attn), (enc_h, dec_h),
