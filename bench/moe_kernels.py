@@ -20,15 +20,18 @@ from typing import Any
 from bench.common import print_table
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2816, 704, 128, 8
-# (block_m, block_n, block_k, group_m, num_warps, num_stages) swept per token count; the
-# heuristic's own pick (pick_config) is always run too.
-SWEEP: dict[int, list[tuple[int, int, int, int, int, int]]] = {
-    264: [(16, 32, 128, 1, 4, 4), (16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4),
-          (16, 64, 256, 1, 4, 3), (16, 64, 128, 4, 4, 4), (32, 64, 128, 1, 4, 4),
-          (16, 64, 128, 1, 2, 5), (64, 64, 64, 4, 4, 4)],
-    8448: [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 64, 64, 8, 4, 4),
-           (64, 128, 64, 8, 4, 4), (128, 128, 32, 8, 4, 4), (64, 64, 64, 8, 4, 4),
-           (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3)],
+# Per token count: (block_m, gate/up tile, down tile), each tile (block_n, block_k, group_m,
+# num_warps, num_stages), swept; the heuristic's own pick (pick_config) is always run too.
+Shape = tuple[int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]]
+SWEEP: dict[int, list[Shape]] = {
+    264: [(16, (64, 128, 1, 4, 4), (64, 128, 1, 4, 4)), (16, (32, 128, 1, 4, 4), (32, 128, 1, 4, 4)),
+          (16, (128, 64, 1, 4, 4), (128, 64, 1, 4, 4)), (16, (64, 256, 1, 4, 3), (64, 256, 1, 4, 3)),
+          (16, (64, 128, 4, 4, 4), (64, 128, 4, 4, 4)), (32, (64, 128, 1, 4, 4), (64, 128, 1, 4, 4)),
+          (16, (64, 128, 1, 2, 5), (64, 128, 1, 2, 5)), (64, (64, 64, 4, 4, 4), (64, 64, 4, 4, 4))],
+    8448: [(128, (128, 64, 8, 8, 3), (128, 64, 8, 8, 3)), (128, (128, 64, 8, 8, 4), (128, 64, 8, 8, 4)),
+           (128, (64, 64, 8, 4, 4), (128, 64, 8, 8, 3)), (64, (128, 64, 8, 4, 4), (128, 64, 8, 4, 4)),
+           (128, (64, 64, 8, 8, 4), (256, 64, 8, 8, 3)), (64, (64, 64, 8, 4, 4), (64, 64, 8, 4, 4)),
+           (128, (128, 64, 8, 8, 3), (256, 64, 8, 8, 3)), (256, (128, 64, 8, 8, 3), (128, 64, 8, 8, 3))],
 }
 QUICK_SWEEP = 2  # configs per token count under --quick (after the heuristic's pick)
 
@@ -105,12 +108,11 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
         rows = [row("grouped_mm", "cutlass", peer_ms, captured) | {"vs_peer": 1.0,
                                                                    "max_abs_diff": 0.0}]
         picked = triton_moe.pick_config(n_tokens * TOP_K, EXPERTS)
-        configs = [picked] + [c for c in (triton_moe.MoeConfig(*shape) for shape in SWEEP[n_tokens])
-                              if c != picked][: QUICK_SWEEP if args.quick else None]
+        swept = (triton_moe.MoeConfig(m, triton_moe.Tile(*gate_up), triton_moe.Tile(*down))
+                 for m, gate_up, down in SWEEP[n_tokens])
+        configs = [picked] + [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]
         for config in configs:
-            name = "/".join(str(v) for v in (config.block_m, config.block_n, config.block_k,
-                                             config.group_m, config.num_warps, config.num_stages))
-            name += " (pick)" if config == picked else ""
+            name = str(config) + (" (pick)" if config == picked else "")
             fused = partial(triton_moe.fused_experts, hidden, experts.gate_up_proj,
                             experts.down_proj, index, weights, config=config)
             try:
@@ -144,7 +146,8 @@ def main() -> None:
     started = time.monotonic()
     rows = [r for n_tokens in args.tokens for r in measure(n_tokens, args)]
     columns = ["tokens", "kernel", "config", "ms", "weight_tb_s", "tflop_s", "vs_peer",
-               "max_abs_diff", "graph"]
+               "max_abs_diff", "graph"]  # config: m<block_m> gate_up <tile> down <tile>,
+    # a tile being block_n/block_k/group_m/num_warps/num_stages
     print_table(f"MoE experts on {torch.cuda.get_device_name()} (vs_peer: peer ms / ms)", columns,
                 [[r.get(c, r.get("error", "")) if c == "ms" else r.get(c, "") for c in columns]
                  for r in rows])

@@ -13,7 +13,7 @@ call would break graph capture and make results depend on a race).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import NamedTuple
 
 import torch
@@ -22,27 +22,43 @@ import triton.language as tl
 
 
 @dataclass(frozen=True, slots=True)
-class MoeConfig:
-    """Launch shapes of both GEMM kernels: rows, columns and reduction per block, the row blocks
-    walked together over one column band (``group_m``: neighbours reuse the band in L2), and
+class Tile:
+    """One GEMM kernel's launch shape: columns and reduction per block, the row blocks walked
+    together over one column band (``group_m``: neighbours reuse the band's weights in L2), and
     Triton's warps and pipelining depth."""
 
-    block_m: int
     block_n: int
     block_k: int
     group_m: int
     num_warps: int
     num_stages: int
 
+    def __str__(self) -> str:
+        return "/".join(str(v) for v in astuple(self))
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """Rows per block (both kernels': the alignment pads each expert's rows to it) and each
+    kernel's tile (the gate/up kernel holds two accumulators: its columns cost twice the
+    registers)."""
+
+    block_m: int
+    gate_up: Tile
+    down: Tile
+
+    def __str__(self) -> str:
+        return f"m{self.block_m} gate_up {self.gate_up} down {self.down}"
+
 
 # ~16 pairs an expert (one read, memory bound): short row blocks, so padding costs little, and
 # narrow column blocks, so every multiprocessor streams its own slice of the weights.
-SMALL_M = MoeConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
+SMALL_M = MoeConfig(16, gate_up=Tile(64, 128, 1, 4, 4), down=Tile(64, 128, 1, 4, 4))
 # ~64 pairs an expert.
-MID_M = MoeConfig(block_m=64, block_n=64, block_k=64, group_m=4, num_warps=4, num_stages=4)
+MID_M = MoeConfig(64, gate_up=Tile(64, 64, 4, 4, 4), down=Tile(64, 64, 4, 4, 4))
 # ~500 pairs an expert (a batch of reads, compute bound): tensor-core sized tiles, grouped so that
 # row blocks of one expert share its weight tiles in L2.
-LARGE_M = MoeConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+LARGE_M = MoeConfig(128, gate_up=Tile(128, 64, 8, 8, 3), down=Tile(128, 64, 8, 8, 3))
 
 
 def pick_config(n_pairs: int, n_experts: int) -> MoeConfig:
@@ -189,15 +205,16 @@ def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tenso
     n_blocks_m = block_expert.shape[0]
     # float32 inputs multiply in float32 (tensor cores would round them to tf32)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
-    shapes = asdict(config)  # the kernels' block and launch arguments, by name
     inter = hidden.new_empty((sorted_pairs.shape[0], inter_dim))
-    grid = (n_blocks_m * triton.cdiv(inter_dim, config.block_n),)
+    grid = (n_blocks_m * triton.cdiv(inter_dim, config.gate_up.block_n),)
     _gate_up_kernel[grid](hidden, gate_up, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m,
-                          hidden_dim, inter_dim, *gate_up.stride(), top_k, precision, **shapes)
+                          hidden_dim, inter_dim, *gate_up.stride(), top_k, precision,
+                          block_m=config.block_m, **asdict(config.gate_up))
     out_rows = hidden.new_empty((n_pairs, hidden_dim))
-    grid = (n_blocks_m * triton.cdiv(hidden_dim, config.block_n),)
+    grid = (n_blocks_m * triton.cdiv(hidden_dim, config.down.block_n),)
     _down_kernel[grid](inter, down, sorted_pairs, block_expert, out_rows, n_pairs, n_blocks_m,
-                       hidden_dim, inter_dim, *down.stride(), precision, **shapes)
+                       hidden_dim, inter_dim, *down.stride(), precision, block_m=config.block_m,
+                       **asdict(config.down))
     # rows already sit in (token, j) order: the combine's places are the identity
     place = torch.arange(n_pairs, device=hidden.device).view(n_tokens, top_k)
     return combine_rows(out_rows, place, top_k_weights)  # type: ignore[no-any-return]

@@ -22,7 +22,7 @@ try:
     triton = pytest.importorskip("triton")
     from router.backends.torch import triton_kernels, triton_moe
     from router.backends.torch.moe import experts_forward
-    from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig
+    from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
 finally:
     if _saved is None:
         del os.environ["TRITON_INTERPRET"]
@@ -37,7 +37,7 @@ if not all(type(k).__name__ == "InterpretedFunction"
 HIDDEN, INTER, EXPERTS, TOP_K = 64, 24, 8, 2
 # Tiles far below the sizes: several row, column and reduction blocks, the last ones partial
 # (24 = 16 + 8), and row blocks grouped two by two.
-MANY_BLOCKS = MoeConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)
+MANY_BLOCKS = MoeConfig(16, gate_up=Tile(16, 16, 2, 4, 2), down=Tile(16, 16, 2, 4, 2))
 CONFIGS = {"small_m": SMALL_M, "large_m": LARGE_M, "many_blocks": MANY_BLOCKS}
 
 
@@ -227,5 +227,6 @@ def test_pick_config_by_pairs_per_expert() -> None:
     assert triton_moe.pick_config(8448 * 8, 128) == LARGE_M  # 32 reads: ~528
     assert triton_moe.pick_config(64 * 128, 128) == triton_moe.MID_M
     for config in (SMALL_M, triton_moe.MID_M, LARGE_M):  # tl.dot tiles: powers of two, >= 16
-        for size in (config.block_m, config.block_n, config.block_k):
+        for size in (config.block_m, config.gate_up.block_n, config.gate_up.block_k,
+                     config.down.block_n, config.down.block_k):
             assert size >= 16 and size & (size - 1) == 0
