@@ -28,12 +28,14 @@ BOTH = frozenset({"sliding_attention", "full_attention"})
 # a combination the choice refuses is reported as an error.
 VARIANTS: dict[str, dict[str, Any]] = {
     "shipped": {}, "no_band": {"band": frozenset()}, "band_all": {"band": BOTH},
-    "no_rows_moe": {"rows_moe": False}, "no_merge_op": {"merge_op": False},
-    "no_triton": {"rows_moe": False, "merge_op": False, "triton": False},
+    "no_rows_moe": {"rows_moe": False, "fused_moe": False}, "no_merge_op": {"merge_op": False},
+    "no_triton": {"rows_moe": False, "fused_moe": False, "merge_op": False, "triton": False},
     "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True},
     "no_trim": {"trim_last": False},
     "fused_moe": {"rows_moe": False, "fused_moe": True},
-    "fp8_experts": {"fp8": "experts"}, "fp8_all": {"fp8": "all"}}
+    "no_fused_moe": {"rows_moe": True, "fused_moe": False},
+    "fp8_experts": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
+    "fp8_all": {"fp8": "all", "rows_moe": True, "fused_moe": False}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

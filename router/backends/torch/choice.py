@@ -119,11 +119,12 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
                    compile_backend: str = "inductor", fp8: str = "off") -> KernelChoice:
     """A device's choice for ``model``: with ``fast_kernels`` (default: on CUDA) the band read for
     the head dims over cuDNN's Hopper kernels (the global layers; elsewhere cuDNN's flash kernel
-    is faster), the row-copy experts in bfloat16 (grouped GEMMs) and the merge op, as Triton
-    kernels when they work here; the attention kernel per head dim that agrees with the reference;
+    is faster), the experts in bfloat16 as the fused Triton MoE (when it agrees with the row-copy
+    experts here; else those: row copies around grouped GEMMs; with ``fp8`` the row copies around
+    FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
     ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in)."""
     from router.backends.torch.fused import ffn_weights_shared
-    from router.backends.torch.ops import triton_problem
+    from router.backends.torch.ops import fused_moe_problem, triton_problem
 
     if not ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
         return TWO_PASS
@@ -140,7 +141,9 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     triton = not triton_problem(device)
     band = {kind for kind, c in zip(config.layer_types, config.per_layer_config, strict=True)
             if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
-    return KernelChoice(band=frozenset(band), rows_moe=triton and dtype == torch.bfloat16,
+    bf16_experts = triton and dtype == torch.bfloat16
+    fused = bf16_experts and fp8 == "off" and not fused_moe_problem(device)
+    return KernelChoice(band=frozenset(band), rows_moe=bf16_experts and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
                         compile_backend=compile_backend, attention=attention, fp8=fp8)
 
