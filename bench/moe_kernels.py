@@ -24,14 +24,14 @@ HIDDEN, INTER, EXPERTS, TOP_K = 2816, 704, 128, 8
 # num_warps, num_stages), swept; the heuristic's own pick (pick_config) is always run too.
 Shape = tuple[int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]]
 SWEEP: dict[int, list[Shape]] = {
-    264: [(16, (64, 128, 1, 4, 4), (64, 128, 1, 4, 4)), (16, (32, 128, 1, 4, 4), (32, 128, 1, 4, 4)),
-          (16, (128, 64, 1, 4, 4), (128, 64, 1, 4, 4)), (16, (64, 256, 1, 4, 3), (64, 256, 1, 4, 3)),
-          (16, (64, 128, 4, 4, 4), (64, 128, 4, 4, 4)), (32, (64, 128, 1, 4, 4), (64, 128, 1, 4, 4)),
-          (16, (64, 128, 1, 2, 5), (64, 128, 1, 2, 5)), (64, (64, 64, 4, 4, 4), (64, 64, 4, 4, 4))],
-    8448: [(128, (128, 64, 8, 8, 3), (128, 64, 8, 8, 3)), (128, (128, 64, 8, 8, 4), (128, 64, 8, 8, 4)),
-           (128, (64, 64, 8, 4, 4), (128, 64, 8, 8, 3)), (64, (128, 64, 8, 4, 4), (128, 64, 8, 4, 4)),
-           (128, (64, 64, 8, 8, 4), (256, 64, 8, 8, 3)), (64, (64, 64, 8, 4, 4), (64, 64, 8, 4, 4)),
-           (128, (128, 64, 8, 8, 3), (256, 64, 8, 8, 3)), (256, (128, 64, 8, 8, 3), (128, 64, 8, 8, 3))],
+    264: [(16, (64, 128, 1, 4, 4), (128, 64, 1, 4, 4)), (32, (64, 128, 1, 4, 4), (128, 64, 1, 4, 4)),
+          (32, (32, 128, 1, 4, 4), (64, 64, 1, 4, 4)), (32, (64, 64, 1, 4, 6), (256, 64, 1, 4, 4)),
+          (32, (64, 128, 4, 4, 3), (128, 64, 4, 4, 4)), (64, (64, 64, 4, 4, 4), (128, 64, 4, 4, 4)),
+          (16, (64, 128, 1, 4, 3), (128, 64, 1, 4, 4))],
+    8448: [(128, (128, 64, 8, 8, 3), (128, 64, 8, 8, 3)), (128, (128, 64, 8, 8, 4), (128, 64, 8, 8, 3)),
+           (128, (128, 64, 8, 8, 3), (256, 64, 8, 8, 3)), (128, (64, 64, 8, 4, 4), (256, 64, 8, 8, 3)),
+           (64, (128, 64, 8, 8, 4), (128, 64, 8, 4, 4)), (256, (128, 64, 8, 8, 3), (128, 64, 8, 8, 3)),
+           (128, (128, 64, 16, 8, 4), (256, 64, 16, 8, 3)), (128, (128, 64, 4, 8, 4), (256, 64, 4, 8, 3))],
 }
 QUICK_SWEEP = 2  # configs per token count under --quick (after the heuristic's pick)
 
@@ -108,6 +108,10 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
         rows = [row("grouped_mm", "cutlass", peer_ms, captured) | {"vs_peer": 1.0,
                                                                    "max_abs_diff": 0.0}]
         picked = triton_moe.pick_config(n_tokens * TOP_K, EXPERTS)
+        align_ms, _, captured = graph_ms(
+            partial(triton_moe.align_pairs, index, EXPERTS, picked.block_m), args.iters)
+        rows.append({"tokens": n_tokens, "kernel": "align_pairs", "ms": round(align_ms, 4),
+                     "config": f"m{picked.block_m} (part of the pick)", "graph": captured})
         swept = (triton_moe.MoeConfig(m, triton_moe.Tile(*gate_up), triton_moe.Tile(*down))
                  for m, gate_up, down in SWEEP[n_tokens])
         configs = [picked] + [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]

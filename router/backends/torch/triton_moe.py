@@ -51,14 +51,16 @@ class MoeConfig:
         return f"m{self.block_m} gate_up {self.gate_up} down {self.down}"
 
 
-# ~16 pairs an expert (one read, memory bound): short row blocks, so padding costs little, and
-# narrow column blocks, so every multiprocessor streams its own slice of the weights.
-SMALL_M = MoeConfig(16, gate_up=Tile(64, 128, 1, 4, 4), down=Tile(64, 128, 1, 4, 4))
-# ~64 pairs an expert.
-MID_M = MoeConfig(64, gate_up=Tile(64, 64, 4, 4, 4), down=Tile(64, 64, 4, 4, 4))
+# Measured on an H200 at the real sizes (bench/moe_kernels.py; each kernel's tiles timed alone).
+# ~16 pairs an expert (one read, memory bound): row blocks of 32 (one block for most experts, so
+# each expert's weights are streamed once) and narrow column blocks, so every multiprocessor streams
+# its own slice of the weights.
+SMALL_M = MoeConfig(32, gate_up=Tile(64, 128, 1, 4, 3), down=Tile(128, 64, 1, 4, 4))
+# ~64 pairs an expert (not measured at that size: LARGE_M's 64-row runner-up tiles).
+MID_M = MoeConfig(64, gate_up=Tile(64, 64, 8, 4, 4), down=Tile(128, 64, 8, 4, 4))
 # ~500 pairs an expert (a batch of reads, compute bound): tensor-core sized tiles, grouped so that
 # row blocks of one expert share its weight tiles in L2.
-LARGE_M = MoeConfig(128, gate_up=Tile(128, 64, 8, 8, 3), down=Tile(128, 64, 8, 8, 3))
+LARGE_M = MoeConfig(128, gate_up=Tile(128, 64, 8, 8, 4), down=Tile(256, 64, 8, 8, 3))
 
 
 def pick_config(n_pairs: int, n_experts: int) -> MoeConfig:
@@ -77,7 +79,8 @@ class Alignment(NamedTuple):
 
     ``sorted_pairs`` (n_blocks * block_m,): flat pair indices (token * top_k + j), grouped by
     expert in pair order; padding holds the sentinel ``n_pairs``. ``block_expert`` (n_blocks,):
-    the expert of each row block, -1 for the blocks past the real ones (the kernels skip them).
+    the expert of each row block, ``n_experts`` for the blocks past the real ones (the kernels
+    skip them).
     """
 
     sorted_pairs: torch.Tensor
@@ -87,24 +90,24 @@ class Alignment(NamedTuple):
 def align_pairs(top_k_index: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     """``top_k_index`` (T, k) as an ``Alignment``, of static size (room for every expert's worst
     padding: T*k + E*(block_m-1) rows, rounded up to whole blocks), by torch ops that never wait
-    for the device."""
+    for the device. Few ops, each a launch (~3 us in a graph, most of this function's time)."""
     flat = top_k_index.reshape(-1)
     n_pairs, device = flat.shape[0], flat.device
-    expert_of, order = torch.sort(flat, stable=True)
+    # one-byte keys sort in one radix pass; stable: an expert's pairs stay in pair order
+    expert_of, order = torch.sort(flat.to(torch.uint8) if n_experts <= 256 else flat, stable=True)
     # histc, not bincount: bincount syncs with the host; CPU histc wants floats (as moe.py)
-    counts = torch.histc(expert_of.float() if device.type == "cpu" else expert_of.int(),
-                         bins=n_experts, min=0, max=n_experts - 1).long()
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    first_padded = padded_end - padded
-    first_sorted = torch.cumsum(counts, 0) - counts
+    counts = torch.histc(flat.float() if device.type == "cpu" else flat.int(), bins=n_experts,
+                         min=0, max=n_experts - 1).long()
+    pad = (-counts) % block_m
+    # sorted pair i moves down by the padding of the experts before its own
+    dest = (torch.cumsum(pad, 0) - pad)[expert_of.long()] + torch.arange(n_pairs, device=device)
     n_blocks = triton.cdiv(n_pairs + n_experts * (block_m - 1), block_m)
-    dest = first_padded[expert_of] + torch.arange(n_pairs, device=device) - first_sorted[expert_of]
     sorted_pairs = torch.full((n_blocks * block_m,), n_pairs, dtype=torch.int64, device=device)
     sorted_pairs.scatter_(0, dest, order)
-    block_start = torch.arange(n_blocks, device=device) * block_m
-    block_expert = torch.searchsorted(padded_end, block_start, right=True)
-    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    block_start = torch.arange(0, n_blocks * block_m, block_m, device=device)
+    # past the last expert's run, searchsorted answers n_experts itself: the skip mark
+    block_expert = torch.searchsorted(torch.cumsum(counts + pad, 0), block_start, right=True,
+                                      out_int32=True)
     return Alignment(sorted_pairs, block_expert)
 
 
@@ -120,67 +123,76 @@ def _tile(pid, n_blocks_m, n_blocks_n, group_m: tl.constexpr):  # type: ignore[n
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _gate_up_kernel(  # type: ignore[no-untyped-def]  # (Triton reads the annotations: none)
-        hidden, weight, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m, hidden_dim,
-        inter_dim, w_e, w_n, w_k, top_k: tl.constexpr, precision: tl.constexpr,
-        block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr, group_m: tl.constexpr):
+        hidden, weight, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m, n_experts,
+        hidden_dim, inter_dim, w_e, w_n, w_k, top_k: tl.constexpr, precision: tl.constexpr,
+        even_k: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
+        group_m: tl.constexpr):
     pid_m, pid_n = _tile(tl.program_id(0), n_blocks_m, tl.cdiv(inter_dim, block_n), group_m)
     expert = tl.load(block_expert + pid_m).to(tl.int64)
-    if expert < 0:  # a block past the real ones
+    if expert >= n_experts:  # a block past the real ones
         return
     rows = pid_m * block_m + tl.arange(0, block_m)
     pairs = tl.load(sorted_pairs + rows)
     real = pairs < n_pairs
     tokens = pairs // top_k
     cols = pid_n * block_n + tl.arange(0, block_n)
-    cols_in = cols < inter_dim
     ks = tl.arange(0, block_k)
     a_at = hidden + tokens[:, None] * hidden_dim + ks[None, :]
-    gate_at = weight + expert * w_e + cols[None, :] * w_n + ks[:, None] * w_k
+    # columns past the last wrap around (loads need no mask; their results are never stored)
+    gate_at = weight + expert * w_e + (cols % inter_dim)[None, :] * w_n + ks[:, None] * w_k
     up_at = gate_at + inter_dim * w_n  # the up rows follow the gate rows (chunk(2) of one GEMM)
     gate = tl.zeros((block_m, block_n), dtype=tl.float32)
     up = tl.zeros((block_m, block_n), dtype=tl.float32)
     for start in range(0, hidden_dim, block_k):
-        k_in = ks < hidden_dim - start
-        a = tl.load(a_at, mask=real[:, None] & k_in[None, :], other=0.0)
-        b_mask = k_in[:, None] & cols_in[None, :]
-        gate = tl.dot(a, tl.load(gate_at, mask=b_mask, other=0.0), gate, input_precision=precision)
-        up = tl.dot(a, tl.load(up_at, mask=b_mask, other=0.0), up, input_precision=precision)
+        if even_k:  # no reduction mask: full-width vector loads
+            a = tl.load(a_at, mask=real[:, None], other=0.0)
+            w_gate, w_up = tl.load(gate_at), tl.load(up_at)
+        else:
+            k_in = ks < hidden_dim - start
+            a = tl.load(a_at, mask=real[:, None] & k_in[None, :], other=0.0)
+            w_gate = tl.load(gate_at, mask=k_in[:, None], other=0.0)
+            w_up = tl.load(up_at, mask=k_in[:, None], other=0.0)
+        gate = tl.dot(a, w_gate, gate, input_precision=precision)
+        up = tl.dot(a, w_up, up, input_precision=precision)
         a_at += block_k
         gate_at += block_k * w_k
         up_at += block_k * w_k
     # gelu's tanh form: 0.5 x (1 + tanh(y)) = x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
     act = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate))
     out_at = inter + rows[:, None].to(tl.int64) * inter_dim + cols[None, :]
-    tl.store(out_at, (act * up).to(inter.dtype.element_ty), mask=cols_in[None, :])
+    tl.store(out_at, (act * up).to(inter.dtype.element_ty), mask=(cols < inter_dim)[None, :])
 
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _down_kernel(  # type: ignore[no-untyped-def]
-        inter, weight, sorted_pairs, block_expert, out, n_pairs, n_blocks_m, hidden_dim, inter_dim,
-        w_e, w_n, w_k, precision: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr,
-        block_k: tl.constexpr, group_m: tl.constexpr):
+        inter, weight, sorted_pairs, block_expert, out, n_pairs, n_blocks_m, n_experts, hidden_dim,
+        inter_dim, w_e, w_n, w_k, precision: tl.constexpr, even_k: tl.constexpr,
+        block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr, group_m: tl.constexpr):
     pid_m, pid_n = _tile(tl.program_id(0), n_blocks_m, tl.cdiv(hidden_dim, block_n), group_m)
     expert = tl.load(block_expert + pid_m).to(tl.int64)
-    if expert < 0:
+    if expert >= n_experts:
         return
     rows = pid_m * block_m + tl.arange(0, block_m)
     pairs = tl.load(sorted_pairs + rows)
     cols = pid_n * block_n + tl.arange(0, block_n)
-    cols_in = cols < hidden_dim
     ks = tl.arange(0, block_k)
     a_at = inter + rows[:, None].to(tl.int64) * inter_dim + ks[None, :]
-    b_at = weight + expert * w_e + cols[None, :] * w_n + ks[:, None] * w_k
+    b_at = weight + expert * w_e + (cols % hidden_dim)[None, :] * w_n + ks[:, None] * w_k
     acc = tl.zeros((block_m, block_n), dtype=tl.float32)
     for start in range(0, inter_dim, block_k):
-        k_in = ks < inter_dim - start
-        a = tl.load(a_at, mask=k_in[None, :], other=0.0)
-        b = tl.load(b_at, mask=k_in[:, None] & cols_in[None, :], other=0.0)
+        if even_k:
+            a, b = tl.load(a_at), tl.load(b_at)
+        else:
+            k_in = ks < inter_dim - start
+            a = tl.load(a_at, mask=k_in[None, :], other=0.0)
+            b = tl.load(b_at, mask=k_in[:, None], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=precision)
         a_at += block_k
         b_at += block_k * w_k
     # each row goes to its pair's own place (token * top_k + j); padding rows nowhere
     out_at = out + pairs[:, None] * hidden_dim + cols[None, :]
-    tl.store(out_at, acc.to(out.dtype.element_ty), mask=(pairs < n_pairs)[:, None] & cols_in[None, :])
+    keep = (pairs < n_pairs)[:, None] & (cols < hidden_dim)[None, :]
+    tl.store(out_at, acc.to(out.dtype.element_ty), mask=keep)
 
 
 def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -208,12 +220,14 @@ def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tenso
     inter = hidden.new_empty((sorted_pairs.shape[0], inter_dim))
     grid = (n_blocks_m * triton.cdiv(inter_dim, config.gate_up.block_n),)
     _gate_up_kernel[grid](hidden, gate_up, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m,
-                          hidden_dim, inter_dim, *gate_up.stride(), top_k, precision,
-                          block_m=config.block_m, **asdict(config.gate_up))
+                          n_experts, hidden_dim, inter_dim, *gate_up.stride(), top_k, precision,
+                          hidden_dim % config.gate_up.block_k == 0, block_m=config.block_m,
+                          **asdict(config.gate_up))
     out_rows = hidden.new_empty((n_pairs, hidden_dim))
     grid = (n_blocks_m * triton.cdiv(hidden_dim, config.down.block_n),)
     _down_kernel[grid](inter, down, sorted_pairs, block_expert, out_rows, n_pairs, n_blocks_m,
-                       hidden_dim, inter_dim, *down.stride(), precision, block_m=config.block_m,
+                       n_experts, hidden_dim, inter_dim, *down.stride(), precision,
+                       inter_dim % config.down.block_k == 0, block_m=config.block_m,
                        **asdict(config.down))
     # rows already sit in (token, j) order: the combine's places are the identity
     place = torch.arange(n_pairs, device=hidden.device).view(n_tokens, top_k)
