@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import torch
 
-from router.backends.torch.moe import experts_forward, grouped_mm
-from router.backends.torch.ops import TORCH_OPS, RowOps
+from router.backends.torch.moe import experts_forward
+from router.backends.torch.ops import TORCH_OPS, RowOps, row_ops, triton_problem
 
 log = logging.getLogger(__name__)
 
@@ -282,40 +283,39 @@ def _time_ms(fn: Any, repeats: int = 20) -> float:
     return float(start.elapsed_time(end)) / repeats
 
 
-def _expert_gemms(matmul: Any, rows: torch.Tensor, weights: tuple[Any, Any],
-                  offsets: torch.Tensor) -> torch.Tensor:
-    """One layer's two expert GEMMs (the activation left out: it is the same in both forms)."""
-    mid = matmul(rows, weights[0], offsets)
-    return matmul(mid[:, : mid.shape[1] // 2], weights[1], offsets)  # type: ignore[no-any-return]
-
-
 def self_check(tokens: tuple[int, ...] = (264, 8448), experts: int = 128, top_k: int = 8,
                hidden: int = 2816, inner: int = 704) -> None:
     """One device call's report: the problem string, the kernels' errors against their emulation,
-    and one layer's expert GEMMs (gate_up then down) FP8 vs bf16 at the released sizes, with the
-    FP8 result's error relative to bf16's."""
+    then per token count one layer's experts (random weights and routing, the released sizes) and
+    one dense projection, bf16 vs FP8, eager and compiled, with FP8's error relative to bf16."""
     device = torch.device("cuda")
     print(f"fp8_problem: {fp8_problem(device)!r}")
     print(f"kernel vs emulation (max |diff| / max |out|): {kernel_errors(device)}")
     gen = torch.Generator(device=device).manual_seed(1)
-    gate_up = torch.randn((experts, 2 * inner, hidden), generator=gen, device=device, dtype=torch.bfloat16)
-    down = torch.randn((experts, hidden, inner), generator=gen, device=device, dtype=torch.bfloat16)
-    gate_up_q, down_q = quantize_rows(gate_up), quantize_rows(down)
+    module = SimpleNamespace(
+        num_experts=experts, act_fn=torch.nn.GELU(approximate="tanh"),
+        gate_up_proj=torch.randn((experts, 2 * inner, hidden), generator=gen, device=device) * 0.02,
+        down_proj=torch.randn((experts, hidden, inner), generator=gen, device=device) * 0.02)
+    module.gate_up_proj, module.down_proj = module.gate_up_proj.bfloat16(), module.down_proj.bfloat16()
+    layer = Fp8Layer._make([None] * 7 + [quantize_rows(module.gate_up_proj), quantize_rows(module.down_proj)])
+    ops = row_ops(not triton_problem(device))
+    forms = {"bf16": functools.partial(experts_forward, module, ops=ops),
+             "fp8": functools.partial(experts_forward_fp8, module, layer, ops=ops)}
+    modes: dict[str, dict[str, Any]] = {"eager": forms, "compiled": {name: torch.compile(fn, dynamic=True) for name, fn in forms.items()}}
+    dense = module.gate_up_proj[0]  # a (1408, 2816) projection
+    dense_q = quantize_rows(dense)
     for count in tokens:
-        rows = torch.randn((count * top_k, hidden), generator=gen, device=device, dtype=torch.bfloat16)
-        ids = torch.randint(0, experts, (count * top_k,), generator=gen, device=device).sort().values
-        offsets = torch.cumsum(torch.bincount(ids, minlength=experts), 0, dtype=torch.int32)
-
-        bf16 = functools.partial(_expert_gemms, grouped_mm, rows, (gate_up, down), offsets)
-        fp8 = functools.partial(_expert_gemms, _grouped, rows, (gate_up_q, down_q), offsets)
-        want, got = bf16().float(), fp8().float()
-        error = float((got - want).norm() / want.norm())
-        print(f"T={count} ({count * top_k} rows), one layer's experts: bf16 {_time_ms(bf16):.3f} ms, "
-              f"fp8 {_time_ms(fp8):.3f} ms, fp8 vs bf16 relative error (Frobenius) {error:.4f}")
-        x, dense = rows[:count], gate_up[0, :, :]  # a dense (1408, 2816) projection of T tokens
-        dense_q = quantize_rows(dense)
-        print(f"  dense {tuple(dense.shape)}: bf16 {_time_ms(lambda: x @ dense.t()):.3f} ms, "  # noqa: B023
-              f"fp8 {_time_ms(lambda: linear_fp8(x, *dense_q)):.3f} ms")  # noqa: B023
+        rows = torch.randn((count, hidden), generator=gen, device=device, dtype=torch.bfloat16)
+        index = torch.rand((count, experts), generator=gen, device=device).topk(top_k).indices
+        weights = torch.softmax(torch.randn((count, top_k), generator=gen, device=device), dim=-1)
+        for mode, fns in modes.items():
+            want, got = (fns[name](rows, index, weights).float() for name in ("bf16", "fp8"))
+            times = {name: _time_ms(functools.partial(fn, rows, index, weights)) for name, fn in fns.items()}
+            print(f"T={count} experts {mode}: bf16 {times['bf16']:.3f} ms, fp8 {times['fp8']:.3f} ms, "
+                  f"fp8 vs bf16 relative error (Frobenius) {float((got - want).norm() / want.norm()):.4f}")
+        print(f"T={count} dense {tuple(dense.shape)} eager: "
+              f"bf16 {_time_ms(functools.partial(torch.matmul, rows, dense.t())):.3f} ms, "
+              f"fp8 {_time_ms(functools.partial(linear_fp8, rows, *dense_q)):.3f} ms")
 
 
 def main(argv: list[str] | None = None) -> None:
