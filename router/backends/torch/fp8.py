@@ -230,7 +230,8 @@ def fp8_problem(device: torch.device) -> str:
     if device.type != "cuda":
         problem = f"FP8 kernels need CUDA, not {device.type}"
     elif torch.cuda.get_device_capability(device) < (9, 0):
-        problem = f"FP8 grouped GEMMs need compute capability 9.0, not {torch.cuda.get_device_capability(device)}"
+        capability = torch.cuda.get_device_capability(device)
+        problem = f"FP8 grouped GEMMs need compute capability 9.0, not {capability}"
     elif not (hasattr(torch, "_scaled_grouped_mm") and hasattr(torch, "_scaled_mm")):
         problem = f"torch {torch.__version__} lacks _scaled_grouped_mm or _scaled_mm"
     else:
@@ -297,11 +298,13 @@ def self_check(tokens: tuple[int, ...] = (264, 8448), experts: int = 128, top_k:
         gate_up_proj=torch.randn((experts, 2 * inner, hidden), generator=gen, device=device) * 0.02,
         down_proj=torch.randn((experts, hidden, inner), generator=gen, device=device) * 0.02)
     module.gate_up_proj, module.down_proj = module.gate_up_proj.bfloat16(), module.down_proj.bfloat16()
-    layer = Fp8Layer._make([None] * 7 + [quantize_rows(module.gate_up_proj), quantize_rows(module.down_proj)])
+    layer = Fp8Layer._make([None] * 7 + [quantize_rows(module.gate_up_proj),
+                                         quantize_rows(module.down_proj)])
     ops = row_ops(not triton_problem(device))
     forms = {"bf16": functools.partial(experts_forward, module, ops=ops),
              "fp8": functools.partial(experts_forward_fp8, module, layer, ops=ops)}
-    modes: dict[str, dict[str, Any]] = {"eager": forms, "compiled": {name: torch.compile(fn, dynamic=True) for name, fn in forms.items()}}
+    compiled = {name: torch.compile(fn, dynamic=True) for name, fn in forms.items()}
+    modes: dict[str, dict[str, Any]] = {"eager": forms, "compiled": compiled}
     dense = module.gate_up_proj[0]  # a (1408, 2816) projection
     dense_q = quantize_rows(dense)
     for count in tokens:

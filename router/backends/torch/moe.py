@@ -36,7 +36,7 @@ def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
     return torch._grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
 
 
-GroupedMatmul = Callable[[Any, Any, Any], Any]  # (rows, weight, offsets) -> rows @ weight^T per group
+GroupedMatmul = Callable[[Any, Any, Any], Any]  # (rows, weight, offsets): rows @ weight^T by group
 
 
 def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: Any,
