@@ -8,7 +8,9 @@ gate and up GEMMs of one column block side by side and stores ``gelu_tanh(gate) 
 second runs the down GEMM and stores each row at its pair's own place; the weighted sum over the
 top-k is triton_kernels.combine_rows (float32, in k order, rounded once, as transformers sums).
 Launch shapes come from ``pick_config`` (shapes only, never a timing run: autotuning at the first
-call would break graph capture and make results depend on a race).
+call would break graph capture and make results depend on a race). On an H200 at the real sizes
+(bench/moe_kernels.py, graph replays): 0.43 ms against the row-copy path's 0.60 at one read (264
+tokens: 3.5 TB/s of expert weights), 1.86 ms against 2.19 at 32 reads (430 TFLOP/s).
 """
 
 from __future__ import annotations
