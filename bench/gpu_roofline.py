@@ -25,7 +25,9 @@ GROUPS: list[tuple[str, str, bool]] = [
     ("band softmax / logsumexp", r"logsumexp|softmax", False),
     ("norms (compiled)", r"triton_red_fused.*mean|rsqrt", False),
     ("activation (gelu x up)", r"gelu|tanh", False),
-    ("expert grouped GEMMs", r"enable_3x_kernel_for_sm9x|GroupProblem|grouped_gemm", True),
+    # the fused Triton MoE's two kernels (gather and activation inside), or CUTLASS's grouped GEMM
+    ("expert GEMMs", r"_gate_up_kernel|_down_kernel|enable_3x_kernel_for_sm9x|GroupProblem|grouped_gemm",
+     True),
     ("attention (cuDNN / mem-efficient)", r"sdpa|fmha|flash|attention", True),
     ("dense GEMMs (cuBLAS)", r"nvjet|gemm|cutlass|xmma", True),  # with the global layers' band read
     ("MoE row copies (gather, combine)", r"_gather_kernel|_combine_kernel", False),
@@ -52,9 +54,11 @@ def shapes(config_path: Path) -> dict[str, Any]:
             "window": text["sliding_window"]}
 
 
-def work(m: dict[str, Any], items: int, width: int, canvas: int, prefix: int) -> dict[str, float]:
+def work(m: dict[str, Any], items: int, width: int, canvas: int, prefix: int,
+         fused_moe: bool = False) -> dict[str, float]:
     """FLOPs and bytes one batch of ``items`` reads must do (two streams: ``width`` prompt-rest
-    tokens and ``canvas`` canvas tokens per item, a shared prefix of ``prefix`` tokens)."""
+    tokens and ``canvas`` canvas tokens per item, a shared prefix of ``prefix`` tokens);
+    ``fused_moe``: the experts' gather happens inside their GEMM (only the combine copies rows)."""
     tokens = items * (width + canvas)
     sliding_keys = min(prefix, m["window"] - 1)
     dense_f = sum(2 * tokens * layer["dense"] for layer in m["layers"]) + 2 * items * m["hidden"] * m["vocab"]
@@ -76,7 +80,7 @@ def work(m: dict[str, Any], items: int, width: int, canvas: int, prefix: int) ->
             "weight_bytes": weight_bytes, "expert_weight_bytes": 2 * layers * touched * m["expert"],
             # gather: each token read once (its k copies hit L2), k rows written; combine: k rows read,
             # one written
-            "copy_bytes": layers * row_bytes * (2 + 2 * m["top_k"]),
+            "copy_bytes": layers * row_bytes * ((1 + m["top_k"]) if fused_moe else (2 + 2 * m["top_k"])),
             # both parts of each query's heads in, one out (the mean head dim of 256 and 512 layers)
             "merge_bytes": layers * 2 * tokens * m["heads"] * 512 * 3 / 2}
 
@@ -91,8 +95,9 @@ def table(results: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
         prof = profile[key]
         # the profiled items' prompt rests (older results: the message tokens, no "tokens" key)
         width = prof["tokens"] // items - canvas if "tokens" in prof else int(results["message_tokens"])
-        w = work(m, items, width, canvas, prefix)
-        need = {"expert grouped GEMMs": (w["expert_flops"], w["expert_weight_bytes"]),
+        fused_moe = bool(profile.get("choice", {}).get("fused_moe", False))
+        w = work(m, items, width, canvas, prefix, fused_moe)
+        need = {"expert GEMMs": (w["expert_flops"], w["expert_weight_bytes"]),
                 "dense GEMMs (cuBLAS)": (w["dense_flops"] + w["band_flops"],
                                          w["weight_bytes"] - w["expert_weight_bytes"]),
                 "attention (cuDNN / mem-efficient)": (w["attention_flops"] - w["band_flops"], 0.0),

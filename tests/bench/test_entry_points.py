@@ -43,6 +43,8 @@ QUICK_ARGS: dict[str, list[str]] = {
 # Benchmarks with a --quick path that is still not a smoke run here, and why (--help only).
 QUICK_SKIPPED = {
     "ab": "compares two commits' servers (needs --before <commit> and a second checkout)",
+    "moe_kernels": "times CUDA kernels (needs a CUDA device; its kernels run in the CPU tests under "
+                   "Triton's interpreter: tests/router/backends/torch/test_triton_moe.py)",
 }
 # Quick runs another test already makes, asserting the benchmark's targets: not run twice.
 QUICK_RUN_ELSEWHERE = {"drift": "tests/bench/test_drift.py", "watch": "tests/bench/test_watch.py"}

@@ -124,7 +124,8 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
     ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in)."""
     from router.backends.torch.fused import ffn_weights_shared
-    from router.backends.torch.ops import fused_moe_problem, triton_problem
+    from router.backends.torch.moe import fused_moe_problem
+    from router.backends.torch.ops import triton_problem
 
     if not ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
         return TWO_PASS

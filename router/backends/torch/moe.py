@@ -15,12 +15,16 @@ The arithmetic is transformers' (sum of float32 products over k in order, rounde
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from router.backends.torch.ops import TORCH_OPS, RowOps
+from router.backends.torch.ops import TORCH_OPS, TRITON_OPS, RowOps, triton_problem
+
+log = logging.getLogger(__name__)
 
 
 def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
@@ -59,3 +63,43 @@ def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: 
     place = torch.empty_like(order)
     place[order] = torch.arange(order.shape[0], device=order.device)
     return ops.combine(out_rows, place.view(n_tokens, top_k), top_k_weights)
+
+
+@functools.cache
+def fused_moe_problem(device: torch.device) -> str:
+    """Why the fused Triton MoE (triton_moe.py) cannot serve on ``device`` ("" when it can): the
+    Triton kernels' own problem, or the fused experts disagreeing with ``moe.experts_forward`` on
+    random bf16 experts (uneven groups, one expert unused). Checked once per device, logged."""
+    problem = triton_problem(device)
+    if not problem:
+        try:
+            problem = _fused_moe_disagreement(device)
+        except Exception as exc:  # noqa: BLE001 (a failed build or launch: the row-copy experts serve)
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        log.warning("torch read: fused MoE not used, the row-copy experts serve: %s", problem)
+    return problem
+
+
+def _fused_moe_disagreement(device: torch.device) -> str:
+    from types import SimpleNamespace
+
+    from router.backends.torch.triton_moe import fused_experts
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    n_experts, hidden_dim, inter_dim, tokens, top_k = 8, 256, 128, 40, 2
+
+    def rand(*shape: int) -> torch.Tensor:
+        values = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
+        return values.mul_(shape[-1] ** -0.5)
+
+    experts = SimpleNamespace(num_experts=n_experts, gate_up_proj=rand(n_experts, 2 * inter_dim, hidden_dim),
+                              down_proj=rand(n_experts, hidden_dim, inter_dim),
+                              act_fn=lambda x: torch.nn.functional.gelu(x, approximate="tanh"))
+    hidden = torch.randn((tokens, hidden_dim), generator=gen, device=device, dtype=torch.bfloat16)
+    index = torch.randint(0, n_experts - 1, (tokens, top_k), generator=gen, device=device)  # one idle
+    weights = torch.rand((tokens, top_k), generator=gen, device=device)
+    want = experts_forward(experts, hidden, index, weights, TRITON_OPS).float()
+    got = fused_experts(hidden, experts.gate_up_proj, experts.down_proj, index, weights).float()
+    error = float((got - want).norm() / want.norm())
+    return "" if error < 2e-2 else f"fused MoE differs from the row-copy experts (relative error {error:.3g})"
