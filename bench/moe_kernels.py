@@ -1,7 +1,9 @@
 """One DiffusionGemma MoE layer's experts at the real sizes (H 2816, I 704, 128 experts, top 8):
 moe.experts_forward with the Triton row ops (two CUTLASS grouped GEMMs) against triton_moe's
-fused kernels over a sweep of launch shapes, each replayed from a CUDA graph, at one read
-(264 tokens: memory bound) and a batch of 32 reads (8,448 tokens: compute bound). CUDA only.
+fused kernels over a sweep of launch shapes, and the fused kernels' weight-only FP8 form at the
+heuristic's pick (e4m3 weights from fp8.quantize_rows, quantized once: half the bytes streamed),
+each replayed from a CUDA graph, at one read (264 tokens: memory bound) and a batch of 32 reads
+(8,448 tokens: compute bound). CUDA only.
 
     python -m bench.moe_kernels --out $OUT/moe_kernels.json
 """
@@ -89,7 +91,7 @@ def layer(n_tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:
 def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    from router.backends.torch import triton_moe
+    from router.backends.torch import fp8, triton_moe
     from router.backends.torch.moe import experts_forward
     from router.backends.torch.ops import TRITON_OPS
 
@@ -97,10 +99,25 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     weight_bytes = (experts.gate_up_proj.numel() + experts.down_proj.numel()) * 2
     flops = 2 * n_tokens * TOP_K * 3 * INTER * HIDDEN
 
-    def row(kernel: str, config: str, ms: float, captured: bool) -> dict[str, Any]:
+    def row(kernel: str, config: str, ms: float, captured: bool,
+            streamed: int = weight_bytes) -> dict[str, Any]:
         return {"tokens": n_tokens, "kernel": kernel, "config": config, "ms": round(ms, 4),
-                "weight_tb_s": round(weight_bytes / ms / 1e9, 3),
+                "weight_tb_s": round(streamed / ms / 1e9, 3),
                 "tflop_s": round(flops / ms / 1e9, 1), "graph": captured}
+
+    def fused_row(kernel: str, config: str, fn: Any, streamed: int = weight_bytes) -> Any:
+        """Times ``fn``, appends its row (or its error's) and returns its output (None if failed)."""
+        try:
+            ms, out, captured = graph_ms(fn, args.iters)
+        # a shape past the chip's registers or shared memory is reported, the others run
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"tokens": n_tokens, "kernel": kernel, "config": config,
+                         "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            return None
+        rows.append(row(kernel, config, ms, captured, streamed) | {
+            "vs_peer": round(peer_ms / ms, 3),
+            "max_abs_diff": float((out.float() - peer.float()).abs().max())})
+        return out
 
     with torch.inference_mode():
         peer_ms, peer, captured = graph_ms(
@@ -114,21 +131,20 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
                      "config": f"m{picked.block_m} (part of the pick)", "graph": captured})
         swept = (triton_moe.MoeConfig(m, triton_moe.Tile(*gate_up), triton_moe.Tile(*down))
                  for m, gate_up, down in SWEEP[n_tokens])
-        configs = [picked] + [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]
-        for config in configs:
-            name = str(config) + (" (pick)" if config == picked else "")
-            fused = partial(triton_moe.fused_experts, hidden, experts.gate_up_proj,
-                            experts.down_proj, index, weights, config=config)
-            try:
-                ms, out, captured = graph_ms(fused, args.iters)
-            # a shape past the chip's registers or shared memory is reported, the others run
-            except Exception as exc:  # noqa: BLE001
-                rows.append({"tokens": n_tokens, "kernel": "triton_fused", "config": name,
-                             "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-                continue
-            rows.append(row("triton_fused", name, ms, captured) | {
-                "vs_peer": round(peer_ms / ms, 3),
-                "max_abs_diff": float((out.float() - peer.float()).abs().max())})
+        others = [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]
+        bf16_fused = partial(triton_moe.fused_experts, hidden, experts.gate_up_proj, experts.down_proj,
+                             index, weights)
+        picked_out = fused_row("triton_fused", f"{picked} (pick)", partial(bf16_fused, config=picked))
+        for config in others:
+            fused_row("triton_fused", str(config), partial(bf16_fused, config=config))
+        gate_up, down = fp8.quantize_rows(experts.gate_up_proj), fp8.quantize_rows(experts.down_proj)
+        fp8_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down))
+        out = fused_row("triton_fused_fp8", f"{picked} (pick)",
+                        partial(triton_moe.fused_experts, hidden, gate_up.weight, down.weight, index,
+                                weights, config=picked, gate_up_scale=gate_up.scale,
+                                down_scale=down.scale), streamed=fp8_bytes)
+        if out is not None and picked_out is not None:  # weight-only FP8's error against bf16's
+            rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
         rows[0]["peer_max_abs"] = float(peer.float().abs().max())
     return rows
 
@@ -150,8 +166,9 @@ def main() -> None:
     started = time.monotonic()
     rows = [r for n_tokens in args.tokens for r in measure(n_tokens, args)]
     columns = ["tokens", "kernel", "config", "ms", "weight_tb_s", "tflop_s", "vs_peer",
-               "max_abs_diff", "graph"]  # config: m<block_m> gate_up <tile> down <tile>,
-    # a tile being block_n/block_k/group_m/num_warps/num_stages
+               "max_abs_diff", "vs_bf16_fused", "graph"]  # config: m<block_m> gate_up <tile> down
+    # <tile>, a tile being block_n/block_k/group_m/num_warps/num_stages; max_abs_diff: against the
+    # peer; vs_bf16_fused: the FP8 row's max abs diff against the bf16 fused kernels' (same config)
     print_table(f"MoE experts on {torch.cuda.get_device_name()} (vs_peer: peer ms / ms)", columns,
                 [[r.get(c, r.get("error", "")) if c == "ms" else r.get(c, "") for c in columns]
                  for r in rows])
