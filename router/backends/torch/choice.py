@@ -72,9 +72,6 @@ class KernelChoice:
         if self.fused_moe and self.rows_moe:
             raise ConfigError("kernel choice: fused_moe and rows_moe are two kernels for the same "
                               "experts: choose one", field="fused_moe")
-        if self.fused_moe and self.fp8 != "off":
-            raise ConfigError("kernel choice: fused_moe reads the bf16 experts; fp8 has its own "
-                              "experts' products", field="fused_moe")
         unknown = {name for _, name in self.attention} - set(KERNEL_BY_NAME)
         if unknown:
             raise ConfigError(f"kernel choice: unknown attention kernels {sorted(unknown)}",
@@ -143,7 +140,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     band = {kind for kind, c in zip(config.layer_types, config.per_layer_config, strict=True)
             if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
     bf16_experts = triton and dtype == torch.bfloat16
-    fused = bf16_experts and fp8 == "off" and not fused_moe_problem(device)
+    fused = bf16_experts and not fused_moe_problem(device, fp8=fp8 != "off")
     return KernelChoice(band=frozenset(band), rows_moe=bf16_experts and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
                         compile_backend=compile_backend, attention=attention, fp8=fp8)

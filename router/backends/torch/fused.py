@@ -109,16 +109,20 @@ def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | 
 
 def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
     """``ffn_half`` with the experts as one fused Triton MoE (triton_moe.py: gather, gate/up GEMM
-    with the activation, down GEMM, weighted sum); bf16 weights only (``weights`` must be None)."""
-    from router.backends.torch.triton_moe import fused_moe
-
-    assert weights is None, "the fused MoE reads the bf16 experts"
+    with the activation, down GEMM, weighted sum); with ``weights``, through the experts' FP8
+    copies weight-only (e4m3 weights widened in the kernel, activations bf16: half the bytes a
+    single read streams)."""
+    from router.backends.torch import triton_moe
 
     def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-        return fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj, top_k_index,
-                         top_k_weights)
+        if weights is None:
+            return triton_moe.fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj,
+                                        top_k_index, top_k_weights)
+        return triton_moe.fused_moe_fp8(hidden, weights.gate_up.weight, weights.gate_up.scale,
+                                        weights.down.weight, weights.down.scale, top_k_index,
+                                        top_k_weights)
 
-    return _ffn(layer, attn_out, residual, experts, None)
+    return _ffn(layer, attn_out, residual, experts, weights)
 
 
 def project(weight: Fp8Weight | None, module: Any, x: Any) -> Any:
