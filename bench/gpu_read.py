@@ -247,8 +247,8 @@ def main() -> None:
     parser.add_argument("--callers", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128],
                         help="concurrent callers of the backend block's curve")
     parser.add_argument("--experts", default="grouped_mm")
-    parser.add_argument("--fp8", default="off", choices=["off", "experts", "all"],
-                        help="the backend block's TorchOptions.fp8 (opt-in FP8 weight copies)")
+    parser.add_argument("--fp8", default="off", choices=["off", "experts"],
+                        help="the backend block's TorchOptions.fp8 (opt-in FP8 expert weights)")
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--top-ops", type=int, default=60)

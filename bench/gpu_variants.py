@@ -34,8 +34,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no_trim": {"trim_last": False},
     "fused_moe": {"rows_moe": False, "fused_moe": True},
     "no_fused_moe": {"rows_moe": True, "fused_moe": False},
-    "fp8_experts": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
-    "fp8_all": {"fp8": "all", "rows_moe": True, "fused_moe": False}}
+    "fp8_experts_rows": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
+    "fp8_experts": {"fp8": "experts"}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

@@ -10,8 +10,8 @@ as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_ca
 ``compile_rows_kv`` (compiled.py), ``attention`` (the attention kernel per head dim), ``trim_last``
 (the last layer cut to the slot's query and the encoder's keys/values: exact, on by default,
 a switch so the bench can measure it off), ``fused_moe`` (the experts as one fused Triton MoE,
-triton_moe.py), ``fp8`` (FP8 copies of the experts, or of every product's weights, fp8.py:
-opt-in, it changes the read). A combination
+triton_moe.py), ``fp8`` (FP8 copies of the experts' weights, fp8.py: opt-in, it changes
+the read). A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
 
@@ -50,7 +50,7 @@ class KernelChoice:
     attention: tuple[tuple[int, str], ...] = ()  # (head dim, kernel name); others: "math"
     trim_last: bool = True
     fused_moe: bool = False
-    fp8: str = "off"  # FP8 weight copies (fp8.py): "off", "experts", "all" (experts and dense)
+    fp8: str = "off"  # FP8 copies of the experts' weights (fp8.py): "off" or "experts"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
@@ -108,7 +108,7 @@ class KernelChoice:
                 "fused_moe": self.fused_moe, "fp8": self.fp8}
 
 
-FP8_MODES = ("off", "experts", "all")
+FP8_MODES = ("off", "experts")
 TWO_PASS = KernelChoice(fused_pass=False, trim_last=False)
 
 

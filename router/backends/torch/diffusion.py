@@ -132,7 +132,7 @@ class DiffusionSlotReader(Frozen):
     def _fp8_copies(self) -> Any:
         from router.backends.torch.fp8 import Fp8Model
 
-        return Fp8Model(self.model, dense=self.choice.fp8 == "all")
+        return Fp8Model(self.model)
 
     def rebuilt(self, choice: KernelChoice, *, graphs: bool = True) -> DiffusionSlotReader:
         """A twin over the same model, prefix caches and FP8 copies with ``choice`` (and this

@@ -1,27 +1,27 @@
-"""FP8 (e4m3) copies of a DiffusionGemma's layer weights and the matrix products that use them: an
-opt-in read that streams half the bytes and runs Hopper's FP8 tensor cores at twice the bf16 rate.
+"""FP8 (e4m3) copies of a DiffusionGemma's expert weights, an opt-in read that streams half the
+bytes of a single read (``TorchOptions.fp8 = "experts"``).
 
 Weights are quantized once, per output channel (scale = amax / 448, e4m3's largest value), into
 copies beside the model's bf16 weights, which stay (the prefix encoding and the reference read
-use them; nothing of the model is changed). Activations are quantized per row at each product.
-On CUDA the products are ``torch._scaled_grouped_mm`` (experts) and ``torch._scaled_mm`` (dense
-layers), float32 accumulation, bf16 out; elsewhere an emulation does the same arithmetic
-(dequantized e4m3 values, float32 sums, the scales applied after the sum, rounded once to bf16)
-so the CPU tests check it. ``fp8_problem`` says whether a device can serve the CUDA kernels.
+use them; nothing of the model is changed). Two products read them: the fused Triton MoE
+weight-only (triton_moe.py: e4m3 widened in the kernel, activations bf16; the device's choice),
+and, where that kernel cannot serve, ``torch._scaled_grouped_mm`` with the rows quantized per row
+(float32 accumulation, bf16 out; elsewhere an emulation does the same arithmetic: dequantized
+e4m3 values, float32 sums, the scales applied after the sum, rounded once to bf16, so the CPU
+tests check it). ``fp8_problem`` says whether a device can serve the CUDA product.
 
-Memory added for the released model (30 layers; hidden H=2816, E=128 experts of I=704, dense MLP
-2112; 25 sliding layers with q 16x256, k/v 8x256; 5 full layers with q 16x512, k 2x512, no v):
-experts 30 x (128x1408x2816 + 128x2816x704) bytes of e4m3 + float32 scales = 22.90 GB; attention
-25 x 34.65 MB + 5 x 49.07 MB = 1.11 GB; dense MLPs 30 x 17.87 MB = 0.54 GB: 24.55 GB in all,
-beside the ~45.7 GB of bf16 experts it halves the reads of (embeddings, router, norms stay bf16).
+Why experts only: FP8 copies of the dense projections through ``torch._scaled_mm`` were measured
+slower than bf16 on an H200 (0.25 against 0.03 ms for 1,408 x 2,816 at a single read's 264 rows;
+the per-row activation quantization around each product costs more than the bytes it saves) and
+were removed (docs/backends.md). Memory added for the released model (30 layers, E=128 experts of
+I=704, hidden H=2816): 30 x (128x1408x2816 + 128x2816x704) bytes of e4m3 + float32 scales = 22.90
+GB, beside the ~45.7 GB of bf16 experts whose reads it halves.
 
 Keying: the hot path gets a layer's copies as an ``Fp8Layer`` argument (a NamedTuple of tensors),
 looked up by layer index outside compiled code. Looking them up by module inside a compiled
 function is a trap: ``table[id(module)]`` makes dynamo guard each module's identity (one graph per
-module: 60 attention modules, past the recompile limit), and a dict keyed by the modules
-themselves compiled into ONE graph that returned the first module's weights for every module
-(torch 2.13, CPU, eager backend). ``Fp8Model.linear(module, x)`` is the id()-keyed look-up for
-eager code only.
+module), and a dict keyed by the modules themselves compiled into ONE graph that returned the
+first module's weights for every module (torch 2.13, CPU, eager backend).
 """
 
 from __future__ import annotations
@@ -57,17 +57,9 @@ class Fp8Weight(NamedTuple):
 
 
 class Fp8Layer(NamedTuple):
-    """The FP8 copies of one layer (the encoder and decoder layer of an index share them: their
-    weights are tied). A dense weight is None where the layer has none (``v_proj`` of full
-    attention: values are the keys) or where only the experts were quantized."""
+    """The FP8 copies of one layer's experts (the encoder and decoder layer of an index share
+    them: their weights are tied)."""
 
-    q_proj: Fp8Weight | None
-    k_proj: Fp8Weight | None
-    v_proj: Fp8Weight | None
-    o_proj: Fp8Weight | None
-    gate_proj: Fp8Weight | None
-    up_proj: Fp8Weight | None
-    down_proj: Fp8Weight | None
     gate_up: Fp8Weight  # experts (E, 2I, H)
     down: Fp8Weight  # experts (E, H, I)
 
@@ -119,35 +111,6 @@ def _grouped_mm_emulated(row_q: torch.Tensor, row_scale: torch.Tensor, weight: t
     return (sums * row_scale[:, None] * weight_scale.index_select(0, expert)).to(torch.bfloat16)
 
 
-def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` for x (..., K), weight (N, K) in e4m3 with scales (N,); x quantized
-    per row. (..., N) in x's dtype, rounded through bf16. CUDA: ``torch._scaled_mm`` with rowwise
-    scales (x's (M, 1), the weight's (1, N)) and the weight column-major (its (N, K) transposed)."""
-    flat = x.reshape(-1, x.shape[-1])
-    row_q, row_scale = quantize_rows(flat)
-    if x.device.type == "cuda":
-        out = torch._scaled_mm(row_q, weight.t(), scale_a=row_scale[:, None], scale_b=weight_scale[None, :],
-                               out_dtype=torch.bfloat16, use_fast_accum=FAST_ACCUM)
-    else:
-        sums = row_q.float() @ weight.float().t()
-        out = (sums * row_scale[:, None] * weight_scale[None, :]).to(torch.bfloat16)
-    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
-
-
-def linear(weight: Fp8Weight | None, module: Any, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` (a bias-free nn.Linear) with its FP8 copy ``weight``; ``module(x)`` itself
-    when it has none."""
-    if weight is None:
-        return module(x)  # type: ignore[no-any-return]
-    return linear_fp8(x, weight.weight, weight.scale)
-
-
-def mlp_forward(mlp: Any, layer: Fp8Layer, x: torch.Tensor) -> torch.Tensor:
-    """A layer's dense MLP (``mlp(x)``: down(act(gate(x)) * up(x))) with ``layer``'s FP8 copies."""
-    gate = linear(layer.gate_proj, mlp.gate_proj, x)
-    return linear(layer.down_proj, mlp.down_proj, mlp.act_fn(gate) * linear(layer.up_proj, mlp.up_proj, x))
-
-
 def _grouped(rows: torch.Tensor, weight: Fp8Weight, offsets: torch.Tensor) -> torch.Tensor:
     return grouped_mm_fp8(rows, weight.weight, weight.scale, offsets)
 
@@ -159,21 +122,12 @@ def experts_forward_fp8(experts: Any, layer: Fp8Layer, hidden: torch.Tensor, top
                            weights=(layer.gate_up, layer.down), matmul=_grouped)
 
 
-# (name, parent module) of the nn.Linear layers that get copies
-LINEARS = (("q_proj", "self_attn"), ("k_proj", "self_attn"), ("v_proj", "self_attn"),
-           ("o_proj", "self_attn"), ("gate_proj", "mlp"), ("up_proj", "mlp"), ("down_proj", "mlp"))
-
-
 class Fp8Model:
-    """FP8 copies of every layer of a tied DiffusionGemma (``layers[i]`` serves encoder and
-    decoder layer i), built once; the model is only read. ``dense``: the attention and dense MLP
-    projections too (off: the experts alone, the bulk of a read's bytes). ``linear`` looks a module's copy up by
-    id() for eager code (the module docstring says why compiled code takes ``layers[i]``)."""
+    """FP8 copies of every layer's experts of a tied DiffusionGemma (``layers[i]`` serves encoder
+    and decoder layer i), built once; the model is only read."""
 
-    def __init__(self, model: Any, *, dense: bool = True) -> None:
-        self.model = model  # keeps the modules alive, so their id()s stay theirs
+    def __init__(self, model: Any) -> None:
         layers = []
-        by_module: dict[int, Fp8Weight] = {}
         with torch.no_grad():
             for enc, dec in zip(model.model.encoder.language_model.layers, model.model.decoder.layers,
                                 strict=True):
@@ -181,59 +135,36 @@ class Fp8Model:
                 if untied:
                     raise ValueError(f"FP8 copies serve both streams: {untied} of layer "
                                      f"{enc.layer_idx} must be tied between encoder and decoder")
-                copies = [quantize_rows(module.weight) if module is not None and dense else None
-                          for module in _linears(enc).values()]
-                layer = Fp8Layer._make([*copies, quantize_rows(enc.experts.gate_up_proj),
-                                        quantize_rows(enc.experts.down_proj)])
-                layers.append(layer)
-                for owner in (enc, dec):
-                    by_module.update({id(module): getattr(layer, name)
-                                      for name, module in _linears(owner).items()
-                                      if getattr(layer, name) is not None})
+                layers.append(Fp8Layer(quantize_rows(enc.experts.gate_up_proj),
+                                       quantize_rows(enc.experts.down_proj)))
         self.layers = tuple(layers)
-        self._by_module = by_module
-
-    def linear(self, module: Any, x: torch.Tensor) -> torch.Tensor:
-        """``module(x)``, through its FP8 copy when it has one (eager code only)."""
-        return linear(self._by_module.get(id(module)), module, x)
 
     def nbytes(self) -> int:
         """Bytes the copies hold (weights and scales)."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for copy in layer
-                   if copy is not None for t in copy)
-
-
-def _linears(layer: Any) -> dict[str, Any]:
-    return {name: getattr(getattr(layer, parent), name) for name, parent in LINEARS}
+        return sum(t.numel() * t.element_size() for layer in self.layers for copy in layer for t in copy)
 
 
 def _untied(enc: Any, dec: Any) -> str:
-    """The first weight of ``enc`` that ``dec`` does not share ("" when all are)."""
-    pairs = [(f"{parent}.{name}", a.weight if a is not None else None,
-              b.weight if b is not None else None)
-             for (name, parent), a, b in zip(LINEARS, _linears(enc).values(), _linears(dec).values(),
-                                             strict=True)]
-    pairs += [(f"experts.{name}", getattr(enc.experts, name), getattr(dec.experts, name))
-              for name in ("gate_up_proj", "down_proj")]
-    for name, a, b in pairs:
-        if (a.data_ptr() if a is not None else None) != (b.data_ptr() if b is not None else None):
-            return name
+    """The first expert weight of ``enc`` that ``dec`` does not share ("" when all are)."""
+    for name in ("gate_up_proj", "down_proj"):
+        if getattr(enc.experts, name).data_ptr() != getattr(dec.experts, name).data_ptr():
+            return f"experts.{name}"
     return ""
 
 
 @functools.cache
 def fp8_problem(device: torch.device) -> str:
-    """Why the FP8 kernels cannot serve on ``device`` ("" when they can): not CUDA, compute
-    capability under 9.0 (``_scaled_grouped_mm`` is Hopper's), torch lacking the ops, or a kernel
-    failing or disagreeing with its emulation on random inputs by more than ``CHECK_RTOL`` of the
-    largest output. Checked once per device; the log says why when refused."""
+    """Why the FP8 product cannot serve on ``device`` ("" when it can): not CUDA, compute
+    capability under 9.0 (``_scaled_grouped_mm`` is Hopper's), torch lacking it, or it failing or
+    disagreeing with its emulation on random inputs by more than ``CHECK_RTOL`` of the largest
+    output. Checked once per device; the log says why when refused."""
     if device.type != "cuda":
         problem = f"FP8 kernels need CUDA, not {device.type}"
     elif torch.cuda.get_device_capability(device) < (9, 0):
         capability = torch.cuda.get_device_capability(device)
         problem = f"FP8 grouped GEMMs need compute capability 9.0, not {capability}"
-    elif not (hasattr(torch, "_scaled_grouped_mm") and hasattr(torch, "_scaled_mm")):
-        problem = f"torch {torch.__version__} lacks _scaled_grouped_mm or _scaled_mm"
+    elif not hasattr(torch, "_scaled_grouped_mm"):
+        problem = f"torch {torch.__version__} lacks _scaled_grouped_mm"
     else:
         try:
             problem = _disagreement(device)
@@ -246,8 +177,8 @@ def fp8_problem(device: torch.device) -> str:
 
 
 def _disagreement(device: torch.device) -> str:
-    """"" when both CUDA products agree with their emulation, else which one and by how much.
-    Group sizes are uneven, one group empty, as routing makes them."""
+    """"" when the CUDA product agrees with its emulation, else by how much. Group sizes are
+    uneven, one group empty, as routing makes them."""
     errors = kernel_errors(device)
     bad = [f"{name} differs from its emulation by {error:.3g} of its largest output"
            for name, error in errors.items() if not error <= CHECK_RTOL]
@@ -255,18 +186,15 @@ def _disagreement(device: torch.device) -> str:
 
 
 def kernel_errors(device: torch.device, rows: int = 64, n: int = 128, k: int = 8192) -> dict[str, float]:
-    """Largest |CUDA - emulation| of each product over its largest |emulation| on random inputs
-    (k: the model's longest sum, full attention's o_proj; fast accumulation errs most there)."""
+    """Largest |CUDA - emulation| of the grouped product over its largest |emulation| on random
+    inputs (k: a long sum, where fast accumulation errs most)."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn((rows, k), generator=gen, device=device, dtype=torch.bfloat16)
     weights = quantize_rows(torch.randn((5, n, k), generator=gen, device=device, dtype=torch.bfloat16))
     offsets = torch.tensor([5, 5, 30, 41, rows], dtype=torch.int32, device=device)
     row_q, row_scale = quantize_rows(x)
     pairs = {"_scaled_grouped_mm": (grouped_mm_fp8(x, weights.weight, weights.scale, offsets),
-                                    _grouped_mm_emulated(row_q, row_scale, *weights, offsets)),
-             "_scaled_mm": (linear_fp8(x, weights.weight[2], weights.scale[2]),
-                            _grouped_mm_emulated(row_q, row_scale, weights.weight[2:3],
-                                                 weights.scale[2:3], offsets[-1:]))}
+                                    _grouped_mm_emulated(row_q, row_scale, *weights, offsets))}
     return {name: float((got.float() - want.float()).abs().max() / want.float().abs().max())
             for name, (got, want) in pairs.items()}
 
@@ -287,8 +215,8 @@ def _time_ms(fn: Any, repeats: int = 20) -> float:
 def self_check(tokens: tuple[int, ...] = (264, 8448), experts: int = 128, top_k: int = 8,
                hidden: int = 2816, inner: int = 704) -> None:
     """One device call's report: the problem string, the kernels' errors against their emulation,
-    then per token count one layer's experts (random weights and routing, the released sizes) and
-    one dense projection, bf16 vs FP8, eager and compiled, with FP8's error relative to bf16."""
+    then per token count one layer's experts (random weights and routing, the released sizes),
+    bf16 vs FP8, eager and compiled, with FP8's error relative to bf16."""
     device = torch.device("cuda")
     print(f"fp8_problem: {fp8_problem(device)!r}")
     print(f"kernel vs emulation (max |diff| / max |out|): {kernel_errors(device)}")
@@ -298,15 +226,12 @@ def self_check(tokens: tuple[int, ...] = (264, 8448), experts: int = 128, top_k:
         gate_up_proj=torch.randn((experts, 2 * inner, hidden), generator=gen, device=device) * 0.02,
         down_proj=torch.randn((experts, hidden, inner), generator=gen, device=device) * 0.02)
     module.gate_up_proj, module.down_proj = module.gate_up_proj.bfloat16(), module.down_proj.bfloat16()
-    layer = Fp8Layer._make([None] * 7 + [quantize_rows(module.gate_up_proj),
-                                         quantize_rows(module.down_proj)])
+    layer = Fp8Layer(quantize_rows(module.gate_up_proj), quantize_rows(module.down_proj))
     ops = row_ops(not triton_problem(device))
     forms = {"bf16": functools.partial(experts_forward, module, ops=ops),
              "fp8": functools.partial(experts_forward_fp8, module, layer, ops=ops)}
     compiled = {name: torch.compile(fn, dynamic=True) for name, fn in forms.items()}
     modes: dict[str, dict[str, Any]] = {"eager": forms, "compiled": compiled}
-    dense = module.gate_up_proj[0]  # a (1408, 2816) projection
-    dense_q = quantize_rows(dense)
     for count in tokens:
         rows = torch.randn((count, hidden), generator=gen, device=device, dtype=torch.bfloat16)
         index = torch.rand((count, experts), generator=gen, device=device).topk(top_k).indices
@@ -316,9 +241,6 @@ def self_check(tokens: tuple[int, ...] = (264, 8448), experts: int = 128, top_k:
             times = {name: _time_ms(functools.partial(fn, rows, index, weights)) for name, fn in fns.items()}
             print(f"T={count} experts {mode}: bf16 {times['bf16']:.3f} ms, fp8 {times['fp8']:.3f} ms, "
                   f"fp8 vs bf16 relative error (Frobenius) {float((got - want).norm() / want.norm()):.4f}")
-        print(f"T={count} dense {tuple(dense.shape)} eager: "
-              f"bf16 {_time_ms(functools.partial(torch.matmul, rows, dense.t())):.3f} ms, "
-              f"fp8 {_time_ms(functools.partial(linear_fp8, rows, *dense_q)):.3f} ms")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,19 +37,10 @@ from router.backends.torch.prefix_attention import (
 from router.backends.torch.reader import Frozen
 
 if TYPE_CHECKING:
-    from router.backends.torch.fp8 import Fp8Layer, Fp8Model, Fp8Weight
+    from router.backends.torch.fp8 import Fp8Layer, Fp8Model
     from router.backends.torch.ops import RowOps
 
 FAR = 1 << 40  # key position of an empty prefix slot: never visible
-
-
-class _NoFp8:
-    """Every FP8 copy absent: the bf16 projections (``qkv_half`` without ``weights``)."""
-
-    q_proj = k_proj = v_proj = o_proj = None
-
-
-_NO_FP8 = _NoFp8()
 
 
 @dataclass
@@ -80,9 +71,9 @@ class OnePassBatch:
 
 def ffn_half(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
     """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``; with
-    ``weights`` (fp8.py), its products through those FP8 copies."""
+    ``weights`` (fp8.py), the experts through those FP8 copies."""
     if weights is None:
-        return _ffn(layer, attn_out, residual, layer.experts, None)
+        return _ffn(layer, attn_out, residual, layer.experts)
     return ffn_half_rows(layer, attn_out, residual, weights)
 
 
@@ -104,7 +95,7 @@ def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | 
 
         return experts_forward(layer.experts, hidden, top_k_index, top_k_weights, row_ops)
 
-    return _ffn(layer, attn_out, residual, experts, weights)
+    return _ffn(layer, attn_out, residual, experts)
 
 
 def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
@@ -122,29 +113,13 @@ def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer |
                                         weights.down.weight, weights.down.scale, top_k_index,
                                         top_k_weights)
 
-    return _ffn(layer, attn_out, residual, experts, weights)
+    return _ffn(layer, attn_out, residual, experts)
 
 
-def project(weight: Fp8Weight | None, module: Any, x: Any) -> Any:
-    """``module(x)`` (a bias-free linear layer), through its FP8 copy ``weight`` when given."""
-    if weight is None:
-        return module(x)
-    from router.backends.torch.fp8 import linear
-
-    return linear(weight, module, x)
-
-
-def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any, weights: Fp8Layer | None) -> Any:
+def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
     hidden = residual + layer.post_attention_layernorm(attn_out)
     residual = hidden
-    normed = layer.pre_feedforward_layernorm(hidden)
-    if weights is not None and weights.gate_proj is not None:
-        from router.backends.torch.fp8 import mlp_forward
-
-        mlp = mlp_forward(layer.mlp, weights, normed)
-    else:
-        mlp = layer.mlp(normed)
-    dense = layer.post_feedforward_layernorm_1(mlp)
+    dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
     flat = residual.reshape(-1, residual.shape[-1])
     _, top_k_weights, top_k_index = layer.router(flat)
     experts = experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
@@ -176,19 +151,16 @@ def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any,
             torch.cat([v_e.index_select(0, row_item), v_d], dim=2))
 
 
-def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any,
-             weights: Fp8Layer | None = None) -> tuple[Any, Any, Any]:
+def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
     """An attention module's queries (B, H, M, D) and keys/values (B, H_kv, M, D), normed and
-    rotated exactly as transformers' DiffusionGemma attention does before its cache update (the
-    projections through ``weights``' FP8 copies when given)."""
+    rotated exactly as transformers' DiffusionGemma attention does before its cache update."""
     from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
 
-    w: Any = weights if weights is not None else _NO_FP8
     shape = (*hidden.shape[:-1], -1, attn.head_dim)
-    query = attn.q_norm(project(w.q_proj, attn.q_proj, hidden).view(shape))
+    query = attn.q_norm(attn.q_proj(hidden).view(shape))
     query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
-    key = project(w.k_proj, attn.k_proj, hidden).view(shape)
-    value = project(w.v_proj, attn.v_proj, hidden).view(shape) if attn.v_proj is not None else key
+    key = attn.k_proj(hidden).view(shape)
+    value = attn.v_proj(hidden).view(shape) if attn.v_proj is not None else key
     key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
     return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
 
@@ -241,7 +213,7 @@ class Pieces:
     the eager defaults, or compiled / kernel versions that compute the same (compiled.py, ops.py)."""
 
     norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
-    qkv: Callable[..., tuple[Any, Any, Any]]  # (attention, hidden, cos, sin, FP8 layer | None)
+    qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)
     ffn: Callable[..., Any]  # (layer, attention out, residual, FP8 layer | None): ffn_half(_rows)
     ffn_step: Callable[..., tuple[Any, Any]] | None  # (layer, attns, hiddens, scalars, FP8 layer)
     rows_kv: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
@@ -259,8 +231,8 @@ class OnePass(Frozen):
     default does). ``band`` names the layer kinds whose shared prefix is read with ``attend_band``
     under a position band instead of ``pieces.attend`` under a dense bias (the same visibility).
     ``trim_last``: the last layer computes only what the read uses (``last_layer``); the same
-    result, less work. ``fp8``: FP8 copies of the layers' weights (fp8.py) that the products use
-    (opt-in: a different read, within the agreement docs/backends.md states). Immutable once built: the kernels are chosen before (choice.py), never
+    result, less work. ``fp8``: FP8 copies of the experts' weights (fp8.py) that their products
+    read (opt-in: a different read, within the agreement docs/backends.md states). Immutable once built: the kernels are chosen before (choice.py), never
     swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
@@ -320,9 +292,9 @@ class OnePass(Frozen):
         for index, (enc, dec) in enumerate(full):
             kind, weights = types[index], self.weights(index)
             q_e, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h),
-                                            *enc_pe[kind], weights)
+                                            *enc_pe[kind])
             q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h),
-                                            *dec_pe[kind], weights)
+                                            *dec_pe[kind])
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
             out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
@@ -333,8 +305,7 @@ class OnePass(Frozen):
             else:
                 out_e, out_d = self.with_prefix(prefix, index, (q_e, q_d), (out_e, out_d),
                                                 (lse_e, lse_d), masks[("prefix", kind)])
-            o_proj = weights.o_proj if weights is not None else None
-            attn = (project(o_proj, enc.self_attn.o_proj, out_e), project(o_proj, dec.self_attn.o_proj, out_d))
+            attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
             scalars = (enc.layer_scalar, dec.layer_scalar)
             if self.pieces.ffn_step is not None:
                 enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars, weights)
@@ -361,11 +332,10 @@ class OnePass(Frozen):
         import torch
 
         (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
-        weights = self.weights(index)
         _, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h),
-                                      *enc_pe[kind], weights)
+                                      *enc_pe[kind])
         q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h),
-                                        *dec_pe[kind], weights)
+                                        *dec_pe[kind])
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads, n_kv = query.shape[1], k_d.shape[1]
@@ -376,9 +346,8 @@ class OnePass(Frozen):
         else:
             (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
                                       masks[("prefix_slot", kind)])
-        attn = project(weights.o_proj if weights is not None else None, dec.self_attn.o_proj,
-                       out).flatten(0, 1)  # (R, E)
-        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), weights) * dec.layer_scalar
+        attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
+        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), self.weights(index)) * dec.layer_scalar
 
     def with_prefix(self, prefix: PrefixKV, index: int, queries: tuple[Any, ...],
                     outs: tuple[Any, ...], lses: tuple[Any, ...], mask: Any) -> list[Any]:

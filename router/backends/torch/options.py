@@ -39,7 +39,8 @@ class TorchOptions(BackendOptions):
     graph_draws: list[int] | None = None
     graph_widths: list[int] | None = None
     graph_prefix_tokens: int = Field(2048, ge=1)
-    # Opt-in FP8 weight copies for a diffusion reader on a Hopper GPU (fp8.py): "experts" or "all"
-    # (every product's weights); it changes the read (docs/backends.md states by how much) and
-    # adds ~23-25 GB of GPU memory beside the bf16 weights. Refused, naming it, where it cannot run.
-    fp8: Literal["off", "experts", "all"] = "off"
+    # Opt-in FP8 copies of the experts' weights for a diffusion reader on a Hopper GPU (fp8.py):
+    # a faster single read, a slower batch of 32 (docs/backends.md: measured, and by how much the
+    # read changes); adds ~23 GB of GPU memory beside the bf16 weights. Refused, naming it, where
+    # it cannot run.
+    fp8: Literal["off", "experts"] = "off"

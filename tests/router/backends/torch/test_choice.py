@@ -28,7 +28,7 @@ COMPILES = [(False, False, False), (True, False, False), (True, True, False), (T
 SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
-            "fused_moe": (False, True), "fp8": ("off", "experts", "all")}  # the last two: CUDA only
+            "fused_moe": (False, True), "fp8": ("off", "experts")}  # the last two: CUDA only
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
