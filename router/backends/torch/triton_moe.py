@@ -16,7 +16,9 @@ Weight-only FP8 (``gate_up_scale``/``down_scale``: fp8.quantize_rows' e4m3 copie
 kernels stream their weights, so half the bytes. Activations stay in their dtype: each B tile is
 loaded as e4m3 and widened to the activations' dtype in registers (exact: every e4m3 value is a
 bf16 value), the same dot runs, and each accumulator column is multiplied by its output channel's
-float32 scale before anything else. (Tested under the interpreter only; not yet timed on a GPU.)
+float32 scale before anything else. On the H200 (bench/moe_kernels.py --quick): 0.36 ms against
+the bf16 kernel's 0.44 at one read (2.1 TB/s of e4m3: the widening costs, so half the bytes is not
+half the time), 3.31 ms against 1.89 at 32 reads (slower: FP8 stays an opt-in for latency).
 """
 
 from __future__ import annotations
