@@ -17,6 +17,8 @@ that cannot run is refused here with a ConfigError naming the switch.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -29,6 +31,8 @@ from router.backends.torch.prefix_attention import (
     pick_attention,
 )
 from router.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"}
 
@@ -121,7 +125,6 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
     ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in)."""
     from router.backends.torch.fused import ffn_weights_shared
-    from router.backends.torch.moe import fused_moe_problem
     from router.backends.torch.ops import triton_problem
 
     if not ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
@@ -164,3 +167,60 @@ def build_pieces(choice: KernelChoice) -> Pieces:
 
     return compile_pieces(pieces, backend=choice.compile_backend, fuse_cats=choice.fuse_cats,
                           compile_rows_kv=choice.compile_rows_kv, merge_op=choice.merge_op)
+
+
+@functools.cache
+def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
+    """Why the fused Triton MoE (triton_moe.py) cannot serve on ``device`` ("" when it can): the
+    Triton kernels' own problem, or the fused experts disagreeing with ``moe.experts_forward`` on
+    random bf16 experts (uneven groups, one expert unused); with ``fp8``, its weight-only FP8 path
+    against the same experts' dequantized copies. Checked once per device and mode, logged."""
+    from router.backends.torch.ops import triton_problem
+
+    problem = triton_problem(device)
+    if not problem:
+        try:
+            problem = _fused_moe_disagreement(device, fp8)
+        except Exception as exc:  # noqa: BLE001 (a failed build or launch: the row-copy experts serve)
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        log.warning("torch read: fused MoE not used, the row-copy experts serve: %s", problem)
+    return problem
+
+
+def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
+    from types import SimpleNamespace
+
+    import torch
+
+    from router.backends.torch.moe import experts_forward
+    from router.backends.torch.ops import TRITON_OPS
+    from router.backends.torch.triton_moe import fused_experts
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    n_experts, hidden_dim, inter_dim, tokens, top_k = 8, 256, 128, 40, 2
+
+    def rand(*shape: int) -> torch.Tensor:
+        values = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
+        return values.mul_(shape[-1] ** -0.5)
+
+    experts = SimpleNamespace(num_experts=n_experts, gate_up_proj=rand(n_experts, 2 * inter_dim, hidden_dim),
+                              down_proj=rand(n_experts, hidden_dim, inter_dim),
+                              act_fn=lambda x: torch.nn.functional.gelu(x, approximate="tanh"))
+    hidden = torch.randn((tokens, hidden_dim), generator=gen, device=device, dtype=torch.bfloat16)
+    index = torch.randint(0, n_experts - 1, (tokens, top_k), generator=gen, device=device)  # one idle
+    weights = torch.rand((tokens, top_k), generator=gen, device=device)
+    if fp8:  # the FP8 copies against the experts they stand for: their dequantized values
+        from router.backends.torch.fp8 import dequantize, quantize_rows
+
+        gate_up, down = quantize_rows(experts.gate_up_proj), quantize_rows(experts.down_proj)
+        experts.gate_up_proj = dequantize(gate_up).to(torch.bfloat16)
+        experts.down_proj = dequantize(down).to(torch.bfloat16)
+        got = fused_experts(hidden, gate_up.weight, down.weight, index, weights,
+                            gate_up_scale=gate_up.scale, down_scale=down.scale).float()
+    else:
+        got = fused_experts(hidden, experts.gate_up_proj, experts.down_proj, index, weights).float()
+    want = experts_forward(experts, hidden, index, weights, TRITON_OPS).float()
+    error = float((got - want).norm() / want.norm())
+    kind = "fused MoE (FP8 weights)" if fp8 else "fused MoE"
+    return "" if error < 2e-2 else f"{kind} differs from the row-copy experts (relative error {error:.3g})"
