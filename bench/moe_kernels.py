@@ -43,6 +43,8 @@ def graph_ms(fn: Any, iters: int) -> tuple[float, Any, bool]:
     replay), its output, and whether capture worked (else ``fn`` itself is timed)."""
     import torch
 
+    from bench.gpu_variants import event_ms
+
     out = fn()  # compiles the Triton kernels outside the capture
     torch.cuda.synchronize()
     run = fn
@@ -55,18 +57,7 @@ def graph_ms(fn: Any, iters: int) -> tuple[float, Any, bool]:
     except RuntimeError as exc:
         print(f"capture failed, timing eagerly: {exc}", file=sys.stderr)
         captured = False
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(float(start.elapsed_time(end)))
-    return sorted(times)[len(times) // 2], out, captured
+    return event_ms(run, iters), out, captured
 
 
 def layer(n_tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:

@@ -39,6 +39,14 @@ def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
 GroupedMatmul = Callable[[Any, Any, Any], Any]  # (rows, weight, offsets): rows @ weight^T by group
 
 
+def expert_counts(expert_ids: Any, n_experts: int) -> Any:
+    """How many of ``expert_ids`` go to each of ``n_experts`` experts, without waiting for the
+    device: histc, not bincount (bincount syncs with the host, so no CUDA graph could hold it);
+    CPU histc wants floats."""
+    ids = expert_ids.float() if expert_ids.device.type == "cpu" else expert_ids.int()
+    return torch.histc(ids, bins=n_experts, min=0, max=n_experts - 1)
+
+
 def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: Any,
                     ops: RowOps = TORCH_OPS, *, weights: tuple[Any, Any] | None = None,
                     matmul: GroupedMatmul = grouped_mm) -> Any:
@@ -49,9 +57,7 @@ def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: 
     gate_up, down = weights if weights is not None else (experts.gate_up_proj, experts.down_proj)
     n_tokens, top_k = top_k_index.shape
     expert_ids, order = torch.sort(top_k_index.reshape(-1))
-    # histc, not bincount: bincount syncs with the host (no CUDA graph); CPU histc wants floats
-    counts = torch.histc(expert_ids.float() if hidden.device.type == "cpu" else expert_ids.int(),
-                         bins=experts.num_experts, min=0, max=experts.num_experts - 1)
+    counts = expert_counts(expert_ids, experts.num_experts)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     sorted_rows = ops.gather(hidden, order, top_k)
     gate, up = matmul(sorted_rows, gate_up, offsets).chunk(2, dim=-1)

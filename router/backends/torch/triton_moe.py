@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from router.backends.torch.moe import expert_counts
+
 
 @dataclass(frozen=True, slots=True)
 class Tile:
@@ -105,9 +107,7 @@ def align_pairs(top_k_index: torch.Tensor, n_experts: int, block_m: int) -> Alig
     n_pairs, device = flat.shape[0], flat.device
     # one-byte keys sort in one radix pass; stable: an expert's pairs stay in pair order
     expert_of, order = torch.sort(flat.to(torch.uint8) if n_experts <= 256 else flat, stable=True)
-    # histc, not bincount: bincount syncs with the host; CPU histc wants floats (as moe.py)
-    counts = torch.histc(flat.float() if device.type == "cpu" else flat.int(), bins=n_experts,
-                         min=0, max=n_experts - 1).long()
+    counts = expert_counts(flat, n_experts).long()
     pad = (-counts) % block_m
     # sorted pair i moves down by the padding of the experts before its own
     dest = (torch.cumsum(pad, 0) - pad)[expert_of.long()] + torch.arange(n_pairs, device=device)
