@@ -29,6 +29,12 @@ def rms(x: Any, weight: Any, eps: float) -> Any:
     return h.type_as(x)
 
 
+def rms_eps(norm: Any) -> float:
+    """A DiffusionGemmaRMSNorm's epsilon: ``eps`` up to transformers 5.24, ``variance_epsilon``
+    from 5.25 (the pin is ``>=5.0``, and the device image has 5.17)."""
+    return float(norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps)
+
+
 def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool = True,
                    compile_rows_kv: bool = False, merge_op: bool = False) -> Pieces:
     """``eager`` with its norm, q/k/v, merge, band softmax and feed-forward halves compiled.
@@ -47,7 +53,7 @@ def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool 
     fused_rms = torch.compile(rms, dynamic=True, backend=backend)
 
     def norm(module: Any, hidden: Any) -> Any:
-        return fused_rms(hidden, module.weight if module.with_scale else None, module.eps)
+        return fused_rms(hidden, module.weight if module.with_scale else None, rms_eps(module))
 
     def compiled(fn: Any) -> Any:
         return torch.compile(fn, dynamic=True, backend=backend)
