@@ -35,7 +35,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fused_moe": {"rows_moe": False, "fused_moe": True},
     "no_fused_moe": {"rows_moe": True, "fused_moe": False},
     "fp8_experts_rows": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
-    "fp8_experts": {"fp8": "experts"}}
+    "fp8_experts": {"fp8": "experts"},
+    # the sliding layers (head dim 256) on cuDNN under dense biases: the pick before FlexAttention
+    "no_flex": {"attention": ((256, "cudnn"), (512, "efficient"))}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

@@ -27,6 +27,7 @@ from router.backends.torch.fused import EAGER, Pieces, ffn_half_fused, ffn_half_
 from router.backends.torch.prefix_attention import (
     CUDNN_HOPPER_MAX_DIM,
     KERNEL_BY_NAME,
+    MASK_KERNELS,
     attend_by_dim,
     pick_attention,
 )
@@ -34,7 +35,8 @@ from router.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"}
+# FlexAttention also runs on the CPU (its eager form: the tests' path); the fused kernels do not
+CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math", "flex"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,8 @@ class KernelChoice:
                 if getattr(self, name):
                     raise ConfigError(f"kernel choice: {name} needs a CUDA device", field=name)
             if {name for _, name in self.attention} & CUDA_ONLY_KERNELS:
-                raise ConfigError("kernel choice: attention kernels other than math need a CUDA "
-                                  "device", field="attention")
+                raise ConfigError("kernel choice: attention kernels other than math and flex need "
+                                  "a CUDA device", field="attention")
 
     def eager(self) -> KernelChoice:
         """The same kernels, uncompiled (the fall-back when compiling or capturing fails)."""
@@ -154,7 +156,8 @@ def build_pieces(choice: KernelChoice) -> Pieces:
     from router.backends.torch.ops import row_ops
 
     ops = row_ops(choice.triton)
-    pieces = replace(EAGER, attend=attend_by_dim(choice.attention))
+    pieces = replace(EAGER, attend=attend_by_dim(choice.attention),
+                     flex_dims=frozenset(dim for dim, name in choice.attention if name in MASK_KERNELS))
     if choice.rows_moe:
         pieces = replace(pieces, ffn=partial(ffn_half_rows, ops=ops))
     if choice.fused_moe:

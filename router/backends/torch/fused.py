@@ -28,6 +28,7 @@ from router.backends.torch.prefix_attention import (
     attend_band,
     attend_math,
     band_softmax,
+    flex_mask,
     fold_groups,
     group_view,
     merge_grouped,
@@ -220,6 +221,7 @@ class Pieces:
     merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
     attend: Attend
     band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
+    flex_dims: frozenset[int] = frozenset()  # head dims whose ``attend`` reads a flex_mask, not a bias
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
@@ -405,11 +407,12 @@ class OnePass(Frozen):
             dec_rest = rest & last if sliding else rest
             if sliding:
                 enc_vis = enc_vis & (query[None, :, None] - query[None, None, :] < self.window)
-            out[("enc", kind)] = to_bias(enc_vis, g, dtype)
+            to_mask = self.mask_builder(kind)
+            out[("enc", kind)] = to_mask(enc_vis, g, dtype)
             dec_vis = torch.cat([dec_rest, canvas], dim=1)[:, None, :]
-            out[("dec", kind)] = to_bias(dec_vis.expand(-1, canvas_len, -1), g, dtype)
+            out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
             if kind == last_kind:
-                out[("slot", kind)] = to_bias(dec_vis, g, dtype)
+                out[("slot", kind)] = to_mask(dec_vis, g, dtype)
             if prefix is None:
                 continue
             # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
@@ -435,7 +438,15 @@ class OnePass(Frozen):
             visible = visible & (key_pos[None, :] >= low[:, None])
         else:
             visible = visible.expand(n_queries, -1)
-        return to_bias(visible.unsqueeze(0), groups, dtype)
+        return self.mask_builder(kind)(visible.unsqueeze(0), groups, dtype)
+
+    def mask_builder(self, kind: str) -> Callable[[Any, int, Any], Any]:
+        """How a visibility mask (B, M, N) reaches ``pieces.attend`` for layer ``kind``: a dense
+        additive bias, or a FlexAttention block mask where its head dim's kernel is flex."""
+        index = self.kinds().index(kind)
+        if int(self.config.per_layer_config[index].head_dim) in self.pieces.flex_dims:
+            return lambda visible, groups, _dtype: flex_mask(visible, groups)
+        return to_bias
 
     def kv_heads(self, kind: str) -> int:
         index = self.kinds().index(kind)

@@ -9,6 +9,7 @@ q (B, H, M, D) viewed as (B, H_kv, G*M, D) reads keys (B, H_kv, N, D) with no re
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,6 +179,79 @@ def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax)
     return out.unsqueeze(0).to(q.dtype), lse.unsqueeze(0)
 
 
+# FlexAttention's block size (its default); a flex mask's blocks are these squares
+FLEX_BLOCK = 128
+# The largest head dim FlexAttention is tried at: measured at 256 on the H200 (bench/attention_kernels.py),
+# where it beat cuDNN under the dense bias; the global layers' 512 was not measured.
+FLEX_MAX_DIM = 256
+
+
+def flex_mask(visible: Any, groups: int) -> Any:
+    """A FlexAttention ``BlockMask`` of a visibility mask (B, M, N) over ``fold_groups``' queries
+    (folded query r is query r % M): the blocks with any visible key and, of those, the fully
+    visible ones (which the kernel reads with no mask at all), with ``visible`` itself as the
+    mask_mod of the partial ones. Why by hand and not ``create_block_mask``: that one evaluates a
+    mask_mod over the whole grid with vmap (or compiles it, once per shape: dozens of graph
+    buckets); here the visibility the read already builds is reduced per block in a few tensor ops,
+    all on the device with no host sync, so a captured read builds its masks in the graph."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, m, n = visible.shape
+    rows = groups * m
+    n_qb, n_kb = -(-rows // FLEX_BLOCK), -(-n // FLEX_BLOCK)
+    padded = torch.zeros((b, n_qb * FLEX_BLOCK, n_kb * FLEX_BLOCK), dtype=torch.bool, device=visible.device)
+    padded[:, :rows, :n] = visible[:, None].expand(b, groups, m, n).reshape(b, rows, n)
+    blocks = padded.view(b, n_qb, FLEX_BLOCK, n_kb, FLEX_BLOCK)
+    seen = blocks.any(dim=4).any(dim=2)  # (B, n_qb, n_kb)
+    full = blocks.all(dim=4).all(dim=2)  # padding is False: a ragged block is never full
+    partial = seen & ~full
+
+    def listed(flags: Any) -> tuple[Any, Any]:
+        order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
+        return flags.sum(-1).to(torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return padded[batch, q_idx, kv_idx]
+
+    (count, index), (full_count, full_index) = listed(partial), listed(full)
+    try:
+        return BlockMask.from_kv_blocks(count, index, full_count, full_index, BLOCK_SIZE=FLEX_BLOCK,
+                                        mask_mod=mask_mod, seq_lengths=(rows, n), compute_q_blocks=False)
+    except TypeError:  # a torch without compute_q_blocks (the transposed lists only serve backward)
+        return BlockMask.from_kv_blocks(count, index, full_count, full_index, BLOCK_SIZE=FLEX_BLOCK,
+                                        mask_mod=mask_mod, seq_lengths=(rows, n))
+
+
+@functools.cache
+def _compiled_flex() -> Any:
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)  # dynamic after a second shape: one kernel for all buckets
+
+
+def attend_flex(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+    """FlexAttention under a ``flex_mask`` (compiled into one Triton kernel on CUDA; on the CPU
+    its eager form, which materializes the scores: the tests' reference path), with the
+    log-sum-exp. A query that sees no key gets lse MASKED (flex gives -inf), as the bias kernels
+    give it, so the merge weighs it 0 and never divides 0 by 0. Why: under a dense bias cuDNN
+    runs 2.6x slower than with none (bench/attention_kernels.py); the block mask skips unseen
+    blocks and reads fully visible ones unmasked."""
+    import warnings
+
+    import torch
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    if q.is_cuda:
+        out, aux = _compiled_flex()(q, k, v, block_mask=mask, scale=1.0, return_aux=AuxRequest(lse=True))
+    else:
+        with warnings.catch_warnings():  # eager on purpose: the CPU's reference form
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out, aux = flex_attention(q, k, v, block_mask=mask, scale=1.0, return_aux=AuxRequest(lse=True))
+    return out, torch.clamp_min(aux.lse.float(), MASKED)
+
+
 KERNELS: tuple[tuple[str, Attend], ...] = (("cudnn", attend_cudnn), ("efficient", attend_efficient))
 # cuDNN's Hopper (wgmma) attention kernels stop at this head dim; above it cuDNN runs an sm80
 # kernel that measured slower than PyTorch's memory-efficient one on an H200 (5.3 vs 3.3 ms for
@@ -186,17 +260,25 @@ CUDNN_HOPPER_MAX_DIM = 256
 
 
 def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tuple[str, Attend], ...]:
-    """``kernels`` in the order ``pick_attention`` tries them at head dim ``dim``."""
+    """``kernels`` in the order ``pick_attention`` tries them at head dim ``dim``: FlexAttention
+    first up to FLEX_MAX_DIM (and never above it), cuDNN last above its Hopper kernels' dims."""
+    if dim > FLEX_MAX_DIM:
+        kernels = tuple(named for named in kernels if named[0] != "flex")
+    else:
+        kernels = tuple(sorted(kernels, key=lambda named: named[0] != "flex"))
     if dim <= CUDNN_HOPPER_MAX_DIM:
         return kernels
     return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
 
 
-KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS)}
+KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS), "flex": attend_flex}
+# Kernels that read a ``flex_mask`` instead of a dense bias (OnePass.masks builds the kind's masks so)
+MASK_KERNELS = frozenset({"flex"})
 
 
 def pick_attention(device: Any, dtype: Any, head_dims: set[int],
-                   kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
+                   kernels: tuple[tuple[str, Attend], ...] = (*KERNELS, ("flex", attend_flex)),
+                   ) -> tuple[tuple[int, str], ...]:
     """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with
     ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees."""
     if device.type != "cuda":
@@ -205,7 +287,7 @@ def pick_attention(device: Any, dtype: Any, head_dims: set[int],
     for dim in sorted(head_dims):
         chosen[dim] = "math"
         for name, kernel in kernel_order(dim, kernels):
-            problem = _agreement(kernel, dim, device, dtype)
+            problem = _agreement(kernel, dim, device, dtype, flex=name in MASK_KERNELS)
             if problem is None:
                 chosen[dim] = name
                 break
@@ -227,20 +309,22 @@ def attend_by_dim(names: tuple[tuple[int, str], ...]) -> Attend:
     return attend
 
 
-def _agreement(kernel: Attend, dim: int, device: Any, dtype: Any) -> str | None:
-    """None when ``kernel`` matches ``attend_math`` (output and log-sum-exp), else what differs."""
+def _agreement(kernel: Attend, dim: int, device: Any, dtype: Any, *, flex: bool = False) -> str | None:
+    """None when ``kernel`` matches ``attend_math`` (output and log-sum-exp), else what differs;
+    ``flex``: the kernel reads the visibility as a ``flex_mask``."""
     import torch
 
     try:
         gen = torch.Generator(device=device).manual_seed(0)
         q, k, v = (torch.randn((2, 2, n, dim), generator=gen, device=device, dtype=dtype)
                    for n in (48, 80, 80))
-        bias = to_bias(torch.rand((2, 24, 80), generator=gen, device=device) > 0.3, 2, dtype)
+        visible = torch.rand((2, 24, 80), generator=gen, device=device) > 0.3
+        bias = to_bias(visible, 2, dtype)
         ref_out, ref_lse = attend_math(q / dim**0.5, k, v, bias)
-        out, lse = kernel(q / dim**0.5, k, v, bias)
+        out, lse = kernel(q / dim**0.5, k, v, flex_mask(visible, 2) if flex else bias)
         err = float((out.float() - ref_out.float()).norm() / ref_out.float().norm())
         lse_err = float((lse - ref_lse).abs().max())
-    except (RuntimeError, TypeError, AttributeError, NotImplementedError) as exc:
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError, ImportError, ValueError) as exc:
         return f"unavailable ({type(exc).__name__}: {str(exc)[:160]})"
     if not (err < 2e-2 and lse_err < 2e-2):
         return f"disagrees with the reference (rel err {err:.3g}, lse err {lse_err:.3g})"

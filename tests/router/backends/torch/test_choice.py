@@ -23,12 +23,15 @@ from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
 
 KINDS = ("sliding_attention", "full_attention")
 BANDS = [frozenset(b) for b in ((), ("full_attention",), ("sliding_attention",), KINDS)]
+# FlexAttention at both of the tiny model's head dims (eager on the CPU: block masks included)
+FLEX = ((16, "flex"), (32, "flex"))
 COMPILES = [(False, False, False), (True, False, False), (True, True, False), (True, False, True),
             (True, True, True)]  # (compiled, fuse_cats, compile_rows_kv)
 SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
-            "fused_moe": (False, True), "fp8": ("off", "experts")}  # the last two: CUDA only
+            "fused_moe": (False, True), "fp8": ("off", "experts"),  # these two: CUDA only
+            "attention": ((), FLEX)}
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -37,11 +40,11 @@ LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].sl
 def shippable() -> list[KernelChoice]:
     """Every choice the CPU accepts: the two-pass read, and each one-pass combination."""
     out = [TWO_PASS]
-    for band, rows, merge, (compiled, cats, rows_kv), trim in product(
-            BANDS, (False, True), (False, True), COMPILES, (True, False)):
+    for band, rows, merge, (compiled, cats, rows_kv), trim, attention in product(
+            BANDS, (False, True), (False, True), COMPILES, (True, False), ((), FLEX)):
         out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
                                 fuse_cats=cats, compile_rows_kv=rows_kv, trim_last=trim,
-                                compile_backend="aot_eager"))
+                                compile_backend="aot_eager", attention=attention))
     return out
 
 
@@ -54,6 +57,7 @@ def choice_id(choice: KernelChoice) -> str:
     band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
     on = [name for name in ("rows_moe", "merge_op", "compiled", "fuse_cats", "compile_rows_kv")
           if getattr(choice, name)] + ([] if choice.trim_last else ["untrimmed"])
+    on += ["flex"] if choice.attention == FLEX else []
     return "-".join([f"band={band}", *on])
 
 

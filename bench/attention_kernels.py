@@ -1,0 +1,302 @@
+"""The read's attention parts alone at the real shapes, each kernel against the float32 reference:
+which kernel the sliding layers' prefix read (head dim 256, 8 key heads, 1,024 key slots) and the
+rows' own-key reads should use at one read and at a batch of 32. Kernels: cuDNN and PyTorch's
+memory-efficient attention under the dense bias the reader builds today, FlexAttention (compiled)
+under a block mask built from the same visibility, and two bounds that ignore the mask (cuDNN and
+flash attention with no bias): how much the dense bias costs. A "split" row reads the prefix as
+the slots every query sees (no bias) plus the band's slots (with bias), merged by log-sum-exp.
+CUDA only; every row is one CUDA-graph replay timed by events.
+
+    python -m bench.attention_kernels --out $OUT/attention_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import print_table
+
+# DiffusionGemma-26B-A4B's sliding layers (../shared/models/...config.json)
+HEADS, KV_HEADS, DIM, WINDOW = 16, 8, 256, 1024
+GROUPS = HEADS // KV_HEADS
+SLOTS = 1024  # the static prefix buffer's sliding slots (window - 1 filled, aligned to 16)
+
+
+def replay_ms(fn: Any, iters: int) -> tuple[float, Any]:
+    """Median ms of ``fn`` as a captured CUDA graph (events), and its output."""
+    import torch
+
+    from bench.gpu_variants import event_ms
+
+    out = fn()
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return event_ms(graph.replay, iters), out
+    except RuntimeError as exc:
+        print(f"capture failed ({str(exc)[:120]}), timing eagerly", file=sys.stderr)
+        return event_ms(fn, iters), out
+
+
+def prefix_problem(items: int, width: int, canvas: int, prefix_tokens: int, seed: int = 0) -> dict[str, Any]:
+    """Folded queries of a batch (all items' prompt rests, then their canvases) against the
+    sliding prefix slots, with each query's lowest visible slot (what fused.OnePass.masks gives)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    n_queries = items * (width + canvas)
+    q = torch.randn((1, KV_HEADS, GROUPS * n_queries, DIM), generator=gen, device="cuda") / DIM ** 0.5
+    k, v = (torch.randn((1, KV_HEADS, SLOTS, DIM), generator=gen, device="cuda") for _ in range(2))
+    filled = min(SLOTS, WINDOW - 1, prefix_tokens)
+    key_pos = torch.full((SLOTS,), 1 << 40, device="cuda")
+    key_pos[:filled] = torch.arange(prefix_tokens - filled, prefix_tokens, device="cuda")
+    lengths = torch.randint(width // 2, width + 1, (items,), generator=gen, device="cuda")
+    steps = torch.arange(width, device="cuda")
+    enc_low = (prefix_tokens + steps).repeat(items) - (WINDOW - 1)
+    row_low = (prefix_tokens + lengths - (WINDOW - 1))[:, None].expand(-1, canvas).reshape(-1)
+    low = torch.cat([enc_low, row_low])  # (n_queries,)
+    visible = (key_pos[None, :] < prefix_tokens) & (key_pos[None, :] >= low[:, None])
+    return {"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16(), "visible": visible,
+            "low": low, "key_pos": key_pos, "n_queries": n_queries, "prefix_tokens": prefix_tokens}
+
+
+def flex_prefix(problem: dict[str, Any], build_inside: bool = False) -> tuple[Any, Any]:
+    """FlexAttention over the prefix under a block mask of the same band (queries folded: query
+    row r of the folded axis is query r % n_queries of the batch); ``build_inside``: the block
+    mask is built in the timed (captured) call, as a read would build it from its lengths."""
+    import torch
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    low, key_pos, n = problem["low"], problem["key_pos"], problem["n_queries"]
+    high = problem["prefix_tokens"]
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        pos = key_pos[kv_idx]
+        return (pos < high) & (pos >= low[q_idx % n])
+
+    q, k, v = problem["q"], problem["k"], problem["v"]
+    def build() -> Any:
+        return create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2], device="cuda",
+                                 _compile=True)
+
+    block = build()
+    attend: Any = torch.compile(flex_attention, dynamic=False)
+
+    def run() -> tuple[Any, Any]:
+        out, aux = attend(q, k, v, block_mask=build() if build_inside else block, scale=1.0,
+                          return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
+    return run, block
+
+
+def reference(problem: dict[str, Any]) -> tuple[Any, Any]:
+    import torch
+
+    from router.backends.torch.prefix_attention import attend_math, to_bias
+
+    bias = to_bias(problem["visible"][None], GROUPS, torch.float32)
+    return attend_math(problem["q"].float(), problem["k"].float(), problem["v"].float(), bias)
+
+
+def compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, float]:
+    out, lse = got
+    err = float((out.float() - ref[0]).norm() / ref[0].norm())
+    lse_err = float((lse.float().reshape(ref[1].shape) - ref[1]).abs().max()) if lse is not None else -1.0
+    return {"rel_err": round(err, 5), "lse_err": round(lse_err, 5)}
+
+
+def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from router.backends.torch.prefix_attention import (
+        attend_cudnn,
+        attend_efficient,
+        merge,
+        to_bias,
+    )
+
+    problem = prefix_problem(items, args.width, args.canvas, args.prefix_tokens)
+    q, k, v = problem["q"], problem["k"], problem["v"]
+    n_keys, flops = SLOTS, 4 * HEADS * problem["n_queries"] * SLOTS * DIM
+    bias = to_bias(problem["visible"][None], GROUPS, torch.bfloat16)
+    ref = reference(problem)
+    band_slots = args.width  # slots [0, width) are where the band's edge falls; the rest all see
+    full_bias, part_bias = bias[..., band_slots:], bias[..., :band_slots]
+
+    def split() -> tuple[Any, Any]:
+        out_a, lse_a = attend_cudnn(q, k[:, :, :band_slots], v[:, :, :band_slots], part_bias)
+        out_b, lse_b = no_bias_cudnn(q, k[:, :, band_slots:], v[:, :, band_slots:])
+        lse = torch.logaddexp(lse_a, lse_b)
+        return merge(out_a, lse_a, out_b, lse_b), lse
+
+    kernels: dict[str, Any] = {
+        "cudnn_bias": lambda: attend_cudnn(q, k, v, bias),
+        "efficient_bias": lambda: attend_efficient(q, k, v, bias),
+        "split_cudnn": split,
+        "bound_cudnn_no_bias": lambda: no_bias_cudnn(q, k, v),
+        "bound_flash_no_bias": lambda: no_bias_flash(q, k, v),
+    }
+    del full_bias
+    row: dict[str, Any] = {"queries": problem["n_queries"], "keys": n_keys}
+    for name, inside in (("flex_block_mask", False), ("flex_mask_built_in_call", True)):
+        try:
+            kernels[name] = flex_prefix(problem, inside)[0]
+        except Exception as exc:  # noqa: BLE001 (reported)
+            row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    for name, fn in kernels.items():
+        try:
+            ms, got = replay_ms(fn, args.iters)
+            row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), **compare(got, ref)}
+        except Exception as exc:  # noqa: BLE001 (a kernel refusing these shapes is reported)
+            row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return row
+
+
+def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The rows' own-key reads: prompt rests causally over themselves (real tokens only), canvases
+    over their prompt rest's real tokens and the whole canvas; cuDNN under the dense bias (today)
+    against FlexAttention under block masks (batch = items)."""
+    import torch
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    from router.backends.torch.prefix_attention import attend_cudnn, attend_math, to_bias
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    width, canvas = args.width, args.canvas
+    lengths = torch.randint(width // 2, width + 1, (items,), generator=gen, device="cuda")
+    steps = torch.arange(width, device="cuda")
+    enc_vis = (steps[None, :, None] >= steps[None, None, :]) & (steps[None, None, :] < lengths[:, None, None])
+    dec_rest = (steps[None, :] < lengths[:, None])
+    dec_vis = torch.cat([dec_rest, torch.ones((items, canvas), dtype=torch.bool, device="cuda")], 1)
+    dec_vis = dec_vis[:, None, :].expand(-1, canvas, -1)
+    attend: Any = torch.compile(flex_attention, dynamic=False)
+    out: dict[str, Any] = {}
+    for part, n_q, n_k, vis in (("enc_own", width, width, enc_vis), ("dec_own", canvas, width + canvas, dec_vis)):
+        q = (torch.randn((items, KV_HEADS, GROUPS * n_q, DIM), generator=gen, device="cuda") / DIM ** 0.5).bfloat16()
+        k, v = (torch.randn((items, KV_HEADS, n_k, DIM), generator=gen, device="cuda").bfloat16() for _ in range(2))
+        ref = attend_math(q.float(), k.float(), v.float(), to_bias(vis, GROUPS, torch.float32))
+        bias = to_bias(vis, GROUPS, torch.bfloat16)
+        flops = 4 * HEADS * items * n_q * n_k * DIM
+        row: dict[str, Any] = {"queries": items * n_q, "keys": n_k}
+
+        def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any, vis: Any = vis, n_q: int = n_q) -> Any:
+            return vis[b, q_idx % n_q, kv_idx]
+
+        try:
+            block = create_block_mask(mask_mod, items, None, GROUPS * n_q, n_k, device="cuda", _compile=True)
+            kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias),
+                       "flex_block_mask": lambda q=q, k=k, v=v, block=block: _lse(attend(
+                           q, k, v, block_mask=block, scale=1.0, return_aux=AuxRequest(lse=True)))}
+        except Exception as exc:  # noqa: BLE001 (reported)
+            row["flex_block_mask"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias)}
+        for name, fn in kernels.items():
+            try:
+                ms, got = replay_ms(fn, args.iters)
+                row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), **compare(got, ref)}
+            except Exception as exc:  # noqa: BLE001 (reported)
+                row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        out[part] = row
+    return out
+
+
+def projection_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One sliding layer's attention projections (q 4,096, k 2,048, v 2,048 outputs; o back to
+    2,816) as the read runs them today (each stream apart: its prompt rests, then its canvases)
+    against both streams' rows in one product each, and against q/k/v as one product."""
+    import torch
+
+    hidden = 2816
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    w = {name: (torch.randn((n, hidden), generator=gen, device="cuda") * hidden ** -0.5).bfloat16()
+         for name, n in (("q", 4096), ("k", 2048), ("v", 2048))}
+    w_o = (torch.randn((hidden, 4096), generator=gen, device="cuda") * 4096 ** -0.5).bfloat16()
+    w_qkv = torch.cat([w["q"], w["k"], w["v"]])
+    n_enc, n_dec = items * args.width, items * args.canvas
+    x = torch.randn((n_enc + n_dec, hidden), generator=gen, device="cuda").bfloat16()
+    a = torch.randn((n_enc + n_dec, 4096), generator=gen, device="cuda").bfloat16()
+    lin = torch.nn.functional.linear
+
+    def apart() -> Any:
+        for part, att in ((x[:n_enc], a[:n_enc]), (x[n_enc:], a[n_enc:])):
+            outs = [lin(part, w[n]) for n in "qkv"]
+            outs.append(lin(att, w_o))
+        return outs
+
+    def joint() -> Any:
+        return [lin(x, w[n]) for n in "qkv"] + [lin(a, w_o)]
+
+    def joint_merged() -> Any:
+        return [lin(x, w_qkv), lin(a, w_o)]
+
+    flops = 2 * (n_enc + n_dec) * hidden * (8192 + 4096)
+    row: dict[str, Any] = {"rows": n_enc + n_dec}
+    for name, fn in (("streams_apart", apart), ("streams_joint", joint), ("joint_qkv_merged", joint_merged)):
+        ms, _ = replay_ms(fn, args.iters)
+        row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
+    return row
+
+
+def _lse(result: Any) -> tuple[Any, Any]:
+    out, aux = result
+    return out, aux.lse
+
+
+def no_bias_cudnn(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    import torch
+
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, False, False, scale=1.0)[:2]
+    return out, lse.reshape(lse.shape[0], lse.shape[1], -1)[..., : q.shape[2]].float()
+
+
+def no_bias_flash(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    import torch
+
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False,
+                                                                    scale=1.0)[:2]
+    return out, lse.float()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--width", type=int, default=224)
+    parser.add_argument("--canvas", type=int, default=64)
+    parser.add_argument("--prefix-tokens", type=int, default=1404)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench.attention_kernels needs CUDA")
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "sliding_prefix": {}, "own": {}}
+    table = []
+    for items in args.items:
+        parts = {"prefix": prefix_rows(items, args), **own_rows(items, args)}
+        results["sliding_prefix"][str(items)] = parts.pop("prefix")
+        results["own"][str(items)] = parts
+        parts["projections"] = results.setdefault("projections", {})[str(items)] = projection_rows(items, args)
+        for part, row in (("prefix", results["sliding_prefix"][str(items)]), *parts.items()):
+            for name, got in row.items():
+                if isinstance(got, dict):
+                    table.append([items, part, name, got.get("ms", "-"), got.get("tflops", "-"),
+                                  got.get("rel_err", got.get("error", "")), got.get("lse_err", "")])
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=2))
+    print_table("attention parts at the read's shapes", ["items", "part", "kernel", "ms", "TFLOP/s", "rel err (or error)", "lse err"], table)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
