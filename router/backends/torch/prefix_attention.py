@@ -181,8 +181,9 @@ def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax)
 
 # FlexAttention's block size (its default); a flex mask's blocks are these squares
 FLEX_BLOCK = 128
-# The largest head dim FlexAttention is tried at: measured at 256 on the H200 (bench/attention_kernels.py),
-# where it beat cuDNN under the dense bias; the global layers' 512 was not measured.
+# The largest head dim FlexAttention is tried at: measured at 256 on the H200, where alone it beat
+# cuDNN under the dense bias (bench/attention_kernels.py) but in the whole read it did not
+# (docs/backends.md), so ``pick_attention`` tries it only when asked; 512 was not measured.
 FLEX_MAX_DIM = 256
 
 
@@ -223,12 +224,18 @@ def flex_mask(visible: Any, groups: int) -> Any:
                                         mask_mod=mask_mod, seq_lengths=(rows, n))
 
 
+# torch.compile's ``dynamic`` for FlexAttention: None (the default) compiles a second shape as a
+# dynamic kernel that then serves every graph bucket; False compiles one kernel per shape (the
+# micro-benchmark's way: hundreds of compiles for the serving buckets, past dynamo's recompile limit)
+FLEX_DYNAMIC: bool | None = None
+
+
 @functools.cache
 def _compiled_flex() -> Any:
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)  # dynamic after a second shape: one kernel for all buckets
+    return torch.compile(flex_attention, dynamic=FLEX_DYNAMIC)
 
 
 def attend_flex(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
@@ -277,8 +284,7 @@ MASK_KERNELS = frozenset({"flex"})
 
 
 def pick_attention(device: Any, dtype: Any, head_dims: set[int],
-                   kernels: tuple[tuple[str, Attend], ...] = (*KERNELS, ("flex", attend_flex)),
-                   ) -> tuple[tuple[int, str], ...]:
+                   kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
     """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with
     ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees."""
     if device.type != "cuda":
