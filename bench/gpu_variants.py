@@ -37,7 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fp8_experts_rows": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
     "fp8_experts": {"fp8": "experts"},
     # the sliding layers (head dim 256) on cuDNN under dense biases: the pick before FlexAttention
-    "no_flex": {"attention": ((256, "cudnn"), (512, "efficient"))}}
+    "no_flex": {"attention": ((256, "cudnn"), (512, "efficient"))},
+    "streams_apart": {"joint_streams": False}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

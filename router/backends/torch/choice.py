@@ -11,7 +11,9 @@ as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_ca
 (the last layer cut to the slot's query and the encoder's keys/values: exact, on by default,
 a switch so the bench can measure it off), ``fused_moe`` (the experts as one fused Triton MoE,
 triton_moe.py), ``fp8`` (FP8 copies of the experts' weights, fp8.py: opt-in, it changes
-the read). A combination
+the read), ``joint_streams`` (both streams' rows normed and projected to q/k/v by one call per
+layer over the tied weights: exact, on by default, a switch so the bench can measure it off).
+A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
 
@@ -57,12 +59,13 @@ class KernelChoice:
     trim_last: bool = True
     fused_moe: bool = False
     fp8: str = "off"  # FP8 copies of the experts' weights (fp8.py): "off" or "experts"
+    joint_streams: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
-                         "trim_last", "fused_moe", "fp8"):
+                         "trim_last", "fused_moe", "fp8", "joint_streams"):
                 if getattr(self, name) not in (False, "off", frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -111,11 +114,11 @@ class KernelChoice:
                 "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
                 "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
                 "attention": dict(self.attention), "trim_last": self.trim_last,
-                "fused_moe": self.fused_moe, "fp8": self.fp8}
+                "fused_moe": self.fused_moe, "fp8": self.fp8, "joint_streams": self.joint_streams}
 
 
 FP8_MODES = ("off", "experts")
-TWO_PASS = KernelChoice(fused_pass=False, trim_last=False)
+TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False)
 
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
@@ -125,8 +128,9 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     is faster), the experts in bfloat16 as the fused Triton MoE (when it agrees with the row-copy
     experts here; else those: row copies around grouped GEMMs; with ``fp8`` the row copies around
     FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
-    ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in)."""
-    from router.backends.torch.fused import ffn_weights_shared
+    ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in);
+    ``joint_streams`` where the attention weights are tied too."""
+    from router.backends.torch.fused import attention_weights_shared, ffn_weights_shared
     from router.backends.torch.ops import triton_problem
 
     if not ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
@@ -135,10 +139,11 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     device, dtype = param.device, param.dtype
     config = model.config.get_text_config()
     dims = {int(c.head_dim) for c in config.per_layer_config}
+    joint = attention_weights_shared(model)
     attention = pick_attention(device, dtype, dims)
     if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
         return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,
-                            compile_backend=compile_backend, fp8=fp8)
+                            compile_backend=compile_backend, fp8=fp8, joint_streams=joint)
     import torch
 
     triton = not triton_problem(device)
@@ -148,7 +153,8 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     fused = bf16_experts and not fused_moe_problem(device, fp8=fp8 != "off")
     return KernelChoice(band=frozenset(band), rows_moe=bf16_experts and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
-                        compile_backend=compile_backend, attention=attention, fp8=fp8)
+                        compile_backend=compile_backend, attention=attention, fp8=fp8,
+                        joint_streams=joint)
 
 
 def build_pieces(choice: KernelChoice) -> Pieces:

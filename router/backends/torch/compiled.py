@@ -13,7 +13,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.fused import Pieces, ffn_step
+from router.backends.torch.fused import Pieces, ffn_joint, ffn_step
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 
@@ -40,7 +40,8 @@ def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool 
     """``eager`` with its norm, q/k/v, merge, band softmax and feed-forward halves compiled.
     Compiling happens at their first call (warm-up), where a failure surfaces. ``fuse_cats``: the
     feed-forward half is compiled with its streams' concatenation and scaling around it
-    (``ffn_step``); without it they run eagerly (the 174.5 reads/s H200 run's read).
+    (``ffn_step``; ``ffn_joint`` for ``joint_streams``); without it they run eagerly (the 174.5
+    reads/s H200 run's read).
     ``compile_rows_kv``: the rows' own keys/values gathered by one compiled copy (``rows_kv``);
     off by default: inductor's kernel for it took 15.5 ms a batch of 32 on an H200 (60 calls),
     where the eager index_select and cat took 4.8 ms. ``merge_op``: the merge is an op (a kernel
@@ -61,6 +62,7 @@ def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool 
     return replace(
         eager, norm=norm, qkv=compiled(eager.qkv), ffn=compiled(eager.ffn),
         ffn_step=compiled(partial(ffn_step, eager.ffn)) if fuse_cats else None,
+        ffn_joint=compiled(partial(ffn_joint, eager.ffn)) if fuse_cats else None,
         rows_kv=compiled(eager.rows_kv) if compile_rows_kv else eager.rows_kv,
         merge=eager.merge if merge_op else compiled(eager.merge),
         band_softmax=compiled(eager.band_softmax))

@@ -111,7 +111,7 @@ class DiffusionSlotReader(Frozen):
                               field="fused_pass")
         self.fp8 = fp8 if fp8 is not None or self.choice.fp8 == "off" else self._fp8_copies()
         self.onepass = (OnePass(model, build_pieces(self.choice), self.choice.band,
-                                self.choice.trim_last, self.fp8)
+                                self.choice.trim_last, self.fp8, self.choice.joint_streams)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")

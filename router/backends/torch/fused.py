@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from router.backends.torch.prefix_attention import (
@@ -143,6 +144,20 @@ def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any
     return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
 
 
+def ffn_joint(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: Any, scalars: tuple[Any, Any],
+              weights: Fp8Layer | None = None) -> Any:
+    """``ffn_step`` over a hidden state kept as both streams' rows end to end, (T, E) with the
+    encoder's first (``joint_streams``): returns the next one, each stream's rows scaled by its
+    layer's ``layer_scalar``. Why: the next layer's norm and q/k/v read it whole, uncopied."""
+    import torch
+
+    enc_attn, dec_attn = attn
+    n_enc, width = enc_attn.shape[0] * enc_attn.shape[1], hidden.shape[-1]
+    attn_rows = torch.cat([enc_attn.reshape(n_enc, width), dec_attn.reshape(-1, width)])
+    out = ffn(layer, attn_rows, hidden, weights)
+    return torch.cat([out[:n_enc] * scalars[0], out[n_enc:] * scalars[1]])
+
+
 def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any, Any]:
     """Each canvas row's own keys/values: its item's prompt-rest keys then its canvas keys
     (R, H_kv, S + C, D). Eager by default (compiled.py's ``compile_rows_kv`` says why)."""
@@ -166,6 +181,16 @@ def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]
     return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
 
 
+def split_streams(x: Any, enc_rows: tuple[int, int], dec_rows: tuple[int, int]) -> tuple[Any, Any]:
+    """``qkv_half``'s output over both streams' T rows as one-token sequences (T, H, 1, D) as the
+    encoder's (B, H, S, D) and the decoder's (R, H, C, D) views (``enc_rows`` (B, S), ``dec_rows``
+    (R, C)), no copy."""
+    rows = x.squeeze(2)
+    n_enc = enc_rows[0] * enc_rows[1]
+    return (rows[:n_enc].unflatten(0, enc_rows).transpose(1, 2),
+            rows[n_enc:].unflatten(0, dec_rows).transpose(1, 2))
+
+
 def rms_norm(norm: Any, hidden: Any) -> Any:
     """A DiffusionGemmaRMSNorm module applied (the eager default of ``OnePass.norm``)."""
     return norm(hidden)
@@ -178,6 +203,20 @@ def ffn_weights_shared(model: Any) -> bool:
     for enc, dec in zip(encoder, decoder, strict=True):
         for name, param in enc.named_parameters():
             if name.startswith(("self_attn.", "input_layernorm")):  # attention: per stream
+                continue
+            if param.data_ptr() != dict(dec.named_parameters())[name].data_ptr():
+                return False
+    return True
+
+
+def attention_weights_shared(model: Any) -> bool:
+    """True when every encoder layer's attention weights and input norm are its decoder twin's
+    (tied, as transformers ties them): what ``joint_streams`` needs."""
+    encoder = model.model.encoder.language_model.layers
+    decoder = model.model.decoder.layers
+    for enc, dec in zip(encoder, decoder, strict=True):
+        for name, param in enc.named_parameters():
+            if not name.startswith(("self_attn.", "input_layernorm")):
                 continue
             if param.data_ptr() != dict(dec.named_parameters())[name].data_ptr():
                 return False
@@ -222,6 +261,7 @@ class Pieces:
     attend: Attend
     band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
     flex_dims: frozenset[int] = frozenset()  # head dims whose ``attend`` reads a flex_mask, not a bias
+    ffn_joint: Callable[..., Any] | None = None  # (layer, attns, rows, scalars, FP8 layer)
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
@@ -234,11 +274,15 @@ class OnePass(Frozen):
     under a position band instead of ``pieces.attend`` under a dense bias (the same visibility).
     ``trim_last``: the last layer computes only what the read uses (``last_layer``); the same
     result, less work. ``fp8``: FP8 copies of the experts' weights (fp8.py) that their products
-    read (opt-in: a different read, within the agreement docs/backends.md states). Immutable once built: the kernels are chosen before (choice.py), never
-    swapped while serving."""
+    read (opt-in: a different read, within the agreement docs/backends.md states).
+    ``joint_streams``: each layer's hidden state is both streams' rows end to end, normed and
+    projected to q/k/v by one call over the (tied) weights, not one per stream; the same result,
+    each weight read once (needs tied attention weights: ConfigError otherwise). Immutable once
+    built: the kernels are chosen before (choice.py), never swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
-                 trim_last: bool = True, fp8: Fp8Model | None = None) -> None:
+                 trim_last: bool = True, fp8: Fp8Model | None = None,
+                 joint_streams: bool = True) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
@@ -249,6 +293,12 @@ class OnePass(Frozen):
         self.band = frozenset(band)
         self.trim_last = trim_last
         self.fp8 = fp8
+        if joint_streams and not attention_weights_shared(model):
+            from router.errors import ConfigError
+
+            raise ConfigError("kernel choice: joint_streams needs tied encoder/decoder attention "
+                              "weights", field="joint_streams")
+        self.joint_streams = joint_streams
         self._seal()
 
     def weights(self, index: int) -> Fp8Layer | None:
@@ -291,12 +341,21 @@ class OnePass(Frozen):
         masks = self.masks(prefix, batch, start, row_len, enc_h.dtype)
         layers = list(zip(self.encoder.layers, self.decoder.layers, strict=True))
         full = layers[:-1] if self.trim_last else layers
+        # joint_streams: both streams' rows end to end (T, E) and their rotary tables (T, 1, D)
+        joint = self.joined((enc_h, dec_h), enc_pe, dec_pe) if self.joint_streams else None
         for index, (enc, dec) in enumerate(full):
             kind, weights = types[index], self.weights(index)
-            q_e, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h),
-                                            *enc_pe[kind])
-            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h),
-                                            *dec_pe[kind])
+            if joint is not None:
+                (q_e, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(enc, joint[0], joint[1][kind],
+                                                                  enc_h.shape[:2], dec_h.shape[:2])
+                q_e, q_d = q_e.contiguous(), q_d.contiguous()
+            else:
+                q_e, k_e, v_e = self.pieces.qkv(enc.self_attn,
+                                                self.pieces.norm(enc.input_layernorm, enc_h),
+                                                *enc_pe[kind])
+                q_d, k_d, v_d = self.pieces.qkv(dec.self_attn,
+                                                self.pieces.norm(dec.input_layernorm, dec_h),
+                                                *dec_pe[kind])
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
             out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
@@ -309,14 +368,20 @@ class OnePass(Frozen):
                                                 (lse_e, lse_d), masks[("prefix", kind)])
             attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
             scalars = (enc.layer_scalar, dec.layer_scalar)
-            if self.pieces.ffn_step is not None:
+            if joint is not None:
+                step = self.pieces.ffn_joint or partial(ffn_joint, self.pieces.ffn)
+                rows = step(enc, attn, joint[0], scalars, weights)
+                n_enc = enc_h.shape[0] * enc_h.shape[1]
+                enc_h, dec_h = rows[:n_enc].view(enc_h.shape), rows[n_enc:].view(dec_h.shape)
+                joint = (rows, joint[1])
+            elif self.pieces.ffn_step is not None:
                 enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars, weights)
             else:
                 enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars, weights)
         if self.trim_last:
             (enc, dec), index = layers[-1], len(layers) - 1
             at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), prefix,
-                                      batch, masks)
+                                      batch, masks, joint)
         else:
             at_slot = at_slots(dec_h, batch.slots)
         return slot_read(self.model, self.softcap, self.decoder.norm(at_slot), batch.label_index,
@@ -324,20 +389,28 @@ class OnePass(Frozen):
 
     def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
                    rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixKV | None,
-                   batch: OnePassBatch, masks: dict[tuple[str, str], Any]) -> Any:
+                   batch: OnePassBatch, masks: dict[tuple[str, str], Any],
+                   joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
         """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
         Why it is exact: the read takes the last hidden state at the slot only, and the last
         layer's encoder tokens feed nothing but their keys/values (which the canvas reads); every
         step after attention is per position. So the encoder stops at its keys/values, and the
         decoder runs attention and the feed-forward half for one query a row: of a batch of 32
-        reads (8,448 tokens) the feed-forward half runs over 32."""
+        reads (8,448 tokens) the feed-forward half runs over 32. ``joint``: the rows and rotary
+        tables of ``joined``, projected together (``joint_streams``)."""
         import torch
 
         (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
-        _, k_e, v_e = self.pieces.qkv(enc.self_attn, self.pieces.norm(enc.input_layernorm, enc_h),
-                                      *enc_pe[kind])
-        q_d, k_d, v_d = self.pieces.qkv(dec.self_attn, self.pieces.norm(dec.input_layernorm, dec_h),
-                                        *dec_pe[kind])
+        if joint is not None:
+            (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(enc, joint[0], joint[1][kind],
+                                                            enc_h.shape[:2], dec_h.shape[:2])
+        else:
+            _, k_e, v_e = self.pieces.qkv(enc.self_attn,
+                                          self.pieces.norm(enc.input_layernorm, enc_h),
+                                          *enc_pe[kind])
+            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn,
+                                            self.pieces.norm(dec.input_layernorm, dec_h),
+                                            *dec_pe[kind])
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads, n_kv = query.shape[1], k_d.shape[1]
@@ -350,6 +423,31 @@ class OnePass(Frozen):
                                       masks[("prefix_slot", kind)])
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
         return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), self.weights(index)) * dec.layer_scalar
+
+    @staticmethod
+    def joined(hidden: tuple[Any, Any], enc_pe: dict[str, Any],
+               dec_pe: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """Both streams' hidden states (B, S, E) and (R, C, E) as T rows end to end (T, E),
+        encoder first, and per layer kind their rotary cos/sin the same way, as (T, 1, D): once
+        per read."""
+        import torch
+
+        rows = torch.cat([h.flatten(0, 1) for h in hidden])
+        pe = {kind: tuple(torch.cat([e.flatten(0, 1), d.flatten(0, 1)]).unsqueeze(1)
+                          for e, d in zip(enc_pe[kind], dec_pe[kind], strict=True))
+              for kind in enc_pe}
+        return rows, pe
+
+    def qkv_joint(self, layer: Any, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
+                  dec_rows: tuple[int, int]) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]]:
+        """Each stream's (queries, keys, values) as ``qkv_half`` gives them, from ONE norm and ONE
+        ``pieces.qkv`` call over both streams' ``rows`` (T, E) as T one-token sequences (the
+        weights are tied: each is read once); queries are views (``contiguous`` where needed)."""
+        normed = self.pieces.norm(layer.input_layernorm, rows).unsqueeze(1)  # (T, 1, E)
+        q, k, v = self.pieces.qkv(layer.self_attn, normed, *rotary)  # (T, H, 1, D)
+        (q_e, q_d), (k_e, k_d), (v_e, v_d) = (split_streams(x, enc_rows, dec_rows)
+                                              for x in (q, k, v))
+        return (q_e, k_e, v_e), (q_d, k_d, v_d)
 
     def with_prefix(self, prefix: PrefixKV, index: int, queries: tuple[Any, ...],
                     outs: tuple[Any, ...], lses: tuple[Any, ...], mask: Any) -> list[Any]:

@@ -31,7 +31,7 @@ SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
             "fused_moe": (False, True), "fp8": ("off", "experts"),  # these two: CUDA only
-            "attention": ((), FLEX)}
+            "attention": ((), FLEX), "joint_streams": (True, False)}
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -40,11 +40,13 @@ LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].sl
 def shippable() -> list[KernelChoice]:
     """Every choice the CPU accepts: the two-pass read, and each one-pass combination."""
     out = [TWO_PASS]
-    for band, rows, merge, (compiled, cats, rows_kv), trim, attention in product(
-            BANDS, (False, True), (False, True), COMPILES, (True, False), ((), FLEX)):
+    for band, rows, merge, (compiled, cats, rows_kv), trim, attention, joint in product(
+            BANDS, (False, True), (False, True), COMPILES, (True, False), ((), FLEX),
+            (True, False)):
         out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
                                 fuse_cats=cats, compile_rows_kv=rows_kv, trim_last=trim,
-                                compile_backend="aot_eager", attention=attention))
+                                compile_backend="aot_eager", attention=attention,
+                                joint_streams=joint))
     return out
 
 
@@ -58,6 +60,7 @@ def choice_id(choice: KernelChoice) -> str:
     on = [name for name in ("rows_moe", "merge_op", "compiled", "fuse_cats", "compile_rows_kv")
           if getattr(choice, name)] + ([] if choice.trim_last else ["untrimmed"])
     on += ["flex"] if choice.attention == FLEX else []
+    on += [] if choice.joint_streams else ["apart"]
     return "-".join([f"band={band}", *on])
 
 
@@ -112,6 +115,7 @@ def test_refusals_name_the_switch(model: Any) -> None:
         ({"fused_pass": False, "compiled": True}, "compiled"),
         ({"fused_pass": False, "band": frozenset({"full_attention"})}, "band"),
         ({"fused_pass": False}, "trim_last"),
+        ({"fused_pass": False, "trim_last": False}, "joint_streams"),
         ({"fuse_cats": True}, "fuse_cats"), ({"compile_rows_kv": True}, "compile_rows_kv"),
         ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention"),
         ({"fp8": "int4"}, "fp8"), ({"fused_moe": True, "rows_moe": True}, "fused_moe")]

@@ -4,6 +4,7 @@ each equals transformers' two-pass DynamicCache read of the same items, one at a
 
 from __future__ import annotations
 
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from router.backends.torch.prefix_attention import (
     to_bias,
     unfold_groups,
 )
+from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import CANVAS_IDS, PREFIX, item, tiny_model
 
 ITEMS = [item((70, 71, 72), draws=3), item(tuple(range(80, 91)), seed=4, labels=(100, 101)),
@@ -62,6 +64,63 @@ def test_the_trimmed_last_layer_reads_what_the_full_one_reads(band: tuple[str, .
             reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
             assert reader.onepass is not None and reader.onepass.trim_last is trim
             assert_same_reads(reader.read(ITEMS), want)
+
+
+def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_scalars() -> None:
+    # layer_scalar is a buffer (not tied): here each stream's differs, so the joint rows must
+    # scale the encoder's and the decoder's apart
+    model = tiny_model(window=8,
+                       layers=("sliding_attention", "sliding_attention", "full_attention"))
+    layers = zip(model.model.encoder.language_model.layers, model.model.decoder.layers, strict=True)
+    for index, (enc, dec) in enumerate(layers):
+        enc.layer_scalar.fill_(0.5 + 0.25 * index)
+        dec.layer_scalar.fill_(1.5 - 0.25 * index)
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    for cached, trim, joint in product((True, False), (True, False), (True, False)):
+        choice = KernelChoice(band=frozenset({"full_attention"}), trim_last=trim,
+                              joint_streams=joint)
+        reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
+        assert reader.onepass is not None and reader.onepass.joint_streams is joint
+        assert_same_reads(reader.read(ITEMS), want)
+
+
+def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
+    from router.backends.torch.fused import OnePass, qkv_half
+
+    model = tiny_model(window=8)
+    onepass = OnePass(model)
+    gen = torch.Generator().manual_seed(6)
+    enc_h, dec_h = torch.randn(3, 5, 32, generator=gen), torch.randn(4, 6, 32, generator=gen)
+    enc_pos = torch.arange(5).expand(3, 5)
+    dec_pos = torch.randint(5, 20, (4, 1), generator=gen) + torch.arange(6)
+    kinds = onepass.kinds()
+    enc_pe = {kind: onepass.encoder.rotary_emb(enc_h, enc_pos, kind) for kind in kinds}
+    dec_pe = {kind: onepass.decoder.rotary_emb(dec_h, dec_pos, kind) for kind in kinds}
+    rows, pe = OnePass.joined((enc_h, dec_h), enc_pe, dec_pe)
+    assert torch.equal(rows, torch.cat([enc_h.reshape(15, 32), dec_h.reshape(24, 32)]))
+    with torch.inference_mode():
+        pairs = zip(kinds, onepass.encoder.layers, onepass.decoder.layers, strict=True)
+        for kind, enc, dec in pairs:
+            got = onepass.qkv_joint(enc, rows, pe[kind], (3, 5), (4, 6))
+            want = (qkv_half(enc.self_attn, enc.input_layernorm(enc_h), *enc_pe[kind]),
+                    qkv_half(dec.self_attn, dec.input_layernorm(dec_h), *dec_pe[kind]))
+            for got_part, want_part in zip(got, want, strict=True):
+                for a, b in zip(got_part, want_part, strict=True):
+                    assert a.shape == b.shape
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_joint_streams_needs_tied_attention_weights() -> None:
+    model = tiny_model(window=8)
+    attn = model.model.decoder.layers[0].self_attn  # untied: the decoder's own q_proj
+    attn.q_proj.weight = torch.nn.Parameter(attn.q_proj.weight.detach() * 1.5)
+    with pytest.raises(ConfigError, match="joint_streams") as info:
+        DiffusionSlotReader(model, choice=KernelChoice())
+    assert info.value.field == "joint_streams"
+    reader = DiffusionSlotReader(model)  # the default choice reads the streams apart
+    assert not reader.choice.joint_streams
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_merged_two_part_attention_equals_one_softmax_over_all_keys() -> None:
@@ -129,7 +188,7 @@ def test_reads_no_bucket_holds_run_eagerly(model: Any) -> None:
 
 
 def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
-    from router.backends.torch.fused import ffn_step, rows_kv
+    from router.backends.torch.fused import ffn_joint, ffn_step, rows_kv
 
     gen = torch.Generator().manual_seed(3)
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
@@ -143,6 +202,10 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
                                 (torch.tensor([3.0]), torch.tensor([5.0])))
     torch.testing.assert_close(enc_out, (enc_attn * 2 + enc_h * 0.5) * 3, rtol=0, atol=0)
     torch.testing.assert_close(dec_out, (dec_attn * 2 + dec_h * 0.5) * 5, rtol=0, atol=0)
+    joint_h = torch.cat([enc_h.reshape(10, 4), dec_h.reshape(18, 4)])
+    joint = ffn_joint(ffn, 0.5, (enc_attn, dec_attn), joint_h,
+                      (torch.tensor([3.0]), torch.tensor([5.0])))
+    assert torch.equal(joint, torch.cat([enc_out.reshape(10, 4), dec_out.reshape(18, 4)]))
     k_e, v_e = torch.randn(2, 1, 5, 4, generator=gen), torch.randn(2, 1, 5, 4, generator=gen)
     k_d, v_d = torch.randn(3, 1, 6, 4, generator=gen), torch.randn(3, 1, 6, 4, generator=gen)
     rows = torch.tensor([0, 0, 1])
