@@ -36,8 +36,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no_fused_moe": {"rows_moe": True, "fused_moe": False},
     "fp8_experts_rows": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
     "fp8_experts": {"fp8": "experts"},
-    # the sliding layers (head dim 256) on cuDNN under dense biases: the pick before FlexAttention
-    "no_flex": {"attention": ((256, "cudnn"), (512, "efficient"))},
+    # the sliding layers (head dim 256) on FlexAttention under block masks, not cuDNN under biases
+    "flex": {"attention": ((256, "flex"), (512, "efficient"))},
     "streams_apart": {"joint_streams": False}}
 
 
