@@ -96,6 +96,47 @@ def flex_prefix(problem: dict[str, Any], build_inside: bool = False) -> tuple[An
     return run, block
 
 
+def flex_compiles(problem: dict[str, Any]) -> dict[str, Any]:
+    """The read's own flex path (prefix_attention.flex_mask) compiled three ways: static shapes
+    (one kernel per shape), dynamic shapes (one kernel for all), and dynamic with the queries
+    padded to a multiple of 128 and the kernel told so (IS_DIVISIBLE: no bounds checks, which a
+    dynamic length otherwise forces). Outputs are cut back to the real queries."""
+    import torch
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    from router.backends.torch.prefix_attention import flex_mask
+
+    q, k, v, visible = problem["q"], problem["k"], problem["v"], problem["visible"][None]
+    n = problem["n_queries"]
+    step = 128 // GROUPS
+    padded_n = -(-n // step) * step
+    q_pad = torch.zeros((1, KV_HEADS, GROUPS, padded_n, DIM), dtype=q.dtype, device=q.device)
+    q_pad[:, :, :, :n] = q.view(1, KV_HEADS, GROUPS, n, DIM)
+    q_pad = q_pad.view(1, KV_HEADS, GROUPS * padded_n, DIM)
+    vis_pad = torch.zeros((1, padded_n, visible.shape[2]), dtype=torch.bool, device=q.device)
+    vis_pad[:, :n] = visible
+    mask, mask_pad = flex_mask(visible, GROUPS), flex_mask(vis_pad, GROUPS)
+    aux = AuxRequest(lse=True)
+    static: Any = torch.compile(flex_attention, dynamic=False)
+    dynamic: Any = torch.compile(flex_attention, dynamic=True)
+    divisible = {"IS_DIVISIBLE": True}
+
+    def cut(result: tuple[Any, Any]) -> tuple[Any, Any]:
+        out, got = result
+        out = out.view(1, KV_HEADS, GROUPS, padded_n, DIM)[:, :, :, :n].reshape(1, KV_HEADS, GROUPS * n, DIM)
+        lse = got.lse.view(1, KV_HEADS, GROUPS, padded_n)[..., :n].reshape(1, KV_HEADS, GROUPS * n)
+        return out, lse
+
+    return {
+        "flex_mask_static": lambda: _lse(static(q, k, v, block_mask=mask, scale=1.0, return_aux=aux)),
+        "flex_mask_dynamic": lambda: _lse(dynamic(q, k, v, block_mask=mask, scale=1.0, return_aux=aux)),
+        "flex_mask_dynamic_padded": lambda: cut(dynamic(q_pad, k, v, block_mask=mask_pad, scale=1.0,
+                                                        return_aux=aux)),
+        "flex_mask_dynamic_padded_divisible": lambda: cut(dynamic(
+            q_pad, k, v, block_mask=mask_pad, scale=1.0, return_aux=aux, kernel_options=divisible)),
+    }
+
+
 def reference(problem: dict[str, Any]) -> tuple[Any, Any]:
     import torch
 
@@ -145,6 +186,8 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     del full_bias
     row: dict[str, Any] = {"queries": problem["n_queries"], "keys": n_keys}
+    for name, fn in flex_compiles(problem).items():
+        kernels[name] = fn
     for name, inside in (("flex_block_mask", False), ("flex_mask_built_in_call", True)):
         try:
             kernels[name] = flex_prefix(problem, inside)[0]
@@ -177,6 +220,7 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     dec_vis = torch.cat([dec_rest, torch.ones((items, canvas), dtype=torch.bool, device="cuda")], 1)
     dec_vis = dec_vis[:, None, :].expand(-1, canvas, -1)
     attend: Any = torch.compile(flex_attention, dynamic=False)
+    attend_dynamic: Any = torch.compile(flex_attention, dynamic=True)
     out: dict[str, Any] = {}
     for part, n_q, n_k, vis in (("enc_own", width, width, enc_vis), ("dec_own", canvas, width + canvas, dec_vis)):
         q = (torch.randn((items, KV_HEADS, GROUPS * n_q, DIM), generator=gen, device="cuda") / DIM ** 0.5).bfloat16()
@@ -193,6 +237,8 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
             block = create_block_mask(mask_mod, items, None, GROUPS * n_q, n_k, device="cuda", _compile=True)
             kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias),
                        "flex_block_mask": lambda q=q, k=k, v=v, block=block: _lse(attend(
+                           q, k, v, block_mask=block, scale=1.0, return_aux=AuxRequest(lse=True))),
+                       "flex_dynamic": lambda q=q, k=k, v=v, block=block: _lse(attend_dynamic(
                            q, k, v, block_mask=block, scale=1.0, return_aux=AuxRequest(lse=True)))}
         except Exception as exc:  # noqa: BLE001 (reported)
             row["flex_block_mask"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
