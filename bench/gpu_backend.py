@@ -88,7 +88,7 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         max_batch=top, coalesce_window_ms=2.0, compiled=device.type == "cuda",
         graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
         graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity,
-        fp8=getattr(args, "fp8", "off"))
+        fp8=getattr(args, "fp8", "off"), static_flex_items=getattr(args, "static_flex_items", 0))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
     return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))

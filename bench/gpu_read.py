@@ -249,6 +249,8 @@ def main() -> None:
     parser.add_argument("--experts", default="grouped_mm")
     parser.add_argument("--fp8", default="off", choices=["off", "experts"],
                         help="the backend block's TorchOptions.fp8 (opt-in FP8 expert weights)")
+    parser.add_argument("--static-flex-items", type=int, default=0,
+                        help="the backend block's TorchOptions.static_flex_items (opt-in)")
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--top-ops", type=int, default=60)

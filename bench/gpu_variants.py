@@ -38,7 +38,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fp8_experts": {"fp8": "experts"},
     # the sliding layers (head dim 256) on FlexAttention under block masks, not cuDNN under biases
     "flex": {"attention": ((256, "flex"), (512, "efficient"))},
-    "streams_apart": {"joint_streams": False}}
+    "streams_apart": {"joint_streams": False},
+    # the single-read buckets' attention by FlexAttention compiled per shape (opt-in)
+    "static_flex_1": {"static_flex_items": 1}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

@@ -287,7 +287,8 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
 
         on_cuda = next(model.parameters()).device.type == "cuda"
         compiled = options.compiled if options.compiled is not None else on_cuda
-        choice = default_choice(model, compiled=compiled, fp8=options.fp8)
+        choice = default_choice(model, compiled=compiled, fp8=options.fp8,
+                                static_flex_items=options.static_flex_items)
         graphs = graph_shapes(options, capture=on_cuda) if compiled and choice.fused_pass else None
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad)

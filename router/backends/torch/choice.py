@@ -28,6 +28,7 @@ from typing import Any
 from router.backends.torch.fused import EAGER, Pieces, ffn_half_fused, ffn_half_rows
 from router.backends.torch.prefix_attention import (
     CUDNN_HOPPER_MAX_DIM,
+    FLEX_MAX_DIM,
     KERNEL_BY_NAME,
     MASK_KERNELS,
     attend_by_dim,
@@ -38,7 +39,7 @@ from router.errors import ConfigError
 log = logging.getLogger(__name__)
 
 # FlexAttention also runs on the CPU (its eager form: the tests' path); the fused kernels do not
-CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math", "flex"}
+CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"} - MASK_KERNELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +60,17 @@ class KernelChoice:
     trim_last: bool = True
     fused_moe: bool = False
     fp8: str = "off"  # FP8 copies of the experts' weights (fp8.py): "off" or "experts"
+    # graph buckets of at most this many items read attention at head dims up to FLEX_MAX_DIM by
+    # FlexAttention compiled per shape ("flex_static", ``small``): faster single reads, a compile
+    # a shape at warm-up (0: off; opt-in, TorchOptions.static_flex_items)
+    static_flex_items: int = 0
     joint_streams: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
-                         "trim_last", "fused_moe", "fp8", "joint_streams"):
+                         "trim_last", "fused_moe", "fp8", "static_flex_items", "joint_streams"):
                 if getattr(self, name) not in (False, "off", frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -75,6 +80,9 @@ class KernelChoice:
         if self.triton and not (self.rows_moe or self.merge_op):
             raise ConfigError("kernel choice: triton needs rows_moe or merge_op (its kernels are "
                               "their ops)", field="triton")
+        if not isinstance(self.static_flex_items, int) or self.static_flex_items < 0:
+            raise ConfigError(f"kernel choice: static_flex_items must be an int >= 0, not "
+                              f"{self.static_flex_items!r}", field="static_flex_items")
         if self.fp8 not in FP8_MODES:
             raise ConfigError(f"kernel choice: fp8 must be one of {FP8_MODES}, not {self.fp8!r}",
                               field="fp8")
@@ -105,6 +113,16 @@ class KernelChoice:
                 raise ConfigError("kernel choice: attention kernels other than math and flex need "
                                   "a CUDA device", field="attention")
 
+    def small(self) -> KernelChoice:
+        """The choice of the graph buckets of at most ``static_flex_items`` items: attention at
+        head dims up to FLEX_MAX_DIM by FlexAttention compiled per shape. Why only there: per
+        shape it beat cuDNN under the dense bias (a single read 22.80 -> 21.57 ms replayed on an
+        H200, docs/backends.md), but each shape compiles (~1.7 s) and an eager read of a new
+        length would stall on one; the graph buckets are few and compiled at warm-up."""
+        attention = tuple((dim, "flex_static" if dim <= FLEX_MAX_DIM else name)
+                          for dim, name in self.attention)
+        return replace(self, attention=attention, static_flex_items=0)
+
     def eager(self) -> KernelChoice:
         """The same kernels, uncompiled (the fall-back when compiling or capturing fails)."""
         return replace(self, compiled=False, fuse_cats=False, compile_rows_kv=False)
@@ -114,7 +132,7 @@ class KernelChoice:
                 "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
                 "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
                 "attention": dict(self.attention), "trim_last": self.trim_last,
-                "fused_moe": self.fused_moe, "fp8": self.fp8, "joint_streams": self.joint_streams}
+                "fused_moe": self.fused_moe, "fp8": self.fp8, "static_flex_items": self.static_flex_items, "joint_streams": self.joint_streams}
 
 
 FP8_MODES = ("off", "experts")
@@ -122,7 +140,8 @@ TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False)
 
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
-                   compile_backend: str = "inductor", fp8: str = "off") -> KernelChoice:
+                   compile_backend: str = "inductor", fp8: str = "off",
+                   static_flex_items: int = 0) -> KernelChoice:
     """A device's choice for ``model``: with ``fast_kernels`` (default: on CUDA) the band read for
     the head dims over cuDNN's Hopper kernels (the global layers; elsewhere cuDNN's flash kernel
     is faster), the experts in bfloat16 as the fused Triton MoE (when it agrees with the row-copy
@@ -143,7 +162,8 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     attention = pick_attention(device, dtype, dims)
     if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
         return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,
-                            compile_backend=compile_backend, fp8=fp8, joint_streams=joint)
+                            compile_backend=compile_backend, fp8=fp8, joint_streams=joint,
+                            static_flex_items=static_flex_items)
     import torch
 
     triton = not triton_problem(device)
@@ -154,7 +174,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     return KernelChoice(band=frozenset(band), rows_moe=bf16_experts and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
                         compile_backend=compile_backend, attention=attention, fp8=fp8,
-                        joint_streams=joint)
+                        joint_streams=joint, static_flex_items=static_flex_items)
 
 
 def build_pieces(choice: KernelChoice) -> Pieces:

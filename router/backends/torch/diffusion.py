@@ -115,6 +115,10 @@ class DiffusionSlotReader(Frozen):
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
+        # the graph buckets of at most static_flex_items items read through this one (graphs.py)
+        self.small_onepass = (OnePass(model, build_pieces(self.choice.small()), self.choice.band,
+                                      self.choice.trim_last, self.fp8, self.choice.joint_streams)
+                              if self.choice.static_flex_items and graphs is not None else None)
         if graphs is not None and graphs.capture and self.device.type != "cuda":
             raise ConfigError("graph capture needs a CUDA device", field="capture")
         self.graph_shapes = graphs

@@ -61,6 +61,25 @@ class GraphShapes:
         return len(self.batches) * len(self.draws) * len(self.widths)
 
 
+# FlexAttention compiled per shape (KernelChoice.static_flex_items) compiles once for each
+# attention shape of a bucket: the prompt rests' and the canvases' own keys, and the prefix
+FLEX_SHAPES_A_BUCKET = 3
+
+
+def allow_recompiles(extra: int) -> None:
+    """Raise dynamo's recompile limits by ``extra`` compiles of one function (past a limit dynamo
+    runs the function uncompiled: for FlexAttention, a kernel that materializes the scores)."""
+    import torch
+
+    from router.backends.torch.compiled import RECOMPILE_LIMIT
+
+    config = torch._dynamo.config
+    for name, floor in (("recompile_limit", RECOMPILE_LIMIT), ("cache_size_limit", RECOMPILE_LIMIT),
+                        ("accumulated_recompile_limit", 256), ("accumulated_cache_size_limit", 256)):
+        if hasattr(config, name):
+            setattr(config, name, max(int(getattr(config, name)), floor + extra))
+
+
 class GraphSet:
     """Captured reads for every (items, rows, width) bucket of ``shapes``, for ``reader`` (a
     one-pass DiffusionSlotReader; built by it, filled once by ``warm_up``)."""
@@ -71,6 +90,9 @@ class GraphSet:
         if reader.onepass is None:
             raise ValueError("graphs need the one-pass read (tied encoder/decoder weights)")
         self.reader, self.onepass, self.shapes = reader, reader.onepass, shapes
+        # buckets of at most ``small_items`` items read through ``reader.small_onepass`` (its
+        # attention compiled per shape: KernelChoice.static_flex_items), the others ``onepass``
+        self.small_items = reader.choice.static_flex_items if reader.small_onepass is not None else 0
         self.batches, self.draws, self.widths = list(shapes.batches), list(shapes.draws), list(shapes.widths)
         self.labels, self.capture = shapes.labels, shapes.capture
         prefix_tokens = shapes.prefix_tokens
@@ -137,6 +159,9 @@ class GraphSet:
         if not self.load(prefix_ids, self.reader.prefix_cache(prefix_ids)):
             raise ValueError(f"warm-up prefix of {len(prefix_ids)} tokens exceeds prefix_tokens")
         started = time.monotonic()
+        small = sum(n <= self.small_items for n in self.batches) * len(self.draws) * len(self.widths)
+        if small:
+            allow_recompiles(small * FLEX_SHAPES_A_BUCKET)
         for n_items in self.batches:
             for d in self.draws:
                 for width in self.widths:
@@ -146,6 +171,12 @@ class GraphSet:
                     self.graphs[(n_items, n_items * d, width)] = self._capture(items, n_items * d, width)
         log.info("torch read: %d graphs ready in %.1f s", len(self.graphs), time.monotonic() - started)
 
+    def onepass_for(self, n_items: int) -> Any:
+        """The one-pass read a bucket of ``n_items`` items runs (captured with, replayed as)."""
+        if n_items <= self.small_items:
+            return self.reader.small_onepass
+        return self.onepass
+
     def _capture(self, items: list[Any], n_rows: int, width: int) -> _Captured:
         import torch
 
@@ -153,15 +184,16 @@ class GraphSet:
                                             width=width, n_labels=self.labels, device=self.reader.device)
         if not self.capture:
             return _Captured(batch, (), None)
+        onepass = self.onepass_for(len(items))
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.inference_mode(), torch.cuda.stream(stream):
             for _ in range(2):  # compile, autotune and warm the allocator outside the capture
-                self.onepass(self.prefix, batch)
+                onepass(self.prefix, batch)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
-            out = self.onepass(self.prefix, batch)
+            out = onepass(self.prefix, batch)
         return _Captured(batch, out, graph)
 
     def run(self, items: Sequence[Any], prefix_ids: tuple[int, ...], cache: Any) -> tuple[Any, Any, Any] | None:
@@ -177,7 +209,7 @@ class GraphSet:
         for f in fields(OnePassBatch):
             getattr(captured.batch, f.name).copy_(getattr(fresh, f.name), non_blocking=True)
         if captured.graph is None:
-            out = self.onepass(self.prefix, captured.batch)
+            out = self.onepass_for(key[0])(self.prefix, captured.batch)
         else:
             captured.graph.replay()
             out = captured.out

@@ -71,3 +71,48 @@ def test_attention_under_flex_mask_is_the_reference() -> None:
     # (the bias reference spreads an unseeing query uniformly; both weigh 0 in the merge)
     torch.testing.assert_close(out[seen], want_out[seen], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse[seen], want_lse[seen], atol=1e-5, rtol=1e-5)
+
+
+def test_static_flex_serves_the_small_buckets_and_reads_the_same() -> None:
+    """KernelChoice.static_flex_items: graph buckets of at most that many items read through a
+    second one-pass read whose attention is FlexAttention per shape (``choice.small()``); larger
+    buckets and eager reads keep the main one; every read equals transformers' two-pass read."""
+    from dataclasses import replace
+
+    from router.backends.torch.choice import TWO_PASS, KernelChoice
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.graphs import GraphShapes
+    from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
+    from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
+
+    model = tiny_model(window=8)
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    choice = KernelChoice(attention=((16, "math"), (32, "math")), static_flex_items=1)
+    assert choice.small().attention == ((16, "flex_static"), (32, "flex_static"))
+    assert choice.small().static_flex_items == 0
+    shapes = GraphShapes(batches=(1, 4), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
+                         capture=False)
+    reader = DiffusionSlotReader(model, choice=choice, graphs=shapes)
+    assert reader.graphs is not None and reader.small_onepass is not None
+    assert reader.graphs.onepass_for(1) is reader.small_onepass
+    assert reader.graphs.onepass_for(4) is reader.onepass
+    assert reader.small_onepass.pieces.flex_dims == {16, 32} and not reader.onepass.pieces.flex_dims
+    reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
+    assert reader.graphs.bucket(ITEMS[:1], 11) == (1, 3, 16)
+    assert_same_reads([reader.read([it])[0] for it in ITEMS], want)  # one item: the flex bucket
+    assert_same_reads(reader.read(ITEMS), want)  # the 4-item bucket: the main read
+    assert DiffusionSlotReader(model, choice=replace(choice, static_flex_items=0),
+                               graphs=shapes).small_onepass is None
+    assert DiffusionSlotReader(model, choice=choice).small_onepass is None  # no graphs: unused
+
+
+@pytest.mark.parametrize("value", [-1, 1.5])
+def test_static_flex_items_refuses_a_bad_value_naming_it(value: Any) -> None:
+    from router.backends.torch.choice import KernelChoice
+    from router.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="static_flex_items") as info:
+        KernelChoice(static_flex_items=value)
+    assert info.value.field == "static_flex_items"
+    with pytest.raises(ConfigError, match="static_flex_items"):
+        KernelChoice(fused_pass=False, trim_last=False, joint_streams=False, static_flex_items=1)
