@@ -1,7 +1,8 @@
 """Compiled pieces of the one-pass read (fused.py): RMSNorm as one kernel, the q/k/v half of
-attention, the log-sum-exp merge, the band softmax of the prefix read and the feed-forward half of
-a layer. Each is a torch.compile of the eager function it replaces, in a new ``Pieces`` that one
-``OnePass`` is built with (transformers is not patched, no piece is swapped afterwards).
+attention (per stream, and over a merged q/k/v weight for ``joint_streams``), the log-sum-exp
+merge, the band softmax of the prefix read and the feed-forward half of a layer. Each is a
+torch.compile of the eager function it replaces, in a new ``Pieces`` that one ``OnePass`` is built
+with (transformers is not patched, no piece is swapped afterwards).
 
 Why these: they hold no KV cache and take the layer as an argument, so one compiled graph
 (dynamic shapes) serves every layer and every batch; compiling whole layers recompiles per layer.
@@ -60,7 +61,8 @@ def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool 
         return torch.compile(fn, dynamic=True, backend=backend)
 
     return replace(
-        eager, norm=norm, qkv=compiled(eager.qkv), ffn=compiled(eager.ffn),
+        eager, norm=norm, qkv=compiled(eager.qkv), qkv_merged=compiled(eager.qkv_merged),
+        ffn=compiled(eager.ffn),
         ffn_step=compiled(partial(ffn_step, eager.ffn)) if fuse_cats else None,
         ffn_joint=compiled(partial(ffn_joint, eager.ffn)) if fuse_cats else None,
         rows_kv=compiled(eager.rows_kv) if compile_rows_kv else eager.rows_kv,

@@ -144,17 +144,16 @@ def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any
     return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
 
 
-def ffn_joint(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: Any, scalars: tuple[Any, Any],
+def ffn_joint(ffn: Any, layer: Any, attn: Any, hidden: Any, scalars: tuple[Any, Any], n_enc: int,
               weights: Fp8Layer | None = None) -> Any:
     """``ffn_step`` over a hidden state kept as both streams' rows end to end, (T, E) with the
-    encoder's first (``joint_streams``): returns the next one, each stream's rows scaled by its
-    layer's ``layer_scalar``. Why: the next layer's norm and q/k/v read it whole, uncopied."""
+    encoder's ``n_enc`` first (``joint_streams``); ``attn``: both streams' attention outputs the
+    same way (T, E), from one o_proj call (``OnePass.o_proj_joint``). Returns the next hidden
+    state, each stream's rows scaled by its layer's ``layer_scalar``. Why: the next layer's norm
+    and q/k/v read it whole, uncopied."""
     import torch
 
-    enc_attn, dec_attn = attn
-    n_enc, width = enc_attn.shape[0] * enc_attn.shape[1], hidden.shape[-1]
-    attn_rows = torch.cat([enc_attn.reshape(n_enc, width), dec_attn.reshape(-1, width)])
-    out = ffn(layer, attn_rows, hidden, weights)
+    out = ffn(layer, attn, hidden, weights)
     return torch.cat([out[:n_enc] * scalars[0], out[n_enc:] * scalars[1]])
 
 
@@ -177,6 +176,41 @@ def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]
     query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
     key = attn.k_proj(hidden).view(shape)
     value = attn.v_proj(hidden).view(shape) if attn.v_proj is not None else key
+    key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
+    return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
+
+
+def merged_qkv_weights(attn: Any) -> tuple[Any, Any]:
+    """An attention module's q/k/v projections as one (weight, bias) (bias None when it has none):
+    ``cat([q, k, v])`` by output rows, or ``cat([q, k])`` where ``v_proj`` is None (the keys serve
+    as values). A copy beside the module's parameters, which stay as they are; why: one product a
+    layer reads the hidden rows once instead of three times (``qkv_merged``)."""
+    import torch
+
+    projections = [p for p in (attn.q_proj, attn.k_proj, attn.v_proj) if p is not None]
+    biases = [p.bias for p in projections]
+    if any(b is None for b in biases) and any(b is not None for b in biases):  # one config flag
+        raise ValueError("q/k/v projections with and without a bias: not merged")
+    with torch.no_grad():
+        weight = torch.cat([p.weight.detach() for p in projections])
+        bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
+    return weight, bias
+
+
+def qkv_merged(attn: Any, weight: Any, bias: Any, hidden: Any, cos: Any,
+               sin: Any) -> tuple[Any, Any, Any]:
+    """``qkv_half`` with q, k (and v) as ONE product over ``merged_qkv_weights``' ``weight`` and
+    ``bias``, split by output columns, then normed and rotated exactly as ``qkv_half`` does."""
+    from torch.nn.functional import linear
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
+
+    shape = (*hidden.shape[:-1], -1, attn.head_dim)
+    n_q, n_k = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
+    mixed = linear(hidden, weight, bias)  # (..., n_q + n_k [+ n_v]): views of it split it
+    query = attn.q_norm(mixed[..., :n_q].view(shape))
+    query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
+    key = mixed[..., n_q:n_q + n_k].view(shape)
+    value = mixed[..., n_q + n_k:].view(shape) if attn.v_proj is not None else key
     key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
     return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
 
@@ -261,7 +295,9 @@ class Pieces:
     attend: Attend
     band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
     flex_dims: frozenset[int] = frozenset()  # head dims whose ``attend`` reads a flex_mask, not a bias
-    ffn_joint: Callable[..., Any] | None = None  # (layer, attns, rows, scalars, FP8 layer)
+    ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc, FP8)
+    # (attention, merged weight, merged bias, hidden, cos, sin): joint_streams' q/k/v product
+    qkv_merged: Callable[..., tuple[Any, Any, Any]] = qkv_merged
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
@@ -276,13 +312,16 @@ class OnePass(Frozen):
     result, less work. ``fp8``: FP8 copies of the experts' weights (fp8.py) that their products
     read (opt-in: a different read, within the agreement docs/backends.md states).
     ``joint_streams``: each layer's hidden state is both streams' rows end to end, normed and
-    projected to q/k/v by one call over the (tied) weights, not one per stream; the same result,
-    each weight read once (needs tied attention weights: ConfigError otherwise). Immutable once
-    built: the kernels are chosen before (choice.py), never swapped while serving."""
+    projected to q/k/v by one product over a merged copy of the (tied) q/k/v weights
+    (``qkv_weights``, made here: the model's parameters are untouched; it follows them only on
+    the device they are on now), and their attention outputs projected by one o_proj call; the
+    same result, each weight read once (needs tied attention weights: ConfigError otherwise).
+    Immutable once built: the kernels are chosen before (choice.py), never swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
                  trim_last: bool = True, fp8: Fp8Model | None = None,
-                 joint_streams: bool = True) -> None:
+                 joint_streams: bool = True,
+                 qkv_weights: tuple[tuple[Any, Any], ...] | None = None) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
@@ -299,6 +338,13 @@ class OnePass(Frozen):
             raise ConfigError("kernel choice: joint_streams needs tied encoder/decoder attention "
                               "weights", field="joint_streams")
         self.joint_streams = joint_streams
+        # per layer (tied: the encoder's serve both streams), built before sealing; or another
+        # OnePass's over this model (``qkv_weights``), so two readers hold one copy
+        if joint_streams and qkv_weights is None:
+            qkv_weights = tuple(merged_qkv_weights(layer.self_attn) for layer in self.encoder.layers)
+        if joint_streams and len(qkv_weights or ()) != len(self.encoder.layers):
+            raise ValueError("qkv_weights: one (weight, bias) per layer")
+        self.qkv_weights = qkv_weights if joint_streams and qkv_weights is not None else ()
         self._seal()
 
     def weights(self, index: int) -> Fp8Layer | None:
@@ -346,7 +392,7 @@ class OnePass(Frozen):
         for index, (enc, dec) in enumerate(full):
             kind, weights = types[index], self.weights(index)
             if joint is not None:
-                (q_e, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(enc, joint[0], joint[1][kind],
+                (q_e, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
                                                                   enc_h.shape[:2], dec_h.shape[:2])
                 q_e, q_d = q_e.contiguous(), q_d.contiguous()
             else:
@@ -366,15 +412,17 @@ class OnePass(Frozen):
             else:
                 out_e, out_d = self.with_prefix(prefix, index, (q_e, q_d), (out_e, out_d),
                                                 (lse_e, lse_d), masks[("prefix", kind)])
-            attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
             scalars = (enc.layer_scalar, dec.layer_scalar)
             if joint is not None:
                 step = self.pieces.ffn_joint or partial(ffn_joint, self.pieces.ffn)
-                rows = step(enc, attn, joint[0], scalars, weights)
                 n_enc = enc_h.shape[0] * enc_h.shape[1]
+                rows = step(enc, self.o_proj_joint(enc.self_attn, out_e, out_d), joint[0], scalars,
+                            n_enc, weights)
                 enc_h, dec_h = rows[:n_enc].view(enc_h.shape), rows[n_enc:].view(dec_h.shape)
                 joint = (rows, joint[1])
-            elif self.pieces.ffn_step is not None:
+                continue
+            attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
+            if self.pieces.ffn_step is not None:
                 enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars, weights)
             else:
                 enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars, weights)
@@ -402,7 +450,7 @@ class OnePass(Frozen):
 
         (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
         if joint is not None:
-            (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(enc, joint[0], joint[1][kind],
+            (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
                                                             enc_h.shape[:2], dec_h.shape[:2])
         else:
             _, k_e, v_e = self.pieces.qkv(enc.self_attn,
@@ -438,16 +486,28 @@ class OnePass(Frozen):
               for kind in enc_pe}
         return rows, pe
 
-    def qkv_joint(self, layer: Any, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
+    def qkv_joint(self, index: int, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
                   dec_rows: tuple[int, int]) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]]:
-        """Each stream's (queries, keys, values) as ``qkv_half`` gives them, from ONE norm and ONE
-        ``pieces.qkv`` call over both streams' ``rows`` (T, E) as T one-token sequences (the
-        weights are tied: each is read once); queries are views (``contiguous`` where needed)."""
+        """Each stream's (queries, keys, values) of layer ``index`` as ``qkv_half`` gives them,
+        from ONE norm and ONE q/k/v product (``pieces.qkv_merged`` over ``qkv_weights``) over
+        both streams' ``rows`` (T, E) as T one-token sequences (the weights are tied: each is
+        read once); queries are views (``contiguous`` where needed)."""
+        layer = self.encoder.layers[index]
         normed = self.pieces.norm(layer.input_layernorm, rows).unsqueeze(1)  # (T, 1, E)
-        q, k, v = self.pieces.qkv(layer.self_attn, normed, *rotary)  # (T, H, 1, D)
+        q, k, v = self.pieces.qkv_merged(layer.self_attn, *self.qkv_weights[index], normed,
+                                         *rotary)  # (T, H, 1, D)
         (q_e, q_d), (k_e, k_d), (v_e, v_d) = (split_streams(x, enc_rows, dec_rows)
                                               for x in (q, k, v))
         return (q_e, k_e, v_e), (q_d, k_d, v_d)
+
+    @staticmethod
+    def o_proj_joint(attn: Any, out_e: Any, out_d: Any) -> Any:
+        """Both streams' attention outputs (B, S, H*D) and (R, C, H*D) projected by ONE o_proj
+        call over their rows end to end, (T, E) encoder first (``joint_streams``: tied weights,
+        read once). The concatenation is the copy ``ffn_joint`` otherwise makes after o_proj."""
+        import torch
+
+        return attn.o_proj(torch.cat([out_e.flatten(0, 1), out_d.flatten(0, 1)]))
 
     def with_prefix(self, prefix: PrefixKV, index: int, queries: tuple[Any, ...],
                     outs: tuple[Any, ...], lses: tuple[Any, ...], mask: Any) -> list[Any]:

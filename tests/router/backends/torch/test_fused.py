@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from router.backends.torch.choice import TWO_PASS, KernelChoice
 from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.fused import OnePass
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.prefix_attention import (
     attend_math,
@@ -85,7 +86,7 @@ def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_sc
 
 
 def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
-    from router.backends.torch.fused import OnePass, qkv_half
+    from router.backends.torch.fused import qkv_half
 
     model = tiny_model(window=8)
     onepass = OnePass(model)
@@ -100,14 +101,113 @@ def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
     assert torch.equal(rows, torch.cat([enc_h.reshape(15, 32), dec_h.reshape(24, 32)]))
     with torch.inference_mode():
         pairs = zip(kinds, onepass.encoder.layers, onepass.decoder.layers, strict=True)
-        for kind, enc, dec in pairs:
-            got = onepass.qkv_joint(enc, rows, pe[kind], (3, 5), (4, 6))
+        for index, (kind, enc, dec) in enumerate(pairs):
+            got = onepass.qkv_joint(index, rows, pe[kind], (3, 5), (4, 6))
             want = (qkv_half(enc.self_attn, enc.input_layernorm(enc_h), *enc_pe[kind]),
                     qkv_half(dec.self_attn, dec.input_layernorm(dec_h), *dec_pe[kind]))
             for got_part, want_part in zip(got, want, strict=True):
                 for a, b in zip(got_part, want_part, strict=True):
                     assert a.shape == b.shape
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def with_attention_biases(model: Any) -> Any:
+    """``model`` with a (tied) bias on every q/k/v/o projection, as ``attention_bias`` makes."""
+    gen = torch.Generator().manual_seed(8)
+    layers = zip(model.model.encoder.language_model.layers, model.model.decoder.layers, strict=True)
+    for enc, dec in layers:
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            proj = getattr(enc.self_attn, name)
+            if proj is None:
+                continue
+            bias = torch.nn.Parameter(torch.randn(proj.out_features, generator=gen) * 0.5)
+            proj.bias = bias
+            getattr(dec.self_attn, name).bias = bias
+    return model
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_merged_qkv_product_equals_the_three_projections(bias: bool) -> None:
+    from router.backends.torch.fused import merged_qkv_weights, qkv_half, qkv_merged
+
+    model = tiny_model(window=8)
+    if bias:
+        with_attention_biases(model)
+    onepass = OnePass(model)
+    gen = torch.Generator().manual_seed(7)
+    hidden, pos = torch.randn(3, 5, 32, generator=gen), torch.arange(5).expand(3, 5)
+    with torch.inference_mode():
+        for index, (kind, layer) in enumerate(zip(onepass.kinds(), onepass.encoder.layers,
+                                                  strict=True)):
+            attn, cos_sin = layer.self_attn, onepass.encoder.rotary_emb(hidden, pos, kind)
+            weight, merged_bias = onepass.qkv_weights[index]
+            assert (merged_bias is not None) is bias
+            n_proj = 3 if attn.v_proj is not None else 2  # full attention: no v_proj
+            assert weight.shape[0] == attn.q_proj.out_features + (n_proj - 1) * attn.k_proj.out_features
+            got = qkv_merged(attn, weight, merged_bias, hidden, *cos_sin)
+            want = qkv_half(attn, hidden, *cos_sin)
+            for a, b in zip(got, want, strict=True):
+                assert a.shape == b.shape
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            again = merged_qkv_weights(attn)
+            assert torch.equal(again[0], weight)
+    assert set(onepass.kinds()) == {"sliding_attention", "full_attention"}  # both layer kinds
+
+
+def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
+    from router.backends.torch.fused import qkv_half
+
+    model = tiny_model(window=8)
+    before = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+    onepass = OnePass(model)
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    reader = DiffusionSlotReader(model, choice=KernelChoice())
+    assert reader.onepass is not None and reader.onepass.joint_streams
+    assert_same_reads(reader.read(ITEMS), want)
+    for name, param in model.named_parameters():  # the model's own weights: untouched
+        ptr, value = before[name]
+        assert param.data_ptr() == ptr and torch.equal(param.detach(), value), name
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert OnePass(model, qkv_weights=onepass.qkv_weights).qkv_weights is onepass.qkv_weights
+    assert OnePass(model, joint_streams=False).qkv_weights == ()
+    for weight, _ in onepass.qkv_weights:
+        assert weight.untyped_storage().data_ptr() not in ptrs
+    # mutation check: k and v rows of the sliding layer's merged copy swapped, the product sees it
+    layer = onepass.encoder.layers[0]
+    attn, (weight, _) = layer.self_attn, onepass.qkv_weights[0]
+    assert attn.v_proj is not None
+    n_q, n_k = attn.q_proj.out_features, attn.k_proj.out_features
+    gen = torch.Generator().manual_seed(9)
+    rows = torch.randn(7, 32, generator=gen)
+    cos_sin = onepass.encoder.rotary_emb(rows[None], torch.arange(7)[None], "sliding_attention")
+    pe = tuple(t.flatten(0, 1).unsqueeze(1) for t in cos_sin)
+    with torch.inference_mode():
+        want_kv = qkv_half(attn, layer.input_layernorm(rows[None]), *cos_sin)
+        k_rows = weight[n_q:n_q + n_k].clone()
+        weight[n_q:n_q + n_k] = weight[n_q + n_k:]
+        weight[n_q + n_k:] = k_rows
+        try:
+            (_, k, v), _ = onepass.qkv_joint(0, rows, pe, (1, 7), (0, 1))
+            assert not torch.allclose(k, want_kv[1], rtol=1e-3, atol=1e-3)
+            assert not torch.allclose(v, want_kv[2], rtol=1e-3, atol=1e-3)
+        finally:
+            weight[n_q + n_k:] = weight[n_q:n_q + n_k].clone()
+            weight[n_q:n_q + n_k] = k_rows
+        (_, k, v), _ = onepass.qkv_joint(0, rows, pe, (1, 7), (0, 1))
+        torch.testing.assert_close(k, want_kv[1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v, want_kv[2], rtol=1e-5, atol=1e-6)
+
+
+def test_joint_streams_with_attention_biases_read_what_the_two_pass_read_reads() -> None:
+    model = with_attention_biases(tiny_model(window=8, layers=("sliding_attention",
+                                                               "sliding_attention",
+                                                               "full_attention")))
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    for cached, joint in product((True, False), (True, False)):
+        choice = KernelChoice(joint_streams=joint)
+        reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
+        assert reader.onepass is not None and reader.onepass.joint_streams is joint
+        assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_joint_streams_needs_tied_attention_weights() -> None:
@@ -203,8 +303,8 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
     torch.testing.assert_close(enc_out, (enc_attn * 2 + enc_h * 0.5) * 3, rtol=0, atol=0)
     torch.testing.assert_close(dec_out, (dec_attn * 2 + dec_h * 0.5) * 5, rtol=0, atol=0)
     joint_h = torch.cat([enc_h.reshape(10, 4), dec_h.reshape(18, 4)])
-    joint = ffn_joint(ffn, 0.5, (enc_attn, dec_attn), joint_h,
-                      (torch.tensor([3.0]), torch.tensor([5.0])))
+    joint_attn = torch.cat([enc_attn.reshape(10, 4), dec_attn.reshape(18, 4)])
+    joint = ffn_joint(ffn, 0.5, joint_attn, joint_h, (torch.tensor([3.0]), torch.tensor([5.0])), 10)
     assert torch.equal(joint, torch.cat([enc_out.reshape(10, 4), dec_out.reshape(18, 4)]))
     k_e, v_e = torch.randn(2, 1, 5, 4, generator=gen), torch.randn(2, 1, 5, 4, generator=gen)
     k_d, v_d = torch.randn(3, 1, 6, 4, generator=gen), torch.randn(3, 1, 6, 4, generator=gen)
