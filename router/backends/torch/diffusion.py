@@ -115,10 +115,13 @@ class DiffusionSlotReader(Frozen):
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
-        # the graph buckets of at most static_flex_items items read through this one (graphs.py)
+        # the graph buckets of at most static_flex_items items read through this one (graphs.py),
+        # over the same merged q/k/v weights (one copy)
         self.small_onepass = (OnePass(model, build_pieces(self.choice.small()), self.choice.band,
-                                      self.choice.trim_last, self.fp8, self.choice.joint_streams)
-                              if self.choice.static_flex_items and graphs is not None else None)
+                                      self.choice.trim_last, self.fp8, self.choice.joint_streams,
+                                      self.onepass.qkv_weights)
+                              if self.choice.static_flex_items and self.onepass is not None
+                              and graphs is not None else None)
         if graphs is not None and graphs.capture and self.device.type != "cuda":
             raise ConfigError("graph capture needs a CUDA device", field="capture")
         self.graph_shapes = graphs

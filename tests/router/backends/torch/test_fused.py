@@ -170,6 +170,12 @@ def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert OnePass(model, qkv_weights=onepass.qkv_weights).qkv_weights is onepass.qkv_weights
     assert OnePass(model, joint_streams=False).qkv_weights == ()
+    # the static-flex buckets' second OnePass reads the same merged copy (diffusion.py)
+    shapes = GraphShapes(batches=(1,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
+                         capture=False)
+    flex = DiffusionSlotReader(model, choice=KernelChoice(static_flex_items=1), graphs=shapes)
+    assert flex.onepass is not None and flex.small_onepass is not None
+    assert flex.small_onepass.qkv_weights is flex.onepass.qkv_weights
     for weight, _ in onepass.qkv_weights:
         assert weight.untyped_storage().data_ptr() not in ptrs
     # mutation check: k and v rows of the sliding layer's merged copy swapped, the product sees it
