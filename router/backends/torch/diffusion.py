@@ -80,16 +80,17 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
 class DiffusionSlotReader(Frozen):
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
     caches (keyed by their token ids; ``prefixes`` shares another reader's; ``fp8`` another
-    reader's FP8 copies, fp8.py, else made here when the choice asks). ``choice`` (default:
-    the device's, choice.py ``default_choice``) fixes its kernels: the one-pass read (fused.py) or
-    transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
+    reader's FP8 copies, fp8.py, else made here when the choice asks; ``qkv_weights`` another
+    reader's merged q/k/v copies, fused.OnePass, else made here when joint_streams asks).
+    ``choice`` (default: the device's, choice.py ``default_choice``) fixes its kernels: the
+    one-pass read (fused.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
     are the shapes whose reads ``warm_up`` captures as CUDA graphs (padded, uncaptured on the CPU).
     Immutable once built. Not thread-safe: the backend serialises calls."""
 
     def __init__(
         self, model: Any, *, choice: KernelChoice | None = None, graphs: GraphShapes | None = None,
         prefix_cache_entries: int = 8, use_prefix_cache: bool = True, pad_id: int = 0,
-        prefixes: PrefixLRU | None = None, fp8: Any = None,
+        prefixes: PrefixLRU | None = None, fp8: Any = None, qkv_weights: Any = None,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
@@ -111,7 +112,8 @@ class DiffusionSlotReader(Frozen):
                               field="fused_pass")
         self.fp8 = fp8 if fp8 is not None or self.choice.fp8 == "off" else self._fp8_copies()
         self.onepass = (OnePass(model, build_pieces(self.choice), self.choice.band,
-                                self.choice.trim_last, self.fp8, self.choice.joint_streams)
+                                self.choice.trim_last, self.fp8, self.choice.joint_streams,
+                                qkv_weights or None)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
@@ -145,10 +147,13 @@ class DiffusionSlotReader(Frozen):
         """A twin over the same model, prefix caches and FP8 copies with ``choice`` (and this
         one's graph shapes, unless ``graphs`` is False)."""
         same_fp8 = choice.fp8 == self.choice.fp8
+        # the merged q/k/v copies (joint_streams) follow the model: a twin shares them too
+        merged = self.onepass.qkv_weights if self.onepass is not None else ()
         return DiffusionSlotReader(self.model, choice=choice,
                                    graphs=self.graph_shapes if graphs else None,
                                    use_prefix_cache=self.use_prefix_cache, pad_id=self.pad_id,
-                                   prefixes=self.prefixes, fp8=self.fp8 if same_fp8 else None)
+                                   prefixes=self.prefixes, fp8=self.fp8 if same_fp8 else None,
+                                   qkv_weights=merged if choice.joint_streams else None)
 
     def warm_up(self, sample: SlotItem) -> SlotReader:
         from router.backends.torch.warm_up import warm_up

@@ -375,3 +375,16 @@ def test_triton_is_refused_off_cuda_and_its_ops_are_chosen_not_swapped() -> None
     rows = torch.arange(12.0).view(6, 2)
     assert torch.equal(ops.moe_gather(rows, torch.tensor([5, 0, 3]), 2), rows[[2, 0, 1]])
     assert not hasattr(ops, "_TRITON")  # no run-time dispatch table
+
+
+def test_a_rebuilt_twin_shares_the_merged_qkv_copies_and_reads_the_same() -> None:
+    """The eager fall-back twin (``rebuilt``) reads through the first reader's merged q/k/v
+    copies (one copy a model, not one a reader), unless its choice projects the streams apart."""
+    model = tiny_model(window=8)
+    reader = DiffusionSlotReader(model, choice=KernelChoice())
+    twin = reader.rebuilt(reader.choice.eager(), graphs=False)
+    assert reader.onepass is not None and twin.onepass is not None
+    assert twin.onepass.qkv_weights is reader.onepass.qkv_weights
+    apart = reader.rebuilt(KernelChoice(joint_streams=False), graphs=False)
+    assert apart.onepass is not None and apart.onepass.qkv_weights == ()
+    assert_same_reads(twin.read(ITEMS), reader.read(ITEMS))
