@@ -46,6 +46,10 @@ class LiveServer:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("slotgate did not start")
             time.sleep(0.02)
+        # every test starts on a warmed slow path: litellm's background import took 2.8 s on a
+        # cold 2-core machine, past the 2 s slow timeout most of these tests use (a test that
+        # forgot to wait got a 504 on its first escalation: CI, 2026-12-03)
+        self.wait_for_slow_path()
         return self
 
     def wait_for_slow_path(self, timeout_s: float = 120.0) -> None:

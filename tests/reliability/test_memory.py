@@ -63,15 +63,28 @@ def serve(config: dict[str, Any], tmp_path: Path) -> Iterator[tuple[str, int]]:
         out.close()
 
 
+@pytest.fixture
+def own_standin() -> Iterator[StandinHandle]:
+    """A stand-in LLM of this test's own. Why not the session's: after the in-process variant's
+    150 decisions on a 900 KB message, the redis variant's first slow call to the shared stand-in
+    got no answer for 26 s (a 504 at slow.timeout_s = 30 s; CI, 2026-12-03), while the variant
+    alone passed. Not yet explained; a fresh stand-in a variant keeps the two apart."""
+    from standins.llm import start_standin
+
+    handle = start_standin()
+    yield handle
+    handle.stop()
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("store", ["in-process", "redis"])
 def test_150_decisions_on_a_900_kb_message_stay_within_100_mib(
-        store: str, banking77_model: TrainedModel, fresh_standin: StandinHandle,
+        store: str, banking77_model: TrainedModel, own_standin: StandinHandle,
         redis_url: str, tmp_path: Path) -> None:
     model_path, labels = banking77_model.path, banking77_model.labels
     config = {
         "fast": {"kind": "sklearn", "model_path": str(model_path), "timeout_s": FAST_TIMEOUT_S},
-        "slow": {"model": SLOW_MODEL, "api_base": fresh_standin.api_base, "api_key": "sk-x",
+        "slow": {"model": SLOW_MODEL, "api_base": own_standin.api_base, "api_key": "sk-x",
                  "timeout_s": 30},
         "policy": {"fallback_threshold": 0.9},
         "cache": {"redis_url": redis_url if store == "redis" else None},
@@ -81,14 +94,16 @@ def test_150_decisions_on_a_900_kb_message_stay_within_100_mib(
     assert 850_000 < len(message.encode()) < 950_000
     schema = {"type": "json_schema", "json_schema": {
         "name": "intent", "schema": {"type": "string", "enum": labels}}}
-    with serve(config, tmp_path) as (url, pid):
-        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    # the client closed however the test ends: an unclosed socket raises a ResourceWarning in a
+    # LATER test's garbage collection (CI, 2026-12-03: this test's 504 failed the next one too)
+    with serve(config, tmp_path) as (url, pid), \
+            OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
 
         def decide(text: str) -> dict[str, Any]:
-            reply = client.chat.completions.create(
+            reply = client.chat.completions.create(  # type: ignore[call-overload]
                 model="any", messages=[{"role": "user", "content": text}],
-                response_format=schema)  # type: ignore[arg-type]
-            return dict(reply.model_extra["slotgate"])  # type: ignore[index]
+                response_format=schema)
+            return dict(reply.model_extra["slotgate"])
 
         # Warm-up on another message: litellm's import and first call are not the log's cost.
         for i in range(3):
@@ -103,7 +118,7 @@ def test_150_decisions_on_a_900_kb_message_stay_within_100_mib(
         time.sleep(1.0)
         after = rss_mib(pid)
         growth = after - before
-        slow_calls = [c for c in fresh_standin.calls() if "Hello, I have" in json.dumps(c)]
+        slow_calls = [c for c in own_standin.calls() if "Hello, I have" in json.dumps(c)]
         print(f"\nmemory ({store}): RSS {before:.0f} -> {after:.0f} MiB (+{growth:.1f} MiB) "
               f"for {N_DECISIONS} decisions on a {len(message) / 1e3:.0f} KB message; routes "
               f"{ {r: routes.count(r) for r in set(routes)} }; {len(slow_calls)} slow call(s)")
@@ -149,6 +164,9 @@ def test_a_huge_message_is_read_bounded_and_no_read_outlives_its_request(
     results: list[httpx.Response] = []
     still_running = []
     with LiveServer(settings, backend=backend) as server:
+        # litellm's background import must be over first: on a cold 2-core machine it took 2.8 s,
+        # past this test's 2 s slow timeout, and the first decision was a 504 (CI, 2026-12-03)
+        server.wait_for_slow_path()
         for i in range(3):  # distinct heads: three reads, no cache hit
             results.append(server.post("/v1/chat/completions",
                                        decision(f"client {i}. " + message, options=labels),
