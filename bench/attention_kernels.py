@@ -5,6 +5,9 @@ memory-efficient attention under the dense bias the reader builds today, FlexAtt
 under a block mask built from the same visibility, and two bounds that ignore the mask (cuDNN and
 flash attention with no bias): how much the dense bias costs. A "split" row reads the prefix as
 the slots every query sees (no bias) plus the band's slots (with bias), merged by log-sum-exp.
+"flash_*" rows (issue 21, fourth session) read with no mask tensor at all: FlashAttention-2's
+own window, causal and per-sequence key counts (varlen ``seqused_k``) express the same
+visibility; "cudnn_gqa_causal" is cuDNN with causal masking and the key heads unfolded.
 CUDA only; every row is one CUDA-graph replay timed by events.
 
     python -m bench.attention_kernels --out $OUT/attention_kernels.json
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,52 @@ def prefix_problem(items: int, width: int, canvas: int, prefix_tokens: int, seed
     low = torch.cat([enc_low, row_low])  # (n_queries,)
     visible = (key_pos[None, :] < prefix_tokens) & (key_pos[None, :] >= low[:, None])
     return {"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16(), "visible": visible,
-            "low": low, "key_pos": key_pos, "n_queries": n_queries, "prefix_tokens": prefix_tokens}
+            "low": low, "key_pos": key_pos, "n_queries": n_queries, "prefix_tokens": prefix_tokens,
+            "lengths": lengths, "filled": filled}
+
+
+def flash(q: Any, k: Any, v: Any, cum_q: Any, cum_k: Any, max_q: int, max_k: int, *,
+          causal: bool = False, left: int | None = None, right: int | None = None,
+          used_k: Any = None) -> tuple[Any, Any]:
+    """PyTorch's FlashAttention-2 (varlen when ``cum_q`` is given): q (total_q, H, D), k/v
+    (total_k, H_kv, D), grouped-query heads native; its window is bottom-right aligned (query i
+    of a sequence sees keys i + Lk - Lq - left ..= i + Lk - Lq + right), ``used_k`` the keys each
+    sequence reads from its ``cum_k`` start (so sequences may share keys). Returns (out, lse)."""
+    import torch
+
+    out, lse = torch.ops.aten._flash_attention_forward(
+        q, k, v, cum_q, cum_k, max_q, max_k, 0.0, causal, False, scale=1.0,
+        window_size_left=left, window_size_right=right, seqused_k=used_k)[:2]
+    return out, lse
+
+
+def flash_prefix(problem: dict[str, Any], items: int, width: int, canvas: int) -> tuple[Any, Any]:
+    """The prefix read with no mask at all, by FlashAttention-2 varlen: each item's prompt-rest
+    queries are a sequence over all filled slots under a window of ``WINDOW - 1 - width`` keys to
+    the left (the sliding band, bottom-right aligned), and each canvas row a sequence over the
+    filled slots from its own lowest visible one (``seqused_k``: every sequence starts in the same
+    shared keys). Returned in the folded layout of the other rows."""
+    import torch
+
+    q, k, v, filled = problem["q"], problem["k"], problem["v"], problem["filled"]
+    n, dev = problem["n_queries"], q.device
+    q_rows = q[0].view(HEADS, n, DIM).permute(1, 0, 2)  # (n, H, D): head j*G+g, a view
+    k_rows, v_rows = (x[0].permute(1, 0, 2) for x in (k, v))  # (slots, H_kv, D)
+    i32 = torch.int32
+    n_enc = items * width
+    cum_q = torch.arange(0, n_enc + 1, width, device=dev, dtype=i32)
+    starts = torch.zeros(items + 1, device=dev, dtype=i32)
+    used = torch.full((items,), filled, device=dev, dtype=i32)
+    out_e, lse_e = flash(q_rows[:n_enc], k_rows, v_rows, cum_q, starts, width, SLOTS,
+                         left=WINDOW - 1 - width, right=width, used_k=used)
+    low = (filled + problem["lengths"] - (WINDOW - 1)).clamp(min=0).to(i32)
+    cum_c = torch.arange(0, items * canvas + 1, canvas, device=dev, dtype=i32)
+    starts_c = torch.cat([low, low[-1:]])
+    out_c, lse_c = flash(q_rows[n_enc:], k_rows, v_rows, cum_c, starts_c, canvas, SLOTS,
+                         used_k=filled - low)
+    out = torch.cat([out_e, out_c]).permute(1, 0, 2).reshape(1, KV_HEADS, GROUPS * n, DIM)
+    lse = torch.cat([lse_e.reshape(HEADS, -1), lse_c.reshape(HEADS, -1)], 1)
+    return out, lse.reshape(1, KV_HEADS, GROUPS * n)
 
 
 def flex_prefix(problem: dict[str, Any], build_inside: bool = False) -> tuple[Any, Any]:
@@ -185,6 +234,7 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
         "bound_flash_no_bias": lambda: no_bias_flash(q, k, v),
     }
     del full_bias
+    kernels["flash_varlen_band"] = partial(flash_prefix, problem, items, args.width, args.canvas)
     row: dict[str, Any] = {"queries": problem["n_queries"], "keys": n_keys}
     for name, fn in flex_compiles(problem).items():
         kernels[name] = fn
@@ -243,14 +293,69 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 (reported)
             row["flex_block_mask"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias)}
+        refs = dict.fromkeys(kernels, ref)
+        for name, (fn, own_ref) in mask_free_own(part, q, k, v, lengths, vis, width, canvas).items():
+            kernels[name], refs[name] = fn, own_ref
         for name, fn in kernels.items():
             try:
                 ms, got = replay_ms(fn, args.iters)
-                row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), **compare(got, ref)}
+                row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
+                             **compare(got, refs[name])}
             except Exception as exc:  # noqa: BLE001 (reported)
                 row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         out[part] = row
     return out
+
+
+def mask_free_own(part: str, q: Any, k: Any, v: Any, lengths: Any, vis: Any, width: int,
+                  canvas: int) -> dict[str, tuple[Any, Any]]:
+    """Own-key reads with no mask tensor, each with the reference it must match (folded layout).
+    Prompt rests: causal alone (exact for the real queries while the width is under the window;
+    the padding queries then also see padding keys, which nothing reads, so their reference is
+    the causal one), by FlashAttention-2 and by cuDNN with grouped-query heads unfolded. Canvases:
+    each row's keys laid canvas first, so what it sees is a leading run of C + its length
+    (FlashAttention-2 varlen, ``seqused_k``)."""
+    import torch
+
+    from router.backends.torch.prefix_attention import attend_math, to_bias
+
+    items, n_q, n_k = q.shape[0], q.shape[2] // GROUPS, k.shape[2]
+    i32, dev = torch.int32, q.device
+    q_rows = q.view(items, HEADS, n_q, DIM).transpose(1, 2)  # (B, M, H, D) view
+    k_rows, v_rows = (x.transpose(1, 2) for x in (k, v))  # (B, N, H_kv, D)
+
+    def folded(out: Any, lse: Any) -> tuple[Any, Any]:
+        return (out.transpose(1, 2).reshape(items, KV_HEADS, GROUPS * n_q, DIM),
+                lse.reshape(items, KV_HEADS, GROUPS * n_q))
+
+    if part == "enc_own":
+        steps = torch.arange(n_q, device=dev)
+        causal = (steps[:, None] >= steps[None, :])[None].expand(items, -1, -1)
+        ref = attend_math(q.float(), k.float(), v.float(), to_bias(causal, GROUPS, torch.float32))
+
+        def flash_causal() -> tuple[Any, Any]:
+            return folded(*flash(q_rows, k_rows, v_rows, None, None, n_q, n_k, causal=True))
+
+        def cudnn_causal() -> tuple[Any, Any]:
+            out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q.view(items, HEADS, n_q, DIM), k, v, None, True, 0.0, True, False, scale=1.0)[:2]
+            return out.reshape(items, KV_HEADS, GROUPS * n_q, DIM), lse.reshape(items, KV_HEADS, -1)
+
+        return {"flash_causal": (flash_causal, ref), "cudnn_gqa_causal": (cudnn_causal, ref)}
+    # canvases: keys [canvas | prompt rest] per row (the rows_kv copy would lay them so)
+    k_first, v_first = (torch.cat([x[:, :, width:], x[:, :, :width]], 2).transpose(1, 2).reshape(-1, KV_HEADS, DIM)
+                        for x in (k, v))
+    ref = attend_math(q.float(), k.float(), v.float(), to_bias(vis, GROUPS, torch.float32))
+    cum_q = torch.arange(0, items * canvas + 1, canvas, device=dev, dtype=i32)
+    cum_k = torch.arange(0, items * n_k + 1, n_k, device=dev, dtype=i32)
+    used = (canvas + lengths).to(i32)
+    q_packed = q_rows.reshape(items * n_q, HEADS, DIM)
+
+    def flash_canvas_first() -> tuple[Any, Any]:
+        out, lse = flash(q_packed, k_first, v_first, cum_q, cum_k, n_q, n_k, used_k=used)
+        return folded(out.view(items, n_q, HEADS, DIM), lse.reshape(HEADS, items, n_q).transpose(0, 1))
+
+    return {"flash_varlen_canvas_first": (flash_canvas_first, ref)}
 
 
 def projection_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:

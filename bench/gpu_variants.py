@@ -132,7 +132,8 @@ def variant(args: argparse.Namespace, model: Any, device: Any, changes: dict[str
     shipped = default_choice(model, compiled=True, compile_backend="inductor" if on_cuda else "aot_eager")
     choice = replace(shipped, **changes)
     started = time.monotonic()
-    shapes = GraphShapes(batches=(1, args.batch), draws=(1,), widths=(args.width,),
+    batches = tuple(sorted({1, args.batch, *args.graph_batches}))
+    shapes = GraphShapes(batches=batches, draws=(1,), widths=(args.width,),
                          prefix_tokens=args.prefix_capacity, labels=128, capture=on_cuda)
     reader = warm_up(DiffusionSlotReader(model, choice=choice, graphs=shapes), items[0])
     row: dict[str, Any] = {"choice": reader.choice.summary(), "compiled": reader.compiled}
@@ -141,6 +142,9 @@ def variant(args: argparse.Namespace, model: Any, device: Any, changes: dict[str
         row["replay_ms"] = event_ms(graph.replay, args.iters)
         row["replay_batch1_ms"] = event_ms(reader.graphs.graphs[(1, 1, args.width)].graph.replay,
                                            args.iters)
+        row["replay_by_batch_ms"] = {
+            str(n): event_ms(reader.graphs.graphs[(n, n, args.width)].graph.replay, args.iters)
+            for n in batches}
     row["compile_capture_s"] = time.monotonic() - started
     row["read"] = time_reads(reader.read, items, args.batch, device, args.iters)
     reads = reader.read(items[: args.batch])
@@ -165,6 +169,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--width", type=int, default=224)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--graph-batches", type=int, nargs="*", default=[],
+                        help="more graph buckets (items) to replay, besides 1 and --batch")
     parser.add_argument("--top-ops", type=int, default=16)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--blocks", nargs="+", default=["micro", "variants", "profile"])
