@@ -239,11 +239,15 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     for name, fn in flex_compiles(problem).items():
         kernels[name] = fn
     for name, inside in (("flex_block_mask", False), ("flex_mask_built_in_call", True)):
+        if not wanted(name, args):
+            continue
         try:
             kernels[name] = flex_prefix(problem, inside)[0]
         except Exception as exc:  # noqa: BLE001 (reported)
             row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     for name, fn in kernels.items():
+        if not wanted(name, args):
+            continue
         try:
             ms, got = replay_ms(fn, args.iters)
             row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), **compare(got, ref)}
@@ -284,6 +288,8 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
             return vis[b, q_idx % n_q, kv_idx]
 
         try:
+            if not wanted("flex", args):
+                raise LookupError("flex rows not asked for (--kernels)")
             block = create_block_mask(mask_mod, items, None, GROUPS * n_q, n_k, device="cuda", _compile=True)
             kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias),
                        "flex_block_mask": lambda q=q, k=k, v=v, block=block: _lse(attend(
@@ -291,12 +297,15 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
                        "flex_dynamic": lambda q=q, k=k, v=v, block=block: _lse(attend_dynamic(
                            q, k, v, block_mask=block, scale=1.0, return_aux=AuxRequest(lse=True)))}
         except Exception as exc:  # noqa: BLE001 (reported)
-            row["flex_block_mask"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if not isinstance(exc, LookupError):
+                row["flex_block_mask"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias)}
         refs = dict.fromkeys(kernels, ref)
         for name, (fn, own_ref) in mask_free_own(part, q, k, v, lengths, vis, width, canvas).items():
             kernels[name], refs[name] = fn, own_ref
         for name, fn in kernels.items():
+            if not wanted(name, args):
+                continue
             try:
                 ms, got = replay_ms(fn, args.iters)
                 row[name] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1),
@@ -395,6 +404,11 @@ def projection_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def wanted(name: str, args: argparse.Namespace) -> bool:
+    """Whether ``--kernels`` (name prefixes; none: all) asks for the kernel ``name``."""
+    return not args.kernels or name.startswith(tuple(args.kernels))
+
+
 def _lse(result: Any) -> tuple[Any, Any]:
     out, aux = result
     return out, aux.lse
@@ -424,6 +438,9 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=1404)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="")
+    parser.add_argument("--kernels", nargs="*", default=[],
+                        help="only the kernels whose names start so (e.g. cudnn flash); default all")
+    parser.add_argument("--no-projections", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -443,7 +460,8 @@ def main() -> None:
         parts = {"prefix": prefix_rows(items, args), **own_rows(items, args)}
         results["sliding_prefix"][str(items)] = parts.pop("prefix")
         results["own"][str(items)] = parts
-        parts["projections"] = results.setdefault("projections", {})[str(items)] = projection_rows(items, args)
+        if not args.no_projections:
+            parts["projections"] = results.setdefault("projections", {})[str(items)] = projection_rows(items, args)
         for part, row in (("prefix", results["sliding_prefix"][str(items)]), *parts.items()):
             for name, got in row.items():
                 if isinstance(got, dict):
