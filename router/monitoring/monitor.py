@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import Counter
 
 from policies.types import DecisionRequest
 from router.monitoring.audits import AuditJob, AuditQueue
@@ -77,6 +80,7 @@ class Monitor:
         self._board: AlarmBoard | None = None
         self._sync: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._resets = None if metrics is None else _watch_resets(metrics)
         if metrics is not None:
             metrics.on_render(self.export)
 
@@ -84,11 +88,14 @@ class Monitor:
 
     def watch(self, policy_file: Any) -> None:
         """A policy file the registry loaded. A re-tuned file has a new policy id, so a fresh
-        watch; the same policy reloaded keeps its watch and takes the file's ``on_alarm``,
-        ``audit_rate`` and ``audit_boost`` at once. No tuning summary: no drift test (warned)."""
+        watch. The same policy id reloaded keeps its watch when what the watch measures against
+        (``WatchSettings.basis``: the drift reference, ``alarm_alpha``) is unchanged, and takes
+        the file's ``on_alarm``, ``audit_rate`` and ``audit_boost`` at once; with another basis
+        the watch is rebuilt on the file's own reference (logged and counted, with why). No
+        tuning summary: no drift test (warned)."""
         settings = WatchSettings.of(policy_file)
         watch = self.watches.get(settings.policy_id)
-        if watch is not None:
+        if watch is not None and watch.settings.basis == settings.basis:
             if watch.settings != settings:
                 logger.info("policy %s: monitoring settings reloaded (on_alarm %s, audit rate "
                             "%g)", settings.policy_id, settings.on_alarm, settings.audit_rate)
@@ -98,8 +105,34 @@ class Monitor:
         if settings.reference is None:
             logger.warning("policy %s has no tuning-rows summary (tuned by an older slotgate): "
                            "no drift alarm; re-tune it to get one", settings.policy_id)
-        self.watches[settings.policy_id] = PolicyWatch(
-            settings, dedupe_window_s=self._dedupe_window_s)
+        if watch is None:
+            self.watches[settings.policy_id] = PolicyWatch(
+                settings, dedupe_window_s=self._dedupe_window_s)
+            return
+        self._rebuild(watch, settings)
+
+    def _rebuild(self, watch: PolicyWatch, settings: WatchSettings) -> None:
+        """The same policy id reloaded with another watch basis: the evidence gathered against
+        the old one is dropped and the watch starts afresh on the file's own (docs/monitoring.md,
+        "The policy file")."""
+        changed = settings.basis_changes(watch.settings)
+        old = watch.settings
+        fresh = watch.rebuilt(settings)
+        self.watches[settings.policy_id] = fresh
+        logger.warning(
+            "policy %s: reloaded with another %s (drift reference %s -> %s, alarm_alpha %g -> "
+            "%g): its watch starts afresh on the new reference, dropping the evidence of %d "
+            "decisions (%d distinct inputs, %d labels, drift log-martingale %s) gathered "
+            "against the old one%s", settings.policy_id, " and ".join(changed),
+            old.reference_id, settings.reference_id, old.alarm_alpha, settings.alarm_alpha,
+            watch.n_decisions, watch.n_counted, watch.accuracy.bounds().n,
+            "none" if watch.drift is None else f"{watch.drift.log_value:.2f}",
+            "" if not fresh.alarms else (
+                f"; standing alarms stay until cleared ({', '.join(sorted(fresh.alarms))}: "
+                f"`slotgate alarms clear --policy {settings.policy_id}`)"))
+        if self._resets is not None:
+            self._resets.labels(policy=settings.policy_id, reason="+".join(changed)).inc()
+        self.export()
 
     def gate(self, policy_id: str) -> str | None:
         watch = self.watches.get(policy_id)
@@ -294,6 +327,23 @@ class Monitor:
             await self._events(record)
         except OSError as exc:
             logger.warning("monitoring record not written to the decision log: %s", exc)
+
+
+# One counter per metrics registry (a second Monitor on the same Metrics shares it).
+_RESET_COUNTERS: weakref.WeakKeyDictionary[Any, Counter] = weakref.WeakKeyDictionary()
+
+
+def _watch_resets(metrics: Metrics) -> Counter:
+    """``slotgate_policy_watch_resets_total{policy, reason}``: watches rebuilt because a reload
+    of the same policy id brought another basis (``reason``: the fields that changed)."""
+    registry = metrics.registry
+    counter = _RESET_COUNTERS.get(registry)
+    if counter is None:
+        counter = _RESET_COUNTERS[registry] = Counter(
+            "slotgate_policy_watch_resets", "Policy watches started afresh because a reload of "
+            "the same policy id changed what they measure against (reason: reference, "
+            "alarm_alpha)", ["policy", "reason"], registry=registry)
+    return counter
 
 
 def _alarm(policy_id: str, record: dict[str, Any]) -> Alarm:

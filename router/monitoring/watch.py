@@ -5,8 +5,10 @@ log, share and export."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+import struct
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -60,6 +62,34 @@ class WatchSettings:
                    reference=None if reference is None else tuple(reference.confidence),
                    reference_accept_share=None if reference is None else reference.accept_share,
                    seed=policy_file.seed)
+
+    @property
+    def basis(self) -> tuple[object, ...]:
+        """What the watch's statistics are measured against: the drift reference (the tuning
+        rows' confidences and accept share), the alarms' alpha, the target and the seed. A
+        reloaded file of the same policy id with another basis needs a fresh watch (its old
+        evidence was gathered against something that no longer holds); the action fields
+        (``on_alarm``, ``audit_rate``, ``audit_boost``) are not part of it."""
+        return (self.reference, self.reference_accept_share, self.alarm_alpha,
+                self.target_accuracy, self.seed)
+
+    @property
+    def reference_id(self) -> str:
+        """A short fingerprint of the drift reference, for logs ("none" without one)."""
+        if self.reference is None:
+            return "none"
+        digest = hashlib.blake2b(digest_size=6)
+        digest.update(struct.pack(f"<{len(self.reference)}d", *self.reference))
+        digest.update(struct.pack("<d", -1.0 if self.reference_accept_share is None
+                                  else self.reference_accept_share))
+        return digest.hexdigest()
+
+    def basis_changes(self, other: WatchSettings) -> list[str]:
+        """The fields of ``basis`` that differ from ``other``'s, by name."""
+        names = ("reference", "reference", "alarm_alpha", "target_accuracy", "seed")
+        return list(dict.fromkeys(name for name, mine, theirs
+                                  in zip(names, self.basis, other.basis, strict=True)
+                                  if mine != theirs))
 
 
 class PolicyWatch:
@@ -125,9 +155,25 @@ class PolicyWatch:
         return sum(self._recent) / len(self._recent) if self._recent else None
 
     def update_settings(self, settings: WatchSettings) -> None:
-        """A reloaded file of the same policy (same id): ``on_alarm``, ``audit_rate`` and
-        ``audit_boost`` act from the next decision. The statistics keep running."""
+        """A reloaded file of the same policy (same id) and the same ``basis``: ``on_alarm``,
+        ``audit_rate`` and ``audit_boost`` act from the next decision. The statistics keep
+        running (another basis needs ``rebuilt``)."""
+        if settings.basis != self.settings.basis:
+            raise ValueError(f"policy {self.policy_id}: another watch basis "
+                             f"({', '.join(settings.basis_changes(self.settings))}): rebuild it")
         self.settings = settings
+
+    def rebuilt(self, settings: WatchSettings) -> PolicyWatch:
+        """A fresh watch of the same policy on another ``basis`` (a reloaded file whose drift
+        reference or alarm alpha changed, same policy id): both tests, the counts and the accept
+        share start afresh on the new settings. Standing alarms stay latched (an operator clears
+        them, ``slotgate alarms clear``; the decision log would re-arm them at a restart anyway),
+        and so does the operator's last clear."""
+        fresh = PolicyWatch(settings, dedupe_window_s=self._dedupe_window_s,
+                            dedupe_max_keys=self._dedupe_max_keys)
+        fresh.alarms = dict(self.alarms)
+        fresh.cleared_at = self.cleared_at
+        return fresh
 
     def observe(self, confidence: float, *, accepted: bool,
                 key: str | None = None) -> Alarm | None:

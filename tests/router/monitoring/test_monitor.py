@@ -2,21 +2,28 @@
 (``labelled``), asked through ``gate`` whether a policy's accepted answers escalate. The ladder
 (audit_then_escalate), escalate_all and alert_only; alarms reach the log, the gauges and a
 restart, an operator's clear wins over them; a reload of the same policy changes the action at
-once; identical inputs count once; audits and feedback label accepted decisions once."""
+once, and one with another drift reference rebuilds the watch on it; identical inputs count once;
+audits and feedback label accepted decisions once."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from policies.file import PolicyFile
+from policies.file import PolicyFile, ReferenceSummary
 from policies.types import DecisionRequest, Option, OptionScores
 from router.errors import SlowPathTimeout
 from router.monitoring.monitor import Monitor
 from router.routing.ports import Label, Observation
+from router.routing.registry import PolicyRegistry
+from router.routing.reload import reload_now
+from router.settings import PolicySettings
 from router.store.metrics import Metrics
 from tests.router.monitoring.conftest import OPTIONS, confident, watched_policy
 
@@ -220,3 +227,73 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
     assert f'slotgate_audits_total{{policy="{pid}",result="dropped"}}' in metrics.render().decode()
     gate.set()
     await small.aclose()
+
+
+def reload_file(policy: PolicyFile, path: Path, registry: PolicyRegistry, metrics: Metrics) -> None:
+    """An operator writing ``policy`` over the file, then the live reload (SIGHUP, the watch)."""
+    policy.write(path)
+    assert reload_now(registry, "test", metrics)
+
+
+def resets(metrics: Metrics) -> list[str]:
+    return [line for line in metrics.render().decode().splitlines()
+            if line.startswith("slotgate_policy_watch_resets_total{")]
+
+
+def test_a_reload_of_the_same_id_with_another_reference_rebuilds_the_watch_on_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the watch was keyed by the policy id only, and the reference is left out of the
+    id, so the reload kept the drift test built on the old tuning rows: traffic as sure as the
+    new ones raised a false drift alarm. Now the watch is rebuilt on the file's own reference."""
+    metrics = Metrics()
+    monitor = Monitor(metrics=metrics)
+    policy = watched_policy(on_alarm="alert_only")  # confident tuning rows (0.85 to 1.0)
+    path = tmp_path / "policy.json"
+    policy.write(path)
+    registry = PolicyRegistry.load(PolicySettings(files=[path]),
+                                   backend_fingerprint=policy.backend_fingerprint, monitor=monitor)
+    for i in range(30):
+        decide(monitor, policy, 0.98, f"before {i}")
+    # Re-tuned on rows as unsure as today's traffic (raw 0.55 on the top option): same id.
+    unsure = policy.runtime().decide(scores(0.55))[1][0]
+    rows = np.random.default_rng(1).uniform(unsure - 0.3, unsure - 0.02, size=400)
+    retuned = policy.model_copy(update={"reference": ReferenceSummary(
+        n=400, accept_share=0.0, confidence=sorted(round(float(v), 4) for v in rows))})
+    assert retuned.policy_id == policy.policy_id
+    with caplog.at_level(logging.WARNING, logger="slotgate.monitoring"):
+        reload_file(retuned, path, registry, metrics)
+    watch = monitor.watches[policy.policy_id]
+    assert watch.settings.reference == tuple(retuned.reference.confidence)  # type: ignore[union-attr]
+    assert watch.n_decisions == 0 and watch.settings.reference_accept_share == 0.0
+    for n in range(400):  # would raise the old reference's drift alarm (drive_into_drift)
+        decide(monitor, policy, 0.55, f"unsure {n}")
+    assert not watch.alarms and watch.drift is not None and watch.drift.log_value < 1.0
+    [line] = [r.getMessage() for r in caplog.records if "starts afresh" in r.getMessage()]
+    assert policy.policy_id in line and "another reference" in line
+    assert "dropping the evidence of 30 decisions" in line
+    counted = f'slotgate_policy_watch_resets_total{{policy="{policy.policy_id}",reason="reference"}}'
+    assert resets(metrics) == [f"{counted} 1.0"]
+
+
+def test_a_reload_with_the_same_reference_keeps_the_running_watch(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The file written again with the same tuning rows (a re-run of tune, an action edited):
+    the evidence gathered so far is still valid, so the watch, its tests and alarms run on."""
+    metrics = Metrics()
+    monitor = Monitor(metrics=metrics)
+    policy = watched_policy(on_alarm="alert_only")
+    path = tmp_path / "policy.json"
+    policy.write(path)
+    registry = PolicyRegistry.load(PolicySettings(files=[path]),
+                                   backend_fingerprint=policy.backend_fingerprint, monitor=monitor)
+    watch = monitor.watches[policy.policy_id]
+    drive_into_drift(monitor, policy)
+    evidence = (watch.n_decisions, watch.n_counted, watch.drift.log_value)  # type: ignore[union-attr]
+    rewritten = policy.model_copy(update={"created_at": datetime.now(UTC), "audit_rate": 0.2})
+    with caplog.at_level(logging.INFO, logger="slotgate.monitoring"):
+        reload_file(policy, path, registry, metrics)  # byte for byte the same
+        reload_file(rewritten, path, registry, metrics)
+    assert monitor.watches[policy.policy_id] is watch and "drift" in watch.alarms
+    assert (watch.n_decisions, watch.n_counted, watch.drift.log_value) == evidence  # type: ignore[union-attr]
+    assert watch.audit_rate == 0.2  # the action field still applies at once
+    assert "starts afresh" not in caplog.text and resets(metrics) == []
