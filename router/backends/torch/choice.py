@@ -149,16 +149,16 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
     ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in);
     ``joint_streams`` where the attention weights are tied too."""
-    from router.backends.torch.fused import attention_weights_shared, ffn_weights_shared
+    from router.backends.torch.fused import weights_shared
     from router.backends.torch.ops import triton_problem
 
-    if not ffn_weights_shared(model):  # one pass needs tied encoder/decoder weights
+    if not weights_shared(model, attention=False):  # one pass needs tied encoder/decoder weights
         return TWO_PASS
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     config = model.config.get_text_config()
     dims = {int(c.head_dim) for c in config.per_layer_config}
-    joint = attention_weights_shared(model)
+    joint = weights_shared(model, attention=True)
     attention = pick_attention(device, dtype, dims)
     if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
         return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,

@@ -14,7 +14,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.fused import Pieces, ffn_joint, ffn_step
+from router.backends.torch.fused import Pieces, ffn_step
+from router.backends.torch.joint import ffn_joint
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 

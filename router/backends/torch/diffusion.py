@@ -19,8 +19,8 @@ from router.backends.torch.fused import (
     OnePass,
     OnePassBatch,
     at_slots,
-    ffn_weights_shared,
     slot_read,
+    weights_shared,
 )
 from router.backends.torch.graphs import GraphSet, GraphShapes
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
@@ -107,7 +107,7 @@ class DiffusionSlotReader(Frozen):
         self.device = next(model.parameters()).device
         self.choice = choice if choice is not None else default_choice(model)
         self.choice.check(layer_kinds=set(text_config.layer_types), device=self.device)
-        if self.choice.fused_pass and not ffn_weights_shared(model):
+        if self.choice.fused_pass and not weights_shared(model, attention=False):
             raise ConfigError("kernel choice: fused_pass needs tied encoder/decoder weights",
                               field="fused_pass")
         self.fp8 = fp8 if fp8 is not None or self.choice.fp8 == "off" else self._fp8_copies()

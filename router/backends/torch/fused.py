@@ -23,6 +23,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from router.backends.torch.joint import (
+    QkvStreams,
+    ffn_joint,
+    joined,
+    merged_qkv_weights,
+    o_proj_joint,
+    qkv_joint,
+    qkv_merged,
+)
 from router.backends.torch.prefix_attention import (
     Attend,
     Band,
@@ -144,19 +153,6 @@ def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any
     return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
 
 
-def ffn_joint(ffn: Any, layer: Any, attn: Any, hidden: Any, scalars: tuple[Any, Any], n_enc: int,
-              weights: Fp8Layer | None = None) -> Any:
-    """``ffn_step`` over a hidden state kept as both streams' rows end to end, (T, E) with the
-    encoder's ``n_enc`` first (``joint_streams``); ``attn``: both streams' attention outputs the
-    same way (T, E), from one o_proj call (``OnePass.o_proj_joint``). Returns the next hidden
-    state, each stream's rows scaled by its layer's ``layer_scalar``. Why: the next layer's norm
-    and q/k/v read it whole, uncopied."""
-    import torch
-
-    out = ffn(layer, attn, hidden, weights)
-    return torch.cat([out[:n_enc] * scalars[0], out[n_enc:] * scalars[1]])
-
-
 def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any, Any]:
     """Each canvas row's own keys/values: its item's prompt-rest keys then its canvas keys
     (R, H_kv, S + C, D). Eager by default (compiled.py's ``compile_rows_kv`` says why)."""
@@ -180,79 +176,27 @@ def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]
     return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
 
 
-def merged_qkv_weights(attn: Any) -> tuple[Any, Any]:
-    """An attention module's q/k/v projections as one (weight, bias) (bias None when it has none):
-    ``cat([q, k, v])`` by output rows, or ``cat([q, k])`` where ``v_proj`` is None (the keys serve
-    as values). A copy beside the module's parameters, which stay as they are; why: one product a
-    layer reads the hidden rows once instead of three times (``qkv_merged``)."""
-    import torch
-
-    projections = [p for p in (attn.q_proj, attn.k_proj, attn.v_proj) if p is not None]
-    biases = [p.bias for p in projections]
-    if any(b is None for b in biases) and any(b is not None for b in biases):  # one config flag
-        raise ValueError("q/k/v projections with and without a bias: not merged")
-    with torch.no_grad():
-        weight = torch.cat([p.weight.detach() for p in projections])
-        bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
-    return weight, bias
-
-
-def qkv_merged(attn: Any, weight: Any, bias: Any, hidden: Any, cos: Any,
-               sin: Any) -> tuple[Any, Any, Any]:
-    """``qkv_half`` with q, k (and v) as ONE product over ``merged_qkv_weights``' ``weight`` and
-    ``bias``, split by output columns, then normed and rotated exactly as ``qkv_half`` does."""
-    from torch.nn.functional import linear
-    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
-
-    shape = (*hidden.shape[:-1], -1, attn.head_dim)
-    n_q, n_k = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
-    mixed = linear(hidden, weight, bias)  # (..., n_q + n_k [+ n_v]): views of it split it
-    query = attn.q_norm(mixed[..., :n_q].view(shape))
-    query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
-    key = mixed[..., n_q:n_q + n_k].view(shape)
-    value = mixed[..., n_q + n_k:].view(shape) if attn.v_proj is not None else key
-    key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
-    return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
-
-
-def split_streams(x: Any, enc_rows: tuple[int, int], dec_rows: tuple[int, int]) -> tuple[Any, Any]:
-    """``qkv_half``'s output over both streams' T rows as one-token sequences (T, H, 1, D) as the
-    encoder's (B, H, S, D) and the decoder's (R, H, C, D) views (``enc_rows`` (B, S), ``dec_rows``
-    (R, C)), no copy."""
-    rows = x.squeeze(2)
-    n_enc = enc_rows[0] * enc_rows[1]
-    return (rows[:n_enc].unflatten(0, enc_rows).transpose(1, 2),
-            rows[n_enc:].unflatten(0, dec_rows).transpose(1, 2))
-
-
 def rms_norm(norm: Any, hidden: Any) -> Any:
     """A DiffusionGemmaRMSNorm module applied (the eager default of ``OnePass.norm``)."""
     return norm(hidden)
 
 
-def ffn_weights_shared(model: Any) -> bool:
-    """True when every encoder layer's feed-forward weights are its decoder twin's (tied)."""
+ATTENTION_WEIGHTS = ("self_attn.", "input_layernorm")  # a layer's attention half: per stream
+
+
+def weights_shared(model: Any, *, attention: bool) -> bool:
+    """True when every encoder layer's weights of one half are its decoder twin's (tied, as
+    transformers ties them): with ``attention``, its attention weights and input norm (what
+    ``joint_streams`` needs); without, all the others, its feed-forward half (what the one pass
+    needs)."""
     encoder = model.model.encoder.language_model.layers
     decoder = model.model.decoder.layers
     for enc, dec in zip(encoder, decoder, strict=True):
+        twin = dict(dec.named_parameters())
         for name, param in enc.named_parameters():
-            if name.startswith(("self_attn.", "input_layernorm")):  # attention: per stream
+            if name.startswith(ATTENTION_WEIGHTS) != attention:
                 continue
-            if param.data_ptr() != dict(dec.named_parameters())[name].data_ptr():
-                return False
-    return True
-
-
-def attention_weights_shared(model: Any) -> bool:
-    """True when every encoder layer's attention weights and input norm are its decoder twin's
-    (tied, as transformers ties them): what ``joint_streams`` needs."""
-    encoder = model.model.encoder.language_model.layers
-    decoder = model.model.decoder.layers
-    for enc, dec in zip(encoder, decoder, strict=True):
-        for name, param in enc.named_parameters():
-            if not name.startswith(("self_attn.", "input_layernorm")):
-                continue
-            if param.data_ptr() != dict(dec.named_parameters())[name].data_ptr():
+            if param.data_ptr() != twin[name].data_ptr():
                 return False
     return True
 
@@ -311,8 +255,8 @@ class OnePass(Frozen):
     ``trim_last``: the last layer computes only what the read uses (``last_layer``); the same
     result, less work. ``fp8``: FP8 copies of the experts' weights (fp8.py) that their products
     read (opt-in: a different read, within the agreement docs/backends.md states).
-    ``joint_streams``: each layer's hidden state is both streams' rows end to end, normed and
-    projected to q/k/v by one product over a merged copy of the (tied) q/k/v weights
+    ``joint_streams`` (joint.py): each layer's hidden state is both streams' rows end to end,
+    normed and projected to q/k/v by one product over a merged copy of the (tied) q/k/v weights
     (``qkv_weights``, made here: the model's parameters are untouched; it follows them only on
     the device they are on now), and their attention outputs projected by one o_proj call; the
     same result, each weight read once (needs tied attention weights: ConfigError otherwise).
@@ -332,7 +276,7 @@ class OnePass(Frozen):
         self.band = frozenset(band)
         self.trim_last = trim_last
         self.fp8 = fp8
-        if joint_streams and not attention_weights_shared(model):
+        if joint_streams and not weights_shared(model, attention=True):
             from router.errors import ConfigError
 
             raise ConfigError("kernel choice: joint_streams needs tied encoder/decoder attention "
@@ -388,7 +332,7 @@ class OnePass(Frozen):
         layers = list(zip(self.encoder.layers, self.decoder.layers, strict=True))
         full = layers[:-1] if self.trim_last else layers
         # joint_streams: both streams' rows end to end (T, E) and their rotary tables (T, 1, D)
-        joint = self.joined((enc_h, dec_h), enc_pe, dec_pe) if self.joint_streams else None
+        joint = joined((enc_h, dec_h), enc_pe, dec_pe) if self.joint_streams else None
         for index, (enc, dec) in enumerate(full):
             kind, weights = types[index], self.weights(index)
             if joint is not None:
@@ -416,7 +360,7 @@ class OnePass(Frozen):
             if joint is not None:
                 step = self.pieces.ffn_joint or partial(ffn_joint, self.pieces.ffn)
                 n_enc = enc_h.shape[0] * enc_h.shape[1]
-                rows = step(enc, self.o_proj_joint(enc.self_attn, out_e, out_d), joint[0], scalars,
+                rows = step(enc, o_proj_joint(enc.self_attn, out_e, out_d), joint[0], scalars,
                             n_enc, weights)
                 enc_h, dec_h = rows[:n_enc].view(enc_h.shape), rows[n_enc:].view(dec_h.shape)
                 joint = (rows, joint[1])
@@ -472,42 +416,11 @@ class OnePass(Frozen):
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
         return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), self.weights(index)) * dec.layer_scalar
 
-    @staticmethod
-    def joined(hidden: tuple[Any, Any], enc_pe: dict[str, Any],
-               dec_pe: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """Both streams' hidden states (B, S, E) and (R, C, E) as T rows end to end (T, E),
-        encoder first, and per layer kind their rotary cos/sin the same way, as (T, 1, D): once
-        per read."""
-        import torch
-
-        rows = torch.cat([h.flatten(0, 1) for h in hidden])
-        pe = {kind: tuple(torch.cat([e.flatten(0, 1), d.flatten(0, 1)]).unsqueeze(1)
-                          for e, d in zip(enc_pe[kind], dec_pe[kind], strict=True))
-              for kind in enc_pe}
-        return rows, pe
-
     def qkv_joint(self, index: int, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
-                  dec_rows: tuple[int, int]) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]]:
-        """Each stream's (queries, keys, values) of layer ``index`` as ``qkv_half`` gives them,
-        from ONE norm and ONE q/k/v product (``pieces.qkv_merged`` over ``qkv_weights``) over
-        both streams' ``rows`` (T, E) as T one-token sequences (the weights are tied: each is
-        read once); queries are views (``contiguous`` where needed)."""
-        layer = self.encoder.layers[index]
-        normed = self.pieces.norm(layer.input_layernorm, rows).unsqueeze(1)  # (T, 1, E)
-        q, k, v = self.pieces.qkv_merged(layer.self_attn, *self.qkv_weights[index], normed,
-                                         *rotary)  # (T, H, 1, D)
-        (q_e, q_d), (k_e, k_d), (v_e, v_d) = (split_streams(x, enc_rows, dec_rows)
-                                              for x in (q, k, v))
-        return (q_e, k_e, v_e), (q_d, k_d, v_d)
-
-    @staticmethod
-    def o_proj_joint(attn: Any, out_e: Any, out_d: Any) -> Any:
-        """Both streams' attention outputs (B, S, H*D) and (R, C, H*D) projected by ONE o_proj
-        call over their rows end to end, (T, E) encoder first (``joint_streams``: tied weights,
-        read once). The concatenation is the copy ``ffn_joint`` otherwise makes after o_proj."""
-        import torch
-
-        return attn.o_proj(torch.cat([out_e.flatten(0, 1), out_d.flatten(0, 1)]))
+                  dec_rows: tuple[int, int]) -> QkvStreams:
+        """``joint.qkv_joint`` of layer ``index`` with this read's norm and merged q/k/v weights."""
+        return qkv_joint(self.encoder.layers[index], self.qkv_weights[index], rows, rotary,
+                         enc_rows, dec_rows, norm=self.pieces.norm, qkv=self.pieces.qkv_merged)
 
     def with_prefix(self, prefix: PrefixKV, index: int, queries: tuple[Any, ...],
                     outs: tuple[Any, ...], lses: tuple[Any, ...], mask: Any) -> list[Any]:

@@ -181,9 +181,9 @@ def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax)
 
 # FlexAttention's block size (its default); a flex mask's blocks are these squares
 FLEX_BLOCK = 128
-# The largest head dim FlexAttention is tried at: measured at 256 on the H200, where alone it beat
-# cuDNN under the dense bias (bench/attention_kernels.py) but in the whole read it did not
-# (docs/backends.md), so ``pick_attention`` tries it only when asked; 512 was not measured.
+# The largest head dim FlexAttention serves (``KernelChoice.small``): measured at 256 on the H200,
+# where alone it beat cuDNN under the dense bias (bench/attention_kernels.py) but in the whole read
+# it did not (docs/backends.md), so ``pick_attention`` never tries it; 512 was not measured.
 FLEX_MAX_DIM = 256
 
 
@@ -265,12 +265,8 @@ CUDNN_HOPPER_MAX_DIM = 256
 
 
 def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tuple[str, Attend], ...]:
-    """``kernels`` in the order ``pick_attention`` tries them at head dim ``dim``: FlexAttention
-    first up to FLEX_MAX_DIM (and never above it), cuDNN last above its Hopper kernels' dims."""
-    if dim > FLEX_MAX_DIM:
-        kernels = tuple(named for named in kernels if named[0] != "flex")
-    else:
-        kernels = tuple(sorted(kernels, key=lambda named: named[0] != "flex"))
+    """``kernels`` in the order ``pick_attention`` tries them at head dim ``dim``: cuDNN last
+    above its Hopper kernels' dims."""
     if dim <= CUDNN_HOPPER_MAX_DIM:
         return kernels
     return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
@@ -285,14 +281,15 @@ MASK_KERNELS = frozenset({"flex", "flex_static"})
 def pick_attention(device: Any, dtype: Any, head_dims: set[int],
                    kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
     """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with
-    ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees."""
+    ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees.
+    ``kernels`` read a dense bias: the flex kernels are chosen by name only (``KernelChoice.small``)."""
     if device.type != "cuda":
         return tuple((dim, "math") for dim in sorted(head_dims))
     chosen: dict[int, str] = {}
     for dim in sorted(head_dims):
         chosen[dim] = "math"
         for name, kernel in kernel_order(dim, kernels):
-            problem = _agreement(kernel, dim, device, dtype, flex=name in MASK_KERNELS)
+            problem = _agreement(kernel, dim, device, dtype)
             if problem is None:
                 chosen[dim] = name
                 break
@@ -314,9 +311,8 @@ def attend_by_dim(names: tuple[tuple[int, str], ...]) -> Attend:
     return attend
 
 
-def _agreement(kernel: Attend, dim: int, device: Any, dtype: Any, *, flex: bool = False) -> str | None:
-    """None when ``kernel`` matches ``attend_math`` (output and log-sum-exp), else what differs;
-    ``flex``: the kernel reads the visibility as a ``flex_mask``."""
+def _agreement(kernel: Attend, dim: int, device: Any, dtype: Any) -> str | None:
+    """None when ``kernel`` matches ``attend_math`` (output and log-sum-exp), else what differs."""
     import torch
 
     try:
@@ -326,7 +322,7 @@ def _agreement(kernel: Attend, dim: int, device: Any, dtype: Any, *, flex: bool 
         visible = torch.rand((2, 24, 80), generator=gen, device=device) > 0.3
         bias = to_bias(visible, 2, dtype)
         ref_out, ref_lse = attend_math(q / dim**0.5, k, v, bias)
-        out, lse = kernel(q / dim**0.5, k, v, flex_mask(visible, 2) if flex else bias)
+        out, lse = kernel(q / dim**0.5, k, v, bias)
         err = float((out.float() - ref_out.float()).norm() / ref_out.float().norm())
         lse_err = float((lse - ref_lse).abs().max())
     except (RuntimeError, TypeError, AttributeError, NotImplementedError, ImportError, ValueError) as exc:

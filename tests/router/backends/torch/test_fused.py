@@ -87,6 +87,7 @@ def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_sc
 
 def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
     from router.backends.torch.fused import qkv_half
+    from router.backends.torch.joint import joined
 
     model = tiny_model(window=8)
     onepass = OnePass(model)
@@ -97,7 +98,7 @@ def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
     kinds = onepass.kinds()
     enc_pe = {kind: onepass.encoder.rotary_emb(enc_h, enc_pos, kind) for kind in kinds}
     dec_pe = {kind: onepass.decoder.rotary_emb(dec_h, dec_pos, kind) for kind in kinds}
-    rows, pe = OnePass.joined((enc_h, dec_h), enc_pe, dec_pe)
+    rows, pe = joined((enc_h, dec_h), enc_pe, dec_pe)
     assert torch.equal(rows, torch.cat([enc_h.reshape(15, 32), dec_h.reshape(24, 32)]))
     with torch.inference_mode():
         pairs = zip(kinds, onepass.encoder.layers, onepass.decoder.layers, strict=True)
@@ -128,7 +129,8 @@ def with_attention_biases(model: Any) -> Any:
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_merged_qkv_product_equals_the_three_projections(bias: bool) -> None:
-    from router.backends.torch.fused import merged_qkv_weights, qkv_half, qkv_merged
+    from router.backends.torch.fused import qkv_half
+    from router.backends.torch.joint import merged_qkv_weights, qkv_merged
 
     model = tiny_model(window=8)
     if bias:
@@ -294,7 +296,8 @@ def test_reads_no_bucket_holds_run_eagerly(model: Any) -> None:
 
 
 def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
-    from router.backends.torch.fused import ffn_joint, ffn_step, rows_kv
+    from router.backends.torch.fused import ffn_step, rows_kv
+    from router.backends.torch.joint import ffn_joint
 
     gen = torch.Generator().manual_seed(3)
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
