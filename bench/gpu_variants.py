@@ -38,7 +38,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fp8_experts": {"fp8": "experts"},
     # the sliding layers (head dim 256) on FlexAttention under block masks, not cuDNN under biases
     "flex": {"attention": ((256, "flex"), (512, "efficient"))},
-    "streams_apart": {"joint_streams": False},
+    "streams_apart": {"joint_streams": False, "joint_streams_items": 0},
+    # every bucket joint (before issue 21's fourth session: the default joined all of them)
+    "joint_all": {"joint_streams_items": 0},
+    # the prompt rests' own keys under their dense causal bias, not a causal kernel
+    "biased_own": {"causal_own": False},
     # the single-read buckets' attention by FlexAttention compiled per shape (opt-in)
     "static_flex_1": {"static_flex_items": 1}}
 

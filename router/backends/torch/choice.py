@@ -12,7 +12,10 @@ as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_ca
 a switch so the bench can measure it off), ``fused_moe`` (the experts as one fused Triton MoE,
 triton_moe.py), ``fp8`` (FP8 copies of the experts' weights, fp8.py: opt-in, it changes
 the read), ``joint_streams`` (both streams' rows normed and projected to q/k/v by one call per
-layer over the tied weights: exact, on by default, a switch so the bench can measure it off).
+layer over the tied weights: exact, on by default, a switch so the bench can measure it off;
+``joint_streams_items`` keeps it to the graph buckets of at most that many items, where it pays),
+``causal_own`` (the prompt rests' own keys read by a causal kernel with no bias where that is
+exact: on by default where the kernel has a causal form that agrees with the reference).
 A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
@@ -32,6 +35,9 @@ from router.backends.torch.prefix_attention import (
     KERNEL_BY_NAME,
     MASK_KERNELS,
     attend_by_dim,
+    causal_by_dim,
+    causal_problem,
+    no_causal_dims,
     pick_attention,
 )
 from router.errors import ConfigError
@@ -65,12 +71,21 @@ class KernelChoice:
     # a shape at warm-up (0: off; opt-in, TorchOptions.static_flex_items)
     static_flex_items: int = 0
     joint_streams: bool = True
+    # graph buckets of MORE than this many items project the two streams apart (0: every read
+    # joint): joined, a single read is 1.4 ms faster but a batch of 32 3.7 ms slower on an H200
+    # (docs/backends.md), so default_choice joins only the small buckets
+    joint_streams_items: int = 0
+    # the prompt rests' own-key attention as causal attention with no bias, where the head dim's
+    # kernel has a causal form (cuDNN, math) and the window does not bind within a prompt rest
+    # (exact: a real query's causal keys are all real; OnePass.causal_own)
+    causal_own: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
-                         "trim_last", "fused_moe", "fp8", "static_flex_items", "joint_streams"):
+                         "trim_last", "fused_moe", "fp8", "static_flex_items", "joint_streams",
+                         "joint_streams_items", "causal_own"):
                 if getattr(self, name) not in (False, "off", frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -80,9 +95,14 @@ class KernelChoice:
         if self.triton and not (self.rows_moe or self.merge_op):
             raise ConfigError("kernel choice: triton needs rows_moe or merge_op (its kernels are "
                               "their ops)", field="triton")
-        if not isinstance(self.static_flex_items, int) or self.static_flex_items < 0:
-            raise ConfigError(f"kernel choice: static_flex_items must be an int >= 0, not "
-                              f"{self.static_flex_items!r}", field="static_flex_items")
+        for name in ("static_flex_items", "joint_streams_items"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"kernel choice: {name} must be an int >= 0, not {value!r}",
+                                  field=name)
+        if self.joint_streams_items and not self.joint_streams:
+            raise ConfigError("kernel choice: joint_streams_items limits joint_streams, which is off",
+                              field="joint_streams_items")
         if self.fp8 not in FP8_MODES:
             raise ConfigError(f"kernel choice: fp8 must be one of {FP8_MODES}, not {self.fp8!r}",
                               field="fp8")
@@ -123,6 +143,16 @@ class KernelChoice:
                           for dim, name in self.attention)
         return replace(self, attention=attention, static_flex_items=0)
 
+    def for_bucket(self, n_items: int) -> KernelChoice:
+        """The choice a graph bucket of ``n_items`` items is captured with: ``small()``'s attention
+        up to ``static_flex_items`` items, the streams apart past ``joint_streams_items``; the
+        bucket-level switches themselves cleared (equal to ``for_bucket`` of any other bucket
+        that reads the same way, so buckets share their one-pass reads)."""
+        choice = self.small() if 0 < n_items <= self.static_flex_items else self
+        apart = bool(self.joint_streams_items) and n_items > self.joint_streams_items
+        return replace(choice, static_flex_items=0, joint_streams_items=0,
+                       joint_streams=choice.joint_streams and not apart)
+
     def eager(self) -> KernelChoice:
         """The same kernels, uncompiled (the fall-back when compiling or capturing fails)."""
         return replace(self, compiled=False, fuse_cats=False, compile_rows_kv=False)
@@ -132,11 +162,16 @@ class KernelChoice:
                 "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
                 "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
                 "attention": dict(self.attention), "trim_last": self.trim_last,
-                "fused_moe": self.fused_moe, "fp8": self.fp8, "static_flex_items": self.static_flex_items, "joint_streams": self.joint_streams}
+                "fused_moe": self.fused_moe, "fp8": self.fp8, "static_flex_items": self.static_flex_items, "joint_streams": self.joint_streams,
+                "joint_streams_items": self.joint_streams_items, "causal_own": self.causal_own}
 
 
 FP8_MODES = ("off", "experts")
-TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False)
+TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False, causal_own=False)
+# default_choice's joint_streams_items on CUDA: graph replays on an H200 (bench.gpu_variants
+# --graph-batches, docs/backends.md) put the joint streams ahead up to 4 items (-0.34 ms) and
+# behind from 8 (+0.69 ms)
+JOINT_STREAMS_ITEMS = 4
 
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
@@ -148,7 +183,9 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     experts here; else those: row copies around grouped GEMMs; with ``fp8`` the row copies around
     FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
     ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in);
-    ``joint_streams`` where the attention weights are tied too."""
+    ``joint_streams`` where the attention weights are tied too (on CUDA only in graph buckets of
+    up to JOINT_STREAMS_ITEMS items); ``causal_own`` where the kernels' causal forms agree with
+    the reference here (``prefix_attention.causal_problem``)."""
     from router.backends.torch.fused import weights_shared
     from router.backends.torch.ops import triton_problem
 
@@ -160,10 +197,14 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     dims = {int(c.head_dim) for c in config.per_layer_config}
     joint = weights_shared(model, attention=True)
     attention = pick_attention(device, dtype, dims)
+    problem = causal_problem(attention, device, dtype)
+    if problem:
+        log.warning("torch read: the prompt rests keep their dense causal bias: %s", problem)
+    causal = not problem
     if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
         return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,
                             compile_backend=compile_backend, fp8=fp8, joint_streams=joint,
-                            static_flex_items=static_flex_items)
+                            static_flex_items=static_flex_items, causal_own=causal)
     import torch
 
     triton = not triton_problem(device)
@@ -174,7 +215,8 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     return KernelChoice(band=frozenset(band), rows_moe=bf16_experts and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
                         compile_backend=compile_backend, attention=attention, fp8=fp8,
-                        joint_streams=joint, static_flex_items=static_flex_items)
+                        joint_streams=joint, static_flex_items=static_flex_items,
+                        joint_streams_items=JOINT_STREAMS_ITEMS if joint else 0, causal_own=causal)
 
 
 def build_pieces(choice: KernelChoice) -> Pieces:
@@ -184,6 +226,9 @@ def build_pieces(choice: KernelChoice) -> Pieces:
     ops = row_ops(choice.triton)
     pieces = replace(EAGER, attend=attend_by_dim(choice.attention),
                      flex_dims=frozenset(dim for dim, name in choice.attention if name in MASK_KERNELS))
+    if choice.causal_own:
+        pieces = replace(pieces, attend_causal=causal_by_dim(choice.attention),
+                         no_causal_dims=no_causal_dims(choice.attention))
     if choice.rows_moe:
         pieces = replace(pieces, ffn=partial(ffn_half_rows, ops=ops))
     if choice.fused_moe:

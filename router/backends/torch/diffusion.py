@@ -8,7 +8,7 @@ one decoder step runs, and the slot's soft-capped logits are read over the label
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -117,18 +117,30 @@ class DiffusionSlotReader(Frozen):
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
-        # the graph buckets of at most static_flex_items items read through this one (graphs.py),
-        # over the same merged q/k/v weights (one copy)
-        self.small_onepass = (OnePass(model, build_pieces(self.choice.small()), self.choice.band,
-                                      self.choice.trim_last, self.fp8, self.choice.joint_streams,
-                                      self.onepass.qkv_weights)
-                              if self.choice.static_flex_items and self.onepass is not None
-                              and graphs is not None else None)
+        # what each graph bucket is captured with (choice.for_bucket: small() attention up to
+        # static_flex_items items, the streams apart past joint_streams_items), over the same
+        # weights and merged q/k/v copies; a bucket that reads as the eager read shares its OnePass
+        self.bucket_passes = (self._bucket_passes(graphs.batches)
+                              if graphs is not None and self.onepass is not None else {})
         if graphs is not None and graphs.capture and self.device.type != "cuda":
             raise ConfigError("graph capture needs a CUDA device", field="capture")
         self.graph_shapes = graphs
         self.graphs = GraphSet(self, graphs) if graphs is not None else None
         self._seal()
+
+    def _bucket_passes(self, batches: tuple[int, ...]) -> dict[int, OnePass]:
+        assert self.onepass is not None
+        plain = replace(self.choice, static_flex_items=0, joint_streams_items=0)  # the eager read's
+        built: dict[KernelChoice, OnePass] = {plain: self.onepass}
+        out = {}
+        for n_items in batches:
+            choice = self.choice.for_bucket(n_items)
+            if choice not in built:
+                built[choice] = OnePass(self.model, build_pieces(choice), choice.band,
+                                        choice.trim_last, self.fp8, choice.joint_streams,
+                                        self.onepass.qkv_weights or None)
+            out[n_items] = built[choice]
+        return out
 
     @property
     def compiled(self) -> bool:

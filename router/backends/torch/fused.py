@@ -242,6 +242,11 @@ class Pieces:
     ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc, FP8)
     # (attention, merged weight, merged bias, hidden, cos, sin): joint_streams' q/k/v product
     qkv_merged: Callable[..., tuple[Any, Any, Any]] = qkv_merged
+    # (queries (B, H, S, D), keys, values (B, H_kv, S, D)) -> folded (out, lse): the prompt rests'
+    # own keys read causally with no bias (KernelChoice.causal_own; None: always the dense bias),
+    # except at ``no_causal_dims`` (head dims whose kernel has no causal form)
+    attend_causal: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+    no_causal_dims: frozenset[int] = frozenset()
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
@@ -347,7 +352,10 @@ class OnePass(Frozen):
                                                 self.pieces.norm(dec.input_layernorm, dec_h),
                                                 *dec_pe[kind])
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
-            out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
+            if self.causal_own(kind, width):
+                out_e, lse_e = self.pieces.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
+            else:
+                out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
             out_d, lse_d = self.pieces.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
@@ -479,7 +487,8 @@ class OnePass(Frozen):
             if sliding:
                 enc_vis = enc_vis & (query[None, :, None] - query[None, None, :] < self.window)
             to_mask = self.mask_builder(kind)
-            out[("enc", kind)] = to_mask(enc_vis, g, dtype)
+            if not self.causal_own(kind, width):
+                out[("enc", kind)] = to_mask(enc_vis, g, dtype)
             dec_vis = torch.cat([dec_rest, canvas], dim=1)[:, None, :]
             out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
             if kind == last_kind:
@@ -518,6 +527,19 @@ class OnePass(Frozen):
         if int(self.config.per_layer_config[index].head_dim) in self.pieces.flex_dims:
             return lambda visible, groups, _dtype: flex_mask(visible, groups)
         return to_bias
+
+    def causal_own(self, kind: str, width: int) -> bool:
+        """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by
+        ``pieces.attend_causal``: exact when the window does not bind within a prompt rest (a real
+        query's causal keys are then exactly its visible ones; a padding query also sees padding
+        keys, and nothing reads its output but its own next layer) and the kind's kernel has a
+        causal form. Decided per call from static shapes, so a captured graph holds one path."""
+        if self.pieces.attend_causal is None:
+            return False
+        index = self.kinds().index(kind)
+        if int(self.config.per_layer_config[index].head_dim) in self.pieces.no_causal_dims:
+            return False
+        return kind != "sliding_attention" or self.window <= 0 or width <= self.window
 
     def kv_heads(self, kind: str) -> int:
         index = self.kinds().index(kind)

@@ -90,9 +90,9 @@ class GraphSet:
         if reader.onepass is None:
             raise ValueError("graphs need the one-pass read (tied encoder/decoder weights)")
         self.reader, self.onepass, self.shapes = reader, reader.onepass, shapes
-        # buckets of at most ``small_items`` items read through ``reader.small_onepass`` (its
-        # attention compiled per shape: KernelChoice.static_flex_items), the others ``onepass``
-        self.small_items = reader.choice.static_flex_items if reader.small_onepass is not None else 0
+        # buckets of at most ``flex_items`` items compile FlexAttention per shape at warm-up
+        # (KernelChoice.static_flex_items; each bucket's read: ``onepass_for``)
+        self.flex_items = reader.choice.static_flex_items
         self.batches, self.draws, self.widths = list(shapes.batches), list(shapes.draws), list(shapes.widths)
         self.labels, self.capture = shapes.labels, shapes.capture
         prefix_tokens = shapes.prefix_tokens
@@ -159,9 +159,9 @@ class GraphSet:
         if not self.load(prefix_ids, self.reader.prefix_cache(prefix_ids)):
             raise ValueError(f"warm-up prefix of {len(prefix_ids)} tokens exceeds prefix_tokens")
         started = time.monotonic()
-        small = sum(n <= self.small_items for n in self.batches) * len(self.draws) * len(self.widths)
-        if small:
-            allow_recompiles(small * FLEX_SHAPES_A_BUCKET)
+        flex = sum(n <= self.flex_items for n in self.batches) * len(self.draws) * len(self.widths)
+        if flex:
+            allow_recompiles(flex * FLEX_SHAPES_A_BUCKET)
         for n_items in self.batches:
             for d in self.draws:
                 for width in self.widths:
@@ -172,10 +172,9 @@ class GraphSet:
         log.info("torch read: %d graphs ready in %.1f s", len(self.graphs), time.monotonic() - started)
 
     def onepass_for(self, n_items: int) -> Any:
-        """The one-pass read a bucket of ``n_items`` items runs (captured with, replayed as)."""
-        if n_items <= self.small_items:
-            return self.reader.small_onepass
-        return self.onepass
+        """The one-pass read a bucket of ``n_items`` items runs (captured with, replayed as):
+        the reader's for that bucket (``KernelChoice.for_bucket``)."""
+        return self.reader.bucket_passes.get(n_items, self.onepass)
 
     def _capture(self, items: list[Any], n_rows: int, width: int) -> _Captured:
         import torch

@@ -278,6 +278,88 @@ KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS), "flex
 MASK_KERNELS = frozenset({"flex", "flex_static"})
 
 
+Causal = Callable[[Any, Any, Any], tuple[Any, Any]]
+
+
+def attend_causal_math(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """Causal attention (query i reads keys 0..i) of q (B, H, M, D) over k/v (B, H_kv, M, D),
+    query head h reading key head h // G: ``attend_math`` under a causal bias, returned in
+    ``fold_groups``' layout, (B, H_kv, G*M, D) and (B, H_kv, G*M). The reference of
+    ``attend_causal_cudnn``."""
+    import torch
+
+    n_items, n_heads, m = q.shape[:3]
+    steps = torch.arange(m, device=q.device)
+    causal = (steps[:, None] >= steps[None, :])[None].expand(n_items, -1, -1)
+    n_kv = k.shape[1]
+    return attend_math(fold_groups(q, n_kv), k, v, to_bias(causal, n_heads // n_kv, q.dtype))
+
+
+def attend_causal_cudnn(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """``attend_causal_math`` by cuDNN's causal kernel with the key heads grouped natively: no
+    bias at all. Why: a batch of 32 prompt rests (224 tokens, head dim 256) read themselves in
+    0.072 ms so against 0.187 ms under the dense causal bias on an H200
+    (bench/results/attention_kernels.json, key call3)."""
+    import torch
+
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, True, False, scale=1.0)[:2]
+    n_items, n_kv, m = q.shape[0], k.shape[1], q.shape[2]
+    # (B, H, M, D) with head h = j*G + g is (B, H_kv, G*M, D) in the folded order: a view
+    lse = lse.reshape(n_items, q.shape[1], -1)[..., :m].reshape(n_items, n_kv, -1)
+    return out.reshape(n_items, n_kv, -1, q.shape[-1]), lse.float()
+
+
+# the kernels with a causal form (KernelChoice.causal_own); at other kernels' head dims the prompt
+# rests keep their dense causal bias
+CAUSAL_BY_NAME: dict[str, Causal] = {"math": attend_causal_math, "cudnn": attend_causal_cudnn}
+
+
+def no_causal_dims(names: tuple[tuple[int, str], ...]) -> frozenset[int]:
+    """The head dims whose kernel (``names``; "math", which has one, where unnamed) has no causal
+    form: their prompt rests keep the dense causal bias."""
+    return frozenset(dim for dim, name in names if name not in CAUSAL_BY_NAME)
+
+
+def causal_by_dim(names: tuple[tuple[int, str], ...]) -> Causal:
+    """One causal attention function dispatching per head dim as ``attend_by_dim`` does, over the
+    kernels' causal forms ("math" where unnamed); a dim whose kernel has none is not dispatched
+    here (``causal_dims``)."""
+    table = {dim: CAUSAL_BY_NAME[name] for dim, name in names if name in CAUSAL_BY_NAME}
+
+    def attend(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        return table.get(q.shape[-1], attend_causal_math)(q, k, v)
+
+    return attend
+
+
+def causal_problem(names: tuple[tuple[int, str], ...], device: Any, dtype: Any) -> str:
+    """Why the causal forms of the kernels ``names`` gives each head dim cannot serve on
+    ``device`` ("" when they can): a form that fails or disagrees with ``attend_causal_math`` on
+    random grouped-head inputs (checked once per reader choice, as ``pick_attention`` checks the
+    biased forms)."""
+    import torch
+
+    for dim, name in names:
+        form = CAUSAL_BY_NAME.get(name)
+        if form is None or form is attend_causal_math:
+            continue
+        try:
+            gen = torch.Generator(device=device).manual_seed(0)
+            q = torch.randn((2, 4, 40, dim), generator=gen, device=device, dtype=dtype) / dim**0.5
+            k, v = (torch.randn((2, 2, 40, dim), generator=gen, device=device, dtype=dtype)
+                    for _ in range(2))
+            ref_out, ref_lse = attend_causal_math(q, k, v)
+            out, lse = form(q, k, v)
+            err = float((out.float() - ref_out.float()).norm() / ref_out.float().norm())
+            lse_err = float((lse - ref_lse).abs().max())
+        except (RuntimeError, TypeError, AttributeError, NotImplementedError, ValueError) as exc:
+            return f"{name} at head dim {dim}: unavailable ({type(exc).__name__}: {str(exc)[:160]})"
+        if not (err < 2e-2 and lse_err < 2e-2):
+            return f"{name} at head dim {dim}: disagrees (rel err {err:.3g}, lse err {lse_err:.3g})"
+    return ""
+
+
 def pick_attention(device: Any, dtype: Any, head_dims: set[int],
                    kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
     """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with

@@ -31,7 +31,7 @@ SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
             "fused_moe": (False, True), "fp8": ("off", "experts"),  # these two: CUDA only
-            "attention": ((), FLEX), "joint_streams": (True, False)}
+            "attention": ((), FLEX), "joint_streams": (True, False), "causal_own": (True, False)}
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -40,13 +40,13 @@ LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].sl
 def shippable() -> list[KernelChoice]:
     """Every choice the CPU accepts: the two-pass read, and each one-pass combination."""
     out = [TWO_PASS]
-    for band, rows, merge, (compiled, cats, rows_kv), trim, attention, joint in product(
+    for band, rows, merge, (compiled, cats, rows_kv), trim, attention, joint, causal in product(
             BANDS, (False, True), (False, True), COMPILES, (True, False), ((), FLEX),
-            (True, False)):
+            (True, False), (True, False)):
         out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
                                 fuse_cats=cats, compile_rows_kv=rows_kv, trim_last=trim,
                                 compile_backend="aot_eager", attention=attention,
-                                joint_streams=joint))
+                                joint_streams=joint, causal_own=causal))
     return out
 
 
@@ -61,6 +61,7 @@ def choice_id(choice: KernelChoice) -> str:
           if getattr(choice, name)] + ([] if choice.trim_last else ["untrimmed"])
     on += ["flex"] if choice.attention == FLEX else []
     on += [] if choice.joint_streams else ["apart"]
+    on += [] if choice.causal_own else ["biased_own"]
     return "-".join([f"band={band}", *on])
 
 

@@ -93,17 +93,18 @@ def test_static_flex_serves_the_small_buckets_and_reads_the_same() -> None:
     shapes = GraphShapes(batches=(1, 4), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
                          capture=False)
     reader = DiffusionSlotReader(model, choice=choice, graphs=shapes)
-    assert reader.graphs is not None and reader.small_onepass is not None
-    assert reader.graphs.onepass_for(1) is reader.small_onepass
+    assert reader.graphs is not None
+    small = reader.graphs.onepass_for(1)
+    assert small is reader.bucket_passes[1] and small is not reader.onepass
     assert reader.graphs.onepass_for(4) is reader.onepass
-    assert reader.small_onepass.pieces.flex_dims == {16, 32} and not reader.onepass.pieces.flex_dims
+    assert small.pieces.flex_dims == {16, 32} and not reader.onepass.pieces.flex_dims
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
     assert reader.graphs.bucket(ITEMS[:1], 11) == (1, 3, 16)
     assert_same_reads([reader.read([it])[0] for it in ITEMS], want)  # one item: the flex bucket
     assert_same_reads(reader.read(ITEMS), want)  # the 4-item bucket: the main read
-    assert DiffusionSlotReader(model, choice=replace(choice, static_flex_items=0),
-                               graphs=shapes).small_onepass is None
-    assert DiffusionSlotReader(model, choice=choice).small_onepass is None  # no graphs: unused
+    plain = DiffusionSlotReader(model, choice=replace(choice, static_flex_items=0), graphs=shapes)
+    assert all(p is plain.onepass for p in plain.bucket_passes.values())
+    assert DiffusionSlotReader(model, choice=choice).bucket_passes == {}  # no graphs: unused
 
 
 @pytest.mark.parametrize("value", [-1, 1.5])

@@ -176,8 +176,8 @@ def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
     shapes = GraphShapes(batches=(1,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
                          capture=False)
     flex = DiffusionSlotReader(model, choice=KernelChoice(static_flex_items=1), graphs=shapes)
-    assert flex.onepass is not None and flex.small_onepass is not None
-    assert flex.small_onepass.qkv_weights is flex.onepass.qkv_weights
+    assert flex.onepass is not None and flex.bucket_passes[1] is not flex.onepass
+    assert flex.bucket_passes[1].qkv_weights is flex.onepass.qkv_weights
     for weight, _ in onepass.qkv_weights:
         assert weight.untyped_storage().data_ptr() not in ptrs
     # mutation check: k and v rows of the sliding layer's merged copy swapped, the product sees it
