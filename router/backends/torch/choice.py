@@ -143,12 +143,13 @@ class KernelChoice:
                           for dim, name in self.attention)
         return replace(self, attention=attention, static_flex_items=0)
 
-    def for_bucket(self, n_items: int) -> KernelChoice:
-        """The choice a graph bucket of ``n_items`` items is captured with: ``small()``'s attention
-        up to ``static_flex_items`` items, the streams apart past ``joint_streams_items``; the
-        bucket-level switches themselves cleared (equal to ``for_bucket`` of any other bucket
-        that reads the same way, so buckets share their one-pass reads)."""
-        choice = self.small() if 0 < n_items <= self.static_flex_items else self
+    def for_read(self, n_items: int, *, graph: bool = False) -> KernelChoice:
+        """The choice a read of ``n_items`` items runs: the streams apart past
+        ``joint_streams_items``; in a graph bucket (``graph``, captured at warm-up) ``small()``'s
+        attention up to ``static_flex_items`` items (never eagerly: a compile a shape). The
+        read-level switches themselves are cleared, so reads that run alike get equal choices and
+        share one OnePass (``DiffusionSlotReader.onepass_for``)."""
+        choice = self.small() if graph and 0 < n_items <= self.static_flex_items else self
         apart = bool(self.joint_streams_items) and n_items > self.joint_streams_items
         return replace(choice, static_flex_items=0, joint_streams_items=0,
                        joint_streams=choice.joint_streams and not apart)

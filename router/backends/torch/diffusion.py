@@ -8,7 +8,7 @@ one decoder step runs, and the slot's soft-capped logits are read over the label
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -111,36 +111,40 @@ class DiffusionSlotReader(Frozen):
             raise ConfigError("kernel choice: fused_pass needs tied encoder/decoder weights",
                               field="fused_pass")
         self.fp8 = fp8 if fp8 is not None or self.choice.fp8 == "off" else self._fp8_copies()
-        self.onepass = (OnePass(model, build_pieces(self.choice), self.choice.band,
-                                self.choice.trim_last, self.fp8, self.choice.joint_streams,
-                                qkv_weights or None)
+        # the eager read of few items (below: ``passes``, one per distinct read-level choice)
+        single = self.choice.for_read(1)
+        self.onepass = (OnePass(model, build_pieces(single), single.band, single.trim_last,
+                                self.fp8, single.joint_streams, qkv_weights or None)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
-        # what each graph bucket is captured with (choice.for_bucket: small() attention up to
-        # static_flex_items items, the streams apart past joint_streams_items), over the same
-        # weights and merged q/k/v copies; a bucket that reads as the eager read shares its OnePass
-        self.bucket_passes = (self._bucket_passes(graphs.batches)
-                              if graphs is not None and self.onepass is not None else {})
+        # the one-pass reads by item count (choice.for_read: the streams apart past
+        # joint_streams_items; in graph buckets small() attention up to static_flex_items), over
+        # the same weights and merged q/k/v copies, one OnePass per distinct choice
+        self.passes = self._passes(graphs.batches if graphs is not None else ())
         if graphs is not None and graphs.capture and self.device.type != "cuda":
             raise ConfigError("graph capture needs a CUDA device", field="capture")
         self.graph_shapes = graphs
         self.graphs = GraphSet(self, graphs) if graphs is not None else None
         self._seal()
 
-    def _bucket_passes(self, batches: tuple[int, ...]) -> dict[int, OnePass]:
-        assert self.onepass is not None
-        plain = replace(self.choice, static_flex_items=0, joint_streams_items=0)  # the eager read's
-        built: dict[KernelChoice, OnePass] = {plain: self.onepass}
-        out = {}
-        for n_items in batches:
-            choice = self.choice.for_bucket(n_items)
-            if choice not in built:
-                built[choice] = OnePass(self.model, build_pieces(choice), choice.band,
-                                        choice.trim_last, self.fp8, choice.joint_streams,
-                                        self.onepass.qkv_weights or None)
-            out[n_items] = built[choice]
+    def _passes(self, batches: tuple[int, ...]) -> dict[KernelChoice, OnePass]:
+        if self.onepass is None:
+            return {}
+        out = {self.choice.for_read(1): self.onepass}
+        wanted = [self.choice.for_read(n, graph=True) for n in batches]
+        if self.choice.joint_streams_items:  # eager reads past it: apart
+            wanted.append(self.choice.for_read(self.choice.joint_streams_items + 1))
+        for choice in wanted:
+            if choice not in out:
+                out[choice] = OnePass(self.model, build_pieces(choice), choice.band, choice.trim_last,
+                                      self.fp8, choice.joint_streams, self.onepass.qkv_weights or None)
         return out
+
+    def onepass_for(self, n_items: int, *, graph: bool = False) -> OnePass:
+        """The one-pass read of ``n_items`` items: eager, or (``graph``) the one a graph bucket of
+        that many items is captured with and replays."""
+        return self.passes[self.choice.for_read(n_items, graph=graph)]
 
     @property
     def compiled(self) -> bool:
@@ -243,7 +247,8 @@ class DiffusionSlotReader(Frozen):
             if replayed is not None:
                 return replayed
         kv = self.onepass.prefix_kv(cache, len(prefix)) if cache is not None else None
-        return self.onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
+        onepass = self.onepass_for(len(items))
+        return onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
 
     def prepare_onepass(self, items: list[SlotItem], *, prefix_len: int, n_items: int = 0,
                         n_rows: int = 0, width: int = 0, n_labels: int = 0,

@@ -173,8 +173,8 @@ class GraphSet:
 
     def onepass_for(self, n_items: int) -> Any:
         """The one-pass read a bucket of ``n_items`` items runs (captured with, replayed as):
-        the reader's for that bucket (``KernelChoice.for_bucket``)."""
-        return self.reader.bucket_passes.get(n_items, self.onepass)
+        the reader's for that bucket (``KernelChoice.for_read``)."""
+        return self.reader.onepass_for(n_items, graph=True)
 
     def _capture(self, items: list[Any], n_rows: int, width: int) -> _Captured:
         import torch

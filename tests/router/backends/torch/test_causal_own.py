@@ -139,12 +139,16 @@ def test_joint_streams_items_joins_only_the_small_buckets() -> None:
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
     assert_same_reads([reader.read([it])[0] for it in ITEMS], want)  # the 1-item bucket: joint
     assert_same_reads(reader.read(ITEMS), want)  # the 4-item bucket: apart
-    # the choices of the buckets: equal where they read alike, so they share a OnePass
+    # an eager read (no bucket holds it) of more items reads apart too
+    assert reader.onepass_for(4) is large and reader.onepass_for(1) is small
+    assert len({id(p) for p in reader.passes.values()}) == 2
+    # the choices of the reads: equal where they read alike, so they share a OnePass
     choice = KernelChoice(joint_streams_items=4, static_flex_items=1)
-    assert choice.for_bucket(2) == choice.for_bucket(4) == replace(choice, joint_streams_items=0,
-                                                                   static_flex_items=0)
-    assert not choice.for_bucket(8).joint_streams and choice.for_bucket(1) == replace(
-        choice.small(), joint_streams_items=0)
+    plain = replace(choice, joint_streams_items=0, static_flex_items=0)
+    assert choice.for_read(2, graph=True) == choice.for_read(4, graph=True) == plain
+    assert choice.for_read(1) == plain  # static flex in graph buckets only: never eagerly
+    assert choice.for_read(1, graph=True) == replace(choice.small(), joint_streams_items=0)
+    assert not choice.for_read(8).joint_streams and not choice.for_read(8, graph=True).joint_streams
 
 
 @pytest.mark.parametrize(("switches", "field"), [

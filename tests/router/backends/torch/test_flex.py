@@ -95,7 +95,8 @@ def test_static_flex_serves_the_small_buckets_and_reads_the_same() -> None:
     reader = DiffusionSlotReader(model, choice=choice, graphs=shapes)
     assert reader.graphs is not None
     small = reader.graphs.onepass_for(1)
-    assert small is reader.bucket_passes[1] and small is not reader.onepass
+    assert small is reader.onepass_for(1, graph=True) and small is not reader.onepass
+    assert reader.onepass_for(1) is reader.onepass  # an eager single read never compiles flex
     assert reader.graphs.onepass_for(4) is reader.onepass
     assert small.pieces.flex_dims == {16, 32} and not reader.onepass.pieces.flex_dims
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
@@ -103,8 +104,9 @@ def test_static_flex_serves_the_small_buckets_and_reads_the_same() -> None:
     assert_same_reads([reader.read([it])[0] for it in ITEMS], want)  # one item: the flex bucket
     assert_same_reads(reader.read(ITEMS), want)  # the 4-item bucket: the main read
     plain = DiffusionSlotReader(model, choice=replace(choice, static_flex_items=0), graphs=shapes)
-    assert all(p is plain.onepass for p in plain.bucket_passes.values())
-    assert DiffusionSlotReader(model, choice=choice).bucket_passes == {}  # no graphs: unused
+    assert list(plain.passes.values()) == [plain.onepass]
+    eager = DiffusionSlotReader(model, choice=choice)  # no graphs: no flex read is built
+    assert list(eager.passes.values()) == [eager.onepass]
 
 
 @pytest.mark.parametrize("value", [-1, 1.5])

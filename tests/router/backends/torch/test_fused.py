@@ -175,9 +175,10 @@ def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
     # the static-flex buckets' second OnePass reads the same merged copy (diffusion.py)
     shapes = GraphShapes(batches=(1,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
                          capture=False)
-    flex = DiffusionSlotReader(model, choice=KernelChoice(static_flex_items=1), graphs=shapes)
-    assert flex.onepass is not None and flex.bucket_passes[1] is not flex.onepass
-    assert flex.bucket_passes[1].qkv_weights is flex.onepass.qkv_weights
+    flex = DiffusionSlotReader(model, choice=KernelChoice(attention=((16, "math"), (32, "math")),
+                                                        static_flex_items=1), graphs=shapes)
+    assert flex.onepass is not None and flex.onepass_for(1, graph=True) is not flex.onepass
+    assert flex.onepass_for(1, graph=True).qkv_weights is flex.onepass.qkv_weights
     for weight, _ in onepass.qkv_weights:
         assert weight.untyped_storage().data_ptr() not in ptrs
     # mutation check: k and v rows of the sliding layer's merged copy swapped, the product sees it
