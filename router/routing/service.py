@@ -53,6 +53,12 @@ class FastRead:
     scores: OptionScores | None
     cached: bool
     failure: str | None = None
+    # None made on purpose: nothing routes on it (``RoutingService.reads_fast``). Not a failure.
+    skipped: bool = False
+
+
+# The read of a decision that needs none (an unscoped one under ``policy.unscoped: escalate``).
+NOT_READ = FastRead(None, cached=False, skipped=True)
 
 
 class RoutingService:
@@ -105,13 +111,25 @@ class RoutingService:
             fingerprint = self.backend.fingerprint
             policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
             if reads is None:
-                reads = await self._fast_reads(requests, namespace=namespace,
-                                               fingerprint=fingerprint)
+                reads = await self._fast_reads(
+                    requests, namespace=namespace, fingerprint=fingerprint,
+                    needed=[self.reads_fast(p) for p in policies])
             elif len(reads) != len(requests):
                 raise ValueError(f"{len(reads)} reads given for {len(requests)} requests")
+            reads = list(reads)  # a read made late (``read_later``) is logged in its place
+
+            def read_later(i: int) -> Callable[[], Awaitable[FastRead]]:
+                async def read() -> FastRead:
+                    [reads[i]] = await self._fast_reads([requests[i]], namespace=namespace,
+                                                        fingerprint=fingerprint)
+                    return reads[i]
+                return read
+
             decisions = await _all_or_none([
-                self._route(request, read, policy, namespace=namespace, started=started)
-                for request, read, policy in zip(requests, reads, policies, strict=True)
+                self._route(request, read, policy, namespace=namespace, started=started,
+                            read_later=read_later(i))
+                for i, (request, read, policy) in enumerate(zip(requests, reads, policies,
+                                                                strict=True))
             ])
             await asyncio.gather(*(
                 self.log.append(_record(request, read, decision, namespace, fingerprint))
@@ -133,10 +151,35 @@ class RoutingService:
             return False
         return True
 
+    def reads_fast(self, policy: RuntimePolicy | None) -> bool:
+        """Whether routing a decision that ``registry.lookup`` gave ``policy`` uses a fast read:
+        every decision a policy (or the ``threshold`` fallback) judges does, and so does an
+        unscoped one under ``policy.unscoped`` ``shadow`` (or ``policy.shadow``, which logs it)
+        and ``unverified`` (which serves it). An unscoped one under ``escalate`` goes to the slow
+        model whatever the read says, so none is made: no backend call, no read-cache lookup
+        (``slow.serve_unverified_on_failure`` reads it only when the slow path fails)."""
+        registry = self.registry
+        return policy is not None or registry.unscoped != "escalate" or registry.shadow_all
+
     async def _fast_reads(
-        self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str
+        self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str,
+        needed: Sequence[bool] | None = None,
     ) -> list[FastRead]:
+        """The reads of ``requests``, those ``needed`` (default: all) through the read cache and
+        the backend; the others are ``NOT_READ``. A backend that reads jointly reads the whole
+        batch when any question needs it (its answers depend on their co-questions)."""
         backend = self.backend
+        if needed is not None and not all(needed):
+            if not any(needed):
+                return [NOT_READ] * len(requests)
+            if not backend.reads_jointly:
+                wanted = [i for i, need in enumerate(needed) if need]
+                reads = [NOT_READ] * len(requests)
+                for i, read in zip(wanted, await self._fast_reads(
+                        [requests[i] for i in wanted], namespace=namespace,
+                        fingerprint=fingerprint), strict=True):
+                    reads[i] = read
+                return reads
         keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
                 for r in requests]
         blobs = await self.look_up(keys)
@@ -214,12 +257,13 @@ class RoutingService:
         *,
         namespace: str,
         started: float,
+        read_later: Callable[[], Awaitable[FastRead]],
     ) -> Decision:
         if policy is None:  # no loaded policy covers it: policy.unscoped, no policy touched
             return await route_unscoped(
                 request, read, mode=self.registry.unscoped, shadow_all=self.registry.shadow_all,
                 escalation=self.escalation, metrics=self.metrics, settings=self.settings,
-                namespace=namespace, started=started)
+                namespace=namespace, started=started, read_later=read_later)
         decision_id = uuid.uuid4().hex
         # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
         # every decision and is served; the fast read and the policy's verdict are still logged.

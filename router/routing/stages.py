@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from policies.types import Decision, DecisionRequest, OptionScores, StagedQuestion
-from router.errors import BackendError
+from router.errors import BackendError, InvalidRequest
 from router.routing.service import FastRead, RoutingService, decode_scores, encode_scores
 from router.store.cache import read_key
 
@@ -149,6 +149,8 @@ async def answer_stages(service: RoutingService, questions: Sequence[StagedQuest
         return await service.decide(requests, namespace=namespace, reads=reads)
 
     async def whole(body: Sequence[StagedQuestion]) -> list[ServerRead] | None:
+        if not any(_reads_fast(service, q.request) for q in body):
+            return None  # nothing routes on a read (all unscoped, escalated): none upstream
         return await read_whole(service, body, namespace=namespace)
 
     return await run_stages(questions, decide, whole)
@@ -185,6 +187,16 @@ async def read_whole(service: RoutingService, questions: Sequence[StagedQuestion
     await service.cache.set_many([(key, _SKIPPED if scores is None else encode_scores(scores))
                                   for key, scores in zip(keys, fresh)])
     return [ServerRead(scores, cached=False) for scores in fresh]
+
+
+def _reads_fast(service: RoutingService, request: DecisionRequest) -> bool:
+    """Whether deciding ``request`` uses a fast read (``RoutingService.reads_fast``). A policy
+    name the registry refuses counts as one: ``decide`` raises that, as it did, if it is asked."""
+    try:
+        policy = service.registry.lookup(request, fingerprint=service.backend.fingerprint)
+    except InvalidRequest:
+        return True
+    return service.reads_fast(policy)
 
 
 def _cached(blob: bytes | None, request: DecisionRequest) -> ServerRead | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from policies.scope import UnscopedMode, describe
@@ -26,12 +27,16 @@ UNSCOPED_POLICY_ID = "fallback"
 async def route_unscoped(
     request: DecisionRequest, read: FastRead, *, mode: UnscopedMode, shadow_all: bool,
     escalation: Escalation, metrics: Metrics, settings: Settings, namespace: str,
-    started: float,
+    started: float, read_later: Callable[[], Awaitable[FastRead]] | None = None,
 ) -> Decision:
-    """``escalate``: the slow model answers. ``shadow`` (or the server-wide ``policy.shadow``):
-    the same, the decision marked shadow, the fast read logged beside it to tune on later.
-    ``unverified``: the fast answer, route ``unverified``; with no usable read it escalates.
-    The fast read is logged in every mode (the decision log's ``proba``), never judged."""
+    """``escalate``: the slow model answers; no fast read is made for it (``read`` is
+    ``NOT_READ``: ``RoutingService.reads_fast``), so the decision has no ``raw_probability``
+    and logs no ``proba``. Only when the slow path fails and
+    ``slow.serve_unverified_on_failure`` serves the fast answer instead is it read then
+    (``read_later``). ``shadow`` (or the server-wide ``policy.shadow``): the slow model answers,
+    the decision marked shadow, the fast read logged beside it to tune on later. ``unverified``:
+    the fast answer, route ``unverified``; with no usable read it escalates. A read made is
+    logged (the decision log's ``proba``), never judged."""
     shadow = shadow_all or mode == "shadow"
     # A read with a failure (none made, or one not to be trusted) is not served, only logged.
     scores = read.scores if read.failure is None or shadow else None
@@ -54,6 +59,12 @@ async def route_unscoped(
     try:
         answer, from_cache = await escalation.answer(request, namespace=namespace)
     except SlowPathError as exc:
+        if (read.skipped and read_later is not None and not shadow
+                and settings.slow.serve_unverified_on_failure):
+            read = await read_later()  # the fallback the configuration asks for needs it now
+            scores = read.scores if read.failure is None else None
+            if scores is None and read.failure:
+                why += f"; {read.failure}"
         if scores is None or shadow or not settings.slow.serve_unverified_on_failure:
             # The caller sees why this decision needed the slow model at all: a confident read
             # of a question no policy covers is escalated, and a bare "escalation unavailable"
@@ -69,6 +80,8 @@ async def route_unscoped(
     route: Route = "cache" if from_cache else "slow"
     metrics.decision(route=route, escalated=True)
     note = f"{why}; answered by the slow model (policy.unscoped: {'shadow' if shadow else mode})"
+    if read.skipped:
+        note += "; no fast read was made (escalate does not use one)"
     if shadow and scores is not None:
         top, p = scores.top
         note += f"; the fast read answered {top!r} (p = {p:.3f}), logged to tune on"

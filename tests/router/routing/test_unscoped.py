@@ -4,6 +4,7 @@ MemoryCache and a tuned-file policy; a recording slow path and log."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -11,12 +12,13 @@ import pytest
 from policies.rules import ThresholdRule
 from policies.scope import UnscopedMode
 from policies.tuned import TunedPolicy
-from policies.types import DecisionRequest, Option, OptionScores, Verdict
+from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
 from router.routing.ports import Label, Observation
 from router.routing.registry import LoadedPolicy, PolicyRegistry
 from router.routing.service import RoutingService
+from router.routing.stages import answer_stages
 from router.settings import Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
@@ -64,12 +66,42 @@ class Watching:
     async def labelled(self, label: Label) -> None: ...
 
 
+@dataclass
+class CountingReads:
+    """The test backend's handler: a confident read of each question, each one recorded."""
+
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def __call__(self, request: DecisionRequest) -> list[float]:
+        self.calls.append(request.option_names)
+        return confident(request)
+
+
+class StagedBackend(MockBackend):
+    """A MockBackend whose server runs staged bodies itself (``read_staged``), counting them."""
+
+    def __init__(self, reads: CountingReads) -> None:
+        super().__init__(reads)
+        self.reads = reads
+        self.staged: list[list[str]] = []
+
+    def reads_staged(self, questions: Sequence[StagedQuestion]) -> bool:
+        return True
+
+    async def read_staged(self, questions: Sequence[StagedQuestion]
+                          ) -> list[OptionScores | None]:
+        self.staged.append([q.request.question_id for q in questions])
+        return list(await self.read([q.request for q in questions]))
+
+
 def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None,
-          monitor: Watching | None = None, **settings: object
+          monitor: Watching | None = None, reads: CountingReads | None = None,
+          backend: MockBackend | None = None, **settings: object
           ) -> tuple[RoutingService, Observed, RecordingSlow, ListLog]:
     from calibration.calibrators import IdentityCalibrator
 
-    backend = MockBackend(confident)
+    if backend is None:
+        backend = MockBackend(confident if reads is None else reads)
     policy = Observed(TunedPolicy(IdentityCalibrator(), ThresholdRule(0.9),
                                   policy_id="intents@abc"))
     registry = PolicyRegistry([LoadedPolicy(
@@ -110,7 +142,11 @@ async def test_a_subset_question_is_answered_by_the_slow_model_untouched_by_the_
     assert d.note is not None and "unscoped" in d.note and "2 options" in d.note
     assert policy.calls == [] and len(slow.calls) == 1
     [record] = log.records
-    assert record["guarantee"] is None and record["proba"] == pytest.approx([0.97, 0.03])
+    assert record["guarantee"] is None
+    if mode == "shadow":  # the fast read, logged to tune on; escalate makes none
+        assert record["proba"] == pytest.approx([0.97, 0.03])
+    else:
+        assert record["proba"] is None and d.raw_probability is None
 
 
 async def test_unverified_serves_the_fast_answer_marked_so_without_the_slow_model() -> None:
@@ -133,12 +169,16 @@ async def test_with_no_slow_model_escalate_fails_unless_unverified_answers_are_a
     with pytest.raises(NoSlowModel) as again:  # the shared error object is never rewritten
         await service.decide([question(INTENTS[:2])], namespace="t")
     assert again.value.message.count("no loaded policy") == 1
-    service, policy, _, _ = setup("escalate", slow_path=RecordingSlow(
-        fail=NoSlowModel()),
+    reads = CountingReads()
+    service, policy, _, log = setup("escalate", slow_path=RecordingSlow(
+        fail=NoSlowModel()), reads=reads,
         slow={"serve_unverified_on_failure": True})
     [d] = await service.decide([question(INTENTS[:2])], namespace="t")
     assert (d.route, d.answer, d.guarantee) == ("unverified", "card_arrival", None)
     assert policy.calls == []
+    # No read was made up front: the slow path failed, and the fallback read it then (logged).
+    assert reads.calls == [INTENTS[:2]] and d.raw_probability == pytest.approx(0.97)
+    assert log.records[0]["proba"] == pytest.approx([0.97, 0.03])
 
 
 @pytest.mark.parametrize("mode", ["escalate", "shadow", "unverified"])
@@ -149,3 +189,67 @@ async def test_no_policy_watch_is_told_of_an_unscoped_decision(mode: UnscopedMod
     service, _, _, _ = setup(mode, monitor=monitor)
     await service.decide([question(INTENTS[:2]), question(INTENTS)], namespace="t")
     assert monitor.decided_ids == ["intents@abc"]
+
+
+async def test_escalate_makes_no_fast_read_of_an_unscoped_decision() -> None:
+    """Before: every decision was read first, so an unscoped one under ``escalate`` cost a fast
+    read (a GPU or HTTP call) whose answer nothing used. Now only the in-scope one is read; the
+    unscoped one is still routed, counted and logged, its reply with no raw probability."""
+    reads = CountingReads()
+    service, _, slow, log = setup("escalate", reads=reads)
+    unscoped, scoped = await service.decide([question(INTENTS[:2]), question(INTENTS)],
+                                            namespace="t")
+    assert reads.calls == [INTENTS]  # the in-scope question only
+    assert (unscoped.route, unscoped.answer, unscoped.policy_id) == (
+        "slow", "lost_or_stolen_card", "fallback")
+    assert unscoped.raw_probability is None and unscoped.probability is None
+    assert unscoped.note is not None and "no fast read was made" in unscoped.note
+    assert (scoped.route, scoped.raw_probability) == ("fast", pytest.approx(0.97))
+    assert len(slow.calls) == 1
+    assert [r["proba"] is None for r in log.records] == [True, False]
+    text = service.metrics.render().decode()
+    assert 'slotgate_decisions_total{route="slow"} 1.0' in text
+    assert 'slotgate_decisions_total{route="fast"} 1.0' in text
+    assert 'slotgate_cache_lookups_total{result="miss",store="read"} 1.0' in text
+    # A batch of unscoped questions only: no read, no read-cache lookup at all.
+    [again] = await service.decide([question(INTENTS[1:])], namespace="t")
+    assert again.route == "slow" and reads.calls == [INTENTS]
+
+
+@pytest.mark.parametrize("mode", ["shadow", "unverified", "threshold"])
+async def test_the_modes_that_use_the_fast_read_still_make_it(mode: UnscopedMode) -> None:
+    reads = CountingReads()
+    service, _, _, log = setup(mode, reads=reads)
+    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    assert reads.calls == [INTENTS[:2]] and log.records[0]["proba"] == pytest.approx([0.97, 0.03])
+    # the served answer's raw probability: the fast one's, or (shadow) the slow one's, 0.03
+    assert d.raw_probability == pytest.approx(0.03 if mode == "shadow" else 0.97)
+
+
+async def test_server_wide_shadow_reads_unscoped_decisions_under_escalate() -> None:
+    reads = CountingReads()
+    service, _, _, _ = setup("escalate", reads=reads)
+    service.registry.shadow_all = True  # policy.shadow: every decision's read is logged
+    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    assert d.shadow and reads.calls == [INTENTS[:2]]
+
+
+@pytest.mark.parametrize("mode", ["escalate", "shadow"])
+async def test_a_staged_body_of_unscoped_questions_is_read_upstream_only_when_used(
+        mode: UnscopedMode) -> None:
+    """A body whose server runs its stages is read whole (one upstream call) unless no question
+    of it would route on a read: every one unscoped under ``escalate``."""
+    reads = CountingReads()
+    backend = StagedBackend(reads)
+    service, _, slow, _ = setup(mode, backend=backend)
+    first = DecisionRequest("first", "first?", (Option("yes"), Option("no")), "a state")
+    second = DecisionRequest("second", "second?", (Option("x"), Option("y")), "a state")
+    body = [StagedQuestion(first), StagedQuestion(second,
+                                                  ask_if=(("first", ("no",)),))]
+    outcome = await answer_stages(service, body, namespace="t")
+    assert outcome.stages == [["first"], ["second"]]  # the slow model answered "no"
+    assert len(slow.calls) == 2
+    if mode == "escalate":
+        assert backend.staged == [] and reads.calls == []
+    else:
+        assert backend.staged == [["first", "second"]] and outcome.conditioning == "prefill"

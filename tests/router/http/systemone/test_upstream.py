@@ -4,6 +4,7 @@ same answers, and what the upstream refuses comes back as the caller's 422."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,17 +27,26 @@ def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
         yield server
 
 
-@pytest.fixture
-async def client(upstream: SystemOneStandin) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingSlow]]:
+@contextlib.asynccontextmanager
+async def serving(upstream: SystemOneStandin, **policy: Any
+                  ) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingSlow]]:
     slow = RecordingSlow()
     backend = SystemOneBackend(upstream.url)
-    app = create_app(Settings(fast={"timeout_s": 10.0}), backend=backend, slow=slow,
-                     decision_log=MemoryLog())
+    app = create_app(Settings(fast={"timeout_s": 10.0}, policy=policy), backend=backend,
+                     slow=slow, decision_log=MemoryLog())
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://test"
     ) as c:
         yield c, slow
     await backend.aclose()
+
+
+@pytest.fixture
+async def client(upstream: SystemOneStandin) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingSlow]]:
+    # No policy is loaded, so every question is unscoped: under "unverified" it is read from the
+    # upstream (and served), which these tests are about; "escalate" reads nothing (below).
+    async with serving(upstream, unscoped="unverified") as served:
+        yield served
 
 
 QUESTIONS: dict[str, Any] = {
@@ -79,3 +89,18 @@ async def test_an_upstream_422_is_answered_422_without_a_slow_call(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert "answer template is" in r.json()["error"]["message"] and slow.asked == []
+
+
+async def test_unscoped_questions_under_escalate_never_reach_the_upstream(
+    upstream: SystemOneStandin
+) -> None:
+    """policy.unscoped: escalate (the default): the slow model answers every question no policy
+    covers, so no fast read is made of them; what the upstream would refuse is not asked."""
+    async with serving(upstream) as (c, slow):
+        r = await c.post("/v1/systemone", json={
+            "state": "my new card has not arrived", "questions": QUESTIONS})
+        refused = await c.post("/v1/systemone", json={
+            "state": "s", "questions": {"x" * 300: {"type": "noul"}}})
+    assert r.status_code == 200 and refused.status_code == 200, (r.text, refused.text)
+    assert {a["route"] for a in r.json()["answers"].values()} == {"slow"}
+    assert upstream.stats.requests == 0 and sorted(slow.asked) == ["intent", "urgent", "x" * 300]
