@@ -15,7 +15,10 @@ the read), ``joint_streams`` (both streams' rows normed and projected to q/k/v b
 layer over the tied weights: exact, on by default, a switch so the bench can measure it off;
 ``joint_streams_items`` keeps it to the graph buckets of at most that many items, where it pays),
 ``causal_own`` (the prompt rests' own keys read by a causal kernel with no bias where that is
-exact: on by default where the kernel has a causal form that agrees with the reference).
+exact: on by default where the kernel has a causal form that agrees with the reference),
+``rows_in_place`` (in batches of one canvas row an item, each row reads its prompt rest's keys
+where they lie and its canvas with no mask, instead of a per-row copy of both under a bias: exact,
+on by default).
 A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
@@ -79,13 +82,17 @@ class KernelChoice:
     # kernel has a causal form (cuDNN, math) and the window does not bind within a prompt rest
     # (exact: a real query's causal keys are all real; OnePass.causal_own)
     causal_own: bool = True
+    # a canvas row reads its item's prompt-rest keys where they lie, not from a per-row copy
+    # (rows_kv), in batches of one row an item; its own canvas then needs no mask
+    # (OnePass.canvas_own: exact, two attention parts merged by their log-sum-exp)
+    rows_in_place: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
                          "trim_last", "fused_moe", "fp8", "static_flex_items", "joint_streams",
-                         "joint_streams_items", "causal_own"):
+                         "joint_streams_items", "causal_own", "rows_in_place"):
                 if getattr(self, name) not in (False, "off", frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -164,11 +171,13 @@ class KernelChoice:
                 "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
                 "attention": dict(self.attention), "trim_last": self.trim_last,
                 "fused_moe": self.fused_moe, "fp8": self.fp8, "static_flex_items": self.static_flex_items, "joint_streams": self.joint_streams,
-                "joint_streams_items": self.joint_streams_items, "causal_own": self.causal_own}
+                "joint_streams_items": self.joint_streams_items, "causal_own": self.causal_own,
+                "rows_in_place": self.rows_in_place}
 
 
 FP8_MODES = ("off", "experts")
-TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False, causal_own=False)
+TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False, causal_own=False,
+                        rows_in_place=False)
 # default_choice's joint_streams_items on CUDA: graph replays on an H200 (bench.gpu_variants
 # --graph-batches, docs/backends.md) put the joint streams ahead up to 4 items (-0.34 ms) and
 # behind from 8 (+0.69 ms)

@@ -114,7 +114,8 @@ class DiffusionSlotReader(Frozen):
         # the eager read of few items (below: ``passes``, one per distinct read-level choice)
         single = self.choice.for_read(1)
         self.onepass = (OnePass(model, build_pieces(single), single.band, single.trim_last,
-                                self.fp8, single.joint_streams, qkv_weights or None)
+                                self.fp8, single.joint_streams, qkv_weights or None,
+                                single.rows_in_place)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
@@ -138,7 +139,8 @@ class DiffusionSlotReader(Frozen):
         for choice in wanted:
             if choice not in out:
                 out[choice] = OnePass(self.model, build_pieces(choice), choice.band, choice.trim_last,
-                                      self.fp8, choice.joint_streams, self.onepass.qkv_weights or None)
+                                      self.fp8, choice.joint_streams, self.onepass.qkv_weights or None,
+                                      choice.rows_in_place)
         return out
 
     def onepass_for(self, n_items: int, *, graph: bool = False) -> OnePass:

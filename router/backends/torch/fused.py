@@ -42,6 +42,7 @@ from router.backends.torch.prefix_attention import (
     fold_groups,
     group_view,
     merge_grouped,
+    merge_parts,
     to_bias,
     unfold_groups,
 )
@@ -247,6 +248,9 @@ class Pieces:
     # except at ``no_causal_dims`` (head dims whose kernel has no causal form)
     attend_causal: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
     no_causal_dims: frozenset[int] = frozenset()
+    # two parts' folded (out, lse) -> one (KernelChoice.rows_in_place: a canvas's own canvas and
+    # its prompt rest read in place, merged before the prefix)
+    merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
@@ -270,7 +274,8 @@ class OnePass(Frozen):
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
                  trim_last: bool = True, fp8: Fp8Model | None = None,
                  joint_streams: bool = True,
-                 qkv_weights: tuple[tuple[Any, Any], ...] | None = None) -> None:
+                 qkv_weights: tuple[tuple[Any, Any], ...] | None = None,
+                 rows_in_place: bool = True) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
@@ -287,6 +292,7 @@ class OnePass(Frozen):
             raise ConfigError("kernel choice: joint_streams needs tied encoder/decoder attention "
                               "weights", field="joint_streams")
         self.joint_streams = joint_streams
+        self.rows_in_place = rows_in_place
         # per layer (tied: the encoder's serve both streams), built before sealing; or another
         # OnePass's over this model (``qkv_weights``), so two readers hold one copy
         if joint_streams and qkv_weights is None:
@@ -356,8 +362,12 @@ class OnePass(Frozen):
                 out_e, lse_e = self.pieces.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
             else:
                 out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
-            rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
-            out_d, lse_d = self.pieces.attend(fold_groups(q_d, n_kv), rows_k, rows_v, masks[("dec", kind)])
+            if self.in_place(batch):
+                out_d, lse_d = self.canvas_own(q_d, (k_e, v_e), (k_d, v_d), masks[("dec_rest", kind)])
+            else:
+                rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
+                out_d, lse_d = self.pieces.attend(fold_groups(q_d, n_kv), rows_k, rows_v,
+                                                  masks[("dec", kind)])
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
                 out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
@@ -414,8 +424,12 @@ class OnePass(Frozen):
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads, n_kv = query.shape[1], k_d.shape[1]
-        rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
-        out, lse = self.pieces.attend(fold_groups(query, n_kv), rows_k, rows_v, masks[("slot", kind)])
+        if self.in_place(batch):
+            out, lse = self.canvas_own(query, (k_e, v_e), (k_d, v_d), masks[("slot_rest", kind)])
+        else:
+            rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
+            out, lse = self.pieces.attend(fold_groups(query, n_kv), rows_k, rows_v,
+                                          masks[("slot", kind)])
         if prefix is None:
             out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
         else:
@@ -489,10 +503,16 @@ class OnePass(Frozen):
             to_mask = self.mask_builder(kind)
             if not self.causal_own(kind, width):
                 out[("enc", kind)] = to_mask(enc_vis, g, dtype)
-            dec_vis = torch.cat([dec_rest, canvas], dim=1)[:, None, :]
-            out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
-            if kind == last_kind:
-                out[("slot", kind)] = to_mask(dec_vis, g, dtype)
+            if self.in_place(batch):  # the canvases' prompt rests read in place (canvas_own)
+                out[("dec_rest", kind)] = to_mask(dec_rest[:, None, :].expand(-1, canvas_len, -1),
+                                                  g, dtype)
+                if kind == last_kind:
+                    out[("slot_rest", kind)] = to_mask(dec_rest[:, None, :], g, dtype)
+            else:
+                dec_vis = torch.cat([dec_rest, canvas], dim=1)[:, None, :]
+                out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
+                if kind == last_kind:
+                    out[("slot", kind)] = to_mask(dec_vis, g, dtype)
             if prefix is None:
                 continue
             # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
@@ -527,6 +547,25 @@ class OnePass(Frozen):
         if int(self.config.per_layer_config[index].head_dim) in self.pieces.flex_dims:
             return lambda visible, groups, _dtype: flex_mask(visible, groups)
         return to_bias
+
+    def in_place(self, batch: OnePassBatch) -> bool:
+        """Whether the canvases read their item's prompt-rest keys where they lie (no per-row
+        copy, ``rows_kv``): with ``rows_in_place``, when there are as many canvas rows as items.
+        The readers lay such batches out row r = item r (diffusion.prepare_onepass: one draw an
+        item; graphs.GraphSet.bucket sends batches with more draws to buckets of more rows).
+        Decided from static shapes, so a captured graph holds one path."""
+        return self.rows_in_place and batch.canvas.shape[0] == batch.input_ids.shape[0]
+
+    def canvas_own(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
+                   rest_mask: Any) -> tuple[Any, Any]:
+        """The canvas rows' own-key attention in two parts, merged: their own canvas's keys with
+        no mask (a canvas sees all of itself) and their item's prompt-rest keys in place under
+        ``rest_mask``; folded (out, lse) as one read over [prompt rest, canvas] gives them."""
+        n_kv = dec_kv[0].shape[1]
+        folded = fold_groups(query, n_kv)
+        out_c, lse_c = self.pieces.attend(folded, *dec_kv, None)
+        out_r, lse_r = self.pieces.attend(folded, *enc_kv, rest_mask)
+        return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
 
     def causal_own(self, kind: str, width: int) -> bool:
         """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by

@@ -146,7 +146,10 @@ class GraphSet:
         if b == len(self.batches) or s == len(self.widths):
             return None
         n_items = self.batches[b]
-        rows = [n_items * d for d in self.draws if n_items * d >= n_rows]
+        # as many rows as items only when each item has one draw: such a bucket lays row r for
+        # item r, so its canvases read their prompt rests in place (OnePass.in_place)
+        rows = [n_items * d for d in self.draws
+                if n_items * d >= n_rows and (n_items * d > n_items or n_rows == len(items))]
         if not rows or max(len(item.label_ids) for item in items) > self.labels:
             return None
         return n_items, min(rows), self.widths[s]

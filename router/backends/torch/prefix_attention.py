@@ -73,7 +73,8 @@ def attend_efficient(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     and no head dim of 512 (DiffusionGemma's global layers)."""
     import torch
 
-    bias = bias.expand(q.shape[0], q.shape[1], -1, -1)  # the kernel wants (B, H, M, N)
+    if bias is not None:  # None: no mask (every query sees every key)
+        bias = bias.expand(q.shape[0], q.shape[1], -1, -1)  # the kernel wants (B, H, M, N)
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         q, k, v, bias, True, 0.0, False, scale=1.0)[:2]
     return out, lse[..., : q.shape[2]].float()
@@ -88,6 +89,14 @@ def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     w_b = torch.exp(lse_b - top)[..., None]
     merged = (out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)
     return merged.to(out_a.dtype)
+
+
+def merge_parts(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+    """Two parts' (out, lse) of the same queries, any layout, as one part over both parts' keys:
+    ``merge``'s output and the log-sum-exp over all the keys (what a further merge needs)."""
+    import torch
+
+    return merge(out_a, lse_a, out_b, lse_b), torch.logaddexp(lse_a, lse_b)
 
 
 def merge_grouped(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
@@ -121,7 +130,8 @@ def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     memory for head dims over 128; cuDNN's runs the same read several times faster on an H200."""
     import torch
 
-    bias = bias.expand(q.shape[0], q.shape[1], -1, -1)
+    if bias is not None:  # None: no mask (every query sees every key)
+        bias = bias.expand(q.shape[0], q.shape[1], -1, -1)
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q, k, v, bias, True, 0.0, False, False, scale=1.0)[:2]
     return out, lse.reshape(lse.shape[0], lse.shape[1], -1)[..., : q.shape[2]].float()

@@ -31,7 +31,12 @@ SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
             "fused_moe": (False, True), "fp8": ("off", "experts"),  # these two: CUDA only
-            "attention": ((), FLEX), "joint_streams": (True, False), "causal_own": (True, False)}
+            "attention": ((), FLEX), "joint_streams": (True, False), "causal_own": (True, False),
+            "rows_in_place": (True, False)}
+# the own-key switches run here together (both on: the default; both off: the copies and biases
+# of before); their mixed settings run in test_causal_own.py over the switches that shape that
+# attention (joint streams, prefix cache, window, buckets)
+PAIRED = ("causal_own", "rows_in_place")
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -46,7 +51,7 @@ def shippable() -> list[KernelChoice]:
         out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
                                 fuse_cats=cats, compile_rows_kv=rows_kv, trim_last=trim,
                                 compile_backend="aot_eager", attention=attention,
-                                joint_streams=joint, causal_own=causal))
+                                joint_streams=joint, causal_own=causal, rows_in_place=causal))
     return out
 
 
@@ -61,7 +66,7 @@ def choice_id(choice: KernelChoice) -> str:
           if getattr(choice, name)] + ([] if choice.trim_last else ["untrimmed"])
     on += ["flex"] if choice.attention == FLEX else []
     on += [] if choice.joint_streams else ["apart"]
-    on += [] if choice.causal_own else ["biased_own"]
+    on += [] if choice.causal_own else ["copied_biased_own"]
     return "-".join([f"band={band}", *on])
 
 
@@ -80,7 +85,7 @@ def want(model: Any) -> list[Any]:
 def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
     names = list(SWITCHES)
     matrix = {replace(c, compile_backend="aot_eager") for c in CHOICES}
-    accepted = 0
+    accepted = mixed = 0
     for values in product(*SWITCHES.values()):
         switches = dict(zip(names, values, strict=True))
         try:
@@ -90,8 +95,11 @@ def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
             assert exc.field in names and exc.field in str(exc)
             continue
         accepted += 1
-        assert choice in matrix, choice  # accepted here: so it is in the equality matrix below
-    assert accepted == len(CHOICES) == len(matrix)
+        # accepted here: so it is in the equality matrix below (PAIRED: as its pair's first)
+        paired = replace(choice, **dict.fromkeys(PAIRED[1:], getattr(choice, PAIRED[0])))
+        assert paired in matrix, choice
+        mixed += paired != choice
+    assert accepted - mixed == len(CHOICES) == len(matrix)
 
 
 @pytest.mark.parametrize("choice", CHOICES, ids=choice_id)
