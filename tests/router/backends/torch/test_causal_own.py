@@ -1,7 +1,9 @@
-"""Two bucket-level and layer-level choices of the one-pass read (choice.py, fused.py):
+"""Read-level and layer-level choices of the one-pass read (choice.py, fused.py):
 
 - ``causal_own``: the prompt rests read their own keys by a causal kernel with no bias where
   that is exact (the window does not bind within a prompt rest; the kernel has a causal form);
+- ``rows_in_place``: in batches of one canvas row an item, each row reads its prompt rest's keys
+  where they lie and its own canvas unmasked, no per-row copy;
 - ``joint_streams_items``: graph buckets of more than that many items project the two streams
   apart, the smaller ones together.
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
+from itertools import product
 from typing import Any
 
 import pytest
@@ -173,3 +176,64 @@ def test_the_default_choice_joins_small_buckets_and_reads_causally_where_it_can(
     fast = partial(default_choice, model, fast_kernels=True)
     if torch.cuda.is_available():
         assert fast().joint_streams_items == JOINT_STREAMS_ITEMS
+
+
+ONE_DRAW = [replace(it, draws=1) for it in ITEMS]  # one canvas row an item: rows read in place
+
+
+@pytest.mark.parametrize("window", [64, 8], ids=["window>prompt", "window<prompt"])
+def test_rows_in_place_read_what_the_two_pass_read_reads(window: int) -> None:
+    model = tiny_model(window=window)
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
+    want_mixed = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    for cached in (True, False):
+        for in_place, causal, joint, trim in product((True, False), repeat=4):
+            choice = KernelChoice(rows_in_place=in_place, causal_own=causal, joint_streams=joint,
+                                  trim_last=trim)
+            reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
+            assert_same_reads(reader.read(ONE_DRAW), want)
+            assert_same_reads(reader.read(ITEMS), want_mixed)  # 5 rows, 3 items: the row copies
+
+
+def test_the_in_place_path_is_the_one_read() -> None:
+    """The one-draw batch takes the in-place path (its masks are the prompt rests' alone), a
+    batch with more rows than items the copies; and a canvas_own that drops the prompt-rest part
+    changes the read (mutation check)."""
+    model = tiny_model(window=64)
+    reader = DiffusionSlotReader(model, choice=KernelChoice())
+    onepass = reader.onepass
+    assert onepass is not None
+    prefix = onepass.prefix_kv(reader.prefix_cache(PREFIX), len(PREFIX))
+    for items, in_place in ((ONE_DRAW, True), (ITEMS, False)):
+        batch = reader.prepare_onepass(items, prefix_len=len(PREFIX), device=torch.device("cpu"))
+        assert onepass.in_place(batch) is in_place
+        masks = onepass.masks(prefix, batch, prefix.length,
+                              batch.lengths.index_select(0, batch.row_item), torch.float32)
+        assert (("dec_rest", "sliding_attention") in masks) is in_place
+        assert (("dec", "sliding_attention") in masks) is not in_place
+    batch = reader.prepare_onepass(ONE_DRAW, prefix_len=len(PREFIX), device=torch.device("cpu"))
+
+    def canvas_only(out_r: Any, lse_r: Any, out_c: Any, lse_c: Any) -> tuple[Any, Any]:
+        return out_c, lse_c
+
+    broken = OnePass(model, replace(build_pieces(KernelChoice()), merge_parts=canvas_only))
+    with torch.inference_mode():
+        got, _, _ = broken(prefix, batch)
+        right, _, _ = onepass(prefix, batch)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got, right, rtol=1e-4, atol=1e-6)
+
+
+def test_buckets_of_one_row_an_item_take_only_one_draw_batches() -> None:
+    model = tiny_model(window=8)
+    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
+    two_draws = [replace(ONE_DRAW[0], draws=2), ONE_DRAW[1]]  # 3 rows: fits 4 rows, not in place
+    for draws, want_key in (((1,), None), ((1, 4), (4, 16, 16))):
+        shapes = GraphShapes(batches=(4,), draws=draws, widths=(16,), prefix_tokens=64, labels=6,
+                             capture=False)
+        reader = DiffusionSlotReader(model, choice=KernelChoice(), graphs=shapes)
+        assert reader.graphs is not None
+        assert reader.graphs.bucket(ONE_DRAW, 11) == (4, 4, 16)
+        assert reader.graphs.bucket(two_draws, 11) == want_key
+    reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
+    assert_same_reads(reader.read(ONE_DRAW), want)  # 3 items in the 4-item bucket: padded, in place
