@@ -97,7 +97,8 @@ class Escalation:
         # Claimed. A replica that cached its answer and released between our last look and our
         # claim (a window of one round trip) costs a second call, as before claims existed;
         # looking again here would cost every escalation a round trip instead.
-        heartbeat = asyncio.create_task(self._renew(key, ttl_s))
+        done = asyncio.Event()
+        heartbeat = asyncio.create_task(self._renew(key, ttl_s, done))
         try:
             t0 = time.perf_counter()
             try:
@@ -107,17 +108,23 @@ class Escalation:
             await self.cache.set_many([(key, slow_answer.answer.encode())])
             return slow_answer.answer, False
         finally:
+            # ``done`` first: a cancel that lands while a renew is on the wire can be consumed by
+            # the Redis client (redis-py 8.1 returned the renew's reply instead of raising), and
+            # the heartbeat must not go on renewing while this waits for it (it did: the answer
+            # was held until slow.timeout_s, a 504; tests/reliability/test_claim_heartbeat.py).
+            done.set()
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
             await self.cache.release(key)
 
-    async def _renew(self, key: str, ttl_s: float) -> None:
+    async def _renew(self, key: str, ttl_s: float, done: asyncio.Event) -> None:
         """The claim holder's heartbeat: renew every third of the TTL, so two beats can be late
         (a loaded event loop) before another replica takes the question over. Stops when the
-        claim is no longer ours (lapsed and taken: that replica's answer is as good)."""
-        while True:
+        claim is no longer ours (lapsed and taken: that replica's answer is as good), and once
+        ``done`` is set, whether or not the cancellation that comes with it got through."""
+        while not done.is_set():
             await asyncio.sleep(ttl_s / 3)
-            if not await self.cache.renew(key, ttl_s=ttl_s):
+            if done.is_set() or not await self.cache.renew(key, ttl_s=ttl_s):
                 return
 
 
