@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +32,16 @@ def free_port() -> int:
 
 class RedisServer:
     """A redis-server this test session starts on its own port and stops; it keeps nothing on
-    disk. Tests may flush it freely: nobody else uses it."""
+    disk. Tests may flush it freely: nobody else uses it.
+
+    It never outlives the test process. Before, every run that did not reach its teardown left
+    its redis-server running (two seen, on ports 40985 and 38427): a run stopped by SIGTERM
+    (``timeout 600 pytest ...``, a cancelled CI job) or SIGKILL runs no fixture teardown, and
+    ``stop()`` of a server a test had SIGSTOPped waited 10 s for a SIGTERM that stays pending
+    while stopped, raised, and left it. Now the kernel sends it SIGTERM when the thread that
+    started it ends (``setpriv --pdeathsig``, util-linux; the main thread here, so: when the
+    test process ends however it ends), and ``stop()`` resumes, terminates, then kills it.
+    tests/test_redis_server_cleanup.py checks both."""
 
     def __init__(self, workdir: Path) -> None:
         binary = shutil.which("redis-server")
@@ -49,8 +60,11 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        # Tied to this process's life where the platform allows (Linux: setpriv, util-linux).
+        tie = [setpriv, "--pdeathsig", "TERM", "--"] if (setpriv := shutil.which("setpriv")) \
+            and sys.platform.startswith("linux") else []
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [*tie, self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -63,13 +77,22 @@ class RedisServer:
                         return
             except OSError:
                 time.sleep(0.05)
+        self.stop()  # not left running on a port nobody will use
         raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
+        """SIGTERM (after SIGCONT: a stopped process holds SIGTERM pending), then SIGKILL if it
+        has not exited within 10 s; it is gone when this returns."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
