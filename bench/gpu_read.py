@@ -166,29 +166,41 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
     """Label-probability differences against transformers' two-pass read of the same items: the
     one-pass read eagerly (with the attention kernel the reader picked, and with the float32
     reference attention) and compiled + replayed (where graphs can be captured in this dtype)."""
+    from dataclasses import replace
+
     import numpy as np
 
     vocab = model.config.get_text_config().vocab_size
-    items = make_items(args, vocab, 8, 2, seed=99)
-    want = DiffusionSlotReader(model, choice=TWO_PASS).read(items)
-    out: dict[str, Any] = {"items": len(items), "draws": 2, "dtype": str(next(model.parameters()).dtype),
-                           "layers": model.config.get_text_config().num_hidden_layers,
-                           "max_proba": max(float(r.proba.max()) for r in want)}
+    out: dict[str, Any] = {"dtype": str(next(model.parameters()).dtype),
+                           "layers": model.config.get_text_config().num_hidden_layers}
     # dense-bias prefix read, torch MoE, float32 reference attention
     reference = DiffusionSlotReader(model, choice=KernelChoice())
-    readers: list[tuple[str, Any]] = [("onepass_eager", lambda: DiffusionSlotReader(model)),
+    shipped = DiffusionSlotReader(model)
+    # the same kernels with the prompt rests' and canvases' own keys read as before issue 21's
+    # fourth session (copied per row, under dense biases): the peer of the new paths
+    copied = DiffusionSlotReader(model, choice=replace(shipped.choice, causal_own=False,
+                                                       rows_in_place=False))
+    readers: list[tuple[str, Any]] = [("onepass_eager", lambda: shipped),
+                                      ("onepass_eager_copied_biased_own", lambda: copied),
                                       ("onepass_eager_math_attention", lambda: reference),
                                       ("compiled_graph", lambda: fast if fast is not None and fast.graphs
                                        is not None else make_fast(args, model, device))]
-    for name, make in readers:
-        try:
-            got = make().read(items)
-        except Exception as exc:  # noqa: BLE001 (reported; the other comparisons still count)
-            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            continue
-        diff = max(float(np.abs(a.draws - b.draws).max()) for a, b in zip(got, want))
-        top = float(np.mean([a.proba.argmax() == b.proba.argmax() for a, b in zip(got, want)]))
-        out[name] = {"max_abs_proba_diff": diff, "same_top_label": top}
+    # 2 draws an item: the canvases' keys copied per row; 1 draw: read in place (rows_in_place)
+    for draws in (2, 1):
+        items = make_items(args, vocab, 8, draws, seed=99)
+        want = DiffusionSlotReader(model, choice=TWO_PASS).read(items)
+        part: dict[str, Any] = {"items": len(items), "draws": draws,
+                                "max_proba": max(float(r.proba.max()) for r in want)}
+        for name, make in readers:
+            try:
+                got = make().read(items)
+            except Exception as exc:  # noqa: BLE001 (reported; the other comparisons still count)
+                part[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                continue
+            diff = max(float(np.abs(a.draws - b.draws).max()) for a, b in zip(got, want))
+            top = float(np.mean([a.proba.argmax() == b.proba.argmax() for a, b in zip(got, want)]))
+            part[name] = {"max_abs_proba_diff": diff, "same_top_label": top}
+        out[f"draws{draws}"] = part
     return out
 
 
