@@ -23,7 +23,9 @@ PEAK = {"H200": (989e12, 4.8e12), "A100-80GB": (312e12, 2.039e12)}
 # Kernel groups by name, first match wins; "matrix" groups are counted in FLOPs, the rest in bytes.
 GROUPS: list[tuple[str, str, bool]] = [
     ("band softmax / logsumexp", r"logsumexp|softmax", False),
-    ("norms (compiled)", r"triton_red_fused.*mean|rsqrt", False),
+    # inductor names a reduction kernel triton_red_ (looped) or triton_per_ (persistent: one row in
+    # registers); both are norms here when they take a mean (they also hold the fused cats, rotary)
+    ("norms (compiled)", r"triton_(red|per)_fused.*mean|rsqrt", False),
     ("activation (gelu x up)", r"gelu|tanh", False),
     # the fused Triton MoE's two kernels (gather and activation inside), or CUTLASS's grouped GEMM
     ("expert GEMMs", r"_gate_up_kernel|_down_kernel|enable_3x_kernel_for_sm9x|GroupProblem|grouped_gemm",
