@@ -42,7 +42,6 @@ from router.backends.torch.prefix_attention import (
     fold_groups,
     group_view,
     merge_grouped,
-    merge_grouped3,
     merge_parts,
     to_bias,
     unfold_groups,
@@ -252,8 +251,6 @@ class Pieces:
     # two parts' folded (out, lse) -> one (KernelChoice.rows_in_place: a canvas's own canvas and
     # its prompt rest read in place, merged before the prefix)
     merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
-    # three grouped parts -> (B, M, H*D): the canvases' two own-key parts and the prefix at once
-    merge3: Callable[..., Any] = merge_grouped3
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
@@ -366,8 +363,7 @@ class OnePass(Frozen):
             else:
                 out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             if self.in_place(batch):
-                out_d, lse_d = self.canvas_own(q_d, (k_e, v_e), (k_d, v_d), masks[("dec_rest", kind)],
-                                               merged=prefix is None)
+                out_d, lse_d = self.canvas_own(q_d, (k_e, v_e), (k_d, v_d), masks[("dec_rest", kind)])
             else:
                 rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
                 out_d, lse_d = self.pieces.attend(fold_groups(q_d, n_kv), rows_k, rows_v,
@@ -429,8 +425,7 @@ class OnePass(Frozen):
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads, n_kv = query.shape[1], k_d.shape[1]
         if self.in_place(batch):
-            out, lse = self.canvas_own(query, (k_e, v_e), (k_d, v_d), masks[("slot_rest", kind)],
-                                       merged=prefix is None)
+            out, lse = self.canvas_own(query, (k_e, v_e), (k_d, v_d), masks[("slot_rest", kind)])
         else:
             rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
             out, lse = self.pieces.attend(fold_groups(query, n_kv), rows_k, rows_v,
@@ -454,9 +449,8 @@ class OnePass(Frozen):
         """Each stream's attention output merged with its attention to the shared prefix: all
         queries of the batch, laid out as one sequence, read the prefix (batch of one) at once
         under ``mask`` (a bias or a ``Band``). ``queries`` (B, H, M, D) per stream; ``outs``/``lses``:
-        each stream's own-key attention in ``fold_groups``' layout, or two parts of it
-        (``canvas_own``'s), then merged with the prefix in one three-part merge. Returned as
-        (B, M, H*D), the output projection's input."""
+        each stream's own-key attention in ``fold_groups``' layout. Returned as (B, M, H*D), the
+        output projection's input."""
         import torch
 
         n_heads, dim = queries[0].shape[1], queries[0].shape[3]
@@ -471,13 +465,8 @@ class OnePass(Frozen):
         g, offset, merged = n_heads // n_kv, 0, []
         for out, lse, q in zip(outs, lses, queries, strict=True):
             part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
-            prefix_part = (group_view(out_p, g, **part), group_view(lse_p, g, **part))
-            if isinstance(out, tuple):  # two own-key parts (canvas_own): one three-part merge
-                merged.append(self.pieces.merge3(group_view(out[0], g), group_view(lse[0], g),
-                                                 group_view(out[1], g), group_view(lse[1], g),
-                                                 *prefix_part))
-            else:
-                merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g), *prefix_part))
+            merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g),
+                                            group_view(out_p, g, **part), group_view(lse_p, g, **part)))
             offset += q.shape[0] * q.shape[2]
         return merged
 
@@ -568,19 +557,15 @@ class OnePass(Frozen):
         return self.rows_in_place and batch.canvas.shape[0] == batch.input_ids.shape[0]
 
     def canvas_own(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
-                   rest_mask: Any, *, merged: bool) -> tuple[Any, Any]:
-        """The canvas rows' own-key attention in two parts: their item's prompt-rest keys in place
-        under ``rest_mask`` and their own canvas's keys with no mask (a canvas sees all of
-        itself). ``merged``: as one folded (out, lse), what one read over [prompt rest, canvas]
-        gives; else the parts as ((out_rest, out_canvas), (lse_rest, lse_canvas)), which
-        ``with_prefix`` merges with the prefix part in one three-part merge."""
+                   rest_mask: Any) -> tuple[Any, Any]:
+        """The canvas rows' own-key attention in two parts, merged: their own canvas's keys with
+        no mask (a canvas sees all of itself) and their item's prompt-rest keys in place under
+        ``rest_mask``; folded (out, lse) as one read over [prompt rest, canvas] gives them."""
         n_kv = dec_kv[0].shape[1]
         folded = fold_groups(query, n_kv)
         out_c, lse_c = self.pieces.attend(folded, *dec_kv, None)
         out_r, lse_r = self.pieces.attend(folded, *enc_kv, rest_mask)
-        if merged:
-            return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
-        return (out_r, out_c), (lse_r, lse_c)
+        return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
 
     def causal_own(self, kind: str, width: int) -> bool:
         """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by

@@ -366,18 +366,3 @@ def test_fp8_weights_and_scales_of_the_wrong_dtype_or_shape_are_refused_by_name(
     for message, changed in refused.items():
         with pytest.raises(ValueError, match=message):
             fused(**changed)
-
-
-def test_the_three_part_merge_kernel_equals_its_torch_reference() -> None:
-    """triton_kernels.merge_groups3 (a canvas's prompt rest read in place, its own canvas, the
-    prefix: OnePass.canvas_own) against prefix_attention.merge_grouped3, from strided grouped
-    views as the read gives them, float32 (the interpreter's bfloat16 is mended above)."""
-    from router.backends.torch.prefix_attention import merge_grouped3
-
-    gen = torch.Generator().manual_seed(0)
-    outs = [torch.randn((3, 5, 2, 4, 16), generator=gen).permute(0, 2, 3, 1, 4) for _ in range(3)]
-    lses = [torch.randn((5, 3, 2, 4), generator=gen).permute(1, 2, 3, 0) * 3 for _ in range(3)]
-    got = triton_kernels.merge_groups3(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
-    want = merge_grouped3(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
-    assert got.shape == want.shape == (3, 5, 2 * 4 * 16)  # (B, M, Hk*G*D)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
