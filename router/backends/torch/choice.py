@@ -220,9 +220,10 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     triton = not triton_problem(device)
     band = {kind for kind, c in zip(config.layer_types, config.per_layer_config, strict=True)
             if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
-    bf16_experts = triton and dtype == torch.bfloat16
-    fused = bf16_experts and not fused_moe_problem(device, fp8=fp8 != "off")
-    return KernelChoice(band=frozenset(band), rows_moe=bf16_experts and not fused, fused_moe=fused,
+    bf16 = dtype == torch.bfloat16
+    # the fused MoE checks its own kernels: a failed check of the row ops does not turn it off
+    fused = bf16 and not fused_moe_problem(device, fp8=fp8 != "off")
+    return KernelChoice(band=frozenset(band), rows_moe=bf16 and triton and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
                         compile_backend=compile_backend, attention=attention, fp8=fp8,
                         joint_streams=joint, static_flex_items=static_flex_items,
@@ -255,13 +256,15 @@ def build_pieces(choice: KernelChoice) -> Pieces:
 
 @functools.cache
 def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
-    """Why the fused Triton MoE (triton_moe.py) cannot serve on ``device`` ("" when it can): the
-    Triton kernels' own problem, or the fused experts disagreeing with ``moe.experts_forward`` on
-    random bf16 experts (uneven groups, one expert unused); with ``fp8``, its weight-only FP8 path
-    against the same experts' dequantized copies. Checked once per device and mode, logged."""
-    from router.backends.torch.ops import triton_problem
+    """Why the fused Triton MoE (triton_moe.py) cannot serve on ``device`` ("" when it can): no
+    Triton here (``ops.triton_missing``), or the fused experts disagreeing with
+    ``moe.experts_forward`` over the torch row ops on random bf16 experts (uneven groups, one
+    expert unused); with ``fp8``, its weight-only FP8 path against the same experts' dequantized
+    copies. Independent of the row ops' check (``ops.triton_problem``): one family's failed check
+    turns only that family off. Checked once per device and mode, logged."""
+    from router.backends.torch.ops import triton_missing
 
-    problem = triton_problem(device)
+    problem = triton_missing(device)
     if not problem:
         try:
             problem = _fused_moe_disagreement(device, fp8)
@@ -278,7 +281,7 @@ def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
     import torch
 
     from router.backends.torch.moe import experts_forward
-    from router.backends.torch.ops import TRITON_OPS
+    from router.backends.torch.ops import TORCH_OPS
     from router.backends.torch.triton_moe import fused_experts
 
     gen = torch.Generator(device=device).manual_seed(0)
@@ -304,7 +307,7 @@ def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
                             gate_up_scale=gate_up.scale, down_scale=down.scale).float()
     else:
         got = fused_experts(hidden, experts.gate_up_proj, experts.down_proj, index, weights).float()
-    want = experts_forward(experts, hidden, index, weights, TRITON_OPS).float()
+    want = experts_forward(experts, hidden, index, weights, TORCH_OPS).float()
     error = float((got - want).norm() / want.norm())
     kind = "fused MoE (FP8 weights)" if fp8 else "fused MoE"
     return "" if error < 2e-2 else f"{kind} differs from the row-copy experts (relative error {error:.3g})"

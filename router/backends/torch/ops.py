@@ -120,13 +120,27 @@ def row_ops(triton: bool) -> RowOps:
     return TRITON_OPS if triton else TORCH_OPS
 
 
+def triton_missing(device: torch.device) -> str:
+    """Why no Triton kernel can run on ``device`` at all ("" when one can): not CUDA, or Triton
+    not importable. Each kernel family then checks its own agreement (``triton_problem`` the row
+    ops; choice.fused_moe_problem the fused MoE), so one family's failed check never turns the
+    others off."""
+    if device.type != "cuda":
+        return f"Triton kernels need CUDA, not {device.type}"
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return f"Triton is not importable: {exc}"
+    return ""
+
+
 @functools.cache
 def triton_problem(device: torch.device) -> str:
     """Why the Triton kernels cannot serve on ``device`` ("" when they can): not CUDA, Triton
     missing or failing, or a kernel disagreeing with its torch reference on random inputs. Checked
     once per device (a pure check, memoised); the log says why when refused."""
-    if device.type != "cuda":
-        return f"Triton kernels need CUDA, not {device.type}"
+    if triton_missing(device):
+        return triton_missing(device)
     try:
         from router.backends.torch import triton_kernels as kernels
 

@@ -237,3 +237,4 @@ def test_buckets_of_one_row_an_item_take_only_one_draw_batches() -> None:
         assert reader.graphs.bucket(two_draws, 11) == want_key
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
     assert_same_reads(reader.read(ONE_DRAW), want)  # 3 items in the 4-item bucket: padded, in place
+

@@ -158,3 +158,23 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
     pieces = build_pieces(CHOICES[-1])
     assert pieces.ffn_step is not None and pieces.rows_kv is not build_pieces(eager).rows_kv
     assert {f.name for f in fields(KernelChoice)} >= set(SWITCHES)
+
+
+@pytest.mark.parametrize(("rows_problem", "moe_problem"), [("attention merge differs", ""),
+                                                           ("", "fused MoE differs")])
+def test_one_kernel_familys_failed_check_turns_only_that_family_off(
+        monkeypatch: pytest.MonkeyPatch, rows_problem: str, moe_problem: str) -> None:
+    """The row ops (ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
+    apart: a failed row-op check leaves the fused MoE on, and the other way round. (Device call 5
+    of issue 21's fourth session: one wrong check turned every Triton kernel off, the fused MoE
+    included: 164.5 instead of ~215 reads/s.)"""
+    from router.backends.torch import choice as choice_module
+    from router.backends.torch import ops
+
+    monkeypatch.setattr(ops, "triton_problem", lambda device: rows_problem)
+    monkeypatch.setattr(choice_module, "fused_moe_problem", lambda device, fp8=False: moe_problem)
+    model = tiny_model(window=8).to(torch.bfloat16)
+    fast = choice_module.default_choice(model, fast_kernels=True)
+    assert fast.fused_moe is (not moe_problem)
+    assert fast.triton is fast.merge_op is (not rows_problem)
+    assert fast.rows_moe is (not rows_problem and bool(moe_problem))  # row copies only with Triton
