@@ -269,6 +269,10 @@ class OnePass(Frozen):
     (``qkv_weights``, made here: the model's parameters are untouched; it follows them only on
     the device they are on now), and their attention outputs projected by one o_proj call; the
     same result, each weight read once (needs tied attention weights: ConfigError otherwise).
+    ``rows_in_place``: in batches of one canvas row an item, the canvases read their prompt
+    rests' keys where they lie and their own canvas unmasked (``in_place``, ``canvas_own``), no
+    per-row copy; the same result. (The prompt rests' causal read is a piece:
+    ``pieces.attend_causal``, ``causal_own``.)
     Immutable once built: the kernels are chosen before (choice.py), never swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
