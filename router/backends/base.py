@@ -72,6 +72,12 @@ class FastBackend(ABC):
         """What goes into the fingerprint. Override to add model, template, canvas, samples."""
         return {"backend": self.name}
 
+    def serving(self) -> Mapping[str, Any]:
+        """What this backend serves with now, for operators (``/readyz``): its kernels, whether
+        its compiled read is warm, and ``fallbacks`` (human-readable) where it serves with less
+        than it was set up for. Not part of the fingerprint/identity. Default: nothing to say."""
+        return {}
+
     @property
     def fingerprint(self) -> str:
         return fingerprint_of(self.identity())

@@ -2,7 +2,9 @@
 (``/metrics``).
 
 Readiness is "this replica can answer decisions": the fast backend answers and the decision log
-is writable. Redis is a cache: while it is down or hung decisions are still answered (uncached),
+is writable. What the fast backend serves with (its kernels, and any fallback to slower ones:
+``fast_backend``, ``slotgate_fast_backend_fallbacks``) is reported, never a readiness condition.
+Redis is a cache: while it is down or hung decisions are still answered (uncached),
 so it is reported (body, ``slotgate_redis_up``, a log line when it changes) but takes the replica
 out only with ``cache.required: true``; otherwise a Redis outage would take every replica of a
 fleet out of its load balancer at once (docs/reliability.md)."""
@@ -39,6 +41,9 @@ def make_router() -> APIRouter:
             checks["decision_log"] = decision_log_writable(state.decision_log_path)
         required = sorted(checks)
         body: dict[str, Any] = {}
+        serving = _fast_backend_seen(state)
+        if serving:  # reported, never a readiness condition: a fallback still serves
+            body["fast_backend"] = serving
         if settings.cache.redis_url:
             up = bool(await service.cache.ping())
             checks["redis"] = up
@@ -61,7 +66,9 @@ def make_router() -> APIRouter:
 
     @router.get("/metrics", tags=["ops"])
     async def metrics(request: Request) -> Response:
-        registry = app_state(request).metrics
+        state = app_state(request)
+        _fast_backend_seen(state)
+        registry = state.metrics
         return Response(registry.render(), media_type=registry.content_type)
 
     return router
@@ -78,6 +85,15 @@ def escalation_state(service: RoutingService) -> tuple[bool | None, str]:
     if isinstance(warmed_up, threading.Event) and not warmed_up.is_set():
         return None, status or "not known yet: litellm is loading"
     return True, status or "available"
+
+
+def _fast_backend_seen(state: AppState) -> dict[str, Any]:
+    """What the fast backend serves with (``FastBackend.serving``; {} when it has nothing to
+    say), and its fallbacks counted on ``slotgate_fast_backend_fallbacks``."""
+    serving = dict(state.service.backend.serving())
+    fallbacks = serving.get("fallbacks")
+    state.metrics.fast_backend_fallbacks(len(fallbacks) if isinstance(fallbacks, list) else 0)
+    return serving
 
 
 def _redis_seen(state: AppState, up: bool, *, required: bool) -> None:

@@ -98,6 +98,9 @@ class Metrics:
         self._redis_up = Gauge(
             "slotgate_redis_up", "1 while the configured Redis answers, 0 while it does not "
             "(decisions are then served without the cache)", registry=r)
+        self._fast_fallbacks = Gauge(
+            "slotgate_fast_backend_fallbacks", "Fallbacks the fast backend serves with (kernels "
+            "off after a failed check, a failed warm-up); /readyz lists them", registry=r)
         self._n_decisions = 0
         self._n_escalated = 0
         self._before_render: list[Callable[[], None]] = []
@@ -143,6 +146,9 @@ class Metrics:
 
     def redis_up(self, up: bool) -> None:
         self._redis_up.set(1.0 if up else 0.0)
+
+    def fast_backend_fallbacks(self, count: int) -> None:
+        self._fast_fallbacks.set(float(count))
 
     def policy_state(self, state: dict[str, object]) -> None:
         """A PolicyWatch snapshot (``router.monitoring.watch``) as gauges."""

@@ -97,6 +97,7 @@ class TorchBackend(FastBackend):
             self._read_batch, executor=self._executor, window_s=options.coalesce_window_ms / 1000,
             max_batch=options.max_batch)
         self.compiled = False  # True once a compiled (graph-replayed) read is warm
+        self._warm_fallbacks: tuple[str, ...] = ()  # what warm-up fell back to (serving())
         self._warm: Future[None] | None = None
         if reader.needs_warm_up:
             self._warm = self._executor.submit(self._warm_up)
@@ -104,8 +105,62 @@ class TorchBackend(FastBackend):
     def _warm_up(self) -> None:
         """In the worker thread: the reader warmed on a sample request of the real template."""
         sample = DecisionRequest("warm-up", "Which?", (Option("yes"), Option("no")), "warm-up")
+        started = self.reader
         self.reader = self.reader.warm_up(self.item(sample))
         self.compiled = self.reader.compiled
+        self._warm_fallbacks = warm_up_fallbacks(started, self.reader)
+
+    def serving(self) -> Mapping[str, Any]:
+        """What serves reads now, for operators (``/readyz``): the reader's kind and device,
+        whether the compiled read is warm, and for a diffusion reader its kernel choice, its CUDA
+        graphs and ``fallbacks``: each thing it serves without that it was set up to use (a
+        Triton family whose start-up check failed on CUDA, the memory-efficient attention or the
+        eager read after a failed warm-up, a compiled read asked for but not served). On the CPU
+        the plain eager read is the intended one, not a fallback. Not part of the identity."""
+        reader = self.reader
+        out: dict[str, Any] = {"kind": self.kind, "device": str(reader.device),
+                               "compiled": self.compiled, "ready": self._warm_done()}
+        choice = getattr(reader, "choice", None)
+        if self.kind != "diffusion" or choice is None:
+            return {**out, "fallbacks": []}
+        graphs = getattr(reader, "graphs", None)
+        fallbacks = list(self._device_fallbacks(reader, choice))
+        fallbacks += self._warm_fallbacks
+        asked = self.options.compiled if self.options.compiled is not None else (
+            reader.device.type == "cuda")
+        if asked and self._warm_done() and not reader.compiled and not self._warm_fallbacks:
+            fallbacks.append("compiled read asked for, but the reader is not compiled: serving "
+                             "the eager read" + ("" if choice.fused_pass else
+                                                 " (the two-pass read: encoder and decoder "
+                                                 "weights are not tied)"))
+        return {**out, "kernels": choice.summary(),
+                "cuda_graphs": len(graphs.graphs) if graphs is not None else 0,
+                "fallbacks": fallbacks}
+
+    def _warm_done(self) -> bool:
+        return self._warm is None or self._warm.done()
+
+    def _device_fallbacks(self, reader: Any, choice: Any) -> list[str]:
+        """The Triton families whose start-up checks failed on this CUDA device (their checks are
+        memoised: asked again, they answer what ``default_choice`` was told). None on the CPU,
+        and none for the two-pass read (``default_choice`` never asked them)."""
+        if reader.device.type != "cuda" or not choice.fused_pass:
+            return []
+        import torch
+
+        from router.backends.torch.choice import fused_moe_problem
+        from router.backends.torch.ops import triton_problem
+
+        out = []
+        problem = triton_problem(reader.device)
+        if problem:
+            out.append(f"Triton row kernels off, the torch row ops serve: {problem}")
+        # default_choice asks the fused MoE's check for bfloat16 models only
+        if next(reader.model.parameters()).dtype == torch.bfloat16:
+            problem = fused_moe_problem(reader.device, fp8=self.options.fp8 != "off")
+            if problem:
+                out.append(f"fused Triton MoE off, the row-copy experts serve: {problem}")
+        return out
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:
         if labels is not None:
@@ -146,7 +201,7 @@ class TorchBackend(FastBackend):
 
     async def ready(self) -> bool:
         """False while the compiled read warms up (compiling, capturing graphs)."""
-        return self._warm is None or self._warm.done()
+        return self._warm_done()
 
     async def aclose(self) -> None:
         await self._coalescer.aclose()
@@ -299,6 +354,30 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
     from router.backends.torch.masked import MaskedSlotReader
 
     return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)
+
+
+def warm_up_fallbacks(started: SlotReader, warmed: SlotReader) -> tuple[str, ...]:
+    """What ``warmed`` (what ``started.warm_up`` returned) serves without that ``started`` had:
+    the memory-efficient attention for cuDNN's, the eager read for the compiled one; each with
+    the failure behind it where warm-up kept it (``warm_up.failures``)."""
+    before, after = getattr(started, "choice", None), getattr(warmed, "choice", None)
+    if warmed is started or before is None or after is None:
+        return ()
+    from router.backends.torch.warm_up import failures
+
+    why = list(failures(warmed))
+    out = []
+    if before.attention != after.attention:
+        cause = why.pop(0) if why else ""
+        out.append("capture failed with cuDNN attention: serving the memory-efficient kernel"
+                   + (f" ({cause})" if cause else ""))
+    graphs_lost = (getattr(started, "graphs", None) is not None
+                   and getattr(warmed, "graphs", None) is None)
+    if (started.compiled and not warmed.compiled) or graphs_lost:
+        cause = why[-1] if why else ""
+        out.append("compiled read failed at warm-up: serving the eager read"
+                   + (f" ({cause})" if cause else ""))
+    return tuple(out)
 
 
 def graph_shapes(options: TorchOptions, *, capture: bool) -> GraphShapes:

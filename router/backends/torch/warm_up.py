@@ -1,13 +1,15 @@
 """Start-up of a compiled diffusion reader: compile its pieces (at their first call) and capture
 its CUDA graphs, in the backend's worker thread before any read. Nothing of the reader is changed:
-when any of it fails, an eager twin over the same model is returned (logged) and serves instead."""
+when any of it fails, an eager twin over the same model is returned (logged) and serves instead;
+``failures(twin)`` says why (the backend reports it: ``TorchBackend.serving``)."""
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from router.backends.torch.prefix_attention import attend_efficient, pick_attention
 
@@ -15,6 +17,20 @@ if TYPE_CHECKING:
     from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
 
 log = logging.getLogger(__name__)
+# the failures behind each twin warm_up returned instead of its reader (weak: a twin's entry goes
+# with it)
+_FAILURES: weakref.WeakKeyDictionary[DiffusionSlotReader, tuple[str, ...]] = (
+    weakref.WeakKeyDictionary())
+
+
+def failures(reader: object) -> tuple[str, ...]:
+    """Why ``warm_up`` returned ``reader`` instead of the reader it was given: its failures in
+    order (``Type: message``; the cuDNN capture's first, where it was retried). Empty for any
+    other reader."""
+    try:
+        return _FAILURES.get(cast("DiffusionSlotReader", reader), ())
+    except TypeError:  # not weak-referenceable: never one of warm_up's twins
+        return ()
 
 
 def warm_up(reader: DiffusionSlotReader, sample: SlotItem) -> DiffusionSlotReader:
@@ -28,6 +44,7 @@ def warm_up(reader: DiffusionSlotReader, sample: SlotItem) -> DiffusionSlotReade
     # any of them means the same thing here: serve another reader, and say so.
     except Exception as exc:  # noqa: BLE001
         failure: BaseException = exc
+    seen = [_text(failure)]
     choice = reader.choice
     if "cudnn" in dict(choice.attention).values():  # cuDNN attention may refuse capture
         log.warning("torch read: capture failed with cuDNN attention (%s: %s); retrying with the "
@@ -38,12 +55,20 @@ def warm_up(reader: DiffusionSlotReader, sample: SlotItem) -> DiffusionSlotReade
         try:
             again = reader.rebuilt(replace(choice, attention=attention))
             _warm(again, sample)
+            _FAILURES[again] = tuple(seen)
             return again
         except Exception as exc:  # noqa: BLE001 (as above)
             failure = exc
+            seen.append(_text(exc))
     log.warning("torch read: compiled read failed after %.1f s, serving the eager read: %s: %s",
                 time.monotonic() - started, type(failure).__name__, failure)
-    return reader.rebuilt(choice.eager(), graphs=False)
+    eager = reader.rebuilt(choice.eager(), graphs=False)
+    _FAILURES[eager] = tuple(seen)
+    return eager
+
+
+def _text(failure: BaseException) -> str:
+    return f"{type(failure).__name__}: {failure}"
 
 
 def _warm(reader: DiffusionSlotReader, sample: SlotItem) -> None:

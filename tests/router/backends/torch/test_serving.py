@@ -1,0 +1,161 @@
+"""What the torch backend serves with (``TorchBackend.serving``, shown on /readyz): its kernel
+choice, its CUDA graphs and its fallbacks. Before, a kernel family turned off by a failed check
+or a warm-up that fell back to the eager read was only a log warning (device call 5: every Triton
+kernel off, 24% of the throughput gone, nothing else to see)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from router.backends.torch import warm_up
+from router.backends.torch.backend import TorchBackend, make_reader, warm_up_fallbacks
+from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
+from router.backends.torch.diffusion import DiffusionSlotReader
+from router.backends.torch.graphs import GraphShapes
+from router.backends.torch.options import TorchOptions
+
+EAGER_FALLBACK = "compiled read failed at warm-up: serving the eager read"
+
+
+@pytest.fixture(scope="module")
+def parts() -> tuple[Any, Any]:
+    from tests.router.backends.torch.test_diffusion import tiny_model
+    from tests.router.backends.torch_models import smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    return tiny_model(vocab=len(tokenizer), window=4096), tokenizer
+
+
+def options(**extra: Any) -> TorchOptions:
+    return TorchOptions(kind="diffusion", turn_close_id=2, **extra)
+
+
+def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlotReader]:
+    """A backend whose compiled reader fails its warm-up (graphs too small for the template's
+    prefix), once it is done; and that reader."""
+    model, tokenizer = parts
+    compiled = replace(default_choice(model), compiled=True, fuse_cats=True,
+                       compile_backend="aot_eager")
+    shapes = GraphShapes(batches=(1,), widths=(64,), draws=(1,), prefix_tokens=8, capture=False)
+    reader = DiffusionSlotReader(model, choice=compiled, graphs=shapes)
+    backend = TorchBackend(reader, tokenizer, options(), model_id="tiny")
+    assert backend._warm is not None
+    backend._warm.result(timeout=120)
+    return backend, reader
+
+
+def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.backends.torch import choice, ops
+
+    model, tokenizer = parts
+    backend = TorchBackend(make_reader(options(), model, tokenizer), tokenizer, options(),
+                           model_id="tiny")
+
+    def never(*_: Any, **__: Any) -> str:
+        raise AssertionError("the CUDA kernel checks are not asked on the CPU")
+
+    monkeypatch.setattr(ops, "triton_problem", never)
+    monkeypatch.setattr(choice, "fused_moe_problem", never)
+    serving = backend.serving()
+    assert isinstance(backend.reader, DiffusionSlotReader)
+    assert serving == {"kind": "diffusion", "device": "cpu", "compiled": False, "ready": True,
+                       "kernels": backend.reader.choice.summary(), "cuda_graphs": 0,
+                       "fallbacks": []}
+    assert serving["kernels"]["triton"] is False  # the plain eager read: intended here
+    assert "serving" not in backend.identity() and backend.fingerprint  # not the identity
+
+
+def test_a_failed_warm_up_is_reported_with_its_failure(parts: tuple[Any, Any]) -> None:
+    backend, reader = failing_warm_up(parts)
+    serving = backend.serving()
+    assert serving["ready"] is True and serving["compiled"] is False
+    assert serving["kernels"] == reader.choice.eager().summary() and serving["cuda_graphs"] == 0
+    [fallback] = serving["fallbacks"]
+    [failure] = warm_up.failures(backend.reader)
+    assert fallback == f"{EAGER_FALLBACK} ({failure})"
+    assert failure.split(":")[0].isidentifier()  # "Type: message"
+    assert warm_up.failures(reader) == ()  # the reader it started with is no twin
+    # it still reads
+    from tests.router.backends.torch.test_coalescer import requests
+
+    assert len(asyncio.run(backend.read(requests(2)))) == 2
+
+
+def test_compiled_asked_but_not_served_is_reported(parts: tuple[Any, Any]) -> None:
+    model, tokenizer = parts
+    eager = TorchBackend(DiffusionSlotReader(model), tokenizer, options(compiled=True),
+                         model_id="tiny")
+    [fallback] = eager.serving()["fallbacks"]
+    assert fallback.startswith("compiled read asked for, but the reader is not compiled")
+
+
+class Stub:
+    """A reader as warm_up_fallbacks sees one: a choice, compiled or not, graphs or none."""
+
+    def __init__(self, choice: KernelChoice, graphs: object = None) -> None:
+        self.choice, self.graphs, self.compiled = choice, graphs, choice.compiled
+
+
+def test_warm_up_fallbacks_name_each_change_and_its_failure() -> None:
+    cudnn = KernelChoice(attention=((256, "cudnn"), (512, "math")), compiled=True)
+    efficient = replace(cudnn, attention=((256, "efficient"), (512, "math")))
+    started = Stub(cudnn, graphs=object())
+    retried = Stub(efficient, graphs=object())
+    warm_up._FAILURES[retried] = ("RuntimeError: capture refused",)  # type: ignore[index]
+    assert warm_up_fallbacks(started, retried) == (  # type: ignore[arg-type]
+        ("capture failed with cuDNN attention: serving the memory-efficient kernel "
+         "(RuntimeError: capture refused)"),)
+    eager = Stub(cudnn.eager())
+    warm_up._FAILURES[eager] = ("RuntimeError: capture refused",  # type: ignore[index]
+                                "ValueError: still refused")
+    assert warm_up_fallbacks(started, eager) == (  # type: ignore[arg-type]
+        f"{EAGER_FALLBACK} (ValueError: still refused)",)
+    # graphs dropped from an uncompiled choice: the eager read too; no failure kept: no cause
+    plain = KernelChoice()
+    assert warm_up_fallbacks(Stub(plain, graphs=object()), Stub(plain)) == (  # type: ignore[arg-type]
+        EAGER_FALLBACK,)
+    assert warm_up_fallbacks(started, started) == ()  # type: ignore[arg-type]
+
+
+def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the memoised checks are asked again (here stood in: no GPU in the tests)."""
+    from router.backends.torch import choice, ops
+
+    model, tokenizer = parts
+    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(fp8="experts"),
+                           model_id="tiny")
+    asked: list[tuple[Any, ...]] = []
+
+    def triton_problem(device: Any) -> str:
+        asked.append(("triton", device.type))
+        return "RuntimeError: merge disagrees"
+
+    def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
+        asked.append(("moe", device.type, fp8))
+        return "fused experts disagree"
+
+    monkeypatch.setattr(ops, "triton_problem", triton_problem)
+    monkeypatch.setattr(choice, "fused_moe_problem", fused_moe_problem)
+
+    class OnCuda:
+        device = torch.device("cuda")
+        model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+
+    assert backend._device_fallbacks(OnCuda(), KernelChoice()) == [
+        "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
+        "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
+    assert asked == [("triton", "cuda"), ("moe", "cuda", True)]
+    # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither
+    OnCuda.model = torch.nn.Linear(2, 2)
+    assert len(backend._device_fallbacks(OnCuda(), KernelChoice())) == 1
+    assert backend._device_fallbacks(OnCuda(), TWO_PASS) == []
+    assert len(asked) == 3
