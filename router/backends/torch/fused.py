@@ -366,12 +366,7 @@ class OnePass(Frozen):
                 out_e, lse_e = self.pieces.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
             else:
                 out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
-            if self.in_place(batch):
-                out_d, lse_d = self.canvas_own(q_d, (k_e, v_e), (k_d, v_d), masks[("dec_rest", kind)])
-            else:
-                rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
-                out_d, lse_d = self.pieces.attend(fold_groups(q_d, n_kv), rows_k, rows_v,
-                                                  masks[("dec", kind)])
+            out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind)
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
                 out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
@@ -427,13 +422,8 @@ class OnePass(Frozen):
                                             *dec_pe[kind])
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
-        n_heads, n_kv = query.shape[1], k_d.shape[1]
-        if self.in_place(batch):
-            out, lse = self.canvas_own(query, (k_e, v_e), (k_d, v_d), masks[("slot_rest", kind)])
-        else:
-            rows_k, rows_v = self.pieces.rows_kv(k_e, v_e, k_d, v_d, batch.row_item)
-            out, lse = self.pieces.attend(fold_groups(query, n_kv), rows_k, rows_v,
-                                          masks[("slot", kind)])
+        n_heads = query.shape[1]
+        out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True)
         if prefix is None:
             out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
         else:
@@ -559,6 +549,19 @@ class OnePass(Frozen):
         item; graphs.GraphSet.bucket sends batches with more draws to buckets of more rows).
         Decided from static shapes, so a captured graph holds one path."""
         return self.rows_in_place and batch.canvas.shape[0] == batch.input_ids.shape[0]
+
+    def canvas_attend(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
+                      batch: OnePassBatch, masks: dict[tuple[str, str], Any], kind: str, *,
+                      slot: bool = False) -> tuple[Any, Any]:
+        """The canvas rows' (or, ``slot``, their slot queries') attention to their own keys, folded
+        (out, lse): in place (``canvas_own``) where ``in_place``, else over per-row copies of their
+        prompt rest's and canvas's keys (``rows_kv``) under the dense bias."""
+        if self.in_place(batch):
+            return self.canvas_own(query, enc_kv, dec_kv,
+                                   masks[("slot_rest" if slot else "dec_rest", kind)])
+        rows_k, rows_v = self.pieces.rows_kv(*enc_kv, *dec_kv, batch.row_item)
+        return self.pieces.attend(fold_groups(query, dec_kv[0].shape[1]), rows_k, rows_v,
+                                  masks[("slot" if slot else "dec", kind)])
 
     def canvas_own(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
                    rest_mask: Any) -> tuple[Any, Any]:
