@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from router import ast_guard
 from standins.llm import StandinHandle, start_standin
-from tests import ast_guard
 
 ROOT = Path(__file__).resolve().parent.parent
-# Before any test runs: parses on several threads must not meet (tests/ast_guard.py says why).
+# Before any test runs: parses on several threads must not meet (router/ast_guard.py says why).
 ast_guard.install()
 
 

@@ -1,4 +1,4 @@
-"""tests/ast_guard.py: two threads parsing at once, the second one let in by a finalizer that a
+"""router/ast_guard.py: two threads parsing at once, the second one let in by a finalizer that a
 garbage collection runs in the middle of the first one's AST construction (forced here: a
 collection on every allocation, one cyclic object with a finalizer waiting to be collected).
 Unguarded, CPython 3.11 fails the first parse with "AST constructor recursion depth mismatch"
@@ -10,11 +10,14 @@ import ast
 import gc
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests import ast_guard
+from router import ast_guard
+from router.errors import ConfigError
+from router.http import server
 
 Parse = Callable[..., Any]
 
@@ -56,6 +59,17 @@ def parse_while_another_thread_parses(parse: Parse) -> list[BaseException]:
 
 
 def test_the_guard_is_installed_for_the_whole_session() -> None:
+    assert ast.parse is ast_guard.guarded_parse
+
+
+def test_the_proxy_installs_the_guard_before_anything_else(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """``slotgate serve``'s process parses on several threads too (tracebacks logged at once,
+    Triton compiling in the torch worker's warm-up): it installs the guard first, before its
+    settings are read, so even a start-up that fails is guarded."""
+    monkeypatch.setattr(ast, "parse", ast_guard._unguarded)  # as in a fresh process
+    with pytest.raises(ConfigError, match="file not found"):
+        server.serve(config=tmp_path / "missing.yaml")
     assert ast.parse is ast_guard.guarded_parse
 
 
