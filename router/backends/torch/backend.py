@@ -141,25 +141,33 @@ class TorchBackend(FastBackend):
         return self._warm is None or self._warm.done()
 
     def _device_fallbacks(self, reader: Any, choice: Any) -> list[str]:
-        """The Triton families whose start-up checks failed on this CUDA device (their checks are
-        memoised: asked again, they answer what ``default_choice`` was told). None on the CPU,
-        and none for the two-pass read (``default_choice`` never asked them)."""
+        """The Triton families and the causal attention forms whose start-up checks failed on
+        this CUDA device (their checks are memoised: asked again, they answer what
+        ``default_choice`` was told). None on the CPU, and none for the two-pass read
+        (``default_choice`` never asked them)."""
         if reader.device.type != "cuda" or not choice.fused_pass:
             return []
         import torch
 
         from router.backends.torch.choice import fused_moe_problem
         from router.backends.torch.ops import triton_problem
+        from router.backends.torch.prefix_attention import causal_problem
 
         out = []
         problem = triton_problem(reader.device)
         if problem:
             out.append(f"Triton row kernels off, the torch row ops serve: {problem}")
         # default_choice asks the fused MoE's check for bfloat16 models only
-        if next(reader.model.parameters()).dtype == torch.bfloat16:
+        dtype = next(reader.model.parameters()).dtype
+        if dtype == torch.bfloat16:
             problem = fused_moe_problem(reader.device, fp8=self.options.fp8 != "off")
             if problem:
                 out.append(f"fused Triton MoE off, the row-copy experts serve: {problem}")
+        if not choice.causal_own:  # default_choice turns it off only on a failed check
+            problem = causal_problem(choice.attention, reader.device, dtype)
+            if problem:
+                out.append("causal attention for the prompt rests' own keys off, their dense "
+                           f"causal bias serves: {problem}")
         return out
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:

@@ -343,11 +343,13 @@ def causal_by_dim(names: tuple[tuple[int, str], ...]) -> Causal:
     return attend
 
 
+@functools.cache
 def causal_problem(names: tuple[tuple[int, str], ...], device: Any, dtype: Any) -> str:
     """Why the causal forms of the kernels ``names`` gives each head dim cannot serve on
     ``device`` ("" when they can): a form that fails or disagrees with ``attend_causal_math`` on
-    random grouped-head inputs (checked once per reader choice, as ``pick_attention`` checks the
-    biased forms)."""
+    random grouped-head inputs. A pure check, memoised per (names, device, dtype): asked again
+    (``TorchBackend.serving`` lists a failure for ``/readyz``), it answers what
+    ``default_choice`` was told without running kernels again."""
     import torch
 
     for dim, name in names:

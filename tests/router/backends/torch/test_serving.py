@@ -159,3 +159,47 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
     assert len(backend._device_fallbacks(OnCuda(), KernelChoice())) == 1
     assert backend._device_fallbacks(OnCuda(), TWO_PASS) == []
     assert len(asked) == 3
+
+
+def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``default_choice`` turns ``causal_own`` off when the causal forms fail their check; before,
+    only its log line said so. Asked again (memoised) for the choice that serves; a choice with
+    ``causal_own`` on never asks it."""
+    from router.backends.torch import ops, prefix_attention
+
+    model, tokenizer = parts
+    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(), model_id="tiny")
+    asked: list[tuple[Any, ...]] = []
+
+    def causal_problem(names: Any, device: Any, dtype: Any) -> str:
+        asked.append((names, device.type, dtype))
+        return "cudnn at head dim 256: disagrees (rel err 0.5, lse err 0.1)"
+
+    monkeypatch.setattr(ops, "triton_problem", lambda device: "")
+    monkeypatch.setattr(prefix_attention, "causal_problem", causal_problem)
+
+    class OnCuda:
+        device = torch.device("cuda")
+        model = torch.nn.Linear(2, 2)  # float32: the fused MoE's check is not asked
+
+    names = ((256, "cudnn"), (512, "efficient"))
+    off = KernelChoice(attention=names, causal_own=False)
+    assert backend._device_fallbacks(OnCuda(), off) == [
+        ("causal attention for the prompt rests' own keys off, their dense causal bias serves: "
+         "cudnn at head dim 256: disagrees (rel err 0.5, lse err 0.1)")]
+    assert asked == [(names, "cuda", torch.float32)]
+    assert backend._device_fallbacks(OnCuda(), replace(off, causal_own=True)) == []
+    assert len(asked) == 1
+
+
+def test_the_causal_check_is_memoised() -> None:
+    """What lets ``serving`` ask it again without running kernels: the same answer, one check."""
+    from router.backends.torch.prefix_attention import causal_problem
+
+    causal_problem.cache_clear()
+    names = ((16, "cudnn"),)
+    first = causal_problem(names, torch.device("cpu"), torch.float32)
+    assert first.startswith("cudnn at head dim 16: unavailable")
+    assert causal_problem(names, torch.device("cpu"), torch.float32) == first
+    assert causal_problem.cache_info().hits == 1 and causal_problem.cache_info().misses == 1
