@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.fused import EAGER, Pieces, ffn_half_fused, ffn_half_rows
+from router.backends.torch.pieces import EAGER, Pieces, ffn_half_fused, ffn_half_rows
 from router.backends.torch.prefix_attention import (
     CUDNN_HOPPER_MAX_DIM,
     FLEX_MAX_DIM,

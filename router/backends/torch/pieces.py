@@ -1,0 +1,155 @@
+"""The functions a one-pass read calls per layer (``Pieces``), and their eager defaults: the
+norms, the q/k/v half, the feed-forward half over both streams and the rows' own keys. choice.py
+swaps in compiled and kernel versions that compute the same (compiled.py, ops.py, triton_moe.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from router.backends.torch.joint import qkv_merged
+from router.backends.torch.prefix_attention import (
+    Attend,
+    attend_math,
+    band_softmax,
+    merge_grouped,
+    merge_parts,
+)
+
+if TYPE_CHECKING:
+    from router.backends.torch.fp8 import Fp8Layer
+    from router.backends.torch.ops import RowOps
+
+
+def ffn_half(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
+    """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``; with
+    ``weights`` (fp8.py), the experts through those FP8 copies."""
+    if weights is None:
+        return _ffn(layer, attn_out, residual, layer.experts)
+    return ffn_half_rows(layer, attn_out, residual, weights)
+
+
+def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None,
+                  ops: RowOps | None = None) -> Any:
+    """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py), ``ops``'
+    (default: the torch references)."""
+    from router.backends.torch.ops import TORCH_OPS
+
+    row_ops = ops if ops is not None else TORCH_OPS
+
+    def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        if weights is not None:
+            from router.backends.torch.fp8 import experts_forward_fp8
+
+            return experts_forward_fp8(layer.experts, weights, hidden, top_k_index, top_k_weights,
+                                       row_ops)
+        from router.backends.torch.moe import experts_forward
+
+        return experts_forward(layer.experts, hidden, top_k_index, top_k_weights, row_ops)
+
+    return _ffn(layer, attn_out, residual, experts)
+
+
+def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
+    """``ffn_half`` with the experts as one fused Triton MoE (triton_moe.py: gather, gate/up GEMM
+    with the activation, down GEMM, weighted sum); with ``weights``, through the experts' FP8
+    copies weight-only (e4m3 weights widened in the kernel, activations bf16: half the bytes a
+    single read streams)."""
+    from router.backends.torch import triton_moe
+
+    def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        if weights is None:
+            return triton_moe.fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj,
+                                        top_k_index, top_k_weights)
+        return triton_moe.fused_moe_fp8(hidden, weights.gate_up.weight, weights.gate_up.scale,
+                                        weights.down.weight, weights.down.scale, top_k_index,
+                                        top_k_weights)
+
+    return _ffn(layer, attn_out, residual, experts)
+
+
+def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
+    hidden = residual + layer.post_attention_layernorm(attn_out)
+    residual = hidden
+    dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+    flat = residual.reshape(-1, residual.shape[-1])
+    _, top_k_weights, top_k_index = layer.router(flat)
+    experts = experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
+    experts = layer.post_feedforward_layernorm_2(experts.reshape(residual.shape))
+    return residual + layer.post_feedforward_layernorm(dense + experts)
+
+
+def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any],
+             scalars: tuple[Any, Any], weights: Fp8Layer | None = None) -> tuple[Any, Any]:
+    """One layer's feed-forward half over both streams: their attention outputs and residuals
+    (encoder (B, S, E), decoder (R, C, E)) laid end to end as rows, ``ffn`` run once, and each
+    stream's part scaled by its layer's ``layer_scalar``. Compiled whole (compiled.py), the two
+    concatenations fuse into the first norm's kernel and the scalings into the last add."""
+    import torch
+
+    (enc_attn, dec_attn), (enc_h, dec_h) = attn, hidden
+    n_enc, width = enc_h.shape[0] * enc_h.shape[1], enc_h.shape[-1]
+    out = ffn(layer, torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, width)]),
+              torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, width)]), weights)
+    return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
+
+
+def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any, Any]:
+    """Each canvas row's own keys/values: its item's prompt-rest keys then its canvas keys
+    (R, H_kv, S + C, D). Eager by default (compiled.py's ``compile_rows_kv`` says why)."""
+    import torch
+
+    return (torch.cat([k_e.index_select(0, row_item), k_d], dim=2),
+            torch.cat([v_e.index_select(0, row_item), v_d], dim=2))
+
+
+def qkv_half(attn: Any, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
+    """An attention module's queries (B, H, M, D) and keys/values (B, H_kv, M, D), normed and
+    rotated exactly as transformers' DiffusionGemma attention does before its cache update."""
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
+
+    shape = (*hidden.shape[:-1], -1, attn.head_dim)
+    query = attn.q_norm(attn.q_proj(hidden).view(shape))
+    query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=2).transpose(1, 2)
+    key = attn.k_proj(hidden).view(shape)
+    value = attn.v_proj(hidden).view(shape) if attn.v_proj is not None else key
+    key = apply_rotary_pos_emb(attn.k_norm(key), cos, sin, unsqueeze_dim=2).transpose(1, 2)
+    return query.contiguous(), key, attn.v_norm(value).transpose(1, 2)
+
+
+def rms_norm(norm: Any, hidden: Any) -> Any:
+    """A DiffusionGemmaRMSNorm module applied (the eager default of ``OnePass.norm``)."""
+    return norm(hidden)
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """The functions one ``OnePass`` calls, fixed when it is built (choice.py ``build_pieces``):
+    the eager defaults, or compiled / kernel versions that compute the same (compiled.py, ops.py)."""
+
+    norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
+    qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)
+    ffn: Callable[..., Any]  # (layer, attention out, residual, FP8 layer | None): ffn_half(_rows)
+    ffn_step: Callable[..., tuple[Any, Any]] | None  # (layer, attns, hiddens, scalars, FP8 layer)
+    rows_kv: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
+    merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
+    attend: Attend
+    band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
+    flex_dims: frozenset[int] = frozenset()  # head dims whose ``attend`` reads a flex_mask, not a bias
+    ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc, FP8)
+    # (attention, merged weight, merged bias, hidden, cos, sin): joint_streams' q/k/v product
+    qkv_merged: Callable[..., tuple[Any, Any, Any]] = qkv_merged
+    # (queries (B, H, S, D), keys, values (B, H_kv, S, D)) -> folded (out, lse): the prompt rests'
+    # own keys read causally with no bias (KernelChoice.causal_own; None: always the dense bias),
+    # except at ``no_causal_dims`` (head dims whose kernel has no causal form)
+    attend_causal: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+    no_causal_dims: frozenset[int] = frozenset()
+    # two parts' folded (out, lse) -> one (KernelChoice.rows_in_place: a canvas's own canvas and
+    # its prompt rest read in place, merged before the prefix)
+    merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
+
+
+EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
+               merge=merge_grouped, attend=attend_math, band_softmax=band_softmax)
