@@ -35,6 +35,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "decision_log_cost": [],
     "drift": ["--work", "{tmp}/work", "--out", "{tmp}/drift.json"],
     "guarantee": ["--out", "{tmp}/guarantee.json"],
+    "host_path": ["--out", "host_path.json"],
     "load": [],
     "log_memory": [],
     "overhead": [],

@@ -233,7 +233,7 @@ class TorchBackend(FastBackend):
         return self.reader.read(self.items(pending))
 
     def _scores(self, request: DecisionRequest, read: SlotRead) -> OptionScores:
-        proba = [float(p) for p in read.proba.astype("float64")]
+        proba = read.proba.astype("float64").tolist()  # the same floats, half the time
         total = sum(proba)
         raw = {"draws": int(read.draws.shape[0]), "entropy_nats": read.entropy_nats,
                "label_mass": read.label_mass}

