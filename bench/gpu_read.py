@@ -25,8 +25,9 @@ from typing import Any
 
 from bench.gpu_backend import measure_backend
 from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.graphs import GraphShapes
+from router.backends.torch.reader import SlotItem
 from router.backends.torch.warm_up import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent

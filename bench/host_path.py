@@ -48,7 +48,7 @@ class ModelledReader:
     def read(self, items: Any) -> list[Any]:
         import numpy as np
 
-        from router.backends.torch.diffusion import SlotRead
+        from router.backends.torch.reader import SlotRead
 
         time.sleep((self.base_ms + self.per_item_ms * len(items)) / 1000)
         out = []
@@ -90,7 +90,8 @@ def make_backend(args: argparse.Namespace) -> Any:
     per_item = (args.batch32_ms - args.single_ms) / 31
     options = TorchOptions(kind="diffusion", canvas_length=32,
                            turn_close_id=int(tokenizer.eos_token_id or 0),
-                           max_batch=max(args.callers), coalesce_window_ms=2.0, compiled=False)
+                           max_batch=args.max_batch or max(args.callers), coalesce_window_ms=2.0,
+                           compiled=False)
     reader = ModelledReader(args.single_ms - per_item, per_item)
     return TorchBackend(reader, tokenizer, options, model_id="modelled")
 
@@ -164,6 +165,32 @@ async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
         log(f"callers {callers}: {row}")
     out["curve"] = curve
     await backend.aclose()
+    out["prepare_onepass"] = measure_prepare(args.iters)
+    log(f"prepare_onepass (median ms): {out['prepare_onepass']}")
+    return out
+
+
+def measure_prepare(iters: int) -> dict[str, Any]:
+    """The reader's own host work before a replay, apart: ``prepare_onepass`` building a graph
+    bucket's tensors (1,400-token prefix cached, 30-token prompt rests, a 64-token canvas, 77
+    labels; bucket width 256 and 128 labels as the GPU bench's), median ms."""
+    from types import SimpleNamespace
+
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.reader import SlotItem
+
+    shape = SimpleNamespace(pad_id=0, vocab_size=262_144)  # all prepare_onepass reads of a reader
+    out = {}
+    for n in (1, 32):
+        items = [SlotItem(tuple(range(1400)), tuple(range(1000 + k, 1030 + k)), tuple(range(64)), 40,
+                          tuple(range(5000, 5077)), 1, k) for k in range(n)]
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            DiffusionSlotReader.prepare_onepass(shape, items, prefix_len=1400,  # type: ignore[arg-type]
+                                                n_items=n, n_rows=n, width=256, n_labels=128)
+            times.append((time.perf_counter() - t0) * 1000)
+        out[f"items_{n}_ms"] = statistics.median(times)
     return out
 
 
@@ -181,6 +208,10 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {callers} | {row['reads_per_s']:.1f} | {row['reader_bound_reads_per_s']:.1f} "
                      f"| {row['share_of_reader_bound']:.3f} | {row['batch_ms']:.2f} "
                      f"| {row['reader_ms_per_batch']:.2f} | {row['host_ms_per_batch']:.2f} |")
+    prep = result.get("prepare_onepass")
+    if prep:
+        lines += ["", ("the reader's own host work apart, `prepare_onepass` (median ms): "
+                  f"{prep['items_1_ms']:.3f} for 1 item, {prep['items_32_ms']:.3f} for 32")]
     return "\n".join(lines)
 
 
@@ -189,6 +220,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=300, help="single reads timed")
     parser.add_argument("--rounds", type=int, default=20, help="reads a caller, at least")
     parser.add_argument("--callers", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="the backend's max_batch (default: the most callers, as bench.gpu_read)")
     parser.add_argument("--single-ms", type=float, default=SINGLE_MS)
     parser.add_argument("--batch32-ms", type=float, default=BATCH32_MS)
     parser.add_argument("--static-tokens", type=int, default=1400)

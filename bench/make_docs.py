@@ -287,9 +287,11 @@ def host_path_section(runs: dict[str, Any]) -> str:
     rows = []
     for label, r in runs.items():
         s = r["single_ms"]
+        prep = r.get("prepare_onepass") or {}
         rows.append([label, s["total"], s["host"], s["tokenize"]]
                     + [f"{r['curve'][c]['reads_per_s']:.1f} ({r['curve'][c]['host_ms_per_batch']:.2f})"
-                       if c in r["curve"] else "-" for c in callers])
+                       if c in r["curve"] else "-" for c in callers]
+                    + [f"{prep['items_1_ms']:.3f} / {prep['items_32_ms']:.3f}" if prep else "-"])
     first = next(iter(runs.values()))
     return ("\n## The torch backend's host path (`bench/host_path.py`)\n\n"
             + para("The GPU read stood in by a sleep of the H200's measured reader time "
@@ -299,7 +301,8 @@ def host_path_section(runs: dict[str, Any]) -> str:
                    f"`{list(runs.values())[-1]['command']}`.")
             + machine(first)
             + table(["run", "single ms", "single host ms", "of which tokenizing"]
-                    + [f"{c} callers: reads/s (host ms a batch)" for c in callers], rows))
+                    + [f"{c} callers: reads/s (host ms a batch)" for c in callers]
+                    + ["prepare_onepass ms, 1 / 32 items (the reader's own, apart)"], rows))
 
 
 def render(results_dir: Path) -> str:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from policies.types import DecisionRequest
+from policies.types import DecisionRequest, OptionScores
 from router.store.records import DecisionRecord, DecisionView
 
 
@@ -21,6 +21,25 @@ class SlowAnswer:
     model: str
     latency_ms: float
     attempts: int  # 1, or 2 after the corrective retry
+
+
+@dataclass(slots=True)
+class FastRead:
+    """The fast read of one request: scores and where they came from. ``failure``: why the read
+    is not routed on (it leads the escalation's note). With no ``scores``, why there are none;
+    with scores, why they may not be trusted (``routing.stages``: a read that continued an
+    answer the caller does not get): that escalates too, except in shadow mode, which judges and
+    logs it as any read, since the slow answer is served anyway."""
+
+    scores: OptionScores | None
+    cached: bool
+    failure: str | None = None
+    # None made on purpose: nothing routes on it (``RoutingService.reads_fast``). Not a failure.
+    skipped: bool = False
+
+
+# The read of a decision that needs none (an unscoped one under ``policy.unscoped: escalate``).
+NOT_READ = FastRead(None, cached=False, skipped=True)
 
 
 class SlowModel(Protocol):

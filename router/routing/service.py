@@ -15,7 +15,6 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -30,7 +29,15 @@ from router.errors import (
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
-from router.routing.ports import DecisionObserver, DecisionSink, Observation, ReadCache, SlowModel
+from router.routing.ports import (
+    NOT_READ,
+    DecisionObserver,
+    DecisionSink,
+    FastRead,
+    Observation,
+    ReadCache,
+    SlowModel,
+)
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.routing.unscoped import route_unscoped
 from router.settings import Settings
@@ -42,23 +49,6 @@ _T = TypeVar("_T")
 _S = TypeVar("_S", bound=OptionScores | None)
 
 
-@dataclass(slots=True)
-class FastRead:
-    """The fast read of one request: scores and where they came from. ``failure``: why the read
-    is not routed on (it leads the escalation's note). With no ``scores``, why there are none;
-    with scores, why they may not be trusted (``routing.stages``: a read that continued an
-    answer the caller does not get): that escalates too, except in shadow mode, which judges and
-    logs it as any read, since the slow answer is served anyway."""
-
-    scores: OptionScores | None
-    cached: bool
-    failure: str | None = None
-    # None made on purpose: nothing routes on it (``RoutingService.reads_fast``). Not a failure.
-    skipped: bool = False
-
-
-# The read of a decision that needs none (an unscoped one under ``policy.unscoped: escalate``).
-NOT_READ = FastRead(None, cached=False, skipped=True)
 
 
 class RoutingService:

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from policies.types import Decision, DecisionRequest, OptionScores, StagedQuestion
 from router.errors import BackendError, InvalidRequest
-from router.routing.service import FastRead, RoutingService, decode_scores, encode_scores
+from router.routing.ports import FastRead
+from router.routing.service import RoutingService, decode_scores, encode_scores
 from router.store.cache import read_key
 
 # A question the server skipped, in the read cache (the cache holds reads; a skip is one).

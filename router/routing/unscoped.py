@@ -15,7 +15,7 @@ from router.errors import SlowPathError
 
 if TYPE_CHECKING:
     from router.routing.escalation import Escalation
-    from router.routing.service import FastRead
+    from router.routing.ports import FastRead
     from router.settings import Settings
     from router.store.metrics import Metrics
 

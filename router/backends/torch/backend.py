@@ -29,7 +29,6 @@ from router.backends.labels import (
     single_token_id,
 )
 from router.backends.torch.coalescer import Coalescer
-from router.backends.torch.diffusion import SlotItem, SlotRead
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
 from router.backends.torch.prompt import (
@@ -42,7 +41,7 @@ from router.backends.torch.prompt import (
     encode_many,
     masked_prompt,
 )
-from router.backends.torch.reader import SlotReader
+from router.backends.torch.reader import SlotItem, SlotRead, SlotReader
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)

@@ -11,10 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from router.backends.torch.diffusion import SlotItem, SlotRead
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache
 from router.backends.torch.prefix_lru import PrefixLRU
-from router.backends.torch.reader import Frozen, SlotReader
+from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
 
 
 def label_read(logits: Any, items: Sequence[SlotItem]) -> list[SlotRead]:

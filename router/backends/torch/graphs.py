@@ -156,7 +156,7 @@ class GraphSet:
 
     def warm_up(self, prefix_ids: tuple[int, ...], canvas_ids: tuple[int, ...], slot: int) -> None:
         """Run and capture every bucket (compiling what is compiled) with ``prefix_ids`` loaded."""
-        from router.backends.torch.diffusion import SlotItem
+        from router.backends.torch.reader import SlotItem
 
         self.loaded = None
         if not self.load(prefix_ids, self.reader.prefix_cache(prefix_ids)):

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from router.backends.torch.causal import label_read
-from router.backends.torch.diffusion import SlotItem, SlotRead
-from router.backends.torch.reader import Frozen, SlotReader
+from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
 
 
 class MaskedSlotReader(Frozen):

@@ -1,15 +1,41 @@
-"""What the torch backend asks of a slot reader (diffusion.py, causal.py, masked.py), and the
-immutability the readers share: a reader's kernels and settings are fixed when it is built."""
+"""What the torch backend asks of a slot reader (diffusion.py, causal.py, masked.py): the items it
+reads, the reads it returns, the protocol, and the immutability the readers share (a reader's
+kernels and settings are fixed when it is built)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
-    from router.backends.torch.diffusion import SlotItem, SlotRead
+
+@dataclass(frozen=True, slots=True)
+class SlotItem:
+    """One read: prompt ids split into the static prefix (cached) and the rest, the canvas
+    template, the slot to noise and read, the label ids, and the noise draws."""
+
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+    canvas_ids: tuple[int, ...]
+    slot: int
+    label_ids: tuple[int, ...]
+    draws: int = 1
+    seed: int = 42
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRead:
+    """A read's label distribution (mean of the draws) and what the draws said."""
+
+    proba: np.ndarray  # (n_labels,)
+    draws: np.ndarray  # (draws, n_labels)
+    entropy_nats: float  # over the full vocabulary at the slot, mean over draws
+    label_mass: float  # the labels' share of the full-vocabulary softmax, mean over draws
 
 
 class SlotReader(Protocol):

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, cast
 from router.backends.torch.prefix_attention import attend_efficient, pick_attention
 
 if TYPE_CHECKING:
-    from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.reader import SlotItem
 
 log = logging.getLogger(__name__)
 # the failures behind each twin warm_up returned instead of its reader (weak: a twin's entry goes

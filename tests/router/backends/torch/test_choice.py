@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.graphs import GraphShapes
+from router.backends.torch.reader import SlotItem
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads

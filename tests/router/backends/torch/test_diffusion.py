@@ -14,11 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
 from router.backends.torch.choice import TWO_PASS
-from router.backends.torch.diffusion import (
-    DiffusionSlotReader,
-    SlotItem,
-    draw_noise,
-)
+from router.backends.torch.diffusion import DiffusionSlotReader, draw_noise
+from router.backends.torch.reader import SlotItem
 
 VOCAB = 512
 CANVAS = 16
@@ -70,6 +67,46 @@ def test_noise_only_at_the_slot(model: Any) -> None:
     slot_values = [row[5] for row in canvases]
     assert len(set(slot_values)) > 1  # each draw gets its own noise
     assert slot_values == [draw_noise(seed=3, draw=j, vocab_size=VOCAB, count=1)[0] for j in range(4)]
+
+
+def test_one_pass_tensors_are_the_per_row_layout(model: Any) -> None:
+    """prepare_onepass builds its tensors from padded lists (one tensor each); they equal the
+    layout written row by row: items of different lengths, draws and label counts, padded to a
+    graph bucket's items, rows, width and labels (fillers of length 1, spare rows reading item
+    0's slot 0 and one label), cached prefix and not."""
+    reader = DiffusionSlotReader(model)
+    items = [item((70, 71, 72), draws=2, seed=5), item((80,), labels=(100, 101)),
+             item(tuple(range(90, 96)), draws=3, seed=9, labels=(100, 101, 102))]
+    for prefix_len, shape in ((len(PREFIX), {"n_items": 4, "n_rows": 8, "width": 9, "n_labels": 6}),
+                              (0, {})):
+        batch = reader.prepare_onepass(items, prefix_len=prefix_len, **shape)
+        seqs = [it.suffix_ids if prefix_len else it.prefix_ids + it.suffix_ids for it in items]
+        n_items, n_rows = shape.get("n_items", 3), shape.get("n_rows", 6)
+        width = max(shape.get("width", 0), *map(len, seqs))
+        n_labels = shape.get("n_labels", 4)
+        ids = torch.full((n_items, width), reader.pad_id, dtype=torch.long)
+        lengths = torch.ones(n_items, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)], lengths[i] = torch.tensor(seq), len(seq)
+        canvas = torch.full((n_rows, CANVAS), reader.pad_id, dtype=torch.long)
+        row_item, slots = torch.zeros(n_rows, dtype=torch.long), torch.zeros(n_rows, dtype=torch.long)
+        label_index = torch.zeros((n_rows, n_labels), dtype=torch.long)
+        label_valid = torch.zeros((n_rows, n_labels), dtype=torch.bool)
+        label_valid[:, 0] = True
+        rows = [(i, d) for i, it in enumerate(items) for d in range(it.draws)]
+        for r, (i, d) in enumerate(rows):
+            it = items[i]
+            canvas[r] = torch.tensor(it.canvas_ids)
+            canvas[r, it.slot] = draw_noise(seed=it.seed, draw=d, vocab_size=VOCAB, count=1)[0]
+            row_item[r], slots[r] = i, it.slot
+            label_index[r, : len(it.label_ids)] = torch.tensor(it.label_ids)
+            label_valid[r, : len(it.label_ids)] = True
+        want = (ids, lengths, canvas, row_item, slots, label_index, label_valid)
+        got = (batch.input_ids, batch.lengths, batch.canvas, batch.row_item, batch.slots,
+               batch.label_index, batch.label_valid)
+        for name, g, w in zip(("ids", "lengths", "canvas", "row_item", "slots", "label_index",
+                               "label_valid"), got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), name
 
 
 def test_read_never_mutates_the_cached_prefix(model: Any) -> None:

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from router.backends.torch.choice import TWO_PASS, KernelChoice
-from router.backends.torch.diffusion import DiffusionSlotReader, SlotItem
+from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.fused import OnePass
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.prefix_attention import (
@@ -24,6 +24,7 @@ from router.backends.torch.prefix_attention import (
     to_bias,
     unfold_groups,
 )
+from router.backends.torch.reader import SlotItem
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import CANVAS_IDS, PREFIX, item, tiny_model
 
