@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import random
 import statistics
 import sys
 import time
@@ -36,8 +38,9 @@ SINGLE_MS, BATCH32_MS = 22.2, 141.2  # H200, device call 3 (c3eb5b0): the reader
 
 
 class ModelledReader:
-    """The GPU read stood in: sleeps ``base_ms + per_item_ms * items`` (GIL released) and returns
-    uniform reads of the items' labels."""
+    """The GPU read stood in: for each group of items sharing a prefix and a canvas width (read
+    one after another, as ``DiffusionSlotReader.read`` does) sleeps ``base_ms + per_item_ms *
+    items`` (GIL released); returns uniform reads of the items' labels."""
 
     def __init__(self, base_ms: float, per_item_ms: float) -> None:
         import torch
@@ -50,7 +53,11 @@ class ModelledReader:
 
         from router.backends.torch.reader import SlotRead
 
-        time.sleep((self.base_ms + self.per_item_ms * len(items)) / 1000)
+        groups: dict[tuple[Any, int], int] = {}
+        for item in items:
+            key = (item.prefix_ids, len(item.canvas_ids))
+            groups[key] = groups.get(key, 0) + 1
+        time.sleep(sum(self.base_ms + self.per_item_ms * n for n in groups.values()) / 1000)
         out = []
         for item in items:
             n = len(item.label_ids)
@@ -109,12 +116,22 @@ def load_tokenizer(path: str | None) -> Any:
 
 async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     backend = make_backend(args)
-    make = build_requests(backend, argparse.Namespace(options=77, static_tokens=args.static_tokens,
-                                                      message_tokens=args.message_tokens))
+    one = build_requests(backend, argparse.Namespace(options=77, static_tokens=args.static_tokens,
+                                                     message_tokens=args.message_tokens))
+
+    def make(k: int, samples: int) -> Any:  # request k asks one of --questions, drawn by k
+        request = one(k, samples)
+        if args.questions == 1:
+            return request
+        q = random.Random(k).randrange(args.questions)
+        return dataclasses.replace(request, question_id=f"q{q}",
+                                   instructions=f"Which intent is this (form {q})?")
+
     phases = Phases(backend)
-    for k in range(5):  # the question's static prefix, the first hop
+    for k in range(max(5, args.questions)):  # each question's static prefix, the first hop
         await backend.read([make(90_000 + k, 1)])
-    out: dict[str, Any] = {"model_ms": {"single": args.single_ms, "batch32": args.batch32_ms}}
+    out: dict[str, Any] = {"model_ms": {"single": args.single_ms, "batch32": args.batch32_ms},
+                           "questions": args.questions}
     requests = [make(k, 1) for k in range(args.iters)]  # built (and their signatures) untimed
     for request in requests:
         request.signature()
@@ -224,6 +241,8 @@ def main() -> int:
                         help="the backend's max_batch (default: the most callers, as bench.gpu_read)")
     parser.add_argument("--single-ms", type=float, default=SINGLE_MS)
     parser.add_argument("--batch32-ms", type=float, default=BATCH32_MS)
+    parser.add_argument("--questions", type=int, default=1,
+                        help="spread the requests over this many questions (own static prefixes)")
     parser.add_argument("--static-tokens", type=int, default=1400)
     parser.add_argument("--message-tokens", type=int, default=24)
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: SmolLM2's)")

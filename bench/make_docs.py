@@ -288,7 +288,7 @@ def host_path_section(runs: dict[str, Any]) -> str:
     for label, r in runs.items():
         s = r["single_ms"]
         prep = r.get("prepare_onepass") or {}
-        rows.append([label, s["total"], s["host"], s["tokenize"]]
+        rows.append([label, r.get("questions", 1), s["total"], s["host"], s["tokenize"]]
                     + [f"{r['curve'][c]['reads_per_s']:.1f} ({r['curve'][c]['host_ms_per_batch']:.2f})"
                        if c in r["curve"] else "-" for c in callers]
                     + [f"{prep['items_1_ms']:.3f} / {prep['items_32_ms']:.3f}" if prep else "-"])
@@ -300,7 +300,7 @@ def host_path_section(runs: dict[str, Any]) -> str:
                    "on the CPU. Command of the last run: "
                    f"`{list(runs.values())[-1]['command']}`.")
             + machine(first)
-            + table(["run", "single ms", "single host ms", "of which tokenizing"]
+            + table(["run", "questions", "single ms", "single host ms", "of which tokenizing"]
                     + [f"{c} callers: reads/s (host ms a batch)" for c in callers]
                     + ["prepare_onepass ms, 1 / 32 items (the reader's own, apart)"], rows))
 

@@ -93,6 +93,10 @@ def _fast_backend_seen(state: AppState) -> dict[str, Any]:
     serving = dict(state.service.backend.serving())
     fallbacks = serving.get("fallbacks")
     state.metrics.fast_backend_fallbacks(len(fallbacks) if isinstance(fallbacks, list) else 0)
+    prefixes = serving.get("prefix_cache")
+    if isinstance(prefixes, dict):
+        state.metrics.fast_backend_prefix_cache(hits=int(prefixes.get("hits", 0)),
+                                                misses=int(prefixes.get("misses", 0)))
     return serving
 
 

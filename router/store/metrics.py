@@ -101,6 +101,11 @@ class Metrics:
         self._fast_fallbacks = Gauge(
             "slotgate_fast_backend_fallbacks", "Fallbacks the fast backend serves with (kernels "
             "off after a failed check, a failed warm-up); /readyz lists them", registry=r)
+        self._prefix_cache = Counter(
+            "slotgate_fast_backend_prefix_cache", "Static-prefix cache lookups of the fast "
+            "backend's reader by result (hit|miss: a miss encodes a question's prefix again); "
+            "brought up to date when /readyz or /metrics is read", ["result"], registry=r)
+        self._prefix_seen = {"hit": 0, "miss": 0}
         self._n_decisions = 0
         self._n_escalated = 0
         self._before_render: list[Callable[[], None]] = []
@@ -149,6 +154,14 @@ class Metrics:
 
     def fast_backend_fallbacks(self, count: int) -> None:
         self._fast_fallbacks.set(float(count))
+
+    def fast_backend_prefix_cache(self, *, hits: int, misses: int) -> None:
+        """The reader's running totals (``PrefixLRU.stats``): the counter takes what is new."""
+        for result, total in (("hit", hits), ("miss", misses)):
+            new = total - self._prefix_seen[result]
+            if new > 0:
+                self._prefix_cache.labels(result=result).inc(new)
+                self._prefix_seen[result] = total
 
     def policy_state(self, state: dict[str, object]) -> None:
         """A PolicyWatch snapshot (``router.monitoring.watch``) as gauges."""

@@ -31,6 +31,7 @@ from router.backends.labels import (
 from router.backends.torch.coalescer import Coalescer
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
+from router.backends.torch.prefix_lru import PrefixLRU
 from router.backends.torch.prompt import (
     DEFAULT_PREAMBLE,
     TEMPLATE_VERSION,
@@ -115,10 +116,15 @@ class TorchBackend(FastBackend):
         graphs and ``fallbacks``: each thing it serves without that it was set up to use (a
         Triton family whose start-up check failed on CUDA, the memory-efficient attention or the
         eager read after a failed warm-up, a compiled read asked for but not served). On the CPU
-        the plain eager read is the intended one, not a fallback. Not part of the identity."""
+        the plain eager read is the intended one, not a fallback. ``prefix_cache``: the static
+        prefixes' cache (entries, capacity, hits, misses, evictions): evictions mean more
+        questions in rotation than ``prefix_cache_entries``. Not part of the identity."""
         reader = self.reader
         out: dict[str, Any] = {"kind": self.kind, "device": str(reader.device),
                                "compiled": self.compiled, "ready": self._warm_done()}
+        prefixes = getattr(reader, "prefixes", None)  # the masked reader caches none
+        if isinstance(prefixes, PrefixLRU) and self.options.prefix_cache:
+            out["prefix_cache"] = prefixes.stats()
         choice = getattr(reader, "choice", None)
         if self.kind != "diffusion" or choice is None:
             return {**out, "fallbacks": []}
@@ -353,11 +359,13 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
                                 static_flex_items=options.static_flex_items)
         graphs = graph_shapes(options, capture=on_cuda) if compiled and choice.fused_pass else None
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
-                                   use_prefix_cache=options.prefix_cache, pad_id=pad)
+                                   use_prefix_cache=options.prefix_cache, pad_id=pad,
+                                   prefix_cache_entries=options.prefix_cache_entries)
     if options.kind == "causal":
         from router.backends.torch.causal import CausalSlotReader
 
-        return CausalSlotReader(model, pad_id=pad, use_prefix_cache=options.prefix_cache)
+        return CausalSlotReader(model, pad_id=pad, use_prefix_cache=options.prefix_cache,
+                                prefix_cache_entries=options.prefix_cache_entries)
     from router.backends.torch.masked import MaskedSlotReader
 
     return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)

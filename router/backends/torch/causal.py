@@ -49,7 +49,7 @@ class CausalSlotReader(Frozen):
         self.model = model.eval()
         self.pad_id = pad_id
         self.use_prefix_cache = use_prefix_cache
-        self._prefixes = PrefixLRU(max_entries=prefix_cache_entries)
+        self.prefixes = PrefixLRU(max_entries=prefix_cache_entries)
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model.get_decoder().forward)
         self._seal()
@@ -87,7 +87,7 @@ class CausalSlotReader(Frozen):
                 self.model.get_decoder()(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
             return cache
 
-        return self._prefixes.get_or_build(prefix_ids, build)
+        return self.prefixes.get_or_build(prefix_ids, build)
 
     def _read_group(self, prefix: tuple[int, ...], items: list[SlotItem]) -> list[SlotRead]:
         import torch

@@ -77,6 +77,27 @@ async def test_readyz_shows_the_torch_backends_kernels(tmp_path: Path) -> None:
     assert metric_value(metrics, "slotgate_fast_backend_fallbacks") == 0
 
 
+async def test_the_prefix_cache_is_shown_and_counted(tmp_path: Path) -> None:
+    """Reads of two questions: /readyz shows the cache, /metrics counts its lookups (brought up
+    to date at each read of /readyz or /metrics, never counted twice)."""
+    from policies.types import DecisionRequest, Option
+
+    backend = torch_backend(failing_warm_up=False)
+    for k in (0, 1, 0):
+        await backend.read([DecisionRequest(f"q{k}", f"Which one, form {k}?",
+                                            (Option("yes"), Option("no")), "hello")])
+    app = create_app(Settings(log={"decision_log_path": tmp_path / "log.jsonl"}), backend=backend)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            body = (await client.get("/readyz")).json()
+            metrics = (await client.get("/metrics")).text
+    assert body["fast_backend"]["prefix_cache"] == {"entries": 2, "capacity": 8, "hits": 1,
+                                                    "misses": 2, "evictions": 0}
+    assert metric_value(metrics, "slotgate_fast_backend_prefix_cache_total", result="miss") == 2
+    assert metric_value(metrics, "slotgate_fast_backend_prefix_cache_total", result="hit") == 1
+
+
 async def test_a_warm_up_fallback_is_reported_and_the_replica_stays_ready(tmp_path: Path) -> None:
     backend = torch_backend(failing_warm_up=True)
     body, metrics, status = await ops_of(backend, tmp_path)

@@ -67,6 +67,8 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
     serving = backend.serving()
     assert isinstance(backend.reader, DiffusionSlotReader)
     assert serving == {"kind": "diffusion", "device": "cpu", "compiled": False, "ready": True,
+                       "prefix_cache": {"entries": 0, "capacity": 8, "hits": 0, "misses": 0,
+                                        "evictions": 0},
                        "kernels": backend.reader.choice.summary(), "cuda_graphs": 0,
                        "fallbacks": []}
     assert serving["kernels"]["triton"] is False  # the plain eager read: intended here
@@ -203,3 +205,23 @@ def test_the_causal_check_is_memoised() -> None:
     assert first.startswith("cudnn at head dim 16: unavailable")
     assert causal_problem(names, torch.device("cpu"), torch.float32) == first
     assert causal_problem.cache_info().hits == 1 and causal_problem.cache_info().misses == 1
+
+
+def test_the_prefix_cache_is_sized_by_its_option_and_shown(parts: tuple[Any, Any]) -> None:
+    """Three questions in turn (each its own static prefix): a cache of 2 evicts and misses on
+    every read, one of 3 misses only once a question; both show it in ``serving``."""
+    from policies.types import DecisionRequest, Option
+
+    model, tokenizer = parts
+    questions = [DecisionRequest(f"q{k}", f"Which intent, form {k}?", (Option("yes"), Option("no")),
+                                 "my card is lost") for k in range(3)]
+    seen = {}
+    for entries in (2, 3):
+        opts = options(prefix_cache_entries=entries)
+        backend = TorchBackend(make_reader(opts, model, tokenizer), tokenizer, opts, model_id="tiny")
+        for _ in range(2):
+            for request in questions:
+                asyncio.run(backend.read([request]))
+        seen[entries] = backend.serving()["prefix_cache"]
+    assert seen[2] == {"entries": 2, "capacity": 2, "hits": 0, "misses": 6, "evictions": 4}
+    assert seen[3] == {"entries": 3, "capacity": 3, "hits": 3, "misses": 3, "evictions": 0}
