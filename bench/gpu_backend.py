@@ -28,7 +28,9 @@ def one_by_one(tokenizer: Any, texts: list[str]) -> list[tuple[int, ...]]:
 
 
 def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[[int, int], DecisionRequest]:
-    """A factory of requests (seed k, samples) sharing one question sized to ``--static-tokens``."""
+    """A factory of requests (seed k, samples) of one question sized to ``--static-tokens``, or
+    with ``--questions`` Q of them (each its own static prefix: its own instructions), request k
+    asking one drawn by k: traffic that mixes questions."""
     options = tuple(Option(f"intent_{k:02d}", f"the customer asks about topic {k}") for k in range(args.options))
     context = ""
     while True:
@@ -47,13 +49,29 @@ def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[
 
     states: dict[int, str] = {}
 
+    questions = getattr(args, "questions", 1)
+
     def make(k: int, samples: int) -> DecisionRequest:
         if k not in states:
             states[k] = state(k)
-        return DecisionRequest("intent", "Which intent is this?", options, states[k], context=context,
-                               samples=samples, seed=k)
+        q = random.Random(k).randrange(questions) if questions > 1 else 0
+        ask = ("intent", "Which intent is this?") if q == 0 else (f"q{q}", f"Which intent is this (form {q})?")
+        return DecisionRequest(*ask, options, states[k], context=context, samples=samples, seed=k)
 
     return make
+
+
+def covering_keys(questions: int, start: int, at_least: int = 3) -> list[int]:
+    """Request keys from ``start`` until every one of ``questions`` was asked (``make`` draws a
+    question by key): warming them all keeps the first encoding of a prefix out of the timings."""
+    keys: list[int] = []
+    seen: set[int] = set()
+    k = start
+    while len(seen) < questions or len(keys) < at_least:
+        keys.append(k)
+        seen.add(random.Random(k).randrange(questions) if questions > 1 else 0)
+        k += 1
+    return keys
 
 
 CALLERS = (1, 8, 16, 32, 64, 128)
@@ -88,7 +106,8 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         max_batch=top, coalesce_window_ms=2.0, compiled=device.type == "cuda",
         graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
         graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity,
-        fp8=getattr(args, "fp8", "off"), static_flex_items=getattr(args, "static_flex_items", 0))
+        fp8=getattr(args, "fp8", "off"), static_flex_items=getattr(args, "static_flex_items", 0),
+        prefix_cache_entries=max(8, getattr(args, "questions", 1)))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
     return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))
@@ -112,8 +131,8 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
     out["choice"] = reader.choice.summary()
     log(f"backend ready: {out}")
     for samples, name in ((1, "single"), (4, "draws4")):
-        for k in range(3):  # warm: prefix cache, static prompt, first replay
-            await backend.read([make(10_000 + k, samples)])
+        for k in covering_keys(getattr(args, "questions", 1), 10_000):  # warm: prefix caches,
+            await backend.read([make(k, samples)])  # static prompts, first replay
         times = []
         for request in [make(k, samples) for k in range(args.iters)]:  # built before timing
             t0 = time.perf_counter()

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
-import random
 import statistics
 import sys
 import time
@@ -32,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import common
-from bench.gpu_backend import build_requests, percentile
+from bench.gpu_backend import build_requests, covering_keys, percentile
 
 SINGLE_MS, BATCH32_MS = 22.2, 141.2  # H200, device call 3 (c3eb5b0): the reader, 1 and 32 reads
 
@@ -116,20 +114,13 @@ def load_tokenizer(path: str | None) -> Any:
 
 async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     backend = make_backend(args)
-    one = build_requests(backend, argparse.Namespace(options=77, static_tokens=args.static_tokens,
-                                                     message_tokens=args.message_tokens))
-
-    def make(k: int, samples: int) -> Any:  # request k asks one of --questions, drawn by k
-        request = one(k, samples)
-        if args.questions == 1:
-            return request
-        q = random.Random(k).randrange(args.questions)
-        return dataclasses.replace(request, question_id=f"q{q}",
-                                   instructions=f"Which intent is this (form {q})?")
+    make = build_requests(backend, argparse.Namespace(
+        options=77, static_tokens=args.static_tokens, message_tokens=args.message_tokens,
+        questions=args.questions))
 
     phases = Phases(backend)
-    for k in range(max(5, args.questions)):  # each question's static prefix, the first hop
-        await backend.read([make(90_000 + k, 1)])
+    for k in covering_keys(args.questions, 90_000, at_least=5):  # each question's prefix
+        await backend.read([make(k, 1)])
     out: dict[str, Any] = {"model_ms": {"single": args.single_ms, "batch32": args.batch32_ms},
                            "questions": args.questions}
     requests = [make(k, 1) for k in range(args.iters)]  # built (and their signatures) untimed
