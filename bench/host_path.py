@@ -1,21 +1,24 @@
 """The torch backend's host path: what ``TorchBackend.read`` adds around its reader, measured on
 the CPU with the GPU read stood in, so it can be worked on without a GPU.
 
-The stand-in (``ModelledReader``) sleeps a modelled time a batch and returns uniform reads. A
+The stand-in (``ModelledReader``) sleeps a modelled time for each group of a batch (items of one
+question: the real reader reads them one after another) and returns uniform reads. A
 sleep releases the GIL as a CUDA synchronisation does, so the host work around it (the event
 loop, the coalescer, the worker-thread hop, tokenizing the states, the replies) runs and is timed
 as on a GPU machine. The model defaults to the H200 figures of ``bench/results/gpu_read.json``
-(device call 3: a 21.5 ms replay for one read, about 141 ms of reader a batch of 32), linear in
-between. The prompts are bench.gpu_backend's: the SmolLM2 tokenizer, 77 options, a static prefix of
+(device call 3: 22.2 ms of reader for one read, 141.2 ms for a batch of 32), linear in between. The prompts are bench.gpu_backend's: the SmolLM2 tokenizer, 77 options, a static prefix of
 about 1,400 tokens (tokenized once a question), states of about 24 tokens.
 
 Peer in the same run: the modelled read alone, timed inside the worker. Reported: the backend's
 time over the reader's (single read) and reads/s over the reader-bound ideal (callers), and where
-a single read's host time goes. What this does not show: the reader's own host work on a GPU
-(building and copying the batch tensors, reading the results back: about 0.6 ms of a single read
-on the H200, device call 3), nor the H200 host's speed (this machine is a shared 2-core VM).
+a single read's host time goes; ``prepare_onepass`` (the reader's own batch tensors) timed apart;
+with ``--questions Q`` the requests spread over Q questions. What this does not show: the rest of
+the reader's own host work on a GPU (copying the batch tensors in, reading the results back), a
+prefix cache miss (each an encoder pass on the GPU), nor the H200 host's speed (this machine is a
+shared 2-core VM).
 
-    python -m bench.host_path [--iters 300] [--callers 1 8 32 64] [--out host_path.json]
+    python -m bench.host_path [--iters 300] [--callers 1 8 32 64] [--questions 1] [--max-batch N]
+        [--out host_path.json --label NAME]
 """
 
 from __future__ import annotations
