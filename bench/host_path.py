@@ -235,6 +235,8 @@ def main() -> int:
                         help="the backend's max_batch (default: the most callers, as bench.gpu_read)")
     parser.add_argument("--single-ms", type=float, default=SINGLE_MS)
     parser.add_argument("--batch32-ms", type=float, default=BATCH32_MS)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help="the event loop (the server's is uvloop when installed)")
     parser.add_argument("--questions", type=int, default=1,
                         help="spread the requests over this many questions (own static prefixes)")
     parser.add_argument("--static-tokens", type=int, default=1400)
@@ -247,7 +249,13 @@ def main() -> int:
     if args.quick:
         args.iters, args.rounds, args.callers = 60, 4, [1, 8]
     started = time.perf_counter()
-    result = asyncio.run(measure(args, print))
+    if args.loop == "uvloop":  # what `slotgate serve` runs on when uvloop is installed
+        import uvloop
+
+        result = uvloop.run(measure(args, print))
+    else:
+        result = asyncio.run(measure(args, print))
+    result["loop"] = args.loop
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["command"] = "python -m bench.host_path " + " ".join(sys.argv[1:])
     result["machine"] = common.machine_info()
