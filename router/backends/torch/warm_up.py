@@ -9,19 +9,47 @@ import logging
 import time
 import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
 
 from router.backends.torch.prefix_attention import attend_efficient, pick_attention
 
 if TYPE_CHECKING:
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.reader import SlotItem
+    import torch
 
+    from router.backends.torch.choice import KernelChoice
+    from router.backends.torch.graphs import GraphSet
+    from router.backends.torch.reader import SlotItem, SlotRead
+
+
+class Warmable(Protocol):
+    """What the warm-up uses of a diffusion reader (``DiffusionSlotReader``, which calls it: typed
+    here so this module does not import the reader's)."""
+
+    @property
+    def choice(self) -> KernelChoice: ...
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def compiled(self) -> bool: ...
+
+    @property
+    def graphs(self) -> GraphSet | None: ...
+
+    def read(self, items: list[SlotItem]) -> list[SlotRead]: ...
+
+    def rebuilt(self, choice: KernelChoice, *, graphs: bool = True) -> Self: ...
+
+
+Reader = TypeVar("Reader", bound=Warmable)
 log = logging.getLogger(__name__)
 # the failures behind each twin warm_up returned instead of its reader (weak: a twin's entry goes
 # with it)
-_FAILURES: weakref.WeakKeyDictionary[DiffusionSlotReader, tuple[str, ...]] = (
-    weakref.WeakKeyDictionary())
+_FAILURES: weakref.WeakKeyDictionary[Warmable, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
 def failures(reader: object) -> tuple[str, ...]:
@@ -29,12 +57,12 @@ def failures(reader: object) -> tuple[str, ...]:
     order (``Type: message``; the cuDNN capture's first, where it was retried). Empty for any
     other reader."""
     try:
-        return _FAILURES.get(cast("DiffusionSlotReader", reader), ())
+        return _FAILURES.get(cast("Warmable", reader), ())
     except TypeError:  # not weak-referenceable: never one of warm_up's twins
         return ()
 
 
-def warm_up(reader: DiffusionSlotReader, sample: SlotItem) -> DiffusionSlotReader:
+def warm_up(reader: Reader, sample: SlotItem) -> Reader:
     """``reader`` compiled and its graphs captured on ``sample``'s prefix and canvas; or, when
     that fails, a reader without cuDNN attention (which may refuse capture), else an eager one."""
     started = time.monotonic()
@@ -72,7 +100,7 @@ def _text(failure: BaseException) -> str:
     return f"{type(failure).__name__}: {failure}"
 
 
-def _warm(reader: DiffusionSlotReader, sample: SlotItem) -> None:
+def _warm(reader: Warmable, sample: SlotItem) -> None:
     started = time.monotonic()
     if reader.graphs is not None:
         reader.graphs.warm_up(sample.prefix_ids, sample.canvas_ids, sample.slot)
