@@ -122,7 +122,8 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
         if time.monotonic() > deadline:
             raise TimeoutError("backend warm-up did not finish within the time budget")
         await asyncio.sleep(0.2)
-    out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started}
+    out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started,
+                           "questions": getattr(args, "questions", 1)}
     first = backend.item(make(0, 1))
     out["prefix_tokens"], out["suffix_tokens"] = len(first.prefix_ids), len(first.suffix_ids)
     reader = backend.reader
@@ -184,6 +185,8 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
         out["concurrent32_reads_per_s"] = curve["32"]["reads_per_s"]
         out["concurrent32_reader_ms_per_batch"] = curve["32"]["reader_ms_per_batch"]
     backend.reader = reader
+    # misses past the warm-up mean re-encoded prefixes inside the timings (mixed questions)
+    out["prefix_cache"] = backend.serving().get("prefix_cache")
     await backend.aclose()
     return out
 

@@ -45,7 +45,7 @@ class PrefixLRU:
             self.evictions += 1
             if _power_of_ten(self.evictions):
                 log.warning(
-                    "prefix cache full: %d evictions so far (%d hits, %d misses); questions in "
+                    "prefix cache full: %d eviction(s) so far (%d hits, %d misses); questions in "
                     "rotation exceed fast.options.prefix_cache_entries=%d, and each miss encodes "
                     "its whole prefix again", self.evictions, self.hits, self.misses,
                     self.max_entries)

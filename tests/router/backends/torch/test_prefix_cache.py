@@ -41,7 +41,7 @@ def test_questions_outgrowing_the_cache_are_logged_without_flooding(
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 3  # the 1st, 10th and 100th eviction
     assert "fast.options.prefix_cache_entries=1" in warnings[0]
-    assert warnings[2].startswith("prefix cache full: 100 evictions so far (0 hits, 101 misses)")
+    assert warnings[2].startswith("prefix cache full: 100 eviction(s) so far (0 hits, 101 misses)")
 
 
 @pytest.mark.parametrize("value", [0, -3, "many"])
