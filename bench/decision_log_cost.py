@@ -106,7 +106,9 @@ def main() -> None:
     args = parser.parse_args()
     n = 5_000 if args.quick else args.n
     records = demo_records(n)
-    with tempfile.TemporaryDirectory() as tmp, peers.redis_server(Path(tmp)).start() as rd:
+    # (the with statement starts it: a .start() here too started a second redis-server on the
+    # same port and lost the first, which outlived every run)
+    with tempfile.TemporaryDirectory() as tmp, peers.redis_server(Path(tmp)) as rd:
         jsonl = asyncio.run(measure(records, Path(tmp), None))
         with_redis = asyncio.run(measure(records, Path(tmp), f"redis://127.0.0.1:{rd.port}/0"))
     rows = [

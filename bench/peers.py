@@ -60,6 +60,9 @@ class Server:
     def start(self) -> Self:
         import httpx
 
+        if self.proc is not None and self.proc.poll() is None:  # it would lose this process
+            raise RuntimeError(f"{self.name} is already started (pid {self.proc.pid})")
+
         fd, log = tempfile.mkstemp(prefix=f"bench-{self.name}-", suffix=".log")
         self.log_path = Path(log)
         self.proc = subprocess.Popen(
