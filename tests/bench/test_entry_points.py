@@ -102,6 +102,12 @@ def run_module(module: str, *args: str, tmp_path: Path, timeout_s: float) -> str
     return output
 
 
+def test_every_quick_benchmark_is_run_or_excused() -> None:
+    """A new benchmark with --quick joins QUICK_ARGS (or QUICK_SKIPPED, with a reason)."""
+    assert set(QUICK_ARGS) | set(QUICK_SKIPPED) == HAS_QUICK
+    assert not set(QUICK_ARGS) & set(QUICK_SKIPPED)
+
+
 @pytest.mark.parametrize("module", MODULES)
 def test_bench_module_imports(module: str) -> None:
     importlib.import_module(f"bench.{module}")
