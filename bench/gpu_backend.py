@@ -54,11 +54,16 @@ def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[
     def make(k: int, samples: int) -> DecisionRequest:
         if k not in states:
             states[k] = state(k)
-        q = random.Random(k).randrange(questions) if questions > 1 else 0
+        q = question_of(k, questions)
         ask = ("intent", "Which intent is this?") if q == 0 else (f"q{q}", f"Which intent is this (form {q})?")
         return DecisionRequest(*ask, options, states[k], context=context, samples=samples, seed=k)
 
     return make
+
+
+def question_of(k: int, questions: int) -> int:
+    """Which of ``questions`` request ``k`` asks (drawn by k, so every run asks the same)."""
+    return random.Random(k).randrange(questions) if questions > 1 else 0
 
 
 def covering_keys(questions: int, start: int, at_least: int = 3) -> list[int]:
@@ -69,7 +74,7 @@ def covering_keys(questions: int, start: int, at_least: int = 3) -> list[int]:
     k = start
     while len(seen) < questions or len(keys) < at_least:
         keys.append(k)
-        seen.add(random.Random(k).randrange(questions) if questions > 1 else 0)
+        seen.add(question_of(k, questions))
         k += 1
     return keys
 
