@@ -96,6 +96,10 @@ class TimedReader:
         finally:
             self.read_ms += (time.perf_counter() - t) * 1000
 
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.inner.batch_sizes
+
     def warm_up(self, sample: Any) -> SlotReader:
         return self
 
@@ -112,7 +116,8 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
         graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity,
         fp8=getattr(args, "fp8", "off"), static_flex_items=getattr(args, "static_flex_items", 0),
-        prefix_cache_entries=max(8, getattr(args, "questions", 1)))
+        prefix_cache_entries=max(8, getattr(args, "questions", 1)),
+        coalesce_by_question=not getattr(args, "mixed_batches", False))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
     return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))
@@ -128,7 +133,9 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
             raise TimeoutError("backend warm-up did not finish within the time budget")
         await asyncio.sleep(0.2)
     out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started,
-                           "questions": getattr(args, "questions", 1)}
+                           "questions": getattr(args, "questions", 1),
+                           "coalesce_by_question": backend.options.coalesce_by_question,
+                           "fixed_cost_items": backend.options.fixed_cost_items}
     first = backend.item(make(0, 1))
     out["prefix_tokens"], out["suffix_tokens"] = len(first.prefix_ids), len(first.suffix_ids)
     reader = backend.reader

@@ -257,6 +257,9 @@ def main() -> None:
     parser.add_argument("--options", type=int, default=77)
     parser.add_argument("--questions", type=int, default=1,
                         help="backend block: requests spread over this many questions")
+    parser.add_argument("--mixed-batches", action="store_true",
+                        help="backend block: the coalescer's peer rule (coalesce_by_question off: "
+                             "a batch takes every question, read one after another)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--rounds", type=int, default=8, help="reads per concurrent caller")

@@ -12,7 +12,9 @@ about 1,400 tokens (tokenized once a question), states of about 24 tokens.
 Peer in the same run: the modelled read alone, timed inside the worker. Reported: the backend's
 time over the reader's (single read) and reads/s over the reader-bound ideal (callers), and where
 a single read's host time goes; ``prepare_onepass`` (the reader's own batch tensors) timed apart;
-with ``--questions Q`` the requests spread over Q questions. What this does not show: the rest of
+with ``--questions Q`` the requests spread over Q questions (each group padded up to its graph
+bucket, ``--buckets``; ``--mixed-batches``: the coalescer's peer rule, every question in one
+batch, read one after another). What this does not show: the rest of
 the reader's own host work on a GPU (copying the batch tensors in, reading the results back), a
 prefix cache miss (each an encoder pass on the GPU), nor the H200 host's speed (this machine is a
 shared 2-core VM).
@@ -35,19 +37,25 @@ from typing import Any
 from bench import common
 from bench.gpu_backend import build_requests, covering_keys, percentile
 
-SINGLE_MS, BATCH32_MS = 22.2, 141.2  # H200, device call 3 (c3eb5b0): the reader, 1 and 32 reads
+# H200, the reader's time for 1 and 32 reads: device call 3 (c3eb5b0); the sixth session's call 1
+# (4c395d7) read 21.7 and 139.5, and 46.3 / 76.2 for buckets of 8 / 16 (this line: 49.1 / 79.8)
+SINGLE_MS, BATCH32_MS = 22.2, 141.2
 
 
 class ModelledReader:
     """The GPU read stood in: for each group of items sharing a prefix and a canvas width (read
     one after another, as ``DiffusionSlotReader.read`` does) sleeps ``base_ms + per_item_ms *
-    items`` (GIL released); returns uniform reads of the items' labels."""
+    b`` (GIL released), b the smallest of ``batch_sizes`` holding the group (the graph bucket it
+    is padded up to; past them, its own size); returns uniform reads of the items' labels."""
 
-    def __init__(self, base_ms: float, per_item_ms: float) -> None:
+    def __init__(self, base_ms: float, per_item_ms: float, batch_sizes: tuple[int, ...] = ()) -> None:
         import torch
 
-        self.base_ms, self.per_item_ms = base_ms, per_item_ms
+        self.base_ms, self.per_item_ms, self.batch_sizes = base_ms, per_item_ms, batch_sizes
         self.device, self.compiled, self.needs_warm_up = torch.device("cpu"), False, False
+
+    def padded(self, n: int) -> int:
+        return next((b for b in self.batch_sizes if b >= n), n)
 
     def read(self, items: Any) -> list[Any]:
         import numpy as np
@@ -58,7 +66,7 @@ class ModelledReader:
         for item in items:
             key = (item.prefix_ids, len(item.canvas_ids))
             groups[key] = groups.get(key, 0) + 1
-        time.sleep(sum(self.base_ms + self.per_item_ms * n for n in groups.values()) / 1000)
+        time.sleep(sum(self.base_ms + self.per_item_ms * self.padded(n) for n in groups.values()) / 1000)
         out = []
         for item in items:
             n = len(item.label_ids)
@@ -99,8 +107,8 @@ def make_backend(args: argparse.Namespace) -> Any:
     options = TorchOptions(kind="diffusion", canvas_length=32,
                            turn_close_id=int(tokenizer.eos_token_id or 0),
                            max_batch=args.max_batch or max(args.callers), coalesce_window_ms=2.0,
-                           compiled=False)
-    reader = ModelledReader(args.single_ms - per_item, per_item)
+                           compiled=False, coalesce_by_question=not args.mixed_batches)
+    reader = ModelledReader(args.single_ms - per_item, per_item, tuple(args.buckets))
     return TorchBackend(reader, tokenizer, options, model_id="modelled")
 
 
@@ -239,6 +247,11 @@ def main() -> int:
                         help="the event loop (the server's is uvloop when installed)")
     parser.add_argument("--questions", type=int, default=1,
                         help="spread the requests over this many questions (own static prefixes)")
+    parser.add_argument("--buckets", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64, 128],
+                        help="graph buckets (item counts) a group is padded up to; none: unpadded "
+                             "(default: bench.gpu_read's backend block)")
+    parser.add_argument("--mixed-batches", action="store_true",
+                        help="the peer: coalesce_by_question off (a batch takes every question)")
     parser.add_argument("--static-tokens", type=int, default=1400)
     parser.add_argument("--message-tokens", type=int, default=24)
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: SmolLM2's)")

@@ -28,7 +28,7 @@ from router.backends.labels import (
     default_candidates,
     single_token_id,
 )
-from router.backends.torch.coalescer import Coalescer
+from router.backends.torch.coalescer import Coalescer, bucket_take
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
 from router.backends.torch.prefix_lru import PrefixLRU
@@ -93,9 +93,13 @@ class TorchBackend(FastBackend):
         self._questions: dict[tuple[str, str], _Question] = {}
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
+        # A read runs one question's items at a time (their shared prefix), so a batch takes one
+        # question and as many of its waiting items as read best (coalescer.py: mixed traffic)
+        grouped = kind != "masked" and options.prefix_cache and options.coalesce_by_question
         self._coalescer: Coalescer[_Pending, SlotRead] = Coalescer(
             self._read_batch, executor=self._executor, window_s=options.coalesce_window_ms / 1000,
-            max_batch=options.max_batch)
+            max_batch=options.max_batch, group_of=_question_of if grouped else None,
+            plan=self._plan if grouped else None)
         self.compiled = False  # True once a compiled (graph-replayed) read is warm
         self._warm_fallbacks: tuple[str, ...] = ()  # what warm-up fell back to (serving())
         self._warm: Future[None] | None = None
@@ -230,6 +234,12 @@ class TorchBackend(FastBackend):
             raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
         return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
 
+    def _plan(self, available: int) -> int:
+        """How many of ``available`` waiting items of one question the next batch reads: the
+        reader's graph buckets (``batch_sizes``: padding costs like items) and a read's fixed
+        cost (``fixed_cost_items``) decide (``coalescer.bucket_take``)."""
+        return bucket_take(available, self.reader.batch_sizes, self.options.fixed_cost_items)
+
     def _read_batch(self, pending: list[_Pending]) -> list[SlotRead]:
         """One coalesced batch, in the worker thread: its states tokenized together, then read.
         Why: with closed-loop callers the GPU idles while their next states are tokenized; one
@@ -303,7 +313,7 @@ class TorchBackend(FastBackend):
                     first_label_id=label_ids[0])
         except ValueError as exc:
             raise BackendRejected(str(exc), field="options") from exc
-        question = _Question(labels, label_ids, prefix_ids, tail_ids, canvas)
+        question = _Question(labels, label_ids, prefix_ids, tail_ids, canvas, key)
         if len(self._questions) >= 256:
             self._questions.clear()
         self._questions[key] = question
@@ -333,6 +343,7 @@ class _Question:
     prefix_ids: tuple[int, ...]  # static prompt (empty for masked reads)
     tail_ids: tuple[int, ...]  # after the state: the template's close and the answer prefix
     canvas: Canvas | None  # diffusion reads only
+    key: tuple[str, str]  # (options' signature, question id): what the coalescer groups by
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -342,6 +353,10 @@ class _Pending:
     request: DecisionRequest
     question: _Question
     item: SlotItem | None
+
+
+def _question_of(pending: _Pending) -> tuple[str, str]:
+    return pending.question.key
 
 
 def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader:

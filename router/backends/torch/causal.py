@@ -56,6 +56,7 @@ class CausalSlotReader(Frozen):
 
     compiled = False  # eager reads; nothing to warm up
     needs_warm_up = False
+    batch_sizes: tuple[int, ...] = ()  # no padding to graph buckets
 
     def warm_up(self, sample: SlotItem) -> SlotReader:
         return self

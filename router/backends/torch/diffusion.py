@@ -129,6 +129,11 @@ class DiffusionSlotReader(Frozen):
         return self.choice.compiled
 
     @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The graph buckets' item counts (a read is padded up to one); () without graphs."""
+        return self.graph_shapes.batches if self.graphs is not None and self.graph_shapes else ()
+
+    @property
     def needs_warm_up(self) -> bool:
         return self.choice.compiled or self.graphs is not None
 

@@ -40,6 +40,15 @@ class TorchOptions(BackendOptions):
     pad_id: int = Field(0, ge=0)
     # Speed (coalescer.py, warm_up.py, graphs.py); see TorchBackend's docstring.
     coalesce_window_ms: float = Field(2.0, ge=0)
+    # A read's fixed cost in items' worth: a read of a graph bucket of b items costs about
+    # fixed_cost_items + b (an H200: (4 + b) x 3.9 ms, docs/backends.md). The coalescer leaves
+    # waiting items of a question for the next batch when the bucket that holds them all pads
+    # more than it saves (coalescer.bucket_take); larger values pad more, read fewer batches.
+    fixed_cost_items: float = Field(4.0, ge=0)
+    # A batch takes the waiting items of one question (the oldest request's): the reader reads
+    # one question's items at a time, so a batch of several is several reads back to back that
+    # every caller waits for. False: a batch takes every question (before the sixth session).
+    coalesce_by_question: bool = True
     compiled: bool | None = None  # None: on for a diffusion reader on CUDA
     graph_batches: list[int] | None = None
     graph_draws: list[int] | None = None

@@ -54,6 +54,12 @@ class SlotReader(Protocol):
         """Whether ``warm_up`` does work (compiling, capturing) before the first read."""
         ...
 
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The item counts a read is padded up to (its graph buckets, ascending); () when reads
+        are not padded."""
+        ...
+
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]: ...
 
     def warm_up(self, sample: SlotItem) -> SlotReader:

@@ -155,6 +155,7 @@ class FailingReader:
     """A torch slot reader whose device fails, as a CUDA out-of-memory would."""
 
     needs_warm_up = False
+    batch_sizes = ()
 
     def read(self, items: object) -> object:
         raise RuntimeError("CUDA out of memory")

@@ -133,12 +133,96 @@ def test_batches_grow_to_the_callers_there_are() -> None:
     assert [len(b) for b in run.batches] == [8, 16, 16, 16, 8]
 
 
+@pytest.mark.parametrize(("available", "want"), [
+    (20, 16),  # 20 in a bucket of 32 cost 4 + 32 for 20 reads; 16 cost 4 + 16
+    (31, 31),  # 31 in 32: better than 16 now and 15 later
+    (32, 32), (16, 16), (1, 1),
+    (10, 8),   # 10 pad to 16: 8 now, 2 wait
+    (14, 14),  # 14 pad to 16: 14/20 beats 8/12
+    (3, 3), (5, 4),
+    (40, 40),  # past the largest bucket: unpadded, all of them
+])
+def test_bucket_take_reads_the_most_items_per_cost(available: int, want: int) -> None:
+    from router.backends.torch.coalescer import bucket_take
+
+    assert bucket_take(available, (1, 2, 4, 8, 16, 32), fixed_items=4.0) == want
+
+
+def test_bucket_take_without_buckets_or_with_a_large_fixed_cost_takes_everything() -> None:
+    from router.backends.torch.coalescer import bucket_take
+
+    assert bucket_take(20, (), fixed_items=4.0) == 20  # reads not padded
+    assert bucket_take(20, (1, 2, 4, 8, 16, 32), fixed_items=1000.0) == 20
+    assert bucket_take(0, (1, 2), fixed_items=4.0) == 0
+
+
+def by_tens(n: int) -> int:
+    """The test's groups: 10-19 one question, 20-29 another, ..."""
+    return n // 10
+
+
+def test_a_batch_holds_one_group_the_oldest_requests_first() -> None:
+    """Three questions' requests arrive together: each batch reads one question, in the order of
+    their oldest requests, and a question's requests keep their order (before: one batch of all,
+    which the reader reads as three reads back to back that every caller waits for)."""
+    run = Recorder()
+    calls = [[10], [20], [11], [30], [21], [12], [31, 32]]
+    with ThreadPoolExecutor(1) as pool:
+        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8, group_of=by_tens)
+        results = asyncio.run(gather(coalescer, calls))
+    assert results == [[2 * i for i in c] for c in calls]
+    assert run.batches == [[10, 11, 12], [20, 21], [30, 31, 32]]
+
+
+def test_a_request_of_several_groups_is_a_group_of_its_own() -> None:
+    run = Recorder()
+    with ThreadPoolExecutor(1) as pool:
+        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8, group_of=by_tens)
+        results = asyncio.run(gather(coalescer, [[10, 20], [11], [10, 21], [20, 10]]))
+    assert results == [[20, 40], [22], [20, 42], [40, 20]]
+    assert run.batches == [[10, 20, 10, 21], [11], [20, 10]]  # (1, 2) twice, then 1, then (2, 1)
+
+
+def test_the_plan_leaves_the_newest_for_the_next_batch() -> None:
+    """20 waiting items of one question under buckets of 16 and 32: 16 now (the oldest), 4 in the
+    next batch, which nothing else delays."""
+    run = Recorder()
+
+    def plan(available: int) -> int:
+        from router.backends.torch.coalescer import bucket_take
+
+        return bucket_take(available, (1, 2, 4, 8, 16, 32), fixed_items=4.0)
+
+    with ThreadPoolExecutor(1) as pool:
+        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=32, group_of=by_tens,
+                              plan=plan)
+        results = asyncio.run(gather(coalescer, [[10 + k % 10] for k in range(20)]))
+    assert results == [[2 * (10 + k % 10)] for k in range(20)]
+    assert run.batches == [[10 + k % 10 for k in range(16)], [10 + k % 10 for k in range(16, 20)]]
+
+
+def test_a_failing_plan_takes_everything_and_the_worker_goes_on(caplog: Any) -> None:
+    run = Recorder()
+
+    def broken(available: int) -> int:
+        raise KeyError("plan bug")
+
+    with ThreadPoolExecutor(1) as pool, caplog.at_level("ERROR"):
+        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8, group_of=by_tens,
+                              plan=broken)
+        results = asyncio.run(gather(coalescer, [[10], [11], [12]]))
+    assert results == [[20], [22], [24]] and run.batches == [[10, 11, 12]]
+    assert "the batch plan failed" in caplog.text
+
+
 def test_bad_settings_are_refused() -> None:
     with ThreadPoolExecutor(1) as pool:
         with pytest.raises(ValueError, match="max_batch"):
             Coalescer(Recorder(), executor=pool, max_batch=0)
         with pytest.raises(ValueError, match="window_s"):
             Coalescer(Recorder(), executor=pool, window_s=-1)
+        with pytest.raises(ValueError, match="plan needs group_of"):
+            Coalescer(Recorder(), executor=pool, plan=lambda n: n)
 
 
 # -- through TorchBackend ----------------------------------------------------------------------
@@ -173,6 +257,7 @@ class Spy:
         self.inner, self.refuse = inner, refuse
         self.seen: list[list[Any]] = []
         self.device, self.compiled, self.needs_warm_up = inner.device, False, False
+        self.batch_sizes = inner.batch_sizes
 
     def read(self, items: Any) -> list[Any]:
         self.seen.append(list(items))
@@ -242,6 +327,57 @@ def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[
     assert sorted((it for batch in seen for it in batch), key=lambda it: it.seed) == \
         sorted(one_by_one, key=lambda it: it.seed)
     assert calls == len(seen) < len(many)  # one batched tokenizer call per batch
+
+
+@pytest.mark.parametrize("by_question", [True, False])
+def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any], by_question: bool) -> None:
+    """Requests of two questions at once: by default each batch reads one question (the reader
+    reads a question's items apart from another's), with the same answers as reads alone;
+    ``coalesce_by_question: false`` keeps the old rule (one batch of both)."""
+    from policies.types import DecisionRequest, Option
+    from router.backends.torch.diffusion import DiffusionSlotReader
+
+    other = [DecisionRequest("p", "Which queue?", (Option("billing"), Option("tech"), Option("sales")),
+                             f"ticket {k}", seed=k) for k in range(3)]
+    mixed = [r for pair in zip(requests(3), other) for r in pair]
+    spy = Spy(DiffusionSlotReader(parts[0]))
+    shared = backend(parts, spy, coalesce_window_ms=50, coalesce_by_question=by_question)
+    alone = backend(parts, coalesce_window_ms=0)
+    want = [asyncio.run(alone.read([r]))[0] for r in mixed]
+
+    async def concurrently() -> list[Any]:
+        return await asyncio.gather(*(shared.read([r]) for r in mixed))
+
+    got = [scores[0] for scores in asyncio.run(concurrently())]
+    for a, b in zip(got, want, strict=True):
+        assert a.options == b.options
+        np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
+    prefixes = [{item.prefix_ids for item in batch} for batch in spy.seen]
+    if by_question:
+        assert [len(p) for p in prefixes] == [1, 1] and prefixes[0] != prefixes[1]
+        assert [len(batch) for batch in spy.seen] == [3, 3]
+    else:
+        assert [len(p) for p in prefixes] == [2] and len(spy.seen[0]) == 6
+
+
+def test_backend_sizes_batches_by_the_readers_graph_buckets(parts: tuple[Any, Any]) -> None:
+    """10 waiting reads of one question and graph buckets of 8 and 16 items: 8 now and 2 next
+    (10 in a bucket of 16 cost 4 + 16 items' worth; 8 cost 4 + 8); no buckets: all 10."""
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.graphs import GraphShapes
+
+    shapes = GraphShapes(batches=(1, 2, 4, 8, 16), widths=(64,), prefix_tokens=1024, capture=False)
+    for reader, want in ((DiffusionSlotReader(parts[0], graphs=shapes), [8, 2]),
+                         (DiffusionSlotReader(parts[0]), [10])):
+        assert reader.batch_sizes == ((1, 2, 4, 8, 16) if reader.graphs is not None else ())
+        spy = Spy(reader)
+        shared = backend(parts, spy, coalesce_window_ms=50)
+
+        async def concurrently() -> list[Any]:
+            return await asyncio.gather(*(shared.read([r]) for r in requests(10)))  # noqa: B023
+
+        assert all(len(scores) == 1 for scores in asyncio.run(concurrently()))
+        assert [len(batch) for batch in spy.seen] == want
 
 
 def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
@@ -325,3 +461,7 @@ def test_speed_options_are_validated_settings() -> None:
     assert options.model_dump(exclude_unset=True)["graph_widths"] == [64, 128]
     with pytest.raises(ValidationError, match="coalesce_window_ms"):
         TorchOptions(kind="diffusion", coalesce_window_ms=-1)
+    with pytest.raises(ValidationError, match="fixed_cost_items"):
+        TorchOptions(kind="diffusion", fixed_cost_items=-0.5)
+    with pytest.raises(ValidationError, match="coalesce_by_question"):
+        TorchOptions(kind="diffusion", coalesce_by_question="sometimes")
