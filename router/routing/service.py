@@ -39,6 +39,7 @@ from router.routing.ports import (
     SlowModel,
 )
 from router.routing.registry import PolicyRegistry, RuntimePolicy
+from router.routing.shared_reads import SharedReads
 from router.routing.unscoped import route_unscoped
 from router.settings import Settings
 from router.store.cache import read_key
@@ -79,6 +80,7 @@ class RoutingService:
             f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
             max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
+        self.shared_reads = SharedReads()  # identical fast reads at once: one backend read
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -181,17 +183,33 @@ class RoutingService:
             return reads
         if backend.reads_jointly:  # a joint read's answers depend on each other: read all again
             misses = list(range(len(requests)))
-        try:
-            fresh = await self._read_backend([requests[i] for i in misses])
-        except BackendError as exc:
-            failure = self.read_failed(exc)
-            for i in misses:
-                reads[i] = FastRead(None, cached=False, failure=failure)
+            try:
+                fresh = await self._read_backend([requests[i] for i in misses])
+            except BackendError as exc:
+                failure = self.read_failed(exc)
+                for i in misses:
+                    reads[i] = FastRead(None, cached=False, failure=failure)
+                return reads
+            for i, scores in zip(misses, fresh):
+                reads[i] = FastRead(scores, cached=False)
+            await self._store_reads([(keys[i], s) for i, s in zip(misses, fresh)])
             return reads
-        for i, scores in zip(misses, fresh):
-            reads[i] = FastRead(scores, cached=False)
-        await self.cache.set_many([(keys[i], encode_scores(s)) for i, s in zip(misses, fresh)])
+        # a read another decision is making now (the same key) is waited for, not made again
+        outcomes = await self.shared_reads.read([keys[i] for i in misses], [requests[i] for i in misses],
+                                                self._read_backend, self._store_reads)
+        counted: set[int] = set()  # one failed backend call counts once
+        for i, outcome in zip(misses, outcomes, strict=True):
+            if outcome.error is None:
+                reads[i] = FastRead(outcome.scores, cached=outcome.shared)
+                continue
+            count = not outcome.shared and id(outcome.error) not in counted
+            counted.add(id(outcome.error))
+            reads[i] = FastRead(None, cached=False, failure=self.read_failed(outcome.error, count=count))
+        self.metrics.reads_shared(sum(outcome.shared for outcome in outcomes))
         return reads
+
+    async def _store_reads(self, reads: list[tuple[str, OptionScores]]) -> None:
+        await self.cache.set_many([(key, encode_scores(scores)) for key, scores in reads])
 
     async def look_up(self, keys: Sequence[str]) -> list[bytes | None]:
         """The read cache's blobs for ``keys`` (None where absent), timed as the cache stage."""
@@ -200,10 +218,12 @@ class RoutingService:
         self.metrics.stage("cache", time.perf_counter() - t0)
         return blobs
 
-    def read_failed(self, exc: BackendError) -> str:
-        """A failed read, counted; the text leads the escalations' notes."""
+    def read_failed(self, exc: BackendError, *, count: bool = True) -> str:
+        """A failed read, counted (``count``: not again for the decisions that shared it); the
+        text leads the escalations' notes."""
         kind = type(exc).__name__
-        self.metrics.backend_error(kind)
+        if count:
+            self.metrics.backend_error(kind)
         return f"fast backend failed ({kind}: {exc.message})"
 
     def _bounded_all(self, requests: Sequence[DecisionRequest]) -> list[DecisionRequest]:

@@ -58,6 +58,10 @@ class Metrics:
         self._cache_errors = Counter(
             "slotgate_cache_errors", "Cache operations that failed (served without the cache)",
             registry=r)
+        self._reads_shared = Counter(
+            "slotgate_fast_reads_shared",
+            "Fast reads that waited on an identical read in flight instead of reading "
+            "(routing/shared_reads.py)", registry=r)
         self._backend_errors = Counter(
             "slotgate_backend_errors", "Fast-backend failures by kind (each one escalated)",
             ["kind"], registry=r)
@@ -135,6 +139,10 @@ class Metrics:
             self._cache.labels(store=store, result="hit").inc(hits)
         if misses:
             self._cache.labels(store=store, result="miss").inc(misses)
+
+    def reads_shared(self, count: int) -> None:
+        if count:
+            self._reads_shared.inc(count)
 
     def cache_error(self, _message: str = "") -> None:
         """The cache's ``on_error`` callback."""
