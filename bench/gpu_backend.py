@@ -120,7 +120,12 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         coalesce_by_question=not getattr(args, "mixed_batches", False))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
-    return asyncio.run(_measure(backend, build_requests(backend, args), args, log, deadline))
+    measuring = _measure(backend, build_requests(backend, args), args, log, deadline)
+    if getattr(args, "loop", "asyncio") == "uvloop":  # what `slotgate serve` runs on when installed
+        import uvloop
+
+        return uvloop.run(measuring)
+    return asyncio.run(measuring)
 
 
 async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionRequest],
@@ -135,7 +140,8 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
     out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started,
                            "questions": getattr(args, "questions", 1),
                            "coalesce_by_question": backend.options.coalesce_by_question,
-                           "fixed_cost_items": backend.options.fixed_cost_items}
+                           "fixed_cost_items": backend.options.fixed_cost_items,
+                           "loop": type(asyncio.get_running_loop()).__module__}
     first = backend.item(make(0, 1))
     out["prefix_tokens"], out["suffix_tokens"] = len(first.prefix_ids), len(first.suffix_ids)
     reader = backend.reader

@@ -257,6 +257,9 @@ def main() -> None:
     parser.add_argument("--options", type=int, default=77)
     parser.add_argument("--questions", type=int, default=1,
                         help="backend block: requests spread over this many questions")
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help="backend block's event loop (uvloop: what `slotgate serve` runs on "
+                             "when it is installed, as uvicorn[standard] installs it)")
     parser.add_argument("--mixed-batches", action="store_true",
                         help="backend block: the coalescer's peer rule (coalesce_by_question off: "
                              "a batch takes every question, read one after another)")

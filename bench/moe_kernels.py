@@ -118,7 +118,11 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
         picked = triton_moe.pick_config(n_tokens * TOP_K, EXPERTS)
         align_ms, _, captured = graph_ms(
             partial(triton_moe.align_pairs, index, EXPERTS, picked.block_m), args.iters)
-        rows.append({"tokens": n_tokens, "kernel": "align_pairs", "ms": round(align_ms, 4),
+        rows.append({"tokens": n_tokens, "kernel": "align_pairs (torch ops, the reference)",
+                     "ms": round(align_ms, 4), "config": f"m{picked.block_m}", "graph": captured})
+        align_ms, _, captured = graph_ms(
+            partial(triton_moe.align_pairs_triton, index, EXPERTS, picked.block_m), args.iters)
+        rows.append({"tokens": n_tokens, "kernel": "align_pairs_triton", "ms": round(align_ms, 4),
                      "config": f"m{picked.block_m} (part of the pick)", "graph": captured})
         swept = (triton_moe.MoeConfig(m, triton_moe.Tile(*gate_up), triton_moe.Tile(*down))
                  for m, gate_up, down in SWEEP[n_tokens])

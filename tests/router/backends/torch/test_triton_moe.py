@@ -122,14 +122,20 @@ def run_fused(experts: Any, hidden: Any, index: Any, weights: Any, config: MoeCo
                                     experts.down_proj.to(dtype), index, weights, config=config)
 
 
+@pytest.mark.parametrize("aligner", ["torch", "triton"])
 @pytest.mark.parametrize("block_m", [4, 16])
 @pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
 @pytest.mark.parametrize("n_tokens", [1, 5, 37])
 def test_alignment_holds_every_pair_once_in_single_expert_blocks(n_tokens: int, kind: str,
-                                                                 block_m: int) -> None:
+                                                                 block_m: int, aligner: str) -> None:
+    """Both aligners (``align_pairs``, the torch reference; ``align_pairs_triton``, what the fused
+    kernels use): every pair once, blocks of one expert in expert order, padding only past each
+    expert's pairs and after the last; the torch one keeps pair order within an expert (the
+    Triton one places pairs in the order of its atomic increments)."""
     _, index, _ = routing(n_tokens, kind)
     n_pairs = index.numel()
-    sorted_pairs, block_expert = triton_moe.align_pairs(index, EXPERTS, block_m)
+    align = triton_moe.align_pairs if aligner == "torch" else triton_moe.align_pairs_triton
+    sorted_pairs, block_expert = align(index, EXPERTS, block_m)
     n_blocks = -(-(n_pairs + EXPERTS * (block_m - 1)) // block_m)
     assert sorted_pairs.shape == (n_blocks * block_m,) and block_expert.shape == (n_blocks,)
     real = sorted_pairs != n_pairs  # the sentinel, and nothing else, marks padding
@@ -145,11 +151,28 @@ def test_alignment_holds_every_pair_once_in_single_expert_blocks(n_tokens: int, 
         pairs = blocks[b][blocks[b] != n_pairs]
         assert pairs.numel() > 0  # no block of padding alone before the tail
         assert bool((experts_of[pairs] == block_expert[b]).all())
-        assert bool((pairs[1:] > pairs[:-1]).all())  # each expert's pairs in pair order
+        if aligner == "torch":
+            assert bool((pairs[1:] > pairs[:-1]).all())  # each expert's pairs in pair order
     counts = torch.bincount(experts_of, minlength=EXPERTS)
     blocks_per_expert = torch.bincount(block_expert[used].long(), minlength=EXPERTS)
     assert torch.equal(blocks_per_expert, -(-counts // block_m))
     assert bool((block_expert[used][1:] >= block_expert[used][:-1]).all())  # by expert
+
+
+@pytest.mark.parametrize("block_m", [32, 128])
+def test_triton_alignment_equals_the_torch_one_at_the_real_sizes(block_m: int) -> None:
+    """264 tokens (one read) on 8 of 128 experts: the same block labels, and each expert's blocks
+    hold the same pairs (the fused kernels' rows do not depend on their order within an expert)."""
+    gen = torch.Generator().manual_seed(7)
+    index = torch.stack([torch.randperm(128, generator=gen)[:8] for _ in range(264)])
+    want = triton_moe.align_pairs(index, 128, block_m)
+    got = triton_moe.align_pairs_triton(index, 128, block_m)
+    assert torch.equal(got.block_expert, want.block_expert)
+    assert got.sorted_pairs.shape == want.sorted_pairs.shape
+    for expert in range(128):
+        rows = (want.block_expert == expert).nonzero().flatten()
+        of = [x.view(-1, block_m)[rows].flatten() for x in (got.sorted_pairs, want.sorted_pairs)]
+        assert torch.equal(of[0].sort().values, of[1].sort().values)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
