@@ -104,6 +104,52 @@ class TimedReader:
         return self
 
 
+class Phases:
+    """The coalescer's batch function replaced by one that times its parts in the worker thread:
+    tokenizing (``TorchBackend.items``) and the read; the timestamps tell the hops apart."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.entered = self.tokenized = self.read_done = 0.0
+        self.read_ms = 0.0  # summed over batches
+        self._run_batch = backend._coalescer.run_batch
+        backend._coalescer.run_batch = self.run_batch
+
+    def restore(self) -> None:
+        self.backend._coalescer.run_batch = self._run_batch
+
+    def run_batch(self, pending: list[Any]) -> list[Any]:
+        self.entered = time.perf_counter()
+        items = self.backend.items(pending)
+        self.tokenized = time.perf_counter()
+        reads = self.backend.reader.read(items)
+        self.read_done = time.perf_counter()
+        self.read_ms += (self.read_done - self.tokenized) * 1000
+        return list(reads)
+
+
+async def single_phases(backend: TorchBackend, make: Callable[[int, int], DecisionRequest],
+                        iters: int) -> dict[str, float]:
+    """Where a single read's time goes (medians, ms): before the worker thread starts, tokenizing
+    the state, the reader's read, and from its end to the caller (``Phases``)."""
+    phases = Phases(backend)
+    rows: dict[str, list[float]] = {k: [] for k in ("total", "before_worker", "tokenize", "read",
+                                                    "after_worker")}
+    try:
+        for request in [make(20_000 + k, 1) for k in range(iters)]:
+            t0 = time.perf_counter()
+            await backend.read([request])
+            t1 = time.perf_counter()
+            for name, seconds in (("total", t1 - t0), ("before_worker", phases.entered - t0),
+                                  ("tokenize", phases.tokenized - phases.entered),
+                                  ("read", phases.read_done - phases.tokenized),
+                                  ("after_worker", t1 - phases.read_done)):
+                rows[name].append(seconds * 1000)
+    finally:
+        phases.restore()
+    return {name: percentile(values, 50) for name, values in rows.items()}
+
+
 def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Callable[[str], None],
                     deadline: float) -> dict[str, Any]:
     from transformers import AutoTokenizer
@@ -159,6 +205,8 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
             times.append((time.perf_counter() - t0) * 1000)
         out[f"{name}_p50_ms"], out[f"{name}_p99_ms"] = percentile(times, 50), percentile(times, 99)
     out["draws4_over_draws1"] = out["draws4_p50_ms"] / out["single_p50_ms"]
+    out["single_phases_ms"] = await single_phases(backend, make, args.iters)
+    log(f"single read phases (median ms): {out['single_phases_ms']}")
 
     async def caller(requests: list[DecisionRequest], latencies: list[float]) -> None:
         for request in requests:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import common
-from bench.gpu_backend import build_requests, covering_keys, percentile
+from bench.gpu_backend import Phases, build_requests, covering_keys, percentile
 
 # H200, the reader's time for 1 and 32 reads: device call 3 (c3eb5b0); the sixth session's call 1
 # (4c395d7) read 21.7 and 139.5, and 46.3 / 76.2 for buckets of 8 / 16 (this line: 49.1 / 79.8)
@@ -76,26 +76,6 @@ class ModelledReader:
 
     def warm_up(self, sample: Any) -> ModelledReader:
         return self
-
-
-class Phases:
-    """The coalescer's batch function replaced by one that times its parts in the worker thread:
-    tokenizing (``TorchBackend.items``) and the read; the timestamps tell the hops apart."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.entered = self.tokenized = self.read_done = 0.0
-        self.read_ms = 0.0  # summed over batches
-        backend._coalescer.run_batch = self.run_batch
-
-    def run_batch(self, pending: list[Any]) -> list[Any]:
-        self.entered = time.perf_counter()
-        items = self.backend.items(pending)
-        self.tokenized = time.perf_counter()
-        reads = self.backend.reader.read(items)
-        self.read_done = time.perf_counter()
-        self.read_ms += (self.read_done - self.tokenized) * 1000
-        return list(reads)
 
 
 def make_backend(args: argparse.Namespace) -> Any:
