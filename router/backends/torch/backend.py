@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench
     from router.settings import FastBackendSettings
 
 MAX_LABELS = 128
+STATE_IDS_KEPT = 4096  # tokenized states kept (a few MB: ids of at most max_input_chars)
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +93,10 @@ class TorchBackend(FastBackend):
             "pad_id": options.pad_id,
         }
         self._questions: dict[tuple[str, str], _Question] = {}
+        # States tokenized lately (worker thread only): one message asked several questions (a
+        # ticket's intent, queue and priority) is tokenized once; 1.0 ms a 200-token state on the
+        # H200's host, 5% of a single read (docs/backends.md)
+        self._state_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
         # A read runs one question's items at a time (their shared prefix), so a batch takes one
@@ -270,11 +276,22 @@ class TorchBackend(FastBackend):
         return _Pending(request, question, None)
 
     def items(self, pending: Sequence[_Pending]) -> list[SlotItem]:
-        """The token-level reads of ``pending``, their states tokenized in one batched call."""
-        todo = [p for p in pending if p.item is None]
-        states = dict(zip(map(id, todo), encode_many(self.tokenizer, [p.request.state for p in todo]),
-                          strict=True))
-        return [p.item if p.item is not None else self._item(p, states[id(p)]) for p in pending]
+        """The token-level reads of ``pending``, their states tokenized in one batched call: each
+        distinct state once, and none that the last ``STATE_IDS_KEPT`` tokenized."""
+        texts = dict.fromkeys(p.request.state for p in pending if p.item is None)
+        known = self._state_ids
+        for text in texts:
+            if text in known:
+                known.move_to_end(text)
+        missing = [text for text in texts if text not in known]
+        if missing:
+            for text, ids in zip(missing, encode_many(self.tokenizer, missing), strict=True):
+                known[text] = ids
+        states = {text: known[text] for text in texts}
+        while len(known) > STATE_IDS_KEPT:
+            known.popitem(last=False)
+        return [p.item if p.item is not None else self._item(p, states[p.request.state])
+                for p in pending]
 
     def _item(self, pending: _Pending, state_ids: tuple[int, ...]) -> SlotItem:
         request, question = pending.request, pending.question

@@ -304,9 +304,10 @@ def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[
     many.append(type(many[0])("q", "Which intent?", many[0].options, "", seed=99))  # empty state
     tokenizer = shared.tokenizer
     assert encode_many(tokenizer, [r.state for r in many]) == [encode(tokenizer, r.state) for r in many]
-    one_by_one = [shared.items([shared.pending(r)])[0] for r in many]
-    assert shared.items([shared.pending(r) for r in many]) == one_by_one
-    assert one_by_one[0] == shared.item(many[0])
+    reference = backend(parts)  # its own tokenized states: ``shared`` starts with none
+    one_by_one = [reference.items([reference.pending(r)])[0] for r in many]
+    assert backend(parts).items([reference.pending(r) for r in many]) == one_by_one
+    assert one_by_one[0] == backend(parts).item(many[0])
     seen = spy.seen
     calls = 0
     real_call = type(tokenizer).__call__
@@ -378,6 +379,44 @@ def test_backend_sizes_batches_by_the_readers_graph_buckets(parts: tuple[Any, An
 
         assert all(len(scores) == 1 for scores in asyncio.run(concurrently()))
         assert [len(batch) for batch in spy.seen] == want
+
+
+def test_backend_tokenizes_a_state_once_across_questions_and_batches(parts: tuple[Any, Any]) -> None:
+    """One message asked several questions (in one batch, or one after another) is tokenized once,
+    with the ids a fresh tokenizing gives; the kept states are bounded (oldest out first)."""
+    from policies.types import DecisionRequest, Option
+    from router.backends.torch import backend as backend_module
+    from router.backends.torch.prompt import encode
+
+    shared = backend(parts)
+    texts: list[list[str]] = []
+    real = backend_module.encode_many
+
+    def counting(tokenizer: Any, batch: list[str]) -> Any:
+        texts.append(list(batch))
+        return real(tokenizer, batch)
+
+    ticket = "my card was charged twice and the refund never came"
+    questions = [DecisionRequest(q, f"Which {q}?", (Option("a"), Option("b"), Option("c")), ticket)
+                 for q in ("intent", "queue", "priority")]
+    backend_module.encode_many = counting  # type: ignore[assignment]
+    try:
+        items = shared.items([shared.pending(r) for r in questions])  # one batch, three questions
+        again = shared.items([shared.pending(questions[0])])  # a later batch, the same message
+        other = shared.items([shared.pending(requests(2)[1])])
+    finally:
+        backend_module.encode_many = real
+    assert texts == [[ticket], [requests(2)[1].state]]
+    want = encode(shared.tokenizer, ticket)
+    assert all(item.suffix_ids[: len(want)] == want for item in items + again)
+    assert other[0].suffix_ids[:3] == encode(shared.tokenizer, requests(2)[1].state)[:3]
+    original = backend_module.STATE_IDS_KEPT
+    backend_module.STATE_IDS_KEPT = 2
+    try:
+        shared.items([shared.pending(r) for r in requests(4)])
+    finally:
+        backend_module.STATE_IDS_KEPT = original
+    assert list(shared._state_ids) == [r.state for r in requests(4)][-2:]
 
 
 def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
