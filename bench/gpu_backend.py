@@ -128,23 +128,31 @@ class Phases:
         return list(reads)
 
 
-async def single_phases(backend: TorchBackend, make: Callable[[int, int], DecisionRequest],
-                        iters: int) -> dict[str, float]:
-    """Where a single read's time goes (medians, ms): before the worker thread starts, tokenizing
-    the state, the reader's read, and from its end to the caller (``Phases``)."""
-    phases = Phases(backend)
+async def phase_rows(backend: TorchBackend, phases: Phases,
+                     requests: list[DecisionRequest]) -> dict[str, list[float]]:
+    """Each request read alone, its time split by ``phases`` (installed on ``backend``), ms:
+    before the worker thread starts, tokenizing the state, the reader's read, and from its end to
+    the caller."""
     rows: dict[str, list[float]] = {k: [] for k in ("total", "before_worker", "tokenize", "read",
                                                     "after_worker")}
+    for request in requests:
+        t0 = time.perf_counter()
+        await backend.read([request])
+        t1 = time.perf_counter()
+        for name, seconds in (("total", t1 - t0), ("before_worker", phases.entered - t0),
+                              ("tokenize", phases.tokenized - phases.entered),
+                              ("read", phases.read_done - phases.tokenized),
+                              ("after_worker", t1 - phases.read_done)):
+            rows[name].append(seconds * 1000)
+    return rows
+
+
+async def single_phases(backend: TorchBackend, make: Callable[[int, int], DecisionRequest],
+                        iters: int) -> dict[str, float]:
+    """Where a single read's time goes: ``phase_rows``' medians."""
+    phases = Phases(backend)
     try:
-        for request in [make(20_000 + k, 1) for k in range(iters)]:
-            t0 = time.perf_counter()
-            await backend.read([request])
-            t1 = time.perf_counter()
-            for name, seconds in (("total", t1 - t0), ("before_worker", phases.entered - t0),
-                                  ("tokenize", phases.tokenized - phases.entered),
-                                  ("read", phases.read_done - phases.tokenized),
-                                  ("after_worker", t1 - phases.read_done)):
-                rows[name].append(seconds * 1000)
+        rows = await phase_rows(backend, phases, [make(20_000 + k, 1) for k in range(iters)])
     finally:
         phases.restore()
     return {name: percentile(values, 50) for name, values in rows.items()}

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import common
-from bench.gpu_backend import Phases, build_requests, covering_keys, percentile
+from bench.gpu_backend import Phases, build_requests, covering_keys, percentile, phase_rows
 
 # H200, the reader's time for 1 and 32 reads: device call 3 (c3eb5b0); the sixth session's call 1
 # (4c395d7) read 21.7 and 139.5, and 46.3 / 76.2 for buckets of 8 / 16 (this line: 49.1 / 79.8)
@@ -117,17 +117,7 @@ async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     requests = [make(k, 1) for k in range(args.iters)]  # built (and their signatures) untimed
     for request in requests:
         request.signature()
-    rows: dict[str, list[float]] = {k: [] for k in ("total", "before_worker", "tokenize", "read",
-                                                    "after_worker")}
-    for request in requests:
-        t0 = time.perf_counter()
-        await backend.read([request])
-        t1 = time.perf_counter()
-        for name, ms in (("total", t1 - t0), ("before_worker", phases.entered - t0),
-                         ("tokenize", phases.tokenized - phases.entered),
-                         ("read", phases.read_done - phases.tokenized),
-                         ("after_worker", t1 - phases.read_done)):
-            rows[name].append(ms * 1000)
+    rows = await phase_rows(backend, phases, requests)
     single = {name: statistics.median(values) for name, values in rows.items()}
     single["p99_total"] = percentile(rows["total"], 99)
     single["host"] = single["total"] - single["read"]
