@@ -201,6 +201,28 @@ def test_the_plan_leaves_the_newest_for_the_next_batch() -> None:
     assert run.batches == [[10 + k % 10 for k in range(16)], [10 + k % 10 for k in range(16, 20)]]
 
 
+def test_a_caller_that_leaves_while_its_question_waits_is_skipped() -> None:
+    """A request waiting behind another question's batch whose caller goes away (a client that
+    disconnects) is dropped when its turn comes; the others of its question are still read."""
+    run = Recorder(delay_s=0.1)
+
+    async def scenario() -> list[Any]:
+        coalescer = Coalescer(run, executor=pool, window_s=0.01, max_batch=8, group_of=by_tens)
+        first = asyncio.ensure_future(coalescer.submit([10]))
+        await asyncio.sleep(0.05)  # question 1 reads now
+        leaving = asyncio.ensure_future(coalescer.submit([20]))
+        staying = asyncio.ensure_future(coalescer.submit([21]))
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        results = await asyncio.gather(first, staying)
+        await coalescer.aclose()
+        return results
+
+    with ThreadPoolExecutor(1) as pool:
+        results = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert results == [[20], [42]] and run.batches == [[10], [21]]
+
+
 def test_a_failing_plan_takes_everything_and_the_worker_goes_on(caplog: Any) -> None:
     run = Recorder()
 
