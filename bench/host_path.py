@@ -36,6 +36,7 @@ from typing import Any
 
 from bench import common
 from bench.gpu_backend import Phases, build_requests, covering_keys, percentile, phase_rows
+from router.backends.torch.coalescer import padded_size
 
 # H200, the reader's time for 1 and 32 reads: device call 3 (c3eb5b0); the sixth session's call 1
 # (4c395d7) read 21.7 and 139.5, and 46.3 / 76.2 for buckets of 8 / 16 (this line: 49.1 / 79.8)
@@ -51,11 +52,8 @@ class ModelledReader:
     def __init__(self, base_ms: float, per_item_ms: float, batch_sizes: tuple[int, ...] = ()) -> None:
         import torch
 
-        self.base_ms, self.per_item_ms, self.batch_sizes = base_ms, per_item_ms, batch_sizes
+        self.base_ms, self.per_item_ms, self.batch_sizes = base_ms, per_item_ms, tuple(sorted(batch_sizes))
         self.device, self.compiled, self.needs_warm_up = torch.device("cpu"), False, False
-
-    def padded(self, n: int) -> int:
-        return next((b for b in self.batch_sizes if b >= n), n)
 
     def read(self, items: Any) -> list[Any]:
         import numpy as np
@@ -66,7 +64,7 @@ class ModelledReader:
         for item in items:
             key = (item.prefix_ids, len(item.canvas_ids))
             groups[key] = groups.get(key, 0) + 1
-        time.sleep(sum(self.base_ms + self.per_item_ms * self.padded(n) for n in groups.values()) / 1000)
+        time.sleep(sum(self.base_ms + self.per_item_ms * padded_size(n, self.batch_sizes) for n in groups.values()) / 1000)
         out = []
         for item in items:
             n = len(item.label_ids)

@@ -10,6 +10,10 @@ The read runs as its own task, so a decision that leaves (a client that disconne
 one waiting on its read; the task writes the read cache whether or not anyone still waits. A
 failed read fails every decision that waited on it, each with the same error (each escalates).
 Within one process; across replicas the read cache is what they share.
+
+Not ``singleflight.SingleFlight`` (the escalations'): that runs one call per key and stops it
+when its last waiter leaves; here one backend call reads all of a decision list's new keys (an
+HTTP backend's batch), and it runs to the end so that the read cache gets its answers.
 """
 
 from __future__ import annotations

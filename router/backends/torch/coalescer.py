@@ -44,6 +44,13 @@ class _Entry(Generic[Item]):
     group: Hashable = None  # what group_of says of its items (a tuple when they differ)
 
 
+def padded_size(n: int, sizes: Sequence[int]) -> int:
+    """The items a read of ``n`` items costs: the smallest of ``sizes`` (graph buckets, sorted)
+    that holds them, or ``n`` itself past them (an unpadded read)."""
+    at = bisect.bisect_left(sizes, n)
+    return sizes[at] if at < len(sizes) else n
+
+
 def bucket_take(available: int, sizes: Sequence[int], fixed_items: float) -> int:
     """How many of ``available`` items of one group to read now, when reads are padded up to the
     smallest of ``sizes`` (graph buckets, sorted; none: no padding) and a read of a bucket of b
@@ -54,12 +61,8 @@ def bucket_take(available: int, sizes: Sequence[int], fixed_items: float) -> int
     if available <= 0 or not sizes:
         return available
 
-    def cost(n: int) -> float:
-        at = bisect.bisect_left(sizes, n)
-        return fixed_items + (sizes[at] if at < len(sizes) else n)  # past the buckets: unpadded
-
     candidates = [available, *(s for s in sizes if s < available)]
-    return max(candidates, key=lambda n: (n / cost(n), n))
+    return max(candidates, key=lambda n: (n / (fixed_items + padded_size(n, sizes)), n))
 
 
 class Coalescer(Generic[Item, Result]):
@@ -154,9 +157,8 @@ class Coalescer(Generic[Item, Result]):
                 self._enough.clear()
 
     def _take(self) -> list[_Entry[Item]]:
-        for entry in [e for e in self._pending if e.future.done()]:  # its caller went away
-            self._pending.remove(entry)
-            self._pending_items -= len(entry.items)
+        self._pending = [e for e in self._pending if not e.future.done()]  # callers gone
+        self._pending_items = sum(len(e.items) for e in self._pending)
         if not self._pending:
             return []
         if self.group_of is None:

@@ -131,7 +131,7 @@ class DiffusionSlotReader(Frozen):
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         """The graph buckets' item counts (a read is padded up to one); () without graphs."""
-        return self.graph_shapes.batches if self.graphs is not None and self.graph_shapes else ()
+        return self.graph_shapes.batches if self.graph_shapes is not None else ()
 
     @property
     def needs_warm_up(self) -> bool:
