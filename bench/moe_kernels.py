@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import astuple
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +37,34 @@ SWEEP: dict[int, list[Shape]] = {
            (128, (128, 64, 16, 8, 4), (256, 64, 16, 8, 3)), (128, (128, 64, 4, 8, 4), (256, 64, 4, 8, 3))],
 }
 QUICK_SWEEP = 2  # configs per token count under --quick (after the heuristic's pick)
+
+
+def wide_sweep(n_tokens: int, picked: Any) -> list[Any]:
+    """``--wide``: one kernel's tile varied at a time, the other kept at the pick's (the two
+    kernels run one after the other, so a row's difference from the pick is its varied kernel's),
+    over each row-block size; then the pick's grouping varied for both. Shapes past the chip's
+    shared memory are reported as errors and the sweep goes on."""
+    from router.backends.torch.triton_moe import MoeConfig, Tile
+
+    small = n_tokens * TOP_K / EXPERTS <= 32
+    # 64-row blocks at a batch of reads measured 20% slower (the full sweep of 2026-12-03)
+    block_ms = (16, 32) if small else (128,)
+    gate_up_nk = [(32, 128), (64, 128), (64, 256), (128, 128)] if small else \
+        [(64, 64), (64, 128), (128, 32), (128, 64)]
+    down_nk = [(64, 128), (128, 64), (128, 128), (256, 64)] if small else \
+        [(128, 64), (128, 128), (256, 32), (256, 64)]
+    launch = [(4, 3), (4, 4), (8, 4)] if small else [(4, 4), (8, 3), (8, 4), (8, 5)]
+    group = picked.gate_up.group_m
+    configs = []
+    for block_m in block_ms:
+        for n, k in gate_up_nk:
+            configs += [MoeConfig(block_m, Tile(n, k, group, w, s), picked.down) for w, s in launch]
+        for n, k in down_nk:
+            configs += [MoeConfig(block_m, picked.gate_up, Tile(n, k, group, w, s)) for w, s in launch]
+    for g in (1, 4, 16, 32):
+        configs.append(MoeConfig(picked.block_m, Tile(*astuple(picked.gate_up)[:2], g, *astuple(picked.gate_up)[3:]),
+                                 Tile(*astuple(picked.down)[:2], g, *astuple(picked.down)[3:])))
+    return list(dict.fromkeys(c for c in configs if c != picked))
 
 
 def graph_ms(fn: Any, iters: int) -> tuple[float, Any, bool]:
@@ -124,14 +153,22 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             partial(triton_moe.align_pairs_triton, index, EXPERTS, picked.block_m), args.iters)
         rows.append({"tokens": n_tokens, "kernel": "align_pairs_triton", "ms": round(align_ms, 4),
                      "config": f"m{picked.block_m} (part of the pick)", "graph": captured})
-        swept = (triton_moe.MoeConfig(m, triton_moe.Tile(*gate_up), triton_moe.Tile(*down))
-                 for m, gate_up, down in SWEEP[n_tokens])
-        others = [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]
+        if args.wide:
+            others = wide_sweep(n_tokens, picked)
+        else:
+            swept = (triton_moe.MoeConfig(m, triton_moe.Tile(*gate_up), triton_moe.Tile(*down))
+                     for m, gate_up, down in SWEEP[n_tokens])
+            others = [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]
         bf16_fused = partial(triton_moe.fused_experts, hidden, experts.gate_up_proj, experts.down_proj,
                              index, weights)
         picked_out = fused_row("triton_fused", f"{picked} (pick)", partial(bf16_fused, config=picked))
         for config in others:
             fused_row("triton_fused", str(config), partial(bf16_fused, config=config))
+        if args.wide:  # the pick again after the sweep: how far the chip drifted meanwhile
+            fused_row("triton_fused", f"{picked} (pick, again)", partial(bf16_fused, config=picked))
+        if args.no_fp8:
+            rows[0]["peer_max_abs"] = float(peer.float().abs().max())
+            return rows
         gate_up, down = fp8.quantize_rows(experts.gate_up_proj), fp8.quantize_rows(experts.down_proj)
         fp8_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down))
         out = fused_row("triton_fused_fp8", f"{picked} (pick)",
@@ -150,6 +187,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--quick", action="store_true",
                         help=f"the heuristic's pick and {QUICK_SWEEP} more configs, 10 replays")
+    parser.add_argument("--wide", action="store_true",
+                        help="sweep each kernel's tile alone over more shapes (wide_sweep)")
+    parser.add_argument("--no-fp8", action="store_true", help="skip the weight-only FP8 row")
     parser.add_argument("--out", default="", help="write the rows as JSON here")
     args = parser.parse_args()
     import torch
