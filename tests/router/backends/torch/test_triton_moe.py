@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -122,20 +123,25 @@ def run_fused(experts: Any, hidden: Any, index: Any, weights: Any, config: MoeCo
                                     experts.down_proj.to(dtype), index, weights, config=config)
 
 
-@pytest.mark.parametrize("aligner", ["torch", "triton"])
+ALIGNERS = {"torch": triton_moe.align_pairs,
+            "triton_three": partial(triton_moe.align_pairs_triton, one_program=False),
+            "triton_one": partial(triton_moe.align_pairs_triton, one_program=True)}
+
+
+@pytest.mark.parametrize("aligner", list(ALIGNERS))
 @pytest.mark.parametrize("block_m", [4, 16])
 @pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
 @pytest.mark.parametrize("n_tokens", [1, 5, 37])
 def test_alignment_holds_every_pair_once_in_single_expert_blocks(n_tokens: int, kind: str,
                                                                  block_m: int, aligner: str) -> None:
-    """Both aligners (``align_pairs``, the torch reference; ``align_pairs_triton``, what the fused
-    kernels use): every pair once, blocks of one expert in expert order, padding only past each
-    expert's pairs and after the last; the torch one keeps pair order within an expert (the
-    Triton one places pairs in the order of its atomic increments)."""
+    """Every aligner (``align_pairs``, the torch reference; ``align_pairs_triton``, what the fused
+    kernels use, in one program or three kernels): every pair once, blocks of one expert in
+    expert order, padding only past each expert's pairs and after the last; the torch one keeps
+    pair order within an expert (the Triton ones place pairs in the order of their atomic
+    increments)."""
     _, index, _ = routing(n_tokens, kind)
     n_pairs = index.numel()
-    align = triton_moe.align_pairs if aligner == "torch" else triton_moe.align_pairs_triton
-    sorted_pairs, block_expert = align(index, EXPERTS, block_m)
+    sorted_pairs, block_expert = ALIGNERS[aligner](index, EXPERTS, block_m)
     n_blocks = -(-(n_pairs + EXPERTS * (block_m - 1)) // block_m)
     assert sorted_pairs.shape == (n_blocks * block_m,) and block_expert.shape == (n_blocks,)
     real = sorted_pairs != n_pairs  # the sentinel, and nothing else, marks padding
@@ -159,14 +165,15 @@ def test_alignment_holds_every_pair_once_in_single_expert_blocks(n_tokens: int, 
     assert bool((block_expert[used][1:] >= block_expert[used][:-1]).all())  # by expert
 
 
+@pytest.mark.parametrize("aligner", ["triton_three", "triton_one"])
 @pytest.mark.parametrize("block_m", [32, 128])
-def test_triton_alignment_equals_the_torch_one_at_the_real_sizes(block_m: int) -> None:
+def test_triton_alignment_equals_the_torch_one_at_the_real_sizes(block_m: int, aligner: str) -> None:
     """264 tokens (one read) on 8 of 128 experts: the same block labels, and each expert's blocks
     hold the same pairs (the fused kernels' rows do not depend on their order within an expert)."""
     gen = torch.Generator().manual_seed(7)
     index = torch.stack([torch.randperm(128, generator=gen)[:8] for _ in range(264)])
     want = triton_moe.align_pairs(index, 128, block_m)
-    got = triton_moe.align_pairs_triton(index, 128, block_m)
+    got = ALIGNERS[aligner](index, 128, block_m)
     assert torch.equal(got.block_expert, want.block_expert)
     assert got.sorted_pairs.shape == want.sorted_pairs.shape
     for expert in range(128):
