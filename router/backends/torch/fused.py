@@ -310,11 +310,17 @@ class OnePass(Frozen):
         under ``mask`` (a bias or a ``Band``). ``queries`` (B, H, M, D) per stream; ``outs``/``lses``:
         each stream's own-key attention in ``fold_groups``' layout. Returned as (B, M, H*D), the
         output projection's input."""
-        import torch
 
         n_heads, dim = queries[0].shape[1], queries[0].shape[3]
         n_kv = prefix.keys[index].shape[1]
-        flat = torch.cat([q.transpose(0, 1).reshape(n_heads, -1, dim) for q in queries], dim=1)
+        # each stream's queries copied once, head-major, into place (a reshape of the transposed
+        # view copies where the layout asks it, and a cat copied everything again)
+        flat = queries[0].new_empty((n_heads, sum(q.shape[0] * q.shape[2] for q in queries), dim))
+        at = 0
+        for q in queries:
+            flat[:, at:at + q.shape[0] * q.shape[2]].view(n_heads, q.shape[0], q.shape[2], dim).copy_(
+                q.transpose(0, 1))
+            at += q.shape[0] * q.shape[2]
         folded = fold_groups(flat.unsqueeze(0), n_kv)
         if isinstance(mask, Band):
             out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
