@@ -260,8 +260,10 @@ def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
     Triton here (``ops.triton_missing``), or the fused experts disagreeing with
     ``moe.experts_forward`` over the torch row ops on random bf16 experts (uneven groups, one
     expert unused); with ``fp8``, its weight-only FP8 path against the same experts' dequantized
-    copies. Independent of the row ops' check (``ops.triton_problem``): one family's failed check
-    turns only that family off. Checked once per device and mode, logged."""
+    copies; or its router kernel (triton_router.py) disagreeing with the torch router's tail
+    (``triton_router.router_disagreement``): the family serves both or neither. Independent of
+    the row ops' check (``ops.triton_problem``): one family's failed check turns only that family
+    off. Checked once per device and mode, logged."""
     from router.backends.torch.ops import triton_missing
 
     problem = triton_missing(device)
@@ -283,6 +285,7 @@ def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
     from router.backends.torch.moe import experts_forward
     from router.backends.torch.ops import TORCH_OPS
     from router.backends.torch.triton_moe import fused_experts
+    from router.backends.torch.triton_router import router_disagreement
 
     gen = torch.Generator(device=device).manual_seed(0)
     n_experts, hidden_dim, inter_dim, tokens, top_k = 8, 256, 128, 40, 2
@@ -309,5 +312,7 @@ def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
         got = fused_experts(hidden, experts.gate_up_proj, experts.down_proj, index, weights).float()
     want = experts_forward(experts, hidden, index, weights, TORCH_OPS).float()
     error = float((got - want).norm() / want.norm())
-    kind = "fused MoE (FP8 weights)" if fp8 else "fused MoE"
-    return "" if error < 2e-2 else f"{kind} differs from the row-copy experts (relative error {error:.3g})"
+    if not error < 2e-2:
+        kind = "fused MoE (FP8 weights)" if fp8 else "fused MoE"
+        return f"{kind} differs from the row-copy experts (relative error {error:.3g})"
+    return router_disagreement(device)

@@ -56,8 +56,9 @@ def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer |
     """``ffn_half`` with the experts as one fused Triton MoE (triton_moe.py: gather, gate/up GEMM
     with the activation, down GEMM, weighted sum); with ``weights``, through the experts' FP8
     copies weight-only (e4m3 weights widened in the kernel, activations bf16: half the bytes a
-    single read streams)."""
-    from router.backends.torch import triton_moe
+    single read streams). The router's softmax/top-k tail is one Triton kernel too
+    (triton_router.py)."""
+    from router.backends.torch import triton_moe, triton_router
 
     def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
         if weights is None:
@@ -67,15 +68,22 @@ def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer |
                                         weights.down.weight, weights.down.scale, top_k_index,
                                         top_k_weights)
 
-    return _ffn(layer, attn_out, residual, experts)
+    return _ffn(layer, attn_out, residual, experts, route=triton_router.route)
 
 
-def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any) -> Any:
+def route_module(router: Any, flat: Any) -> tuple[Any, Any]:
+    """transformers' router module itself: its (top_k_weights, top_k_index) of the rows ``flat``."""
+    _, top_k_weights, top_k_index = router(flat)
+    return top_k_weights, top_k_index
+
+
+def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any,
+         route: Callable[[Any, Any], tuple[Any, Any]] = route_module) -> Any:
     hidden = residual + layer.post_attention_layernorm(attn_out)
     residual = hidden
     dense = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
     flat = residual.reshape(-1, residual.shape[-1])
-    _, top_k_weights, top_k_index = layer.router(flat)
+    top_k_weights, top_k_index = route(layer.router, flat)
     experts = experts(layer.pre_feedforward_layernorm_2(flat), top_k_index, top_k_weights)
     experts = layer.post_feedforward_layernorm_2(experts.reshape(residual.shape))
     return residual + layer.post_feedforward_layernorm(dense + experts)
