@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import astuple
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,8 +62,8 @@ def wide_sweep(n_tokens: int, picked: Any) -> list[Any]:
         for n, k in down_nk:
             configs += [MoeConfig(block_m, picked.gate_up, Tile(n, k, group, w, s)) for w, s in launch]
     for g in (1, 4, 16, 32):
-        configs.append(MoeConfig(picked.block_m, Tile(*astuple(picked.gate_up)[:2], g, *astuple(picked.gate_up)[3:]),
-                                 Tile(*astuple(picked.down)[:2], g, *astuple(picked.down)[3:])))
+        configs.append(MoeConfig(picked.block_m, replace(picked.gate_up, group_m=g),
+                                 replace(picked.down, group_m=g)))
     return list(dict.fromkeys(c for c in configs if c != picked))
 
 

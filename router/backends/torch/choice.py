@@ -245,7 +245,7 @@ def build_pieces(choice: KernelChoice) -> Pieces:
     if choice.fused_moe:
         pieces = replace(pieces, ffn=ffn_half_fused)
     if choice.merge_op:
-        pieces = replace(pieces, merge=ops.merge)
+        pieces = replace(pieces, merge=ops.merge, merge3=ops.merge3)
     if not choice.compiled:
         return pieces
     from router.backends.torch.compiled import compile_pieces

@@ -68,5 +68,6 @@ def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool 
         ffn_joint=compiled(partial(ffn_joint, eager.ffn)) if fuse_cats else None,
         rows_kv=compiled(eager.rows_kv) if compile_rows_kv else eager.rows_kv,
         merge=eager.merge if merge_op else compiled(eager.merge),
+        merge3=eager.merge3 if merge_op else compiled(eager.merge3),
         merge_parts=compiled(eager.merge_parts),
         band_softmax=compiled(eager.band_softmax))

@@ -231,7 +231,8 @@ class OnePass(Frozen):
                 out_e, lse_e = self.pieces.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
             else:
                 out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
-            out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind)
+            out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind,
+                                              merged=prefix is None)
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
                 out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
@@ -288,7 +289,8 @@ class OnePass(Frozen):
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads = query.shape[1]
-        out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True)
+        out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True,
+                                      merged=prefix is None)
         if prefix is None:
             out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
         else:
@@ -308,8 +310,9 @@ class OnePass(Frozen):
         """Each stream's attention output merged with its attention to the shared prefix: all
         queries of the batch, laid out as one sequence, read the prefix (batch of one) at once
         under ``mask`` (a bias or a ``Band``). ``queries`` (B, H, M, D) per stream; ``outs``/``lses``:
-        each stream's own-key attention in ``fold_groups``' layout. Returned as (B, M, H*D), the
-        output projection's input."""
+        each stream's own-key attention in ``fold_groups``' layout, or two parts of it
+        (``canvas_own``'s, a pair each), merged with the prefix in one three-part merge. Returned
+        as (B, M, H*D), the output projection's input."""
 
         n_heads, dim = queries[0].shape[1], queries[0].shape[3]
         n_kv = prefix.keys[index].shape[1]
@@ -330,8 +333,13 @@ class OnePass(Frozen):
         g, offset, merged = n_heads // n_kv, 0, []
         for out, lse, q in zip(outs, lses, queries, strict=True):
             part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
-            merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g),
-                                            group_view(out_p, g, **part), group_view(lse_p, g, **part)))
+            prefix_part = (group_view(out_p, g, **part), group_view(lse_p, g, **part))
+            if isinstance(out, tuple):  # two own-key parts (canvas_own): one three-part merge
+                merged.append(self.pieces.merge3(group_view(out[0], g), group_view(lse[0], g),
+                                                 group_view(out[1], g), group_view(lse[1], g),
+                                                 *prefix_part))
+            else:
+                merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g), *prefix_part))
             offset += q.shape[0] * q.shape[2]
         return merged
 
@@ -423,27 +431,32 @@ class OnePass(Frozen):
 
     def canvas_attend(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
                       batch: OnePassBatch, masks: dict[tuple[str, str], Any], kind: str, *,
-                      slot: bool = False) -> tuple[Any, Any]:
+                      slot: bool = False, merged: bool = True) -> tuple[Any, Any]:
         """The canvas rows' (or, ``slot``, their slot queries') attention to their own keys, folded
-        (out, lse): in place (``canvas_own``) where ``in_place``, else over per-row copies of their
-        prompt rest's and canvas's keys (``rows_kv``) under the dense bias."""
+        (out, lse): in place (``canvas_own``; its two parts unmerged unless ``merged``) where
+        ``in_place``, else over per-row copies of their prompt rest's and canvas's keys
+        (``rows_kv``) under the dense bias."""
         if self.in_place(batch):
             return self.canvas_own(query, enc_kv, dec_kv,
-                                   masks[("slot_rest" if slot else "dec_rest", kind)])
+                                   masks[("slot_rest" if slot else "dec_rest", kind)], merged=merged)
         rows_k, rows_v = self.pieces.rows_kv(*enc_kv, *dec_kv, batch.row_item)
         return self.pieces.attend(fold_groups(query, dec_kv[0].shape[1]), rows_k, rows_v,
                                   masks[("slot" if slot else "dec", kind)])
 
     def canvas_own(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
-                   rest_mask: Any) -> tuple[Any, Any]:
-        """The canvas rows' own-key attention in two parts, merged: their own canvas's keys with
-        no mask (a canvas sees all of itself) and their item's prompt-rest keys in place under
-        ``rest_mask``; folded (out, lse) as one read over [prompt rest, canvas] gives them."""
+                   rest_mask: Any, *, merged: bool = True) -> tuple[Any, Any]:
+        """The canvas rows' own-key attention in two parts: their item's prompt-rest keys in place
+        under ``rest_mask`` and their own canvas's keys with no mask (a canvas sees all of
+        itself). ``merged``: as one folded (out, lse), what one read over [prompt rest, canvas]
+        gives; else the parts as ((out_rest, out_canvas), (lse_rest, lse_canvas)), which
+        ``with_prefix`` merges with the prefix part in one three-part merge (no merged copy)."""
         n_kv = dec_kv[0].shape[1]
         folded = fold_groups(query, n_kv)
         out_c, lse_c = self.pieces.attend(folded, *dec_kv, None)
         out_r, lse_r = self.pieces.attend(folded, *enc_kv, rest_mask)
-        return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
+        if merged:
+            return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
+        return (out_r, out_c), (lse_r, lse_c)
 
     def causal_own(self, kind: str, width: int) -> bool:
         """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by

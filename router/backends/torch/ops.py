@@ -61,6 +61,23 @@ def _(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torc
     return out_a.new_empty((b, m, h_kv * g * d))
 
 
+@torch.library.custom_op("slotgate::merge_groups3", mutates_args=())
+def merge_groups3(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+                  out_c: torch.Tensor, lse_c: torch.Tensor) -> torch.Tensor:
+    """``merge_groups`` of three parts (prefix_attention's ``merge_grouped3``)."""
+    from router.backends.torch.prefix_attention import merge_grouped3
+
+    return merge_grouped3(out_a, lse_a, out_b, lse_b, out_c, lse_c)  # type: ignore[no-any-return]
+
+
+def _merged_like(out_a: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+    b, h_kv, g, m, d = out_a.shape
+    return out_a.new_empty((b, m, h_kv * g * d))
+
+
+merge_groups3.register_fake(_merged_like)
+
+
 # The Triton twins: the same schemas and fakes; only a reader whose choice says ``triton`` (made
 # on CUDA after ``triton_problem`` found none) ever calls them.
 @torch.library.custom_op("slotgate::moe_gather_triton", mutates_args=())
@@ -103,17 +120,35 @@ merge_groups_triton.register_fake(
         (out_a.shape[0], out_a.shape[3], out_a.shape[1] * out_a.shape[2] * out_a.shape[4])))
 
 
+@torch.library.custom_op("slotgate::merge_groups3_triton", mutates_args=())
+def merge_groups3_triton(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                         lse_b: torch.Tensor, out_c: torch.Tensor, lse_c: torch.Tensor) -> torch.Tensor:
+    """``merge_groups3`` as one Triton kernel where it applies (as ``merge_groups_triton``)."""
+    from router.backends.torch import triton_kernels
+    from router.backends.torch.prefix_attention import merge_grouped3
+
+    dim = out_a.shape[-1]
+    if out_a.stride(-1) == out_b.stride(-1) == out_c.stride(-1) == 1 and dim & (dim - 1) == 0:
+        return triton_kernels.merge_groups(  # type: ignore[no-any-return]
+            out_a, lse_a, out_b, lse_b, out_c, lse_c)
+    return merge_grouped3(out_a, lse_a, out_b, lse_b, out_c, lse_c)  # type: ignore[no-any-return]
+
+
+merge_groups3_triton.register_fake(_merged_like)
+
+
 @dataclass(frozen=True, slots=True)
 class RowOps:
-    """The three row ops one reader calls: the torch references or their Triton twins."""
+    """The row ops one reader calls: the torch references or their Triton twins."""
 
     gather: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
     combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     merge: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    merge3: Callable[..., torch.Tensor]  # three (out, lse) parts -> the output projection's layout
 
 
-TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups)
-TRITON_OPS = RowOps(moe_gather_triton, moe_combine_triton, merge_groups_triton)
+TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups, merge_groups3)
+TRITON_OPS = RowOps(moe_gather_triton, moe_combine_triton, merge_groups_triton, merge_groups3_triton)
 
 
 def row_ops(triton: bool) -> RowOps:
@@ -173,5 +208,13 @@ def _disagreement(kernels: Any, device: torch.device) -> str:
     got = kernels.merge_groups(out_a, lse_a, out_b, lse_b)
     if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
         return "attention merge differs"
+    # a third part shaped as the other two (B, Hk, G, M, D), laid out otherwise (contiguous), and
+    # heavier (its log-sum-exps larger), so a dropped or misweighted part shows
+    out_c = torch.randn(out_a.shape, generator=gen, device=device, dtype=torch.bfloat16)
+    lse_c = torch.randn(lse_a.shape, generator=gen, device=device) + 1.0
+    want = merge_groups3(out_a, lse_a, out_b, lse_b, out_c, lse_c)
+    got = kernels.merge_groups(out_a, lse_a, out_b, lse_b, out_c, lse_c)
+    if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
+        return "three-part attention merge differs"
     return ""
 

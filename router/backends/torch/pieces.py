@@ -15,6 +15,7 @@ from router.backends.torch.prefix_attention import (
     attend_math,
     band_softmax,
     merge_grouped,
+    merge_grouped3,
     merge_parts,
 )
 
@@ -155,8 +156,10 @@ class Pieces:
     attend_causal: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
     no_causal_dims: frozenset[int] = frozenset()
     # two parts' folded (out, lse) -> one (KernelChoice.rows_in_place: a canvas's own canvas and
-    # its prompt rest read in place, merged before the prefix)
+    # its prompt rest read in place, merged so where no prefix follows)
     merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
+    # three grouped parts -> (B, M, H*D): the canvases' two own-key parts and the prefix at once
+    merge3: Callable[..., Any] = merge_grouped3
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,

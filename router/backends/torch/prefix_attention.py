@@ -91,6 +91,25 @@ def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     return merged.to(out_a.dtype)
 
 
+def merge3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, lse_c: Any) -> Any:
+    """``merge`` of three parts of the same queries, in float32, rounded once."""
+    import torch
+
+    top = torch.maximum(torch.maximum(lse_a, lse_b), lse_c)
+    w_a, w_b, w_c = (torch.exp(lse - top)[..., None] for lse in (lse_a, lse_b, lse_c))
+    merged = (out_a.float() * w_a + out_b.float() * w_b + out_c.float() * w_c) / (w_a + w_b + w_c)
+    return merged.to(out_a.dtype)
+
+
+def merge_grouped3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, lse_c: Any) -> Any:
+    """``merge_grouped`` of three parts (a canvas's prompt rest read in place, its own canvas and
+    the prefix: ``OnePass.canvas_own``'s two parts unmerged), the same layouts in and out. Why:
+    merging the two own-key parts first wrote a copy that the prefix merge read again (2.4 ms of
+    a batch of 32 on an H200, ``merge_parts``)."""
+    merged = merge3(out_a, lse_a, out_b, lse_b, out_c, lse_c)
+    return merged.permute(0, 3, 1, 2, 4).reshape(merged.shape[0], merged.shape[3], -1)
+
+
 def merge_parts(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
     """Two parts' (out, lse) of the same queries, any layout, as one part over both parts' keys:
     ``merge``'s output and the log-sum-exp over all the keys (what a further merge needs)."""

@@ -65,32 +65,44 @@ def combine_rows(rows: Any, place: Any, weights: Any) -> Any:
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _merge_kernel(  # type: ignore[no-untyped-def]
-        out_a, lse_a, out_b, lse_b, dst, n_rows, groups, n_heads,
+        out_a, lse_a, out_b, lse_b, out_c, lse_c, dst, n_rows, groups, n_heads,
         a0, a1, a2, a3, la0, la1, la2, la3, b0, b1, b2, b3, lb0, lb1, lb2, lb3,
-        dim: tl.constexpr):
+        c0, c1, c2, c3, lc0, lc1, lc2, lc3, dim: tl.constexpr, three: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # item * n_rows + query
     head = tl.program_id(1).to(tl.int64)  # key head * groups + group
     item, query = row // n_rows, row % n_rows
     kv, group = head // groups, head % groups
     w_a = tl.load(lse_a + item * la0 + kv * la1 + group * la2 + query * la3)
     w_b = tl.load(lse_b + item * lb0 + kv * lb1 + group * lb2 + query * lb3)
-    top = tl.maximum(w_a, w_b)
-    w_a, w_b = tl.exp(w_a - top), tl.exp(w_b - top)
     cols = tl.arange(0, dim)
     x_a = tl.load(out_a + item * a0 + kv * a1 + group * a2 + query * a3 + cols).to(tl.float32)
     x_b = tl.load(out_b + item * b0 + kv * b1 + group * b2 + query * b3 + cols).to(tl.float32)
-    merged = (x_a * w_a + x_b * w_b) / (w_a + w_b)
+    if three:  # a third part (the canvases' prompt rest, own canvas and prefix at once)
+        w_c = tl.load(lse_c + item * lc0 + kv * lc1 + group * lc2 + query * lc3)
+        top = tl.maximum(tl.maximum(w_a, w_b), w_c)
+        w_a, w_b, w_c = tl.exp(w_a - top), tl.exp(w_b - top), tl.exp(w_c - top)
+        x_c = tl.load(out_c + item * c0 + kv * c1 + group * c2 + query * c3 + cols).to(tl.float32)
+        merged = (x_a * w_a + x_b * w_b + x_c * w_c) / (w_a + w_b + w_c)
+    else:
+        top = tl.maximum(w_a, w_b)
+        w_a, w_b = tl.exp(w_a - top), tl.exp(w_b - top)
+        merged = (x_a * w_a + x_b * w_b) / (w_a + w_b)
     tl.store(dst + (row * n_heads + head) * dim + cols, merged.to(dst.dtype.element_ty))
 
 
-def merge_groups(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
-    """ops.merge_groups on CUDA: inputs (B, Hk, G, M, D) / (B, Hk, G, M) with unit last stride
-    (D a power of two), output (B, M, Hk*G*D)."""
+def merge_groups(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any = None,
+                 lse_c: Any = None) -> Any:
+    """ops.merge_groups (with ``out_c``/``lse_c``: ops.merge_groups3) on CUDA: inputs
+    (B, Hk, G, M, D) / (B, Hk, G, M) with unit last stride (D a power of two), output
+    (B, M, Hk*G*D)."""
     items, kv, groups, rows, dim = out_a.shape
     out = out_a.new_empty((items, rows, kv * groups * dim))
+    three = out_c is not None
+    if not three:  # unused arguments of the two-part kernel: the second part's again
+        out_c, lse_c = out_b, lse_b
     if out.numel():
         _merge_kernel[(items * rows, kv * groups)](
-            out_a, lse_a, out_b, lse_b, out, rows, groups, kv * groups,
+            out_a, lse_a, out_b, lse_b, out_c, lse_c, out, rows, groups, kv * groups,
             *out_a.stride()[:4], *lse_a.stride(), *out_b.stride()[:4], *lse_b.stride(),
-            dim, num_warps=max(1, dim // 256))
+            *out_c.stride()[:4], *lse_c.stride(), dim, three, num_warps=max(1, dim // 256))
     return out

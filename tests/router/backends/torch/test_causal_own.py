@@ -197,8 +197,8 @@ def test_rows_in_place_read_what_the_two_pass_read_reads(window: int) -> None:
 
 def test_the_in_place_path_is_the_one_read() -> None:
     """The one-draw batch takes the in-place path (its masks are the prompt rests' alone), a
-    batch with more rows than items the copies; and a canvas_own that drops the prompt-rest part
-    changes the read (mutation check)."""
+    batch with more rows than items the copies; and a three-part merge that drops the prompt-rest
+    part changes the read (mutation check)."""
     model = tiny_model(window=64)
     reader = DiffusionSlotReader(model, choice=KernelChoice())
     onepass = reader.onepass
@@ -213,10 +213,12 @@ def test_the_in_place_path_is_the_one_read() -> None:
         assert (("dec", "sliding_attention") in masks) is not in_place
     batch = reader.prepare_onepass(ONE_DRAW, prefix_len=len(PREFIX), device=torch.device("cpu"))
 
-    def canvas_only(out_r: Any, lse_r: Any, out_c: Any, lse_c: Any) -> tuple[Any, Any]:
-        return out_c, lse_c
+    def canvas_only(out_r: Any, lse_r: Any, *canvas_and_prefix: Any) -> Any:
+        from router.backends.torch.prefix_attention import merge_grouped
 
-    broken = OnePass(model, replace(build_pieces(KernelChoice()), merge_parts=canvas_only))
+        return merge_grouped(*canvas_and_prefix)
+
+    broken = OnePass(model, replace(build_pieces(KernelChoice()), merge3=canvas_only))
     with torch.inference_mode():
         got, _, _ = broken(prefix, batch)
         right, _, _ = onepass(prefix, batch)

@@ -255,6 +255,39 @@ def test_merged_two_part_attention_equals_one_softmax_over_all_keys() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_merged_three_part_attention_equals_one_softmax_over_all_keys() -> None:
+    """merge3 (OnePass.canvas_own's two parts with the prefix's), plain and in the output
+    projection's layout (merge_grouped3, and the merge_groups3 op), against one softmax; a query
+    that sees nothing of one part weighs that part 0."""
+    from router.backends.torch.ops import merge_groups3
+    from router.backends.torch.prefix_attention import group_view, merge3, merge_grouped3
+
+    gen = torch.Generator().manual_seed(1)
+    batch, heads, kv_heads, m, dim, sizes = 2, 4, 2, 5, 8, (6, 4, 7)
+    n = sum(sizes)
+    q = torch.randn((batch, heads, m, dim), generator=gen)
+    keys, values = (torch.randn((batch, kv_heads, n, dim), generator=gen) for _ in range(2))
+    visible = torch.rand((batch, m, n), generator=gen) > 0.4
+    visible[0, 0, : sizes[0]] = False  # a query that sees nothing in the first part
+    visible[:, :, -1] = True  # every query sees something
+    groups = heads // kv_heads
+    rep = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    want = torch.nn.functional.scaled_dot_product_attention(q, *rep, attn_mask=visible[:, None],
+                                                            scale=1.0)
+    folded, unfolded, start = [], [], 0
+    for size in sizes:
+        part = slice(start, start + size)
+        out, lse = attend_math(fold_groups(q, kv_heads), keys[:, :, part], values[:, :, part],
+                               to_bias(visible[..., part], groups, q.dtype))
+        folded += [group_view(out, groups), group_view(lse, groups)]
+        unfolded += [unfold_groups(out, heads), unfold_groups(lse, heads)]
+        start += size
+    torch.testing.assert_close(merge3(*unfolded), want, rtol=1e-5, atol=1e-5)
+    laid_out = want.transpose(1, 2).flatten(2)  # (B, M, H*D): query head j*G+g
+    torch.testing.assert_close(merge_grouped3(*folded), laid_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merge_groups3(*folded), laid_out, rtol=1e-5, atol=1e-5)
+
+
 def graph_set(reader: DiffusionSlotReader, **shapes: Any) -> DiffusionSlotReader:
     """``reader`` rebuilt with uncaptured graph buckets (the CPU's stand-in for CUDA graphs)."""
     kwargs: dict[str, Any] = {"batches": (1, 4), "draws": (1, 3), "widths": (4, 16),

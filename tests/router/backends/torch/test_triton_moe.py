@@ -407,3 +407,22 @@ def test_the_start_up_check_of_the_row_kernels_passes_on_kernels_that_agree() ->
     from router.backends.torch.ops import _disagreement
 
     assert _disagreement(triton_kernels, torch.device("cpu")) == ""
+
+
+def test_the_three_part_merge_kernel_equals_its_torch_reference() -> None:
+    """triton_kernels.merge_groups with a third part (a canvas's prompt rest read in place, its
+    own canvas, the prefix: OnePass.canvas_own) against prefix_attention.merge_grouped3, from
+    strided grouped views as the read gives them, float32; and with two parts against
+    merge_grouped (the kernel serves both)."""
+    from router.backends.torch.prefix_attention import merge_grouped, merge_grouped3
+
+    gen = torch.Generator().manual_seed(0)
+    outs = [torch.randn((3, 5, 2, 4, 16), generator=gen).permute(0, 2, 3, 1, 4) for _ in range(3)]
+    lses = [torch.randn((5, 3, 2, 4), generator=gen).permute(1, 2, 3, 0) * 3 for _ in range(3)]
+    got = triton_kernels.merge_groups(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
+    want = merge_grouped3(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
+    assert got.shape == want.shape == (3, 5, 2 * 4 * 16)  # (B, M, Hk*G*D)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got = triton_kernels.merge_groups(outs[0], lses[0], outs[1], lses[1])
+    torch.testing.assert_close(got, merge_grouped(outs[0], lses[0], outs[1], lses[1]),
+                               rtol=1e-5, atol=1e-5)
