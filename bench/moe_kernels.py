@@ -149,14 +149,13 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             partial(triton_moe.align_pairs, index, EXPERTS, picked.block_m), args.iters)
         rows.append({"tokens": n_tokens, "kernel": "align_pairs (torch ops, the reference)",
                      "ms": round(align_ms, 4), "config": f"m{picked.block_m}", "graph": captured})
-        picked_one = n_tokens * TOP_K <= triton_moe.ALIGN_ONE_PROGRAM_PAIRS
-        for one in (False, True):
+        for pairs in sorted({triton_moe.ALIGN_PAIRS_A_PROGRAM, 256, 1024}):
             align_ms, _, captured = graph_ms(partial(triton_moe.align_pairs_triton, index, EXPERTS,
-                                                     picked.block_m, one_program=one), args.iters)
-            kernel = "align_pairs_triton, " + ("one program" if one else "three kernels")
-            rows.append({"tokens": n_tokens, "kernel": kernel, "ms": round(align_ms, 4),
-                         "config": f"m{picked.block_m}" + (" (part of the pick)" if one == picked_one else ""),
-                         "graph": captured})
+                                                     picked.block_m, pairs_a_program=pairs), args.iters)
+            shipped = pairs == triton_moe.ALIGN_PAIRS_A_PROGRAM
+            rows.append({"tokens": n_tokens, "kernel": f"align_pairs_triton, {pairs} pairs a program",
+                         "ms": round(align_ms, 4), "graph": captured,
+                         "config": f"m{picked.block_m}" + (" (part of the pick)" if shipped else "")})
         if args.wide:
             others = wide_sweep(n_tokens, picked)
         else:

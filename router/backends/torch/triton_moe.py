@@ -122,92 +122,42 @@ def align_pairs(top_k_index: torch.Tensor, n_experts: int, block_m: int) -> Alig
     return Alignment(sorted_pairs, block_expert)
 
 
-# Pairs a program of the alignment's kernels handles; row blocks its offsets kernel labels at once.
-ALIGN_PAIRS_A_PROGRAM = 1024
+# Pairs a program of the count and place kernels handles: one a thread (4 warps), so each
+# thread's atomic increment is its only one (a program of 1,024 pairs chained eight a thread:
+# the alignment measured 27 us a layer at one read on an H200, as much as in one program).
+ALIGN_PAIRS_A_PROGRAM = 128
+# Row blocks the offsets kernel labels at once; rows it marks as padding at once.
 ALIGN_BLOCKS_AT_ONCE = 64
-# Up to this many pairs (a few reads' worth: one read is ~2,100) the whole alignment runs as one
-# program of one kernel (``_align_one_kernel``): one launch where the three kernels and two fills
-# take five, and at a single read launches are its whole cost (the five measured 0.56 ms of a
-# 20.2 ms read on an H200, 30 layers). Past it, one program would walk too many pairs alone.
-ALIGN_ONE_PROGRAM_PAIRS = 8192
+ALIGN_ROWS_AT_ONCE = 1024
 
 
 def align_pairs_triton(top_k_index: torch.Tensor, n_experts: int, block_m: int, *,
-                       one_program: bool | None = None) -> Alignment:
-    """``align_pairs`` in Triton: up to ALIGN_ONE_PROGRAM_PAIRS pairs (``one_program`` None) in one
-    kernel of one program, past it in three small kernels (five launches with the two fills, where
-    the torch ops took about fifteen: 46 us a layer at one read on an H200, 1.4 ms of its 30
-    layers). The same sizes, padding and block labels; within an expert the pairs land in the
-    order of their atomic increments, not pair order, which changes no result: each row of a GEMM
-    tile is computed alone (same k order whatever its neighbours) and stored at its pair's own
-    place."""
+                       pairs_a_program: int = ALIGN_PAIRS_A_PROGRAM) -> Alignment:
+    """``align_pairs`` in three small Triton kernels (four launches with the counts' zeroing,
+    where the torch ops took about fifteen: 46 us a layer at one read on an H200, 1.4 ms of its
+    30 layers): count the pairs of each expert (atomic increments), turn the counts into each
+    expert's first row, label every row block and mark the padding rows (one program), place each
+    pair at its expert's next row (atomic increments). The same sizes, padding and block labels;
+    within an expert the pairs land in the order of their atomic increments, not pair order,
+    which changes no result: each row of a GEMM tile is computed alone (same k order whatever its
+    neighbours) and stored at its pair's own place. ``pairs_a_program``: a power of two (the
+    bench times others)."""
     flat = top_k_index.reshape(-1)
     n_pairs, device = flat.shape[0], flat.device
     n_blocks = triton.cdiv(n_pairs + n_experts * (block_m - 1), block_m)
-    if one_program if one_program is not None else n_pairs <= ALIGN_ONE_PROGRAM_PAIRS:
-        return _align_in_one_program(flat, n_experts, block_m, n_blocks)
-    sorted_pairs = torch.full((n_blocks * block_m,), n_pairs, dtype=torch.int64, device=device)
+    # every row is written: a pair's by the place kernel, the padding's by the offsets kernel
+    sorted_pairs = torch.empty((n_blocks * block_m,), dtype=torch.int64, device=device)
     counts = torch.zeros(n_experts, dtype=torch.int32, device=device)
     cursor = torch.empty(n_experts, dtype=torch.int32, device=device)
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
-    grid = (triton.cdiv(n_pairs, ALIGN_PAIRS_A_PROGRAM),)
-    _count_kernel[grid](flat, counts, n_pairs, block=ALIGN_PAIRS_A_PROGRAM)
-    _offsets_kernel[(1,)](counts, cursor, block_expert, n_experts, n_blocks, block_m=block_m,
-                          experts_p2=triton.next_power_of_2(n_experts),
-                          blocks_at_once=ALIGN_BLOCKS_AT_ONCE)
-    _place_kernel[grid](flat, cursor, sorted_pairs, n_pairs, block=ALIGN_PAIRS_A_PROGRAM)
+    grid = (triton.cdiv(n_pairs, pairs_a_program),)
+    _count_kernel[grid](flat, counts, n_pairs, block=pairs_a_program)
+    _offsets_kernel[(1,)](counts, cursor, block_expert, sorted_pairs, n_experts, n_blocks, n_pairs,
+                          block_m=block_m, experts_p2=triton.next_power_of_2(n_experts),
+                          blocks_at_once=ALIGN_BLOCKS_AT_ONCE, rows_at_once=ALIGN_ROWS_AT_ONCE,
+                          num_warps=8)
+    _place_kernel[grid](flat, cursor, sorted_pairs, n_pairs, block=pairs_a_program)
     return Alignment(sorted_pairs, block_expert)
-
-
-def _align_in_one_program(flat: torch.Tensor, n_experts: int, block_m: int, n_blocks: int) -> Alignment:
-    n_pairs = flat.shape[0]
-    experts_p2 = triton.next_power_of_2(n_experts)
-    sorted_pairs = torch.empty((n_blocks * block_m,), dtype=torch.int64, device=flat.device)
-    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=flat.device)
-    # counts, then each expert's next row; zeroed by the kernel (torch.empty launches nothing)
-    scratch = torch.empty(2 * experts_p2, dtype=torch.int32, device=flat.device)
-    _align_one_kernel[(1,)](flat, scratch, sorted_pairs, block_expert, n_pairs, n_experts,
-                            n_blocks * block_m, n_blocks, block_m=block_m,
-                            pairs_p2=triton.next_power_of_2(max(n_pairs, 1)), experts_p2=experts_p2,
-                            rows_at_once=ALIGN_PAIRS_A_PROGRAM, blocks_at_once=ALIGN_BLOCKS_AT_ONCE,
-                            num_warps=8)
-    return Alignment(sorted_pairs, block_expert)
-
-
-@triton.jit  # type: ignore[untyped-decorator]  # (Triton ships no type hints)
-def _align_one_kernel(flat, scratch, sorted_pairs, block_expert, n_pairs, n_experts,  # type: ignore[no-untyped-def]
-                      n_rows, n_blocks, block_m: tl.constexpr, pairs_p2: tl.constexpr,
-                      experts_p2: tl.constexpr, rows_at_once: tl.constexpr,
-                      blocks_at_once: tl.constexpr):
-    """The three kernels' steps in one program, a barrier between steps (each step reads what the
-    one before wrote to global memory; the program's threads are one block): zero the counts and
-    fill every row with the sentinel; count; offsets and block labels; place."""
-    experts = tl.arange(0, experts_p2)
-    real_expert = experts < n_experts
-    tl.store(scratch + experts, tl.zeros([experts_p2], dtype=tl.int32))
-    for first in range(0, n_rows, rows_at_once):
-        rows = first + tl.arange(0, rows_at_once)
-        tl.store(sorted_pairs + rows, tl.zeros([rows_at_once], dtype=tl.int64) + n_pairs,
-                 mask=rows < n_rows)
-    tl.debug_barrier()
-    pairs = tl.arange(0, pairs_p2)
-    real = pairs < n_pairs
-    expert_of = tl.load(flat + pairs, mask=real, other=0)
-    tl.atomic_add(scratch + expert_of, 1, mask=real)
-    tl.debug_barrier()
-    # volatile: read past the L1, where the atomics (done in L2) are not seen
-    counts = tl.load(scratch + experts, mask=real_expert, other=0, volatile=True)
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = tl.cumsum(padded, axis=0)
-    tl.store(scratch + experts_p2 + experts, ends - padded)  # each expert's first row
-    ends = tl.where(real_expert, ends, 1 << 30)
-    for first in range(0, n_blocks, blocks_at_once):
-        blocks = first + tl.arange(0, blocks_at_once)
-        label = tl.sum((ends[None, :] <= (blocks * block_m)[:, None]).to(tl.int32), axis=1)
-        tl.store(block_expert + blocks, label, mask=blocks < n_blocks)
-    tl.debug_barrier()
-    row = tl.atomic_add(scratch + experts_p2 + expert_of, 1, mask=real)
-    tl.store(sorted_pairs + row, pairs.to(tl.int64), mask=real)
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # (Triton ships no type hints)
@@ -218,13 +168,25 @@ def _count_kernel(flat, counts, n_pairs, block: tl.constexpr):  # type: ignore[n
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _offsets_kernel(counts, cursor, block_expert, n_experts, n_blocks,  # type: ignore[no-untyped-def]
-                    block_m: tl.constexpr, experts_p2: tl.constexpr, blocks_at_once: tl.constexpr):
+def _offsets_kernel(counts, cursor, block_expert, sorted_pairs, n_experts,  # type: ignore[no-untyped-def]
+                    n_blocks, n_pairs, block_m: tl.constexpr, experts_p2: tl.constexpr,
+                    blocks_at_once: tl.constexpr, rows_at_once: tl.constexpr):
     experts = tl.arange(0, experts_p2)
     real = experts < n_experts
-    padded = (tl.load(counts + experts, mask=real, other=0) + block_m - 1) // block_m * block_m
+    count = tl.load(counts + experts, mask=real, other=0)
+    padded = (count + block_m - 1) // block_m * block_m
     ends = tl.cumsum(padded, axis=0)
-    tl.store(cursor + experts, ends - padded, mask=real)  # each expert's first row
+    starts = ends - padded
+    tl.store(cursor + experts, starts, mask=real)  # each expert's first row
+    # the padding rows (the sentinel n_pairs): each expert's after its pairs, and all past the last
+    pad = (starts + count)[:, None] + tl.arange(0, block_m)[None, :]
+    sentinel = tl.zeros([experts_p2, block_m], dtype=tl.int64) + n_pairs
+    tl.store(sorted_pairs + pad, sentinel, mask=real[:, None] & (pad < ends[:, None]))
+    used = tl.sum(padded, axis=0)
+    for first in range(0, n_blocks * block_m, rows_at_once):
+        rows = first + tl.arange(0, rows_at_once)
+        tl.store(sorted_pairs + rows, tl.zeros([rows_at_once], dtype=tl.int64) + n_pairs,
+                 mask=(rows >= used) & (rows < n_blocks * block_m))
     ends = tl.where(real, ends, 1 << 30)  # no expert past the real ones
     for first in range(0, n_blocks, blocks_at_once):
         blocks = first + tl.arange(0, blocks_at_once)
