@@ -426,3 +426,28 @@ def test_a_rebuilt_twin_shares_the_merged_qkv_copies_and_reads_the_same() -> Non
     apart = reader.rebuilt(KernelChoice(joint_streams=False), graphs=False)
     assert apart.onepass is not None and apart.onepass.qkv_weights == ()
     assert_same_reads(twin.read(ITEMS), reader.read(ITEMS))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("items", [1, 3])
+def test_head_major_lays_each_stream_end_to_end_whatever_its_layout(items: int, layout: str) -> None:
+    """fused.head_major: queries (B, H, M, D) of two streams as (H, sum B*M, D), stream after
+    stream, item after item, the same values whether a stream's head-major form is a view (one
+    item, contiguous) or needs its copy into place (a transposed (B, M, H, D) projection)."""
+    from router.backends.torch.fused import head_major
+
+    gen = torch.Generator().manual_seed(3)
+    heads, dim = 4, 8
+
+    def stream(rows: int) -> Any:
+        if layout == "transposed":  # as a projection (B, M, H*D) viewed per head
+            return torch.randn((items, rows, heads, dim), generator=gen).transpose(1, 2)
+        return torch.randn((items, heads, rows, dim), generator=gen)
+
+    queries = (stream(5), stream(2))
+    got = head_major(queries)
+    # head h's rows: stream 0's items in order, then stream 1's
+    want = torch.cat([torch.stack([torch.cat([q[b, h] for b in range(items)]) for h in range(heads)])
+                      for q in queries], dim=1)
+    assert got.shape == (heads, items * 7, dim)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
