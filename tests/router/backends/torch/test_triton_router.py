@@ -66,26 +66,24 @@ def test_kernel_equals_the_torch_router(n_tokens: int, n_experts: int, top_k: in
     torch.testing.assert_close(weights, want_weights, rtol=0, atol=1e-6)
 
 
+def assert_routes_as_torch(scores: Any, scale: Any, top_k: int) -> None:
+    """The kernel's (weights, index) against the torch tail's: the same experts, weights within 1e-6."""
+    weights, index = route_top_k(scores, scale, top_k)
+    want_weights, want_index = route_top_k_torch(scores, scale, top_k)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(weights, want_weights, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("shift", [-1000.0, 1000.0])
 def test_scores_far_from_zero_route_as_near_it(shift: float) -> None:
     # The softmax takes each row's own max: far below zero, a max taken over the padding columns
     # too (12 experts padded to 16) would leave every exp at 0.
-    scores = distinct_scores(7, 12, torch.float32) + shift
-    scale = expert_scale(12)
-    weights, index = route_top_k(scores, scale, 3)
-    want_weights, want_index = route_top_k_torch(scores, scale, 3)
-    assert torch.equal(index, want_index)
-    torch.testing.assert_close(weights, want_weights, rtol=0, atol=1e-6)
+    assert_routes_as_torch(distinct_scores(7, 12, torch.float32) + shift, expert_scale(12), 3)
 
 
 def test_scores_are_read_through_their_strides() -> None:
     wide = distinct_scores(9, 24, torch.float32, seed=2)
-    scores = wide[:, ::2]  # every other column: a column stride of 2
-    scale = expert_scale(12)
-    weights, index = route_top_k(scores, scale, 3)
-    want_weights, want_index = route_top_k_torch(scores, scale, 3)
-    assert torch.equal(index, want_index)
-    torch.testing.assert_close(weights, want_weights, rtol=0, atol=1e-6)
+    assert_routes_as_torch(wide[:, ::2], expert_scale(12), 3)  # every other column: stride 2
 
 
 def test_equal_scores_go_to_the_lower_expert_first() -> None:
