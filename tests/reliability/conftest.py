@@ -70,11 +70,13 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 class Switch:
     """A MockBackend handler whose behaviour a test flips: "ok" (0.97 on the first option when
     the state says 'sure', else 0.5: escalated under the 0.9 fallback threshold), "down"
-    (BackendUnavailable), "slow" (sleeps ``slow_s``), "malformed" (one probability too few)."""
+    (BackendUnavailable, after ``down_s``: at once by default), "slow" (sleeps ``slow_s``),
+    "malformed" (one probability too few)."""
 
     def __init__(self) -> None:
         self.mode = "ok"
         self.slow_s = 1.0
+        self.down_s = 0.0
         self.calls = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -85,6 +87,8 @@ class Switch:
         self.calls += 1
         k = len(request.options)
         if self.mode == "down":
+            if self.down_s:
+                await asyncio.sleep(self.down_s)
             raise BackendUnavailable("mock backend is down")
         if self.mode == "slow":
             self.in_flight += 1
