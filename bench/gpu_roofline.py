@@ -35,7 +35,7 @@ GROUPS: list[tuple[str, str, bool]] = [
     ("MoE row copies (gather, combine)", r"_gather_kernel|_combine_kernel", False),
     ("attention merge", r"_merge_kernel", False),
     # the Triton router tail and pair alignment (triton_router.py, triton_moe.align_pairs_triton),
-    # or the torch ops they replaced
+    # or the torch ops they replaced (_align_one_kernel: 7b41684's one-program form, in older profiles)
     ("router top-k, pair alignment", (r"_route_kernel|_count_kernel|_offsets_kernel|_place_kernel|"
      r"_align_one_kernel|sort|topk|histc|histogram|scatter|cumsum"), False),
     ("concatenations, row gathers (rows' own keys)", r"cat|index_select|gather|copy", False),

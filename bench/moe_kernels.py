@@ -169,17 +169,15 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             fused_row("triton_fused", str(config), partial(bf16_fused, config=config))
         if args.wide:  # the pick again after the sweep: how far the chip drifted meanwhile
             fused_row("triton_fused", f"{picked} (pick, again)", partial(bf16_fused, config=picked))
-        if args.no_fp8:
-            rows[0]["peer_max_abs"] = float(peer.float().abs().max())
-            return rows
-        gate_up, down = fp8.quantize_rows(experts.gate_up_proj), fp8.quantize_rows(experts.down_proj)
-        fp8_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down))
-        out = fused_row("triton_fused_fp8", f"{picked} (pick)",
-                        partial(triton_moe.fused_experts, hidden, gate_up.weight, down.weight, index,
-                                weights, config=picked, gate_up_scale=gate_up.scale,
-                                down_scale=down.scale), streamed=fp8_bytes)
-        if out is not None and picked_out is not None:  # weight-only FP8's error against bf16's
-            rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
+        if not args.no_fp8:
+            gate_up, down = fp8.quantize_rows(experts.gate_up_proj), fp8.quantize_rows(experts.down_proj)
+            fp8_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down))
+            out = fused_row("triton_fused_fp8", f"{picked} (pick)",
+                            partial(triton_moe.fused_experts, hidden, gate_up.weight, down.weight,
+                                    index, weights, config=picked, gate_up_scale=gate_up.scale,
+                                    down_scale=down.scale), streamed=fp8_bytes)
+            if out is not None and picked_out is not None:  # weight-only FP8's error against bf16's
+                rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
         rows[0]["peer_max_abs"] = float(peer.float().abs().max())
     return rows
 

@@ -82,23 +82,23 @@ def attend_efficient(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
 
 def merge(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     """Two parts' outputs of the same queries merged into attention over both parts' keys."""
-    import torch
-
-    top = torch.maximum(lse_a, lse_b)
-    w_a = torch.exp(lse_a - top)[..., None]
-    w_b = torch.exp(lse_b - top)[..., None]
-    merged = (out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)
-    return merged.to(out_a.dtype)
+    return _merged(((out_a, lse_a), (out_b, lse_b)))
 
 
 def merge3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, lse_c: Any) -> Any:
-    """``merge`` of three parts of the same queries, in float32, rounded once."""
+    """``merge`` of three parts of the same queries."""
+    return _merged(((out_a, lse_a), (out_b, lse_b), (out_c, lse_c)))
+
+
+def _merged(parts: tuple[tuple[Any, Any], ...]) -> Any:
+    """Parts (out, lse) of the same queries weighed by exp(lse - the largest lse), summed in
+    float32 in part order and rounded once to the first part's dtype."""
     import torch
 
-    top = torch.maximum(torch.maximum(lse_a, lse_b), lse_c)
-    w_a, w_b, w_c = (torch.exp(lse - top)[..., None] for lse in (lse_a, lse_b, lse_c))
-    merged = (out_a.float() * w_a + out_b.float() * w_b + out_c.float() * w_c) / (w_a + w_b + w_c)
-    return merged.to(out_a.dtype)
+    top = functools.reduce(torch.maximum, [lse for _, lse in parts])
+    weights = [torch.exp(lse - top)[..., None] for _, lse in parts]
+    total = sum(out.float() * weight for (out, _), weight in zip(parts, weights, strict=True))
+    return (total / sum(weights)).to(parts[0][0].dtype)
 
 
 def merge_grouped3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, lse_c: Any) -> Any:
@@ -106,8 +106,7 @@ def merge_grouped3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, l
     the prefix: ``OnePass.canvas_own``'s two parts unmerged), the same layouts in and out. Why:
     merging the two own-key parts first wrote a copy that the prefix merge read again (2.4 ms of
     a batch of 32 on an H200, ``merge_parts``)."""
-    merged = merge3(out_a, lse_a, out_b, lse_b, out_c, lse_c)
-    return merged.permute(0, 3, 1, 2, 4).reshape(merged.shape[0], merged.shape[3], -1)
+    return _projection_layout(merge3(out_a, lse_a, out_b, lse_b, out_c, lse_c))
 
 
 def merge_parts(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
@@ -123,7 +122,11 @@ def merge_grouped(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     output projection reads it: (B, M, Hk*G*D), query head j*G+g. Why this layout: the attention
     kernels' outputs are read where they lie (no unfolding copies) and written once, in place for
     the projection (ops.merge_groups runs it as one Triton kernel on CUDA)."""
-    merged = merge(out_a, lse_a, out_b, lse_b)
+    return _projection_layout(merge(out_a, lse_a, out_b, lse_b))
+
+
+def _projection_layout(merged: Any) -> Any:
+    """A grouped (B, Hk, G, M, D) merge as the output projection reads it: (B, M, Hk*G*D)."""
     return merged.permute(0, 3, 1, 2, 4).reshape(merged.shape[0], merged.shape[3], -1)
 
 
