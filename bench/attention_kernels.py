@@ -234,6 +234,8 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
         "bound_flash_no_bias": lambda: no_bias_flash(q, k, v),
     }
     del full_bias
+    for splits in args.splits:
+        kernels.update(split_kv_rows(q, k, v, bias, splits))
     kernels["flash_varlen_band"] = partial(flash_prefix, problem, items, args.width, args.canvas)
     row: dict[str, Any] = {"queries": problem["n_queries"], "keys": n_keys}
     for name, fn in flex_compiles(problem).items():
@@ -254,6 +256,54 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 (a kernel refusing these shapes is reported)
             row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return row
+
+
+def chunk_merge(out: Any, lse: Any) -> tuple[Any, Any]:
+    """Key chunks' (S, Hk, M, D) outputs and (S, Hk, M) log-sum-exps merged into one part over
+    all the keys, (1, Hk, M, D) and (1, Hk, M), in torch ops."""
+    import torch
+
+    top = lse.amax(0, keepdim=True)
+    weight = torch.exp(lse - top)
+    total = weight.sum(0, keepdim=True)
+    merged = (out.float() * weight[..., None]).sum(0, keepdim=True) / total[..., None]
+    return merged.to(out.dtype), top + torch.log(total)
+
+
+def split_kv_rows(q: Any, k: Any, v: Any, bias: Any, splits: int) -> dict[str, Any]:
+    """The prefix read with its key slots cut into ``splits`` chunks that run as the batch of one
+    cuDNN call (split-KV: ``splits`` times the thread blocks, each a ``splits``-th of the keys),
+    merged by log-sum-exp. Why: one read's prefix read is 72 thread blocks on 132 SMs, each
+    looping over all 1,024 slots. "views": the query expanded (batch stride 0) and the keys and
+    the bias as strided views of the unsplit ones; "copies": every input laid chunk-major
+    beforehand (the prefix is static and the bias built once a batch); "nomerge": copies, the
+    attention alone (its output is not the answer)."""
+    import torch
+
+    n_slots = k.shape[2]
+    chunk = n_slots // splits
+
+    def chunked(x: Any) -> Any:  # (1, H, N, D) -> (S, H, N/S, D), a view
+        return x[0].unflatten(1, (splits, chunk)).transpose(0, 1)
+
+    k_view, v_view = chunked(k), chunked(v)
+    bias_view = bias[0].unflatten(-1, (splits, chunk)).permute(2, 0, 1, 3)  # (S, 1, GM, N/S)
+    q_view = q.expand(splits, -1, -1, -1)
+    q_copy, k_copy, v_copy = (x.contiguous() for x in (q_view, k_view, v_view))
+    bias_store = torch.zeros((splits, 1, bias.shape[2], -(-chunk // 16) * 16), dtype=bias.dtype,
+                             device=bias.device)
+    bias_copy = bias_store[..., :chunk]
+    bias_copy.copy_(bias_view)
+
+    def run(qs: Any, ks: Any, vs: Any, b: Any, merged: bool = True) -> tuple[Any, Any]:
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            qs, ks, vs, b.expand(splits, qs.shape[1], -1, -1), True, 0.0, False, False, scale=1.0)[:2]
+        lse = lse.reshape(splits, qs.shape[1], -1)[..., : qs.shape[2]].float()
+        return chunk_merge(out, lse) if merged else (out[:1], lse[:1])
+
+    return {f"cudnn_split{splits}_views": lambda: run(q_view, k_view, v_view, bias_view),
+            f"cudnn_split{splits}_copies": lambda: run(q_copy, k_copy, v_copy, bias_copy),
+            f"cudnn_split{splits}_nomerge": lambda: run(q_copy, k_copy, v_copy, bias_copy, False)}
 
 
 def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -441,6 +491,8 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="*", default=[],
                         help="only the kernels whose names start so (e.g. cudnn flash); default all")
     parser.add_argument("--no-projections", action="store_true")
+    parser.add_argument("--splits", type=int, nargs="*", default=[2, 4, 8],
+                        help="key-chunk counts for the split-KV rows of the prefix read")
     args = parser.parse_args()
 
     import torch

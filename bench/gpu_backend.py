@@ -170,6 +170,8 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
         graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity,
         fp8=getattr(args, "fp8", "off"), static_flex_items=getattr(args, "static_flex_items", 0),
+        split_kv_items=getattr(args, "split_kv_items", None),
+        split_kv_chunks=getattr(args, "split_kv_chunks", None),
         prefix_cache_entries=max(8, getattr(args, "questions", 1)),
         coalesce_by_question=not getattr(args, "mixed_batches", False))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,

@@ -273,6 +273,11 @@ def main() -> None:
                         help="the backend block's TorchOptions.fp8 (opt-in FP8 expert weights)")
     parser.add_argument("--static-flex-items", type=int, default=0,
                         help="the backend block's TorchOptions.static_flex_items (opt-in)")
+    parser.add_argument("--split-kv-items", type=int, default=None,
+                        help="the backend block's TorchOptions.split_kv_items (default: the "
+                             "device's; 0: the prefix read whole)")
+    parser.add_argument("--split-kv-chunks", type=int, default=None,
+                        help="the backend block's TorchOptions.split_kv_chunks (default: the device's)")
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--top-ops", type=int, default=60)

@@ -167,6 +167,7 @@ class TorchBackend(FastBackend):
         from router.backends.torch.choice import fused_moe_problem
         from router.backends.torch.ops import triton_problem
         from router.backends.torch.prefix_attention import causal_problem
+        from router.backends.torch.split_kv import SPLIT_KV_CHUNKS, split_problem
 
         out = []
         problem = triton_problem(reader.device)
@@ -183,6 +184,11 @@ class TorchBackend(FastBackend):
             if problem:
                 out.append("causal attention for the prompt rests' own keys off, their dense "
                            f"causal bias serves: {problem}")
+        if self.options.split_kv_items != 0 and choice.prefix_splits == 1:  # off by a failed check
+            chunks = self.options.split_kv_chunks or SPLIT_KV_CHUNKS
+            problem = split_problem(choice.attention, chunks, reader.device, dtype)
+            if problem:
+                out.append(f"the prefix read in key chunks off, it is read whole: {problem}")
         return out
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:
@@ -388,7 +394,9 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
         on_cuda = next(model.parameters()).device.type == "cuda"
         compiled = options.compiled if options.compiled is not None else on_cuda
         choice = default_choice(model, compiled=compiled, fp8=options.fp8,
-                                static_flex_items=options.static_flex_items)
+                                static_flex_items=options.static_flex_items,
+                                split_kv_items=options.split_kv_items,
+                                split_kv_chunks=options.split_kv_chunks)
         graphs = graph_shapes(options, capture=on_cuda) if compiled and choice.fused_pass else None
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad,

@@ -18,7 +18,9 @@ layer over the tied weights: exact, on by default, a switch so the bench can mea
 exact: on by default where the kernel has a causal form that agrees with the reference),
 ``rows_in_place`` (in batches of one canvas row an item, each row reads its prompt rest's keys
 where they lie and its canvas with no mask, instead of a per-row copy of both under a bias: exact,
-on by default).
+on by default), ``prefix_splits`` (the shared prefix's attention in that many key chunks run as
+one call's batch, split_kv.py: exact up to rounding; ``split_kv_items`` keeps it to reads of at
+most that many items, where it pays).
 A combination
 that cannot run is refused here with a ConfigError naming the switch.
 """
@@ -42,6 +44,12 @@ from router.backends.torch.prefix_attention import (
     causal_problem,
     no_causal_dims,
     pick_attention,
+)
+from router.backends.torch.split_kv import (
+    SPLIT_KV_CHUNKS,
+    SPLIT_KV_ITEMS,
+    split_attend,
+    split_problem,
 )
 from router.errors import ConfigError
 
@@ -86,13 +94,19 @@ class KernelChoice:
     # (rows_kv), in batches of one row an item; its own canvas then needs no mask
     # (OnePass.canvas_own: exact, two attention parts merged by their log-sum-exp)
     rows_in_place: bool = True
+    # the shared prefix's attention (under a bias) in this many key chunks, the batch of one call,
+    # merged by log-sum-exp (split_kv.py; 1: whole). Why: a single read's prefix read leaves most
+    # of an H200's SMs idle, each thread block looping over every key slot
+    prefix_splits: int = 1
+    # reads of MORE than this many items read the prefix whole (0: every read as prefix_splits)
+    split_kv_items: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
                          "trim_last", "fused_moe", "fp8", "static_flex_items", "joint_streams",
-                         "joint_streams_items", "causal_own", "rows_in_place"):
+                         "joint_streams_items", "causal_own", "rows_in_place", "split_kv_items"):
                 if getattr(self, name) not in (False, "off", frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -102,11 +116,18 @@ class KernelChoice:
         if self.triton and not (self.rows_moe or self.merge_op):
             raise ConfigError("kernel choice: triton needs rows_moe or merge_op (its kernels are "
                               "their ops)", field="triton")
-        for name in ("static_flex_items", "joint_streams_items"):
+        for name, least in (("static_flex_items", 0), ("joint_streams_items", 0),
+                            ("split_kv_items", 0), ("prefix_splits", 1)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"kernel choice: {name} must be an int >= 0, not {value!r}",
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"kernel choice: {name} must be an int >= {least}, not {value!r}",
                                   field=name)
+        if self.prefix_splits > 1 and not self.fused_pass:
+            raise ConfigError("kernel choice: prefix_splits needs fused_pass (the one-pass read)",
+                              field="prefix_splits")
+        if self.split_kv_items and self.prefix_splits == 1:
+            raise ConfigError("kernel choice: split_kv_items limits prefix_splits, which is 1 (off)",
+                              field="split_kv_items")
         if self.joint_streams_items and not self.joint_streams:
             raise ConfigError("kernel choice: joint_streams_items limits joint_streams, which is off",
                               field="joint_streams_items")
@@ -158,8 +179,16 @@ class KernelChoice:
         share one OnePass (``DiffusionSlotReader.onepass_for``)."""
         choice = self.small() if graph and 0 < n_items <= self.static_flex_items else self
         apart = bool(self.joint_streams_items) and n_items > self.joint_streams_items
-        return replace(choice, static_flex_items=0, joint_streams_items=0,
-                       joint_streams=choice.joint_streams and not apart)
+        whole = bool(self.split_kv_items) and n_items > self.split_kv_items
+        return replace(choice, static_flex_items=0, joint_streams_items=0, split_kv_items=0,
+                       joint_streams=choice.joint_streams and not apart,
+                       prefix_splits=1 if whole else choice.prefix_splits)
+
+    def read_thresholds(self) -> tuple[int, ...]:
+        """Item counts at which an eager read's choice (``for_read``) changes: 1 and one past
+        each read-level limit, so a reader builds a OnePass for every eager read it can get."""
+        return tuple(sorted({1} | {limit + 1 for limit in (self.joint_streams_items,
+                                                           self.split_kv_items) if limit}))
 
     def eager(self) -> KernelChoice:
         """The same kernels, uncompiled (the fall-back when compiling or capturing fails)."""
@@ -172,7 +201,8 @@ class KernelChoice:
                 "attention": dict(self.attention), "trim_last": self.trim_last,
                 "fused_moe": self.fused_moe, "fp8": self.fp8, "static_flex_items": self.static_flex_items, "joint_streams": self.joint_streams,
                 "joint_streams_items": self.joint_streams_items, "causal_own": self.causal_own,
-                "rows_in_place": self.rows_in_place}
+                "rows_in_place": self.rows_in_place, "prefix_splits": self.prefix_splits,
+                "split_kv_items": self.split_kv_items}
 
 
 FP8_MODES = ("off", "experts")
@@ -186,7 +216,8 @@ JOINT_STREAMS_ITEMS = 4
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
                    compile_backend: str = "inductor", fp8: str = "off",
-                   static_flex_items: int = 0) -> KernelChoice:
+                   static_flex_items: int = 0, split_kv_items: int | None = None,
+                   split_kv_chunks: int | None = None) -> KernelChoice:
     """A device's choice for ``model``: with ``fast_kernels`` (default: on CUDA) the band read for
     the head dims over cuDNN's Hopper kernels (the global layers; elsewhere cuDNN's flash kernel
     is faster), the experts in bfloat16 as the fused Triton MoE (when it agrees with the row-copy
@@ -195,7 +226,10 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in);
     ``joint_streams`` where the attention weights are tied too (on CUDA only in graph buckets of
     up to JOINT_STREAMS_ITEMS items); ``causal_own`` where the kernels' causal forms agree with
-    the reference here (``prefix_attention.causal_problem``)."""
+    the reference here (``prefix_attention.causal_problem``); on CUDA the prefix read in
+    ``split_kv_chunks`` key chunks (default SPLIT_KV_CHUNKS) for reads of up to ``split_kv_items``
+    items (default SPLIT_KV_ITEMS; 0: off) where the kernels read chunks right
+    (``split_kv.split_problem``)."""
     from router.backends.torch.fused import weights_shared
     from router.backends.torch.ops import triton_problem
 
@@ -223,11 +257,19 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     bf16 = dtype == torch.bfloat16
     # the fused MoE checks its own kernels: a failed check of the row ops does not turn it off
     fused = bf16 and not fused_moe_problem(device, fp8=fp8 != "off")
+    split_items = SPLIT_KV_ITEMS if split_kv_items is None else split_kv_items
+    chunks = split_kv_chunks or SPLIT_KV_CHUNKS
+    if split_items and split_problem(attention, chunks, device, dtype):
+        log.warning("torch read: the prefix read stays whole: %s",
+                    split_problem(attention, chunks, device, dtype))
+        split_items = 0
     return KernelChoice(band=frozenset(band), rows_moe=bf16 and triton and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
                         compile_backend=compile_backend, attention=attention, fp8=fp8,
                         joint_streams=joint, static_flex_items=static_flex_items,
-                        joint_streams_items=JOINT_STREAMS_ITEMS if joint else 0, causal_own=causal)
+                        joint_streams_items=JOINT_STREAMS_ITEMS if joint else 0, causal_own=causal,
+                        prefix_splits=chunks if split_items else 1,
+                        split_kv_items=split_items)
 
 
 def build_pieces(choice: KernelChoice) -> Pieces:
@@ -246,6 +288,9 @@ def build_pieces(choice: KernelChoice) -> Pieces:
         pieces = replace(pieces, ffn=ffn_half_fused)
     if choice.merge_op:
         pieces = replace(pieces, merge=ops.merge, merge3=ops.merge3)
+    if choice.prefix_splits > 1:
+        pieces = replace(pieces, attend_prefix=split_attend(pieces.attend, choice.prefix_splits,
+                                                            ops.merge_chunks, pieces.flex_dims))
     if not choice.compiled:
         return pieces
     from router.backends.torch.compiled import compile_pieces

@@ -110,8 +110,8 @@ class DiffusionSlotReader(Frozen):
             return {}
         out = {self.choice.for_read(1): self.onepass}
         wanted = [self.choice.for_read(n, graph=True) for n in batches]
-        if self.choice.joint_streams_items:  # eager reads past it: apart
-            wanted.append(self.choice.for_read(self.choice.joint_streams_items + 1))
+        # eager reads past a read-level limit (joint_streams_items, split_kv_items) read otherwise
+        wanted += [self.choice.for_read(n) for n in self.choice.read_thresholds()]
         for choice in wanted:
             if choice not in out:
                 out[choice] = OnePass(self.model, build_pieces(choice), choice.band, choice.trim_last,

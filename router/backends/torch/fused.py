@@ -347,7 +347,8 @@ class OnePass(Frozen):
             out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
                                        self.pieces.band_softmax)
         else:
-            out_p, lse_p = self.pieces.attend(folded, prefix.keys[index], prefix.values[index], mask)
+            attend = self.pieces.attend_prefix or self.pieces.attend
+            out_p, lse_p = attend(folded, prefix.keys[index], prefix.values[index], mask)
         g, offset, merged = n_heads // n_kv, 0, []
         for out, lse, q in zip(outs, lses, queries, strict=True):
             part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}

@@ -137,6 +137,25 @@ def merge_groups3_triton(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.
 merge_groups3_triton.register_fake(_merged_like)
 
 
+def merge_chunks_triton(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """split_kv.merge_chunks as one Triton kernel where it applies (unit last stride, D a power of
+    two); the torch arithmetic elsewhere. Not a custom op: attention runs uncompiled (its kernels
+    are graph-captured as they are), so nothing traces it."""
+    from router.backends.torch import triton_kernels
+    from router.backends.torch.split_kv import merge_chunks
+
+    dim = out.shape[-1]
+    if out.stride(-1) == 1 and dim & (dim - 1) == 0:
+        return triton_kernels.merge_chunks(out, lse)
+    return merge_chunks(out, lse)
+
+
+def merge_chunks_torch(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from router.backends.torch.split_kv import merge_chunks
+
+    return merge_chunks(out, lse)
+
+
 @dataclass(frozen=True, slots=True)
 class RowOps:
     """The row ops one reader calls: the torch references or their Triton twins."""
@@ -145,10 +164,13 @@ class RowOps:
     combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     merge: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     merge3: Callable[..., torch.Tensor]  # three (out, lse) parts -> the output projection's layout
+    # key chunks' (out, lse) -> one part over all the keys (split_kv)
+    merge_chunks: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups, merge_groups3)
-TRITON_OPS = RowOps(moe_gather_triton, moe_combine_triton, merge_groups_triton, merge_groups3_triton)
+TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups, merge_groups3, merge_chunks_torch)
+TRITON_OPS = RowOps(moe_gather_triton, moe_combine_triton, merge_groups_triton, merge_groups3_triton,
+                    merge_chunks_triton)
 
 
 def row_ops(triton: bool) -> RowOps:
@@ -216,5 +238,15 @@ def _disagreement(kernels: Any, device: torch.device) -> str:
     got = kernels.merge_groups(out_a, lse_a, out_b, lse_b, out_c, lse_c)
     if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
         return "three-part attention merge differs"
+    # key chunks (S, Hk, M, D) of strided storage, one chunk's log-sum-exps far below the others'
+    # (a chunk its queries do not see), so a dropped chunk or a wrong weight shows
+    chunks = torch.randn((5, 4, 3, 256), generator=gen, device=device, dtype=torch.bfloat16).permute(1, 2, 0, 3)
+    chunk_lse = torch.randn((5, 4, 3), generator=gen, device=device).permute(1, 2, 0)
+    chunk_lse[0, :, :2] = -1.0e30
+    want_out, want_lse = merge_chunks_torch(chunks, chunk_lse)
+    got_out, got_lse = kernels.merge_chunks(chunks, chunk_lse)
+    if not (torch.allclose(got_out.float(), want_out.float(), rtol=1e-2, atol=1e-2)
+            and torch.allclose(got_lse, want_lse, rtol=1e-4, atol=1e-4)):
+        return "key-chunk attention merge differs"
     return ""
 

@@ -160,6 +160,9 @@ class Pieces:
     merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
     # three grouped parts -> (B, M, H*D): the canvases' two own-key parts and the prefix at once
     merge3: Callable[..., Any] = merge_grouped3
+    # the shared prefix's attention under a bias (None: ``attend``): split_kv's chunked read
+    # (KernelChoice.prefix_splits)
+    attend_prefix: Attend | None = None
 
 
 EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,

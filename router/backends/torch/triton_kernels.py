@@ -106,3 +106,36 @@ def merge_groups(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any = No
             *out_a.stride()[:4], *lse_a.stride(), *out_b.stride()[:4], *lse_b.stride(),
             *out_c.stride()[:4], *lse_c.stride(), dim, three, num_warps=max(1, dim // 256))
     return out
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _chunk_merge_kernel(  # type: ignore[no-untyped-def]
+        out, lse, dst, dst_lse, n_rows, o0, o1, o2, l0, l1, l2,
+        splits: tl.constexpr, dim: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # head * n_rows + query
+    head, query = row // n_rows, row % n_rows
+    cols = tl.arange(0, dim)
+    top = tl.load(lse + head * l1 + query * l2)
+    for s in tl.static_range(1, splits):
+        top = tl.maximum(top, tl.load(lse + s * l0 + head * l1 + query * l2))
+    total = tl.zeros((), dtype=tl.float32)
+    acc = tl.zeros((dim,), dtype=tl.float32)
+    for s in tl.static_range(splits):  # chunk order, as the torch reference sums
+        weight = tl.exp(tl.load(lse + s * l0 + head * l1 + query * l2) - top)
+        part = tl.load(out + s * o0 + head * o1 + query * o2 + cols).to(tl.float32)
+        acc += part * weight
+        total += weight
+    tl.store(dst + row * dim + cols, (acc / total).to(dst.dtype.element_ty))
+    tl.store(dst_lse + row, top + tl.log(total))
+
+
+def merge_chunks(out: Any, lse: Any) -> tuple[Any, Any]:
+    """split_kv.merge_chunks on CUDA: out (S, Hk, M, D) with unit last stride (D a power of two),
+    lse (S, Hk, M) float32 -> (1, Hk, M, D), (1, Hk, M) float32, one program a query row."""
+    splits, heads, rows, dim = out.shape
+    dst = out.new_empty((1, heads, rows, dim))
+    dst_lse = lse.new_empty((1, heads, rows))
+    if dst.numel():
+        _chunk_merge_kernel[(heads * rows,)](out, lse, dst, dst_lse, rows, *out.stride()[:3],
+                                             *lse.stride(), splits, dim, num_warps=max(1, dim // 256))
+    return dst, dst_lse

@@ -168,7 +168,7 @@ def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
     """``default_choice`` turns ``causal_own`` off when the causal forms fail their check; before,
     only its log line said so. Asked again (memoised) for the choice that serves; a choice with
     ``causal_own`` on never asks it."""
-    from router.backends.torch import ops, prefix_attention
+    from router.backends.torch import ops, prefix_attention, split_kv
 
     model, tokenizer = parts
     backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(), model_id="tiny")
@@ -180,6 +180,7 @@ def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
 
     monkeypatch.setattr(ops, "triton_problem", lambda device: "")
     monkeypatch.setattr(prefix_attention, "causal_problem", causal_problem)
+    monkeypatch.setattr(split_kv, "split_problem", lambda names, splits, device, dtype: "")
 
     class OnCuda:
         device = torch.device("cuda")
@@ -192,6 +193,40 @@ def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
          "cudnn at head dim 256: disagrees (rel err 0.5, lse err 0.1)")]
     assert asked == [(names, "cuda", torch.float32)]
     assert backend._device_fallbacks(OnCuda(), replace(off, causal_own=True)) == []
+    assert len(asked) == 1
+
+
+def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``default_choice`` reads the prefix whole when the kernels fail split_kv's check; the
+    replica lists it. A choice that splits, or options that turned the split off
+    (``split_kv_items: 0``), never ask it."""
+    from router.backends.torch import ops, split_kv
+
+    model, tokenizer = parts
+    asked: list[tuple[Any, ...]] = []
+
+    def split_problem(names: Any, splits: int, device: Any, dtype: Any) -> str:
+        asked.append((names, splits, device.type))
+        return "cudnn at head dim 256: unavailable (RuntimeError: strides)"
+
+    monkeypatch.setattr(ops, "triton_problem", lambda device: "")
+    monkeypatch.setattr(split_kv, "split_problem", split_problem)
+
+    class OnCuda:
+        device = torch.device("cuda")
+        model = torch.nn.Linear(2, 2)
+
+    names = ((256, "cudnn"), (512, "efficient"))
+    whole = KernelChoice(attention=names)
+    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(), model_id="tiny")
+    assert backend._device_fallbacks(OnCuda(), whole) == [
+        ("the prefix read in key chunks off, it is read whole: cudnn at head dim 256: "
+         "unavailable (RuntimeError: strides)")]
+    assert asked == [(names, split_kv.SPLIT_KV_CHUNKS, "cuda")]
+    assert backend._device_fallbacks(OnCuda(), replace(whole, prefix_splits=4)) == []
+    off = TorchBackend(DiffusionSlotReader(model), tokenizer, options(split_kv_items=0), model_id="tiny")
+    assert off._device_fallbacks(OnCuda(), whole) == []
     assert len(asked) == 1
 
 
