@@ -54,14 +54,21 @@ def chunked(x: Any, splits: int) -> Any:
     return x[0].unflatten(1, (splits, x.shape[2] // splits)).transpose(0, 1)
 
 
+def chunk_count(n_keys: int, splits: int) -> int:
+    """The largest count of equal chunks, at most ``splits``, that ``n_keys`` keys cut into."""
+    return next(count for count in range(max(splits, 1), 0, -1) if n_keys % count == 0)
+
+
 def attend_split(q: Any, k: Any, v: Any, bias: Any, *, attend: Attend, splits: int,
                  merge: MergeChunks = merge_chunks) -> tuple[Any, Any]:
-    """``attend`` over a batch-of-one key set (the shared prefix) in ``splits`` key chunks, merged:
-    the same (out (1, Hk, M, D), lse (1, Hk, M)) as ``attend(q, k, v, bias)``. ``bias``
-    (1, 1, M, N) or None (no mask). A key set that does not cut evenly, or a batch of more than
-    one, is read whole."""
+    """``attend`` over a batch-of-one key set (the shared prefix) in up to ``splits`` key chunks,
+    merged: the same (out (1, Hk, M, D), lse (1, Hk, M)) as ``attend(q, k, v, bias)``. ``bias``
+    (1, 1, M, N) or None (no mask). The chunks are equal: their count is the largest divisor of
+    N up to ``splits`` (a graph bucket's 1,024 sliding slots: 4; an eager read's 1,023 filled
+    ones: 3; a prime N: 1, read whole, as is a batch of more than one)."""
     n_keys = k.shape[2]
-    if splits <= 1 or q.shape[0] != 1 or n_keys % splits:
+    splits = chunk_count(n_keys, splits) if q.shape[0] == 1 else 1
+    if splits == 1:
         return attend(q, k, v, bias)
     part_bias = None
     if bias is not None:  # (1, 1, M, N) -> (S, 1, M, N/S), a view

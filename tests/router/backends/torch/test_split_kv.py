@@ -79,15 +79,22 @@ def test_the_chunks_are_views_and_hold_their_positions() -> None:
         assert torch.equal(chunks[s], k[0, :, 3 * s: 3 * s + 3])
 
 
-def test_key_sets_that_do_not_cut_evenly_batches_and_one_chunk_are_read_whole() -> None:
-    q, k, v, bias = problem(60)
+def test_uneven_key_sets_cut_into_fewer_equal_chunks_and_prime_ones_batches_are_read_whole() -> None:
+    """1,023 filled sliding slots (an eager read's) cut into 3 chunks of 341, the 1,024 of a
+    graph bucket's buffer into 4; 60 keys asked for 8 chunks into 6 of 10."""
+    assert [split_kv.chunk_count(n, 4) for n in (1024, 1023, 1021, 8, 7)] == [4, 3, 1, 4, 1]
     calls: list[Any] = []
 
     def attend(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
         calls.append((q, k, bias))
         return attend_math(q, k, v, bias)
 
-    for splits, query in ((8, q), (1, q), (4, q.expand(2, -1, -1, -1))):  # 60 % 8; 1; a batch of 2
+    q, k, v, bias = problem(60)
+    out, lse = attend_split(q, k, v, bias, attend=attend, splits=8)
+    assert [tuple(c[1].shape) for c in calls] == [(6, 2, 10, 32)]
+    torch.testing.assert_close(out, attend_math(q, k, v, bias)[0], rtol=1e-5, atol=1e-5)
+    q, k, v, bias = problem(61)
+    for splits, query in ((8, q), (1, q), (4, q.expand(2, -1, -1, -1))):  # prime; 1; a batch of 2
         calls.clear()
         attend_split(query, k, v, bias, attend=attend, splits=splits)
         assert len(calls) == 1 and calls[0][0] is query and calls[0][1] is k and calls[0][2] is bias
@@ -190,8 +197,9 @@ def splits_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     whole = split_kv.attend_split
 
     def spy(q: Any, k: Any, v: Any, bias: Any, **kw: Any) -> tuple[Any, Any]:
-        if q.shape[0] == 1 and k.shape[2] % kw["splits"] == 0 and kw["splits"] > 1:
-            seen.append((q.shape[-1], kw["splits"]))
+        chunks = split_kv.chunk_count(k.shape[2], kw["splits"])
+        if q.shape[0] == 1 and chunks > 1:
+            seen.append((q.shape[-1], chunks))
         return whole(q, k, v, bias, **kw)
 
     monkeypatch.setattr(split_kv, "attend_split", spy)
@@ -220,7 +228,7 @@ def test_reads_with_the_prefix_in_chunks_read_what_the_two_pass_read_reads(
     kinds = {"sliding_attention": 16, "full_attention": 32}
     dims = {kinds[k] for k in kinds if k not in choice.band} - ({16, 32} if choice.attention else set())
     assert {dim for dim, _ in splits_seen} == dims
-    assert {n for _, n in splits_seen} <= {choice.prefix_splits}
+    assert all(1 < n <= choice.prefix_splits for _, n in splits_seen)
 
 
 def test_single_reads_read_chunks_and_larger_ones_whole_and_every_eager_read_has_its_pass(
