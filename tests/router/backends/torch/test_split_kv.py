@@ -92,7 +92,9 @@ def test_uneven_key_sets_cut_into_fewer_equal_chunks_and_prime_ones_batches_are_
     q, k, v, bias = problem(60)
     out, lse = attend_split(q, k, v, bias, attend=attend, splits=8)
     assert [tuple(c[1].shape) for c in calls] == [(6, 2, 10, 32)]
-    torch.testing.assert_close(out, attend_math(q, k, v, bias)[0], rtol=1e-5, atol=1e-5)
+    want_out, want_lse = attend_math(q, k, v, bias)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
     q, k, v, bias = problem(61)
     for splits, query in ((8, q), (1, q), (4, q.expand(2, -1, -1, -1))):  # prime; 1; a batch of 2
         calls.clear()
