@@ -77,10 +77,15 @@ def model() -> Any:
     return tiny_model(window=8)
 
 
-@pytest.fixture(scope="module")
-def want(model: Any) -> list[Any]:
+def two_pass_reads(model: Any) -> list[Any]:
+    """transformers' two-pass read of ITEMS and LONG, one at a time: the reference."""
     two = DiffusionSlotReader(model, choice=TWO_PASS)
     return [two.read([it])[0] for it in [*ITEMS, LONG]]
+
+
+@pytest.fixture(scope="module")
+def want(model: Any) -> list[Any]:
+    return two_pass_reads(model)
 
 
 def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:

@@ -6,7 +6,6 @@ split against transformers' two-pass read."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from itertools import product
 from typing import Any
@@ -15,28 +14,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-# As test_triton_moe: the interpreter is chosen when a kernel is decorated, so it is set before
-# triton_kernels is first imported; its fixture (imported: autouse here too) keeps it set.
-_saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
+from tests.router.backends.torch.interpreted import interpreted_imports
+
+# triton_kernels imported interpreted (interpreted.py); test_triton_moe's fixture (imported:
+# autouse here too) keeps the interpreter set while the tests run.
+with interpreted_imports():
     pytest.importorskip("triton")
     from router.backends.torch import prefix_attention, split_kv, triton_kernels
-    from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces
+    from router.backends.torch.choice import KernelChoice, build_pieces
     from router.backends.torch.diffusion import DiffusionSlotReader
     from router.backends.torch.ops import TORCH_OPS, TRITON_OPS
     from router.backends.torch.prefix_attention import attend_math, to_bias
     from router.backends.torch.split_kv import attend_split, merge_chunks, split_problem
     from router.errors import ConfigError
-    from tests.router.backends.torch.test_choice import BANDS, FLEX, LONG, SHAPES
+    from tests.router.backends.torch.test_choice import BANDS, FLEX, LONG, SHAPES, two_pass_reads
     from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
     from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
-finally:
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
 
 CPU = torch.device("cpu")
 
@@ -188,8 +182,7 @@ def model() -> Any:
 
 @pytest.fixture(scope="module")
 def want(model: Any) -> list[Any]:
-    two = DiffusionSlotReader(model, choice=TWO_PASS)
-    return [two.read([it])[0] for it in [*ITEMS, LONG]]
+    return two_pass_reads(model)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ weight-only FP8 form against the same on fp8.quantize_rows' dequantized weights.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from functools import partial
 from types import SimpleNamespace
@@ -16,21 +15,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-# The interpreter is chosen when a kernel is decorated (triton.knobs reads the variable then): set
-# before triton_moe (and the triton_kernels it uses) is first imported, restored afterwards (and
-# set again while this module's tests run: ``_interpreter``).
-_saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
+from tests.router.backends.torch.interpreted import interpreted_imports
+
+# triton_moe (and the triton_kernels it uses) imported interpreted (interpreted.py); the variable
+# is set again while this module's tests run (``_interpreter``)
+with interpreted_imports():
     triton = pytest.importorskip("triton")
     from router.backends.torch import fp8, triton_kernels, triton_moe
     from router.backends.torch.moe import experts_forward
     from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
-finally:
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
 
 if not all(type(k).__name__ == "InterpretedFunction"
            for k in (triton_moe._down_kernel, triton_kernels._combine_kernel)):

@@ -6,30 +6,24 @@ that turns the fused MoE family off when the kernel is wrong."""
 from __future__ import annotations
 
 import copy
-import os
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-# As test_triton_moe: the interpreter is chosen when a kernel is decorated, so it is set before
-# triton_router is first imported; its fixture (imported: autouse here too) keeps it set while
-# the tests run and mends the interpreter's bfloat16 dots the fused MoE's check needs.
-_saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
+from tests.router.backends.torch.interpreted import interpreted_imports
+
+# triton_router imported interpreted (interpreted.py); test_triton_moe's fixture (imported: autouse
+# here too) keeps the interpreter set while the tests run and mends the interpreter's bfloat16
+# dots the fused MoE's check needs.
+with interpreted_imports():
     pytest.importorskip("triton")
     from router.backends.torch import pieces, triton_router
     from router.backends.torch.choice import _fused_moe_disagreement
     from router.backends.torch.triton_router import route, route_top_k, route_top_k_torch
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
-finally:
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
 
 if type(triton_router._route_kernel).__name__ != "InterpretedFunction":
     pytest.skip("Triton's kernels were imported compiled earlier in this process (CUDA): these "
