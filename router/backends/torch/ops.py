@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from router.backends.torch.split_kv import merge_chunks
+
 log = logging.getLogger(__name__)
 
 
@@ -142,17 +144,10 @@ def merge_chunks_triton(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Ten
     two); the torch arithmetic elsewhere. Not a custom op: attention runs uncompiled (its kernels
     are graph-captured as they are), so nothing traces it."""
     from router.backends.torch import triton_kernels
-    from router.backends.torch.split_kv import merge_chunks
 
     dim = out.shape[-1]
     if out.stride(-1) == 1 and dim & (dim - 1) == 0:
         return triton_kernels.merge_chunks(out, lse)
-    return merge_chunks(out, lse)
-
-
-def merge_chunks_torch(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from router.backends.torch.split_kv import merge_chunks
-
     return merge_chunks(out, lse)
 
 
@@ -168,7 +163,7 @@ class RowOps:
     merge_chunks: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups, merge_groups3, merge_chunks_torch)
+TORCH_OPS = RowOps(moe_gather, moe_combine, merge_groups, merge_groups3, merge_chunks)
 TRITON_OPS = RowOps(moe_gather_triton, moe_combine_triton, merge_groups_triton, merge_groups3_triton,
                     merge_chunks_triton)
 
@@ -243,7 +238,7 @@ def _disagreement(kernels: Any, device: torch.device) -> str:
     chunks = torch.randn((5, 4, 3, 256), generator=gen, device=device, dtype=torch.bfloat16).permute(1, 2, 0, 3)
     chunk_lse = torch.randn((5, 4, 3), generator=gen, device=device).permute(1, 2, 0)
     chunk_lse[0, :, :2] = -1.0e30
-    want_out, want_lse = merge_chunks_torch(chunks, chunk_lse)
+    want_out, want_lse = merge_chunks(chunks, chunk_lse)
     got_out, got_lse = kernels.merge_chunks(chunks, chunk_lse)
     if not (torch.allclose(got_out.float(), want_out.float(), rtol=1e-2, atol=1e-2)
             and torch.allclose(got_lse, want_lse, rtol=1e-4, atol=1e-4)):
