@@ -23,11 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import print_table
-
-# DiffusionGemma-26B-A4B's sliding layers (../shared/models/...config.json)
-HEADS, KV_HEADS, DIM, WINDOW = 16, 8, 256, 1024
-GROUPS = HEADS // KV_HEADS
-SLOTS = 1024  # the static prefix buffer's sliding slots (window - 1 filled, aligned to 16)
+from bench.prefix_forms import (
+    DIM,
+    GROUPS,
+    HEADS,
+    KV_HEADS,
+    SLOTS,
+    flash,
+    flash_prefix,
+    flex_compiles,
+    flex_prefix,
+    no_bias_cudnn,
+    no_bias_flash,
+    out_and_lse,
+    prefix_problem,
+    split_kv_rows,
+)
 
 
 def replay_ms(fn: Any, iters: int) -> tuple[float, Any]:
@@ -46,144 +57,6 @@ def replay_ms(fn: Any, iters: int) -> tuple[float, Any]:
     except RuntimeError as exc:
         print(f"capture failed ({str(exc)[:120]}), timing eagerly", file=sys.stderr)
         return event_ms(fn, iters), out
-
-
-def prefix_problem(items: int, width: int, canvas: int, prefix_tokens: int, seed: int = 0) -> dict[str, Any]:
-    """Folded queries of a batch (all items' prompt rests, then their canvases) against the
-    sliding prefix slots, with each query's lowest visible slot (what fused.OnePass.masks gives)."""
-    import torch
-
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    n_queries = items * (width + canvas)
-    q = torch.randn((1, KV_HEADS, GROUPS * n_queries, DIM), generator=gen, device="cuda") / DIM ** 0.5
-    k, v = (torch.randn((1, KV_HEADS, SLOTS, DIM), generator=gen, device="cuda") for _ in range(2))
-    filled = min(SLOTS, WINDOW - 1, prefix_tokens)
-    key_pos = torch.full((SLOTS,), 1 << 40, device="cuda")
-    key_pos[:filled] = torch.arange(prefix_tokens - filled, prefix_tokens, device="cuda")
-    lengths = torch.randint(width // 2, width + 1, (items,), generator=gen, device="cuda")
-    steps = torch.arange(width, device="cuda")
-    enc_low = (prefix_tokens + steps).repeat(items) - (WINDOW - 1)
-    row_low = (prefix_tokens + lengths - (WINDOW - 1))[:, None].expand(-1, canvas).reshape(-1)
-    low = torch.cat([enc_low, row_low])  # (n_queries,)
-    visible = (key_pos[None, :] < prefix_tokens) & (key_pos[None, :] >= low[:, None])
-    return {"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16(), "visible": visible,
-            "low": low, "key_pos": key_pos, "n_queries": n_queries, "prefix_tokens": prefix_tokens,
-            "lengths": lengths, "filled": filled}
-
-
-def flash(q: Any, k: Any, v: Any, cum_q: Any, cum_k: Any, max_q: int, max_k: int, *,
-          causal: bool = False, left: int | None = None, right: int | None = None,
-          used_k: Any = None) -> tuple[Any, Any]:
-    """PyTorch's FlashAttention-2 (varlen when ``cum_q`` is given): q (total_q, H, D), k/v
-    (total_k, H_kv, D), grouped-query heads native; its window is bottom-right aligned (query i
-    of a sequence sees keys i + Lk - Lq - left ..= i + Lk - Lq + right), ``used_k`` the keys each
-    sequence reads from its ``cum_k`` start (so sequences may share keys). Returns (out, lse)."""
-    import torch
-
-    out, lse = torch.ops.aten._flash_attention_forward(
-        q, k, v, cum_q, cum_k, max_q, max_k, 0.0, causal, False, scale=1.0,
-        window_size_left=left, window_size_right=right, seqused_k=used_k)[:2]
-    return out, lse
-
-
-def flash_prefix(problem: dict[str, Any], items: int, width: int, canvas: int) -> tuple[Any, Any]:
-    """The prefix read with no mask at all, by FlashAttention-2 varlen: each item's prompt-rest
-    queries are a sequence over all filled slots under a window of ``WINDOW - 1 - width`` keys to
-    the left (the sliding band, bottom-right aligned), and each canvas row a sequence over the
-    filled slots from its own lowest visible one (``seqused_k``: every sequence starts in the same
-    shared keys). Returned in the folded layout of the other rows."""
-    import torch
-
-    q, k, v, filled = problem["q"], problem["k"], problem["v"], problem["filled"]
-    n, dev = problem["n_queries"], q.device
-    q_rows = q[0].view(HEADS, n, DIM).permute(1, 0, 2)  # (n, H, D): head j*G+g, a view
-    k_rows, v_rows = (x[0].permute(1, 0, 2) for x in (k, v))  # (slots, H_kv, D)
-    i32 = torch.int32
-    n_enc = items * width
-    cum_q = torch.arange(0, n_enc + 1, width, device=dev, dtype=i32)
-    starts = torch.zeros(items + 1, device=dev, dtype=i32)
-    used = torch.full((items,), filled, device=dev, dtype=i32)
-    out_e, lse_e = flash(q_rows[:n_enc], k_rows, v_rows, cum_q, starts, width, SLOTS,
-                         left=WINDOW - 1 - width, right=width, used_k=used)
-    low = (filled + problem["lengths"] - (WINDOW - 1)).clamp(min=0).to(i32)
-    cum_c = torch.arange(0, items * canvas + 1, canvas, device=dev, dtype=i32)
-    starts_c = torch.cat([low, low[-1:]])
-    out_c, lse_c = flash(q_rows[n_enc:], k_rows, v_rows, cum_c, starts_c, canvas, SLOTS,
-                         used_k=filled - low)
-    out = torch.cat([out_e, out_c]).permute(1, 0, 2).reshape(1, KV_HEADS, GROUPS * n, DIM)
-    lse = torch.cat([lse_e.reshape(HEADS, -1), lse_c.reshape(HEADS, -1)], 1)
-    return out, lse.reshape(1, KV_HEADS, GROUPS * n)
-
-
-def flex_prefix(problem: dict[str, Any], build_inside: bool = False) -> tuple[Any, Any]:
-    """FlexAttention over the prefix under a block mask of the same band (queries folded: query
-    row r of the folded axis is query r % n_queries of the batch); ``build_inside``: the block
-    mask is built in the timed (captured) call, as a read would build it from its lengths."""
-    import torch
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
-
-    low, key_pos, n = problem["low"], problem["key_pos"], problem["n_queries"]
-    high = problem["prefix_tokens"]
-
-    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        pos = key_pos[kv_idx]
-        return (pos < high) & (pos >= low[q_idx % n])
-
-    q, k, v = problem["q"], problem["k"], problem["v"]
-    def build() -> Any:
-        return create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2], device="cuda",
-                                 _compile=True)
-
-    block = build()
-    attend: Any = torch.compile(flex_attention, dynamic=False)
-
-    def run() -> tuple[Any, Any]:
-        out, aux = attend(q, k, v, block_mask=build() if build_inside else block, scale=1.0,
-                          return_aux=AuxRequest(lse=True))
-        return out, aux.lse
-
-    return run, block
-
-
-def flex_compiles(problem: dict[str, Any]) -> dict[str, Any]:
-    """The read's own flex path (prefix_attention.flex_mask) compiled three ways: static shapes
-    (one kernel per shape), dynamic shapes (one kernel for all), and dynamic with the queries
-    padded to a multiple of 128 and the kernel told so (IS_DIVISIBLE: no bounds checks, which a
-    dynamic length otherwise forces). Outputs are cut back to the real queries."""
-    import torch
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
-
-    from router.backends.torch.prefix_attention import flex_mask
-
-    q, k, v, visible = problem["q"], problem["k"], problem["v"], problem["visible"][None]
-    n = problem["n_queries"]
-    step = 128 // GROUPS
-    padded_n = -(-n // step) * step
-    q_pad = torch.zeros((1, KV_HEADS, GROUPS, padded_n, DIM), dtype=q.dtype, device=q.device)
-    q_pad[:, :, :, :n] = q.view(1, KV_HEADS, GROUPS, n, DIM)
-    q_pad = q_pad.view(1, KV_HEADS, GROUPS * padded_n, DIM)
-    vis_pad = torch.zeros((1, padded_n, visible.shape[2]), dtype=torch.bool, device=q.device)
-    vis_pad[:, :n] = visible
-    mask, mask_pad = flex_mask(visible, GROUPS), flex_mask(vis_pad, GROUPS)
-    aux = AuxRequest(lse=True)
-    static: Any = torch.compile(flex_attention, dynamic=False)
-    dynamic: Any = torch.compile(flex_attention, dynamic=True)
-    divisible = {"IS_DIVISIBLE": True}
-
-    def cut(result: tuple[Any, Any]) -> tuple[Any, Any]:
-        out, got = result
-        out = out.view(1, KV_HEADS, GROUPS, padded_n, DIM)[:, :, :, :n].reshape(1, KV_HEADS, GROUPS * n, DIM)
-        lse = got.lse.view(1, KV_HEADS, GROUPS, padded_n)[..., :n].reshape(1, KV_HEADS, GROUPS * n)
-        return out, lse
-
-    return {
-        "flex_mask_static": lambda: _lse(static(q, k, v, block_mask=mask, scale=1.0, return_aux=aux)),
-        "flex_mask_dynamic": lambda: _lse(dynamic(q, k, v, block_mask=mask, scale=1.0, return_aux=aux)),
-        "flex_mask_dynamic_padded": lambda: cut(dynamic(q_pad, k, v, block_mask=mask_pad, scale=1.0,
-                                                        return_aux=aux)),
-        "flex_mask_dynamic_padded_divisible": lambda: cut(dynamic(
-            q_pad, k, v, block_mask=mask_pad, scale=1.0, return_aux=aux, kernel_options=divisible)),
-    }
 
 
 def reference(problem: dict[str, Any]) -> tuple[Any, Any]:
@@ -258,54 +131,6 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
-def chunk_merge(out: Any, lse: Any) -> tuple[Any, Any]:
-    """Key chunks' (S, Hk, M, D) outputs and (S, Hk, M) log-sum-exps merged into one part over
-    all the keys, (1, Hk, M, D) and (1, Hk, M), in torch ops."""
-    import torch
-
-    top = lse.amax(0, keepdim=True)
-    weight = torch.exp(lse - top)
-    total = weight.sum(0, keepdim=True)
-    merged = (out.float() * weight[..., None]).sum(0, keepdim=True) / total[..., None]
-    return merged.to(out.dtype), top + torch.log(total)
-
-
-def split_kv_rows(q: Any, k: Any, v: Any, bias: Any, splits: int) -> dict[str, Any]:
-    """The prefix read with its key slots cut into ``splits`` chunks that run as the batch of one
-    cuDNN call (split-KV: ``splits`` times the thread blocks, each a ``splits``-th of the keys),
-    merged by log-sum-exp. Why: one read's prefix read is 72 thread blocks on 132 SMs, each
-    looping over all 1,024 slots. "views": the query expanded (batch stride 0) and the keys and
-    the bias as strided views of the unsplit ones; "copies": every input laid chunk-major
-    beforehand (the prefix is static and the bias built once a batch); "nomerge": copies, the
-    attention alone (its output is not the answer)."""
-    import torch
-
-    n_slots = k.shape[2]
-    chunk = n_slots // splits
-
-    def chunked(x: Any) -> Any:  # (1, H, N, D) -> (S, H, N/S, D), a view
-        return x[0].unflatten(1, (splits, chunk)).transpose(0, 1)
-
-    k_view, v_view = chunked(k), chunked(v)
-    bias_view = bias[0].unflatten(-1, (splits, chunk)).permute(2, 0, 1, 3)  # (S, 1, GM, N/S)
-    q_view = q.expand(splits, -1, -1, -1)
-    q_copy, k_copy, v_copy = (x.contiguous() for x in (q_view, k_view, v_view))
-    bias_store = torch.zeros((splits, 1, bias.shape[2], -(-chunk // 16) * 16), dtype=bias.dtype,
-                             device=bias.device)
-    bias_copy = bias_store[..., :chunk]
-    bias_copy.copy_(bias_view)
-
-    def run(qs: Any, ks: Any, vs: Any, b: Any, merged: bool = True) -> tuple[Any, Any]:
-        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            qs, ks, vs, b.expand(splits, qs.shape[1], -1, -1), True, 0.0, False, False, scale=1.0)[:2]
-        lse = lse.reshape(splits, qs.shape[1], -1)[..., : qs.shape[2]].float()
-        return chunk_merge(out, lse) if merged else (out[:1], lse[:1])
-
-    return {f"cudnn_split{splits}_views": lambda: run(q_view, k_view, v_view, bias_view),
-            f"cudnn_split{splits}_copies": lambda: run(q_copy, k_copy, v_copy, bias_copy),
-            f"cudnn_split{splits}_nomerge": lambda: run(q_copy, k_copy, v_copy, bias_copy, False)}
-
-
 def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     """The rows' own-key reads: prompt rests causally over themselves (real tokens only), canvases
     over their prompt rest's real tokens and the whole canvas; cuDNN under the dense bias (today)
@@ -342,9 +167,9 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
                 raise LookupError("flex rows not asked for (--kernels)")
             block = create_block_mask(mask_mod, items, None, GROUPS * n_q, n_k, device="cuda", _compile=True)
             kernels = {"cudnn_bias": lambda q=q, k=k, v=v, bias=bias: attend_cudnn(q, k, v, bias),
-                       "flex_block_mask": lambda q=q, k=k, v=v, block=block: _lse(attend(
+                       "flex_block_mask": lambda q=q, k=k, v=v, block=block: out_and_lse(attend(
                            q, k, v, block_mask=block, scale=1.0, return_aux=AuxRequest(lse=True))),
-                       "flex_dynamic": lambda q=q, k=k, v=v, block=block: _lse(attend_dynamic(
+                       "flex_dynamic": lambda q=q, k=k, v=v, block=block: out_and_lse(attend_dynamic(
                            q, k, v, block_mask=block, scale=1.0, return_aux=AuxRequest(lse=True)))}
         except Exception as exc:  # noqa: BLE001 (reported)
             if not isinstance(exc, LookupError):
@@ -457,27 +282,6 @@ def projection_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
 def wanted(name: str, args: argparse.Namespace) -> bool:
     """Whether ``--kernels`` (name prefixes; none: all) asks for the kernel ``name``."""
     return not args.kernels or name.startswith(tuple(args.kernels))
-
-
-def _lse(result: Any) -> tuple[Any, Any]:
-    out, aux = result
-    return out, aux.lse
-
-
-def no_bias_cudnn(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-    import torch
-
-    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q, k, v, None, True, 0.0, False, False, scale=1.0)[:2]
-    return out, lse.reshape(lse.shape[0], lse.shape[1], -1)[..., : q.shape[2]].float()
-
-
-def no_bias_flash(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-    import torch
-
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False,
-                                                                    scale=1.0)[:2]
-    return out, lse.float()
 
 
 def main() -> None:

@@ -86,7 +86,7 @@ def test_a_failed_warm_up_is_reported_with_its_failure(parts: tuple[Any, Any]) -
     assert failure.split(":")[0].isidentifier()  # "Type: message"
     assert warm_up.failures(reader) == ()  # the reader it started with is no twin
     # it still reads
-    from tests.router.backends.torch.test_coalescer import requests
+    from tests.router.backends.torch.test_backend_batching import requests
 
     assert len(asyncio.run(backend.read(requests(2)))) == 2
 
