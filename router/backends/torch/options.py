@@ -65,7 +65,7 @@ class TorchOptions(BackendOptions):
     static_flex_items: int = Field(0, ge=0)
     # Reads of at most this many items (1: single reads) read the shared prefix's attention in
     # key chunks run as one call's batch (split_kv.py): exact up to rounding, no warm-up cost
-    # (docs/backends.md). None: the device's default (choice.SPLIT_KV_ITEMS on CUDA); 0: off.
+    # (docs/backends.md). None: the device's default (split_kv.SPLIT_KV_ITEMS on CUDA); 0: off.
     split_kv_items: int | None = Field(None, ge=0)
     # How many key chunks (None: the device's default, split_kv.SPLIT_KV_CHUNKS).
     split_kv_chunks: int | None = Field(None, ge=2)
