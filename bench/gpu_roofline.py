@@ -33,7 +33,7 @@ GROUPS: list[tuple[str, str, bool]] = [
     ("attention (cuDNN / mem-efficient)", r"sdpa|fmha|flash|attention", True),
     ("dense GEMMs (cuBLAS)", r"nvjet|gemm|cutlass|xmma", True),  # with the global layers' band read
     ("MoE row copies (gather, combine)", r"_gather_kernel|_combine_kernel", False),
-    ("attention merge", r"_merge_kernel", False),
+    ("attention merge", r"_merge_kernel", False),  # the parts' and split_kv's _chunk_merge_kernel
     # the Triton router tail and pair alignment (triton_router.py, triton_moe.align_pairs_triton),
     # or the torch ops they replaced (_align_one_kernel: 7b41684's one-program form, in older profiles)
     ("router top-k, pair alignment", (r"_route_kernel|_count_kernel|_offsets_kernel|_place_kernel|"

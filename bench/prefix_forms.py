@@ -160,7 +160,7 @@ def split_kv_rows(q: Any, k: Any, v: Any, bias: Any, splits: int) -> dict[str, A
     import torch
 
     from router.backends.torch.prefix_attention import attend_cudnn
-    from router.backends.torch.split_kv import attend_split, chunked, merge_chunks
+    from router.backends.torch.split_kv import attend_split, chunked, chunked_bias, merge_chunks
 
     chunk = k.shape[2] // splits
     q_copy = q.expand(splits, -1, -1, -1).contiguous()
@@ -168,7 +168,7 @@ def split_kv_rows(q: Any, k: Any, v: Any, bias: Any, splits: int) -> dict[str, A
     bias_store = torch.zeros((splits, 1, bias.shape[2], -(-chunk // 16) * 16), dtype=bias.dtype,
                              device=bias.device)
     bias_copy = bias_store[..., :chunk]
-    bias_copy.copy_(bias[0].unflatten(-1, (splits, chunk)).permute(2, 0, 1, 3))
+    bias_copy.copy_(chunked_bias(bias, splits))
 
     def copies(merged: bool = True) -> tuple[Any, Any]:
         out, lse = attend_cudnn(q_copy, k_copy, v_copy, bias_copy)

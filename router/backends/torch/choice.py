@@ -259,9 +259,9 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     fused = bf16 and not fused_moe_problem(device, fp8=fp8 != "off")
     split_items = SPLIT_KV_ITEMS if split_kv_items is None else split_kv_items
     chunks = split_kv_chunks or SPLIT_KV_CHUNKS
-    if split_items and split_problem(attention, chunks, device, dtype):
-        log.warning("torch read: the prefix read stays whole: %s",
-                    split_problem(attention, chunks, device, dtype))
+    problem = split_problem(attention, chunks, device, dtype) if split_items else ""
+    if problem:
+        log.warning("torch read: the prefix read stays whole: %s", problem)
         split_items = 0
     return KernelChoice(band=frozenset(band), rows_moe=bf16 and triton and not fused, fused_moe=fused,
                         merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,

@@ -54,6 +54,11 @@ def chunked(x: Any, splits: int) -> Any:
     return x[0].unflatten(1, (splits, x.shape[2] // splits)).transpose(0, 1)
 
 
+def chunked_bias(bias: Any, splits: int) -> Any:
+    """(1, 1, M, N) -> (S, 1, M, N/S), a view: chunk s's bias over keys [s*N/S, (s+1)*N/S)."""
+    return bias[0].unflatten(-1, (splits, bias.shape[-1] // splits)).permute(2, 0, 1, 3)
+
+
 def chunk_count(n_keys: int, splits: int) -> int:
     """The largest count of equal chunks, at most ``splits``, that ``n_keys`` keys cut into."""
     return next(count for count in range(max(splits, 1), 0, -1) if n_keys % count == 0)
@@ -70,9 +75,7 @@ def attend_split(q: Any, k: Any, v: Any, bias: Any, *, attend: Attend, splits: i
     splits = chunk_count(n_keys, splits) if q.shape[0] == 1 else 1
     if splits == 1:
         return attend(q, k, v, bias)
-    part_bias = None
-    if bias is not None:  # (1, 1, M, N) -> (S, 1, M, N/S), a view
-        part_bias = bias[0].unflatten(-1, (splits, n_keys // splits)).permute(2, 0, 1, 3)
+    part_bias = chunked_bias(bias, splits) if bias is not None else None
     out, lse = attend(q.expand(splits, -1, -1, -1), chunked(k, splits), chunked(v, splits), part_bias)
     return merge(out, lse)
 
