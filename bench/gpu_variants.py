@@ -77,7 +77,6 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
     picked, cuDNN, memory-efficient, and the band GEMMs (softmax compiled)."""
     import torch
 
-    from router.backends.torch.fused import FAR
     from router.backends.torch.prefix_attention import (
         Band,
         attend_band,
@@ -86,6 +85,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
         band_softmax,
         to_bias,
     )
+    from router.backends.torch.read_inputs import FAR
 
     dtype = next(reader.model.parameters()).dtype
     config = reader.text_config

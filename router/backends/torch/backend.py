@@ -100,11 +100,13 @@ class TorchBackend(FastBackend):
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
         # A read runs one question's items at a time (their shared prefix), so a batch takes one
-        # question and as many of its waiting items as read best (coalescer.py: mixed traffic)
+        # question and as many of its waiting items as read best (coalescer.py: mixed traffic);
+        # with mixed_question_reads, every question of one canvas width (one pass reads them)
         grouped = kind != "masked" and options.prefix_cache and options.coalesce_by_question
+        group_of = _canvas_width_of if options.mixed_question_reads else _question_of
         self._coalescer: Coalescer[_Pending, SlotRead] = Coalescer(
             self._read_batch, executor=self._executor, window_s=options.coalesce_window_ms / 1000,
-            max_batch=options.max_batch, group_of=_question_of if grouped else None,
+            max_batch=options.max_batch, group_of=group_of if grouped else None,
             plan=self._plan if grouped else None)
         self.compiled = False  # True once a compiled (graph-replayed) read is warm
         self._warm_fallbacks: tuple[str, ...] = ()  # what warm-up fell back to (serving())
@@ -382,6 +384,11 @@ def _question_of(pending: _Pending) -> tuple[str, str]:
     return pending.question.key
 
 
+def _canvas_width_of(pending: _Pending) -> int:
+    canvas = pending.question.canvas
+    return len(canvas.ids) if canvas is not None else 0
+
+
 def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader:
     """The reader ``options.kind`` names over ``model``. A diffusion reader gets its device's
     kernels (choice.py), compiled (``options.compiled``; default: on CUDA) with CUDA graphs of
@@ -400,7 +407,8 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
         graphs = graph_shapes(options, capture=on_cuda) if compiled and choice.fused_pass else None
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad,
-                                   prefix_cache_entries=options.prefix_cache_entries)
+                                   prefix_cache_entries=options.prefix_cache_entries,
+                                   mixed_prefixes=options.mixed_question_reads)
     if options.kind == "causal":
         from router.backends.torch.causal import CausalSlotReader
 

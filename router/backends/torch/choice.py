@@ -230,7 +230,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     ``split_kv_chunks`` key chunks (default SPLIT_KV_CHUNKS) for reads of up to ``split_kv_items``
     items (default SPLIT_KV_ITEMS; 0: off) where the kernels read chunks right
     (``split_kv.split_problem``)."""
-    from router.backends.torch.fused import weights_shared
+    from router.backends.torch.joint import weights_shared
     from router.backends.torch.ops import triton_problem
 
     if not weights_shared(model, attention=False):  # one pass needs tied encoder/decoder weights

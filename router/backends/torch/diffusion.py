@@ -15,16 +15,12 @@ import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
 from router.backends.torch.choice import KernelChoice, build_pieces, default_choice
-from router.backends.torch.fused import (
-    OnePass,
-    OnePassBatch,
-    at_slots,
-    slot_read,
-    weights_shared,
-)
+from router.backends.torch.fused import OnePass, at_slots, slot_read
 from router.backends.torch.graphs import GraphSet, GraphShapes
+from router.backends.torch.joint import weights_shared
 from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
 from router.backends.torch.prefix_lru import PrefixLRU
+from router.backends.torch.read_inputs import OnePassBatch, PrefixGroups
 from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
 from router.errors import ConfigError
 
@@ -58,6 +54,9 @@ class DiffusionSlotReader(Frozen):
     caches (keyed by their token ids; ``prefixes`` shares another reader's; ``fp8`` another
     reader's FP8 copies, fp8.py, else made here when the choice asks; ``qkv_weights`` another
     reader's merged q/k/v copies, fused.OnePass, else made here when joint_streams asks).
+    ``mixed_prefixes`` (opt-in; the one-pass read only): items of several prefixes (questions)
+    that share a canvas width are read in ONE eager pass, each reading only its own prefix
+    (read_inputs.PrefixGroups), instead of one read a prefix.
     ``choice`` (default: the device's, choice.py ``default_choice``) fixes its kernels: the
     one-pass read (fused.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
     are the shapes whose reads ``warm_up`` captures as CUDA graphs (padded, uncaptured on the CPU).
@@ -67,6 +66,7 @@ class DiffusionSlotReader(Frozen):
         self, model: Any, *, choice: KernelChoice | None = None, graphs: GraphShapes | None = None,
         prefix_cache_entries: int = 8, use_prefix_cache: bool = True, pad_id: int = 0,
         prefixes: PrefixLRU | None = None, fp8: Any = None, qkv_weights: Any = None,
+        mixed_prefixes: bool = False,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
@@ -86,6 +86,11 @@ class DiffusionSlotReader(Frozen):
         if self.choice.fused_pass and not weights_shared(model, attention=False):
             raise ConfigError("kernel choice: fused_pass needs tied encoder/decoder weights",
                               field="fused_pass")
+        if mixed_prefixes and not self.choice.fused_pass:
+            raise ConfigError("mixed_question_reads needs the one-pass read (fused_pass): "
+                              "transformers' two-pass read takes one prefix a read",
+                              field="mixed_question_reads")
+        self.mixed_prefixes = mixed_prefixes
         self.fp8 = fp8 if fp8 is not None or self.choice.fp8 == "off" else self._fp8_copies()
         # the eager read of few items (below: ``passes``, one per distinct read-level choice)
         single = self.choice.for_read(1)
@@ -152,7 +157,8 @@ class DiffusionSlotReader(Frozen):
                                    graphs=self.graph_shapes if graphs else None,
                                    use_prefix_cache=self.use_prefix_cache, pad_id=self.pad_id,
                                    prefixes=self.prefixes, fp8=self.fp8 if same_fp8 else None,
-                                   qkv_weights=merged if choice.joint_streams else None)
+                                   qkv_weights=merged if choice.joint_streams else None,
+                                   mixed_prefixes=self.mixed_prefixes and choice.fused_pass)
 
     def warm_up(self, sample: SlotItem) -> SlotReader:
         from router.backends.torch.warm_up import warm_up
@@ -161,15 +167,19 @@ class DiffusionSlotReader(Frozen):
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
-        """Read every item; items sharing a prefix and canvas width run as one batch."""
+        """Read every item; items sharing a prefix and canvas width run as one batch (with
+        ``mixed_prefixes``, items sharing a canvas width, ordered by prefix)."""
         import torch
 
-        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
         for index, item in enumerate(items):
-            groups.setdefault((item.prefix_ids, len(item.canvas_ids)), []).append(index)
+            key = (len(item.canvas_ids),) if self.mixed_prefixes else (item.prefix_ids, len(item.canvas_ids))
+            groups.setdefault(key, []).append(index)
+        first = {prefix: n for n, prefix in enumerate(dict.fromkeys(i.prefix_ids for i in items))}
         out: list[SlotRead | None] = [None] * len(items)
         with torch.inference_mode():
             for indices in groups.values():
+                indices.sort(key=lambda i: first[items[i].prefix_ids])  # each prefix's items together
                 group = [items[i] for i in indices]
                 for i, result in zip(indices, self._read_group(group)):
                     out[i] = result
@@ -222,8 +232,11 @@ class DiffusionSlotReader(Frozen):
         return results
 
     def read_onepass(self, items: list[SlotItem], prefix: tuple[int, ...]) -> tuple[Any, Any, Any]:
-        """The one-pass read of one group: a captured graph when one holds its shape, else eager."""
+        """The one-pass read of one group: a captured graph when one holds its shape, else eager;
+        items of several prefixes (``mixed_prefixes``, in runs of one prefix) in one eager pass."""
         assert self.onepass is not None
+        if prefix and any(item.prefix_ids != prefix for item in items):
+            return self.read_mixed(items)
         cache = self.prefix_cache(prefix) if prefix else None
         if self.graphs is not None and cache is not None:
             replayed = self.graphs.run(items, prefix, cache)
@@ -232,6 +245,24 @@ class DiffusionSlotReader(Frozen):
         kv = self.onepass.prefix_kv(cache, len(prefix)) if cache is not None else None
         onepass = self.onepass_for(len(items))
         return onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
+
+    def read_mixed(self, items: list[SlotItem]) -> tuple[Any, Any, Any]:
+        """One eager one-pass read of items whose prefixes differ, each prefix's items laid
+        together (``read`` orders them): ``PrefixGroups`` over each prefix's cached keys/values."""
+        assert self.onepass is not None
+        runs: dict[tuple[int, ...], list[SlotItem]] = {}
+        for item in items:
+            runs.setdefault(item.prefix_ids, []).append(item)
+        if [item for run in runs.values() for item in run] != items:
+            raise ValueError("a mixed read takes each prefix's items together")
+        kvs, item_bounds, row_bounds = [], [0], [0]
+        for prefix, run in runs.items():
+            kvs.append(self.onepass.prefix_kv(self.prefix_cache(prefix), len(prefix)))
+            item_bounds.append(item_bounds[-1] + len(run))
+            row_bounds.append(row_bounds[-1] + sum(item.draws for item in run))
+        groups = PrefixGroups(tuple(kvs), tuple(item_bounds), tuple(row_bounds))
+        batch = self.prepare_onepass(items, prefix_len=len(items[0].prefix_ids), device=self.device)
+        return self.onepass_for(len(items))(groups, batch)
 
     def prepare_onepass(self, items: list[SlotItem], *, prefix_len: int, n_items: int = 0,
                         n_rows: int = 0, width: int = 0, n_labels: int = 0,

@@ -21,8 +21,7 @@ fixed when it is built; the joint streams' helpers are joint.py's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from router.backends.torch.joint import (
     merged_qkv_weights,
     o_proj_joint,
     qkv_joint,
+    weights_shared,
 )
 from router.backends.torch.pieces import EAGER, Pieces, ffn_step
 from router.backends.torch.prefix_attention import (
@@ -44,59 +44,11 @@ from router.backends.torch.prefix_attention import (
     to_bias,
     unfold_groups,
 )
+from router.backends.torch.read_inputs import OnePassBatch, PrefixGroups, PrefixKV
 from router.backends.torch.reader import Frozen
 
 if TYPE_CHECKING:
     from router.backends.torch.fp8 import Fp8Layer, Fp8Model
-
-FAR = 1 << 40  # key position of an empty prefix slot: never visible
-
-
-@dataclass
-class PrefixKV:
-    """A prefix's keys/values per layer, (1, H_kv, capacity, D), left-aligned; ``positions`` per
-    layer kind gives each slot's token position (FAR when empty); ``length`` is the prefix's
-    token count as a 0-d long tensor (device data, so a captured graph reads it)."""
-
-    keys: list[Any]
-    values: list[Any]
-    positions: dict[str, Any]
-    length: Any
-
-
-@dataclass
-class OnePassBatch:
-    """Device tensors of one read: prompt rests (B, S) right-padded with their ``lengths`` (B,),
-    canvases (R, C) one per (item, draw) with ``row_item`` (R,), slots (R,), labels (R, L)."""
-
-    input_ids: Any
-    lengths: Any
-    canvas: Any
-    row_item: Any
-    slots: Any
-    label_index: Any
-    label_valid: Any
-
-
-ATTENTION_WEIGHTS = ("self_attn.", "input_layernorm")  # a layer's attention half: per stream
-
-
-def weights_shared(model: Any, *, attention: bool) -> bool:
-    """True when every encoder layer's weights of one half are its decoder twin's (tied, as
-    transformers ties them): with ``attention``, its attention weights and input norm (what
-    ``joint_streams`` needs); without, all the others, its feed-forward half (what the one pass
-    needs)."""
-    encoder = model.model.encoder.language_model.layers
-    decoder = model.model.decoder.layers
-    for enc, dec in zip(encoder, decoder, strict=True):
-        twin = dict(dec.named_parameters())
-        for name, param in enc.named_parameters():
-            if name.startswith(ATTENTION_WEIGHTS) != attention:
-                continue
-            if param.data_ptr() != twin[name].data_ptr():
-                return False
-    return True
-
 
 def head_major(queries: tuple[Any, ...]) -> Any:
     """Queries (B, H, M, D) of each stream laid end to end head-major, (H, sum B*M, D), as the
@@ -218,24 +170,24 @@ class OnePass(Frozen):
         length = torch.tensor(prefix_len, dtype=torch.long, device=keys[0].device)
         return PrefixKV(keys, values, positions, length)
 
-    def __call__(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
-        """(label proba (R, L), full-vocab entropy (R,), label mass (R,)) of every row."""
+    def __call__(self, prefix: PrefixKV | PrefixGroups | None,
+                 batch: OnePassBatch) -> tuple[Any, Any, Any]:
+        """(label proba (R, L), full-vocab entropy (R,), label mass (R,)) of every row. ``prefix``:
+        the batch's shared prefix, or each group of items' own (``PrefixGroups``), or None."""
         import torch
 
         enc_h = self.encoder.embed_tokens(batch.input_ids)
         dec_h = self.decoder.embed_tokens(batch.canvas)
         dec_h = self.decoder.self_conditioning(dec_h, torch.zeros_like(dec_h))
         (n_items, width), canvas_len = batch.input_ids.shape, batch.canvas.shape[1]
-        device = enc_h.device
-        start = prefix.length if prefix is not None else torch.zeros((), dtype=torch.long, device=device)
-        steps = torch.arange(width, device=device)
-        enc_pos = (start + steps).unsqueeze(0).expand(n_items, width)
-        row_len = batch.lengths.index_select(0, batch.row_item)
-        dec_pos = start + row_len[:, None] + torch.arange(canvas_len, device=device)
+        groups = (PrefixGroups.one(prefix, n_items, batch.canvas.shape[0])
+                  if isinstance(prefix, PrefixKV) else prefix)
+        enc_pos, row_start, row_len = self.positions(groups, batch)
+        dec_pos = (row_start + row_len)[:, None] + torch.arange(canvas_len, device=enc_h.device)
         types = self.kinds()
         enc_pe = {t: self.encoder.rotary_emb(enc_h, enc_pos, t) for t in set(types)}
         dec_pe = {t: self.decoder.rotary_emb(dec_h, dec_pos, t) for t in set(types)}
-        masks = self.masks(prefix, batch, start, row_len, enc_h.dtype)
+        masks = self.masks(groups, batch, enc_pos, row_start, row_len, enc_h.dtype)
         layers = list(zip(self.encoder.layers, self.decoder.layers, strict=True))
         full = layers[:-1] if self.trim_last else layers
         # joint_streams: both streams' rows end to end (T, E) and their rotary tables (T, 1, D)
@@ -259,13 +211,14 @@ class OnePass(Frozen):
             else:
                 out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind,
-                                              merged=prefix is None)
-            if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
+                                              merged=groups is None)
+            if groups is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
                 out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
             else:
-                out_e, out_d = self.with_prefix(prefix, index, (q_e, q_d), (out_e, out_d),
-                                                (lse_e, lse_d), masks[("prefix", kind)])
+                out_e, out_d = self.with_prefix(groups, index, (q_e, q_d), (out_e, out_d),
+                                                (lse_e, lse_d), masks[("prefix", kind)],
+                                                (groups.items, groups.rows))
             scalars = (enc.layer_scalar, dec.layer_scalar)
             if joint is not None:
                 step = self.pieces.ffn_joint or partial(ffn_joint, self.pieces.ffn)
@@ -282,15 +235,32 @@ class OnePass(Frozen):
                 enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars, weights)
         if self.trim_last:
             (enc, dec), index = layers[-1], len(layers) - 1
-            at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), prefix,
+            at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), groups,
                                       batch, masks, joint)
         else:
             at_slot = at_slots(dec_h, batch.slots)
         return slot_read(self.model, self.softcap, self.decoder.norm(at_slot), batch.label_index,
                          batch.label_valid)
 
+    def positions(self, groups: PrefixGroups | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
+        """The prompt rests' token positions (B, S), each canvas row's prefix length (0-d when
+        every item reads one prefix, else (R,)) and each canvas row's prompt-rest length (R,):
+        an item's tokens follow its own prefix."""
+        import torch
+
+        device = batch.input_ids.device
+        n_items, width = batch.input_ids.shape
+        steps = torch.arange(width, device=device)
+        row_len = batch.lengths.index_select(0, batch.row_item)
+        if groups is not None and len(groups.prefixes) > 1:
+            start = groups.starts()
+            return start[:, None] + steps, start.index_select(0, batch.row_item), row_len
+        start = (groups.prefixes[0].length if groups is not None
+                 else torch.zeros((), dtype=torch.long, device=device))
+        return (start + steps).unsqueeze(0).expand(n_items, width), start, row_len
+
     def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
-                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixKV | None,
+                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixGroups | None,
                    batch: OnePassBatch, masks: dict[tuple[str, str], Any],
                    joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
         """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
@@ -322,7 +292,7 @@ class OnePass(Frozen):
             out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
         else:
             (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
-                                      masks[("prefix_slot", kind)])
+                                      masks[("prefix_slot", kind)], (prefix.rows,))
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
         return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), self.weights(index)) * dec.layer_scalar
 
@@ -332,8 +302,26 @@ class OnePass(Frozen):
         return qkv_joint(self.encoder.layers[index], self.qkv_weights[index], rows, rotary,
                          enc_rows, dec_rows, norm=self.pieces.norm, qkv=self.pieces.qkv_merged)
 
-    def with_prefix(self, prefix: PrefixKV, index: int, queries: tuple[Any, ...],
-                    outs: tuple[Any, ...], lses: tuple[Any, ...], mask: Any) -> list[Any]:
+    def with_prefix(self, groups: PrefixGroups, index: int, queries: tuple[Any, ...],
+                    outs: tuple[Any, ...], lses: tuple[Any, ...], masks: tuple[Any, ...],
+                    bounds: tuple[tuple[int, ...], ...]) -> list[Any]:
+        """``with_one_prefix`` of each group of ``groups`` (``masks``: one a group), over the rows
+        of each stream that ``bounds`` gives it (per stream, ``groups.items`` or ``groups.rows``);
+        with several groups, each stream's outputs laid end to end (one cat a stream)."""
+        if len(groups.prefixes) == 1:
+            return self.with_one_prefix(groups.prefixes[0], index, queries, outs, lses, masks[0])
+        import torch
+
+        parts = []
+        for p, prefix in enumerate(groups.prefixes):
+            cut = [slice(b[p], b[p + 1]) for b in bounds]
+            q, o, lse = ([_rows(x, c) for x, c in zip(xs, cut, strict=True)]
+                         for xs in (queries, outs, lses))
+            parts.append(self.with_one_prefix(prefix, index, q, o, lse, masks[p]))
+        return [torch.cat(stream) for stream in zip(*parts, strict=True)]
+
+    def with_one_prefix(self, prefix: PrefixKV, index: int, queries: Sequence[Any],
+                        outs: Sequence[Any], lses: Sequence[Any], mask: Any) -> list[Any]:
         """Each stream's attention output merged with its attention to the shared prefix: all
         queries of the batch, laid out as one sequence, read the prefix (batch of one) at once
         under ``mask`` (a bias or a ``Band``). ``queries`` (B, H, M, D) per stream; ``outs``/``lses``:
@@ -342,7 +330,7 @@ class OnePass(Frozen):
         as (B, M, H*D), the output projection's input."""
         n_heads = queries[0].shape[1]
         n_kv = prefix.keys[index].shape[1]
-        folded = fold_groups(head_major(queries).unsqueeze(0), n_kv)
+        folded = fold_groups(head_major(tuple(queries)).unsqueeze(0), n_kv)
         if isinstance(mask, Band):
             out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
                                        self.pieces.band_softmax)
@@ -362,12 +350,14 @@ class OnePass(Frozen):
             offset += q.shape[0] * q.shape[2]
         return merged
 
-    def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, start: Any, row_len: Any,
-              dtype: Any) -> dict[tuple[str, str], Any]:
+    def masks(self, prefixes: PrefixGroups | None, batch: OnePassBatch, enc_pos: Any,
+              row_start: Any, row_len: Any, dtype: Any) -> dict[tuple[str, str], Any]:
         """Additive biases per (part, layer kind), built once per read from lengths on the device
         (the prefix part's a ``Band`` for the kinds in ``band``). Parts: "enc" and "dec" (each
-        stream's own keys), "prefix" (all queries to the shared prefix), and with ``trim_last``
-        "slot" and "prefix_slot" for the last layer's kind (one query a canvas row)."""
+        stream's own keys), "prefix" (each group's queries to its prefix: a tuple, one a group),
+        and with ``trim_last`` "slot" and "prefix_slot" for the last layer's kind (one query a
+        canvas row). ``enc_pos`` (B, S): the prompt rests' positions; ``row_start`` (R,) or 0-d:
+        each canvas row's prefix length."""
         import torch
 
         device = batch.input_ids.device
@@ -383,8 +373,8 @@ class OnePass(Frozen):
         canvas = torch.ones((row_len.shape[0], canvas_len), dtype=torch.bool, device=device)
         # a query's lowest visible prefix position under a sliding window: the prompt rest's
         # tokens, then each canvas row's (all its canvas queries share it)
-        enc_low = (start + query).repeat(batch.input_ids.shape[0]) - (self.window - 1)
-        row_low = start + row_len - (self.window - 1)
+        enc_low = enc_pos.reshape(-1) - (self.window - 1)
+        row_low = row_start + row_len - (self.window - 1)
         out: dict[tuple[str, str], Any] = {}
         for kind, g in groups.items():
             sliding = kind == "sliding_attention" and self.window > 0
@@ -405,24 +395,31 @@ class OnePass(Frozen):
                 out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
                 if kind == last_kind:
                     out[("slot", kind)] = to_mask(dec_vis, g, dtype)
-            if prefix is None:
+            if prefixes is None:
                 continue
-            # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
-            low = torch.cat([enc_low, row_low[:, None].expand(-1, canvas_len).reshape(-1)])
-            n_queries = batch.input_ids.numel() + batch.canvas.numel()
-            out[("prefix", kind)] = self.prefix_mask(prefix, kind, g, start, low if sliding else None,
-                                                     n_queries, dtype)
+            read, slot = [], []
+            for prefix, items, rows in prefixes.spans():
+                # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
+                low = torch.cat([enc_low.view(-1, width)[items].reshape(-1),
+                                 row_low[rows, None].expand(-1, canvas_len).reshape(-1)])
+                n_rows = rows.stop - rows.start
+                read.append(self.prefix_mask(prefix, kind, g, low if sliding else None,
+                                             (items.stop - items.start) * width + n_rows * canvas_len,
+                                             dtype))
+                if kind == last_kind:
+                    slot.append(self.prefix_mask(prefix, kind, g, row_low[rows] if sliding else None,
+                                                 n_rows, dtype))
+            out[("prefix", kind)] = tuple(read)
             if kind == last_kind:
-                out[("prefix_slot", kind)] = self.prefix_mask(
-                    prefix, kind, g, start, row_low if sliding else None, row_len.shape[0], dtype)
+                out[("prefix_slot", kind)] = tuple(slot)
         return out
 
-    def prefix_mask(self, prefix: PrefixKV, kind: str, groups: int, start: Any, low: Any | None,
+    def prefix_mask(self, prefix: PrefixKV, kind: str, groups: int, low: Any | None,
                     n_queries: int, dtype: Any) -> Any:
-        """What each of ``n_queries`` queries sees of the shared prefix: the filled slots, from
-        its ``low`` position on (sliding layers; None: no lower bound); a ``Band`` for the kinds
-        in ``band``, else a bias."""
-        key_pos = prefix.positions[kind]
+        """What each of ``n_queries`` queries sees of ``prefix``: the filled slots, from its
+        ``low`` position on (sliding layers; None: no lower bound); a ``Band`` for the kinds in
+        ``band``, else a bias."""
+        key_pos, start = prefix.positions[kind], prefix.length
         if kind in self.band:  # the same visibility as two vectors (prefix_attention.Band)
             return Band(key_pos, low.repeat(groups) if low is not None else None, start)
         visible = key_pos[None, :] < start  # filled slots only
@@ -493,3 +490,8 @@ class OnePass(Frozen):
     def kv_heads(self, kind: str) -> int:
         index = self.kinds().index(kind)
         return int(self.config.per_layer_config[index].num_key_value_heads)
+
+
+def _rows(x: Any, rows: slice) -> Any:
+    """``rows`` of a stream's tensor along dim 0 (of each, for a pair of parts)."""
+    return tuple(part[rows] for part in x) if isinstance(x, tuple) else x[rows]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from router.backends.torch.fused import FAR, OnePassBatch, PrefixKV
+from router.backends.torch.read_inputs import FAR, OnePassBatch, PrefixKV
 from router.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,26 @@ if TYPE_CHECKING:
     from router.backends.torch.fp8 import Fp8Layer
 
 
+ATTENTION_WEIGHTS = ("self_attn.", "input_layernorm")  # a layer's attention half: per stream
+
+
+def weights_shared(model: Any, *, attention: bool) -> bool:
+    """True when every encoder layer's weights of one half are its decoder twin's (tied, as
+    transformers ties them): with ``attention``, its attention weights and input norm (what
+    ``joint_streams`` needs); without, all the others, its feed-forward half (what the one pass
+    needs)."""
+    encoder = model.model.encoder.language_model.layers
+    decoder = model.model.decoder.layers
+    for enc, dec in zip(encoder, decoder, strict=True):
+        twin = dict(dec.named_parameters())
+        for name, param in enc.named_parameters():
+            if name.startswith(ATTENTION_WEIGHTS) != attention:
+                continue
+            if param.data_ptr() != twin[name].data_ptr():
+                return False
+    return True
+
+
 def joined(hidden: tuple[Any, Any], enc_pe: dict[str, Any],
            dec_pe: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Both streams' hidden states (B, S, E) and (R, C, E) as T rows end to end (T, E),

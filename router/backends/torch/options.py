@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from router.backends.options_base import BackendOptions
 
@@ -49,6 +49,12 @@ class TorchOptions(BackendOptions):
     # one question's items at a time, so a batch of several is several reads back to back that
     # every caller waits for. False: a batch takes every question (before the sixth session).
     coalesce_by_question: bool = True
+    # Opt-in (diffusion reads): a batch takes every question whose canvas has the batch's width,
+    # and the reader reads them in ONE eager pass, each item reading only its own question's
+    # prefix (read_inputs.PrefixGroups), instead of one read a question. Exact (tested on the
+    # CPU against reads alone); its speed on a GPU is NOT measured yet (docs/backends.md): a
+    # batch of several questions runs eagerly, where one question's batch replays a CUDA graph.
+    mixed_question_reads: bool = False
     compiled: bool | None = None  # None: on for a diffusion reader on CUDA
     graph_batches: list[int] | None = None
     graph_draws: list[int] | None = None
@@ -69,3 +75,10 @@ class TorchOptions(BackendOptions):
     split_kv_items: int | None = Field(None, ge=0)
     # How many key chunks (None: the device's default, split_kv.SPLIT_KV_CHUNKS).
     split_kv_chunks: int | None = Field(None, ge=2)
+
+    @model_validator(mode="after")
+    def _mixed_reads_need_one_pass(self) -> TorchOptions:
+        if self.mixed_question_reads and self.kind != "diffusion":
+            raise ValueError(f"mixed_question_reads: only a diffusion reader reads several "
+                             f"questions in one pass (kind is {self.kind!r})")
+        return self

@@ -32,6 +32,7 @@ from router.backends.torch.prefix_attention import (
     fold_groups,
     no_causal_dims,
 )
+from router.backends.torch.read_inputs import PrefixGroups, PrefixKV
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
@@ -117,8 +118,7 @@ def test_the_causal_path_is_the_one_read() -> None:
     reader = DiffusionSlotReader(model, choice=KernelChoice())
     batch = reader.prepare_onepass(ITEMS, prefix_len=len(PREFIX), device=torch.device("cpu"))
     prefix = onepass.prefix_kv(reader.prefix_cache(PREFIX), len(PREFIX))
-    masks = onepass.masks(prefix, batch, prefix.length, batch.lengths.index_select(0, batch.row_item),
-                          torch.float32)
+    masks = read_masks(onepass, prefix, batch)
     assert ("enc", "sliding_attention") not in masks and ("enc", "full_attention") not in masks
     with torch.inference_mode():
         got, _, _ = onepass(prefix, batch)
@@ -126,6 +126,12 @@ def test_the_causal_path_is_the_one_read() -> None:
     with pytest.raises(AssertionError):  # outside the tolerance every equality here uses
         torch.testing.assert_close(got, right, rtol=1e-4, atol=1e-6)
     assert_same_reads(reader.read(ITEMS), want)
+
+
+def read_masks(onepass: OnePass, prefix: PrefixKV, batch: Any) -> dict[tuple[str, str], Any]:
+    """The masks ``onepass`` builds for a read of ``batch`` after ``prefix``."""
+    groups = PrefixGroups.one(prefix, batch.input_ids.shape[0], batch.canvas.shape[0])
+    return onepass.masks(groups, batch, *onepass.positions(groups, batch), torch.float32)
 
 
 def test_joint_streams_items_joins_only_the_small_buckets() -> None:
@@ -207,8 +213,7 @@ def test_the_in_place_path_is_the_one_read() -> None:
     for items, in_place in ((ONE_DRAW, True), (ITEMS, False)):
         batch = reader.prepare_onepass(items, prefix_len=len(PREFIX), device=torch.device("cpu"))
         assert onepass.in_place(batch) is in_place
-        masks = onepass.masks(prefix, batch, prefix.length,
-                              batch.lengths.index_select(0, batch.row_item), torch.float32)
+        masks = read_masks(onepass, prefix, batch)
         assert (("dec_rest", "sliding_attention") in masks) is in_place
         assert (("dec", "sliding_attention") in masks) is not in_place
     batch = reader.prepare_onepass(ONE_DRAW, prefix_len=len(PREFIX), device=torch.device("cpu"))
