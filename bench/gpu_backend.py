@@ -173,7 +173,9 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         split_kv_items=getattr(args, "split_kv_items", None),
         split_kv_chunks=getattr(args, "split_kv_chunks", None),
         prefix_cache_entries=max(8, getattr(args, "questions", 1)),
-        coalesce_by_question=not getattr(args, "mixed_batches", False))
+        coalesce_by_question=not getattr(args, "mixed_batches", False),
+        mixed_question_reads=getattr(args, "mixed_question_reads", False),
+        graph_mixed_groups=getattr(args, "mixed_groups", 4))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
     measuring = _measure(backend, build_requests(backend, args), args, log, deadline)
@@ -196,6 +198,7 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
     out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started,
                            "questions": getattr(args, "questions", 1),
                            "coalesce_by_question": backend.options.coalesce_by_question,
+                           "mixed_question_reads": backend.options.mixed_question_reads,
                            "fixed_cost_items": backend.options.fixed_cost_items,
                            "loop": type(asyncio.get_running_loop()).__module__}
     first = backend.item(make(0, 1))

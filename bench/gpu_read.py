@@ -263,6 +263,11 @@ def main() -> None:
     parser.add_argument("--mixed-batches", action="store_true",
                         help="backend block: the coalescer's peer rule (coalesce_by_question off: "
                              "a batch takes every question, read one after another)")
+    parser.add_argument("--mixed-question-reads", action="store_true",
+                        help="backend block: TorchOptions.mixed_question_reads (opt-in: several "
+                             "questions a batch, in mixed graph buckets)")
+    parser.add_argument("--mixed-groups", type=int, default=4,
+                        help="backend block: TorchOptions.graph_mixed_groups")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--rounds", type=int, default=8, help="reads per concurrent caller")

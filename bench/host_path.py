@@ -14,7 +14,8 @@ time over the reader's (single read) and reads/s over the reader-bound ideal (ca
 a single read's host time goes; ``prepare_onepass`` (the reader's own batch tensors) timed apart;
 with ``--questions Q`` the requests spread over Q questions (each group padded up to its graph
 bucket, ``--buckets``; ``--mixed-batches``: the coalescer's peer rule, every question in one
-batch, read one after another). What this does not show: the rest of
+batch, read one after another; ``--mixed-question-reads``: the opt-in, a batch of several
+questions read as one mixed bucket where one holds it and pays, modelled). What this does not show: the rest of
 the reader's own host work on a GPU (copying the batch tensors in, reading the results back), a
 prefix cache miss (each an encoder pass on the GPU), nor the H200 host's speed (this machine is a
 shared 2-core VM).
@@ -37,6 +38,7 @@ from typing import Any
 from bench import common
 from bench.gpu_backend import Phases, build_requests, covering_keys, percentile, phase_rows
 from router.backends.torch.coalescer import padded_size
+from router.backends.torch.graphs import GraphShapes
 
 # H200, the reader's time for 1 and 32 reads: device call 3 (c3eb5b0); the sixth session's call 1
 # (4c395d7) read 21.7 and 139.5, and 46.3 / 76.2 for buckets of 8 / 16 (this line: 49.1 / 79.8)
@@ -47,24 +49,41 @@ class ModelledReader:
     """The GPU read stood in: for each group of items sharing a prefix and a canvas width (read
     one after another, as ``DiffusionSlotReader.read`` does) sleeps ``base_ms + per_item_ms *
     b`` (GIL released), b the smallest of ``batch_sizes`` holding the group (the graph bucket it
-    is padded up to; past them, its own size); returns uniform reads of the items' labels."""
+    is padded up to; past them, its own size); returns uniform reads of the items' labels.
+    ``mixed`` (GraphShapes with ``mixed_groups``: the reader's ``mixed_question_reads``): a
+    batch of several questions one canvas width that a mixed bucket holds, where it pays
+    (``GraphShapes.mixed_pays``, the reader's own rule), sleeps ONE read of the bucket's padded
+    items plus ``group_ms`` a group (a MODEL: the groups' extra prefix calls, merges and copies
+    were not measured on a GPU)."""
 
-    def __init__(self, base_ms: float, per_item_ms: float, batch_sizes: tuple[int, ...] = ()) -> None:
+    def __init__(self, base_ms: float, per_item_ms: float, batch_sizes: tuple[int, ...] = (),
+                 mixed: GraphShapes | None = None, group_ms: float = 0.0) -> None:
         import torch
 
         self.base_ms, self.per_item_ms, self.batch_sizes = base_ms, per_item_ms, tuple(sorted(batch_sizes))
+        self.mixed, self.group_ms = mixed, group_ms
         self.device, self.compiled, self.needs_warm_up = torch.device("cpu"), False, False
+
+    def read_ms(self, runs: list[int]) -> float:
+        """The modelled time of one canvas width's items, ``runs`` of them a question."""
+        mixed = self.mixed
+        if mixed is not None and 1 < len(runs) <= mixed.mixed_groups:
+            size = next((g for g in mixed.mixed_sizes() if g >= max(runs)), None)
+            if size is not None and mixed.mixed_pays(size, runs):
+                return (self.base_ms + self.per_item_ms * size * mixed.mixed_groups
+                        + self.group_ms * mixed.mixed_groups)
+        return sum(self.base_ms + self.per_item_ms * padded_size(n, self.batch_sizes) for n in runs)
 
     def read(self, items: Any) -> list[Any]:
         import numpy as np
 
         from router.backends.torch.reader import SlotRead
 
-        groups: dict[tuple[Any, int], int] = {}
+        widths: dict[int, dict[Any, int]] = {}
         for item in items:
-            key = (item.prefix_ids, len(item.canvas_ids))
-            groups[key] = groups.get(key, 0) + 1
-        time.sleep(sum(self.base_ms + self.per_item_ms * padded_size(n, self.batch_sizes) for n in groups.values()) / 1000)
+            runs = widths.setdefault(len(item.canvas_ids), {})
+            runs[item.prefix_ids] = runs.get(item.prefix_ids, 0) + 1
+        time.sleep(sum(self.read_ms(list(runs.values())) for runs in widths.values()) / 1000)
         out = []
         for item in items:
             n = len(item.label_ids)
@@ -85,8 +104,15 @@ def make_backend(args: argparse.Namespace) -> Any:
     options = TorchOptions(kind="diffusion", canvas_length=32,
                            turn_close_id=int(tokenizer.eos_token_id or 0),
                            max_batch=args.max_batch or max(args.callers), coalesce_window_ms=2.0,
-                           compiled=False, coalesce_by_question=not args.mixed_batches)
-    reader = ModelledReader(args.single_ms - per_item, per_item, tuple(args.buckets))
+                           compiled=False, coalesce_by_question=not args.mixed_batches,
+                           mixed_question_reads=args.mixed_question_reads,
+                           graph_mixed_groups=args.mixed_groups)
+    mixed = None
+    if args.mixed_question_reads:
+        mixed = GraphShapes(batches=tuple(args.buckets) or (1,), capture=False,
+                            mixed_groups=args.mixed_groups, fixed_cost_items=options.fixed_cost_items)
+    reader = ModelledReader(args.single_ms - per_item, per_item, tuple(args.buckets), mixed,
+                            args.group_ms)
     return TorchBackend(reader, tokenizer, options, model_id="modelled")
 
 
@@ -111,7 +137,11 @@ async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     for k in covering_keys(args.questions, 90_000, at_least=5):  # each question's prefix
         await backend.read([make(k, 1)])
     out: dict[str, Any] = {"model_ms": {"single": args.single_ms, "batch32": args.batch32_ms},
-                           "questions": args.questions}
+                           "questions": args.questions, "mixed_batches": args.mixed_batches,
+                           "mixed_question_reads": args.mixed_question_reads}
+    if args.mixed_question_reads:
+        out["mixed_model"] = {"groups": args.mixed_groups, "group_ms": args.group_ms,
+                              "note": "a mixed bucket's read modelled, not measured on a GPU"}
     requests = [make(k, 1) for k in range(args.iters)]  # built (and their signatures) untimed
     for request in requests:
         request.signature()
@@ -220,6 +250,13 @@ def main() -> int:
                              "(default: bench.gpu_read's backend block)")
     parser.add_argument("--mixed-batches", action="store_true",
                         help="the peer: coalesce_by_question off (a batch takes every question)")
+    parser.add_argument("--mixed-question-reads", action="store_true",
+                        help="TorchOptions.mixed_question_reads: a batch takes every question, and a "
+                             "mixed bucket reads several questions as one read (modelled)")
+    parser.add_argument("--mixed-groups", type=int, default=4,
+                        help="TorchOptions.graph_mixed_groups (with --mixed-question-reads)")
+    parser.add_argument("--group-ms", type=float, default=1.0,
+                        help="modelled extra ms a group of a mixed bucket (NOT measured on a GPU)")
     parser.add_argument("--static-tokens", type=int, default=1400)
     parser.add_argument("--message-tokens", type=int, default=24)
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: SmolLM2's)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +103,15 @@ class TorchBackend(FastBackend):
         # question and as many of its waiting items as read best (coalescer.py: mixed traffic);
         # with mixed_question_reads, every question of one canvas width (one pass reads them)
         grouped = kind != "masked" and options.prefix_cache and options.coalesce_by_question
-        group_of = _canvas_width_of if options.mixed_question_reads else _question_of
+        mixed = grouped and options.mixed_question_reads
+        # mixed: how many of each question a batch takes, where the reader pads to buckets
+        quota = self._mixed_quota(options) if mixed and reader.batch_sizes else None
         self._coalescer: Coalescer[_Pending, SlotRead] = Coalescer(
             self._read_batch, executor=self._executor, window_s=options.coalesce_window_ms / 1000,
-            max_batch=options.max_batch, group_of=group_of if grouped else None,
-            plan=self._plan if grouped else None)
+            max_batch=options.max_batch,
+            group_of=(_canvas_width_of if mixed else _question_of) if grouped else None,
+            plan=self._plan if grouped and not mixed else None,
+            part_of=_question_of if quota else None, quota=quota)
         self.compiled = False  # True once a compiled (graph-replayed) read is warm
         self._warm_fallbacks: tuple[str, ...] = ()  # what warm-up fell back to (serving())
         self._warm: Future[None] | None = None
@@ -247,6 +251,14 @@ class TorchBackend(FastBackend):
         except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
             raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
         return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
+
+    def _mixed_quota(self, options: TorchOptions) -> Callable[[list[int]], list[int]]:
+        """The coalescer's quota of each question in a batch of several (``mixed_question_reads``):
+        ``GraphShapes.mixed_take`` over the reader's buckets."""
+        shapes = GraphShapes(batches=self.reader.batch_sizes, capture=False,
+                             mixed_groups=options.graph_mixed_groups,
+                             fixed_cost_items=options.fixed_cost_items)
+        return shapes.mixed_take
 
     def _plan(self, available: int) -> int:
         """How many of ``available`` waiting items of one question the next batch reads: the
@@ -392,7 +404,7 @@ def _canvas_width_of(pending: _Pending) -> int:
 def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader:
     """The reader ``options.kind`` names over ``model``. A diffusion reader gets its device's
     kernels (choice.py), compiled (``options.compiled``; default: on CUDA) with CUDA graphs of
-    ``graph_shapes(options)``."""
+    ``GraphShapes.from_options(options)``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if options.kind == "diffusion":
         from router.backends.torch.choice import default_choice
@@ -404,7 +416,8 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
                                 static_flex_items=options.static_flex_items,
                                 split_kv_items=options.split_kv_items,
                                 split_kv_chunks=options.split_kv_chunks)
-        graphs = graph_shapes(options, capture=on_cuda) if compiled and choice.fused_pass else None
+        graphs = (GraphShapes.from_options(options, capture=on_cuda, labels=MAX_LABELS)
+                  if compiled and choice.fused_pass else None)
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad,
                                    prefix_cache_entries=options.prefix_cache_entries,
@@ -441,17 +454,6 @@ def warm_up_fallbacks(started: SlotReader, warmed: SlotReader) -> tuple[str, ...
         out.append("compiled read failed at warm-up: serving the eager read"
                    + (f" ({cause})" if cause else ""))
     return tuple(out)
-
-
-def graph_shapes(options: TorchOptions, *, capture: bool) -> GraphShapes:
-    """The graph buckets ``options`` ask for: unset, every batch size of ``GraphShapes`` up to
-    ``max_batch`` and 1 and ``samples`` draws."""
-    default = GraphShapes()
-    batches = options.graph_batches or [b for b in default.batches if b <= options.max_batch]
-    draws = options.graph_draws or sorted({1, options.samples or 1})
-    return GraphShapes(batches=tuple(b for b in batches if b <= options.max_batch) or (1,),
-                       draws=tuple(draws), widths=tuple(options.graph_widths or default.widths),
-                       prefix_tokens=options.graph_prefix_tokens, labels=MAX_LABELS, capture=capture)
 
 
 def load_model(kind: str, path: Path | str, *, device: str = "cpu", dtype: str = "float32",

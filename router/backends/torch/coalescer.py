@@ -42,6 +42,7 @@ class _Entry(Generic[Item]):
     items: list[Item]
     future: asyncio.Future[list[Any]] = field(repr=False)
     group: Hashable = None  # what group_of says of its items (a tuple when they differ)
+    part: Hashable = None  # what part_of says of them (the same)
 
 
 def padded_size(n: int, sizes: Sequence[int]) -> int:
@@ -69,12 +70,17 @@ class Coalescer(Generic[Item, Result]):
     """Batches ``submit`` calls made from one event loop; ``run_batch`` runs in ``executor``.
     ``group_of`` (optional): the group of an item; a batch then holds one group, the oldest
     waiting request's. ``plan`` (optional, with ``group_of``): how many of the n items of that
-    group to take (``bucket_take``); at least one request is always taken."""
+    group to take (``bucket_take``); at least one request is always taken. ``part_of`` and
+    ``quota`` (optional, with ``group_of``, instead of ``plan``): the group's items fall into
+    parts (questions), and ``quota`` says how many of each part's waiting items to take, given
+    their counts in the order of each part's oldest request (graphs.GraphShapes.mixed_take)."""
 
     def __init__(self, run_batch: Callable[[list[Item]], list[Result]], *, executor: Executor,
                  window_s: float = 0.002, max_batch: int = 32,
                  group_of: Callable[[Item], Hashable] | None = None,
-                 plan: Callable[[int], int] | None = None) -> None:
+                 plan: Callable[[int], int] | None = None,
+                 part_of: Callable[[Item], Hashable] | None = None,
+                 quota: Callable[[list[int]], list[int]] | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
         if window_s < 0:
@@ -83,7 +89,9 @@ class Coalescer(Generic[Item, Result]):
         self.window_s, self.max_batch = window_s, max_batch
         if plan is not None and group_of is None:
             raise ValueError("plan needs group_of: it sizes a batch of one group")
-        self.group_of, self.plan = group_of, plan
+        if (part_of is None) != (quota is None) or (quota is not None and (group_of is None or plan)):
+            raise ValueError("part_of and quota go together, with group_of and without plan")
+        self.group_of, self.plan, self.part_of, self.quota = group_of, plan, part_of, quota
         self._pending: list[_Entry[Item]] = []
         self._pending_items = 0  # items in _pending (kept, not summed on every submit)
         self._expected = max_batch  # items worth waiting for: see the module docstring
@@ -104,10 +112,12 @@ class Coalescer(Generic[Item, Result]):
         assert self._arrived is not None and self._enough is not None
         entries = [_Entry(list(items[i : i + self.max_batch]), loop.create_future())
                    for i in range(0, len(items), self.max_batch)]
-        if self.group_of is not None:
+        for name, of in (("group", self.group_of), ("part", self.part_of)):
+            if of is None:
+                continue
             for entry in entries:
-                groups = tuple(dict.fromkeys(map(self.group_of, entry.items)))
-                entry.group = groups[0] if len(groups) == 1 else groups
+                keys = tuple(dict.fromkeys(map(of, entry.items)))
+                setattr(entry, name, keys[0] if len(keys) == 1 else keys)
         self._pending.extend(entries)
         self._pending_items += len(items)
         self._arrived.set()
@@ -167,6 +177,8 @@ class Coalescer(Generic[Item, Result]):
         else:  # the oldest request's group, in arrival order
             group = self._pending[0].group
             members = [e for e in self._pending if e.group == group]
+            if self.quota is not None:
+                return self._take_parts(members)
             available = sum(len(e.items) for e in members)
             limit = min(self.max_batch, available)
             if self.plan is not None:
@@ -181,9 +193,37 @@ class Coalescer(Generic[Item, Result]):
                 break
             taken.append(entry)
             size += len(entry.items)
+        return self._taken(taken)
+
+    def _take_parts(self, members: list[_Entry[Item]]) -> list[_Entry[Item]]:
+        """Of one group's waiting requests, in arrival order, as many of each part's items as
+        ``quota`` says (whole requests; the oldest always, and at most ``max_batch`` items)."""
+        assert self.quota is not None
+        counts: dict[Hashable, int] = {}
+        for entry in members:
+            counts[entry.part] = counts.get(entry.part, 0) + len(entry.items)
+        try:
+            quotas = self.quota(list(counts.values()))
+            left = dict(zip(counts, quotas, strict=True))
+        except Exception:  # a bug in the quota must not stop the worker: every part whole
+            log.exception("coalescer: the batch quota failed; taking every part whole")
+            left = dict(counts)
+        taken: list[_Entry[Item]] = []
+        size = 0
+        for entry in members:
+            n = len(entry.items)
+            if taken and (n > left[entry.part] or size + n > self.max_batch):
+                continue
+            taken.append(entry)
+            left[entry.part] -= n
+            size += n
+        return self._taken(taken)
+
+    def _taken(self, taken: list[_Entry[Item]]) -> list[_Entry[Item]]:
+        """``taken`` off the waiting list: the next batch."""
         chosen = {id(e) for e in taken}
         self._pending = [e for e in self._pending if id(e) not in chosen]
-        self._pending_items -= size
+        self._pending_items -= sum(len(e.items) for e in taken)
         return taken
 
     async def _run(self, batch: list[_Entry[Item]]) -> None:

@@ -247,14 +247,28 @@ class DiffusionSlotReader(Frozen):
         return onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
 
     def read_mixed(self, items: list[SlotItem]) -> tuple[Any, Any, Any]:
-        """One eager one-pass read of items whose prefixes differ, each prefix's items laid
-        together (``read`` orders them): ``PrefixGroups`` over each prefix's cached keys/values."""
+        """The one-pass read of items whose prefixes differ, each prefix's items laid together
+        (``read`` orders them). With graphs: a mixed bucket's replay (graphs.GraphSet.run_mixed)
+        where one holds them and pays, else one read a prefix, each from its bucket (an eager read
+        is slower on a GPU than a bucket's replay). Without: ONE eager pass over ``PrefixGroups``
+        of each prefix's cached keys/values."""
         assert self.onepass is not None
         runs: dict[tuple[int, ...], list[SlotItem]] = {}
         for item in items:
             runs.setdefault(item.prefix_ids, []).append(item)
         if [item for run in runs.values() for item in run] != items:
             raise ValueError("a mixed read takes each prefix's items together")
+        if self.graphs is not None:  # a mixed bucket's graph where one holds it and pays
+            replayed = self.graphs.run_mixed([(prefix, run, self.prefix_cache(prefix))
+                                              for prefix, run in runs.items()])
+            if replayed is not None:
+                return replayed
+            # else one read a prefix, each from its own bucket where one holds it (a graph's
+            # outputs are overwritten by its next replay: each run's copied out first)
+            import torch
+
+            reads = [[t.clone() for t in self.read_onepass(run, prefix)] for prefix, run in runs.items()]
+            return tuple(torch.cat(part) for part in zip(*reads, strict=True))  # type: ignore[return-value]
         kvs, item_bounds, row_bounds = [], [0], [0]
         for prefix, run in runs.items():
             kvs.append(self.onepass.prefix_kv(self.prefix_cache(prefix), len(prefix)))

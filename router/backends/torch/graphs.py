@@ -14,11 +14,15 @@ import bisect
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
 
-from router.backends.torch.read_inputs import FAR, OnePassBatch, PrefixKV
+from router.backends.torch.coalescer import bucket_take, padded_size
+from router.backends.torch.read_inputs import FAR, OnePassBatch, PrefixGroups, PrefixKV
 from router.errors import ConfigError
+
+if TYPE_CHECKING:
+    from router.backends.torch.options import TorchOptions
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ class _Captured:
     batch: OnePassBatch  # the graph's input tensors
     out: tuple[Any, ...]  # its output tensors (proba, entropy, mass); () when not captured
     graph: Any  # torch.cuda.CUDAGraph, or None when not captured
+    prefix: PrefixKV | PrefixGroups  # what it reads: the first static buffer, or all (mixed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,13 @@ class GraphShapes:
     prefix_tokens: int = 2048
     labels: int = 128
     capture: bool = True
+    # Buckets of several questions (0: none): ``mixed_groups`` static prefix buffers, and a bucket
+    # of that many groups of g one-draw items for every g of ``batches`` whose groups fit in the
+    # largest batch (read_inputs.PrefixGroups; TorchOptions.mixed_question_reads)
+    mixed_groups: int = 0
+    # A read's fixed cost in items' worth (TorchOptions.fixed_cost_items): a mixed bucket reads a
+    # batch only where it costs less than one bucket a question (``mixed_pays``)
+    fixed_cost_items: float = 4.0
 
     def __post_init__(self) -> None:
         for name in ("batches", "draws", "widths"):
@@ -56,9 +68,58 @@ class GraphShapes:
                 raise ConfigError(f"graph shapes: {name} must be positive counts, got {values}",
                                   field=f"graph_{name}")
             object.__setattr__(self, name, values)
+        if self.mixed_groups == 1 or self.mixed_groups < 0:
+            raise ConfigError(f"graph shapes: mixed_groups must be 0 (none) or at least 2, got "
+                              f"{self.mixed_groups}", field="graph_mixed_groups")
+
+    @classmethod
+    def from_options(cls, options: TorchOptions, *, capture: bool, labels: int) -> GraphShapes:
+        """The graph buckets ``options`` ask for: unset, every batch size of the defaults up to
+        ``max_batch`` and 1 and ``samples`` draws; with ``mixed_question_reads``, the buckets of
+        ``graph_mixed_groups`` questions too."""
+        default = cls()
+        batches = options.graph_batches or [b for b in default.batches if b <= options.max_batch]
+        draws = options.graph_draws or sorted({1, options.samples or 1})
+        return cls(batches=tuple(b for b in batches if b <= options.max_batch) or (1,),
+                   draws=tuple(draws), widths=tuple(options.graph_widths or default.widths),
+                   prefix_tokens=options.graph_prefix_tokens, labels=labels, capture=capture,
+                   mixed_groups=options.graph_mixed_groups if options.mixed_question_reads else 0,
+                   fixed_cost_items=options.fixed_cost_items)
+
+    def mixed_sizes(self) -> tuple[int, ...]:
+        """The items a group of a mixed bucket holds, one bucket each (ascending)."""
+        if not self.mixed_groups:
+            return ()
+        return tuple(g for g in self.batches if g * self.mixed_groups <= self.batches[-1])
+
+    def mixed_pays(self, size: int, runs: Sequence[int]) -> bool:
+        """Whether a mixed bucket of groups of ``size`` reads runs of these item counts (one a
+        question) for less than one bucket a run: a read of b items costs about
+        ``fixed_cost_items`` + b, padding included (a mixed bucket reads its every group)."""
+        fixed = self.fixed_cost_items
+        one_each = sum(fixed + padded_size(n, self.batches) for n in runs)
+        return fixed + size * self.mixed_groups < one_each
+
+    def mixed_take(self, counts: Sequence[int]) -> list[int]:
+        """How many of each question's waiting items (``counts``, oldest question first) a batch
+        takes: the most items per cost of the first question alone (``bucket_take``) or, for each
+        mixed size g, the first ``mixed_groups`` questions, up to g items each, in a mixed bucket
+        (cost as ``mixed_pays``). Why: a mixed bucket pads each question's group up to g, so a
+        batch of 32 over 4 questions (10, 7, 9, 6 waiting) reads best as 8, 7, 8, 6 in groups of 8
+        (36 items' worth) than as groups of 16 (68) or one question at a time."""
+        fixed = self.fixed_cost_items
+        alone = bucket_take(counts[0], self.batches, fixed)
+        best = [alone] + [0] * (len(counts) - 1)
+        rate = alone / (fixed + padded_size(alone, self.batches))
+        for g in self.mixed_sizes() if len(counts) > 1 else ():
+            take = [min(n, g) for n in counts[:self.mixed_groups]]
+            take += [0] * (len(counts) - len(take))
+            if sum(take) / (fixed + g * self.mixed_groups) > rate:
+                best, rate = take, sum(take) / (fixed + g * self.mixed_groups)
+        return best
 
     def count(self) -> int:
-        return len(self.batches) * len(self.draws) * len(self.widths)
+        return (len(self.batches) * len(self.draws) + len(self.mixed_sizes())) * len(self.widths)
 
 
 # FlexAttention compiled per shape (KernelChoice.static_flex_items) compiles once for each
@@ -97,9 +158,22 @@ class GraphSet:
         self.labels, self.capture = shapes.labels, shapes.capture
         prefix_tokens = shapes.prefix_tokens
         self.graphs: dict[tuple[int, int, int], _Captured] = {}
-        self.loaded: tuple[int, ...] | None = None
+        # mixed buckets by (items a group, width): one group a static prefix buffer
+        self.mixed: dict[tuple[int, int], _Captured] = {}
         self.pool = torch.cuda.graph_pool_handle() if shapes.capture else None
-        self.prefix = self._static_prefix(prefix_tokens)
+        # the static prefix buffers (one-question buckets read the first) and what each holds
+        self.buffers = [self._static_prefix(prefix_tokens) for _ in range(max(1, shapes.mixed_groups))]
+        self.held: list[tuple[int, ...] | None] = [None] * len(self.buffers)
+
+    @property
+    def prefix(self) -> PrefixKV:
+        """The static prefix buffer the one-question buckets read."""
+        return self.buffers[0]
+
+    @property
+    def loaded(self) -> tuple[int, ...] | None:
+        """The prefix ids ``prefix`` holds (None: none yet)."""
+        return self.held[0]
 
     def _static_prefix(self, tokens: int) -> PrefixKV:
         import torch
@@ -117,29 +191,30 @@ class GraphSet:
             positions[kind] = torch.full((cap,), FAR, dtype=torch.long, device=device)
         return PrefixKV(keys, values, positions, torch.zeros((), dtype=torch.long, device=device))
 
-    def load(self, prefix_ids: tuple[int, ...], cache: Any) -> bool:
-        """Copy a prefix's cached keys/values into the static buffer; False when it does not fit."""
+    def load(self, prefix_ids: tuple[int, ...], cache: Any, buffer: int = 0) -> bool:
+        """Copy a prefix's cached keys/values into static buffer ``buffer``; False when it does
+        not fit."""
         import torch
 
-        if self.loaded == prefix_ids:
+        if self.held[buffer] == prefix_ids:
             return True
+        target = self.buffers[buffer]
         stored = [layer.keys.shape[2] for layer in cache.layers]
-        if any(n > buf.shape[2] for n, buf in zip(stored, self.prefix.keys, strict=True)):
+        if any(n > buf.shape[2] for n, buf in zip(stored, target.keys, strict=True)):
             return False
         # A switch of prefix happens on every batch of mixed-question traffic: few launches. The
         # keys and values go as two multi-tensor copies (one Python call each, where a copy a
         # layer took 60), and each layer kind's slot positions (shared by its layers) are set once.
-        dst = [buf[:, :, :n] for buf, n in zip(self.prefix.keys + self.prefix.values, stored * 2,
-                                                 strict=True)]
+        dst = [buf[:, :, :n] for buf, n in zip(target.keys + target.values, stored * 2, strict=True)]
         torch._foreach_copy_(dst, [layer.keys for layer in cache.layers] +
                              [layer.values for layer in cache.layers])
         length = len(prefix_ids)
         for kind, n in dict(zip(self.onepass.kinds(), stored, strict=True)).items():
-            pos = self.prefix.positions[kind]
+            pos = target.positions[kind]
             pos.fill_(FAR)
             pos[:n] = torch.arange(length - n, length, device=pos.device)
-        self.prefix.length.fill_(length)
-        self.loaded = prefix_ids
+        target.length.fill_(length)
+        self.held[buffer] = prefix_ids
         return True
 
     def bucket(self, items: Sequence[Any], width: int) -> tuple[int, int, int] | None:
@@ -162,8 +237,9 @@ class GraphSet:
         """Run and capture every bucket (compiling what is compiled) with ``prefix_ids`` loaded."""
         from router.backends.torch.reader import SlotItem
 
-        self.loaded = None
-        if not self.load(prefix_ids, self.reader.prefix_cache(prefix_ids)):
+        self.held = [None] * len(self.buffers)
+        cache = self.reader.prefix_cache(prefix_ids)
+        if not all(self.load(prefix_ids, cache, b) for b in range(len(self.buffers))):
             raise ValueError(f"warm-up prefix of {len(prefix_ids)} tokens exceeds prefix_tokens")
         started = time.monotonic()
         flex = sum(n <= self.flex_items for n in self.batches) * len(self.draws) * len(self.widths)
@@ -176,31 +252,47 @@ class GraphSet:
                                       tuple(range(2, 2 + self.labels)), d, seed=k)
                              for k in range(n_items)]
                     self.graphs[(n_items, n_items * d, width)] = self._capture(items, n_items * d, width)
-        log.info("torch read: %d graphs ready in %.1f s", len(self.graphs), time.monotonic() - started)
+        groups = len(self.buffers)
+        for size in self.shapes.mixed_sizes():
+            for width in self.widths:
+                items = [SlotItem(prefix_ids, (1,) * width, canvas_ids, slot,
+                                  tuple(range(2, 2 + self.labels)), 1, seed=k)
+                         for k in range(groups * size)]
+                self.mixed[(size, width)] = self._capture(items, groups * size, width,
+                                                          self.mixed_groups(size))
+        log.info("torch read: %d graphs ready in %.1f s", len(self.graphs) + len(self.mixed),
+                 time.monotonic() - started)
 
     def onepass_for(self, n_items: int) -> Any:
         """The one-pass read a bucket of ``n_items`` items runs (captured with, replayed as):
         the reader's for that bucket (``KernelChoice.for_read``)."""
         return self.reader.onepass_for(n_items, graph=True)
 
-    def _capture(self, items: list[Any], n_rows: int, width: int) -> _Captured:
+    def mixed_groups(self, size: int) -> PrefixGroups:
+        """A mixed bucket's groups: ``size`` one-draw items a static prefix buffer, in order."""
+        bounds = tuple(range(0, size * len(self.buffers) + 1, size))
+        return PrefixGroups(tuple(self.buffers), bounds, bounds)
+
+    def _capture(self, items: list[Any], n_rows: int, width: int,
+                 groups: PrefixGroups | None = None) -> _Captured:
         import torch
 
         batch = self.reader.prepare_onepass(items, prefix_len=int(self.prefix.length), n_rows=n_rows,
                                             width=width, n_labels=self.labels, device=self.reader.device)
+        prefix = groups if groups is not None else self.prefix
         if not self.capture:
-            return _Captured(batch, (), None)
+            return _Captured(batch, (), None, prefix)
         onepass = self.onepass_for(len(items))
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.inference_mode(), torch.cuda.stream(stream):
             for _ in range(2):  # compile, autotune and warm the allocator outside the capture
-                onepass(self.prefix, batch)
+                onepass(prefix, batch)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
-            out = onepass(self.prefix, batch)
-        return _Captured(batch, out, graph)
+            out = onepass(prefix, batch)
+        return _Captured(batch, out, graph, prefix)
 
     def run(self, items: Sequence[Any], prefix_ids: tuple[int, ...], cache: Any) -> tuple[Any, Any, Any] | None:
         """(proba, entropy, mass) of the real rows, or None when no bucket holds this read. The
@@ -209,15 +301,64 @@ class GraphSet:
         key = self.bucket(items, width)
         if key is None or key not in self.graphs or not self.load(prefix_ids, cache):
             return None
-        captured = self.graphs[key]
         fresh = self.reader.prepare_onepass(list(items), prefix_len=len(prefix_ids), n_items=key[0],
                                             n_rows=key[1], width=key[2], n_labels=self.labels)
+        out = self._replay(self.graphs[key], fresh)
+        n_rows = sum(item.draws for item in items)
+        return out[0][:n_rows], out[1][:n_rows], out[2][:n_rows]
+
+    def run_mixed(self, runs: Sequence[tuple[tuple[int, ...], Sequence[Any], Any]]
+                  ) -> tuple[Any, Any, Any] | None:
+        """``run`` of a read of several prefixes: ``runs`` of (prefix ids, its items, its cache),
+        one a prefix, read by the smallest mixed bucket that holds them (a static buffer a run,
+        one that holds its prefix already where one does: traffic repeats its questions), or
+        None when none does (one-draw items only) or it does not pay (``mixed_pays``). The real
+        rows in the order of ``runs``."""
+        import torch
+
+        items = [item for _, run, _ in runs for item in run]
+        width = max(len(item.suffix_ids) for item in items)
+        longest = max(len(run) for _, run, _ in runs)
+        size = next((g for g in self.shapes.mixed_sizes() if g >= longest), None)
+        s = bisect.bisect_left(self.widths, width)
+        if (size is None or len(runs) > len(self.buffers) or s == len(self.widths)
+                or any(item.draws != 1 for item in items)
+                or max(len(item.label_ids) for item in items) > self.labels
+                or (size, self.widths[s]) not in self.mixed
+                or not self.shapes.mixed_pays(size, [len(run) for _, run, _ in runs])):
+            return None
+        place = self._place([prefix_ids for prefix_ids, _, _ in runs])
+        if not all(self.load(prefix_ids, cache, b)
+                   for (prefix_ids, _, cache), b in zip(runs, place, strict=True)):
+            return None
+        filler = replace(items[0], prefix_ids=(), suffix_ids=(self.reader.pad_id,),
+                         label_ids=items[0].label_ids[:1], draws=1, seed=0)
+        laid: list[Any] = [filler] * (size * len(self.buffers))
+        rows: list[int] = []
+        for (_, run, _), b in zip(runs, place, strict=True):
+            laid[b * size:b * size + len(run)] = run
+            rows.extend(range(b * size, b * size + len(run)))
+        fresh = self.reader.prepare_onepass(laid, prefix_len=1, n_rows=len(laid),
+                                            width=self.widths[s], n_labels=self.labels)
+        out = self._replay(self.mixed[(size, self.widths[s])], fresh)
+        index = torch.tensor(rows, dtype=torch.long, device=out[0].device)
+        return out[0][index], out[1][index], out[2][index]
+
+    def _place(self, prefixes: Sequence[tuple[int, ...]]) -> list[int]:
+        """A static buffer for each of ``prefixes`` (distinct): the one holding it already, else
+        one holding none of them (the one-question buckets' buffer last)."""
+        place: dict[tuple[int, ...], int] = {p: self.held.index(p) for p in prefixes if p in self.held}
+        free = sorted((b for b in range(len(self.buffers)) if b not in place.values()),
+                      key=lambda b: b == 0)
+        return [place[p] if p in place else free.pop(0) for p in prefixes]
+
+    def _replay(self, captured: _Captured, fresh: OnePassBatch) -> tuple[Any, ...]:
+        """``fresh`` copied into a bucket's inputs, then its graph replayed (or, uncaptured, its
+        read run over those inputs): its outputs."""
         for f in fields(OnePassBatch):
             getattr(captured.batch, f.name).copy_(getattr(fresh, f.name), non_blocking=True)
         if captured.graph is None:
-            out = self.onepass_for(key[0])(self.prefix, captured.batch)
-        else:
-            captured.graph.replay()
-            out = captured.out
-        n_rows = sum(item.draws for item in items)
-        return out[0][:n_rows], out[1][:n_rows], out[2][:n_rows]
+            n_items = captured.batch.input_ids.shape[0]
+            return self.onepass_for(n_items)(captured.prefix, captured.batch)  # type: ignore[no-any-return]
+        captured.graph.replay()
+        return captured.out

@@ -55,6 +55,11 @@ class TorchOptions(BackendOptions):
     # CPU against reads alone); its speed on a GPU is NOT measured yet (docs/backends.md): a
     # batch of several questions runs eagerly, where one question's batch replays a CUDA graph.
     mixed_question_reads: bool = False
+    # With mixed_question_reads and graphs: the static prefix buffers, so the questions a batch
+    # of several questions may hold in a graph bucket (each bucket: that many groups of g items,
+    # for the graph_batches g whose groups fit in the largest; about 0.25 GB a buffer on the full
+    # DiffusionGemma). A batch no such bucket holds is read eagerly.
+    graph_mixed_groups: int = Field(4, ge=2)
     compiled: bool | None = None  # None: on for a diffusion reader on CUDA
     graph_batches: list[int] | None = None
     graph_draws: list[int] | None = None

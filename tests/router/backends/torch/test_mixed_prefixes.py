@@ -202,3 +202,167 @@ def test_the_backend_reads_two_questions_in_one_batch_with_the_answers_of_reads_
         assert a.options == b.options
         np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
     assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2]
+
+
+def mixed_bucketed(model: Any, groups: int = 3) -> DiffusionSlotReader:
+    shapes = GraphShapes(batches=(1, 2, 4, 8, 16), draws=(1,), widths=(16,), prefix_tokens=64,
+                         labels=8, capture=False, mixed_groups=groups)
+    reader = DiffusionSlotReader(model, graphs=shapes, mixed_prefixes=True)
+    assert reader.graphs is not None
+    reader.graphs.warm_up(PREFIX, CANVAS_IDS, 5)
+    return reader
+
+
+class Loads:
+    """The prefix copies a GraphSet makes into its static buffers: (prefix length, buffer)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from router.backends.torch.graphs import GraphSet
+
+        self.copies: list[tuple[int, int]] = []
+        real = GraphSet.load
+
+        def load(graphs: GraphSet, prefix_ids: Any, cache: Any, buffer: int = 0) -> bool:
+            if graphs.held[buffer] != prefix_ids:
+                self.copies.append((len(prefix_ids), buffer))
+            return real(graphs, prefix_ids, cache, buffer)
+
+        monkeypatch.setattr(GraphSet, "load", load)
+
+
+def test_a_mixed_bucket_reads_several_prefixes_from_its_static_buffers(
+        model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three prefixes in a bucket of 3 groups of 4 (padded: fillers in every group): the same
+    reads as reads alone, each prefix copied into a buffer once; the same questions again, in
+    another order, copy nothing (a buffer that holds a prefix keeps serving it)."""
+    reader = mixed_bucketed(model)
+    assert reader.graphs is not None
+    assert sorted(reader.graphs.mixed) == [(1, 16), (2, 16), (4, 16)]
+    items = mixed_items()
+    want = DiffusionSlotReader(model).read(items)
+    loads, passes = Loads(monkeypatch), CountingPass(monkeypatch)
+    assert_same_reads(reader.read(items), want)
+    assert passes.groups == [3]  # the bucket's read over its 3 static buffers
+    assert sorted(loads.copies) == [(len(SHORT), 2), (len(LONG), 1)]  # PREFIX is held (warm-up)
+    assert set(reader.graphs.held) == {PREFIX, SHORT, LONG}
+    again = list(reversed(items))
+    assert_same_reads(reader.read(again), list(reversed(want)))
+    assert len(loads.copies) == 2 and passes.groups == [3, 3]
+
+
+@pytest.mark.parametrize("case", ["more prefixes than buffers", "a group past the largest",
+                                  "several draws", "padding that costs more than it saves"])
+def test_a_mixed_read_no_bucket_holds_is_read_one_prefix_at_a_time(
+        model: Any, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no mixed bucket holds a batch, or the one that does would read more padding than
+    one bucket a question costs, each question is read as without the opt-in (a bucket's graph
+    where one holds it: on a GPU an eager pass is slower than a replay)."""
+    from router.backends.torch.graphs import GraphSet
+
+    reader = mixed_bucketed(model, groups=3 if case.startswith("padding") else 2)
+    items = mixed_items(draws=3 if case == "several draws" else 1)
+    if case == "a group past the largest":  # buckets of 2 groups of up to 8 items
+        items = [replace(it, prefix_ids=PREFIX if k < 9 else SHORT, seed=k)
+                 for k, it in enumerate(items + items[:3])]
+    elif case.startswith("padding"):  # 3 groups of 4 (16 items' worth) for 2 runs of 4 (16)
+        items = [replace(it, prefix_ids=PREFIX if k < 4 else SHORT, seed=k)
+                 for k, it in enumerate(items + items[:1])]
+    runs = {it.prefix_ids: sum(i.prefix_ids == it.prefix_ids for i in items) for it in items}
+    want = DiffusionSlotReader(model).read(items)
+    replays: list[Any] = []
+    real = GraphSet.run_mixed
+
+    def run_mixed(graphs: GraphSet, asked: Any) -> Any:
+        replays.append(out := real(graphs, asked))
+        return out
+
+    monkeypatch.setattr(GraphSet, "run_mixed", run_mixed)
+    passes = CountingPass(monkeypatch)
+    assert_same_reads(reader.read(items), want)
+    assert replays == [None]  # asked, refused
+    assert passes.groups == [1] * len(runs)  # then one read a question
+
+
+def test_mixed_buckets_are_checked_and_counted_and_asked_for_by_the_opt_in() -> None:
+    from router.backends.torch.backend import MAX_LABELS
+    from router.backends.torch.options import TorchOptions
+
+    for bad in (1, -2):
+        with pytest.raises(ConfigError, match="mixed_groups") as refused:
+            GraphShapes(mixed_groups=bad)
+        assert refused.value.field == "graph_mixed_groups"
+    shapes = GraphShapes(batches=(1, 2, 4, 8, 16, 32), widths=(64, 128), mixed_groups=4)
+    assert shapes.mixed_sizes() == (1, 2, 4, 8)
+    assert shapes.count() == (6 + 4) * 2
+    assert GraphShapes().mixed_sizes() == ()
+    # a read of b items costs about 4 + b: 4 questions of 8 read as 36 in one bucket, 48 apart
+    assert shapes.mixed_pays(8, [8, 8, 8, 8]) and shapes.mixed_pays(4, [3, 1, 4])
+    assert not shapes.mixed_pays(8, [8, 8])  # 36 against 24: apart
+    assert not replace(shapes, fixed_cost_items=0).mixed_pays(8, [8, 7, 8, 8])  # 32 against 32
+    on = TorchOptions(kind="diffusion", mixed_question_reads=True, graph_mixed_groups=3)
+    assert GraphShapes.from_options(on, capture=False, labels=MAX_LABELS).mixed_groups == 3
+    off = GraphShapes.from_options(TorchOptions(kind="diffusion"), capture=False, labels=MAX_LABELS)
+    assert off.mixed_groups == 0 and off.labels == MAX_LABELS
+
+
+@pytest.mark.parametrize(("counts", "want"), [
+    ([10, 7, 9, 6], [8, 7, 8, 6]),  # groups of 8: 29 items for 36 items' worth
+    ([20], [16]),  # one question: its bucket_take
+    ([16, 16], [16, 0]),  # a bucket of 16 alone (16 for 20) beats groups of 8 (16 for 36)
+    ([3, 1, 4], [2, 1, 2]),  # groups of 2: 5 for 12, against 8 for 20 (4s) and 3 for 8 alone
+    ([4, 4, 4], [4, 4, 4]),  # groups of 4: 12 for 20
+    ([1, 1, 1, 1, 1], [1, 1, 1, 1, 0]),  # four groups at most
+])
+def test_a_batch_of_several_questions_takes_what_one_mixed_bucket_reads_best(
+        counts: list[int], want: list[int]) -> None:
+    shapes = GraphShapes(batches=(1, 2, 4, 8, 16, 32), mixed_groups=4, capture=False)
+    assert shapes.mixed_take(counts) == want
+
+
+def test_the_backend_takes_each_questions_share_of_a_mixed_bucket_and_reads_it_in_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through TorchBackend over a bucketed reader: 3 + 3 waiting requests of two questions (one
+    canvas width) under mixed buckets of 2 groups are read in batches that each hold both
+    questions (each question's share as ``GraphShapes.mixed_take`` says), with the answers of
+    reads alone."""
+    from policies.types import DecisionRequest, Option
+    from tests.router.backends.torch.test_backend_batching import Spy, backend, requests
+    from tests.router.backends.torch.test_diffusion import tiny_model as make_model
+    from tests.router.backends.torch_models import smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    parts = (make_model(vocab=len(tokenizer), window=4096), tokenizer)
+    other = [DecisionRequest("p", "Which queue?", (Option("billing"), Option("tech"), Option("sales")),
+                             f"ticket {k}", seed=k) for k in range(3)]
+    mixed = [r for pair in zip(requests(3), other, strict=True) for r in pair]
+    mixed = [replace(r, samples=1) for r in mixed]  # mixed buckets hold one-draw reads
+    shapes = GraphShapes(batches=(1, 2, 4, 8), draws=(1,), widths=(64,), prefix_tokens=1024,
+                         capture=False, mixed_groups=2)
+    spy = Spy(DiffusionSlotReader(parts[0], graphs=shapes, mixed_prefixes=True))
+    spy.needs_warm_up = True
+
+    def warm_up(sample: Any) -> Any:  # the buckets warmed; the spy stays the reader
+        assert spy.inner.warm_up(sample) is spy.inner
+        return spy
+
+    spy.warm_up = warm_up  # type: ignore[method-assign]
+    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True,
+                     graph_mixed_groups=2)
+    alone = backend(parts, coalesce_window_ms=0)
+    want = [asyncio.run(alone.read([r]))[0] for r in mixed]
+
+    async def concurrently() -> list[Any]:
+        while not await shared.ready():
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*(shared.read([r]) for r in mixed))
+
+    passes = CountingPass(monkeypatch)
+    got = [scores[0] for scores in asyncio.run(concurrently())]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
+    assert passes.groups == [2, 2]  # each batch one pass of a mixed bucket (2 static buffers)
+    # 3 + 3 waiting: groups of 2 (4 items for 8 items' worth) beat groups of 4 (6 for 12) and
+    # 3 of one question alone (3 for 8): 2 + 2 now, the last 1 + 1 in the next batch
+    assert [len(batch) for batch in spy.seen] == [4, 2]
+    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2, 2]
+    assert sorted(spy.inner.graphs.mixed) == [(1, 64), (2, 64), (4, 64)]
