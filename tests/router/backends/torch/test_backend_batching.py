@@ -116,29 +116,46 @@ def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[
     assert calls == len(seen) < len(many)  # one batched tokenizer call per batch
 
 
-@pytest.mark.parametrize("by_question", [True, False])
-def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any], by_question: bool) -> None:
-    """Requests of two questions at once: by default each batch reads one question (the reader
-    reads a question's items apart from another's), with the same answers as reads alone;
-    ``coalesce_by_question: false`` keeps the old rule (one batch of both)."""
+def two_questions(samples: int | None = None) -> list[Any]:
+    """3 requests of each of two questions (canvases of one width), interleaved as they arrive;
+    ``samples``: each request's draws (default: 1 to 3)."""
+    from dataclasses import replace
+
     from policies.types import DecisionRequest, Option
-    from router.backends.torch.diffusion import DiffusionSlotReader
 
     other = [DecisionRequest("p", "Which queue?", (Option("billing"), Option("tech"), Option("sales")),
                              f"ticket {k}", seed=k) for k in range(3)]
-    mixed = [r for pair in zip(requests(3), other) for r in pair]
-    spy = Spy(DiffusionSlotReader(parts[0]))
-    shared = backend(parts, spy, coalesce_window_ms=50, coalesce_by_question=by_question)
+    mixed = [r for pair in zip(requests(3), other, strict=True) for r in pair]
+    return mixed if samples is None else [replace(r, samples=samples) for r in mixed]
+
+
+def assert_answers_alone(parts: tuple[Any, Any], shared: Any, asked: list[Any]) -> None:
+    """``shared`` (once ready) answers ``asked``, sent concurrently, as a backend that reads each
+    request alone does."""
     alone = backend(parts, coalesce_window_ms=0)
-    want = [asyncio.run(alone.read([r]))[0] for r in mixed]
+    want = [asyncio.run(alone.read([r]))[0] for r in asked]
 
     async def concurrently() -> list[Any]:
-        return await asyncio.gather(*(shared.read([r]) for r in mixed))
+        while not await shared.ready():
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*(shared.read([r]) for r in asked))
 
     got = [scores[0] for scores in asyncio.run(concurrently())]
     for a, b in zip(got, want, strict=True):
         assert a.options == b.options
         np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("by_question", [True, False])
+def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any], by_question: bool) -> None:
+    """Requests of two questions at once: by default each batch reads one question (the reader
+    reads a question's items apart from another's), with the same answers as reads alone;
+    ``coalesce_by_question: false`` keeps the old rule (one batch of both)."""
+    from router.backends.torch.diffusion import DiffusionSlotReader
+
+    spy = Spy(DiffusionSlotReader(parts[0]))
+    shared = backend(parts, spy, coalesce_window_ms=50, coalesce_by_question=by_question)
+    assert_answers_alone(parts, shared, two_questions())
     prefixes = [{item.prefix_ids for item in batch} for batch in spy.seen]
     if by_question:
         assert [len(p) for p in prefixes] == [1, 1] and prefixes[0] != prefixes[1]
@@ -290,3 +307,52 @@ def test_speed_options_are_validated_settings() -> None:
         TorchOptions(kind="diffusion", fixed_cost_items=-0.5)
     with pytest.raises(ValidationError, match="coalesce_by_question"):
         TorchOptions(kind="diffusion", coalesce_by_question="sometimes")
+
+
+def test_backend_reads_two_questions_in_one_batch_with_mixed_question_reads(
+        parts: tuple[Any, Any]) -> None:
+    """With ``mixed_question_reads`` the coalescer takes both questions into one batch (one
+    canvas width) and the reader reads it in one pass (make_reader hands it the option); the
+    answers equal reads alone."""
+    from router.backends.torch.backend import make_reader
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.options import TorchOptions
+
+    reader = make_reader(TorchOptions(kind="diffusion", mixed_question_reads=True), *parts)
+    assert isinstance(reader, DiffusionSlotReader) and reader.mixed_prefixes
+    spy = Spy(reader)
+    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True)
+    assert_answers_alone(parts, shared, two_questions())
+    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2]
+
+
+def test_backend_takes_each_questions_share_of_a_mixed_bucket(parts: tuple[Any, Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a bucketed reader (mixed buckets of 2 groups): 3 + 3 waiting one-draw requests of two
+    questions are read in batches that each hold both questions, each question's share as
+    ``GraphShapes.mixed_take`` says, each batch one pass of a mixed bucket; the answers equal
+    reads alone."""
+    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.graphs import GraphShapes
+    from tests.router.backends.torch.test_mixed_prefixes import CountingPass
+
+    shapes = GraphShapes(batches=(1, 2, 4, 8), draws=(1,), widths=(64,), prefix_tokens=1024,
+                         capture=False, mixed_groups=2)
+    spy = Spy(DiffusionSlotReader(parts[0], graphs=shapes, mixed_prefixes=True))
+    spy.needs_warm_up = True
+
+    def warm_up(sample: Any) -> Any:  # the buckets warmed; the spy stays the reader
+        assert spy.inner.warm_up(sample) is spy.inner
+        return spy
+
+    spy.warm_up = warm_up  # type: ignore[method-assign]
+    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True,
+                     graph_mixed_groups=2)
+    passes = CountingPass(monkeypatch)
+    assert_answers_alone(parts, shared, two_questions(samples=1))
+    assert passes.groups[-2:] == [2, 2]  # each batch one pass of a mixed bucket (2 buffers)
+    # 3 + 3 waiting: groups of 2 (4 items for 8 items' worth) beat groups of 4 (6 for 12) and
+    # 3 of one question alone (3 for 8): 2 + 2 now, the last 1 + 1 in the next batch
+    assert [len(batch) for batch in spy.seen] == [4, 2]
+    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2, 2]
+    assert sorted(spy.inner.graphs.mixed) == [(1, 64), (2, 64), (4, 64)]

@@ -4,11 +4,9 @@ only its own prefix; and the opt-in's wiring through TorchOptions and TorchBacke
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -171,39 +169,6 @@ def test_a_rebuilt_twin_keeps_reading_several_prefixes_in_one_pass() -> None:
     assert DiffusionSlotReader(model).rebuilt(KernelChoice()).mixed_prefixes is False
 
 
-def test_the_backend_reads_two_questions_in_one_batch_with_the_answers_of_reads_alone() -> None:
-    """Through TorchBackend: with ``mixed_question_reads`` the coalescer takes both questions
-    into one batch (one canvas width) and the reader reads it in one pass; the answers equal
-    reads alone. make_reader hands the option to the reader."""
-    from policies.types import DecisionRequest, Option
-    from router.backends.torch.backend import make_reader
-    from router.backends.torch.options import TorchOptions
-    from tests.router.backends.torch.test_backend_batching import Spy, backend, requests
-    from tests.router.backends.torch.test_diffusion import tiny_model as make_model
-    from tests.router.backends.torch_models import smollm2_tokenizer
-
-    tokenizer = smollm2_tokenizer()
-    parts = (make_model(vocab=len(tokenizer), window=4096), tokenizer)
-    other = [DecisionRequest("p", "Which queue?", (Option("billing"), Option("tech"), Option("sales")),
-                             f"ticket {k}", seed=k) for k in range(3)]
-    mixed = [r for pair in zip(requests(3), other, strict=True) for r in pair]
-    reader = make_reader(TorchOptions(kind="diffusion", mixed_question_reads=True), parts[0], tokenizer)
-    assert isinstance(reader, DiffusionSlotReader) and reader.mixed_prefixes
-    spy = Spy(reader)
-    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True)
-    alone = backend(parts, coalesce_window_ms=0)
-    want = [asyncio.run(alone.read([r]))[0] for r in mixed]
-
-    async def concurrently() -> list[Any]:
-        return await asyncio.gather(*(shared.read([r]) for r in mixed))
-
-    got = [scores[0] for scores in asyncio.run(concurrently())]
-    for a, b in zip(got, want, strict=True):
-        assert a.options == b.options
-        np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
-    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2]
-
-
 def mixed_bucketed(model: Any, groups: int = 3) -> DiffusionSlotReader:
     shapes = GraphShapes(batches=(1, 2, 4, 8, 16), draws=(1,), widths=(16,), prefix_tokens=64,
                          labels=8, capture=False, mixed_groups=groups)
@@ -317,52 +282,3 @@ def test_a_batch_of_several_questions_takes_what_one_mixed_bucket_reads_best(
         counts: list[int], want: list[int]) -> None:
     shapes = GraphShapes(batches=(1, 2, 4, 8, 16, 32), mixed_groups=4, capture=False)
     assert shapes.mixed_take(counts) == want
-
-
-def test_the_backend_takes_each_questions_share_of_a_mixed_bucket_and_reads_it_in_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through TorchBackend over a bucketed reader: 3 + 3 waiting requests of two questions (one
-    canvas width) under mixed buckets of 2 groups are read in batches that each hold both
-    questions (each question's share as ``GraphShapes.mixed_take`` says), with the answers of
-    reads alone."""
-    from policies.types import DecisionRequest, Option
-    from tests.router.backends.torch.test_backend_batching import Spy, backend, requests
-    from tests.router.backends.torch.test_diffusion import tiny_model as make_model
-    from tests.router.backends.torch_models import smollm2_tokenizer
-
-    tokenizer = smollm2_tokenizer()
-    parts = (make_model(vocab=len(tokenizer), window=4096), tokenizer)
-    other = [DecisionRequest("p", "Which queue?", (Option("billing"), Option("tech"), Option("sales")),
-                             f"ticket {k}", seed=k) for k in range(3)]
-    mixed = [r for pair in zip(requests(3), other, strict=True) for r in pair]
-    mixed = [replace(r, samples=1) for r in mixed]  # mixed buckets hold one-draw reads
-    shapes = GraphShapes(batches=(1, 2, 4, 8), draws=(1,), widths=(64,), prefix_tokens=1024,
-                         capture=False, mixed_groups=2)
-    spy = Spy(DiffusionSlotReader(parts[0], graphs=shapes, mixed_prefixes=True))
-    spy.needs_warm_up = True
-
-    def warm_up(sample: Any) -> Any:  # the buckets warmed; the spy stays the reader
-        assert spy.inner.warm_up(sample) is spy.inner
-        return spy
-
-    spy.warm_up = warm_up  # type: ignore[method-assign]
-    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True,
-                     graph_mixed_groups=2)
-    alone = backend(parts, coalesce_window_ms=0)
-    want = [asyncio.run(alone.read([r]))[0] for r in mixed]
-
-    async def concurrently() -> list[Any]:
-        while not await shared.ready():
-            await asyncio.sleep(0.01)
-        return await asyncio.gather(*(shared.read([r]) for r in mixed))
-
-    passes = CountingPass(monkeypatch)
-    got = [scores[0] for scores in asyncio.run(concurrently())]
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
-    assert passes.groups == [2, 2]  # each batch one pass of a mixed bucket (2 static buffers)
-    # 3 + 3 waiting: groups of 2 (4 items for 8 items' worth) beat groups of 4 (6 for 12) and
-    # 3 of one question alone (3 for 8): 2 + 2 now, the last 1 + 1 in the next batch
-    assert [len(batch) for batch in spy.seen] == [4, 2]
-    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2, 2]
-    assert sorted(spy.inner.graphs.mixed) == [(1, 64), (2, 64), (4, 64)]
