@@ -134,7 +134,9 @@ class TorchBackend(FastBackend):
         eager read after a failed warm-up, a compiled read asked for but not served). On the CPU
         the plain eager read is the intended one, not a fallback. ``prefix_cache``: the static
         prefixes' cache (entries, capacity, hits, misses, evictions): evictions mean more
-        questions in rotation than ``prefix_cache_entries``. Not part of the identity."""
+        questions in rotation than ``prefix_cache_entries``. ``mixed_question_reads``: whether
+        the reader reads several questions a pass (its graphs then count the mixed buckets). Not
+        part of the identity."""
         reader = self.reader
         out: dict[str, Any] = {"kind": self.kind, "device": str(reader.device),
                                "compiled": self.compiled, "ready": self._warm_done()}
@@ -155,7 +157,8 @@ class TorchBackend(FastBackend):
                                                  " (the two-pass read: encoder and decoder "
                                                  "weights are not tied)"))
         return {**out, "kernels": choice.summary(),
-                "cuda_graphs": len(graphs.graphs) if graphs is not None else 0,
+                "cuda_graphs": len(graphs.graphs) + len(graphs.mixed) if graphs is not None else 0,
+                "mixed_question_reads": bool(getattr(reader, "mixed_prefixes", False)),
                 "fallbacks": fallbacks}
 
     def _warm_done(self) -> bool:

@@ -70,9 +70,26 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
                        "prefix_cache": {"entries": 0, "capacity": 8, "hits": 0, "misses": 0,
                                         "evictions": 0},
                        "kernels": backend.reader.choice.summary(), "cuda_graphs": 0,
-                       "fallbacks": []}
+                       "mixed_question_reads": False, "fallbacks": []}
     assert serving["kernels"]["triton"] is False  # the plain eager read: intended here
     assert "serving" not in backend.identity() and backend.fingerprint  # not the identity
+
+
+def test_readyz_says_whether_several_questions_are_read_a_pass_and_counts_the_mixed_graphs(
+        parts: tuple[Any, Any]) -> None:
+    model, tokenizer = parts
+    mixed = options(mixed_question_reads=True)
+    backend = TorchBackend(make_reader(mixed, model, tokenizer), tokenizer, mixed, model_id="tiny")
+    assert backend.serving()["mixed_question_reads"] is True
+    shapes = GraphShapes(batches=(1, 2, 4), widths=(64,), draws=(1,), prefix_tokens=1024,
+                         capture=False, mixed_groups=2)
+    reader = DiffusionSlotReader(model, graphs=shapes, mixed_prefixes=True)
+    bucketed = TorchBackend(reader, tokenizer, mixed, model_id="tiny")
+    assert bucketed._warm is not None
+    bucketed._warm.result(timeout=120)
+    serving = bucketed.serving()
+    assert serving["cuda_graphs"] == 3 + 2  # (3 one-question buckets, 2 mixed: groups of 1 and 2)
+    assert serving["mixed_question_reads"] is True and serving["fallbacks"] == []
 
 
 def test_a_failed_warm_up_is_reported_with_its_failure(parts: tuple[Any, Any]) -> None:
