@@ -27,13 +27,16 @@ LONG = tuple(range(300, 361))  # 61 tokens: past a window of 8 and near one of 6
 
 def mixed_items(draws: int = 1) -> list[Any]:
     """Items of three prefixes of different lengths, interleaved as requests arrive; some
-    prompt rests longer than a window of 8, one item with other labels."""
+    prompt rests longer than a window of 8, one item with other labels, one question's canvas
+    another template of the same width with its slot elsewhere."""
     from router.backends.torch.reader import SlotItem
 
     rests = [(70, 71, 72), tuple(range(80, 91)), (90,), (91, 92, 93, 94, 95), tuple(range(100, 110))]
     prefixes = [LONG, PREFIX, SHORT, LONG, PREFIX, SHORT, PREFIX]
-    return [SlotItem(prefix, rests[k % len(rests)], CANVAS_IDS, 5,
-                     (100, 101) if k == 3 else LABELS, draws if k % 2 == 0 else 1, seed=k)
+    other_canvas = (8, 8, 9) + CANVAS_IDS[3:]  # (SHORT's question)
+    return [SlotItem(prefix, rests[k % len(rests)], other_canvas if prefix == SHORT else CANVAS_IDS,
+                     2 if prefix == SHORT else 5, (100, 101) if k == 3 else LABELS,
+                     draws if k % 2 == 0 else 1, seed=k)
             for k, prefix in enumerate(prefixes)]
 
 
