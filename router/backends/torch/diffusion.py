@@ -55,8 +55,9 @@ class DiffusionSlotReader(Frozen):
     reader's FP8 copies, fp8.py, else made here when the choice asks; ``qkv_weights`` another
     reader's merged q/k/v copies, fused.OnePass, else made here when joint_streams asks).
     ``mixed_prefixes`` (opt-in; the one-pass read only): items of several prefixes (questions)
-    that share a canvas width are read in ONE eager pass, each reading only its own prefix
-    (read_inputs.PrefixGroups), instead of one read a prefix.
+    that share a canvas width are read in ONE pass, each reading only its own prefix
+    (read_inputs.PrefixGroups; with graphs, a mixed bucket's: ``read_mixed``), instead of one
+    read a prefix.
     ``choice`` (default: the device's, choice.py ``default_choice``) fixes its kernels: the
     one-pass read (fused.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
     are the shapes whose reads ``warm_up`` captures as CUDA graphs (padded, uncaptured on the CPU).
@@ -233,7 +234,7 @@ class DiffusionSlotReader(Frozen):
 
     def read_onepass(self, items: list[SlotItem], prefix: tuple[int, ...]) -> tuple[Any, Any, Any]:
         """The one-pass read of one group: a captured graph when one holds its shape, else eager;
-        items of several prefixes (``mixed_prefixes``, in runs of one prefix) in one eager pass."""
+        items of several prefixes (``mixed_prefixes``, in runs of one prefix): ``read_mixed``."""
         assert self.onepass is not None
         if prefix and any(item.prefix_ids != prefix for item in items):
             return self.read_mixed(items)
