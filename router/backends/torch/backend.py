@@ -66,7 +66,9 @@ class TorchBackend(FastBackend):
     token); ``auto`` reads the names when they qualify and the alphabet otherwise.
 
     Speed settings: concurrent ``read`` calls wait at most ``coalesce_window_ms`` for companions
-    and run together up to ``max_batch`` items. The reader's own (``compiled``, ``graph_*``,
+    and run together up to ``max_batch`` items, one question a batch (``coalesce_by_question``)
+    or, with ``mixed_question_reads``, each question's share of a mixed graph bucket (several
+    questions read in one pass). The reader's own (``compiled``, ``graph_*``,
     ``prefix_cache``) were used when it was made; one that ``needs_warm_up`` is warmed in the
     worker thread before any read (``ready()`` is False until then) and replaced by what its
     ``warm_up`` returns (itself, or an eager twin when compiling or capturing failed).
