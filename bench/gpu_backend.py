@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.types import DecisionRequest, Option
-from router.backends.torch.backend import TorchBackend, make_reader
+from router.backends.torch.backend import TorchBackend
+from router.backends.torch.build import make_reader
 from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.options import TorchOptions
 from router.backends.torch.prompt import encode

@@ -11,7 +11,6 @@ CUDA graphs captured at start-up (warm_up.py); ``ready()`` is False until then.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from router.backends.labels import (
     default_candidates,
     single_token_id,
 )
+from router.backends.torch.build import MAX_LABELS, load_model, make_reader
 from router.backends.torch.coalescer import Coalescer, bucket_take
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
@@ -44,12 +44,12 @@ from router.backends.torch.prompt import (
     masked_prompt,
 )
 from router.backends.torch.reader import SlotItem, SlotRead, SlotReader
+from router.backends.torch.warm_up import warm_up_fallbacks
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
     from router.settings import FastBackendSettings
 
-MAX_LABELS = 128
 STATE_IDS_KEPT = 4096  # tokenized states kept (a few MB: ids of at most max_input_chars)
 log = logging.getLogger(__name__)
 
@@ -404,95 +404,3 @@ def _question_of(pending: _Pending) -> tuple[str, str]:
 def _canvas_width_of(pending: _Pending) -> int:
     canvas = pending.question.canvas
     return len(canvas.ids) if canvas is not None else 0
-
-
-def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader:
-    """The reader ``options.kind`` names over ``model``. A diffusion reader gets its device's
-    kernels (choice.py), compiled (``options.compiled``; default: on CUDA) with CUDA graphs of
-    ``GraphShapes.from_options(options)``."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    if options.kind == "diffusion":
-        from router.backends.torch.choice import default_choice
-        from router.backends.torch.diffusion import DiffusionSlotReader
-
-        on_cuda = next(model.parameters()).device.type == "cuda"
-        compiled = options.compiled if options.compiled is not None else on_cuda
-        choice = default_choice(model, compiled=compiled, fp8=options.fp8,
-                                static_flex_items=options.static_flex_items,
-                                split_kv_items=options.split_kv_items,
-                                split_kv_chunks=options.split_kv_chunks)
-        graphs = (GraphShapes.from_options(options, capture=on_cuda, labels=MAX_LABELS)
-                  if compiled and choice.fused_pass else None)
-        return DiffusionSlotReader(model, choice=choice, graphs=graphs,
-                                   use_prefix_cache=options.prefix_cache, pad_id=pad,
-                                   prefix_cache_entries=options.prefix_cache_entries,
-                                   mixed_prefixes=options.mixed_question_reads)
-    if options.kind == "causal":
-        from router.backends.torch.causal import CausalSlotReader
-
-        return CausalSlotReader(model, pad_id=pad, use_prefix_cache=options.prefix_cache,
-                                prefix_cache_entries=options.prefix_cache_entries)
-    from router.backends.torch.masked import MaskedSlotReader
-
-    return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)
-
-
-def warm_up_fallbacks(started: SlotReader, warmed: SlotReader) -> tuple[str, ...]:
-    """What ``warmed`` (what ``started.warm_up`` returned) serves without that ``started`` had:
-    the memory-efficient attention for cuDNN's, the eager read for the compiled one; each with
-    the failure behind it where warm-up kept it (``warm_up.failures``)."""
-    before, after = getattr(started, "choice", None), getattr(warmed, "choice", None)
-    if warmed is started or before is None or after is None:
-        return ()
-    from router.backends.torch.warm_up import failures
-
-    why = list(failures(warmed))
-    out = []
-    if before.attention != after.attention:
-        cause = why.pop(0) if why else ""
-        out.append("capture failed with cuDNN attention: serving the memory-efficient kernel"
-                   + (f" ({cause})" if cause else ""))
-    graphs_lost = (getattr(started, "graphs", None) is not None
-                   and getattr(warmed, "graphs", None) is None)
-    if (started.compiled and not warmed.compiled) or graphs_lost:
-        cause = why[-1] if why else ""
-        out.append("compiled read failed at warm-up: serving the eager read"
-                   + (f" ({cause})" if cause else ""))
-    return tuple(out)
-
-
-def load_model(kind: str, path: Path | str, *, device: str = "cpu", dtype: str = "float32",
-               gguf_file: str | None = None) -> tuple[Any, Any, str]:
-    """(model, tokenizer, model id) from a LOCAL folder; ConfigError when it cannot load."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
-
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ConfigError(f"torch backend: model folder {folder} does not exist")
-    extra: dict[str, Any] = {"local_files_only": True}
-    if gguf_file:
-        extra["gguf_file"] = gguf_file
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), **extra)
-        model_cls: Any = AutoModelForCausalLM if kind == "causal" else AutoModelForMaskedLM
-        if kind == "diffusion":
-            from transformers import DiffusionGemmaForBlockDiffusion
-
-            model_cls = DiffusionGemmaForBlockDiffusion
-        model: Any = model_cls.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
-    except (OSError, ValueError, ImportError, AttributeError) as exc:
-        raise ConfigError(f"torch backend: cannot load a {kind} model from {folder}: {exc}") from exc
-    return model.to(device).eval(), tokenizer, f"{folder.resolve()}#{folder_hash(folder)}"
-
-
-def folder_hash(folder: Path) -> str:
-    """A cheap content id of a model folder: its config files' bytes and its other files' sizes."""
-    digest = hashlib.sha256()
-    for file in sorted(p for p in folder.iterdir() if p.is_file()):
-        digest.update(file.name.encode())
-        if file.suffix == ".json":
-            digest.update(file.read_bytes())
-        else:
-            digest.update(str(file.stat().st_size).encode())
-    return digest.hexdigest()[:16]

@@ -176,11 +176,13 @@ class DiffusionSlotReader(Frozen):
         for index, item in enumerate(items):
             key = (len(item.canvas_ids),) if self.mixed_prefixes else (item.prefix_ids, len(item.canvas_ids))
             groups.setdefault(key, []).append(index)
-        first = {prefix: n for n, prefix in enumerate(dict.fromkeys(i.prefix_ids for i in items))}
+        if self.mixed_prefixes:  # each prefix's items together, in the order prefixes came
+            first = {p: n for n, p in enumerate(dict.fromkeys(i.prefix_ids for i in items))}
+            for indices in groups.values():
+                indices.sort(key=lambda i: first[items[i].prefix_ids])
         out: list[SlotRead | None] = [None] * len(items)
         with torch.inference_mode():
             for indices in groups.values():
-                indices.sort(key=lambda i: first[items[i].prefix_ids])  # each prefix's items together
                 group = [items[i] for i in indices]
                 for i, result in zip(indices, self._read_group(group)):
                     out[i] = result

@@ -260,7 +260,7 @@ class OnePass(Frozen):
         return (start + steps).unsqueeze(0).expand(n_items, width), start, row_len
 
     def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
-                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixGroups | None,
+                   rotary: tuple[dict[str, Any], dict[str, Any]], groups: PrefixGroups | None,
                    batch: OnePassBatch, masks: dict[tuple[str, str], Any],
                    joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
         """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
@@ -287,12 +287,12 @@ class OnePass(Frozen):
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads = query.shape[1]
         out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True,
-                                      merged=prefix is None)
-        if prefix is None:
+                                      merged=groups is None)
+        if groups is None:
             out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
         else:
-            (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
-                                      masks[("prefix_slot", kind)], (prefix.rows,))
+            (out,) = self.with_prefix(groups, index, (query,), (out,), (lse,),
+                                      masks[("prefix_slot", kind)], (groups.rows,))
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
         return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), self.weights(index)) * dec.layer_scalar
 

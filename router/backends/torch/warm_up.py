@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from router.backends.torch.choice import KernelChoice
     from router.backends.torch.graphs import GraphSet
-    from router.backends.torch.reader import SlotItem, SlotRead
+    from router.backends.torch.reader import SlotItem, SlotRead, SlotReader
 
 
 class Warmable(Protocol):
@@ -109,3 +109,25 @@ def _warm(reader: Warmable, sample: SlotItem) -> None:
     count = len(reader.graphs.graphs) if reader.graphs is not None else 0
     log.info("torch read: compiled=%s, %d CUDA graphs captured in %.1f s", reader.compiled, count,
              time.monotonic() - started)
+
+
+def warm_up_fallbacks(started: SlotReader, warmed: SlotReader) -> tuple[str, ...]:
+    """What ``warmed`` (what ``started.warm_up`` returned) serves without that ``started`` had:
+    the memory-efficient attention for cuDNN's, the eager read for the compiled one; each with
+    the failure behind it where warm-up kept it (``warm_up.failures``)."""
+    before, after = getattr(started, "choice", None), getattr(warmed, "choice", None)
+    if warmed is started or before is None or after is None:
+        return ()
+    why = list(failures(warmed))
+    out = []
+    if before.attention != after.attention:
+        cause = why.pop(0) if why else ""
+        out.append("capture failed with cuDNN attention: serving the memory-efficient kernel"
+                   + (f" ({cause})" if cause else ""))
+    graphs_lost = (getattr(started, "graphs", None) is not None
+                   and getattr(warmed, "graphs", None) is None)
+    if (started.compiled and not warmed.compiled) or graphs_lost:
+        cause = why[-1] if why else ""
+        out.append("compiled read failed at warm-up: serving the eager read"
+                   + (f" ({cause})" if cause else ""))
+    return tuple(out)

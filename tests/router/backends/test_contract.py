@@ -164,7 +164,8 @@ class FailingReader:
 def torch_case(kind: str) -> Case:
     if importlib.util.find_spec("router.backends.torch.backend") is None:
         pytest.skip("router/backends/torch/backend.py (TORCH) is not in the tree")
-    from router.backends.torch.backend import TorchBackend, load_model, make_reader
+    from router.backends.torch.backend import TorchBackend
+    from router.backends.torch.build import load_model, make_reader
     from router.backends.torch.options import TorchOptions
 
     tok = small_tokenizer()

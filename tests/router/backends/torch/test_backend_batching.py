@@ -314,7 +314,7 @@ def test_backend_reads_two_questions_in_one_batch_with_mixed_question_reads(
     """With ``mixed_question_reads`` the coalescer takes both questions into one batch (one
     canvas width) and the reader reads it in one pass (make_reader hands it the option); the
     answers equal reads alone."""
-    from router.backends.torch.backend import make_reader
+    from router.backends.torch.build import make_reader
     from router.backends.torch.diffusion import DiffusionSlotReader
     from router.backends.torch.options import TorchOptions
 

@@ -252,7 +252,7 @@ def test_a_mixed_read_no_bucket_holds_is_read_one_prefix_at_a_time(
 
 
 def test_mixed_buckets_are_checked_and_counted_and_asked_for_by_the_opt_in() -> None:
-    from router.backends.torch.backend import MAX_LABELS
+    from router.backends.torch.build import MAX_LABELS
     from router.backends.torch.options import TorchOptions
 
     for bad in (1, -2):

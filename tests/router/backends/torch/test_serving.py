@@ -15,11 +15,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from router.backends.torch import warm_up
-from router.backends.torch.backend import TorchBackend, make_reader, warm_up_fallbacks
+from router.backends.torch.backend import TorchBackend
+from router.backends.torch.build import make_reader
 from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
 from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
+from router.backends.torch.warm_up import warm_up_fallbacks
 
 EAGER_FALLBACK = "compiled read failed at warm-up: serving the eager read"
 
