@@ -52,7 +52,7 @@ class ModelledReader:
     is padded up to; past them, its own size); returns uniform reads of the items' labels.
     ``mixed`` (GraphShapes with ``mixed_groups``: the reader's ``mixed_question_reads``): a
     batch of several questions one canvas width that a mixed bucket holds, where it pays
-    (``GraphShapes.mixed_pays``, the reader's own rule), sleeps ONE read of the bucket's padded
+    (``GraphShapes.mixed_bucket``, the reader's own rule), sleeps ONE read of the bucket's padded
     items plus ``group_ms`` a group (a MODEL: the groups' extra prefix calls, merges and copies
     were not measured on a GPU)."""
 
@@ -66,12 +66,10 @@ class ModelledReader:
 
     def read_ms(self, runs: list[int]) -> float:
         """The modelled time of one canvas width's items, ``runs`` of them a question."""
-        mixed = self.mixed
-        if mixed is not None and 1 < len(runs) <= mixed.mixed_groups:
-            size = next((g for g in mixed.mixed_sizes() if g >= max(runs)), None)
-            if size is not None and mixed.mixed_pays(size, runs):
-                return (self.base_ms + self.per_item_ms * size * mixed.mixed_groups
-                        + self.group_ms * mixed.mixed_groups)
+        bucket = self.mixed.mixed_bucket(runs) if self.mixed is not None else None
+        if bucket is not None:  # the reader's own rule (GraphSet.run_mixed)
+            n_groups, size = bucket
+            return self.base_ms + self.per_item_ms * size * n_groups + self.group_ms * n_groups
         return sum(self.base_ms + self.per_item_ms * padded_size(n, self.batch_sizes) for n in runs)
 
     def read(self, items: Any) -> list[Any]:

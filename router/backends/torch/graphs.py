@@ -53,9 +53,10 @@ class GraphShapes:
     prefix_tokens: int = 2048
     labels: int = 128
     capture: bool = True
-    # Buckets of several questions (0: none): ``mixed_groups`` static prefix buffers, and a bucket
-    # of that many groups of g one-draw items for every g of ``batches`` whose groups fit in the
-    # largest batch (read_inputs.PrefixGroups; TorchOptions.mixed_question_reads)
+    # Buckets of several questions (0: none): ``mixed_groups`` static prefix buffers, and buckets
+    # of G groups of g one-draw items (read_inputs.PrefixGroups; TorchOptions.mixed_question_reads)
+    # for G = 2, 4, ... below ``mixed_groups`` and ``mixed_groups`` itself, and every g of
+    # ``batches`` whose G groups fit in the largest batch (``mixed_buckets``)
     mixed_groups: int = 0
     # A read's fixed cost in items' worth (TorchOptions.fixed_cost_items): a mixed bucket reads a
     # batch only where it costs less than one bucket a question (``mixed_pays``)
@@ -86,40 +87,60 @@ class GraphShapes:
                    mixed_groups=options.graph_mixed_groups if options.mixed_question_reads else 0,
                    fixed_cost_items=options.fixed_cost_items)
 
-    def mixed_sizes(self) -> tuple[int, ...]:
-        """The items a group of a mixed bucket holds, one bucket each (ascending)."""
+    def mixed_counts(self) -> tuple[int, ...]:
+        """The group counts of the mixed buckets: every power of two from 2 below
+        ``mixed_groups``, and ``mixed_groups``. Why fewer groups than buffers: a bucket pads its
+        every group, so two questions in a bucket of four groups read two groups of fillers and
+        cost more than reading each question alone (bench.host_path, ninth session)."""
         if not self.mixed_groups:
             return ()
-        return tuple(g for g in self.batches if g * self.mixed_groups <= self.batches[-1])
+        return tuple(sorted({2 ** k for k in range(1, self.mixed_groups.bit_length())
+                             if 2 ** k < self.mixed_groups} | {self.mixed_groups}))
 
-    def mixed_pays(self, size: int, runs: Sequence[int]) -> bool:
-        """Whether a mixed bucket of groups of ``size`` reads runs of these item counts (one a
-        question) for less than one bucket a run: a read of b items costs about
-        ``fixed_cost_items`` + b, padding included (a mixed bucket reads its every group)."""
-        fixed = self.fixed_cost_items
-        one_each = sum(fixed + padded_size(n, self.batches) for n in runs)
-        return fixed + size * self.mixed_groups < one_each
+    def mixed_buckets(self) -> tuple[tuple[int, int], ...]:
+        """The mixed buckets as (groups, items a group), by their padded size then groups."""
+        return tuple(sorted(((n, g) for n in self.mixed_counts() for g in self.batches
+                             if g * n <= self.batches[-1]), key=lambda b: (b[0] * b[1], b[0])))
+
+    def mixed_cost(self, bucket: tuple[int, int]) -> float:
+        """A mixed bucket's read in items' worth: its fixed cost and its every padded item."""
+        return self.fixed_cost_items + bucket[0] * bucket[1]
+
+    def mixed_pays(self, bucket: tuple[int, int], runs: Sequence[int]) -> bool:
+        """Whether mixed ``bucket`` reads runs of these item counts (one a question) for less
+        than one bucket a run: a read of b items costs about ``fixed_cost_items`` + b, padding
+        included (a mixed bucket reads its every group)."""
+        one_each = sum(self.fixed_cost_items + padded_size(n, self.batches) for n in runs)
+        return self.mixed_cost(bucket) < one_each
+
+    def mixed_bucket(self, runs: Sequence[int]) -> tuple[int, int] | None:
+        """The cheapest mixed bucket that holds these runs (a group a run, each within its
+        group's items) where it pays (``mixed_pays``), or None: a read one bucket a question."""
+        return next((b for b in self.mixed_buckets()
+                     if b[0] >= len(runs) and b[1] >= max(runs, default=0)
+                     and self.mixed_pays(b, runs)), None) if len(runs) > 1 else None
 
     def mixed_take(self, counts: Sequence[int]) -> list[int]:
         """How many of each question's waiting items (``counts``, oldest question first) a batch
         takes: the most items per cost of the first question alone (``bucket_take``) or, for each
-        mixed size g, the first ``mixed_groups`` questions, up to g items each, in a mixed bucket
-        (cost as ``mixed_pays``). Why: a mixed bucket pads each question's group up to g, so a
-        batch of 32 over 4 questions (10, 7, 9, 6 waiting) reads best as 8, 7, 8, 6 in groups of 8
-        (36 items' worth) than as groups of 16 (68) or one question at a time."""
+        mixed bucket of G groups of g, the first G questions, up to g items each (cost as
+        ``mixed_cost``). Why: a mixed bucket pads each question's group up to g, so a batch of 32
+        over 4 questions (10, 7, 9, 6 waiting) reads best as 8, 7, 8, 6 in groups of 8 (36 items'
+        worth) than as groups of 16 (68) or one question at a time; two questions (16, 16) read
+        best in two groups of 16 (32 items for 36), not in four (68) nor one alone (16 for 20)."""
         fixed = self.fixed_cost_items
         alone = bucket_take(counts[0], self.batches, fixed)
         best = [alone] + [0] * (len(counts) - 1)
         rate = alone / (fixed + padded_size(alone, self.batches))
-        for g in self.mixed_sizes() if len(counts) > 1 else ():
-            take = [min(n, g) for n in counts[:self.mixed_groups]]
-            take += [0] * (len(counts) - len(take))
-            if sum(take) / (fixed + g * self.mixed_groups) > rate:
-                best, rate = take, sum(take) / (fixed + g * self.mixed_groups)
+        for bucket in self.mixed_buckets() if len(counts) > 1 else ():
+            n, g = bucket
+            take = [min(c, g) for c in counts[:n]] + [0] * max(0, len(counts) - n)
+            if sum(take) / self.mixed_cost(bucket) > rate:
+                best, rate = take, sum(take) / self.mixed_cost(bucket)
         return best
 
     def count(self) -> int:
-        return (len(self.batches) * len(self.draws) + len(self.mixed_sizes())) * len(self.widths)
+        return (len(self.batches) * len(self.draws) + len(self.mixed_buckets())) * len(self.widths)
 
 
 # FlexAttention compiled per shape (KernelChoice.static_flex_items) compiles once for each
@@ -158,8 +179,8 @@ class GraphSet:
         self.labels, self.capture = shapes.labels, shapes.capture
         prefix_tokens = shapes.prefix_tokens
         self.graphs: dict[tuple[int, int, int], _Captured] = {}
-        # mixed buckets by (items a group, width): one group a static prefix buffer
-        self.mixed: dict[tuple[int, int], _Captured] = {}
+        # mixed buckets by (groups, items a group, width): a group a static prefix buffer
+        self.mixed: dict[tuple[int, int, int], _Captured] = {}
         self.pool = torch.cuda.graph_pool_handle() if shapes.capture else None
         # the static prefix buffers (one-question buckets read the first) and what each holds
         self.buffers = [self._static_prefix(prefix_tokens) for _ in range(max(1, shapes.mixed_groups))]
@@ -252,14 +273,13 @@ class GraphSet:
                                       tuple(range(2, 2 + self.labels)), d, seed=k)
                              for k in range(n_items)]
                     self.graphs[(n_items, n_items * d, width)] = self._capture(items, n_items * d, width)
-        groups = len(self.buffers)
-        for size in self.shapes.mixed_sizes():
+        for n_groups, size in self.shapes.mixed_buckets():
             for width in self.widths:
                 items = [SlotItem(prefix_ids, (1,) * width, canvas_ids, slot,
                                   tuple(range(2, 2 + self.labels)), 1, seed=k)
-                         for k in range(groups * size)]
-                self.mixed[(size, width)] = self._capture(items, groups * size, width,
-                                                          self.mixed_groups(size))
+                         for k in range(n_groups * size)]
+                self.mixed[(n_groups, size, width)] = self._capture(
+                    items, n_groups * size, width, self.mixed_groups(n_groups, size))
         log.info("torch read: %d graphs ready in %.1f s", len(self.graphs) + len(self.mixed),
                  time.monotonic() - started)
 
@@ -268,10 +288,16 @@ class GraphSet:
         the reader's for that bucket (``KernelChoice.for_read``)."""
         return self.reader.onepass_for(n_items, graph=True)
 
-    def mixed_groups(self, size: int) -> PrefixGroups:
-        """A mixed bucket's groups: ``size`` one-draw items a static prefix buffer, in order."""
-        bounds = tuple(range(0, size * len(self.buffers) + 1, size))
-        return PrefixGroups(tuple(self.buffers), bounds, bounds)
+    def mixed_buffers(self, n_groups: int) -> range:
+        """The static prefix buffers a mixed bucket of ``n_groups`` groups reads, a group each:
+        the last ``n_groups`` (buffer 0, the one-question buckets', only when it needs all)."""
+        return range(len(self.buffers) - n_groups, len(self.buffers))
+
+    def mixed_groups(self, n_groups: int, size: int) -> PrefixGroups:
+        """A mixed bucket's groups: ``size`` one-draw items a static prefix buffer of
+        ``mixed_buffers``, in order."""
+        bounds = tuple(range(0, size * n_groups + 1, size))
+        return PrefixGroups(tuple(self.buffers[b] for b in self.mixed_buffers(n_groups)), bounds, bounds)
 
     def _capture(self, items: list[Any], n_rows: int, width: int,
                  groups: PrefixGroups | None = None) -> _Captured:
@@ -310,46 +336,51 @@ class GraphSet:
     def run_mixed(self, runs: Sequence[tuple[tuple[int, ...], Sequence[Any], Any]]
                   ) -> tuple[Any, Any, Any] | None:
         """``run`` of a read of several prefixes: ``runs`` of (prefix ids, its items, its cache),
-        one a prefix, read by the smallest mixed bucket that holds them (a static buffer a run,
-        one that holds its prefix already where one does: traffic repeats its questions), or
-        None when none does (one-draw items only) or it does not pay (``mixed_pays``). The real
-        rows in the order of ``runs``."""
+        one a prefix, read by the cheapest mixed bucket that holds them where it pays
+        (``GraphShapes.mixed_bucket``; a static buffer a run, one that holds its prefix already
+        where one does: traffic repeats its questions), or None when none does (one-draw items
+        only). The real rows in the order of ``runs``."""
         import torch
 
         items = [item for _, run, _ in runs for item in run]
         width = max(len(item.suffix_ids) for item in items)
-        longest = max(len(run) for _, run, _ in runs)
-        size = next((g for g in self.shapes.mixed_sizes() if g >= longest), None)
+        bucket = self.shapes.mixed_bucket([len(run) for _, run, _ in runs])
         s = bisect.bisect_left(self.widths, width)
-        if (size is None or len(runs) > len(self.buffers) or s == len(self.widths)
+        if (bucket is None or s == len(self.widths)
                 or any(item.draws != 1 for item in items)
                 or max(len(item.label_ids) for item in items) > self.labels
-                or (size, self.widths[s]) not in self.mixed
-                or not self.shapes.mixed_pays(size, [len(run) for _, run, _ in runs])):
+                or (*bucket, self.widths[s]) not in self.mixed):
             return None
-        place = self._place([prefix_ids for prefix_ids, _, _ in runs])
+        n_groups, size = bucket
+        buffers = self.mixed_buffers(n_groups)
+        place = self._place([prefix_ids for prefix_ids, _, _ in runs], buffers)
         if not all(self.load(prefix_ids, cache, b)
                    for (prefix_ids, _, cache), b in zip(runs, place, strict=True)):
             return None
         filler = replace(items[0], prefix_ids=(), suffix_ids=(self.reader.pad_id,),
                          label_ids=items[0].label_ids[:1], draws=1, seed=0)
-        laid: list[Any] = [filler] * (size * len(self.buffers))
+        laid: list[Any] = [filler] * (size * n_groups)
         rows: list[int] = []
         for (_, run, _), b in zip(runs, place, strict=True):
-            laid[b * size:b * size + len(run)] = run
-            rows.extend(range(b * size, b * size + len(run)))
+            at = (b - buffers.start) * size  # the group reading buffer b
+            laid[at:at + len(run)] = run
+            rows.extend(range(at, at + len(run)))
         fresh = self.reader.prepare_onepass(laid, prefix_len=1, n_rows=len(laid),
                                             width=self.widths[s], n_labels=self.labels)
-        out = self._replay(self.mixed[(size, self.widths[s])], fresh)
+        out = self._replay(self.mixed[(n_groups, size, self.widths[s])], fresh)
         index = torch.tensor(rows, dtype=torch.long, device=out[0].device)
         return out[0][index], out[1][index], out[2][index]
 
-    def _place(self, prefixes: Sequence[tuple[int, ...]]) -> list[int]:
-        """A static buffer for each of ``prefixes`` (distinct): the one holding it already, else
-        one holding none of them (the one-question buckets' buffer last)."""
-        place: dict[tuple[int, ...], int] = {p: self.held.index(p) for p in prefixes if p in self.held}
-        free = sorted((b for b in range(len(self.buffers)) if b not in place.values()),
-                      key=lambda b: b == 0)
+    def _place(self, prefixes: Sequence[tuple[int, ...]], buffers: range) -> list[int]:
+        """A static buffer of ``buffers`` for each of ``prefixes`` (distinct, at most as many):
+        the one holding it already, else one holding none of them (the one-question buckets'
+        buffer last)."""
+        place: dict[tuple[int, ...], int] = {}
+        for p in prefixes:  # the first buffer holding it (warm-up leaves one prefix in all)
+            held = next((b for b in buffers if self.held[b] == p and b not in place.values()), None)
+            if held is not None:
+                place[p] = held
+        free = sorted((b for b in buffers if b not in place.values()), key=lambda b: b == 0)
         return [place[p] if p in place else free.pop(0) for p in prefixes]
 
     def _replay(self, captured: _Captured, fresh: OnePassBatch) -> tuple[Any, ...]:

@@ -355,4 +355,4 @@ def test_backend_takes_each_questions_share_of_a_mixed_bucket(parts: tuple[Any, 
     # 3 of one question alone (3 for 8): 2 + 2 now, the last 1 + 1 in the next batch
     assert [len(batch) for batch in spy.seen] == [4, 2]
     assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2, 2]
-    assert sorted(spy.inner.graphs.mixed) == [(1, 64), (2, 64), (4, 64)]
+    assert sorted(spy.inner.graphs.mixed) == [(2, 1, 64), (2, 2, 64), (2, 4, 64)]

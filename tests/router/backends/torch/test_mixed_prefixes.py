@@ -205,7 +205,8 @@ def test_a_mixed_bucket_reads_several_prefixes_from_its_static_buffers(
     another order, copy nothing (a buffer that holds a prefix keeps serving it)."""
     reader = mixed_bucketed(model)
     assert reader.graphs is not None
-    assert sorted(reader.graphs.mixed) == [(1, 16), (2, 16), (4, 16)]
+    assert sorted(reader.graphs.mixed) == [(2, 1, 16), (2, 2, 16), (2, 4, 16), (2, 8, 16),
+                                           (3, 1, 16), (3, 2, 16), (3, 4, 16)]
     items = mixed_items()
     want = DiffusionSlotReader(model).read(items)
     loads, passes = Loads(monkeypatch), CountingPass(monkeypatch)
@@ -218,6 +219,28 @@ def test_a_mixed_bucket_reads_several_prefixes_from_its_static_buffers(
     assert len(loads.copies) == 2 and passes.groups == [3, 3]
 
 
+def test_two_questions_read_from_a_bucket_of_two_groups_leaving_the_first_buffer_alone(
+        model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four buffers: two questions are read by a bucket of 2 groups (not 4 with two of fillers),
+    over the last two buffers, so the one-question buckets' buffer keeps its prefix; three
+    questions then read by a bucket of 4 groups, the two held prefixes copied again nowhere."""
+    reader = mixed_bucketed(model, groups=4)
+    assert reader.graphs is not None
+    assert reader.graphs.shapes.mixed_counts() == (2, 4)
+    items = mixed_items()
+    want = DiffusionSlotReader(model).read(items)
+    two = [(it, w) for it, w in zip(items, want, strict=True) if it.prefix_ids != LONG]
+    loads, passes = Loads(monkeypatch), CountingPass(monkeypatch)
+    reader.graphs.held = [PREFIX, None, None, None]  # buffer 0 holds the warm-up's question
+    assert_same_reads(reader.read([it for it, _ in two]), [w for _, w in two])
+    assert passes.groups == [2]  # one pass of a bucket of 2 groups
+    assert sorted(loads.copies) == [(len(SHORT), 3), (len(PREFIX), 2)]
+    assert reader.graphs.held == [PREFIX, None, PREFIX, SHORT]
+    assert_same_reads(reader.read(items[:6]), want[:6])  # 2 + 2 + 2 in 4 groups of 2 (12 for 18)
+    assert passes.groups == [2, 4] and len(loads.copies) == 3  # LONG only, into buffer 1
+    assert reader.graphs.held == [PREFIX, LONG, PREFIX, SHORT]
+
+
 @pytest.mark.parametrize("case", ["more prefixes than buffers", "a group past the largest",
                                   "several draws", "padding that costs more than it saves"])
 def test_a_mixed_read_no_bucket_holds_is_read_one_prefix_at_a_time(
@@ -227,14 +250,15 @@ def test_a_mixed_read_no_bucket_holds_is_read_one_prefix_at_a_time(
     where one holds it: on a GPU an eager pass is slower than a replay)."""
     from router.backends.torch.graphs import GraphSet
 
-    reader = mixed_bucketed(model, groups=3 if case.startswith("padding") else 2)
-    items = mixed_items(draws=3 if case == "several draws" else 1)
-    if case == "a group past the largest":  # buckets of 2 groups of up to 8 items
+    # 2 buffers: buckets of 2 groups of up to 8 items; 3: of 3 groups of up to 4 too
+    reader = mixed_bucketed(model, groups=2 if case.startswith(("more", "a group")) else 3)
+    items = mixed_items(draws=3 if case == "several draws" else 1)  # 3 runs, the longest 3
+    if case == "a group past the largest":
         items = [replace(it, prefix_ids=PREFIX if k < 9 else SHORT, seed=k)
                  for k, it in enumerate(items + items[:3])]
-    elif case.startswith("padding"):  # 3 groups of 4 (16 items' worth) for 2 runs of 4 (16)
-        items = [replace(it, prefix_ids=PREFIX if k < 4 else SHORT, seed=k)
-                 for k, it in enumerate(items + items[:1])]
+    elif case.startswith("padding"):  # 2 groups of 8 (20 items' worth) for runs of 8 and 1 (12 + 5)
+        items = [replace(it, prefix_ids=PREFIX if k < 8 else SHORT, seed=k)
+                 for k, it in enumerate(items + items[:2])]
     runs = {it.prefix_ids: sum(i.prefix_ids == it.prefix_ids for i in items) for it in items}
     want = DiffusionSlotReader(model).read(items)
     replays: list[Any] = []
@@ -260,13 +284,28 @@ def test_mixed_buckets_are_checked_and_counted_and_asked_for_by_the_opt_in() -> 
             GraphShapes(mixed_groups=bad)
         assert refused.value.field == "graph_mixed_groups"
     shapes = GraphShapes(batches=(1, 2, 4, 8, 16, 32), widths=(64, 128), mixed_groups=4)
-    assert shapes.mixed_sizes() == (1, 2, 4, 8)
-    assert shapes.count() == (6 + 4) * 2
-    assert GraphShapes().mixed_sizes() == ()
+    # buckets of 2 and of 4 groups, each group up to what fits in the largest batch
+    assert shapes.mixed_counts() == (2, 4)
+    assert shapes.mixed_buckets() == ((2, 1), (2, 2), (4, 1), (2, 4), (4, 2), (2, 8), (4, 4),
+                                      (2, 16), (4, 8))  # by padded size, then fewer groups
+    assert shapes.count() == (6 + 9) * 2
+    assert GraphShapes().mixed_counts() == () == GraphShapes().mixed_buckets()
+    assert [replace(shapes, mixed_groups=n).mixed_counts() for n in (2, 3, 5, 8)] == [
+        (2,), (2, 3), (2, 4, 5), (2, 4, 8)]
     # a read of b items costs about 4 + b: 4 questions of 8 read as 36 in one bucket, 48 apart
-    assert shapes.mixed_pays(8, [8, 8, 8, 8]) and shapes.mixed_pays(4, [3, 1, 4])
-    assert not shapes.mixed_pays(8, [8, 8])  # 36 against 24: apart
-    assert not replace(shapes, fixed_cost_items=0).mixed_pays(8, [8, 7, 8, 8])  # 32 against 32
+    assert shapes.mixed_pays((4, 8), [8, 8, 8, 8]) and shapes.mixed_pays((4, 4), [3, 1, 4])
+    assert not shapes.mixed_pays((4, 8), [8, 8])  # 36 against 24: apart
+    assert shapes.mixed_pays((2, 8), [8, 8])  # 20 against 24: two groups
+    assert not replace(shapes, fixed_cost_items=0).mixed_pays((4, 8), [8, 7, 8, 8])  # 32 against 32
+    # the cheapest bucket that holds the runs, where it pays
+    assert shapes.mixed_bucket([8, 8]) == (2, 8)
+    assert shapes.mixed_bucket([16, 9]) == (2, 16)
+    assert shapes.mixed_bucket([3, 1, 4]) == (4, 4)  # three questions: four groups
+    assert shapes.mixed_bucket([1, 1]) == (2, 1)
+    assert shapes.mixed_bucket([8]) is None  # one question: its own bucket
+    assert shapes.mixed_bucket([1] * 5) is None  # more questions than buffers
+    assert shapes.mixed_bucket([17, 1]) is None  # a group past 16
+    assert shapes.mixed_bucket([16, 1]) is None  # 36 against 20 + 5: apart
     on = TorchOptions(kind="diffusion", mixed_question_reads=True, graph_mixed_groups=3)
     assert GraphShapes.from_options(on, capture=False, labels=MAX_LABELS).mixed_groups == 3
     off = GraphShapes.from_options(TorchOptions(kind="diffusion"), capture=False, labels=MAX_LABELS)
@@ -276,9 +315,11 @@ def test_mixed_buckets_are_checked_and_counted_and_asked_for_by_the_opt_in() -> 
 @pytest.mark.parametrize(("counts", "want"), [
     ([10, 7, 9, 6], [8, 7, 8, 6]),  # groups of 8: 29 items for 36 items' worth
     ([20], [16]),  # one question: its bucket_take
-    ([16, 16], [16, 0]),  # a bucket of 16 alone (16 for 20) beats groups of 8 (16 for 36)
-    ([3, 1, 4], [2, 1, 2]),  # groups of 2: 5 for 12, against 8 for 20 (4s) and 3 for 8 alone
-    ([4, 4, 4], [4, 4, 4]),  # groups of 4: 12 for 20
+    ([16, 16], [16, 16]),  # two groups of 16: 32 for 36, against 16 for 20 alone
+    ([14, 12], [8, 8]),  # two groups of 8: 16 for 20, against 26 for 36 in groups of 16
+    ([16, 16, 16], [16, 16, 0]),  # two groups of 16 (32 for 36); four of 8: 24 for 36
+    ([3, 1, 4], [2, 1, 2]),  # four groups of 2: 5 for 12, against 8 for 20 (4s) and 3 for 8 alone
+    ([4, 4, 4], [4, 4, 0]),  # two groups of 4: 8 for 12, against 12 for 20 in four
     ([1, 1, 1, 1, 1], [1, 1, 1, 1, 0]),  # four groups at most
 ])
 def test_a_batch_of_several_questions_takes_what_one_mixed_bucket_reads_best(
