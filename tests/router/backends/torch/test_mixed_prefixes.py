@@ -326,3 +326,41 @@ def test_a_batch_of_several_questions_takes_what_one_mixed_bucket_reads_best(
         counts: list[int], want: list[int]) -> None:
     shapes = GraphShapes(batches=(1, 2, 4, 8, 16, 32), mixed_groups=4, capture=False)
     assert shapes.mixed_take(counts) == want
+
+
+def test_mixed_buckets_compile_nothing_the_one_question_buckets_did_not() -> None:
+    """The compiled pieces (dynamic shapes) serve mixed buckets whose item counts no one-question
+    bucket has (3 groups: 6 and 12 items) without compiling again: no compile stalls a read in
+    serving, and no piece nears dynamo's recompile limit (past it a piece runs uncompiled)."""
+    from torch._dynamo.utils import counters
+
+    from router.backends.torch.choice import default_choice
+
+    torch._dynamo.reset()  # no compiled entries of other tests (nor their recompile counts)
+    model = tiny_model(window=8, layers=("sliding_attention", "full_attention", "sliding_attention"))
+    choice = replace(default_choice(model), compiled=True, fuse_cats=True, compile_backend="aot_eager")
+    shapes = GraphShapes(batches=(1, 2, 4, 8, 16), draws=(1,), widths=(16,), prefix_tokens=64,
+                         labels=8, capture=False, mixed_groups=3)
+    reader = DiffusionSlotReader(model, choice=choice, graphs=shapes, mixed_prefixes=True)
+    assert reader.graphs is not None
+    reader.graphs.warm_up(PREFIX, CANVAS_IDS, 5)
+    items = mixed_items()
+    want = DiffusionSlotReader(model).read(items)
+    start = counters["stats"]["unique_graphs"]
+    one = [k for k, item in enumerate(items) if item.prefix_ids == PREFIX]
+    for n in (1, 2, 3):  # one-question buckets of 1, 2 and 4 items
+        assert_same_reads(reader.read([items[k] for k in one[:n]]), [want[k] for k in one[:n]])
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > start  # the pieces were compiled (not run eagerly past a limit)
+    used = []
+    real = reader.graphs.run_mixed
+
+    def run_mixed(runs: Any) -> Any:
+        used.append(reader.graphs.shapes.mixed_bucket([len(run) for _, run, _ in runs]))  # type: ignore[union-attr]
+        return real(runs)
+
+    reader.graphs.run_mixed = run_mixed  # type: ignore[method-assign]
+    for k in (2, 6, 7):  # runs 1+1, 2+2+2 and 2+3+2
+        assert_same_reads(reader.read(items[:k]), want[:k])
+    assert used == [(2, 1), (3, 2), (3, 4)]  # 2, 6 and 12 items
+    assert counters["stats"]["unique_graphs"] == compiled
