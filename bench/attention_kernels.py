@@ -8,6 +8,12 @@ the slots every query sees (no bias) plus the band's slots (with bias), merged b
 "flash_*" rows (issue 21, fourth session) read with no mask tensor at all: FlashAttention-2's
 own window, causal and per-sequence key counts (varlen ``seqused_k``) express the same
 visibility; "cudnn_gqa_causal" is cuDNN with causal masking and the key heads unfolded.
+"stair_*" rows (issue 21, tenth session; ``prefix_forms.stair_prefix``): a full window read as
+the slots every query sees (no mask, or a bias broadcast over the queries hiding the empty slot),
+the staircase of the prompt rests by cuDNN's causal kernel with queries and keys reversed, and
+the canvases' share of it under a small bias; "stair_part_*" rows time the parts alone (their
+outputs are not the answer). "bound_cudnn_key_bias": every slot but the empty one, under a bias
+broadcast over the queries (what such a bias costs against none).
 CUDA only; every row is one CUDA-graph replay timed by events.
 
     python -m bench.attention_kernels --out $OUT/attention_kernels.json
@@ -38,6 +44,7 @@ from bench.prefix_forms import (
     out_and_lse,
     prefix_problem,
     split_kv_rows,
+    stair_prefix,
 )
 
 
@@ -79,6 +86,7 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from router.backends.torch.prefix_attention import (
+        attend_causal_cudnn,
         attend_cudnn,
         attend_efficient,
         merge,
@@ -109,8 +117,20 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     del full_bias
     for splits in args.splits:
         kernels.update(split_kv_rows(q, k, v, bias, splits))
+    # what a bias broadcast over the queries costs (the empty slot hidden; a bound: the band is not)
+    key_row = torch.zeros((1, 1, 1, n_keys), dtype=q.dtype, device=q.device)
+    key_row[..., problem["filled"]:] = -1.0e30
+    kernels["bound_cudnn_key_bias"] = lambda: attend_cudnn(q, k, v, key_row.expand(1, 1, q.shape[2], -1))
+    try:  # the staircase form (tenth session; the reader does not use it)
+        kernels.update(stair_prefix(problem, items, args.width, causal=attend_causal_cudnn,
+                                    plain=lambda q, k, v: attend_cudnn(q, k, v, None),
+                                    biased=attend_cudnn))
+    except ValueError as exc:  # not a full window
+        row_notes = {"stair": str(exc)}
+    else:
+        row_notes = {}
     kernels["flash_varlen_band"] = partial(flash_prefix, problem, items, args.width, args.canvas)
-    row: dict[str, Any] = {"queries": problem["n_queries"], "keys": n_keys}
+    row: dict[str, Any] = {"queries": problem["n_queries"], "keys": n_keys, **row_notes}
     for name, fn in flex_compiles(problem).items():
         kernels[name] = fn
     for name, inside in (("flex_block_mask", False), ("flex_mask_built_in_call", True)):
