@@ -3,7 +3,9 @@ moe.experts_forward with the Triton row ops (two CUTLASS grouped GEMMs) against 
 fused kernels over a sweep of launch shapes, and the fused kernels' weight-only FP8 form at the
 heuristic's pick (e4m3 weights from fp8.quantize_rows, quantized once: half the bytes streamed),
 each replayed from a CUDA graph, at one read (264 tokens: memory bound) and a batch of 32 reads
-(8,448 tokens: compute bound). CUDA only.
+(8,448 tokens: compute bound). Rows "triton_fused_tma": triton_moe_tma's Hopper candidate (weight
+tiles by TMA descriptors, persistent programs) at the pick and the swept configs; the read does
+not use it unless it pays here. CUDA only.
 
     python -m bench.moe_kernels --out $OUT/moe_kernels.json
 """
@@ -111,7 +113,7 @@ def layer(n_tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:
 def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    from router.backends.torch import fp8, triton_moe
+    from router.backends.torch import fp8, triton_moe, triton_moe_tma
     from router.backends.torch.moe import experts_forward
     from router.backends.torch.ops import TRITON_OPS
 
@@ -169,6 +171,14 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             fused_row("triton_fused", str(config), partial(bf16_fused, config=config))
         if args.wide:  # the pick again after the sweep: how far the chip drifted meanwhile
             fused_row("triton_fused", f"{picked} (pick, again)", partial(bf16_fused, config=picked))
+        if not args.no_tma:  # the Hopper candidate (descriptor loads, persistent programs)
+            tma_fused = partial(triton_moe_tma.fused_experts_tma, hidden, experts.gate_up_proj,
+                                experts.down_proj, index, weights)
+            out = fused_row("triton_fused_tma", f"{picked} (pick)", partial(tma_fused, config=picked))
+            if out is not None and picked_out is not None:
+                rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
+            for config in others[: QUICK_SWEEP if args.quick else len(SWEEP[n_tokens])]:
+                fused_row("triton_fused_tma", str(config), partial(tma_fused, config=config))
         if not args.no_fp8:
             gate_up, down = fp8.quantize_rows(experts.gate_up_proj), fp8.quantize_rows(experts.down_proj)
             fp8_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down))
@@ -191,6 +201,9 @@ def main() -> None:
     parser.add_argument("--wide", action="store_true",
                         help="sweep each kernel's tile alone over more shapes (wide_sweep)")
     parser.add_argument("--no-fp8", action="store_true", help="skip the weight-only FP8 row")
+    parser.add_argument("--no-tma", action="store_true",
+                        help="skip the Hopper candidate's rows (triton_moe_tma: TMA loads, "
+                             "persistent programs; not used by the read)")
     parser.add_argument("--out", default="", help="write the rows as JSON here")
     args = parser.parse_args()
     import torch
@@ -204,7 +217,8 @@ def main() -> None:
     columns = ["tokens", "kernel", "config", "ms", "weight_tb_s", "tflop_s", "vs_peer",
                "max_abs_diff", "vs_bf16_fused", "graph"]  # config: m<block_m> gate_up <tile> down
     # <tile>, a tile being block_n/block_k/group_m/num_warps/num_stages; max_abs_diff: against the
-    # peer; vs_bf16_fused: the FP8 row's max abs diff against the bf16 fused kernels' (same config)
+    # peer; vs_bf16_fused: the FP8 and TMA pick rows' max abs diff against the bf16 fused kernels'
+    # (same config)
     print_table(f"MoE experts on {torch.cuda.get_device_name()} (vs_peer: peer ms / ms)", columns,
                 [[r.get(c, r.get("error", "")) if c == "ms" else r.get(c, "") for c in columns]
                  for r in rows])

@@ -21,7 +21,7 @@ from tests.router.backends.torch.interpreted import interpreted_imports
 # is set again while this module's tests run (``_interpreter``)
 with interpreted_imports():
     triton = pytest.importorskip("triton")
-    from router.backends.torch import fp8, triton_kernels, triton_moe
+    from router.backends.torch import fp8, triton_kernels, triton_moe, triton_moe_tma
     from router.backends.torch.moe import experts_forward
     from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
 
@@ -227,6 +227,52 @@ def test_bfloat16_fused_experts_match_the_row_copy_experts(n_tokens: int, config
     torch.testing.assert_close(got.float(), peer.float(), rtol=2e-2, atol=2e-2)
     got_error = (got.float() - exact).abs().max()
     assert got_error <= max(1.5 * float((peer.float() - exact).abs().max()), 4e-3)
+
+
+@pytest.mark.parametrize("programs", [1, 3])
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
+@pytest.mark.parametrize("n_tokens", [1, 5, 37])
+def test_float32_tma_experts_equal_the_row_copy_experts(n_tokens: int, kind: str, config: str,
+                                                        programs: int) -> None:
+    """The Hopper candidate (triton_moe_tma: descriptor loads, persistent programs walking
+    every tile, one program or several) computes what the row-copy path does."""
+    experts = experts_module()
+    hidden, index, weights = routing(n_tokens, kind)
+    with torch.inference_mode():
+        want = experts_forward(experts, hidden, index, weights)
+        got = triton_moe_tma.fused_experts_tma(hidden, experts.gate_up_proj.detach(),
+                                               experts.down_proj.detach(), index, weights,
+                                               config=CONFIGS[config], programs=programs)
+    assert got.dtype == torch.float32 and got.shape == (n_tokens, HIDDEN)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", ["small_m", "many_even", "many_ragged"])
+def test_bfloat16_tma_experts_are_the_shipped_kernels_bit_for_bit(config: str) -> None:
+    """In bfloat16 the candidate sums the same products in the same order as triton_moe's
+    kernels (the reduction blocks in order, float32 accumulators, one rounding a store): under
+    the interpreter, the same bits."""
+    experts = experts_module(seed=5)
+    hidden, index, weights = routing(37, "random", seed=6)
+    bf16 = torch.bfloat16
+    with torch.inference_mode():
+        args = (hidden.to(bf16), experts.gate_up_proj.to(bf16), experts.down_proj.to(bf16), index,
+                weights)
+        want = triton_moe.fused_experts(*args, config=CONFIGS[config])
+        got = triton_moe_tma.fused_experts_tma(*args, config=CONFIGS[config])
+    assert got.dtype == bf16 and torch.equal(got, want)
+
+
+def test_tma_experts_refuse_fp8_weights_and_read_no_tokens_as_empty() -> None:
+    experts = experts_module()
+    hidden, index, weights = routing(5, "random")
+    gate_up = fp8.quantize_rows(experts.gate_up_proj.detach()).weight
+    with pytest.raises(ValueError, match="no FP8"):
+        triton_moe_tma.fused_experts_tma(hidden, gate_up, experts.down_proj.detach(), index, weights)
+    empty = triton_moe_tma.fused_experts_tma(hidden[:0], experts.gate_up_proj.detach(),
+                                             experts.down_proj.detach(), index[:0], weights[:0])
+    assert empty.shape == (0, HIDDEN)
 
 
 def test_custom_op_is_fused_experts_and_its_fake_has_the_output_shape() -> None:
