@@ -238,6 +238,16 @@ def profile(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader, dev
     return out
 
 
+def use_tma_experts() -> None:
+    """A what-if for this process (issue 21, tenth session), not a shipped option: the read's
+    fused MoE op (``slotgate::fused_moe``, whose body looks ``fused_experts`` up when it runs,
+    and the row kernels' start-up check) runs triton_moe_tma's Hopper candidate. Whether the
+    whole read gains what bench.moe_kernels' rows say the layer gains."""
+    from router.backends.torch import triton_moe, triton_moe_tma
+
+    triton_moe.fused_experts = triton_moe_tma.fused_experts_tma  # type: ignore[assignment]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / ".devcarry/diffusiongemma-26B-A4B-it.config.json"))
@@ -283,6 +293,9 @@ def main() -> None:
                              "device's; 0: the prefix read whole)")
     parser.add_argument("--split-kv-chunks", type=int, default=None,
                         help="the backend block's TorchOptions.split_kv_chunks (default: the device's)")
+    parser.add_argument("--tma-experts", action="store_true",
+                        help="what-if, not a shipped option: the read's fused MoE op runs "
+                             "triton_moe_tma's Hopper candidate (bf16 weights only)")
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--top-ops", type=int, default=60)
@@ -299,12 +312,14 @@ def main() -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    if args.tma_experts:
+        use_tma_experts()
     model = build_model(args, device)
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "transformers": transformers.__version__, "tiny": args.tiny,
         "static_tokens": args.static_tokens, "message_tokens": args.message_tokens, "canvas": args.canvas,
-        "options": args.options, "experts": args.experts,
+        "options": args.options, "experts": args.experts, "tma_experts": args.tma_experts,
         "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 2),
         "targets": TARGETS, "variants": {},
     }

@@ -177,6 +177,9 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             out = fused_row("triton_fused_tma", f"{picked} (pick)", partial(tma_fused, config=picked))
             if out is not None and picked_out is not None:
                 rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
+            # TMA loads without persistent programs (a program a tile): which of the two pays
+            fused_row("triton_fused_tma, a program a tile", f"{picked} (pick)",
+                      partial(tma_fused, config=picked, programs=1 << 30))
             for config in others[: QUICK_SWEEP if args.quick else len(SWEEP[n_tokens])]:
                 fused_row("triton_fused_tma", str(config), partial(tma_fused, config=config))
         if not args.no_fp8:

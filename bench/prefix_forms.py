@@ -215,7 +215,8 @@ def stair_prefix(problem: dict[str, Any], items: int, width: int, *, plain: Any,
     ``plain``/``causal``/``biased``: attention kernels (no mask; causal, (B, H, M, D) in, folded
     out; under a bias). Returns the whole read two ways (the bulk over the 1023 - width filled
     slots, an odd count, or over [width, 1024) with a bias broadcast over the queries hiding the
-    empty slot) and each part alone, every one in the folded layout of the other rows."""
+    empty slot) and each part alone (the staircase also with its keys copied for each item),
+    every one in the folded layout of the other rows."""
     import torch
 
     from router.backends.torch.prefix_attention import merge, to_bias
@@ -234,11 +235,16 @@ def stair_prefix(problem: dict[str, Any], items: int, width: int, *, plain: Any,
     key_row[..., filled - width:] = -1.0e30  # the empty slot
     key_bias = key_row.expand(1, 1, GROUPS * n, SLOTS - width)
 
-    def staircase() -> tuple[Any, Any]:
-        # prompt rests (items, H, M, D), head j*G + g, rows reversed; the keys reversed too
+    # the staircase's keys reversed (the read would keep them so from its prefix load), shared
+    # by the items with stride 0 or copied for each (in case the kernel refuses the stride)
+    stair_kv = tuple(x[:, :, :width].flip(2) for x in (k, v))
+    stair_copied = tuple(x.expand(items, -1, -1, -1).contiguous() for x in stair_kv)
+
+    def staircase(copied: bool = False) -> tuple[Any, Any]:
+        # prompt rests (items, H, M, D), head j*G + g, rows reversed
         q_rest = grouped[0, :, :, :n_enc].reshape(KV_HEADS * GROUPS, items, width, DIM)
         q_rest = q_rest.transpose(0, 1).flip(2)
-        k_rev, v_rev = (x[:, :, :width].flip(2).expand(items, -1, -1, -1) for x in (k, v))
+        k_rev, v_rev = stair_copied if copied else (x.expand(items, -1, -1, -1) for x in stair_kv)
         out_r, lse_r = causal(q_rest, k_rev, v_rev)  # (items, KV, G*M, D), rows reversed
         out_r = out_r.view(items, KV_HEADS, GROUPS, width, DIM).flip(3).permute(1, 2, 0, 3, 4)
         lse_r = lse_r.view(items, KV_HEADS, GROUPS, width).flip(3).permute(1, 2, 0, 3)
@@ -261,4 +267,5 @@ def stair_prefix(problem: dict[str, Any], items: int, width: int, *, plain: Any,
 
     return {"stair_cudnn": lambda: whole(False), "stair_cudnn_key_bias": lambda: whole(True),
             "stair_part_bulk": lambda: bulk(False), "stair_part_bulk_key_bias": lambda: bulk(True),
-            "stair_part_staircase": staircase}
+            "stair_part_staircase": staircase,
+            "stair_part_staircase_keys_copied": lambda: staircase(copied=True)}

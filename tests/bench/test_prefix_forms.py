@@ -31,6 +31,8 @@ def test_the_staircase_form_reads_what_the_whole_bias_reads(items: int, width: i
         err = float((out.float() - want_out.float()).norm() / want_out.float().norm())
         assert err < 0.01, (name, err)  # bf16 outputs of float32 arithmetic
         assert torch.allclose(lse, want_lse, atol=1e-3), name
+    copied, shared = forms["stair_part_staircase_keys_copied"](), forms["stair_part_staircase"]()
+    assert torch.equal(copied[0], shared[0]) and torch.equal(copied[1], shared[1])
     # a part alone is not the answer (the check can fail)
     out, _ = forms["stair_part_bulk"]()
     assert float((out.float() - want_out.float()).norm() / want_out.float().norm()) > 0.05

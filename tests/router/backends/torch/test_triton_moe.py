@@ -252,7 +252,7 @@ def test_float32_tma_experts_equal_the_row_copy_experts(n_tokens: int, kind: str
 def test_bfloat16_tma_experts_are_the_shipped_kernels_bit_for_bit(config: str) -> None:
     """In bfloat16 the candidate sums the same products in the same order as triton_moe's
     kernels (the reduction blocks in order, float32 accumulators, one rounding a store): under
-    the interpreter, the same bits."""
+    the interpreter, the same bits, with persistent programs and with a program a tile."""
     experts = experts_module(seed=5)
     hidden, index, weights = routing(37, "random", seed=6)
     bf16 = torch.bfloat16
@@ -261,7 +261,9 @@ def test_bfloat16_tma_experts_are_the_shipped_kernels_bit_for_bit(config: str) -
                 weights)
         want = triton_moe.fused_experts(*args, config=CONFIGS[config])
         got = triton_moe_tma.fused_experts_tma(*args, config=CONFIGS[config])
-    assert got.dtype == bf16 and torch.equal(got, want)
+        one_tile_each = triton_moe_tma.fused_experts_tma(*args, config=CONFIGS[config],
+                                                         programs=1 << 30)  # not persistent
+    assert got.dtype == bf16 and torch.equal(got, want) and torch.equal(one_tile_each, want)
 
 
 def test_tma_experts_refuse_fp8_weights_and_read_no_tokens_as_empty() -> None:
