@@ -294,6 +294,24 @@ def _down_kernel(  # type: ignore[no-untyped-def]
     tl.store(out_at, acc.to(out.dtype.element_ty), mask=keep)
 
 
+class MoeSizes(NamedTuple):
+    """A call's sizes: tokens, experts a token, experts, hidden and intermediate widths, pairs."""
+
+    n_tokens: int
+    top_k: int
+    n_experts: int
+    hidden_dim: int
+    inter_dim: int
+    n_pairs: int
+
+
+def moe_sizes(down: torch.Tensor, top_k_index: torch.Tensor) -> MoeSizes:
+    """The sizes of experts ``down`` (E, H, I) read over routing ``top_k_index`` (T, k)."""
+    n_tokens, top_k = top_k_index.shape
+    n_experts, hidden_dim, inter_dim = down.shape
+    return MoeSizes(n_tokens, top_k, n_experts, hidden_dim, inter_dim, n_tokens * top_k)
+
+
 def _check_weights(hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor | None,
                    down: torch.Tensor, down_scale: torch.Tensor | None) -> None:
     """Weights in ``hidden``'s dtype without scales, or e4m3 with both scales: float32, one per
@@ -327,9 +345,7 @@ def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tenso
     _check_weights(hidden, gate_up, gate_up_scale, down, down_scale)
     from router.backends.torch.triton_kernels import combine_rows
 
-    n_tokens, top_k = top_k_index.shape
-    n_experts, hidden_dim, inter_dim = down.shape
-    n_pairs = n_tokens * top_k
+    n_tokens, top_k, n_experts, hidden_dim, inter_dim, n_pairs = moe_sizes(down, top_k_index)
     if n_pairs == 0:
         return hidden.new_zeros((n_tokens, hidden_dim))
     config = config or pick_config(n_pairs, n_experts)

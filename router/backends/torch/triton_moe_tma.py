@@ -26,7 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from router.backends.torch.triton_moe import MoeConfig, _tile, align_pairs_triton, pick_config
+from router.backends.torch.triton_moe import (
+    MoeConfig,
+    _tile,
+    align_pairs_triton,
+    moe_sizes,
+    pick_config,
+)
 
 # Programs when not on CUDA (the interpreter): a few, so the tests walk several tiles a program
 INTERPRETED_PROGRAMS = 3
@@ -116,9 +122,7 @@ def fused_experts_tma(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.T
     if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
         raise ValueError(f"experts' weights are {gate_up.dtype}/{down.dtype}, hidden {hidden.dtype}: "
                          "the TMA kernels take weights of the activations' dtype (no FP8)")
-    n_tokens, top_k = top_k_index.shape
-    n_experts, hidden_dim, inter_dim = down.shape
-    n_pairs = n_tokens * top_k
+    n_tokens, top_k, n_experts, hidden_dim, inter_dim, n_pairs = moe_sizes(down, top_k_index)
     if n_pairs == 0:
         return hidden.new_zeros((n_tokens, hidden_dim))
     config = config or pick_config(n_pairs, n_experts)
