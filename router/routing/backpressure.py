@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from router.errors import TooManyRequests
-from router.routing.deadline import remaining_s
+from router.routing.deadline import note_refusal, remaining_s
 
 # Weight of the newest hold time in the moving average the deadline check uses: recent enough
 # to see a stalled upstream within a few calls, smooth enough not to swing on one fast answer.
@@ -44,10 +44,15 @@ class ConcurrencyLimit:
                 async with asyncio.timeout(None if math.isinf(budget_s) else budget_s):
                     await self._semaphore.acquire()
             except TimeoutError:
-                self._on_reject()
-                raise TooManyRequests(
-                    f"the {self.name} had no free slot before the deadline; retry later",
-                    retry_after_s=self._retry_after_s()) from None
+                raise self._refuse_at_deadline() from None
+            except asyncio.CancelledError:
+                # Cancelled while waiting, with the deadline passed: a backstop past the deadline
+                # expired in the same turn of a lagging loop and ended the wait before this
+                # wait's own timeout could (router/routing/deadline.py). The queue still could
+                # not serve it in time: counted and noted, and the cancellation goes on.
+                if remaining_s(math.inf) == 0.0:
+                    note_refusal(self._refuse_at_deadline())
+                raise
         finally:
             self._waiting -= 1
         started = time.monotonic()
@@ -74,6 +79,12 @@ class ConcurrencyLimit:
                       f"(about {expected_s:.1f} s of queue, {budget_s:.1f} s left)")
         self._on_reject()
         raise TooManyRequests(f"{reason}; retry later", retry_after_s=self._retry_after_s())
+
+    def _refuse_at_deadline(self) -> TooManyRequests:
+        """The refusal of a wait that ran out with its deadline (counted)."""
+        self._on_reject()
+        return TooManyRequests(f"the {self.name} had no free slot before the deadline; retry later",
+                               retry_after_s=self._retry_after_s())
 
     def _retry_after_s(self) -> float:
         """About when a slot frees up: the average hold, at least a second."""

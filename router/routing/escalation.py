@@ -12,6 +12,7 @@ import time
 from policies.types import DecisionRequest
 from router.errors import NoSlowModel, SlowPathTimeout, SlowPathUnavailable
 from router.routing.deadline import deadline_in
+from router.routing.deadline import refusal as queue_refusal
 from router.routing.ports import ReadCache, SlowModel
 from router.routing.singleflight import SingleFlight
 from router.settings import Settings
@@ -74,6 +75,8 @@ class Escalation:
                         key, lambda: self._ask(request, key))
                     return answer, shared or elsewhere
             except TimeoutError as exc:
+                if (refused := queue_refusal()) is not None:
+                    raise refused from None  # the wait for a slot ran out: a 429, not a 504
                 raise SlowPathTimeout(
                     f"no slow answer within slow.timeout_s = {timeout_s:g} s (the wait for a "
                     "slow-call slot included)") from exc

@@ -39,6 +39,7 @@ from router.retry_after import retry_after_s
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.credentials import Credentials
 from router.routing.credentials import resolve as resolve_credentials
+from router.routing.deadline import refusal as queue_refusal
 from router.routing.deadline import remaining_s
 from router.routing.litellm_import import import_shared_dependencies
 from router.routing.litellm_import import litellm_module as _litellm
@@ -329,6 +330,8 @@ class SlowPath:
         except TooManyRequests:
             raise  # our own queue is full: already in the error tree, nothing to translate
         except Exception as exc:  # noqa: BLE001 - every litellm failure is translated once, here
+            if isinstance(exc, TimeoutError) and (refused := queue_refusal()) is not None:
+                raise refused from None  # the wait for a slot ran out: a 429, not a 504
             self._raise_translated(exc, caller_model=_caller_model)
 
     def _raise_translated(self, exc: Exception, *, caller_model: bool = False) -> NoReturn:

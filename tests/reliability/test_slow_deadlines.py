@@ -3,7 +3,10 @@ live server with the real slow path (litellm) on the stand-in LLM, which counts 
 
 - 50 concurrent identical escalations: the stand-in sees at most 2 calls (one is expected).
 - A stalled slow model, slow.timeout_s = 2 and 200 concurrent distinct escalations: every
-  request ends (504 or 429) within the deadline plus a small margin; the slowest is reported."""
+  request ends (504 or 429) within the deadline plus a small margin and what a burst in and a
+  burst out cost the machine then; every figure is in the report and in a failure's message.
+  A request that waited for a slot and never got one is a 429 even when the loop lags past the
+  backstops (tests/router/routing/test_deadline_lag.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +22,14 @@ from standins.llm import StandinHandle
 from tests.reliability.conftest import LiveServer, Switch, answer_of, decision, settings_for
 
 SLOW_TIMEOUT_S = 2.0
-# What a request may take beyond slow.timeout_s: the fast read (fast.timeout_s 0.25), the cache
-# and the log, and scheduling on a shared 2-core machine under 200 concurrent clients.
-MARGIN_S = 1.5
+# What a request may take beyond slow.timeout_s besides the two bursts below: the fast read
+# (fast.timeout_s 0.25), the slow path's backstop (0.25 past the deadline), the cache and the log.
+MARGIN_S = 1.0
+# Every request's deadline falls within the same few milliseconds, so the server writes ~200
+# error responses at once as it read ~200 requests at once: each request may wait out one burst on
+# the way in and one on the way out. A burst of 200 /healthz, measured before and after, is what
+# one burst costs this machine at the time (4 busy processes beside it: 0.9 s against 0.45 s).
+BURSTS = 2
 
 
 @pytest.fixture(scope="module")
@@ -75,24 +83,35 @@ def test_different_questions_are_not_merged(server: LiveServer, fresh_standin: S
 def test_every_request_ends_within_its_deadline_under_a_stalled_model(
     server: LiveServer, fresh_standin: StandinHandle
 ) -> None:
-    peer = asyncio.run(burst(server.url, [None] * 200))
-    peer_worst = max(seconds for _, seconds, _ in peer)
+    peer_before = worst_of(asyncio.run(burst(server.url, [None] * 200)))
     fresh_standin.set_mode("stall", stall_s=30)
     try:
         results = asyncio.run(burst(server.url, [decision(f"lost_card case {i}") for i in range(200)]))
     finally:
         fresh_standin.set_mode("ok")
+    # The peer again after: the machine's load can change within the seconds the test takes.
+    peer_worst = max(peer_before, worst_of(asyncio.run(burst(server.url, [None] * 200))))
     statuses = sorted({status for status, _, _ in results})
     latencies = sorted(seconds for _, seconds, _ in results)
     p50, worst = latencies[len(latencies) // 2], latencies[-1]
     counts = {s: sum(1 for status, _, _ in results if status == s) for s in statuses}
-    by_status = {s: max(seconds for status, seconds, _ in results if status == s) for s in statuses}
-    print(f"\nstalled model, timeout {SLOW_TIMEOUT_S} s, 200 concurrent: statuses {counts}, "
-          f"p50 {p50:.2f} s, max {worst:.2f} s (max by status {by_status}); 200 concurrent /healthz: max {peer_worst:.2f} s")
-    assert set(statuses) <= {429, 504}, counts
+    by_status = {s: round(max(seconds for status, seconds, _ in results if status == s), 2)
+                 for s in statuses}
+    bound = SLOW_TIMEOUT_S + MARGIN_S + BURSTS * peer_worst
+    # Every figure, in the failure message too: a CI log has nothing else to go on.
+    report = (f"stalled model, timeout {SLOW_TIMEOUT_S} s, 200 concurrent: statuses {counts}, "
+              f"p50 {p50:.2f} s, max {worst:.2f} s (max by status {by_status}); 200 concurrent "
+              f"/healthz: max {peer_before:.2f} s before, {peer_worst:.2f} s at worst; bound {bound:.2f} s")
+    print(f"\n{report}")
+    assert set(statuses) <= {429, 504}, report
     for status, _, response in results:
         if status == 429:
             assert int(response.headers["retry-after"]) >= 1
-    # The deadline plus the margin, plus what the same burst costs a route that does nothing
-    # (on a loaded shared machine that is most of the spread).
-    assert worst <= SLOW_TIMEOUT_S + MARGIN_S + peer_worst
+    # The deadline plus the margin, plus what a burst in and a burst out cost a route that does
+    # nothing (on a loaded shared machine that is most of the spread).
+    assert worst <= bound, report
+
+
+def worst_of(results: list[tuple[int, float, httpx.Response]]) -> float:
+    assert {status for status, _, _ in results} == {200}
+    return max(seconds for _, seconds, _ in results)
