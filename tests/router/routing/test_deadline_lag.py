@@ -8,8 +8,10 @@ busy processes beside it, 31 of 200 requests got 504 from 16 slots."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,6 +23,7 @@ from router.routing.litellm_import import litellm_module
 from router.settings import Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
+from tests.router.routing.test_backpressure import limit
 from tests.router.routing.test_slow import ScriptedCompletion, request, slow_path
 
 DEADLINE_S = 0.2
@@ -46,11 +49,8 @@ def _litellm_imported() -> None:
 @pytest.mark.parametrize("lag_s", list(LAGS_S.values()), ids=list(LAGS_S))
 async def test_a_queued_escalation_is_refused_not_timed_out_when_the_loop_lags(lag_s: float) -> None:
     gate = asyncio.Event()  # the slow model never answers the first call
-    rejected: list[int] = []
-    limit = ConcurrencyLimit("slow model", capacity=1, max_waiting=10,
-                             on_reject=lambda: rejected.append(1))
-    slow = slow_path(ScriptedCompletion('"lost_card"', gate=gate), limit=limit,
-                     timeout_s=DEADLINE_S)
+    cap, rejected = limit(1, max_waiting=10)
+    slow = slow_path(ScriptedCompletion('"lost_card"', gate=gate), limit=cap, timeout_s=DEADLINE_S)
     escalation = Escalation(slow=slow, cache=MemoryCache(), metrics=Metrics(),
                             settings=Settings(slow={"model": "openai/standin",
                                                     "timeout_s": DEADLINE_S}))
@@ -65,53 +65,53 @@ async def test_a_queued_escalation_is_refused_not_timed_out_when_the_loop_lags(l
     gate.set()
 
 
-async def test_a_wait_ended_by_a_backstop_past_its_deadline_is_noted_as_refused() -> None:
-    rejected: list[int] = []
-    limit = ConcurrencyLimit("slow model", capacity=1, max_waiting=10,
-                             on_reject=lambda: rejected.append(1))
+@contextlib.asynccontextmanager
+async def one_slot_held() -> AsyncIterator[tuple[ConcurrencyLimit, list[int]]]:
+    """A cap of one slot, held until the block ends: (the cap, its rejections)."""
+    cap, rejected = limit(1, max_waiting=10)
     gate = asyncio.Event()
 
     async def hold() -> None:
-        async with limit.acquire():
+        async with cap.acquire():
             await gate.wait()
 
     holder = asyncio.create_task(hold())
     await asyncio.sleep(0)
-    with deadline_in(DEADLINE_S) as deadline:
-        lag = asyncio.create_task(lag_the_loop(0.05))
-        # The backstop's timeout, as the slow path's and the escalation's would be: it wins, so
-        # the wait ends as a cancellation that goes on through it (never swallowed) ...
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(DEADLINE_S + 0.5):
-                async with limit.acquire():
-                    pass
-        # ... and the wait's refusal is noted on the deadline, and counted once.
-        assert remaining_s(math.inf) == 0.0
-        assert isinstance(refusal(), TooManyRequests) and deadline.refusal is refusal()
-    assert rejected == [1]
-    gate.set()
-    await asyncio.gather(holder, lag)
+    try:
+        yield cap, rejected
+    finally:
+        gate.set()
+        await holder
+
+
+async def wait_for_a_slot(cap: ConcurrencyLimit) -> None:
+    async with cap.acquire():
+        pass
+
+
+async def test_a_wait_ended_by_a_backstop_past_its_deadline_is_noted_as_refused() -> None:
+    async with one_slot_held() as (cap, rejected):
+        with deadline_in(DEADLINE_S) as deadline:
+            lag = asyncio.create_task(lag_the_loop(0.05))
+            # The backstop's timeout, as the slow path's and the escalation's would be: it wins,
+            # so the wait ends as a cancellation that goes on through it (never swallowed) ...
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(DEADLINE_S + 0.5):
+                    await wait_for_a_slot(cap)
+            # ... and the wait's refusal is noted on the deadline, and counted once.
+            assert remaining_s(math.inf) == 0.0
+            assert isinstance(refusal(), TooManyRequests) and deadline.refusal is refusal()
+        assert rejected == [1]
+        await lag
 
 
 async def test_a_wait_cancelled_before_its_deadline_is_no_refusal() -> None:
-    rejected: list[int] = []
-    limit = ConcurrencyLimit("slow model", capacity=1, max_waiting=10,
-                             on_reject=lambda: rejected.append(1))
-    gate = asyncio.Event()
-
-    async def hold() -> None:
-        async with limit.acquire():
-            await gate.wait()
-
-    holder = asyncio.create_task(hold())
-    await asyncio.sleep(0)
-    with deadline_in(5.0):
-        waiting = asyncio.create_task(hold())
-        await asyncio.sleep(0.01)
-        waiting.cancel()  # a client that left
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        assert refusal() is None
-    assert rejected == []
-    gate.set()
-    await holder
+    async with one_slot_held() as (cap, rejected):
+        with deadline_in(5.0):
+            waiting = asyncio.create_task(wait_for_a_slot(cap))
+            await asyncio.sleep(0.01)
+            waiting.cancel()  # a client that left
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert refusal() is None
+        assert rejected == []
