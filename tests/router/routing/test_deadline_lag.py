@@ -8,22 +8,19 @@ busy processes beside it, 31 of 200 requests got 504 from 16 slots."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from router.errors import SlowPathTimeout, TooManyRequests
-from router.routing.backpressure import ConcurrencyLimit
 from router.routing.deadline import deadline_in, refusal, remaining_s
 from router.routing.escalation import Escalation
 from router.routing.litellm_import import litellm_module
 from router.settings import Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
-from tests.router.routing.test_backpressure import limit
+from tests.router.routing.test_backpressure import limit, one_slot_held, wait_for_a_slot
 from tests.router.routing.test_slow import ScriptedCompletion, request, slow_path
 
 DEADLINE_S = 0.2
@@ -63,30 +60,6 @@ async def test_a_queued_escalation_is_refused_not_timed_out_when_the_loop_lags(l
     assert isinstance(results[1], TooManyRequests), results[1]  # it never got a slot: a 429
     assert results[1].retry_after_s >= 1 and rejected == [1]
     gate.set()
-
-
-@contextlib.asynccontextmanager
-async def one_slot_held() -> AsyncIterator[tuple[ConcurrencyLimit, list[int]]]:
-    """A cap of one slot, held until the block ends: (the cap, its rejections)."""
-    cap, rejected = limit(1, max_waiting=10)
-    gate = asyncio.Event()
-
-    async def hold() -> None:
-        async with cap.acquire():
-            await gate.wait()
-
-    holder = asyncio.create_task(hold())
-    await asyncio.sleep(0)
-    try:
-        yield cap, rejected
-    finally:
-        gate.set()
-        await holder
-
-
-async def wait_for_a_slot(cap: ConcurrencyLimit) -> None:
-    async with cap.acquire():
-        pass
 
 
 async def test_a_wait_ended_by_a_backstop_past_its_deadline_is_noted_as_refused() -> None:
