@@ -11,6 +11,7 @@ Messages are sanitised first: provider keys never reach an error, a log line or 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -39,8 +40,8 @@ from router.retry_after import retry_after_s
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.credentials import Credentials
 from router.routing.credentials import resolve as resolve_credentials
+from router.routing.deadline import deadline_in, remaining_s
 from router.routing.deadline import refusal as queue_refusal
-from router.routing.deadline import remaining_s
 from router.routing.litellm_import import import_shared_dependencies
 from router.routing.litellm_import import litellm_module as _litellm
 from router.routing.litellm_import import warm_up as _warm_up
@@ -203,9 +204,13 @@ class SlowPath:
         error status); later ones end the stream with an SSE ``{"error": ...}`` event."""
         kwargs = self._passthrough(body)
         sent_any = False
-        async with self._limit.acquire():
-            response = await self._acompletion(_acquire=False, _caller_model=True, stream=True,
-                                               **kwargs)
+        async with contextlib.AsyncExitStack() as slot:
+            # The slot is held for the whole stream; the wait for it and the call's start come
+            # out of slow.timeout_s, as for every other caller of the cap.
+            with deadline_in(self.settings.timeout_s):
+                await slot.enter_async_context(self._limit.acquire())
+                response = await self._acompletion(_acquire=False, _caller_model=True,
+                                                   stream=True, **kwargs)
             try:
                 async for chunk in response:
                     sent_any = True
@@ -308,31 +313,34 @@ class SlowPath:
         if self._completion is None and not self.warmed_up.is_set():
             await self._warm()
         completion = self._completion or _litellm().acompletion
-        # Under an escalation's deadline (router/routing/deadline.py) the call gets what is left
-        # of it, so a corrective retry cannot take a second full timeout.
-        budget_s = remaining_s(self.settings.timeout_s)
-        if budget_s <= 0:
-            raise SlowPathTimeout(f"slow model: no time left of slow.timeout_s = "
-                                  f"{self.settings.timeout_s:g} s")
-        kwargs.update(timeout=budget_s, max_retries=0, num_retries=0)
-        if self.settings.api_base:
-            kwargs["api_base"] = self.settings.api_base
-        api_key = self._check_credentials(kwargs["model"]).api_key
-        if api_key:
-            kwargs["api_key"] = api_key
-        try:
-            # The outer bound guards against a provider that ignores ``timeout``.
-            async with asyncio.timeout(budget_s + PROVIDER_GRACE_S):
-                if not _acquire:
-                    return await completion(**kwargs)
-                async with self._limit.acquire():
-                    return await completion(**kwargs)
-        except TooManyRequests:
-            raise  # our own queue is full: already in the error tree, nothing to translate
-        except Exception as exc:  # noqa: BLE001 - every litellm failure is translated once, here
-            if isinstance(exc, TimeoutError) and (refused := queue_refusal()) is not None:
-                raise refused from None  # the wait for a slot ran out: a 429, not a 504
-            self._raise_translated(exc, caller_model=_caller_model)
+        # One budget for the wait for a slot and the call: an escalation's deadline
+        # (router/routing/deadline.py), which also keeps a corrective retry from taking a second
+        # full timeout, or else a passthrough's own, slow.timeout_s from now. Past it a wait for a
+        # slot is the queue's refusal (429), never a slow-model timeout (504).
+        with deadline_in(self.settings.timeout_s):
+            budget_s = remaining_s(self.settings.timeout_s)
+            if budget_s <= 0:
+                raise SlowPathTimeout(f"slow model: no time left of slow.timeout_s = "
+                                      f"{self.settings.timeout_s:g} s")
+            kwargs.update(timeout=budget_s, max_retries=0, num_retries=0)
+            if self.settings.api_base:
+                kwargs["api_base"] = self.settings.api_base
+            api_key = self._check_credentials(kwargs["model"]).api_key
+            if api_key:
+                kwargs["api_key"] = api_key
+            try:
+                # The outer bound guards against a provider that ignores ``timeout``.
+                async with asyncio.timeout(budget_s + PROVIDER_GRACE_S):
+                    if not _acquire:
+                        return await completion(**kwargs)
+                    async with self._limit.acquire():
+                        return await completion(**kwargs)
+            except TooManyRequests:
+                raise  # our own queue is full: already in the error tree, nothing to translate
+            except Exception as exc:  # noqa: BLE001 - every litellm failure is translated once, here
+                if isinstance(exc, TimeoutError) and (refused := queue_refusal()) is not None:
+                    raise refused from None  # the wait for a slot ran out: a 429, not a 504
+                self._raise_translated(exc, caller_model=_caller_model)
 
     def _raise_translated(self, exc: Exception, *, caller_model: bool = False) -> NoReturn:
         error = self._translate(exc, caller_model=caller_model)

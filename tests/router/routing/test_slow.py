@@ -77,7 +77,8 @@ async def test_decide_enforces_the_options_and_sends_the_state() -> None:
     assert user == {"role": "user", "content": request().state}
     # The operator's upstream and key go with every call; litellm must not retry on its own.
     assert call["api_base"] == "http://upstream.test/v1" and call["api_key"] == KEY
-    assert call["max_retries"] == 0 and call["num_retries"] == 0 and call["timeout"] == 5.0
+    assert call["max_retries"] == 0 and call["num_retries"] == 0
+    assert call["timeout"] == pytest.approx(5.0, abs=0.05)  # what is left of slow.timeout_s
 
 
 async def test_decide_shows_the_callers_conversation_when_there_is_one() -> None:
@@ -197,3 +198,34 @@ def test_parse_answer_accepts_only_options() -> None:
     assert parse_answer("not json {", ["a", "b"]) is None
     assert parse_answer(None, ["a"]) is None
     assert parse_answer('{"answer": 1}', ["1"]) is None
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["passthrough", "streamed passthrough"])
+async def test_a_passthrough_that_never_gets_a_slot_is_refused_at_its_deadline(
+    streamed: bool,
+) -> None:
+    """slow.timeout_s is one budget for the wait for a slot and the call, for passthrough as for
+    escalations: a passthrough that waits past it behind a held slot gets the queue's 429 (before:
+    a non-streamed one got 504 when the call's backstop fired mid-wait; a streamed one waited,
+    unbounded, for the slot)."""
+    gate = asyncio.Event()
+    rejected: list[int] = []
+    limit = ConcurrencyLimit("slow path", capacity=1, max_waiting=10,
+                             on_reject=lambda: rejected.append(1))
+    slow = slow_path(ScriptedCompletion("hello", gate=gate), limit=limit, timeout_s=0.2)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    holder = asyncio.create_task(slow.complete(body))
+    await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(TooManyRequests, match="no free slot before the deadline") as info:
+        async with asyncio.timeout(2.0):  # a wait with no end fails here instead of hanging
+            if streamed:
+                async for _ in slow.stream({**body, "stream": True}):
+                    pass
+            else:
+                await slow.complete(body)
+    assert 0.15 < loop.time() - t0 < 0.45  # at its deadline, before the call's backstop (0.45)
+    assert info.value.retry_after_s >= 1 and rejected == [1]
+    gate.set()
+    await asyncio.gather(holder, return_exceptions=True)
