@@ -66,6 +66,8 @@ class SlowPathSettings(BaseModel):
     model: str | None = None
     api_base: str | None = None
     api_key: SecretStr | None = None
+    # One budget for a slow call: the wait for a slot (429 past it), the call and a decision's
+    # corrective retry (504 past it); a stream's wait and start, not the whole stream.
     timeout_s: float = Field(30.0, gt=0)
     max_concurrency: int = Field(32, ge=1)
     # Models a passthrough request may name; empty = only ``model`` itself.
