@@ -65,7 +65,7 @@ def note_refusal(refusal: TooManyRequests) -> None:
         deadline = deadline.outer
 
 
-def refusal() -> TooManyRequests | None:
+def queue_refusal() -> TooManyRequests | None:
     """The queue's refusal noted on the deadline in force, if its wait ran out with it."""
     deadline = _DEADLINE.get()
     return None if deadline is None else deadline.refusal

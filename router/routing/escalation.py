@@ -11,8 +11,7 @@ import time
 
 from policies.types import DecisionRequest
 from router.errors import NoSlowModel, SlowPathTimeout, SlowPathUnavailable
-from router.routing.deadline import deadline_in
-from router.routing.deadline import refusal as queue_refusal
+from router.routing.deadline import deadline_in, queue_refusal
 from router.routing.ports import ReadCache, SlowModel
 from router.routing.singleflight import SingleFlight
 from router.settings import Settings

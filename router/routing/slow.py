@@ -40,8 +40,7 @@ from router.retry_after import retry_after_s
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.credentials import Credentials
 from router.routing.credentials import resolve as resolve_credentials
-from router.routing.deadline import deadline_in, remaining_s
-from router.routing.deadline import refusal as queue_refusal
+from router.routing.deadline import deadline_in, queue_refusal, remaining_s
 from router.routing.litellm_import import import_shared_dependencies
 from router.routing.litellm_import import litellm_module as _litellm
 from router.routing.litellm_import import warm_up as _warm_up

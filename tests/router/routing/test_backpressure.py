@@ -61,25 +61,15 @@ async def test_at_most_capacity_hold_it_at_once() -> None:
 
 
 async def test_past_the_wait_queue_callers_are_refused_at_once() -> None:
-    cap, rejected = limit(1, max_waiting=1)
-    gate = asyncio.Event()
-
-    async def hold() -> None:
-        async with cap.acquire():
-            await gate.wait()
-
-    holder = asyncio.create_task(hold())
-    waiter = asyncio.create_task(hold())
-    await asyncio.sleep(0)
-    with pytest.raises(TooManyRequests) as info:
-        async with cap.acquire():
-            pass
-    assert info.value.status_code == 429 and info.value.retry_after_s >= 1
-    assert "test backend queue is full (1 waiting)" in info.value.message and rejected == [1]
-    gate.set()
-    await asyncio.gather(holder, waiter)
-    async with cap.acquire():  # all given back
-        pass
+    async with one_slot_held(max_waiting=1) as (cap, rejected):
+        waiter = asyncio.create_task(wait_for_a_slot(cap))
+        await asyncio.sleep(0)
+        with pytest.raises(TooManyRequests) as info:
+            await wait_for_a_slot(cap)
+        assert info.value.status_code == 429 and info.value.retry_after_s >= 1
+        assert "test backend queue is full (1 waiting)" in info.value.message and rejected == [1]
+    await waiter
+    await wait_for_a_slot(cap)  # all given back
 
 
 async def test_a_failing_holder_and_a_cancelled_waiter_give_their_places_back() -> None:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from router.errors import SlowPathTimeout, TooManyRequests
-from router.routing.deadline import deadline_in, refusal, remaining_s
+from router.routing.deadline import deadline_in, queue_refusal, remaining_s
 from router.routing.escalation import Escalation
 from router.routing.litellm_import import litellm_module
 from router.settings import Settings
@@ -73,7 +73,7 @@ async def test_a_wait_ended_by_a_backstop_past_its_deadline_is_noted_as_refused(
                     await wait_for_a_slot(cap)
             # ... and the wait's refusal is noted on the deadline, and counted once.
             assert remaining_s(math.inf) == 0.0
-            assert isinstance(refusal(), TooManyRequests) and deadline.refusal is refusal()
+            assert isinstance(queue_refusal(), TooManyRequests) and deadline.refusal is queue_refusal()
         assert rejected == [1]
         await lag
 
@@ -86,5 +86,5 @@ async def test_a_wait_cancelled_before_its_deadline_is_no_refusal() -> None:
             waiting.cancel()  # a client that left
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            assert refusal() is None
+            assert queue_refusal() is None
         assert rejected == []
