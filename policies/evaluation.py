@@ -28,8 +28,12 @@ def evaluate(policy: TunedPolicy, options: tuple[str, ...], proba: FloatArray,
 
     accepted = np.zeros(len(y_true), dtype=bool)
     calibrated = np.empty_like(proba)
+    window = policy.escalation_window()  # the rows are a stream, as the router would see them
     for i, row in enumerate(proba):
-        verdict, calibrated[i] = policy.decide(OptionScores(options, tuple(float(p) for p in row)))
+        verdict, calibrated[i] = policy.decide(OptionScores(options, tuple(float(p) for p in row)),
+                                               escalations=0 if window is None else window.escalations)
+        if window is not None:
+            window.record(verdict)
         accepted[i] = verdict.accept
     answers = proba.argmax(axis=1)
     correct = answers == y_true

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.rules import Rule
+from policies.rules import BudgetRule, EscalationWindow, Rule
 from policies.types import OptionScores, Verdict
 
 if TYPE_CHECKING:
@@ -27,10 +27,21 @@ class TunedPolicy:
         calibrated = self.calibrator.transform(np.asarray([scores.proba], dtype=np.float64))
         return [float(p) for p in calibrated[0]]
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]:
-        """The verdict on the raw argmax, and the calibrated probabilities of every option."""
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]:
+        """The verdict on the raw argmax, and the calibrated probabilities of every option.
+        Pure: ``escalations`` is the caller's ``EscalationWindow`` count (a budget rule reads it;
+        the caller records the verdict in its window)."""
         calibrated = self.calibrate(scores)
-        return self.rule.verdict(scores.options, calibrated, scores.top_index), calibrated
+        verdict = self.rule.verdict(scores.options, calibrated, scores.top_index,
+                                    escalations=escalations)
+        return verdict, calibrated
+
+    def escalation_window(self) -> EscalationWindow | None:
+        """A fresh window for a caller that runs this policy on a stream of decisions (None: its
+        rule has no budget, nothing to count)."""
+        rule = self.rule
+        return EscalationWindow(rule.window) if isinstance(rule, BudgetRule) else None
 
     def __repr__(self) -> str:
         return f"TunedPolicy({self.policy_id!r}, rule={self.rule.to_dict()!r})"

@@ -103,6 +103,7 @@ class _Judge:
 
     def __init__(self, runtime: TunedPolicy) -> None:
         self.runtime = runtime
+        self.window = runtime.escalation_window()  # a budget's, advanced in log order
 
     def judge(self, records: list[DecisionRecord]) -> list[tuple[Verdict, float] | None]:
         calibrated: list[np.ndarray[Any, np.dtype[np.float64]] | None] = [None] * len(records)
@@ -124,7 +125,12 @@ class _Judge:
                 judged.append(None)
                 continue
             top = int(np.argmax(record.proba))  # the raw argmax: the answer served
-            verdict = self.runtime.rule.verdict(record.options, row.tolist(), top)
+            window = self.window
+            verdict = self.runtime.rule.verdict(
+                record.options, row.tolist(), top,
+                escalations=0 if window is None else window.escalations)
+            if window is not None:
+                window.record(verdict)
             judged.append((verdict, float(row[top])))
         return judged
 

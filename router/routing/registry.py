@@ -20,6 +20,7 @@ from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
 
 if TYPE_CHECKING:
+    from policies.rules import EscalationWindow
     from router.routing.ports import DecisionObserver
 
 log = logging.getLogger("slotgate")
@@ -30,7 +31,10 @@ class RuntimePolicy(Protocol):
 
     policy_id: str
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]: ...
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]: ...
+
+    def escalation_window(self) -> EscalationWindow | None: ...
 
 
 def fallback_policy(*, threshold: float) -> RuntimePolicy:

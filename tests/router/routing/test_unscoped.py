@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from policies.rules import ThresholdRule
+from policies.rules import EscalationWindow, ThresholdRule
 from policies.scope import UnscopedMode
 from policies.tuned import TunedPolicy
 from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
@@ -27,7 +27,7 @@ from tests.router.routing.test_service import ListLog, RecordingSlow
 INTENTS = ("card_arrival", "lost_or_stolen_card", "card_linking")
 
 
-@dataclass
+@dataclass(eq=False)
 class Observed:
     """A tuned policy that counts its decisions: what a watched policy reports to its watch."""
 
@@ -38,9 +38,13 @@ class Observed:
     def policy_id(self) -> str:
         return self.inner.policy_id
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]:
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]:
         self.calls.append(scores)
-        return self.inner.decide(scores)
+        return self.inner.decide(scores, escalations=escalations)
+
+    def escalation_window(self) -> EscalationWindow | None:
+        return self.inner.escalation_window()
 
 
 def confident(req: DecisionRequest) -> list[float]:
@@ -253,3 +257,22 @@ async def test_a_staged_body_of_unscoped_questions_is_read_upstream_only_when_us
         assert backend.staged == [] and reads.calls == []
     else:
         assert backend.staged == [["first", "second"]] and outcome.conditioning == "prefill"
+
+
+async def test_a_staged_body_looks_each_policy_up_once() -> None:
+    reads = CountingReads()
+    service, _, _, _ = setup("escalate", backend=StagedBackend(reads))
+    looked_up: list[str] = []
+    lookup = service.registry.lookup
+
+    def counted(request: DecisionRequest, *, fingerprint: str) -> object:
+        looked_up.append(request.question_id)
+        return lookup(request, fingerprint=fingerprint)
+
+    service.registry.lookup = counted  # type: ignore[assignment,method-assign]
+    first = DecisionRequest("first", "intent", tuple(Option(o) for o in INTENTS), "a state")
+    second = DecisionRequest("second", "intent", tuple(Option(o) for o in INTENTS), "a state")
+    body = [StagedQuestion(first), StagedQuestion(second, depends_on=("first",))]
+    outcome = await answer_stages(service, body, namespace="t")
+    assert outcome.stages == [["first"], ["second"]]
+    assert looked_up == ["first", "second"]
