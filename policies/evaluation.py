@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from policies.tuned import TunedPolicy
+    from policies.guaranteed import GuaranteedPolicy
 
 FloatArray = NDArray[np.float64]
 # ``y_true`` of a row whose label is none of the options (``predict --allow-novel-labels``):
@@ -18,10 +18,10 @@ FloatArray = NDArray[np.float64]
 NOVEL_LABEL = -2
 
 
-def evaluate(policy: TunedPolicy, options: tuple[str, ...], proba: FloatArray,
+def evaluate(policy: GuaranteedPolicy, options: tuple[str, ...], proba: FloatArray,
              y_true: NDArray[np.int64], *, n_resamples: int = 300, seed: int = 0
              ) -> dict[str, Any]:
-    """Apply a TunedPolicy row by row to labelled reads; metrics with 95% intervals
+    """Apply a policy row by row to labelled reads; metrics with 95% intervals
     (Clopper-Pearson for proportions, bootstrap for ECE) and ``per_answer``, worst first."""
     from calibration.metrics import bootstrap_ci, ece, proportion_ci
     from policies.types import OptionScores

@@ -11,7 +11,7 @@ import pytest
 
 from policies.rules import EscalationWindow, ThresholdRule
 from policies.scope import UnscopedMode
-from policies.tuned import TunedPolicy
+from policies.guaranteed import GuaranteedPolicy
 from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
@@ -22,6 +22,7 @@ from router.routing.stages import answer_stages
 from router.settings import Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
+from tests.router.routing.test_registry import policy_file
 from tests.router.routing.test_service import ListLog, RecordingSlow
 
 INTENTS = ("card_arrival", "lost_or_stolen_card", "card_linking")
@@ -31,7 +32,7 @@ INTENTS = ("card_arrival", "lost_or_stolen_card", "card_linking")
 class Observed:
     """A tuned policy that counts its decisions: what a watched policy reports to its watch."""
 
-    inner: TunedPolicy
+    inner: GuaranteedPolicy
     calls: list[OptionScores] = field(default_factory=list)
 
     @property
@@ -106,11 +107,11 @@ def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None,
 
     if backend is None:
         backend = MockBackend(confident if reads is None else reads)
-    policy = Observed(TunedPolicy(IdentityCalibrator(), ThresholdRule(0.9),
-                                  policy_id="intents@abc"))
+    policy = Observed(GuaranteedPolicy.from_parts(IdentityCalibrator(), ThresholdRule(0.9),
+                                                  policy_id="intents@abc"))
     registry = PolicyRegistry([LoadedPolicy(
-        name="intents", signature=None, backend_fingerprint=backend.fingerprint, path=None,
-        runtime=policy, guarantee="accuracy", options=INTENTS)], default="intents",
+        policy_file("intents", fingerprint=backend.fingerprint, options=INTENTS), policy)],
+        default="intents",
         unscoped=mode)
     slow = slow_path if slow_path is not None else RecordingSlow()
     log = ListLog()
