@@ -100,7 +100,7 @@ class RoutingService:
     def escalation_available(self) -> bool:
         return self.escalation.available
 
-    async def decide(
+    async def route(
         self, requests: Sequence[DecisionRequest], *, namespace: str,
         reads: Sequence[FastRead] | None = None,
         policies: Sequence[RuntimePolicy | None] | None = None,

@@ -1,5 +1,5 @@
 """Bodies of questions answered in stages (System One's ``depends_on`` / ``ask_if``): each stage's
-asked questions routed in one ``decide`` call, ``ask_if`` evaluated between stages on the routed
+asked questions routed in one ``route`` call, ``ask_if`` evaluated between stages on the routed
 answers, skips cascading (a skipped answer is None).
 
 Who reads the stages: when the fast backend can read the whole body as its server runs it
@@ -25,8 +25,8 @@ from router.routing.service import RoutingService
 from router.store.cache import read_key
 
 
-class Decide(Protocol):
-    """Decisions for one stage's requests (the routing service's ``decide``, one namespace);
+class RouteStage(Protocol):
+    """Decisions for one stage's requests (the routing service's ``route``, one namespace);
     ``reads`` are their fast reads when the whole body was read already."""
 
     def __call__(self, requests: Sequence[DecisionRequest],
@@ -83,9 +83,9 @@ def skip_reason(question: StagedQuestion, answers: Mapping[str, str | None]) -> 
     return None
 
 
-async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
+async def run_stages(questions: Sequence[StagedQuestion], route: RouteStage,
                      read_whole: ReadWhole | None = None) -> StagedOutcome:
-    """Ask each stage's questions whose ``ask_if`` holds in one ``decide`` call, in stage order;
+    """Ask each stage's questions whose ``ask_if`` holds in one ``route`` call, in stage order;
     with ``read_whole``, a body of several stages is read whole first (module docstring)."""
     by_id = {q.request.question_id: q for q in questions}
     stages = stage_order({qid: q.dependencies for qid, q in by_id.items()})
@@ -108,9 +108,9 @@ async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
         if asked:
             requests = [q.request for q in asked]
             if upstream is None:
-                decisions = await decide(requests)
+                decisions = await route(requests)
             else:
-                decisions = await decide(requests, [_usable(upstream[r.question_id], diverged)
+                decisions = await route(requests, [_usable(upstream[r.question_id], diverged)
                                                     for r in requests])
             for request, decision in zip(requests, decisions, strict=True):
                 outcome.decisions[request.question_id] = decision
@@ -143,9 +143,9 @@ async def answer_stages(service: RoutingService, questions: Sequence[StagedQuest
             raise found
         return found
 
-    async def decide(requests: Sequence[DecisionRequest],
+    async def route(requests: Sequence[DecisionRequest],
                      reads: Sequence[FastRead] | None = None) -> list[Decision]:
-        return await service.decide(requests, namespace=namespace, reads=reads,
+        return await service.route(requests, namespace=namespace, reads=reads,
                                     policies=[policy_of(r) for r in requests])
 
     async def whole(body: Sequence[StagedQuestion]) -> list[FastRead] | None:
@@ -156,7 +156,7 @@ async def answer_stages(service: RoutingService, questions: Sequence[StagedQuest
             return None
         return await read_whole(service, body, namespace=namespace)
 
-    return await run_stages(questions, decide, whole)
+    return await run_stages(questions, route, whole)
 
 
 async def read_whole(service: RoutingService, questions: Sequence[StagedQuestion], *,

@@ -57,15 +57,15 @@ async def test_one_observer_call_per_decision_and_the_gate_beside_the_mode(
     service = RoutingService(backend=backend, cache=MemoryCache(max_entries=1000, ttl_s=60),
                              registry=registry, slow=RecordingSlow(), log=ListLog(),  # type: ignore[arg-type]
                              metrics=Metrics(), settings=settings, monitor=monitor)
-    [first] = await service.decide([ask("sure 0")], namespace="t")
+    [first] = await service.route([ask("sure 0")], namespace="t")
     assert first.route == "fast" and registry.gate(runtime) is None
     assert [o.decision_id for o in monitor.seen] == [first.decision_id]
     assert monitor.seen[0].accepted and monitor.seen[0].served_fast
     for i in range(300):
-        await service.decide([ask(f"unsure {i}")], namespace="t")
+        await service.route([ask(f"unsure {i}")], namespace="t")
         if registry.gate(runtime) is not None:
             break
     assert len(monitor.seen) == i + 2  # one call per decision, no more
-    [gated] = await service.decide([ask("sure 1")], namespace="t")
+    [gated] = await service.route([ask("sure 1")], namespace="t")
     assert gated.route == "slow" and gated.escalated
     assert monitor.seen[-1].accepted and not monitor.seen[-1].served_fast
