@@ -1,5 +1,5 @@
 """What the watch costs a decision, in process: ``Monitor.decided`` alone (input key, rank, bet,
-audit draw), and ``RoutingService.decide`` on a tuned policy with and without a monitor (a mock
+audit draw), and ``RoutingService.route`` on a tuned policy with and without a monitor (a mock
 fast read, the in-memory cache, a log that keeps nothing), interleaved rounds, medians.
 
     python -m bench.watch_cost
