@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from policies.evaluation import evaluate
 from policies.file import load_policy
-from policies.rules import ThresholdRule
 from policies.guaranteed import GuaranteedPolicy
+from policies.rules import ThresholdRule
 from policies.types import OptionScores
 
 OPTIONS = ("a", "b", "c", "d", "e")
@@ -71,7 +71,7 @@ def test_folds_cross_fit_on_every_row() -> None:
 def test_bad_parameters_name_their_field(params: dict[str, float], field: str) -> None:
     proba, y_true = reads(400, seed=2)
     with pytest.raises(ValidationError) as info:
-        GuaranteedPolicy(**params).fit(proba, y_true)  # type: ignore[arg-type]
+        GuaranteedPolicy(**params).fit(proba, y_true)
     assert info.value.errors()[0]["loc"] == (field,)
 
 

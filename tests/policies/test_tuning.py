@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from policies.rules import BudgetRule, ThresholdRule
 from policies.evaluation import evaluate
 from policies.guaranteed import GuaranteedPolicy, split_rows
+from policies.rules import BudgetRule, ThresholdRule
 
 
 def overconfident_reads(n: int, seed: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
