@@ -1,5 +1,5 @@
 """What the watch costs a decision, in process: ``Monitor.decided`` alone (input key, rank, bet,
-audit draw), and ``RoutingService.decide`` on a tuned policy with and without a monitor (a mock
+audit draw), and ``RoutingService.route`` on a tuned policy with and without a monitor (a mock
 fast read, the in-memory cache, a log that keeps nothing), interleaved rounds, medians.
 
     python -m bench.watch_cost
@@ -81,7 +81,7 @@ async def _service_us(work: Path, *, rounds: int = 7, n: int = 1000) -> dict[str
                         for i in range(n)]
             t0 = time.perf_counter()
             for request in requests:
-                await svc.decide([request], namespace="bench")
+                await svc.route([request], namespace="bench")
             times[name].append((time.perf_counter() - t0) / n * 1e6)
     med = {name: round(statistics.median(v), 1) for name, v in times.items()}
     return {"decide_us_without_watch": med["without_watch"],

@@ -1,15 +1,16 @@
 """Routing policies and the value types shared upward (pure logic: numpy only, no I/O beyond policy files)."""
 
 from policies.file import PolicyFile, PolicyFileError, load_policy
+from policies.guaranteed import GuaranteedPolicy, TuneOptions
 from policies.rules import BudgetRule, MarginRule, Rule, ThresholdRule
 from policies.specs import rule_from_dict
-from policies.tuned import TunedPolicy
 from policies.types import Decision, DecisionRequest, Option, OptionScores, Verdict
 
 __all__ = [
     "BudgetRule",
     "Decision",
     "DecisionRequest",
+    "GuaranteedPolicy",
     "MarginRule",
     "Option",
     "OptionScores",
@@ -17,7 +18,7 @@ __all__ = [
     "PolicyFileError",
     "Rule",
     "ThresholdRule",
-    "TunedPolicy",
+    "TuneOptions",
     "Verdict",
     "load_policy",
     "rule_from_dict",

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from policies.tuned import TunedPolicy
+    from policies.guaranteed import GuaranteedPolicy
 
 FloatArray = NDArray[np.float64]
 # ``y_true`` of a row whose label is none of the options (``predict --allow-novel-labels``):
@@ -18,18 +18,22 @@ FloatArray = NDArray[np.float64]
 NOVEL_LABEL = -2
 
 
-def evaluate(policy: TunedPolicy, options: tuple[str, ...], proba: FloatArray,
+def evaluate(policy: GuaranteedPolicy, options: tuple[str, ...], proba: FloatArray,
              y_true: NDArray[np.int64], *, n_resamples: int = 300, seed: int = 0
              ) -> dict[str, Any]:
-    """Apply a TunedPolicy row by row to labelled reads; metrics with 95% intervals
+    """Apply a policy row by row to labelled reads; metrics with 95% intervals
     (Clopper-Pearson for proportions, bootstrap for ECE) and ``per_answer``, worst first."""
     from calibration.metrics import bootstrap_ci, ece, proportion_ci
     from policies.types import OptionScores
 
     accepted = np.zeros(len(y_true), dtype=bool)
     calibrated = np.empty_like(proba)
+    window = policy.escalation_window()  # the rows are a stream, as the router would see them
     for i, row in enumerate(proba):
-        verdict, calibrated[i] = policy.decide(OptionScores(options, tuple(float(p) for p in row)))
+        verdict, calibrated[i] = policy.decide(OptionScores(options, tuple(float(p) for p in row)),
+                                               escalations=0 if window is None else window.escalations)
+        if window is not None:
+            window.record(verdict)
         accepted[i] = verdict.accept
     answers = proba.argmax(axis=1)
     correct = answers == y_true

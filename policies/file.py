@@ -20,14 +20,20 @@ from policies.specs import (
     Unit,
     guaranteed_threshold_of,
 )
-from policies.tuned import TunedPolicy
 from policies.types import canonical_hash
 
 POLICY_FORMAT = "slotgate/policy"
-# Version 2 stores the threshold once, in the rule; version 1 files (a top-level copy of it as
-# well) are still read, and the copy is checked against the rule.
-POLICY_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# Version 3 records how its id is hashed (``id_layout``) and stores the threshold once, in the
+# rule. Versions 1 (a top-level copy of the threshold as well, checked against the rule) and 2
+# (no ``id_layout``: theirs is "v1") are upgraded as they are read.
+POLICY_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# How ``policy_id`` hashes a file, by name. "v1": the fields of a version 1 file (version 1, the
+# threshold at the top level, the fields added since only when set), leaving out the creation
+# time, shadow, the monitoring fields and ``id_layout``. Every file so far has it, so ids
+# survived the format's changes (alarms are keyed by them); a new layout gets a new name, and
+# files keep the one they were written with.
+IdLayout = Literal["v1"]
 # audit_then_escalate (default): a drift alarm raises the audit rate to audit_boost, an accuracy
 # alarm escalates; escalate_all: any alarm escalates; alert_only: never acts (docs/monitoring.md).
 OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
@@ -96,6 +102,7 @@ class PolicyFile(BaseModel):
 
     format: Literal["slotgate/policy"] = "slotgate/policy"
     version: int = POLICY_VERSION
+    id_layout: IdLayout = "v1"
     name: str = Field(min_length=1)
     signature: str | None = None
     backend_fingerprint: str = "unknown"
@@ -138,12 +145,17 @@ class PolicyFile(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _threshold_once(cls, data: Any) -> Any:
-        """A top-level ``threshold`` (version 1 files; older callers) must equal the rule's, and
-        is not kept: the rule is where the bar lives. The file read becomes a version 2 one."""
-        if not isinstance(data, dict) or "threshold" not in data:
+    def _upgrade(cls, data: Any) -> Any:
+        """A file of an older version becomes a current one. A top-level ``threshold`` (version
+        1 files; older callers) must equal the rule's, and is not kept: the rule is where the
+        bar lives."""
+        if not isinstance(data, dict):
             return data
         data = dict(data)
+        if data.get("version") in (1, 2):
+            data["version"] = POLICY_VERSION  # its id_layout: the default, "v1"
+        if "threshold" not in data:
+            return data
         threshold = data.pop("threshold")
         rule = data.get("rule")
         rule = rule.model_dump() if isinstance(rule, BaseModel) else rule
@@ -152,9 +164,7 @@ class PolicyFile(BaseModel):
         in_rule = rule.get("threshold") if isinstance(rule, dict) else None
         if isinstance(rule, dict) and rule.get("kind") == "threshold" and threshold != in_rule:
             raise ValueError(f"field 'threshold' is {threshold!r} but the rule's threshold is "
-                             f"{in_rule!r}; they must agree (version 2 files keep only the rule's)")
-        if data.get("version") == 1:
-            data["version"] = POLICY_VERSION
+                             f"{in_rule!r}; they must agree (the rule is where the bar lives)")
         return data
 
     @property
@@ -164,19 +174,14 @@ class PolicyFile(BaseModel):
 
     @property
     def policy_id(self) -> str:
-        """The name plus a short hash of everything but the creation time, shadow and the
-        monitoring fields. Hashed in the version 1 layout (top-level threshold, version 1), so a
-        policy keeps its id across the format change and alarms keyed by it stay attached."""
-        exclude = {"created_at", "shadow", *MONITORING_FIELDS}
+        """The name plus a short hash of what the policy decides, in the file's ``id_layout``:
+        re-tuning gives a new id; changing shadow or a monitoring field keeps it (and the
+        alarms keyed by it)."""
+        exclude = {"created_at", "shadow", "id_layout", *MONITORING_FIELDS}
         exclude.update(name for name in LATER_FIELDS if getattr(self, name) is None)
         content = self.model_dump(mode="json", exclude=exclude)
-        content.update(version=1, threshold=self.threshold)
+        content.update(version=1, threshold=self.threshold)  # the "v1" layout, the only one
         return f"{self.name}@{canonical_hash(content)[:12]}"
-
-    def runtime(self) -> TunedPolicy:
-        """A fresh runnable policy (a budget rule's window starts empty), built from the specs
-        once: validation built nothing."""
-        return TunedPolicy(self.calibrator.build(), self.rule.build(), policy_id=self.policy_id)
 
     def write(self, path: Path) -> None:
         """Write atomically (temporary file, then rename), as indented JSON."""

@@ -1,8 +1,10 @@
 """Acceptance rules: given calibrated probabilities and the answer (the raw argmax of the fast
 read), accept the fast answer or escalate. Threshold (global or per option), margin, budget.
 
-Every rule is a small object with ``verdict(options, calibrated, index) -> Verdict`` and
-``to_dict()``; ``policies.specs.rule_from_dict`` reads them back (the policy file's typed union).
+Every rule is a small, pure object with ``verdict(options, calibrated, index, *, escalations)
+-> Verdict`` and ``to_dict()``; ``policies.specs.rule_from_dict`` reads them back (the policy
+file's typed union). The one piece of state a rule reads, the budget's count of recent
+escalations, is an ``EscalationWindow`` its caller owns and passes in.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ class Rule(Protocol):
     @property
     def kind(self) -> str: ...
 
-    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
-        """Accept or escalate the answer ``options[index]`` whose calibrated proba is given."""
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int, *,
+                escalations: int = 0) -> Verdict:
+        """Accept or escalate the answer ``options[index]`` whose calibrated proba is given;
+        ``escalations``: how many of the caller's recent decisions escalated (only a budget
+        rule reads it)."""
         ...
 
     def to_dict(self) -> dict[str, Any]: ...
@@ -51,7 +56,8 @@ class ThresholdRule:
     def bar(self, option: str) -> float | None:
         return self.per_option.get(option, self.threshold)  # a stored None is kept: escalate
 
-    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int, *,
+                escalations: int = 0) -> Verdict:
         p, bar = float(calibrated[index]), self.bar(options[index])
         if bar is None:
             what = "everything" if options[index] not in self.per_option else "this answer"
@@ -75,7 +81,8 @@ class MarginRule:
     def __post_init__(self) -> None:
         _check_unit("min_margin", self.min_margin)
 
-    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int, *,
+                escalations: int = 0) -> Verdict:
         p = float(calibrated[index])
         runner_up = max((float(q) for j, q in enumerate(calibrated) if j != index), default=0.0)
         margin = p - runner_up
@@ -90,13 +97,13 @@ class MarginRule:
 class BudgetRule:
     """A base rule plus a cap on the escalation rate over the last ``window`` decisions.
 
-    While fewer than ``max_escalation * window`` of the last ``window`` decisions escalated, the
-    base rule decides alone. Once the budget is used up, an answer the base rule would escalate is
-    ACCEPTED instead, and its Verdict says so: ``reason`` starts with "budget exhausted" and
-    ``threshold`` stays the base rule's bar, so probability < threshold is visible. Such answers
-    are outside the tuned guarantee. The window starts empty, so the first ``max_escalation *
-    window`` escalations are always allowed. State is per process and not thread-safe (one event
-    loop); ``reset()`` clears it.
+    While fewer than ``max_escalation * window`` of the last ``window`` decisions escalated
+    (``escalations``, counted by the caller's ``EscalationWindow``), the base rule decides alone.
+    Once the budget is used up, an answer the base rule would escalate is ACCEPTED instead, and
+    its Verdict says so: ``reason`` starts with "budget exhausted" and ``threshold`` stays the
+    base rule's bar, so probability < threshold is visible. Such answers are outside the tuned
+    guarantee. A fresh window is empty, so the first ``max_escalation * window`` escalations are
+    always allowed.
     """
 
     kind = "budget"
@@ -108,32 +115,42 @@ class BudgetRule:
         self.base = base
         self.max_escalation = max_escalation
         self.window = window
-        self._recent: deque[bool] = deque(maxlen=window)  # True = escalated
 
-    @property
-    def escalation_rate(self) -> float:
-        """Escalations over the last ``window`` decisions (counting an unfilled window as accepts)."""
-        return sum(self._recent) / self.window
-
-    def reset(self) -> None:
-        self._recent.clear()
-
-    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int) -> Verdict:
+    def verdict(self, options: Sequence[str], calibrated: Sequence[float], index: int, *,
+                escalations: int = 0) -> Verdict:
         base = self.base.verdict(options, calibrated, index)
-        if base.accept:
-            self._recent.append(False)
-            return base
         # Would this escalation push the window past its budget?
-        if sum(self._recent) + 1 > self.max_escalation * self.window:
-            self._recent.append(False)
-            reason = (
-                f"budget exhausted (max escalation {self.max_escalation:.2f} of the last "
-                f"{self.window}): accepted below the rule, outside the guarantee; {base.reason}"
-            )
-            return Verdict(True, base.index, base.probability, base.threshold, reason)
-        self._recent.append(True)
-        return base
+        if base.accept or escalations + 1 <= self.max_escalation * self.window:
+            return base
+        reason = (
+            f"budget exhausted (max escalation {self.max_escalation:.2f} of the last "
+            f"{self.window}): accepted below the rule, outside the guarantee; {base.reason}"
+        )
+        return Verdict(True, base.index, base.probability, base.threshold, reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "base": self.base.to_dict(),
                 "max_escalation": self.max_escalation, "window": self.window}
+
+
+class EscalationWindow:
+    """Whether each of the last ``size`` decisions of one policy escalated: the state a budget
+    rule reads, owned by whoever runs the policy (the routing service: one per loaded budgeted
+    policy, per process; not thread-safe, one event loop)."""
+
+    def __init__(self, size: int) -> None:
+        self._recent: deque[bool] = deque(maxlen=size)  # True = escalated
+        self._size = size
+        self.escalations = 0  # True entries of ``_recent``, kept as they come and go
+
+
+    @property
+    def escalation_rate(self) -> float:
+        """Escalations over the last ``size`` decisions (counting an unfilled window as accepts)."""
+        return self.escalations / self._size
+
+    def record(self, verdict: Verdict) -> None:
+        if len(self._recent) == self._size:
+            self.escalations -= self._recent[0]
+        self._recent.append(not verdict.accept)
+        self.escalations += not verdict.accept

@@ -153,9 +153,10 @@ class Verdict:
     reason: str  # short, for logs and the response ("above threshold", "margin 0.03 < 0.10", ...)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    """The router's answer to one DecisionRequest."""
+    """The router's answer to one DecisionRequest (built by keyword: its fields are many and
+    several are optional floats)."""
 
     decision_id: str
     question_id: str

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from policies.file import PolicyFile
-    from policies.tuning import GuaranteedPolicy
+    from policies.guaranteed import GuaranteedPolicy
     from router.tuning.predictions import Predictions
 
 
@@ -90,8 +90,8 @@ def tune(
     """
     from pydantic import ValidationError
 
+    from policies.guaranteed import GuaranteedPolicy
     from policies.scope import scope_signature
-    from policies.tuning import GuaranteedPolicy
     from router.cli.common import check_policy_fields
     from router.tuning.predictions import PredictionsError
 
@@ -170,7 +170,7 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
                n_labelled: int) -> None:
     from calibration.metrics import ece
 
-    risk, max_escalation = fitted.risk_, fitted.max_escalation
+    risk, max_escalation = fitted.risk_, fitted.params_.max_escalation
     rows = [
         ("tuning", "split" if fitted.n_folds_ is None else f"cross-fitted, {fitted.n_folds_} folds"),
         ("rows: calibration / threshold", f"{fitted.n_calibration_} / {risk.n}"),
@@ -182,7 +182,7 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
         ("coverage on threshold rows", f"{fitted.coverage_:.4f}"),
         ("escalation on threshold rows", f"{fitted.escalation_rate_:.4f}" + (
             "" if max_escalation is None
-            else f" (budget {max_escalation}, window {fitted.budget_window})")),
+            else f" (budget {max_escalation}, window {fitted.params_.budget_window})")),
         ("ECE before / after (threshold rows)",
          (f"{ece(fitted.proba_before_, fitted.y_true_):.4f} / "
           f"{ece(fitted.proba_after_, fitted.y_true_):.4f}")),
@@ -192,7 +192,7 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
         closed = sum(bar.bar is None for bar in fitted.answer_bars_)
         raised = sum(bar.bar is not None and bar.bar != risk.threshold
                      for bar in fitted.answer_bars_)
-        rows.insert(6, (f"per-answer floor {fitted.per_answer_floor}",
+        rows.insert(6, (f"per-answer floor {fitted.params_.per_answer_floor}",
                         (f"{raised} answers with a higher bar, {closed} always escalated "
                          f"(coverage {risk.coverage:.4f} without the floor)")))
     show_table(f"policy {policy.policy_id} -> {out}", rows)
@@ -241,6 +241,7 @@ def evaluate(
     """
     from policies.evaluation import evaluate as evaluate_policy
     from policies.file import PolicyFileError, load_policy
+    from policies.guaranteed import GuaranteedPolicy
 
     if report is not None:
         check_folder(report, "--report")
@@ -263,7 +264,7 @@ def evaluate(
     for line in mismatches:
         typer.echo(f"warning: {line}", err=True)
     mask = data.scored
-    runtime = tuned.runtime()
+    runtime = GuaranteedPolicy.from_file(tuned)
     try:
         metrics = evaluate_policy(runtime, data.options, data.proba[mask], data.y_true[mask])
     except ValueError as exc:
@@ -273,7 +274,7 @@ def evaluate(
                "n_unlabelled": int((~mask).sum()), **metrics}
     if report is not None:  # the plots need an option index: rows of the policy's options
         before = data.proba[data.labelled]
-        write_report(report, before, runtime.calibrator.transform(before),
+        write_report(report, before, runtime.calibrator_.transform(before),
                      data.y_true[data.labelled], threshold=tuned.threshold,
                      target_accuracy=tuned.target_accuracy,
                      title=f"{tuned.name} on {preds.name} ({metrics['n']} rows)")

@@ -371,7 +371,7 @@ def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
             from router.errors import NoSlowModel
 
             raise NoSlowModel("audit")
-        return str((await slow.decide(request)).answer)
+        return str((await slow.ask(request)).answer)
 
     return Monitor(metrics=metrics, events=getattr(decision_log, "add_event", None),
                    answer=answer, audit_capacity=settings.monitoring.audit_queue,

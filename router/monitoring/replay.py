@@ -12,19 +12,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from calibration.per_answer import AnswerAccuracy, PerAnswerTally
+from policies.guaranteed import GuaranteedPolicy
 from policies.types import Verdict
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from router.store.log_join import LabelJoin, distinct_decisions
 from router.store.log_reader import ReadCounts, read_log
 from router.store.records import AlarmRecord, DecisionRecord
-
-if TYPE_CHECKING:
-    from policies.tuned import TunedPolicy
 
 ROLLING = 200  # decisions behind the plotted accept share
 BATCH = 1024  # decisions calibrated in one call (memory: BATCH x options floats)
@@ -85,7 +83,7 @@ class Series:
         return np.asarray((sums - lagged) / window, dtype=np.float64)
 
 
-def verdict_on(runtime: TunedPolicy, record: DecisionRecord) -> tuple[Verdict, float] | None:
+def verdict_on(runtime: GuaranteedPolicy, record: DecisionRecord) -> tuple[Verdict, float] | None:
     """The policy's own verdict on one logged fast read (its rule, stateful rules advancing),
     and the confidence its drift test watches: the calibrated probability of the raw argmax, as
     served. None when the record has no read or the read does not fit the policy."""
@@ -101,8 +99,9 @@ class _Judge:
     judged one by one in log order by the policy's rule, so a budget's window advances as it
     did when served."""
 
-    def __init__(self, runtime: TunedPolicy) -> None:
+    def __init__(self, runtime: GuaranteedPolicy) -> None:
         self.runtime = runtime
+        self.window = runtime.escalation_window()  # a budget's, advanced in log order
 
     def judge(self, records: list[DecisionRecord]) -> list[tuple[Verdict, float] | None]:
         calibrated: list[np.ndarray[Any, np.dtype[np.float64]] | None] = [None] * len(records)
@@ -113,7 +112,7 @@ class _Judge:
         for rows in by_width.values():
             raw = np.asarray([records[i].proba for i in rows], dtype=np.float64)
             try:
-                out = self.runtime.calibrator.transform(raw)
+                out = self.runtime.calibrator_.transform(raw)
             except (ValueError, IndexError):  # another option count than it was fit on
                 continue
             for i, row in zip(rows, out, strict=True):
@@ -124,7 +123,12 @@ class _Judge:
                 judged.append(None)
                 continue
             top = int(np.argmax(record.proba))  # the raw argmax: the answer served
-            verdict = self.runtime.rule.verdict(record.options, row.tolist(), top)
+            window = self.window
+            verdict = self.runtime.rule_.verdict(
+                record.options, row.tolist(), top,
+                escalations=0 if window is None else window.escalations)
+            if window is not None:
+                window.record(verdict)
             judged.append((verdict, float(row[top])))
         return judged
 
@@ -133,7 +137,7 @@ class _Replay:
     """One policy's state while the log streams past."""
 
     def __init__(self, policy: Any, logged_alarms: list[dict[str, Any]], damaged: int) -> None:
-        self.judge = _Judge(policy.runtime())
+        self.judge = _Judge(GuaranteedPolicy.from_file(policy))
         self.watch = PolicyWatch(WatchSettings.of(policy))
         drift = self.watch.drift
         self.series = Series(policy.policy_id, policy.target_accuracy,

@@ -104,7 +104,7 @@ class Escalation:
         try:
             t0 = time.perf_counter()
             try:
-                slow_answer = await self.slow.decide(request)
+                slow_answer = await self.slow.ask(request)
             finally:
                 self.metrics.stage("slow", time.perf_counter() - t0)
             await self.cache.set_many([(key, slow_answer.answer.encode())])

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from policies.types import DecisionRequest, OptionScores
 from router.store.records import DecisionRecord, DecisionView
+
+if TYPE_CHECKING:
+    from policies.file import PolicyFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,7 @@ class SlowModel(Protocol):
         """False when no slow model is configured (every call then raises ``NoSlowModel``)."""
         ...
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer: ...
+    async def ask(self, request: DecisionRequest) -> SlowAnswer: ...
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -120,7 +123,7 @@ class DecisionObserver(Protocol):
     escalate what it accepts (the alarm gate), told once per decision with a fast read and once
     per label. ``decided`` never waits and never raises: a decision is never slower for it."""
 
-    def watch(self, policy_file: Any) -> None: ...
+    def watch(self, policy_file: PolicyFile) -> None: ...
 
     def gate(self, policy_id: str) -> str | None:
         """Why this policy's accepted answers escalate now; None while they are served."""

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from policies.scope import UnscopedMode, file_scope, request_scopes
 from policies.types import DecisionRequest, OptionScores, Verdict
@@ -20,47 +20,56 @@ from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
 
 if TYPE_CHECKING:
+    from policies.file import PolicyFile
+    from policies.rules import EscalationWindow
     from router.routing.ports import DecisionObserver
 
 log = logging.getLogger("slotgate")
 
 
 class RuntimePolicy(Protocol):
-    """What the service needs of a policy (``policies.file.TunedPolicy`` is one)."""
+    """What the service needs of a policy (``policies.guaranteed.GuaranteedPolicy`` is one)."""
 
     policy_id: str
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]: ...
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]: ...
+
+    def escalation_window(self) -> EscalationWindow | None: ...
 
 
 def fallback_policy(*, threshold: float) -> RuntimePolicy:
     """Identity calibration and one threshold: for decisions no tuned policy covers, under
     ``policy.unscoped: threshold``. Its confidence is the backend's own, which nothing checked."""
     from calibration.calibrators import IdentityCalibrator
+    from policies.guaranteed import GuaranteedPolicy
     from policies.rules import ThresholdRule
-    from policies.tuned import TunedPolicy
 
-    return TunedPolicy(IdentityCalibrator(), ThresholdRule(threshold), policy_id="fallback")
+    return GuaranteedPolicy.from_parts(IdentityCalibrator(), ThresholdRule(threshold),
+                                       policy_id="fallback")
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedPolicy:
-    name: str
-    signature: str | None
-    backend_fingerprint: str
-    path: Path | None
+    """A policy the registry serves: the ``file`` it was read from (what it is, what it answers,
+    its mode) and the ``runtime`` policy built from that file once."""
+
+    file: PolicyFile
     runtime: RuntimePolicy
-    shadow: bool | None = None  # the file's own flag (None: follow policy.shadow)
-    guarantee: str | None = None  # "accuracy" | "agreement_with_slow"
-    options: tuple[str, ...] | None = None  # the option names tuned on (None: not recorded)
+    path: Path | None = None
     # What it answers (``policies.scope.file_scope``; None: unknown, refused), hashed once here:
     # ``covers`` runs on the request path.
     scope: str | None = field(init=False, default=None)
     option_set: frozenset[str] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scope", file_scope(self.signature, self.options))  # frozen
-        object.__setattr__(self, "option_set", frozenset(self.options) if self.options else None)
+        options = self.file.options
+        object.__setattr__(self, "scope", file_scope(self.file.signature, options))  # frozen
+        object.__setattr__(self, "option_set", frozenset(options) if options else None)
+
+    @property
+    def name(self) -> str:
+        return self.file.name
 
     def covers(self, request: DecisionRequest) -> bool:
         """Its scope covers the request, or (asked for by name, or as the default) the request
@@ -103,15 +112,16 @@ class PolicyRegistry:
                     "it was tuned on (signature) nor its options, so its scope is unknown; "
                     "re-tune it with `slotgate tune`")
             self._by_name[policy.name] = policy
-            self._by_signature[(scope, policy.backend_fingerprint)] = policy
+            self._by_signature[(scope, policy.file.backend_fingerprint)] = policy
         if default is not None and default not in self._by_name:
             raise ConfigError(
                 f"policy.default names {default!r}, but no policy file has that name "
                 f"(loaded: {sorted(self._by_name) or 'none'})")
         self._default = self._by_name[default] if default else None
         self.fallback = fallback_policy(threshold=fallback_threshold)
-        self._modes = {p.runtime.policy_id: (self.shadow_all if p.shadow is None else p.shadow,
-                                             p.guarantee) for p in policies}
+        self._modes = {p.runtime.policy_id: (
+            self.shadow_all if p.file.shadow is None else p.file.shadow, p.file.guarantee)
+            for p in policies}
 
     @classmethod
     def load(cls, settings: PolicySettings, *, backend_fingerprint: str,
@@ -121,9 +131,9 @@ class PolicyRegistry:
         With a ``monitor``, every loaded policy is watched in production (its ``decide``
         stays pure: the service reports to the monitor, ``gate`` asks it)."""
         from policies.file import load_policy  # policies stays importable without the router
+        from policies.guaranteed import GuaranteedPolicy
 
         loaded = []
-        watched: list[Any] = []  # the files, for the monitor
         for path in settings.files:
             if settings.shadow and not path.exists():
                 # Cold start: nothing is tuned yet and every decision is shadowed; the file is
@@ -131,7 +141,7 @@ class PolicyRegistry:
                 log.warning("policy file %s not found yet: shadow mode until it is tuned", path)
                 continue
             try:
-                policy_file: Any = load_policy(path)
+                policy_file = load_policy(path)
             except Exception as exc:  # any failure to read a file refuses it, naming the file
                 raise ConfigError(f"policy file {path}: {exc}") from exc
             if (policy_file.backend_fingerprint != backend_fingerprint
@@ -141,24 +151,15 @@ class PolicyRegistry:
                     f"{policy_file.backend_fingerprint}, but the configured fast backend has "
                     f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
                     "policy.allow_fingerprint_mismatch: true to serve it anyway")
-            runtime = policy_file.runtime()
-            watched.append(policy_file)
-            loaded.append(LoadedPolicy(
-                name=policy_file.name,
-                signature=getattr(policy_file, "signature", None),
-                backend_fingerprint=policy_file.backend_fingerprint,
-                path=path,
-                runtime=runtime,
-                shadow=policy_file.shadow, guarantee=policy_file.guarantee,
-                options=tuple(policy_file.options) if policy_file.options else None,
-            ))
+            loaded.append(LoadedPolicy(policy_file, GuaranteedPolicy.from_file(policy_file),
+                                       path))
         registry = cls(loaded, default=settings.default,
                        fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
                        unscoped=settings.unscoped_mode)
         registry._source = (settings, backend_fingerprint, monitor)
         if monitor is not None:  # after all loaded: a refused reload changes no watch
-            for policy_file in watched:
-                monitor.watch(policy_file)
+            for policy in loaded:
+                monitor.watch(policy.file)
         return registry
 
     def reload(self) -> bool:

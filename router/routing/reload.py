@@ -93,15 +93,16 @@ def log_shadow_precedence(registry: PolicyRegistry, settings: PolicySettings) ->
         return []
     named = []
     for policy in registry.loaded():
-        if policy.shadow is None or policy.shadow == settings.shadow:
+        shadow = policy.file.shadow
+        if shadow is None or shadow == settings.shadow:
             continue
         named.append(policy.name)
         log.warning(
             "policy %r (%s) says \"shadow\": %s, which wins over policy.shadow = %s "
             "(SLOTGATE_POLICY__SHADOW): its decisions are %s. Change the file's flag to change "
             "that (it reloads live); policy.shadow covers only files that leave it out.",
-            policy.name, policy.path, str(policy.shadow).lower(), str(settings.shadow).lower(),
-            "shadowed" if policy.shadow else "routed, not shadowed")
+            policy.name, policy.path, str(shadow).lower(), str(settings.shadow).lower(),
+            "shadowed" if shadow else "routed, not shadowed")
     return named
 
 

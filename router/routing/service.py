@@ -1,4 +1,7 @@
-"""The routing service: cache, fast read, calibrated policy, escalation, decision log. It speaks
+"""The routing service: read -> plan -> execute -> log. Each decision is read (cache, fast
+backend), judged by its policy (pure; the budget windows are state owned here), planned by
+``router.routing.plan.plan`` (the one place shadow mode, an alarm's gate, ``policy.unscoped`` and
+``slow.serve_unverified_on_failure`` act), executed (escalation) and logged. It speaks
 DecisionRequest/Decision only (no HTTP types), so every wire surface shares one behaviour.
 
 Failure semantics: a fast backend that fails or passes ``fast.timeout_s`` escalates (counted);
@@ -11,15 +14,19 @@ a note. A full fast-backend or slow-model queue raises ``TooManyRequests``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import orjson
 
-from policies.types import Decision, DecisionRequest, OptionScores
+from policies.rules import EscalationWindow
+from policies.scope import describe
+from policies.types import Decision, DecisionRequest, OptionScores, Route
 from router.backends.base import FastBackend
 from router.errors import (
     BackendError,
@@ -29,6 +36,7 @@ from router.errors import (
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
+from router.routing.plan import UNSCOPED_POLICY_ID, Mode, Plan, Scope, judged_scores, plan
 from router.routing.ports import (
     NOT_READ,
     DecisionObserver,
@@ -40,7 +48,6 @@ from router.routing.ports import (
 )
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.routing.shared_reads import SharedReads
-from router.routing.unscoped import route_unscoped
 from router.settings import Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
@@ -81,6 +88,10 @@ class RoutingService:
             max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
         self.shared_reads = SharedReads()  # identical fast reads at once: one backend read
+        # The budget windows of the policies that have one: state of running a policy, kept
+        # here so that a policy's ``decide`` stays pure.
+        self._windows: weakref.WeakKeyDictionary[RuntimePolicy, EscalationWindow | None] = (
+            weakref.WeakKeyDictionary())
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -89,19 +100,24 @@ class RoutingService:
     def escalation_available(self) -> bool:
         return self.escalation.available
 
-    async def decide(
+    async def route(
         self, requests: Sequence[DecisionRequest], *, namespace: str,
         reads: Sequence[FastRead] | None = None,
+        policies: Sequence[RuntimePolicy | None] | None = None,
     ) -> list[Decision]:
         """One Decision per request, in order; every one is in the decision log when this returns.
-        ``reads``: the requests' fast reads, already made (a staged read); else they are read."""
+        ``reads``: the requests' fast reads, already made (a staged read); else they are read.
+        ``policies``: what ``lookup`` gave each request, when the caller looked them up (a
+        staged body, once for all its stages); else they are looked up here."""
         self._in_flight += 1
         self._idle.clear()
         started = time.perf_counter()
         try:
-            # Policies first: an unknown policy name is the caller's error, found before any read.
             fingerprint = self.backend.fingerprint
-            policies = [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
+            if policies is None:
+                policies = self.lookup(requests)
+            elif len(policies) != len(requests):
+                raise ValueError(f"{len(policies)} policies given for {len(requests)} requests")
             if reads is None:
                 reads = await self._fast_reads(
                     requests, namespace=namespace, fingerprint=fingerprint,
@@ -143,6 +159,12 @@ class RoutingService:
             return False
         return True
 
+    def lookup(self, requests: Sequence[DecisionRequest]) -> list[RuntimePolicy | None]:
+        """The policy of each request (``PolicyRegistry.lookup``; None: unscoped). Done before
+        any read: an unknown policy name is the caller's error (``InvalidRequest``)."""
+        fingerprint = self.backend.fingerprint
+        return [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
+
     def reads_fast(self, policy: RuntimePolicy | None) -> bool:
         """Whether routing a decision that ``registry.lookup`` gave ``policy`` uses a fast read:
         every decision a policy (or the ``threshold`` fallback) judges does, and so does an
@@ -174,25 +196,14 @@ class RoutingService:
                 return reads
         keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
                 for r in requests]
+        if backend.reads_jointly:  # a joint read's answers depend on each other: read all again
+            return await self.read_through_cache(requests, keys, backend.read)
         blobs = await self.look_up(keys)
         reads = [FastRead(decode_scores(blob, request), cached=True)
                  for blob, request in zip(blobs, requests)]
         misses = [i for i, read in enumerate(reads) if read.scores is None]
         self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
         if not misses:
-            return reads
-        if backend.reads_jointly:  # a joint read's answers depend on each other: read all again
-            misses = list(range(len(requests)))
-            try:
-                fresh = await self._read_backend([requests[i] for i in misses])
-            except BackendError as exc:
-                failure = self.read_failed(exc)
-                for i in misses:
-                    reads[i] = FastRead(None, cached=False, failure=failure)
-                return reads
-            for i, scores in zip(misses, fresh):
-                reads[i] = FastRead(scores, cached=False)
-            await self._store_reads([(keys[i], s) for i, s in zip(misses, fresh)])
             return reads
         # a read another decision is making now (the same key) is waited for, not made again
         outcomes = await self.shared_reads.read([keys[i] for i in misses], [requests[i] for i in misses],
@@ -207,6 +218,31 @@ class RoutingService:
             reads[i] = FastRead(None, cached=False, failure=self.read_failed(outcome.error, count=count))
         self.metrics.reads_shared(sum(outcome.shared for outcome in outcomes))
         return reads
+
+    async def read_through_cache(
+        self, requests: Sequence[DecisionRequest], keys: Sequence[str],
+        read: Callable[[list[DecisionRequest]], Awaitable[Sequence[OptionScores | None]]],
+    ) -> list[FastRead]:
+        """The reads of ``requests`` that depend on each other (a joint read, a staged body read
+        by its server), under ``keys``: all from the read cache, or, when any is missing, all
+        read again by ``read`` (made as ``read_upstream`` makes every backend call) and stored.
+        A read the server skipped (None from ``read``) is cached as a skip: no scores, no
+        failure. A failed read gives every request the failure."""
+        blobs = await self.look_up(keys)
+        cached = [_cached_read(blob, request) for blob, request in zip(blobs, requests,
+                                                                       strict=True)]
+        hits = [c for c in cached if c is not None]
+        self.metrics.cache_lookups(store="read", hits=len(hits), misses=len(cached) - len(hits))
+        if len(hits) == len(cached):
+            return hits
+        try:
+            fresh = await self.read_upstream(requests, read)
+        except BackendError as exc:
+            failure = self.read_failed(exc)
+            return [FastRead(None, cached=False, failure=failure) for _ in requests]
+        await self.cache.set_many([(key, _SKIPPED if scores is None else encode_scores(scores))
+                                   for key, scores in zip(keys, fresh, strict=True)])
+        return [FastRead(scores, cached=False) for scores in fresh]
 
     async def _store_reads(self, reads: list[tuple[str, OptionScores]]) -> None:
         await self.cache.set_many([(key, encode_scores(scores)) for key, scores in reads])
@@ -234,14 +270,14 @@ class RoutingService:
 
     async def read_upstream(
         self, requests: Sequence[DecisionRequest],
-        read: Callable[[list[DecisionRequest]], Awaitable[list[_S]]],
+        read: Callable[[list[DecisionRequest]], Awaitable[Sequence[_S]]],
     ) -> list[_S]:
         """``read`` (a backend call) of ``requests`` as every fast read is made: states cut to
         ``fast.max_input_chars``, under the concurrency cap and timeout, the answers checked
         against the options asked (None: a question the backend's server skipped). Raises
         ``BackendError``; ``read_failed`` counts it."""
         bounded = self._bounded_all(requests)
-        scores = await self._timed_read(lambda: read(bounded))
+        scores = list(await self._timed_read(lambda: read(bounded)))
         _check_options(scores, requests)
         return scores
 
@@ -269,61 +305,103 @@ class RoutingService:
         started: float,
         read_later: Callable[[], Awaitable[FastRead]],
     ) -> Decision:
-        if policy is None:  # no loaded policy covers it: policy.unscoped, no policy touched
-            return await route_unscoped(
-                request, read, mode=self.registry.unscoped, shadow_all=self.registry.shadow_all,
-                escalation=self.escalation, metrics=self.metrics, settings=self.settings,
-                namespace=namespace, started=started, read_later=read_later)
-        decision_id = uuid.uuid4().hex
-        # Shadow mode (per policy file, or the server's policy.shadow): the slow model answers
-        # every decision and is served; the fast read and the policy's verdict are still logged.
-        shadow, guarantee = self.registry.mode(policy)
-        if read.scores is None or (read.failure is not None and not shadow):
-            # No read to route on (the backend failed, or its read cannot be trusted): only the
-            # slow path can answer.
-            answer, from_cache = await self.escalation.answer(request, namespace=namespace)
-            self.metrics.decision(route="cache" if from_cache else "slow", escalated=True)
-            return Decision(
-                decision_id, request.question_id, answer, "cache" if from_cache else "slow",
-                None, None, None, policy.policy_id, _ms(started),
-                note=f"{read.failure}; answered by the slow path",
-                escalated=True, shadow=shadow, guarantee=guarantee)
-        scores = read.scores
-        verdict, calibrated = policy.decide(scores)
-        accepted = verdict.accept  # the policy's own verdict: what its watch takes
-        gate = self.registry.gate(policy)
-        if accepted and gate is not None:  # an alarm's action (on_alarm), beside the mode
-            verdict = dataclasses.replace(verdict, accept=False, reason=gate)
-        index = scores.top_index  # the fast answer is always the raw argmax
-        answer, route, note = scores.options[index], "cache" if read.cached else "fast", None
-        if shadow:
-            note = (f"shadow mode: the slow model's answer is served; the fast read answered "
-                    f"{answer!r} and the policy would have "
-                    f"{'accepted' if verdict.accept else 'escalated'} it ({verdict.reason})")
-        if not verdict.accept or shadow:
+        """One decision: the policy's verdict on the read, the plan, its execution."""
+        registry = self.registry
+        shadow, guarantee = (registry.shadow_all, None) if policy is None else registry.mode(policy)
+        scores = judged_scores(read, shadow=shadow)
+        verdict = calibrated = None
+        if policy is not None and scores is not None:
+            window = self._window(policy)
+            verdict, calibrated = policy.decide(
+                scores, escalations=0 if window is None else window.escalations)
+            if window is not None:
+                window.record(verdict)
+        the_plan = plan(
+            read, verdict,
+            Mode(shadow=shadow, unscoped=registry.unscoped,
+                 serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure),
+            None if policy is None else registry.gate(policy),
+            Scope(covered=policy is not None,
+                  question="" if policy is not None else describe(request)))
+        decision = await self._execute(
+            request, read, the_plan, calibrated, namespace=namespace, started=started,
+            read_later=read_later, policy_id=UNSCOPED_POLICY_ID if policy is None
+            else policy.policy_id, guarantee=guarantee)
+        if self.monitor is not None and calibrated is not None:
+            # The observer port: once per decision a policy judged, never waits.
+            assert read.scores is not None
+            self.monitor.decided(Observation(
+                request, decision.decision_id, decision.policy_id,
+                calibrated[read.scores.top_index], the_plan.accepted, decision.answer,
+                served_fast=the_plan.action == "fast"))
+        return decision
+
+    def _window(self, policy: RuntimePolicy) -> EscalationWindow | None:
+        """The escalation window of a budgeted policy, owned here (one per loaded policy
+        object: a reloaded policy starts a fresh one)."""
+        try:
+            return self._windows[policy]
+        except KeyError:
+            window = self._windows[policy] = policy.escalation_window()
+            return window
+
+    async def _execute(
+        self, request: DecisionRequest, read: FastRead, the_plan: Plan,
+        calibrated: list[float] | None, *, namespace: str, started: float,
+        read_later: Callable[[], Awaitable[FastRead]], policy_id: str, guarantee: str | None,
+    ) -> Decision:
+        """Carry out ``the_plan``: serve the fast answer, or ask the slow path and, when it
+        fails, refuse or serve the fast answer unverified, as planned."""
+        action, note = the_plan.action, the_plan.note
+        escalates = action in ("escalate", "shadow")
+        scores = judged_scores(read, shadow=action == "shadow")
+        route: Route
+        if not escalates:
+            assert scores is not None  # planned only on a read
+            answer = scores.options[scores.top_index]
+            route = "unverified" if action == "unverified" else "cache" if read.cached else "fast"
+        else:
             try:
                 answer, from_cache = await self.escalation.answer(request, namespace=namespace)
                 route = "cache" if from_cache else "slow"
             except SlowPathError as exc:
-                if not self.settings.slow.serve_unverified_on_failure:
-                    raise
-                route = "unverified"
-                note = (f"{exc.message}; the fast answer is " + (
-                    "in shadow mode" if shadow else f"below the threshold ({verdict.reason})")
-                    + " and was not verified")
+                late_failure = None
+                if the_plan.fallback == "unverified":
+                    if read.skipped:  # the fallback the configuration asks for needs it now
+                        read = await read_later()
+                        late_failure = read.failure
+                    scores = judged_scores(read, shadow=action == "shadow")
+                if the_plan.fallback == "refuse" or scores is None:
+                    raise _explained(exc, the_plan.error_note, late_failure) from exc
+                answer, route = scores.options[scores.top_index], "unverified"
+                note = f"{exc.message}; {the_plan.fallback_note}"
+        self.metrics.decision(route=route, escalated=escalates)
+        verdict = the_plan.verdict
+        raw = calibrated_p = probabilities = None
+        if scores is not None and answer in scores.options:
             index = scores.options.index(answer)
-        escalated = not verdict.accept or shadow
-        self.metrics.decision(route=route, escalated=escalated)
-        if self.monitor is not None:  # the observer port: once per decision, never waits
-            self.monitor.decided(Observation(
-                request, decision_id, policy.policy_id, calibrated[scores.top_index], accepted,
-                answer, served_fast=not escalated))
+            raw = scores.proba[index]
+            if calibrated is not None:
+                calibrated_p = calibrated[index]
+                probabilities = dict(zip(scores.options, calibrated, strict=True))
         return Decision(
-            decision_id, request.question_id, answer, route,  # type: ignore[arg-type]
-            calibrated[index], scores.proba[index], verdict.threshold, policy.policy_id,
-            _ms(started), probabilities=dict(zip(scores.options, calibrated)), note=note,
-            escalated=route in ("slow", "cache") and escalated, shadow=shadow,
+            decision_id=uuid.uuid4().hex, question_id=request.question_id, answer=answer,
+            route=route, probability=calibrated_p, raw_probability=raw,
+            threshold=None if verdict is None else verdict.threshold, policy_id=policy_id,
+            latency_ms=_ms(started), probabilities=probabilities, note=note,
+            escalated=escalates and route in ("slow", "cache"), shadow=action == "shadow",
             guarantee=guarantee)
+
+
+def _explained(exc: SlowPathError, error_note: str | None, failure: str | None) -> SlowPathError:
+    """The slow path's error, with why the decision needed the slow model appended (a copy:
+    single flight hands one exception object to every waiter of the question)."""
+    if error_note is None:
+        return exc
+    explained = copy.copy(exc)
+    explained.message = f"{exc.message}; {error_note}" + (f"; {failure}" if failure else "")
+    explained.args = (explained.message,)
+    return explained
 
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decision]:
@@ -358,6 +436,18 @@ def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
 def encode_scores(scores: OptionScores) -> bytes:
     """A read as the read cache keeps it."""
     return orjson.dumps({"options": scores.options, "proba": scores.proba})
+
+
+# A question the server skipped, in the read cache (the cache holds reads; a skip is one).
+_SKIPPED = b'{"skipped":true}'
+
+
+def _cached_read(blob: bytes | None, request: DecisionRequest) -> FastRead | None:
+    """A cached read (a skip is one), or None when absent or unusable."""
+    if blob == _SKIPPED:
+        return FastRead(None, cached=True)
+    scores = decode_scores(blob, request)
+    return None if scores is None else FastRead(scores, cached=True)
 
 
 def decode_scores(blob: bytes | None, request: DecisionRequest) -> OptionScores | None:

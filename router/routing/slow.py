@@ -171,7 +171,7 @@ class SlowPath:
     def model(self) -> str | None:
         return self.settings.model
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer:
+    async def ask(self, request: DecisionRequest) -> SlowAnswer:
         """One of ``request``'s options from the slow model; raises SlowPathError subclasses."""
         model = self._require_model("escalation")
         options = request.option_names

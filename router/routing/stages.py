@@ -1,5 +1,5 @@
 """Bodies of questions answered in stages (System One's ``depends_on`` / ``ask_if``): each stage's
-asked questions routed in one ``decide`` call, ``ask_if`` evaluated between stages on the routed
+asked questions routed in one ``route`` call, ``ask_if`` evaluated between stages on the routed
 answers, skips cascading (a skipped answer is None).
 
 Who reads the stages: when the fast backend can read the whole body as its server runs it
@@ -18,17 +18,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from policies.types import Decision, DecisionRequest, OptionScores, StagedQuestion
-from router.errors import BackendError, InvalidRequest
+from router.errors import InvalidRequest
 from router.routing.ports import FastRead
-from router.routing.service import RoutingService, decode_scores, encode_scores
+from router.routing.registry import RuntimePolicy
+from router.routing.service import RoutingService
 from router.store.cache import read_key
 
-# A question the server skipped, in the read cache (the cache holds reads; a skip is one).
-_SKIPPED = b'{"skipped":true}'
 
-
-class Decide(Protocol):
-    """Decisions for one stage's requests (the routing service's ``decide``, one namespace);
+class RouteStage(Protocol):
+    """Decisions for one stage's requests (the routing service's ``route``, one namespace);
     ``reads`` are their fast reads when the whole body was read already."""
 
     def __call__(self, requests: Sequence[DecisionRequest],
@@ -37,25 +35,11 @@ class Decide(Protocol):
 
 class ReadWhole(Protocol):
     """The reads of a whole body as its server runs it (``read_whole``, one namespace): one per
-    question, in order; None when the backend cannot read the body so."""
+    question, in order; None when the backend cannot read the body so. A read with no
+    ``scores`` failed (``failure`` says why) or, with no failure, the server skipped it."""
 
     def __call__(self, questions: Sequence[StagedQuestion], /
-                 ) -> Awaitable[list[ServerRead] | None]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ServerRead:
-    """One question's read from a server that ran the whole body. No ``scores``: the read
-    failed (``failure`` says why) or, with no failure, the server skipped the question."""
-
-    scores: OptionScores | None
-    cached: bool
-    failure: str | None = None
-
-    @property
-    def answer(self) -> str | None:
-        """The server's answer (the read's argmax), which its later stages continued."""
-        return self.scores.options[self.scores.top_index] if self.scores is not None else None
+                 ) -> Awaitable[list[FastRead] | None]: ...
 
 
 @dataclass
@@ -99,9 +83,9 @@ def skip_reason(question: StagedQuestion, answers: Mapping[str, str | None]) -> 
     return None
 
 
-async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
+async def run_stages(questions: Sequence[StagedQuestion], route: RouteStage,
                      read_whole: ReadWhole | None = None) -> StagedOutcome:
-    """Ask each stage's questions whose ``ask_if`` holds in one ``decide`` call, in stage order;
+    """Ask each stage's questions whose ``ask_if`` holds in one ``route`` call, in stage order;
     with ``read_whole``, a body of several stages is read whole first (module docstring)."""
     by_id = {q.request.question_id: q for q in questions}
     stages = stage_order({qid: q.dependencies for qid, q in by_id.items()})
@@ -124,9 +108,9 @@ async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
         if asked:
             requests = [q.request for q in asked]
             if upstream is None:
-                decisions = await decide(requests)
+                decisions = await route(requests)
             else:
-                decisions = await decide(requests, [_usable(upstream[r.question_id], diverged)
+                decisions = await route(requests, [_usable(upstream[r.question_id], diverged)
                                                     for r in requests])
             for request, decision in zip(requests, decisions, strict=True):
                 outcome.decisions[request.question_id] = decision
@@ -135,7 +119,7 @@ async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
         if upstream is not None and diverged is None:
             diverged = next((_divergence(qid, answers[qid], upstream[qid]) for qid in stage
                              if upstream[qid].failure is None
-                             and answers[qid] != upstream[qid].answer), None)
+                             and answers[qid] != _server_answer(upstream[qid])), None)
     if upstream is not None and len(outcome.stages) > 1:
         outcome.conditioning = "prefill"
     return outcome
@@ -143,22 +127,40 @@ async def run_stages(questions: Sequence[StagedQuestion], decide: Decide,
 
 async def answer_stages(service: RoutingService, questions: Sequence[StagedQuestion], *,
                         namespace: str) -> StagedOutcome:
-    """``run_stages`` through the routing service, in the caller's cache namespace."""
+    """``run_stages`` through the routing service, in the caller's cache namespace. Each
+    question's policy is looked up once, for the whole body; a policy name the registry refuses
+    is raised when its question is asked (a skipped question asks nothing)."""
+    looked_up: dict[str, RuntimePolicy | None | InvalidRequest] = {}
+    for question in questions:
+        try:
+            [looked_up[question.request.question_id]] = service.lookup([question.request])
+        except InvalidRequest as exc:
+            looked_up[question.request.question_id] = exc
 
-    async def decide(requests: Sequence[DecisionRequest],
+    def policy_of(request: DecisionRequest) -> RuntimePolicy | None:
+        found = looked_up[request.question_id]
+        if isinstance(found, InvalidRequest):
+            raise found
+        return found
+
+    async def route(requests: Sequence[DecisionRequest],
                      reads: Sequence[FastRead] | None = None) -> list[Decision]:
-        return await service.decide(requests, namespace=namespace, reads=reads)
+        return await service.route(requests, namespace=namespace, reads=reads,
+                                    policies=[policy_of(r) for r in requests])
 
-    async def whole(body: Sequence[StagedQuestion]) -> list[ServerRead] | None:
-        if not any(_reads_fast(service, q.request) for q in body):
-            return None  # nothing routes on a read (all unscoped, escalated): none upstream
+    async def whole(body: Sequence[StagedQuestion]) -> list[FastRead] | None:
+        # Nothing routes on a read (all unscoped, escalated): none upstream. A refused policy
+        # name counts as a read: its question raises if it is asked.
+        if not any(isinstance(found, InvalidRequest) or service.reads_fast(found)
+                   for found in looked_up.values()):
+            return None
         return await read_whole(service, body, namespace=namespace)
 
-    return await run_stages(questions, decide, whole)
+    return await run_stages(questions, route, whole)
 
 
 async def read_whole(service: RoutingService, questions: Sequence[StagedQuestion], *,
-                     namespace: str) -> list[ServerRead] | None:
+                     namespace: str) -> list[FastRead] | None:
     """The reads of a whole body of several stages, read as one (``backend.read_staged``: the
     server runs the stages) through the read cache; None when the backend cannot read this body
     so. Each key holds the whole body, since every answer of it depends on every question."""
@@ -170,43 +172,17 @@ async def read_whole(service: RoutingService, questions: Sequence[StagedQuestion
     body = [q.key() for q in questions]
     keys = [read_key(namespace, r, fingerprint,
                      {**backend.read_inputs(r, requests), "staged": body}) for r in requests]
-    reads = [_cached(blob, request) for blob, request in zip(await service.look_up(keys), requests)]
-    hits = [read for read in reads if read is not None]
-    service.metrics.cache_lookups(store="read", hits=len(hits), misses=len(reads) - len(hits))
-    if len(hits) == len(reads):
-        return hits
 
     async def read(bounded: list[DecisionRequest]) -> list[OptionScores | None]:
         return await backend.read_staged([replace(q, request=r)
                                           for q, r in zip(questions, bounded, strict=True)])
 
-    try:
-        fresh = await service.read_upstream(requests, read)
-    except BackendError as exc:
-        failure = service.read_failed(exc)
-        return [ServerRead(None, cached=False, failure=failure) for _ in requests]
-    await service.cache.set_many([(key, _SKIPPED if scores is None else encode_scores(scores))
-                                  for key, scores in zip(keys, fresh)])
-    return [ServerRead(scores, cached=False) for scores in fresh]
+    return await service.read_through_cache(requests, keys, read)
 
 
-def _reads_fast(service: RoutingService, request: DecisionRequest) -> bool:
-    """Whether deciding ``request`` uses a fast read (``RoutingService.reads_fast``). A policy
-    name the registry refuses counts as one: ``decide`` raises that, as it did, if it is asked."""
-    try:
-        policy = service.registry.lookup(request, fingerprint=service.backend.fingerprint)
-    except InvalidRequest:
-        return True
-    return service.reads_fast(policy)
-
-
-def _cached(blob: bytes | None, request: DecisionRequest) -> ServerRead | None:
-    """A cached read of one question of the body (a skip is one), or None when absent or
-    unusable (then the body is read again)."""
-    if blob == _SKIPPED:
-        return ServerRead(None, cached=True)
-    scores = decode_scores(blob, request)
-    return None if scores is None else ServerRead(scores, cached=True)
+def _server_answer(read: FastRead) -> str | None:
+    """The server's answer (the read's argmax), which its later stages continued."""
+    return read.scores.options[read.scores.top_index] if read.scores is not None else None
 
 
 def _noted(reason: dict[str, Any], dependency: Decision | None) -> dict[str, Any]:
@@ -217,15 +193,15 @@ def _noted(reason: dict[str, Any], dependency: Decision | None) -> dict[str, Any
                              f"{reason['was']!r} is the slow model's answer"}
 
 
-def _divergence(qid: str, routed: str | None, read: ServerRead) -> str:
+def _divergence(qid: str, routed: str | None, read: FastRead) -> str:
     def shown(answer: str | None) -> str:
         return "skipped" if answer is None else repr(answer)
 
-    return (f"the server's read continued {qid} = {shown(read.answer)}, "
+    return (f"the server's read continued {qid} = {shown(_server_answer(read))}, "
             f"but the answer given is {shown(routed)}")
 
 
-def _usable(read: ServerRead, diverged: str | None) -> FastRead:
+def _usable(read: FastRead, diverged: str | None) -> FastRead:
     """The fast read to route a question on; ``failure`` says why it is not routed on. A later
     stage's read that continued an answer the caller does not get is not (shadow mode still
     judges and logs it)."""

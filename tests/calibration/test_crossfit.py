@@ -8,8 +8,8 @@ import pytest
 
 from calibration.calibrators import make_calibrator
 from calibration.crossfit import check_folds, check_n_folds, crossfit_calibrated, stratified_folds
-from policies.tuned import TunedPolicy
-from policies.tuning import GuaranteedPolicy, evaluate
+from policies.evaluation import evaluate
+from policies.guaranteed import GuaranteedPolicy
 from tests.policies.test_tuning import overconfident_reads
 
 
@@ -65,8 +65,7 @@ def test_crossfit_uses_every_row_and_keeps_the_promise_on_fresh_reads() -> None:
                              delta=0.05).fit(proba, y)
     assert split.risk_.n == 2000  # the split path spends half the rows on the calibrator
     fresh, y_fresh = overconfident_reads(20000, seed=1)
-    metrics = evaluate(TunedPolicy(result.calibrator_, result.rule_, policy_id="cf"),
-                       tuple("abcde"), fresh, y_fresh, n_resamples=20)
+    metrics = evaluate(result, tuple("abcde"), fresh, y_fresh, n_resamples=20)
     assert metrics["accepted_accuracy"] >= 0.9
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from calibration.calibrators import make_calibrator
-from policies.file import PolicyFile, PolicyFileError, load_policy
+from policies.file import POLICY_VERSION, PolicyFile, PolicyFileError, load_policy
+from policies.guaranteed import GuaranteedPolicy
 from policies.rules import ThresholdRule
 from policies.types import OptionScores
 
@@ -38,11 +39,12 @@ def test_round_trip_keeps_every_field_and_the_decisions(tmp_path: Path) -> None:
     assert loaded == policy
     assert loaded.policy_id == policy.policy_id and loaded.policy_id.startswith("intents@")
     scores = OptionScores(("a", "b", "c"), (0.7, 0.2, 0.1))
-    assert loaded.runtime().decide(scores) == policy.runtime().decide(scores)
+    assert GuaranteedPolicy.from_file(loaded).decide(scores) == GuaranteedPolicy.from_file(
+        policy).decide(scores)
 
 
 def test_decide_answers_the_raw_argmax_with_its_calibrated_probability() -> None:
-    runtime = make_policy().runtime()
+    runtime = GuaranteedPolicy.from_file(make_policy())
     scores = OptionScores(("a", "b", "c"), (0.5, 0.3, 0.2))
     verdict, calibrated = runtime.decide(scores)
     assert verdict.index == 0
@@ -58,7 +60,7 @@ def write(tmp_path: Path, data: Any) -> Path:
 
 
 @pytest.mark.parametrize(("change", "field"), [
-    ({"version": 3}, "version"),
+    ({"version": POLICY_VERSION + 1}, "version"),
     ({"delta": 1.5}, "delta"),
     ({"calibrator": {"kind": "magic"}}, "calibrator"),
     ({"rule": {"kind": "threshold", "threshold": 3}}, "rule.threshold.threshold"),
@@ -131,21 +133,33 @@ VERSION_1 = {
 }
 
 
-def test_version_1_files_load_with_the_id_they_always_had(tmp_path: Path) -> None:
-    policy = load_policy(write(tmp_path, VERSION_1))
-    # The id slotgate gave this file before the format stored the threshold once.
+# A version 2 file: the threshold in the rule only, no recorded id layout.
+VERSION_2 = {key: value for key, value in VERSION_1.items() if key != "threshold"} | {"version": 2}
+
+
+@pytest.mark.parametrize("data", [VERSION_1, VERSION_2], ids=["version 1", "version 2"])
+def test_older_files_are_upgraded_on_load_and_keep_their_id(tmp_path: Path,
+                                                            data: dict[str, Any]) -> None:
+    policy = load_policy(write(tmp_path, data))
+    # The id slotgate gave this file when it was written; alarms are keyed by it.
     assert policy.policy_id == "intents@dbc708b84ab7"
-    assert policy.threshold == 0.8 and policy.version == 2
+    assert policy.threshold == 0.8 and policy.version == POLICY_VERSION == 3
     rewritten = tmp_path / "again.json"
     policy.write(rewritten)
-    data = json.loads(rewritten.read_text())
-    assert "threshold" not in data and data["version"] == 2  # stored once, in the rule
+    stored = json.loads(rewritten.read_text())
+    assert "threshold" not in stored  # stored once, in the rule
+    assert stored["version"] == 3 and stored["id_layout"] == "v1"  # how its id is hashed
     assert load_policy(rewritten).policy_id == policy.policy_id
+    runnable = GuaranteedPolicy.from_file(rewritten)
+    assert runnable.policy_id == policy.policy_id and runnable.file_ == policy
+    assert runnable.params_.budget_window == 500 and runnable.params_.max_escalation is None
+    window = runnable.escalation_window()
+    assert window is not None  # the budget rule's: the caller owns it
 
 
 def test_typed_parts_run_without_a_second_build() -> None:
     policy = make_policy()
     assert policy.calibrator.kind == "temperature" and policy.rule.kind == "threshold"
-    runtime = policy.runtime()
-    assert runtime.rule.to_dict() == policy.rule.model_dump()
-    assert runtime.calibrator.to_dict() == policy.calibrator.model_dump()
+    runtime = GuaranteedPolicy.from_file(policy)
+    assert runtime.rule_.to_dict() == policy.rule.model_dump()
+    assert runtime.calibrator_.to_dict() == policy.calibrator.model_dump()

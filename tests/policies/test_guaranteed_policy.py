@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from policies.evaluation import evaluate
 from policies.file import load_policy
+from policies.guaranteed import GuaranteedPolicy
 from policies.rules import ThresholdRule
-from policies.tuning import GuaranteedPolicy
 from policies.types import OptionScores
 
 OPTIONS = ("a", "b", "c", "d", "e")
@@ -51,7 +51,8 @@ def test_fit_returns_self_with_fitted_attributes_and_one_call_to_the_file(tmp_pa
     assert loaded.threshold == policy.risk_.threshold and loaded.options == list(OPTIONS)
     assert loaded.reference is not None and loaded.reference.accept_share == policy.coverage_
     scores = OptionScores(OPTIONS, tuple(float(p) for p in proba[0]))
-    assert loaded.runtime().decide(scores) == policy.runtime().decide(scores)
+    assert GuaranteedPolicy.from_file(loaded).decide(scores) == policy.decide(scores)
+    assert GuaranteedPolicy.from_file(tmp_path / "p.json").policy_id == loaded.policy_id
 
 
 def test_folds_cross_fit_on_every_row() -> None:
@@ -70,7 +71,7 @@ def test_folds_cross_fit_on_every_row() -> None:
 def test_bad_parameters_name_their_field(params: dict[str, float], field: str) -> None:
     proba, y_true = reads(400, seed=2)
     with pytest.raises(ValidationError) as info:
-        GuaranteedPolicy(**params).fit(proba, y_true)  # type: ignore[arg-type]
+        GuaranteedPolicy(**params).fit(proba, y_true)
     assert info.value.errors()[0]["loc"] == (field,)
 
 
@@ -87,8 +88,8 @@ def test_per_answer_floor_holds_each_answer_on_fresh_data() -> None:
     assert rule.bar(OPTIONS[weak]) is None  # 70% right at any confidence: no bar reaches 0.8
     assert floored.coverage_ < plain.coverage_
     fresh, fresh_y = reads(8000, seed=4, weak=weak)
-    before = evaluate(plain.runtime(), OPTIONS, fresh, fresh_y, n_resamples=20)
-    after = evaluate(floored.runtime(), OPTIONS, fresh, fresh_y, n_resamples=20)
+    before = evaluate(plain, OPTIONS, fresh, fresh_y, n_resamples=20)
+    after = evaluate(floored, OPTIONS, fresh, fresh_y, n_resamples=20)
     worst_before = before["per_answer"][0]
     assert worst_before["answer"] == OPTIONS[weak] and worst_before["accuracy"] < 0.8
     assert all(row["accuracy"] >= 0.8 for row in after["per_answer"])
@@ -98,7 +99,7 @@ def test_per_answer_floor_holds_each_answer_on_fresh_data() -> None:
 def test_per_answer_table_is_worst_first_with_intervals() -> None:
     proba, y_true = reads(3000, seed=5, weak=1)
     policy = GuaranteedPolicy(target_accuracy=0.85).fit(proba, y_true, options=OPTIONS)
-    table = evaluate(policy.runtime(), OPTIONS, proba, y_true, n_resamples=20)["per_answer"]
+    table = evaluate(policy, OPTIONS, proba, y_true, n_resamples=20)["per_answer"]
     values = [row["accuracy"] for row in table]
     assert values == sorted(values) and len(values) == len(OPTIONS)
     for row in table:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.rules import BudgetRule, MarginRule, ThresholdRule
+from policies.rules import BudgetRule, EscalationWindow, MarginRule, ThresholdRule
 from policies.specs import rule_from_dict
+from policies.types import Verdict
 
 OPTIONS = ("a", "b", "c")
 
@@ -47,18 +48,33 @@ def test_margin_is_answer_minus_best_other() -> None:
 
 def test_budget_caps_escalations_in_its_window_and_says_so() -> None:
     rule = BudgetRule(ThresholdRule(0.9), max_escalation=0.2, window=10)
+    window = EscalationWindow(10)
     low = [0.5, 0.3, 0.2]
-    verdicts = [rule.verdict(OPTIONS, low, 0) for _ in range(10)]
+
+    def judge(calibrated: list[float]) -> Verdict:
+        verdict = rule.verdict(OPTIONS, calibrated, 0, escalations=window.escalations)
+        window.record(verdict)
+        return verdict
+
+    verdicts = [judge(low) for _ in range(10)]
     # 2 escalations fit the budget (0.2 * 10); the rest are accepted below the bar, marked.
     assert [v.accept for v in verdicts] == [False, False] + [True] * 8
     for v in verdicts[2:]:
         assert v.reason.startswith("budget exhausted")
         assert v.threshold == 0.9 and v.probability < v.threshold
-    assert rule.escalation_rate == pytest.approx(0.2)
+    assert window.escalation_rate == pytest.approx(0.2)
     # Once the two escalations slide out of the window, escalation is allowed again.
     for _ in range(10):
-        rule.verdict(OPTIONS, [0.95, 0.03, 0.02], 0)
-    assert not rule.verdict(OPTIONS, low, 0).accept
+        judge([0.95, 0.03, 0.02])
+    assert window.escalations == 0 and not judge(low).accept
+
+
+def test_the_budget_rule_is_pure_its_window_belongs_to_the_caller() -> None:
+    rule = BudgetRule(ThresholdRule(0.9), max_escalation=0.2, window=10)
+    low = [0.5, 0.3, 0.2]
+    # The same question gets the same verdict however often it is asked: no hidden state.
+    assert {rule.verdict(OPTIONS, low, 0, escalations=1).accept for _ in range(5)} == {False}
+    assert rule.verdict(OPTIONS, low, 0, escalations=2).accept
 
 
 def test_budget_never_changes_accepts_of_the_base_rule() -> None:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from policies.evaluation import evaluate
+from policies.guaranteed import GuaranteedPolicy, split_rows
 from policies.rules import BudgetRule, ThresholdRule
-from policies.tuned import TunedPolicy
-from policies.tuning import GuaranteedPolicy, evaluate, split_rows
 
 
 def overconfident_reads(n: int, seed: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
@@ -39,8 +39,7 @@ def test_tuned_threshold_meets_its_target_on_fresh_data() -> None:
     assert result.risk_.bound >= 0.9
     assert result.n_calibration_ + result.risk_.n == 4000
     fresh, y_fresh = overconfident_reads(20000, seed=1)
-    policy = TunedPolicy(result.calibrator_, result.rule_, policy_id="t")
-    metrics = evaluate(policy, tuple("abcde"), fresh, y_fresh, n_resamples=20)
+    metrics = evaluate(result, tuple("abcde"), fresh, y_fresh, n_resamples=20)
     assert metrics["accepted_accuracy"] >= 0.9
     assert metrics["ece_after"] < metrics["ece_before"]
     assert 0 < metrics["coverage"] < 1

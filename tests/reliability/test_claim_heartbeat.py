@@ -74,7 +74,7 @@ class AnswersDuringARenew:
     def __init__(self, cache: RenewSwallowsCancel) -> None:
         self.cache = cache
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer:
+    async def ask(self, request: DecisionRequest) -> SlowAnswer:
         await self.cache.renewing.wait()
         return SlowAnswer(request.options[0].name, "standin", 1.0, 1)
 

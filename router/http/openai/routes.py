@@ -57,7 +57,7 @@ def make_router() -> APIRouter:
         if plan is None:
             state.metrics.request(surface="openai_passthrough", route="slow")
             return await _passthrough(state.slow, body)
-        decisions = await state.service.decide(plan.requests, namespace=namespace(request))
+        decisions = await state.service.route(plan.requests, namespace=namespace(request))
         state.metrics.request(surface="openai_decision", route=summary_route(decisions))
         reply = render_reply(body, plan, decisions)
         headers = routing_headers(reply["slotgate"])

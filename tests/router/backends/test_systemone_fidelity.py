@@ -53,10 +53,10 @@ async def test_the_question_id_is_in_the_read_key(standin: SystemOneStandin) -> 
     """The id is prompt text upstream: the same question under another id is another read."""
     backend = SystemOneBackend(standin.url)
     service, _ = service_over(backend, RecordingSlow())
-    await service.decide([noul("urgent")], namespace="t")
-    await service.decide([noul("needs_reply_now")], namespace="t")
+    await service.route([noul("urgent")], namespace="t")
+    await service.route([noul("needs_reply_now")], namespace="t")
     assert [list(b["questions"]) for b in standin.stats.bodies] == [["urgent"], ["needs_reply_now"]]
-    await service.decide([noul("urgent")], namespace="t")  # the same id again: from the cache
+    await service.route([noul("urgent")], namespace="t")  # the same id again: from the cache
     assert standin.stats.requests == 2
     first, other = intent_request(FOUR), intent_request(FOUR[:3])
     beside = backend.read_inputs(first, [first, noul("urgent")])
@@ -74,7 +74,7 @@ async def test_an_upstream_422_is_the_callers_error(standin: SystemOneStandin) -
     slow = RecordingSlow()
     service, cache = service_over(backend, slow)
     with pytest.raises(UnprocessableRequest, match="answer template is .* tokens; the canvas holds 63") as info:
-        await service.decide([noul("x" * 300)], namespace="t")
+        await service.route([noul("x" * 300)], namespace="t")
     assert info.value.status_code == 422
     assert slow.calls == [] and len(cache) == 0
     await backend.aclose()

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from policies.file import PolicyFile, load_policy
 from policies.scope import scope_signature
 from router.cli.app import app
-from tests.router.tuning.test_cli_errors import small_model  # noqa: F401 (fixture)
-from tests.router.tuning.test_cli_tune import OPTIONS, synthetic_rows, write_jsonl
+from tests.router.cli.test_bad_input import small_model  # noqa: F401 (fixture)
+from tests.router.cli.test_tune_command import OPTIONS, synthetic_rows, write_jsonl
 
 
 def invoke(*args: object) -> Any:

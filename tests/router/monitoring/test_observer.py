@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from policies.tuned import TunedPolicy
+from policies.guaranteed import GuaranteedPolicy
 from policies.types import DecisionRequest, Option, OptionScores
 from router.backends.mock import MockBackend
 from router.monitoring.monitor import Monitor
@@ -51,21 +51,21 @@ async def test_one_observer_call_per_decision_and_the_gate_beside_the_mode(
     registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
                                    monitor=monitor)
     runtime: Any = registry.lookup(ask("x"), fingerprint=backend.fingerprint)
-    assert isinstance(runtime, TunedPolicy)  # not wrapped: the watch is not in decide()
+    assert isinstance(runtime, GuaranteedPolicy)  # not wrapped: the watch is not in decide()
     runtime.decide(OptionScores(OPTIONS, (0.55, 0.25, 0.2)))
     assert monitor.watches[policy.policy_id].n_decisions == 0  # decide() told nobody
     service = RoutingService(backend=backend, cache=MemoryCache(max_entries=1000, ttl_s=60),
                              registry=registry, slow=RecordingSlow(), log=ListLog(),  # type: ignore[arg-type]
                              metrics=Metrics(), settings=settings, monitor=monitor)
-    [first] = await service.decide([ask("sure 0")], namespace="t")
+    [first] = await service.route([ask("sure 0")], namespace="t")
     assert first.route == "fast" and registry.gate(runtime) is None
     assert [o.decision_id for o in monitor.seen] == [first.decision_id]
     assert monitor.seen[0].accepted and monitor.seen[0].served_fast
     for i in range(300):
-        await service.decide([ask(f"unsure {i}")], namespace="t")
+        await service.route([ask(f"unsure {i}")], namespace="t")
         if registry.gate(runtime) is not None:
             break
     assert len(monitor.seen) == i + 2  # one call per decision, no more
-    [gated] = await service.decide([ask("sure 1")], namespace="t")
+    [gated] = await service.route([ask("sure 1")], namespace="t")
     assert gated.route == "slow" and gated.escalated
     assert monitor.seen[-1].accepted and not monitor.seen[-1].served_fast

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from policies.file import PolicyFile
+from policies.rules import ThresholdRule
 from policies.types import DecisionRequest, Option, OptionScores, Verdict
 from router.errors import ConfigError, InvalidRequest
 from router.routing.registry import LoadedPolicy, PolicyRegistry
@@ -17,14 +20,18 @@ from router.routing.registry import LoadedPolicy, PolicyRegistry
 FINGERPRINT = "fp-current"
 
 
-@dataclass
+@dataclass(eq=False)
 class Named:
     """A runtime policy that is only its id: lookups are checked by which one comes back."""
 
     policy_id: str
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]:
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]:
         raise AssertionError("lookups never decide")
+
+    def escalation_window(self) -> None:
+        return None
 
 
 def request(question: str = "Which intent?", *, policy: str | None = None) -> DecisionRequest:
@@ -34,8 +41,18 @@ def request(question: str = "Which intent?", *, policy: str | None = None) -> De
 
 def loaded(name: str, *, signature: str | None = None, fingerprint: str = FINGERPRINT,
            options: tuple[str, ...] | None = ("a", "b")) -> LoadedPolicy:
-    return LoadedPolicy(name=name, signature=signature, backend_fingerprint=fingerprint,
-                        path=None, runtime=Named(name), options=options)
+    return LoadedPolicy(policy_file(name, signature=signature, fingerprint=fingerprint,
+                                    options=options), Named(name))
+
+
+def policy_file(name: str, *, signature: str | None = None, fingerprint: str = FINGERPRINT,
+                options: tuple[str, ...] | None = ("a", "b"), **fields: Any) -> PolicyFile:
+    """A valid policy file with what a lookup reads set: name, scope, fingerprint, mode."""
+    return PolicyFile(name=name, signature=signature, backend_fingerprint=fingerprint,
+                      calibrator={"kind": "none"}, rule=ThresholdRule(0.8).to_dict(),
+                      target_accuracy=0.95, delta=0.05, bound=0.95, coverage=0.7, n_tune=100,
+                      n_calibration=0, data_hash="0" * 64,
+                      options=None if options is None else list(options), **fields)
 
 
 def test_lookup_order_name_then_signature_then_default_then_fallback() -> None:

@@ -33,7 +33,7 @@ class GatedSlow:
     def __init__(self, calls: list[str], gate: asyncio.Event, *, fail: bool = False) -> None:
         self.calls, self.gate, self.fail = calls, gate, fail
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer:
+    async def ask(self, request: DecisionRequest) -> SlowAnswer:
         self.calls.append(request.state)
         await self.gate.wait()
         if self.fail:
@@ -61,7 +61,7 @@ def replica(cache: RedisCache, slow: GatedSlow, *, claim_ttl_s: float = 3.0) -> 
 
 async def burst(service: RoutingService, n: int) -> list[Decision]:
     return [d for ds in await asyncio.gather(*(
-        service.decide([QUESTION], namespace="t") for _ in range(n))) for d in ds]
+        service.route([QUESTION], namespace="t") for _ in range(n))) for d in ds]
 
 
 async def test_identical_escalations_on_two_replicas_make_one_slow_call(

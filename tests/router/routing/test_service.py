@@ -42,7 +42,7 @@ class RecordingSlow:
     fail: Exception | None = None
     calls: list[str] = field(default_factory=list)
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer:
+    async def ask(self, request: DecisionRequest) -> SlowAnswer:
         self.calls.append(request.state)
         if self.fail is not None:
             raise self.fail
@@ -88,7 +88,7 @@ def make_service(handler: Any = confident_on_sure, *, slow_path: RecordingSlow |
 
 async def test_confident_read_is_answered_fast_and_logged() -> None:
     service, _, log, _ = make_service()
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     assert (d.answer, d.route, d.policy_id) == ("a", "fast", "fallback")
     assert d.probability == pytest.approx(0.98) and d.threshold == 0.9
     assert [r["decision_id"] for r in log.records] == [d.decision_id]
@@ -97,8 +97,8 @@ async def test_confident_read_is_answered_fast_and_logged() -> None:
 
 async def test_repeat_is_served_from_the_read_cache_without_a_backend_call() -> None:
     service, backend, _, _ = make_service()
-    await service.decide([request("I am sure")], namespace="t")
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    await service.route([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     assert d.route == "cache" and d.answer == "a"
     assert backend.calls == ["I am sure"]  # type: ignore[attr-defined]
 
@@ -106,8 +106,8 @@ async def test_repeat_is_served_from_the_read_cache_without_a_backend_call() -> 
 async def test_low_confidence_escalates_once_then_the_slow_answer_is_cached() -> None:
     slow = RecordingSlow()
     service, _, log, metrics = make_service(slow_path=slow)
-    [d1] = await service.decide([request("hmm")], namespace="t")
-    [d2] = await service.decide([request("hmm")], namespace="t")
+    [d1] = await service.route([request("hmm")], namespace="t")
+    [d2] = await service.route([request("hmm")], namespace="t")
     assert (d1.route, d1.answer) == ("slow", "c")
     assert (d2.route, d2.answer) == ("cache", "c")
     assert slow.calls == ["hmm"]
@@ -119,8 +119,8 @@ async def test_low_confidence_escalates_once_then_the_slow_answer_is_cached() ->
 async def test_other_namespace_does_not_share_cache_entries() -> None:
     slow = RecordingSlow()
     service, _, _, _ = make_service(slow_path=slow)
-    await service.decide([request("hmm")], namespace="tenant-a")
-    [d] = await service.decide([request("hmm")], namespace="tenant-b")
+    await service.route([request("hmm")], namespace="tenant-a")
+    [d] = await service.route([request("hmm")], namespace="tenant-b")
     assert d.route == "slow" and len(slow.calls) == 2
 
 
@@ -130,7 +130,7 @@ async def test_failing_backend_escalates_and_is_counted() -> None:
 
     slow = RecordingSlow()
     service, _, log, metrics = make_service(down, slow_path=slow)
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     assert (d.route, d.answer, d.probability) == ("slow", "c", None)
     assert "BackendUnavailable" in (d.note or "")
     assert b'slotgate_backend_errors_total{kind="BackendUnavailable"} 1.0' in metrics.render()
@@ -144,7 +144,7 @@ async def test_slow_backend_past_its_timeout_escalates() -> None:
 
     slow = RecordingSlow()
     service, _, _, _ = make_service(stalls, slow_path=slow, fast={"timeout_s": 0.05})
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     assert d.route == "slow" and "BackendTimeout" in (d.note or "")
     assert d.latency_ms < 1000
 
@@ -152,16 +152,16 @@ async def test_slow_backend_past_its_timeout_escalates() -> None:
 async def test_no_slow_model_raises_unavailable_saying_so() -> None:
     service, _, log, _ = make_service(slow_path=RecordingSlow(available=False))
     with pytest.raises(SlowPathUnavailable, match="escalation unavailable"):
-        await service.decide([request("hmm")], namespace="t")
+        await service.route([request("hmm")], namespace="t")
     assert log.records == []  # nothing answered, nothing logged as answered
-    [d] = await service.decide([request("sure")], namespace="t")  # confident ones still work
+    [d] = await service.route([request("sure")], namespace="t")  # confident ones still work
     assert d.route == "fast"
 
 
 async def test_unverified_when_configured_says_so() -> None:
     slow = RecordingSlow(fail=SlowPathTimeout("slow model timed out after 30 s"))
     service, _, log, _ = make_service(slow_path=slow, slow={"serve_unverified_on_failure": True})
-    [d] = await service.decide([request("hmm")], namespace="t")
+    [d] = await service.route([request("hmm")], namespace="t")
     assert (d.route, d.answer) == ("unverified", "a")
     assert "timed out" in (d.note or "") and "not verified" in (d.note or "")
     assert log.records[0]["route"] == "unverified"
@@ -176,11 +176,11 @@ async def test_full_queue_is_refused_with_retry_after() -> None:
 
     service, _, _, _ = make_service(blocked, fast={"max_concurrency": 1, "timeout_s": 5},
                                     max_queue=1)
-    first = asyncio.create_task(service.decide([request("sure 1")], namespace="t"))
-    second = asyncio.create_task(service.decide([request("sure 2")], namespace="t"))
+    first = asyncio.create_task(service.route([request("sure 1")], namespace="t"))
+    second = asyncio.create_task(service.route([request("sure 2")], namespace="t"))
     await asyncio.sleep(0.01)
     with pytest.raises(TooManyRequests) as info:
-        await service.decide([request("sure 3")], namespace="t")
+        await service.route([request("sure 3")], namespace="t")
     assert info.value.retry_after_s >= 1
     gate.set()
     assert [d.route for d in (await first) + (await second)] == ["fast", "fast"]
@@ -190,7 +190,7 @@ async def test_full_queue_is_refused_with_retry_after() -> None:
 async def test_unknown_policy_name_is_a_request_error() -> None:
     service, backend, _, _ = make_service()
     with pytest.raises(InvalidRequest, match="no policy named 'nope'"):
-        await service.decide([request("sure", policy="nope")], namespace="t")
+        await service.route([request("sure", policy="nope")], namespace="t")
     assert backend.calls == []  # type: ignore[attr-defined]
 
 
@@ -199,7 +199,7 @@ async def test_a_failing_question_cancels_the_others_escalations() -> None:
         available = True
         cancelled = False
 
-        async def decide(self, request: DecisionRequest) -> SlowAnswer:
+        async def ask(self, request: DecisionRequest) -> SlowAnswer:
             if request.question_id == "a":
                 raise SlowPathTimeout("slow model timed out")
             try:
@@ -216,7 +216,7 @@ async def test_a_failing_question_cancels_the_others_escalations() -> None:
                  for qid in "ab"]
     async with asyncio.timeout(5):
         with pytest.raises(SlowPathTimeout):
-            await service.decide(questions, namespace="t")
+            await service.route(questions, namespace="t")
     assert slow.cancelled and log.records == []
 
 
@@ -229,7 +229,7 @@ async def test_given_reads_are_routed_on_and_one_not_to_be_trusted_escalates_say
     scores = OptionScores(("a", "b", "c"), (0.98, 0.01, 0.01))
     reads = [FastRead(scores, cached=False),
              FastRead(scores, cached=False, failure="no fast read fits: q = 'a'")]
-    fast, slow = await service.decide([sure, doubted], namespace="t", reads=reads)
+    fast, slow = await service.route([sure, doubted], namespace="t", reads=reads)
     assert (fast.route, fast.answer) == ("fast", "a")
     assert (slow.route, slow.answer, slow.escalated) == ("slow", "c", True)
     assert slow.note == "no fast read fits: q = 'a'; answered by the slow path"

@@ -56,7 +56,7 @@ async def test_shadow_serves_the_slow_answer_and_logs_the_fast_read(tmp_path: Pa
     registry = load(write_policy(tmp_path / "p.json", shadow=True,
                                  guarantee="agreement_with_slow"))
     service, slow, log = service_with(registry)
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     # The fast read (0.98 on 'a') clears the 0.9 bar, yet the slow model's 'c' is served.
     assert (d.answer, d.route, d.shadow, d.escalated) == ("c", "slow", True, True)
     assert d.guarantee == "agreement_with_slow" and slow.calls == ["I am sure"]
@@ -70,10 +70,10 @@ async def test_switching_shadow_off_routes_without_a_restart(tmp_path: Path) -> 
     path = write_policy(tmp_path / "p.json", shadow=True)
     registry = load(path)
     service, slow, _ = service_with(registry)
-    [before] = await service.decide([request("I am sure")], namespace="t")
+    [before] = await service.route([request("I am sure")], namespace="t")
     write_policy(path, shadow=False)
     assert registry.reload()
-    [after] = await service.decide([request("I am sure too")], namespace="t")
+    [after] = await service.route([request("I am sure too")], namespace="t")
     assert (before.route, after.route, after.shadow) == ("slow", "fast", False)
     assert after.answer == "a" and len(slow.calls) == 1
     assert after.policy_id == before.policy_id  # same tuned policy, only the mode changed
@@ -91,7 +91,7 @@ async def test_invalid_new_file_is_refused_and_the_old_policy_keeps_serving(
         assert registry.reload() is False
     assert str(path) in caplog.text and "'threshold'" in caplog.text
     assert "keep serving" in caplog.text
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     assert (d.route, d.threshold) == ("fast", 0.9)
 
 
@@ -101,12 +101,12 @@ async def test_server_wide_shadow_covers_untuned_decisions_and_missing_files(
     registry = PolicyRegistry.load(PolicySettings(files=[missing], shadow=True),
                                    backend_fingerprint=FINGERPRINT)
     service, slow, _ = service_with(registry)
-    [d] = await service.decide([request("I am sure")], namespace="t")
+    [d] = await service.route([request("I am sure")], namespace="t")
     assert (d.policy_id, d.shadow, d.route, d.guarantee) == ("fallback", True, "slow", None)
     assert slow.calls == ["I am sure"]
     write_policy(missing, shadow=False)  # the first tuning: the file now routes
     assert registry.reload()
-    [d] = await service.decide([request("I am sure now", policy="intents")], namespace="t")
+    [d] = await service.route([request("I am sure now", policy="intents")], namespace="t")
     assert (d.shadow, d.route) == (False, "fast")
     with pytest.raises(Exception, match="not found"):  # outside shadow mode a missing file is an error
         PolicyRegistry.load(PolicySettings(files=[tmp_path / "nope.json"]),

@@ -65,7 +65,7 @@ def request(state: str = "when will my card arrive?", **kw: Any) -> DecisionRequ
 
 async def test_decide_enforces_the_options_and_sends_the_state() -> None:
     completion = ScriptedCompletion('{"answer": "card_arrival"}')
-    answer = await slow_path(completion).decide(request())
+    answer = await slow_path(completion).ask(request())
     assert (answer.answer, answer.attempts, answer.model) == ("card_arrival", 1, "openai/standin")
     [call] = completion.calls
     schema = call["response_format"]["json_schema"]
@@ -84,7 +84,7 @@ async def test_decide_enforces_the_options_and_sends_the_state() -> None:
 async def test_decide_shows_the_callers_conversation_when_there_is_one() -> None:
     turns = (("system", "be terse"), ("user", "exchange_rate?"))
     completion = ScriptedCompletion('"exchange_rate"')
-    answer = await slow_path(completion).decide(request(turns=turns))
+    answer = await slow_path(completion).ask(request(turns=turns))
     assert answer.answer == "exchange_rate"
     assert completion.calls[0]["messages"][1:] == [
         {"role": "system", "content": "be terse"}, {"role": "user", "content": "exchange_rate?"}]
@@ -92,7 +92,7 @@ async def test_decide_shows_the_callers_conversation_when_there_is_one() -> None
 
 async def test_wrong_option_gets_one_corrective_retry() -> None:
     completion = ScriptedCompletion('{"answer": "not-an-option"}', '{"answer": "lost_card"}')
-    answer = await slow_path(completion).decide(request())
+    answer = await slow_path(completion).ask(request())
     assert (answer.answer, answer.attempts) == ("lost_card", 2)
     first, second = completion.calls
     assert second["messages"][:-2] == first["messages"]
@@ -104,7 +104,7 @@ async def test_wrong_option_gets_one_corrective_retry() -> None:
 async def test_no_valid_option_after_the_retry_is_an_invalid_answer() -> None:
     completion = ScriptedCompletion("I would rather not say")
     with pytest.raises(SlowPathInvalidAnswer) as info:
-        await slow_path(completion).decide(request())
+        await slow_path(completion).ask(request())
     assert info.value.status_code == 502 and "corrective retry" in info.value.message
     assert "rather not say" in info.value.message and len(completion.calls) == 2
 
@@ -114,7 +114,7 @@ async def test_no_model_configured_is_the_one_no_slow_model_error() -> None:
     slow = SlowPath(SlowPathSettings(), completion=completion)
     assert slow.available is False
     with pytest.raises(NoSlowModel) as info:
-        await slow.decide(request())
+        await slow.ask(request())
     assert info.value.status_code == 503
     assert info.value.message == str(NoSlowModel("escalation"))
     assert "escalation unavailable" in info.value.message
@@ -178,11 +178,11 @@ async def test_one_cap_covers_decisions_and_passthrough() -> None:
     slow = slow_path(completion, limit=limit)
     passthrough = asyncio.create_task(
         slow.complete({"messages": [{"role": "user", "content": "hi"}]}))
-    decision = asyncio.create_task(slow.decide(request()))
+    decision = asyncio.create_task(slow.ask(request()))
     await asyncio.sleep(0.01)
     assert len(completion.calls) == 1  # the decision waits for the passthrough's slot
     with pytest.raises(TooManyRequests) as info:
-        await slow.decide(request("another"))
+        await slow.ask(request("another"))
     assert "slow path queue is full" in info.value.message and rejected == [1]
     gate.set()
     await passthrough

@@ -48,7 +48,7 @@ def request(state: str = "when will my card_arrival happen?") -> DecisionRequest
 
 
 async def test_decide_answers_with_an_enforced_option(llm: StandinHandle) -> None:
-    answer = await slow_path(llm).decide(request())
+    answer = await slow_path(llm).ask(request())
     assert answer.answer == "card_arrival" and answer.attempts == 1
     assert answer.model == "openai/standin" and answer.latency_ms > 0
     [call] = llm.calls()
@@ -64,7 +64,7 @@ async def test_decide_answers_with_an_enforced_option(llm: StandinHandle) -> Non
 async def test_rate_limit_is_translated_with_retry_after_and_not_retried(llm: StandinHandle) -> None:
     llm.set_mode("ratelimit", retry_after_s=3)
     with pytest.raises(SlowPathRateLimited) as info:
-        await slow_path(llm).decide(request())
+        await slow_path(llm).ask(request())
     assert info.value.retry_after_s == 3.0 and info.value.status_code == 429
     assert len(llm.calls()) == 1
 
@@ -73,7 +73,7 @@ async def test_stall_past_the_timeout_is_a_timeout(llm: StandinHandle) -> None:
     llm.set_mode("stall", stall_s=5)
     start = time.monotonic()
     with pytest.raises(SlowPathTimeout) as info:
-        await slow_path(llm, timeout_s=0.5).decide(request())
+        await slow_path(llm, timeout_s=0.5).ask(request())
     assert time.monotonic() - start < 2.0
     assert info.value.status_code == 504
     llm.set_mode("ok")
@@ -82,12 +82,12 @@ async def test_stall_past_the_timeout_is_a_timeout(llm: StandinHandle) -> None:
 async def test_server_error_and_stopped_server_are_unavailable(llm: StandinHandle) -> None:
     llm.set_mode("fail500")
     with pytest.raises(SlowPathUnavailable):
-        await slow_path(llm).decide(request())
+        await slow_path(llm).ask(request())
     assert len(llm.calls()) == 1  # no hidden retries
     gone = start_standin()
     gone.stop()
     with pytest.raises(SlowPathUnavailable) as info:
-        await slow_path(gone).decide(request())
+        await slow_path(gone).ask(request())
     assert info.value.status_code == 503
 
 
@@ -127,7 +127,7 @@ async def test_passthrough_model_litellm_cannot_route_is_the_callers_400(
             pass
     assert llm.calls() == []
     with pytest.raises(SlowPathError):
-        await slow_path(llm, model="my-alias").decide(request())
+        await slow_path(llm, model="my-alias").ask(request())
 
 
 async def test_stream_passes_chunks_through_as_they_arrive(llm: StandinHandle) -> None:
@@ -181,7 +181,7 @@ async def test_provider_key_never_in_errors_or_logs(
         llm: StandinHandle, mode: str, caplog: pytest.LogCaptureFixture) -> None:
     llm.set_mode(mode, stall_s=3)
     with caplog.at_level(logging.DEBUG), pytest.raises(SlowPathError) as info:
-        await slow_path(llm, timeout_s=0.3).decide(request())
+        await slow_path(llm, timeout_s=0.3).ask(request())
     llm.set_mode("ok")
     error = info.value
     seen = [str(error), repr(error), error.message, caplog.text,
@@ -204,12 +204,12 @@ async def test_aclose_closes_the_clients_litellm_cached_for_this_loop(llm: Stand
 
     cache = litellm.in_memory_llm_clients_cache
     suffix = f"-{running_loop_token()}"
-    await slow.decide(request())
+    await slow.ask(request())
     mine = [cache.cache_dict[k] for k in cache.cache_dict
             if isinstance(k, str) and k.endswith(suffix)]
     assert mine  # litellm keeps a client per loop...
     await slow.aclose()
     assert not [k for k in cache.cache_dict if isinstance(k, str) and k.endswith(suffix)]
     assert all(getattr(c, "is_closed", lambda: True)() for c in mine)  # ...and never closes it
-    assert (await slow.decide(request())).answer == "card_arrival"  # a later call gets a new one
+    assert (await slow.ask(request())).answer == "card_arrival"  # a later call gets a new one
     await slow.aclose()

@@ -10,7 +10,7 @@ from policies.types import Decision, DecisionRequest, OptionScores, Route, Stage
 from router.http.systemone.answers import render_response
 from router.http.systemone.wire import parse_request
 from router.routing.service import FastRead
-from router.routing.stages import ServerRead, run_stages
+from router.routing.stages import run_stages
 
 
 def decision(request: DecisionRequest, answer: str | None, *, route: Route = "fast",
@@ -103,24 +103,24 @@ async def test_one_stage_is_one_decide_call() -> None:
     assert len(decide.calls) == 1 and len(decide.calls[0]) == 5
 
 
-def server_read(question: StagedQuestion, server_answers: dict[str, str | None]) -> ServerRead:
+def server_read(question: StagedQuestion, server_answers: dict[str, str | None]) -> FastRead:
     """A read of the whole body as the server made it: 0.8 on its answer, or skipped."""
     answer = server_answers[question.request.question_id]
     if answer is None:
-        return ServerRead(None, cached=False)
+        return FastRead(None, cached=False)
     names = question.request.option_names
     rest = 0.2 / (len(names) - 1)
-    return ServerRead(OptionScores(names, tuple(0.8 if n == answer else rest for n in names)),
+    return FastRead(OptionScores(names, tuple(0.8 if n == answer else rest for n in names)),
                     cached=False)
 
 
 def staged_reader(server_answers: dict[str, str | None], *, fail: bool = False):  # type: ignore[no-untyped-def]
     asked: list[list[StagedQuestion]] = []
 
-    async def read_staged(questions: Sequence[StagedQuestion]) -> list[ServerRead]:
+    async def read_staged(questions: Sequence[StagedQuestion]) -> list[FastRead]:
         asked.append(list(questions))
         if fail:
-            return [ServerRead(None, cached=False, failure="fast backend failed (x)")
+            return [FastRead(None, cached=False, failure="fast backend failed (x)")
                     for _ in questions]
         return [server_read(q, server_answers) for q in questions]
 

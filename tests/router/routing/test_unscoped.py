@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from policies.rules import ThresholdRule
+from policies.guaranteed import GuaranteedPolicy
+from policies.rules import EscalationWindow, ThresholdRule
 from policies.scope import UnscopedMode
-from policies.tuned import TunedPolicy
 from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
@@ -22,25 +22,30 @@ from router.routing.stages import answer_stages
 from router.settings import Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
+from tests.router.routing.test_registry import policy_file
 from tests.router.routing.test_service import ListLog, RecordingSlow
 
 INTENTS = ("card_arrival", "lost_or_stolen_card", "card_linking")
 
 
-@dataclass
+@dataclass(eq=False)
 class Observed:
     """A tuned policy that counts its decisions: what a watched policy reports to its watch."""
 
-    inner: TunedPolicy
+    inner: GuaranteedPolicy
     calls: list[OptionScores] = field(default_factory=list)
 
     @property
     def policy_id(self) -> str:
         return self.inner.policy_id
 
-    def decide(self, scores: OptionScores) -> tuple[Verdict, list[float]]:
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]:
         self.calls.append(scores)
-        return self.inner.decide(scores)
+        return self.inner.decide(scores, escalations=escalations)
+
+    def escalation_window(self) -> EscalationWindow | None:
+        return self.inner.escalation_window()
 
 
 def confident(req: DecisionRequest) -> list[float]:
@@ -102,11 +107,11 @@ def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None,
 
     if backend is None:
         backend = MockBackend(confident if reads is None else reads)
-    policy = Observed(TunedPolicy(IdentityCalibrator(), ThresholdRule(0.9),
-                                  policy_id="intents@abc"))
+    policy = Observed(GuaranteedPolicy.from_parts(IdentityCalibrator(), ThresholdRule(0.9),
+                                                  policy_id="intents@abc"))
     registry = PolicyRegistry([LoadedPolicy(
-        name="intents", signature=None, backend_fingerprint=backend.fingerprint, path=None,
-        runtime=policy, guarantee="accuracy", options=INTENTS)], default="intents",
+        policy_file("intents", fingerprint=backend.fingerprint, options=INTENTS), policy)],
+        default="intents",
         unscoped=mode)
     slow = slow_path if slow_path is not None else RecordingSlow()
     log = ListLog()
@@ -124,7 +129,7 @@ def question(options: tuple[str, ...]) -> DecisionRequest:
 
 async def test_in_scope_decisions_are_judged_by_the_policy_and_carry_its_guarantee() -> None:
     service, policy, slow, _ = setup("escalate")
-    [d] = await service.decide([question(INTENTS)], namespace="t")
+    [d] = await service.route([question(INTENTS)], namespace="t")
     assert (d.route, d.guarantee, d.policy_id, d.answer) == ("fast", "accuracy", "intents@abc",
                                                              "card_arrival")
     assert len(policy.calls) == 1 and slow.calls == []
@@ -134,7 +139,7 @@ async def test_in_scope_decisions_are_judged_by_the_policy_and_carry_its_guarant
 async def test_a_subset_question_is_answered_by_the_slow_model_untouched_by_the_policy(
         mode: UnscopedMode) -> None:
     service, policy, slow, log = setup(mode)
-    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    [d] = await service.route([question(INTENTS[:2])], namespace="t")
     # RecordingSlow answers the last option; the fast read said the first.
     assert (d.answer, d.route, d.guarantee, d.policy_id) == (
         "lost_or_stolen_card", "slow", None, "fallback")
@@ -151,7 +156,7 @@ async def test_a_subset_question_is_answered_by_the_slow_model_untouched_by_the_
 
 async def test_unverified_serves_the_fast_answer_marked_so_without_the_slow_model() -> None:
     service, policy, slow, _ = setup("unverified")
-    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    [d] = await service.route([question(INTENTS[:2])], namespace="t")
     assert (d.answer, d.route, d.guarantee, d.escalated) == ("card_arrival", "unverified", None,
                                                              False)
     assert d.raw_probability == pytest.approx(0.97) and d.probability is None
@@ -162,18 +167,18 @@ async def test_with_no_slow_model_escalate_fails_unless_unverified_answers_are_a
     down = RecordingSlow(fail=NoSlowModel())
     service, policy, _, _ = setup("escalate", slow_path=down)
     with pytest.raises(NoSlowModel) as info:
-        await service.decide([question(INTENTS[:2])], namespace="t")
+        await service.route([question(INTENTS[:2])], namespace="t")
     # The 503 says why a question was escalated at all: no policy covers it.
     assert "unscoped: no loaded policy was tuned on" in info.value.message
     assert "policy.unscoped: escalate" in str(info.value)
     with pytest.raises(NoSlowModel) as again:  # the shared error object is never rewritten
-        await service.decide([question(INTENTS[:2])], namespace="t")
+        await service.route([question(INTENTS[:2])], namespace="t")
     assert again.value.message.count("no loaded policy") == 1
     reads = CountingReads()
     service, policy, _, log = setup("escalate", slow_path=RecordingSlow(
         fail=NoSlowModel()), reads=reads,
         slow={"serve_unverified_on_failure": True})
-    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    [d] = await service.route([question(INTENTS[:2])], namespace="t")
     assert (d.route, d.answer, d.guarantee) == ("unverified", "card_arrival", None)
     assert policy.calls == []
     # No read was made up front: the slow path failed, and the fallback read it then (logged).
@@ -187,7 +192,7 @@ async def test_no_policy_watch_is_told_of_an_unscoped_decision(mode: UnscopedMod
     2-option decision can neither raise its drift alarm nor be counted in its accuracy."""
     monitor = Watching()
     service, _, _, _ = setup(mode, monitor=monitor)
-    await service.decide([question(INTENTS[:2]), question(INTENTS)], namespace="t")
+    await service.route([question(INTENTS[:2]), question(INTENTS)], namespace="t")
     assert monitor.decided_ids == ["intents@abc"]
 
 
@@ -197,7 +202,7 @@ async def test_escalate_makes_no_fast_read_of_an_unscoped_decision() -> None:
     unscoped one is still routed, counted and logged, its reply with no raw probability."""
     reads = CountingReads()
     service, _, slow, log = setup("escalate", reads=reads)
-    unscoped, scoped = await service.decide([question(INTENTS[:2]), question(INTENTS)],
+    unscoped, scoped = await service.route([question(INTENTS[:2]), question(INTENTS)],
                                             namespace="t")
     assert reads.calls == [INTENTS]  # the in-scope question only
     assert (unscoped.route, unscoped.answer, unscoped.policy_id) == (
@@ -212,7 +217,7 @@ async def test_escalate_makes_no_fast_read_of_an_unscoped_decision() -> None:
     assert 'slotgate_decisions_total{route="fast"} 1.0' in text
     assert 'slotgate_cache_lookups_total{result="miss",store="read"} 1.0' in text
     # A batch of unscoped questions only: no read, no read-cache lookup at all.
-    [again] = await service.decide([question(INTENTS[1:])], namespace="t")
+    [again] = await service.route([question(INTENTS[1:])], namespace="t")
     assert again.route == "slow" and reads.calls == [INTENTS]
 
 
@@ -220,7 +225,7 @@ async def test_escalate_makes_no_fast_read_of_an_unscoped_decision() -> None:
 async def test_the_modes_that_use_the_fast_read_still_make_it(mode: UnscopedMode) -> None:
     reads = CountingReads()
     service, _, _, log = setup(mode, reads=reads)
-    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    [d] = await service.route([question(INTENTS[:2])], namespace="t")
     assert reads.calls == [INTENTS[:2]] and log.records[0]["proba"] == pytest.approx([0.97, 0.03])
     # the served answer's raw probability: the fast one's, or (shadow) the slow one's, 0.03
     assert d.raw_probability == pytest.approx(0.03 if mode == "shadow" else 0.97)
@@ -230,7 +235,7 @@ async def test_server_wide_shadow_reads_unscoped_decisions_under_escalate() -> N
     reads = CountingReads()
     service, _, _, _ = setup("escalate", reads=reads)
     service.registry.shadow_all = True  # policy.shadow: every decision's read is logged
-    [d] = await service.decide([question(INTENTS[:2])], namespace="t")
+    [d] = await service.route([question(INTENTS[:2])], namespace="t")
     assert d.shadow and reads.calls == [INTENTS[:2]]
 
 
@@ -253,3 +258,22 @@ async def test_a_staged_body_of_unscoped_questions_is_read_upstream_only_when_us
         assert backend.staged == [] and reads.calls == []
     else:
         assert backend.staged == [["first", "second"]] and outcome.conditioning == "prefill"
+
+
+async def test_a_staged_body_looks_each_policy_up_once() -> None:
+    reads = CountingReads()
+    service, _, _, _ = setup("escalate", backend=StagedBackend(reads))
+    looked_up: list[str] = []
+    lookup = service.registry.lookup
+
+    def counted(request: DecisionRequest, *, fingerprint: str) -> object:
+        looked_up.append(request.question_id)
+        return lookup(request, fingerprint=fingerprint)
+
+    service.registry.lookup = counted  # type: ignore[assignment,method-assign]
+    first = DecisionRequest("first", "intent", tuple(Option(o) for o in INTENTS), "a state")
+    second = DecisionRequest("second", "intent", tuple(Option(o) for o in INTENTS), "a state")
+    body = [StagedQuestion(first), StagedQuestion(second, depends_on=("first",))]
+    outcome = await answer_stages(service, body, namespace="t")
+    assert outcome.stages == [["first"], ["second"]]
+    assert looked_up == ["first", "second"]

@@ -169,8 +169,9 @@ def test_the_request_model_refuses_credential_fields_with_a_403(field: str) -> N
 
 
 def decision(qid: str, answer: str, route: str, p: float, note: str | None = None) -> Decision:
-    return Decision(f"id-{qid}", qid, answer, route, p, p, 0.9, "pol@1", 3.0,  # type: ignore[arg-type]
-                    note=note)
+    return Decision(decision_id=f"id-{qid}", question_id=qid, answer=answer,
+                    route=route, probability=p, raw_probability=p,  # type: ignore[arg-type]
+                    threshold=0.9, policy_id="pol@1", latency_ms=3.0, note=note)
 
 
 def test_reply_content_satisfies_the_schema_and_carries_routing_facts() -> None:

@@ -93,10 +93,14 @@ def test_cache_route_shows_the_distribution_only_for_a_cached_fast_read() -> Non
     proba = {"yes": 0.6, "no": 0.4}
     cached_slow = decision(req, "yes", route="cache", proba=proba, escalated=True)
     assert render_answer(q, cached_slow)["noul"] == 1.0  # type: ignore[index]
-    fast = Decision("d", "q", "yes", "cache", 0.95, 0.9, 0.9, "p", 1.0, {"yes": 0.95, "no": 0.05})
+    fast = Decision(decision_id="d", question_id="q", answer="yes", route="cache",
+                    probability=0.95, raw_probability=0.9, threshold=0.9, policy_id="p",
+                    latency_ms=1.0, probabilities={"yes": 0.95, "no": 0.05})
     out = render_answer(q, fast)
     assert out is not None and out["noul"] == 0.95 and out["confidence"] == 0.95
-    no_bar = Decision("d", "q", "no", "cache", 0.4, 0.4, None, "p", 1.0, proba, escalated=True)
+    no_bar = Decision(decision_id="d", question_id="q", answer="no", route="cache",
+                      probability=0.4, raw_probability=0.4, threshold=None, policy_id="p",
+                      latency_ms=1.0, probabilities=proba, escalated=True)
     assert render_answer(q, no_bar)["confidence"] == 1.0  # type: ignore[index]
 
 

@@ -41,7 +41,7 @@ class RecordingSlow:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer:
+    async def ask(self, request: DecisionRequest) -> SlowAnswer:
         self.asked.append(request.question_id)
         return SlowAnswer(request.option_names[-1], "stand-in", 1.0, 1)
 

@@ -51,7 +51,7 @@ class ScriptedSlow:
         self.answers = answers or {}
         self.asked: list[str] = []
 
-    async def decide(self, request: DecisionRequest) -> SlowAnswer:
+    async def ask(self, request: DecisionRequest) -> SlowAnswer:
         self.asked.append(request.question_id)
         answer = self.answers.get(request.question_id, request.option_names[0])
         return SlowAnswer(answer, "scripted", 1.0, 1)

@@ -1,6 +1,6 @@
-"""The CLI as a new user meets it (issue 13, item 9; start-up checks of item 6): non-UTF-8
-files, a --report that cannot be made, a policy of another model or question, `serve` with a
-missing or truncated artifact or a bad setting, `export-log` reading ./slotgate.yaml, and
+"""The CLI as a new user meets it, start-up checks included: non-UTF-8 files, a --report that
+cannot be made, a policy of another model or question, `serve` with a missing or truncated
+artifact or a bad setting, `export-log` reading ./slotgate.yaml, and
 environment errors named as such. Every refusal is exit 2, one message, nothing written."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Tuning a policy on labelled fast-read probabilities: ``GuaranteedPolicy(...).fit(proba, y_true)``
-and, from the fitted object, the policy file (``to_file``) and a runnable policy (``runtime``).
+"""The policy object, in the shape of MAPIE's risk controllers: ``GuaranteedPolicy(**options)``
+(``TuneOptions``, validated at ``fit``), ``fit(proba, y_true)`` on labelled fast-read
+probabilities, ``decide(scores)`` on one read, ``to_file`` / ``from_file`` for the policy file
+(``policies.file.PolicyFile``, serialisation only).
 
 Two ways to keep the threshold's rows unseen by the calibrator. Without ``folds`` the labelled
 rows are split with a fixed seed: one part fits the calibrator, the other chooses the threshold
@@ -23,16 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from calibration.calibrators import calibrator_kinds, make_calibrator
 from calibration.risk import budget_threshold, guaranteed_threshold
 from policies.answer_floor import AnswerBar, per_answer_bars
-from policies.evaluation import evaluate
-from policies.rules import BudgetRule, Rule, ThresholdRule
-from policies.specs import OpenUnit, TargetAccuracy, Unit
-from policies.tuned import TunedPolicy
+from policies.rules import BudgetRule, EscalationWindow, Rule, ThresholdRule
+from policies.specs import BudgetRuleSpec, OpenUnit, TargetAccuracy, Unit
+from policies.types import OptionScores, Verdict
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from calibration.base import Calibrator
     from policies.file import PolicyFile
 
 FloatArray = NDArray[np.float64]
-__all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "evaluate", "split_rows"]
+__all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "split_rows"]
 
 
 class TuneOptions(BaseModel):
@@ -60,52 +64,99 @@ class TuneOptions(BaseModel):
 
 
 class GuaranteedPolicy:
-    """A calibrator and a threshold with a finite-sample accuracy guarantee, fit like a
-    scikit-learn estimator (MAPIE's risk controllers have the same shape).
+    """A calibrator and a rule whose threshold carries a finite-sample accuracy guarantee, fit
+    like a scikit-learn estimator and run on one read at a time.
 
-    ``__init__`` stores the ``TuneOptions`` fields; ``fit(proba, y_true, options=..., folds=...)``
-    learns, into attributes ending in ``_``: ``calibrator_`` (fitted), ``risk_`` (the threshold
-    search's result at ``target_accuracy``), ``answer_bars_`` (per answer, with
-    ``per_answer_floor``), ``rule_``, and the evidence over the threshold rows: ``proba_before_``,
-    ``proba_after_``, ``y_true_``, ``answers_``, ``confidence_``, ``correct_``, ``accepted_``
-    (under ``rule_``), ``coverage_``, ``escalation_rate_``, ``budget_threshold_``,
-    ``budget_exceeded_``, ``n_calibration_``, ``n_folds_`` (None when split), ``options_``.
+    ``__init__`` stores ``TuneOptions`` fields (``params``), validated by ``check_params`` at
+    ``fit``. ``fit(proba, y_true, options=..., folds=...)`` learns, into attributes ending in
+    ``_``: ``params_`` (the validated options), ``calibrator_`` (fitted), ``rule_``, ``options_``,
+    ``risk_`` (the threshold search's result at ``target_accuracy``), ``answer_bars_`` (per
+    answer, with ``per_answer_floor``), and the evidence over the threshold rows:
+    ``proba_before_``, ``proba_after_``, ``y_true_``, ``answers_``, ``confidence_``,
+    ``correct_``, ``accepted_`` (under ``rule_``), ``coverage_``, ``escalation_rate_``,
+    ``budget_threshold_``, ``budget_exceeded_``, ``n_calibration_``, ``n_folds_`` (None when
+    split). ``from_file`` gives a policy with ``params_``, ``calibrator_``, ``rule_``,
+    ``options_`` and ``file_`` (the file it was read from; its evidence is the file's).
+    ``policy_id`` names it in decision logs: the file's id, "unsaved" before one is written.
     """
 
-    def __init__(self, *, calibrator: str = "temperature", target_accuracy: float = 0.95,
-                 delta: float = 0.05, calibration_fraction: float = 0.5, seed: int = 0,
-                 max_escalation: float | None = None, budget_window: int = 1000,
-                 per_answer_floor: float | None = None) -> None:
-        self.calibrator = calibrator
-        self.target_accuracy = target_accuracy
-        self.delta = delta
-        self.calibration_fraction = calibration_fraction
-        self.seed = seed
-        self.max_escalation = max_escalation
-        self.budget_window = budget_window
-        self.per_answer_floor = per_answer_floor
+    policy_id = "unsaved"
+    options_: tuple[str, ...] | None
+    file_: PolicyFile | None = None
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params
 
     def get_params(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in TuneOptions.model_fields}
+        return dict(self.params)
 
     def check_params(self) -> TuneOptions:
         """The parameters, validated (pydantic ValidationError naming the field); ``fit`` calls
         it first, a caller may call it before reading any data."""
-        return TuneOptions.model_validate(self.get_params())
+        return TuneOptions.model_validate(self.params)
+
+    @classmethod
+    def from_parts(cls, calibrator: Calibrator, rule: Rule, *, policy_id: str,
+                   params: TuneOptions | None = None) -> GuaranteedPolicy:
+        """A runnable policy from a fitted calibrator and a rule (the router's fallback for
+        decisions no tuned policy covers: no guarantee behind it)."""
+        policy = cls()
+        policy.params_ = params if params is not None else TuneOptions()
+        policy.calibrator_, policy.rule_, policy.options_ = calibrator, rule, None
+        policy.policy_id = policy_id
+        return policy
+
+    @classmethod
+    def from_file(cls, source: PolicyFile | Path) -> GuaranteedPolicy:
+        """The policy a file holds (a path is read with ``load_policy``: errors name the field),
+        its calibrator and rule built once."""
+        from policies.file import PolicyFile, load_policy
+
+        file = source if isinstance(source, PolicyFile) else load_policy(source)
+        policy = cls.from_parts(file.calibrator.build(), file.rule.build(),
+                                policy_id=file.policy_id, params=_tuned_with(file))
+        policy.options_ = None if file.options is None else tuple(file.options)
+        policy.file_ = file
+        return policy
+
+    def calibrate(self, scores: OptionScores) -> list[float]:
+        calibrated = self.calibrator_.transform(np.asarray([scores.proba], dtype=np.float64))
+        return [float(p) for p in calibrated[0]]
+
+    def decide(self, scores: OptionScores, *, escalations: int = 0
+               ) -> tuple[Verdict, list[float]]:
+        """The verdict on the raw argmax (the fast answer), and the calibrated probabilities of
+        every option. Pure: ``escalations`` is the caller's ``EscalationWindow`` count (a budget
+        rule reads it; the caller records the verdict in its window)."""
+        calibrated = self.calibrate(scores)
+        verdict = self.rule_.verdict(scores.options, calibrated, scores.top_index,
+                                     escalations=escalations)
+        return verdict, calibrated
+
+    def escalation_window(self) -> EscalationWindow | None:
+        """A fresh window for a caller that runs this policy on a stream of decisions (None: its
+        rule has no budget, nothing to count)."""
+        rule = self.rule_
+        return EscalationWindow(rule.window) if isinstance(rule, BudgetRule) else None
+
+    def __repr__(self) -> str:
+        rule = getattr(self, "rule_", None)
+        return (f"GuaranteedPolicy({self.policy_id!r}, "
+                f"rule={None if rule is None else rule.to_dict()!r})")
 
     def fit(self, proba: ArrayLike, y_true: ArrayLike, *, options: Sequence[str] | None = None,
             folds: ArrayLike | None = None) -> Self:
         """Fit the calibrator and choose the rule. ``options`` names the columns (default "0",
         "1", ...); ``folds``: the rows are out-of-fold reads, cross-fit over these folds."""
-        params = self.check_params()
+        params = self.params_ = self.check_params()
         proba = np.asarray(proba, dtype=np.float64)
         labels = np.asarray(y_true, dtype=np.int64)
         if proba.ndim != 2:
             raise ValueError(f"proba must be 2-D (n_samples, n_options), got shape {proba.shape}")
-        self.options_ = tuple(options) if options is not None else tuple(
+        self.options_ = names = tuple(options) if options is not None else tuple(
             str(j) for j in range(proba.shape[1]))
-        if len(self.options_) != proba.shape[1]:
-            raise ValueError(f"options names {len(self.options_)} options but proba has "
+        if len(names) != proba.shape[1]:
+            raise ValueError(f"options names {len(names)} options but proba has "
                              f"{proba.shape[1]} columns")
         if folds is None:
             cal_rows, tune_rows = split_rows(len(labels), seed=params.seed,
@@ -126,10 +177,10 @@ class GuaranteedPolicy:
             self.calibrator_ = make_calibrator(params.calibrator).fit(proba, labels)
             self.proba_before_, self.y_true_ = proba, labels
             self.n_calibration_ = len(labels)
-        self._choose(params)
+        self._choose(params, names)
         return self
 
-    def _choose(self, params: TuneOptions) -> None:
+    def _choose(self, params: TuneOptions, options: tuple[str, ...]) -> None:
         """The guaranteed threshold on the calibrated threshold rows, and the rule around it."""
         self.answers_, self.confidence_ = answer_confidence(self.proba_before_, self.proba_after_)
         self.correct_ = self.answers_ == self.y_true_
@@ -140,13 +191,13 @@ class GuaranteedPolicy:
         bars_rule = ThresholdRule(self.risk_.threshold)
         if params.per_answer_floor is not None:
             self.answer_bars_ = per_answer_bars(
-                self.answers_, self.confidence_, self.correct_, options=self.options_,
+                self.answers_, self.confidence_, self.correct_, options=options,
                 floor=params.per_answer_floor, delta=params.delta, threshold=self.risk_.threshold)
             bars_rule = ThresholdRule(self.risk_.threshold,
                                       {b.option: b.bar for b in self.answer_bars_
                                        if b.bar != self.risk_.threshold})
         rule: Rule = bars_rule
-        bars = np.array([_inf(bars_rule.bar(name)) for name in self.options_])
+        bars = np.array([_inf(bars_rule.bar(name)) for name in options])
         self.accepted_ = self.confidence_ >= bars[self.answers_]
         self.coverage_ = float(self.accepted_.mean())
         self.escalation_rate_ = 1.0 - self.coverage_
@@ -159,9 +210,6 @@ class GuaranteedPolicy:
                               window=params.budget_window)
         self.rule_ = rule
 
-    def runtime(self, *, policy_id: str = "unsaved") -> TunedPolicy:
-        return TunedPolicy(self.calibrator_, self.rule_, policy_id=policy_id)
-
     def to_file(self, *, name: str, data_hash: str, backend_fingerprint: str = "unknown",
                 signature: str | None = None, guarantee: str = "accuracy",
                 shadow: bool | None = None, audit_rate: float = 0.0,
@@ -172,23 +220,35 @@ class GuaranteedPolicy:
         from calibration.monitoring import reference_summary
         from policies.file import PolicyFile
 
+        params = self.params_
         reference = reference_summary(self.confidence_, threshold=self.risk_.threshold,
-                                      seed=self.seed)
+                                      seed=params.seed)
         reference["accept_share"] = self.coverage_  # the rule's, per-answer bars included
         return PolicyFile.model_validate({
             "name": name, "signature": signature, "backend_fingerprint": backend_fingerprint,
             "calibrator": self.calibrator_.to_dict(), "rule": self.rule_.to_dict(),
-            "target_accuracy": self.target_accuracy, "delta": self.delta,
+            "target_accuracy": params.target_accuracy, "delta": params.delta,
             "bound": self.risk_.bound, "coverage": self.coverage_, "n_tune": self.risk_.n,
-            "n_calibration": self.n_calibration_, "seed": self.seed,
-            "max_escalation": self.max_escalation, "budget_threshold": self.budget_threshold_,
+            "n_calibration": self.n_calibration_, "seed": params.seed,
+            "max_escalation": params.max_escalation, "budget_threshold": self.budget_threshold_,
             "budget_exceeded": self.budget_exceeded_, "data_hash": data_hash,
             "tuning": "split" if self.n_folds_ is None else "cross-fitted",
             "n_folds": self.n_folds_, "guarantee": guarantee, "shadow": shadow,
             "audit_rate": audit_rate, "alarm_alpha": alarm_alpha, **watch,
-            "reference": reference, "options": list(self.options_),
-            "per_answer_floor": self.per_answer_floor,
+            "reference": reference, "options": None if self.options_ is None else list(self.options_),
+            "per_answer_floor": params.per_answer_floor,
         })
+
+
+def _tuned_with(file: PolicyFile) -> TuneOptions:
+    """The options a policy file was tuned with, as far as it records them (the split's
+    calibration share is not: the default stands in)."""
+    rule = file.rule
+    return TuneOptions(
+        calibrator=file.calibrator.kind, target_accuracy=file.target_accuracy, delta=file.delta,
+        seed=file.seed, max_escalation=file.max_escalation,
+        budget_window=rule.window if isinstance(rule, BudgetRuleSpec) else 1000,
+        per_answer_floor=file.per_answer_floor)
 
 
 def _inf(bar: float | None) -> float:
