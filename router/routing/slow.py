@@ -104,7 +104,7 @@ def parse_answer(content: str | None, options: Sequence[str]) -> str | None:
     text = content.strip()
     try:
         value: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's reach
         value = text
     if isinstance(value, dict):
         value = value.get("answer")

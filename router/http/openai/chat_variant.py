@@ -26,6 +26,7 @@ from router.http.systemone.wire import (
     SystemOneRequest,
     parse_request,
 )
+from router.http.text import depth_message, too_deep_field
 from router.routing.stages import StagedOutcome
 
 SCHEMA_KEYS = ("instructions", "samples", *ENGINE_KNOBS)
@@ -41,12 +42,12 @@ def schema_payload(body: ChatCompletionRequest) -> dict[str, Any] | None:
             or messages[1].role != "user" or body.response_format is not None
             or body.structured_outputs is not None or body.guided_choice is not None):
         return None
-    schema = _json_object(_text(messages[0].content))
+    schema = _json_object(_text(messages[0].content), field="messages.0.content")
     if schema is None or not isinstance(schema.get("questions"), list):
         return None
     state = _text(messages[1].content).strip()
     try:
-        json.loads(state)
+        _loads(state, field="messages.1.content")
     except ValueError as exc:
         raise InvalidRequest("system must be a JSON question schema and user must be JSON "
                              f"state: {exc}", field="messages.1.content") from exc
@@ -154,12 +155,20 @@ def _jev_question(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def _json_object(text: str, *, field: str) -> dict[str, Any] | None:
     try:
-        value = json.loads(text)
+        value = _loads(text, field=field)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _loads(text: str, *, field: str) -> Any:
+    """``json.loads``, with JSON nested past MAX_JSON_DEPTH refused first (400 naming ``field``)
+    instead of reaching the parser's RecursionError."""
+    if too_deep_field(text.encode()) is not None:
+        raise InvalidRequest(depth_message(field), field=field)
+    return json.loads(text)
 
 
 def _text(content: str | list[dict[str, Any]] | None) -> str:
