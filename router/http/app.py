@@ -140,7 +140,7 @@ async def _build_service(
         from router.store.log_factory import make_decision_log
 
         check_decision_log(settings.log.decision_log_path)
-        built_log = make_decision_log(settings)
+        built_log = make_decision_log(settings, on_unlogged=metrics.unlogged)
         stack.push_async_callback(built_log.aclose)
         decision_log = built_log
     if cache is None:
