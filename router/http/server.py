@@ -7,6 +7,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
+from router.errors import ConfigError
 from router.settings import load_settings
 
 log = logging.getLogger("slotgate")
@@ -39,10 +40,17 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
     # once, and CPython 3.11's AST construction is not safe across threads (router/ast_guard.py).
     ast_guard.install()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = load_settings(default_config(config), **overrides)
-    check_decision_log(settings.log.decision_log_path)
-    backend = build_backend(settings.fast)
-    PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
+    chosen = default_config(config)
+    try:
+        settings = load_settings(chosen, **overrides)
+        check_decision_log(settings.log.decision_log_path)
+        backend = build_backend(settings.fast)
+        PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
+    except ConfigError as exc:
+        if chosen is None:  # the defaults alone serve nothing: say where a config was looked for
+            exc.message = (f"no slotgate.yaml found in {Path.cwd()} and no --config given "
+                           f"(the settings are the defaults and SLOTGATE_* variables): {exc.message}")
+        raise
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("fast backend %s, slow model %s, cache %s, policies %s",
              settings.fast.kind, settings.slow.model or "NONE (escalation unavailable)",
