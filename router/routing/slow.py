@@ -173,14 +173,24 @@ class SlowPath:
 
     async def decide(self, request: DecisionRequest) -> SlowAnswer:
         """One of ``request``'s options from the slow model; raises SlowPathError subclasses."""
-        model = self._require_model("escalation")
+        return await self._decide(request, what="escalation", acquire=True)
+
+    async def audit(self, request: DecisionRequest) -> SlowAnswer:
+        """``decide`` for an audit: outside the clients' concurrency cap, so an audit never holds
+        a slot a client's escalation waits for. Audits have a budget of their own instead: the
+        monitor's ``monitoring.audit_workers`` calls at most."""
+        return await self._decide(request, what="audit", acquire=False)
+
+    async def _decide(self, request: DecisionRequest, *, what: str, acquire: bool) -> SlowAnswer:
+        model = self._require_model(what)
         options = request.option_names
         convo = decision_messages(request)
         start = time.perf_counter()
         content: str | None = None
         for attempt in (1, 2):
             response = await self._acompletion(
-                model=model, messages=convo, response_format=response_format(options))
+                _acquire=acquire, model=model, messages=convo,
+                response_format=response_format(options))
             content = response.choices[0].message.content if response.choices else None
             answer = parse_answer(content, options)
             if answer is not None:
