@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     # pool's idle expiry (httpx 5 s, aiohttp 15 s, load balancers 60 s): a server that closes
     # first races the client reusing the connection, which gets a ReadError (docs/reliability.md).
     keep_alive_s: int = Field(75, ge=1)
+    # Open connections `slotgate serve` keeps; past it a new one closes the connection idle
+    # longest (router/http/connections.py). None: the open-file limit less 128.
+    max_connections: int | None = Field(None, ge=2)
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
