@@ -29,7 +29,7 @@ from router.http.systemone.wire import (
 from router.http.text import depth_message, too_deep_field
 from router.routing.stages import StagedOutcome
 
-SCHEMA_KEYS = ("instructions", "samples", *ENGINE_KNOBS)
+SCHEMA_KEYS = ("instructions", "samples", "ask", *ENGINE_KNOBS)
 DEFAULT_MODEL = "dgemma-structured"  # the server's name for a reply when the body names none
 
 
@@ -38,8 +38,11 @@ def schema_payload(body: ChatCompletionRequest) -> dict[str, Any] | None:
     variant (then it is an ordinary chat request). Raises InvalidRequest (400) for a variant
     whose state is not JSON."""
     messages = body.messages
+    # The server takes any response_format here (``json_object`` is common); a json_schema one
+    # is slotgate's own decision shape (router/http/openai/wire.py).
+    schema_format = body.response_format is not None and body.response_format.type == "json_schema"
     if (len(messages) != 2 or messages[0].role not in ("system", "developer")
-            or messages[1].role != "user" or body.response_format is not None
+            or messages[1].role != "user" or schema_format
             or body.structured_outputs is not None or body.guided_choice is not None):
         return None
     schema = _json_object(_text(messages[0].content), field="messages.0.content")
@@ -119,6 +122,10 @@ def _answer(question: Question, decision: Decision) -> dict[str, Any] | None:
     else:
         out["score"] = sum((i + 1) * p for i, p in enumerate(proba))
         out["level"] = decision.answer
+    # The server adds these with several draws; slotgate's read is one distribution (calibrated
+    # or the slow model's), so they are null, and present: a client reading them does not break.
+    out["stderr"] = None
+    out["agreement"] = None
     out["route"] = decision.route
     return out
 
@@ -138,7 +145,8 @@ def _letters(i: int) -> str:
 
 def _jev_question(raw: dict[str, Any]) -> dict[str, Any]:
     kind = raw.get("type")
-    out: dict[str, Any] = {"type": kind, "instructions": raw.get("instructions", "")}
+    # The server prints a chat question's instructions with str(): a Python repr, not JSON.
+    out: dict[str, Any] = {"type": kind, "instructions": str(raw.get("instructions", ""))}
     if kind == "choice":
         out["criteria"] = {
             (str(o.get("name")) if isinstance(o, dict) else str(o)):
