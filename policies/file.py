@@ -197,6 +197,8 @@ def load_policy(path: Path) -> PolicyFile:
         raise PolicyFileError(f"{path}: policy file not found") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PolicyFileError(f"{path}: not a readable JSON file: {exc}") from exc
+    except RecursionError as exc:  # the parser's own limit, near 1,000 levels
+        raise PolicyFileError(f"{path}: not a readable JSON file: nested too deeply") from exc
     if not isinstance(data, dict):
         raise PolicyFileError(f"{path}: a policy file is a JSON object")
     if data.get("format") != POLICY_FORMAT:

@@ -21,6 +21,7 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     │   ├── SlowPathTimeout          504
     │   ├── SlowPathRateLimited      429 passed through, with Retry-After
     │   └── SlowPathInvalidAnswer    502: no valid option after one corrective retry
+    ├── LogUnavailable               503: the decision log cannot store a label now (a full disk)
     └── ConfigError                  bad settings, policy or artifact, found at start-up or load
 """
 
@@ -134,6 +135,11 @@ class SlowPathRateLimited(SlowPathError):
 
 class SlowPathInvalidAnswer(SlowPathError):
     pass
+
+
+class LogUnavailable(SlotgateError):
+    status_code = 503
+    error_type = "server_error"
 
 
 class ConfigError(SlotgateError):

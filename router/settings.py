@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -29,7 +37,14 @@ BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torc
 OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
-class FastBackendSettings(BaseModel):
+class Section(BaseModel):
+    """A settings section: a key it does not know is refused naming it (``slow.timout_s``), as
+    one at the top level is, instead of being ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class FastBackendSettings(Section):
     """Which fast backend to build and its options: ``options`` is validated against the options
     model of ``kind`` (router/backends/options.py) when settings load."""
 
@@ -60,7 +75,7 @@ class FastBackendSettings(BaseModel):
         return options
 
 
-class SlowPathSettings(BaseModel):
+class SlowPathSettings(Section):
     """The slow LLM behind litellm. ``model`` is any litellm model string; None = no escalation."""
 
     model: str | None = None
@@ -80,7 +95,7 @@ class SlowPathSettings(BaseModel):
     serve_unverified_on_failure: bool = False
 
 
-class CacheSettings(BaseModel):
+class CacheSettings(Section):
     redis_url: str | None = None  # None: in-process LRU
     ttl_s: int = Field(7 * 24 * 3600, ge=1)
     max_entries: int = Field(100_000, ge=1)  # in-process LRU size
@@ -100,7 +115,7 @@ class CacheSettings(BaseModel):
         return value
 
 
-class PolicySettings(BaseModel):
+class PolicySettings(Section):
     files: list[Path] = Field(default_factory=list)  # tuned policy files (slotgate tune --out)
     default: str | None = None  # name of the policy used when none matches the signature
     # The rule for decisions no tuned policy covers and no default names:
@@ -126,7 +141,7 @@ class PolicySettings(BaseModel):
         return "threshold" if "fallback_threshold" in self.model_fields_set else "escalate"
 
 
-class MonitoringSettings(BaseModel):
+class MonitoringSettings(Section):
     """Production monitoring of tuned policies (docs/monitoring.md); what to audit and what an
     alarm does are per policy, in the policy files."""
 
@@ -139,7 +154,7 @@ class MonitoringSettings(BaseModel):
     alarm_sync_s: float = Field(2.0, gt=0)
 
 
-class LogSettings(BaseModel):
+class LogSettings(Section):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
     # The in-memory index /v1/feedback reads (recent decisions; older ones are found in Redis
@@ -172,6 +187,9 @@ class Settings(BaseSettings):
     # pool's idle expiry (httpx 5 s, aiohttp 15 s, load balancers 60 s): a server that closes
     # first races the client reusing the connection, which gets a ReadError (docs/reliability.md).
     keep_alive_s: int = Field(75, ge=1)
+    # Open connections `slotgate serve` keeps; past it a new one closes the connection idle
+    # longest (router/http/connections.py). None: the open-file limit less 128.
+    max_connections: int | None = Field(None, ge=2)
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)

@@ -6,7 +6,8 @@ Run it:  python -m standins.llm --port 8090 [--model MODEL.joblib]
 Routes:  POST /v1/chat/completions, GET /v1/models,
          GET /calls (every recorded call), DELETE /calls,
          GET|POST /control  {"mode": "ok"|"fail500"|"stall"|"ratelimit"|"malformed"|"wrong_option"
-                                      |"cut" (a stream drops its connection after two chunks),
+                                      |"cut" (a stream drops its connection after two chunks)
+                                      |"nested" (content is arrays nested 5,000 deep),
                              "times": N (then back to "ok"; omit for "until changed"),
                              "retry_after_s": 7, "stall_s": 30, "chunk_delay_s": 0.0}
 In tests: ``handle = start_standin()``; ``handle.api_base`` for litellm; ``handle.stop()``.
@@ -30,7 +31,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 GATE_WAIT_S = 10.0
-MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut")
+MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut", "nested")
+NESTED_DEPTH = 5000  # mode "nested" answers arrays nested this deep (past Python's json parser)
 # (text, options) -> one of options
 Chooser = Callable[[str, Sequence[str]], str]
 
@@ -143,6 +145,8 @@ def answer_content(state: StandinState, body: dict[str, Any], mode: str) -> str:
     text = last_user_text(body)
     if mode == "malformed":
         return "this is not JSON {"
+    if mode == "nested":
+        return "[" * NESTED_DEPTH + "]" * NESTED_DEPTH
     if questions is None:
         return f"echo: {text}"
     shape, by_name = questions

@@ -1,7 +1,9 @@
 """``slotgate alarms list|clear``: operator control of policy alarms. ``list`` shows the alarms
 standing in a decision log (an operator's clear wins over the alarms before it) and, with
 ``--redis-url``, those the fleet shares; ``clear`` writes a clear record to the log (so a restart
-does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis."""
+does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis. A
+policy id neither the log nor Redis knows is refused (exit 2, naming the known ones), and a Redis
+that does not answer is one line and exit 2, within the client's short timeouts."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="Policy alarms: list them, clear them (docs/monitoring.md).")
 
 LogOption = Annotated[Path, typer.Option(
@@ -48,20 +50,35 @@ def standing(log: Path, policy: str | None = None) -> dict[tuple[str, str], dict
 
 
 async def _shared(redis_url: str, policy: str | None) -> list[dict[str, Any]]:
-    from router.store.alarm_board import KEY_PREFIX, RedisAlarmBoard
+    """The alarms standing in Redis (clears left out), of ``policy`` or of every policy."""
+    from router.store.alarm_board import RedisAlarmBoard
 
     board = RedisAlarmBoard(redis_url, ttl_s=1)
     try:
-        ids = [policy] if policy is not None else sorted({
-            record["policy_id"] for record in
-            await _scan_records(board.client, KEY_PREFIX)})
+        ids = [policy] if policy is not None else sorted(await _shared_ids(board, redis_url))
         records = await board.read(ids) if ids else []
         if records is None:
-            raise typer.BadParameter(f"Redis at {redis_url} did not answer",
-                                     param_hint="--redis-url")
+            _no_redis(redis_url, "did not answer")
         return [r for r in records if r["kind"] != "clear"]
     finally:
         await board.aclose()
+
+
+async def _shared_ids(board: Any, redis_url: str) -> set[str]:
+    """The policy ids Redis holds alarm or clear records of; exits 2 when Redis fails."""
+    from router.store.alarm_board import KEY_PREFIX
+    from router.store.redis_client import redis_errors
+
+    try:
+        return {record["policy_id"] for record in await _scan_records(board.client, KEY_PREFIX)}
+    except redis_errors() as exc:
+        _no_redis(redis_url, f"did not answer ({type(exc).__name__}: {exc})")
+
+
+def _no_redis(redis_url: str, what: str) -> NoReturn:
+    from router.cli.common import fail
+
+    fail(f"--redis-url: Redis at {redis_url} {what}")
 
 
 async def _scan_records(client: Any, prefix: str) -> list[dict[str, Any]]:
@@ -117,6 +134,7 @@ def clear(
 
     if redis_url is None and not log.parent.is_dir():
         fail(f"--log: no folder {log.parent} (and no --redis-url): nothing to clear in")
+    _check_known(policy, log, redis_url)
     at = time.time()
     held = standing(log, policy) if log.is_file() else {}
     if log.parent.is_dir():
@@ -132,6 +150,36 @@ def clear(
         where += "; replicas running now clear when restarted (pass --redis-url for a fleet)"
     kinds = ", ".join(sorted(kind for _, kind in held)) or "none in the log"
     typer.echo(f"cleared policy {policy} (alarms: {kinds}); {where}")
+
+
+def _check_known(policy: str, log: Path, redis_url: str | None) -> None:
+    """Exit 2, naming the known ids, when neither the log nor Redis has heard of ``policy``: a
+    typo must not be reported as a clear. Redis is asked only when the log does not know it."""
+    from router.cli.common import fail
+    from router.store.log_reader import read_log
+    from router.store.records import AlarmRecord, DecisionRecord
+
+    known = {record.policy_id for record in read_log(log, quiet=True)
+             if isinstance(record, DecisionRecord | AlarmRecord) and record.policy_id}
+    if policy in known:
+        return
+    where = f"--log {log}"
+    if redis_url is not None:
+        known |= asyncio.run(_known_shared(redis_url))
+        where += " nor Redis"
+    if policy not in known:
+        shown = ", ".join(sorted(map(str, known))[:20]) or "none"
+        fail(f"--policy: no policy {policy!r} in {where}; known: {shown}")
+
+
+async def _known_shared(redis_url: str) -> set[str]:
+    from router.store.alarm_board import RedisAlarmBoard
+
+    board = RedisAlarmBoard(redis_url, ttl_s=1)
+    try:
+        return await _shared_ids(board, redis_url)
+    finally:
+        await board.aclose()
 
 
 async def _clear_shared(redis_url: str, policy: str, at: float) -> None:

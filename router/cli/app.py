@@ -19,6 +19,8 @@ or the split one: ``train --holdout 0.3 --holdout-out tune.csv``, ``predict`` on
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from router.cli.alarms import app as alarms_app
@@ -29,8 +31,26 @@ from router.cli.monitor import monitor
 from router.cli.policy import evaluate, tune
 from router.cli.serve import serve
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+# Plain click help (rich_markup_mode=None): rich's panels cut long flag names at 80 columns
+# ("--allow-novel-l…"); click wraps the descriptions and keeps every name whole.
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="slotgate: confidence routing for LLM decision calls.")
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
+
+        typer.echo(f"slotgate {version('slotgate')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """slotgate: confidence routing for LLM decision calls."""
 app.command()(train)
 app.command()(predict)
 app.command()(tune)

@@ -1,6 +1,6 @@
 """The ASGI gate in front of every route: client API keys (sha256 hashes, constant-time compare,
-per-key cache namespace), an optional per-key rate limit and the request body size limit, all
-checked before any body parsing."""
+per-key cache namespace), an optional per-key rate limit, the request body size limit and its
+JSON nesting limit (router/http/text.py), all checked before any route parses the body."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.errors import PayloadTooLarge, SlotgateError, Unauthorized
+from router.errors import InvalidRequest, PayloadTooLarge, SlotgateError, Unauthorized
 from router.http.ratelimit import TokenBuckets
+from router.http.text import depth_message, too_deep_field
 
 ErrorSender = Callable[[Scope, Send, SlotgateError], Any]  # async (scope, send, exc) -> None
 StatusCounter = Callable[[str, int], None]  # (path, status) -> None, for metrics
@@ -77,7 +78,8 @@ class AdmissionGuard:
         return f"key-{digest.hex()[:16]}"
 
     async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
-        """Reads the whole body (at most ``max_body_bytes``) and returns a receive that replays it."""
+        """Reads the whole body (at most ``max_body_bytes``, JSON nested at most MAX_JSON_DEPTH
+        levels) and returns a receive that replays it."""
         limit = self.max_body_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
@@ -98,8 +100,11 @@ class AdmissionGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        replay: list[Message] = [{"type": "http.request", "body": b"".join(chunks),
-                                  "more_body": False}]
+        body = b"".join(chunks)
+        field = too_deep_field(body)
+        if field is not None:
+            raise InvalidRequest(depth_message(field), field=field)
+        replay: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replaying_receive() -> Message:
             # After the body, the app's next receive waits for the client to disconnect.

@@ -22,6 +22,7 @@ from router.backends.base import FastBackend
 from router.errors import (
     NO_SLOW_MODEL,
     InvalidRequest,
+    NoSlowModel,
     SlotgateError,
     SlowPathRateLimited,
     SlowPathUnavailable,
@@ -140,7 +141,7 @@ async def _build_service(
         from router.store.log_factory import make_decision_log
 
         check_decision_log(settings.log.decision_log_path)
-        built_log = make_decision_log(settings)
+        built_log = make_decision_log(settings, on_unlogged=metrics.unlogged)
         stack.push_async_callback(built_log.aclose)
         decision_log = built_log
     if cache is None:
@@ -197,7 +198,10 @@ def error_response(path: str, exc: SlotgateError) -> JSONResponse:
         error["code"] = _snake(type(exc).__name__)
     headers = {}
     retry_after_s = getattr(exc, "retry_after_s", None)
-    if isinstance(exc, TooManyRequests | SlowPathRateLimited | SlowPathUnavailable):
+    # No Retry-After when no slow model is configured: waiting changes nothing, and clients
+    # that honour it (the OpenAI SDK) would retry in silence.
+    if isinstance(exc, TooManyRequests | SlowPathRateLimited | SlowPathUnavailable) and not \
+            isinstance(exc, NoSlowModel):
         default_s = 10.0 if isinstance(exc, SlowPathUnavailable) else 1.0
         headers["Retry-After"] = str(max(1, round(retry_after_s or default_s)))
     return JSONResponse({"error": error}, status_code=exc.status_code, headers=headers)

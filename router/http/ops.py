@@ -2,7 +2,8 @@
 (``/metrics``).
 
 Readiness is "this replica can answer decisions": the fast backend answers and the decision log
-is writable. What the fast backend serves with (its kernels, and any fallback to slower ones:
+is writable (its file's permissions, and whether its last write went through: a full disk shows
+only when a write fails; ``decision_log`` in the body then says why). What the fast backend serves with (its kernels, and any fallback to slower ones:
 ``fast_backend``, ``slotgate_fast_backend_fallbacks``) is reported, never a readiness condition.
 Redis is a cache: while it is down or hung decisions are still answered (uncached),
 so it is reported (body, ``slotgate_redis_up``, a log line when it changes) but takes the replica
@@ -37,10 +38,15 @@ def make_router() -> APIRouter:
         state = app_state(request)
         service, settings = state.service, state.settings
         checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
-        if state.decision_log_path is not None:  # None: a log injected by a test
-            checks["decision_log"] = decision_log_writable(state.decision_log_path)
-        required = sorted(checks)
         body: dict[str, Any] = {}
+        if state.decision_log_path is not None:  # None: a log injected by a test
+            # The log's own account of its last write: os.access cannot see a full disk.
+            failing = getattr(state.feedback, "failing", None)
+            checks["decision_log"] = failing is None and decision_log_writable(
+                state.decision_log_path)
+            if failing is not None:
+                body["decision_log"] = {"failing": failing}
+        required = sorted(checks)
         serving = _fast_backend_seen(state)
         if serving:  # reported, never a readiness condition: a fallback still serves
             body["fast_backend"] = serving

@@ -3,11 +3,13 @@ uvloop and httptools are used when installed (uvicorn[standard]); settings are r
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 from pathlib import Path
 
-from router.settings import load_settings
+from router.errors import ConfigError
+from router.settings import Settings, load_settings
 
 log = logging.getLogger("slotgate")
 DEFAULT_CONFIG = Path("slotgate.yaml")  # the repo's own config, read from the working directory
@@ -39,10 +41,17 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
     # once, and CPython 3.11's AST construction is not safe across threads (router/ast_guard.py).
     ast_guard.install()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = load_settings(default_config(config), **overrides)
-    check_decision_log(settings.log.decision_log_path)
-    backend = build_backend(settings.fast)
-    PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
+    chosen = default_config(config)
+    try:
+        settings = load_settings(chosen, **overrides)
+        check_decision_log(settings.log.decision_log_path)
+        backend = build_backend(settings.fast)
+        PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
+    except ConfigError as exc:
+        if chosen is None:  # the defaults alone serve nothing: say where a config was looked for
+            exc.message = (f"no slotgate.yaml found in {Path.cwd()} and no --config given "
+                           f"(the settings are the defaults and SLOTGATE_* variables): {exc.message}")
+        raise
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("fast backend %s, slow model %s, cache %s, policies %s",
              settings.fast.kind, settings.slow.model or "NONE (escalation unavailable)",
@@ -53,7 +62,7 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         host=settings.host,
         port=settings.port,
         loop="uvloop" if _installed("uvloop") else "asyncio",
-        http="httptools" if _installed("httptools") else "h11",
+        http=http_protocol(settings),
         log_level="info",
         # Off by default: a line per request (and the secret-redaction filter litellm hangs on
         # uvicorn's loggers) cost 5-9% of the server's CPU, and the decision log and /metrics
@@ -64,6 +73,23 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         # connection at the same moment, and the client's request meets a closed socket.
         timeout_keep_alive=settings.keep_alive_s,
     )
+
+
+def http_protocol(settings: Settings) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools when installed, else h11) with the connection cap
+    (router/http/connections.py): ``max_connections``, else the open-file limit less a reserve."""
+    from router.http.connections import capped_protocol, default_max_connections
+
+    base: type[asyncio.Protocol]
+    if _installed("httptools"):
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = HttpToolsProtocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+    return capped_protocol(base, settings.max_connections or default_max_connections())
 
 
 def _installed(module: str) -> bool:

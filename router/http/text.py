@@ -4,7 +4,9 @@ A JSON body may carry a lone UTF-16 surrogate (``"\\ud800"``): Python decodes it
 that no UTF-8 encoder accepts, so hashing, logging or forwarding it fails deep inside (a 500, or a
 503 blamed on the upstream). It is refused once, here, as a 400 naming the field. Header values
 built from text we do not control (an upstream's error message) lose CR, LF and other control
-characters, which would otherwise split the header or make the server drop the response."""
+characters, which would otherwise split the header or make the server drop the response.
+JSON nested deeper than ``MAX_JSON_DEPTH`` is refused before any parser recurses into it: Python's
+``json`` gives up near 1,000 levels with a RecursionError, pydantic's serializer near 255."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 import orjson
 
 _NOT_HEADER_SAFE = re.compile(r"[^\x20-\x7e]")  # visible ASCII and space only (RFC 9110 field-vchar)
+MAX_JSON_DEPTH = 128  # levels of arrays and objects in a body, or in JSON text a field carries
+MAX_HEADER_CHARS = 1024  # a header value built from client text is cut here (ending "...")
 
 
 def lone_surrogate_field(payload: Any) -> str | None:
@@ -44,6 +48,33 @@ def lone_surrogate_field(payload: Any) -> str | None:
     return None
 
 
+def too_deep_field(body: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Where the JSON ``body`` nests deeper than ``max_depth`` (its first three path parts, or
+    ``body``), or None; also None for a body that is not JSON (the route's parser says so). A
+    body with no more brackets than ``max_depth`` cannot nest deeper: the common case is two
+    byte counts; only other bodies are parsed (orjson, in C, to 1,024 levels) and walked."""
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return "body" if "depth limit" in str(exc) else None
+    stack: list[tuple[Any, tuple[str, ...], int]] = [(payload, (), 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth >= max_depth:
+                return ".".join(path[:3]) or "body"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend((item, (*path, _printable(key)) if len(path) < 3 else path, depth + 1)
+                         for key, item in items)
+    return None
+
+
+def depth_message(field: str) -> str:
+    return f"{field}: JSON nested more than {MAX_JSON_DEPTH} levels deep"
+
+
 def surrogate_message(field: str) -> str:
     return (f"{field}: contains a lone UTF-16 surrogate (such as \\ud800), which is not valid "
             "Unicode text; send valid UTF-8")
@@ -51,7 +82,10 @@ def surrogate_message(field: str) -> str:
 
 def header_safe(text: str) -> str:
     """``text`` as a header value: non-ASCII and control characters (CR, LF, tab...) become '?'
-    or a space, so no client-influenced text can split a header or make the reply unsendable."""
+    or a space, and past ``MAX_HEADER_CHARS`` it is cut (ending "..."), so no client-influenced
+    text can split a header or make the reply unsendable (the whole text is in the body)."""
+    if len(text) > MAX_HEADER_CHARS:
+        text = text[:MAX_HEADER_CHARS - 3] + "..."
     return _NOT_HEADER_SAFE.sub(lambda m: " " if m.group() in "\r\n\t" else "?", text)
 
 

@@ -1,6 +1,8 @@
 """Audits: a seeded share of accepted decisions also answered by the slow model after the reply
 has gone out. A bounded queue and a few workers on the event loop; a full queue drops the audit
-(counted), so audits never hold up, slow down or fail a decision."""
+(counted), so audits never hold up, slow down or fail a decision. Their slow-model calls run
+outside the clients' concurrency cap (``SlowPath.audit``): the workers are the audits' own
+budget, never a slot a client's escalation waits for."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def parse_answer(content: str | None, options: Sequence[str]) -> str | None:
     text = content.strip()
     try:
         value: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's reach
         value = text
     if isinstance(value, dict):
         value = value.get("answer")
@@ -173,14 +173,24 @@ class SlowPath:
 
     async def ask(self, request: DecisionRequest) -> SlowAnswer:
         """One of ``request``'s options from the slow model; raises SlowPathError subclasses."""
-        model = self._require_model("escalation")
+        return await self._ask(request, what="escalation", acquire=True)
+
+    async def audit(self, request: DecisionRequest) -> SlowAnswer:
+        """``ask`` for an audit: outside the clients' concurrency cap, so an audit never holds
+        a slot a client's escalation waits for. Audits have a budget of their own instead: the
+        monitor's ``monitoring.audit_workers`` calls at most."""
+        return await self._ask(request, what="audit", acquire=False)
+
+    async def _ask(self, request: DecisionRequest, *, what: str, acquire: bool) -> SlowAnswer:
+        model = self._require_model(what)
         options = request.option_names
         convo = decision_messages(request)
         start = time.perf_counter()
         content: str | None = None
         for attempt in (1, 2):
             response = await self._acompletion(
-                model=model, messages=convo, response_format=response_format(options))
+                _acquire=acquire, model=model, messages=convo,
+                response_format=response_format(options))
             content = response.choices[0].message.content if response.choices else None
             answer = parse_answer(content, options)
             if answer is not None:

@@ -8,19 +8,28 @@ on ``aclose``, so a machine crash loses at most that interval. With Redis config
 *also* sent to Redis (``redis_log.py``), write-behind: batched off the request path a few ms
 later. The JSONL copy means a Redis restart without persistence, an outage or records still
 queued at a crash lose nothing, and fail no request.
+
+A file that cannot take a record (a full disk: ENOSPC, EIO) fails no decision either: the
+decision was answered, so it is counted as unlogged (``on_unlogged``), ``failing`` says why (for
+/readyz), and one warning says so when writing stops and one when it works again, never one per
+record. A short write is rolled back (truncated) and, after any failure, a torn last line is ended
+before the next record, so no line is torn or glued to the next. A feedback label the file cannot
+take is refused (``LogUnavailable``, 503): the client can send it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from router.errors import LogUnavailable
 from router.store.decision_index import DecisionIndex
 from router.store.log_reader import read_log
 from router.store.records import (
@@ -64,6 +73,11 @@ class DecisionLog(ABC):
     async def aclose(self) -> None:
         """Flush everything to disk. Idempotent; a later append reopens."""
 
+    @property
+    def failing(self) -> str | None:
+        """Why the log cannot store records now (for /readyz), or None while it can."""
+        return None
+
 
 class JsonlDecisionLog(DecisionLog):
     """One JSON object per line. ``get`` is served by a DecisionIndex of recent decisions (rebuilt
@@ -72,9 +86,13 @@ class JsonlDecisionLog(DecisionLog):
     does."""
 
     def __init__(self, path: Path | str, *, fsync_interval_s: float = 1.0,
-                 max_index: int = 100_000, max_index_bytes: int = 32 * 2**20) -> None:
+                 max_index: int = 100_000, max_index_bytes: int = 32 * 2**20,
+                 on_unlogged: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
         self.fsync_interval_s = fsync_interval_s
+        self.on_unlogged = on_unlogged  # (record kind) -> None, for each record not written
+        self._failing: str | None = None
+        self._unlogged = 0  # records not written since writing last failed
         self._fd: int | None = None
         self._last_fsync = time.monotonic()
         self.index = DecisionIndex(max_entries=max_index, max_bytes=max_index_bytes)
@@ -91,7 +109,7 @@ class JsonlDecisionLog(DecisionLog):
         ``unsynced`` marks it in the index as not yet in Redis."""
         decision = as_decision(record)
         data = encode(decision)
-        await self._write(data)
+        await self._write(data, "decision")
         self._remember(decision, unsynced=unsynced)
         return data
 
@@ -103,30 +121,64 @@ class JsonlDecisionLog(DecisionLog):
 
     async def add_feedback_encoded(self, decision_id: str, label: str) -> bytes:
         data = encode(FeedbackRecord(decision_id=decision_id, label=label))
-        await self._write(data)
+        if not await self._write(data, "feedback"):
+            raise LogUnavailable(f"the decision log cannot store the label now ({self._failing}); "
+                                 "send it again later", field="label")
         return data
 
     async def add_event(self, record: EventRecord | dict[str, Any]) -> None:
         await self.add_event_encoded(record)
 
     async def add_event_encoded(self, record: EventRecord | dict[str, Any]) -> bytes:
-        data = encode(as_event(record))
-        await self._write(data)
+        event = as_event(record)
+        data = encode(event)
+        await self._write(data, event.type)
         return data
 
     async def aclose(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            await asyncio.to_thread(_fsync_close, fd)
+            try:
+                await asyncio.to_thread(_fsync_close, fd)
+            except OSError as exc:  # a full disk at shutdown: said, and the shutdown goes on
+                logger.error("decision log %s: the last records may not be on disk: %s",
+                             self.path, exc.strerror or exc)
 
-    async def _write(self, data: bytes) -> None:
-        if self._fd is None:
-            self._fd = _open_for_append(self.path)
-        # One write per record on O_APPEND: lines from concurrent writers never interleave.
-        os.write(self._fd, data + b"\n")
-        if time.monotonic() - self._last_fsync >= self.fsync_interval_s:
-            self._last_fsync = time.monotonic()
-            await asyncio.to_thread(os.fsync, self._fd)
+    @property
+    def failing(self) -> str | None:
+        return self._failing
+
+    async def _write(self, data: bytes, kind: str) -> bool:
+        """One record as one line; True when it is in the file. A failure is rolled back,
+        counted and said once (the module docstring), never raised."""
+        try:
+            if self._fd is None:
+                self._fd = _open_for_append(self.path)
+            elif self._failing is not None:
+                _end_torn_line(self.path, self._fd)
+            # One write per record on O_APPEND: lines from concurrent writers never interleave.
+            _write_whole(self._fd, data + b"\n")
+            if time.monotonic() - self._last_fsync >= self.fsync_interval_s:
+                self._last_fsync = time.monotonic()
+                await asyncio.to_thread(os.fsync, self._fd)
+        except OSError as exc:
+            self._not_written(kind, exc)
+            return False
+        if self._failing is not None:
+            logger.warning("decision log %s: writing again; %d records were not logged",
+                           self.path, self._unlogged)
+            self._failing, self._unlogged = None, 0
+        return True
+
+    def _not_written(self, kind: str, exc: OSError) -> None:
+        self._unlogged += 1
+        if self.on_unlogged is not None:
+            self.on_unlogged(kind)
+        if self._failing is None:
+            self._failing = f"cannot write {self.path}: {exc.strerror or exc}"
+            logger.error("decision log %s: %s; decisions are still answered but not logged "
+                         "(slotgate_unlogged_records_total) and /readyz says so, until it can "
+                         "write again", self.path, exc.strerror or exc)
 
     def _remember(self, record: DecisionRecord, *, unsynced: bool = False) -> None:
         self.index.add(record.decision_id, record.options, record.answer,
@@ -158,14 +210,38 @@ def read_records(path: Path, *, events: bool = False) -> Iterator[dict[str, Any]
 def _open_for_append(path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    # A crash mid-write can leave a torn last line; end it so the next record starts clean.
+    try:
+        _end_torn_line(path, fd)  # a crash mid-write can leave a torn last line
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _end_torn_line(path: Path, fd: int) -> None:
+    """End a torn last line, so the next record starts on a line of its own."""
     size = os.fstat(fd).st_size
     if size:
         with path.open("rb") as f:
             f.seek(size - 1)
             if f.read(1) != b"\n":
-                os.write(fd, b"\n")
-    return fd
+                _write_whole(fd, b"\n")
+
+
+def _write_whole(fd: int, data: bytes) -> None:
+    """All of ``data`` at the end of the file, or none of it: a short write (the disk filled
+    mid-record) is completed or, when the rest cannot be written, truncated away."""
+    written = 0
+    try:
+        while written < len(data):
+            n = os.write(fd, data[written:])
+            if n == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            written += n
+    except OSError:
+        if written:
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+        raise
 
 
 def _fsync_close(fd: int) -> None:

@@ -65,6 +65,10 @@ class Metrics:
         self._backend_errors = Counter(
             "slotgate_backend_errors", "Fast-backend failures by kind (each one escalated)",
             ["kind"], registry=r)
+        self._unlogged = Counter(
+            "slotgate_unlogged_records",
+            "Records the decision log file could not take (a full disk): decisions were still "
+            "answered, labels refused with 503", ["kind"], registry=r)
         self._queue_rejections = Counter(
             "slotgate_queue_rejections", "Requests refused with 429 because a queue was full",
             ["backend"], registry=r)
@@ -147,6 +151,10 @@ class Metrics:
     def cache_error(self, _message: str = "") -> None:
         """The cache's ``on_error`` callback."""
         self._cache_errors.inc()
+
+    def unlogged(self, kind: str) -> None:
+        """The decision log's ``on_unlogged`` callback: one record of ``kind`` not written."""
+        self._unlogged.labels(kind=kind).inc()
 
     def backend_error(self, kind: str) -> None:
         self._backend_errors.labels(kind=kind).inc()

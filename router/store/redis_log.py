@@ -145,6 +145,10 @@ class RedisStreamDecisionLog(DecisionLog):
             return None
         return feedback_view(decision_id, [str(o) for o in options], value.get("answer"), value)
 
+    @property
+    def failing(self) -> str | None:
+        return self.jsonl.failing
+
     async def add_feedback(self, decision_id: str, label: str) -> None:
         data = await self.jsonl.add_feedback_encoded(decision_id, label)
         self._enqueue(data)

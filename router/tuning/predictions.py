@@ -106,6 +106,9 @@ def _jsonl_records(path: Path) -> list[dict[str, Any]]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise PredictionsError(path, len(rows) + 1, None, f"not JSON: {exc}") from exc
+            except RecursionError as exc:  # the parser's own limit, near 1,000 levels
+                raise PredictionsError(path, len(rows) + 1, None,
+                                       "not JSON this reader accepts: nested too deeply") from exc
             if not isinstance(obj, dict):
                 raise PredictionsError(path, len(rows) + 1, None, "not a JSON object")
             rows.append(obj)

@@ -26,9 +26,10 @@ from router.http.systemone.wire import (
     SystemOneRequest,
     parse_request,
 )
+from router.http.text import depth_message, too_deep_field
 from router.routing.stages import StagedOutcome
 
-SCHEMA_KEYS = ("instructions", "samples", *ENGINE_KNOBS)
+SCHEMA_KEYS = ("instructions", "samples", "ask", *ENGINE_KNOBS)
 DEFAULT_MODEL = "dgemma-structured"  # the server's name for a reply when the body names none
 
 
@@ -37,16 +38,19 @@ def schema_payload(body: ChatCompletionRequest) -> dict[str, Any] | None:
     variant (then it is an ordinary chat request). Raises InvalidRequest (400) for a variant
     whose state is not JSON."""
     messages = body.messages
+    # The server takes any response_format here (``json_object`` is common); a json_schema one
+    # is slotgate's own decision shape (router/http/openai/wire.py).
+    schema_format = body.response_format is not None and body.response_format.type == "json_schema"
     if (len(messages) != 2 or messages[0].role not in ("system", "developer")
-            or messages[1].role != "user" or body.response_format is not None
+            or messages[1].role != "user" or schema_format
             or body.structured_outputs is not None or body.guided_choice is not None):
         return None
-    schema = _json_object(_text(messages[0].content))
+    schema = _json_object(_text(messages[0].content), field="messages.0.content")
     if schema is None or not isinstance(schema.get("questions"), list):
         return None
     state = _text(messages[1].content).strip()
     try:
-        json.loads(state)
+        _loads(state, field="messages.1.content")
     except ValueError as exc:
         raise InvalidRequest("system must be a JSON question schema and user must be JSON "
                              f"state: {exc}", field="messages.1.content") from exc
@@ -118,6 +122,10 @@ def _answer(question: Question, decision: Decision) -> dict[str, Any] | None:
     else:
         out["score"] = sum((i + 1) * p for i, p in enumerate(proba))
         out["level"] = decision.answer
+    # The server adds these with several draws; slotgate's read is one distribution (calibrated
+    # or the slow model's), so they are null, and present: a client reading them does not break.
+    out["stderr"] = None
+    out["agreement"] = None
     out["route"] = decision.route
     return out
 
@@ -137,7 +145,8 @@ def _letters(i: int) -> str:
 
 def _jev_question(raw: dict[str, Any]) -> dict[str, Any]:
     kind = raw.get("type")
-    out: dict[str, Any] = {"type": kind, "instructions": raw.get("instructions", "")}
+    # The server prints a chat question's instructions with str(): a Python repr, not JSON.
+    out: dict[str, Any] = {"type": kind, "instructions": str(raw.get("instructions", ""))}
     if kind == "choice":
         out["criteria"] = {
             (str(o.get("name")) if isinstance(o, dict) else str(o)):
@@ -154,12 +163,20 @@ def _jev_question(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def _json_object(text: str, *, field: str) -> dict[str, Any] | None:
     try:
-        value = json.loads(text)
+        value = _loads(text, field=field)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _loads(text: str, *, field: str) -> Any:
+    """``json.loads``, with JSON nested past MAX_JSON_DEPTH refused first (400 naming ``field``)
+    instead of reaching the parser's RecursionError."""
+    if too_deep_field(text.encode()) is not None:
+        raise InvalidRequest(depth_message(field), field=field)
+    return json.loads(text)
 
 
 def _text(content: str | list[dict[str, Any]] | None) -> str:

@@ -4,9 +4,11 @@ it, into typed questions ordered in dependency stages. Errors speak the example 
 Accepted: ``model`` (echoed), ``state`` (required; a string as is, anything else as JSON text),
 ``questions`` (id -> ``{type, criteria, instructions, depends_on, ask_if}``; types ``noul``
 (``bool``/``boolean`` too), ``choice``, ``score``; ids trimmed, as the server trims them; levels,
-descriptions and criteria values of any JSON type are read as text, as the server prints them;
-an empty ``depends_on``/``ask_if`` is none, as there), top-level ``instructions`` (shared
-context), ``samples`` (``"auto"`` or 1..32, larger counts capped; ``true`` is 1, as there),
+descriptions and criteria values of any JSON type are read as text, as the server prints them:
+``str()``, a falsy description left out; a question's non-string ``instructions`` as
+``json.dumps`` with ASCII escapes; an empty ``depends_on``/``ask_if`` is none, as there),
+top-level ``instructions`` (shared context; ``str()`` of a non-string, a falsy one left out, as
+the server prints it), ``samples`` (``"auto"`` or 1..32, larger counts capped; ``true`` is 1, as there),
 ``seed`` (``int()`` of it, as there), ``ask`` (a subset of ids) and the slotgate extension
 ``policy`` (a tuned policy's name, top level or per question). The example server's engine
 knobs ``steps``, ``think``, ``chunk_rows``, ``chunk_prompt``, ``auto_max``, ``auto_threshold``,
@@ -144,7 +146,7 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int) -> Syst
     return SystemOneRequest(
         model=model if isinstance(model, str) else None,
         state=_text(payload["state"]),
-        context=_text(payload.get("instructions", "")),
+        context=_context(payload.get("instructions")),
         questions=tuple(asked.values()),
         stages=_stages(asked),
         samples=_samples(payload.get("samples", "auto")),
@@ -179,7 +181,7 @@ def _question(raw_id: str, raw: Any, *, max_options: int) -> Question:
     return Question(
         id=qid,
         kind=kind,
-        instructions=_text(raw["instructions"]) if "instructions" in raw else "",
+        instructions=_instructions(raw.get("instructions", "")),
         options=options,
         depends_on=_depends_on(where, raw.get("depends_on")),
         ask_if=_ask_if(where, raw.get("ask_if")),
@@ -229,8 +231,25 @@ def _level(level: Any) -> str:
 
 
 def _description(value: Any) -> str | None:
-    """A description as the server prints it: None stays absent, anything else is its text."""
-    return None if value is None else value if isinstance(value, str) else str(value)
+    """A description as the server prints it: a falsy one (None, "", 0, false) is left out,
+    anything else is its ``str()``."""
+    if not value:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _instructions(value: Any) -> str:
+    """A question's instructions as the server reads them: text as given, anything else as
+    ``json.dumps`` (ASCII escapes included)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _context(value: Any) -> str:
+    """The top-level instructions as the server prints them: a falsy value is left out, anything
+    else is its ``str()`` (``True``, a Python repr of an object)."""
+    if not value:
+        return ""
+    return value if isinstance(value, str) else str(value)
 
 
 def _engine(payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -318,15 +337,14 @@ def _asked(raw: Any, questions: dict[str, Question]) -> dict[str, Question]:
     """The ``ask`` subset (default: every question); it must hold everything it depends on."""
     if raw is None:
         return questions
-    if not isinstance(raw, list) or not raw or not all(isinstance(i, str) for i in raw):
-        raise SystemOneError("ask: needs a non-empty list of question ids", field="ask")
+    if (not isinstance(raw, list) or not raw
+            or not all(isinstance(i, str) and i in questions for i in raw)):
+        raise SystemOneError("schema: ask must list question ids from this schema", field="ask")
     for qid in raw:
-        if qid not in questions:
-            raise SystemOneError(f"ask: unknown question '{qid}'", field="ask")
         missing = [dep for dep in questions[qid].dependencies if dep not in raw]
         if missing:
-            raise SystemOneError(f"ask: '{qid}' depends on '{missing[0]}', which is not asked",
-                                 field="ask")
+            raise SystemOneError(f"schema: ask names '{qid}' but not everything it depends on "
+                                 f"('{missing[0]}')", field="ask")
     return {qid: q for qid, q in questions.items() if qid in raw}
 
 

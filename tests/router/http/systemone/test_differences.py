@@ -76,16 +76,16 @@ async def test_an_ordinary_chat_still_needs_a_model(client: httpx.AsyncClient) -
     assert r.json()["error"]["message"] == "model: Field required"
 
 
-async def test_chat_variant_answers_carry_no_draw_spread_and_the_docs_say_why(
+async def test_chat_variant_answers_carry_a_null_draw_spread_and_the_docs_say_why(
     client: httpx.AsyncClient,
 ) -> None:
     schema = {**SCHEMA, "samples": 3}
     r = await client.post("/v1/chat/completions", json={"messages": [
         {"role": "system", "content": json.dumps(schema)}, {"role": "user", "content": STATE}]})
     urgent = json.loads(r.json()["choices"][0]["message"]["content"])["answers"]["urgent"]
-    assert "stderr" not in urgent and "agreement" not in urgent
+    assert urgent["stderr"] is None and urgent["agreement"] is None
     row = difference("`stderr`, `agreement`")
-    assert row["slotgate"] == "not given" and row["deliberate"].startswith("yes: ")
+    assert row["slotgate"] == "always present, `null`" and row["deliberate"].startswith("yes: ")
 
 
 async def test_samples_true_is_one_read_as_on_the_server(

@@ -262,10 +262,10 @@ def test_ask_subset_must_include_its_dependencies() -> None:
     parsed = parse({"state": "s", "questions": questions, "ask": ["a", "b"]})
     assert [q.id for q in parsed.questions] == ["a", "b"] and parsed.stages == (("a",), ("b",))
     assert error_of({"state": "s", "questions": questions, "ask": ["b"]}).message == (
-        "ask: 'b' depends on 'a', which is not asked"
+        "schema: ask names 'b' but not everything it depends on ('a')"
     )
     assert error_of({"state": "s", "questions": questions, "ask": ["zz"]}).message == (
-        "ask: unknown question 'zz'"
+        "schema: ask must list question ids from this schema"
     )
 
 
