@@ -16,7 +16,7 @@ async def test_a_client_escalation_starts_while_audits_hold_the_slow_model() -> 
     limit = ConcurrencyLimit("slow path", capacity=1, max_waiting=0, on_reject=lambda: None)
     slow = slow_path(completion, limit=limit)
     audits = [asyncio.create_task(slow.audit(request(f"audited {i}"))) for i in range(2)]
-    client = asyncio.create_task(slow.decide(request("a client's escalation")))
+    client = asyncio.create_task(slow.ask(request("a client's escalation")))
     for _ in range(10):  # a few turns of the loop: every call that can start has started
         await asyncio.sleep(0)
     states = [call["messages"][-1]["content"] for call in completion.calls]
