@@ -30,23 +30,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shipped": {}, "no_band": {"band": frozenset()}, "band_all": {"band": BOTH},
     "no_rows_moe": {"rows_moe": False, "fused_moe": False}, "no_merge_op": {"merge_op": False},
     "no_triton": {"rows_moe": False, "fused_moe": False, "merge_op": False, "triton": False},
-    "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True},
-    "no_trim": {"trim_last": False},
     "fused_moe": {"rows_moe": False, "fused_moe": True},
     "no_fused_moe": {"rows_moe": True, "fused_moe": False},
-    "fp8_experts_rows": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
-    "fp8_experts": {"fp8": "experts"},
     # the sliding layers (head dim 256) on FlexAttention under block masks, not cuDNN under biases
     "flex": {"attention": ((256, "flex"), (512, "efficient"))},
     "streams_apart": {"joint_streams": False, "joint_streams_items": 0},
-    # every bucket joint (before issue 21's fourth session: the default joined all of them)
+    # every read joint
     "joint_all": {"joint_streams_items": 0},
     # the prompt rests' own keys under their dense causal bias, not a causal kernel
     "biased_own": {"causal_own": False},
     # the canvases' prompt-rest keys copied per row (rows_kv) and read with their canvas under a bias
-    "rows_copied": {"rows_in_place": False},
-    # the single-read buckets' attention by FlexAttention compiled per shape (opt-in)
-    "static_flex_1": {"static_flex_items": 1}}
+    "rows_copied": {"rows_in_place": False}}
 
 
 def event_ms(fn: Any, iters: int) -> float:

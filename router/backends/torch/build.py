@@ -26,16 +26,13 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
 
         on_cuda = next(model.parameters()).device.type == "cuda"
         compiled = options.compiled if options.compiled is not None else on_cuda
-        choice = default_choice(model, compiled=compiled, fp8=options.fp8,
-                                static_flex_items=options.static_flex_items,
-                                split_kv_items=options.split_kv_items,
+        choice = default_choice(model, compiled=compiled, split_kv_items=options.split_kv_items,
                                 split_kv_chunks=options.split_kv_chunks)
         graphs = (GraphShapes.from_options(options, capture=on_cuda, labels=MAX_LABELS)
                   if compiled and choice.fused_pass else None)
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad,
-                                   prefix_cache_entries=options.prefix_cache_entries,
-                                   mixed_prefixes=options.mixed_question_reads)
+                                   prefix_cache_entries=options.prefix_cache_entries)
     if options.kind == "causal":
         from router.backends.torch.causal import CausalSlotReader
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from router.backends.torch.joint import (
     QkvStreams,
@@ -44,11 +44,9 @@ from router.backends.torch.prefix_attention import (
     to_bias,
     unfold_groups,
 )
-from router.backends.torch.read_inputs import OnePassBatch, PrefixGroups, PrefixKV
+from router.backends.torch.read_inputs import OnePassBatch, PrefixKV
 from router.backends.torch.reader import Frozen
 
-if TYPE_CHECKING:
-    from router.backends.torch.fp8 import Fp8Layer, Fp8Model
 
 def head_major(queries: tuple[Any, ...]) -> Any:
     """Queries (B, H, M, D) of each stream laid end to end head-major, (H, sum B*M, D), as the
@@ -105,9 +103,7 @@ class OnePass(Frozen):
     """The one-pass read of a tied DiffusionGemma with ``pieces`` (each computes what its eager
     default does). ``band`` names the layer kinds whose shared prefix is read with ``attend_band``
     under a position band instead of ``pieces.attend`` under a dense bias (the same visibility).
-    ``trim_last``: the last layer computes only what the read uses (``last_layer``); the same
-    result, less work. ``fp8``: FP8 copies of the experts' weights (fp8.py) that their products
-    read (opt-in: a different read, within the agreement docs/backends.md states).
+    The last layer computes only what the read uses (``last_layer``); the same result, less work.
     ``joint_streams`` (joint.py): each layer's hidden state is both streams' rows end to end,
     normed and projected to q/k/v by one product over a merged copy of the (tied) q/k/v weights
     (``qkv_weights``, made here: the model's parameters are untouched; it follows them only on
@@ -120,7 +116,6 @@ class OnePass(Frozen):
     Immutable once built: the kernels are chosen before (choice.py), never swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
-                 trim_last: bool = True, fp8: Fp8Model | None = None,
                  joint_streams: bool = True,
                  qkv_weights: tuple[tuple[Any, Any], ...] | None = None,
                  rows_in_place: bool = True) -> None:
@@ -132,8 +127,6 @@ class OnePass(Frozen):
         self.softcap = self.config.final_logit_softcapping
         self.pieces = pieces
         self.band = frozenset(band)
-        self.trim_last = trim_last
-        self.fp8 = fp8
         if joint_streams and not weights_shared(model, attention=True):
             from router.errors import ConfigError
 
@@ -149,10 +142,6 @@ class OnePass(Frozen):
             raise ValueError("qkv_weights: one (weight, bias) per layer")
         self.qkv_weights = qkv_weights if joint_streams and qkv_weights is not None else ()
         self._seal()
-
-    def weights(self, index: int) -> Fp8Layer | None:
-        """Layer ``index``'s FP8 copies (None: the bf16 weights)."""
-        return self.fp8.layers[index] if self.fp8 is not None else None
 
     def kinds(self) -> list[str]:
         return list(self.config.layer_types)
@@ -170,30 +159,26 @@ class OnePass(Frozen):
         length = torch.tensor(prefix_len, dtype=torch.long, device=keys[0].device)
         return PrefixKV(keys, values, positions, length)
 
-    def __call__(self, prefix: PrefixKV | PrefixGroups | None,
-                 batch: OnePassBatch) -> tuple[Any, Any, Any]:
+    def __call__(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
         """(label proba (R, L), full-vocab entropy (R,), label mass (R,)) of every row. ``prefix``:
-        the batch's shared prefix, or each group of items' own (``PrefixGroups``), or None."""
+        the batch's shared prefix (None: the prompt rests are whole prompts)."""
         import torch
 
         enc_h = self.encoder.embed_tokens(batch.input_ids)
         dec_h = self.decoder.embed_tokens(batch.canvas)
         dec_h = self.decoder.self_conditioning(dec_h, torch.zeros_like(dec_h))
-        (n_items, width), canvas_len = batch.input_ids.shape, batch.canvas.shape[1]
-        groups = (PrefixGroups.one(prefix, n_items, batch.canvas.shape[0])
-                  if isinstance(prefix, PrefixKV) else prefix)
-        enc_pos, row_start, row_len = self.positions(groups, batch)
+        width, canvas_len = batch.input_ids.shape[1], batch.canvas.shape[1]
+        enc_pos, row_start, row_len = self.positions(prefix, batch)
         dec_pos = (row_start + row_len)[:, None] + torch.arange(canvas_len, device=enc_h.device)
         types = self.kinds()
         enc_pe = {t: self.encoder.rotary_emb(enc_h, enc_pos, t) for t in set(types)}
         dec_pe = {t: self.decoder.rotary_emb(dec_h, dec_pos, t) for t in set(types)}
-        masks = self.masks(groups, batch, enc_pos, row_start, row_len, enc_h.dtype)
+        masks = self.masks(prefix, batch, enc_pos, row_start, row_len, enc_h.dtype)
         layers = list(zip(self.encoder.layers, self.decoder.layers, strict=True))
-        full = layers[:-1] if self.trim_last else layers
         # joint_streams: both streams' rows end to end (T, E) and their rotary tables (T, 1, D)
         joint = joined((enc_h, dec_h), enc_pe, dec_pe) if self.joint_streams else None
-        for index, (enc, dec) in enumerate(full):
-            kind, weights = types[index], self.weights(index)
+        for index, (enc, dec) in enumerate(layers[:-1]):
+            kind = types[index]
             if joint is not None:
                 (q_e, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
                                                                   enc_h.shape[:2], dec_h.shape[:2])
@@ -211,56 +196,48 @@ class OnePass(Frozen):
             else:
                 out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind,
-                                              merged=groups is None)
-            if groups is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
+                                              merged=prefix is None)
+            if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
                 out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
                 out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
             else:
-                out_e, out_d = self.with_prefix(groups, index, (q_e, q_d), (out_e, out_d),
-                                                (lse_e, lse_d), masks[("prefix", kind)],
-                                                (groups.items, groups.rows))
+                out_e, out_d = self.with_prefix(prefix, index, (q_e, q_d), (out_e, out_d),
+                                                (lse_e, lse_d), masks[("prefix", kind)])
             scalars = (enc.layer_scalar, dec.layer_scalar)
             if joint is not None:
                 step = self.pieces.ffn_joint or partial(ffn_joint, self.pieces.ffn)
                 n_enc = enc_h.shape[0] * enc_h.shape[1]
                 rows = step(enc, o_proj_joint(enc.self_attn, out_e, out_d), joint[0], scalars,
-                            n_enc, weights)
+                            n_enc)
                 enc_h, dec_h = rows[:n_enc].view(enc_h.shape), rows[n_enc:].view(dec_h.shape)
                 joint = (rows, joint[1])
                 continue
             attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
             if self.pieces.ffn_step is not None:
-                enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars, weights)
+                enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars)
             else:
-                enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars, weights)
-        if self.trim_last:
-            (enc, dec), index = layers[-1], len(layers) - 1
-            at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), groups,
-                                      batch, masks, joint)
-        else:
-            at_slot = at_slots(dec_h, batch.slots)
+                enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars)
+        (enc, dec), index = layers[-1], len(layers) - 1
+        at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), prefix,
+                                  batch, masks, joint)
         return slot_read(self.model, self.softcap, self.decoder.norm(at_slot), batch.label_index,
                          batch.label_valid)
 
-    def positions(self, groups: PrefixGroups | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
-        """The prompt rests' token positions (B, S), each canvas row's prefix length (0-d when
-        every item reads one prefix, else (R,)) and each canvas row's prompt-rest length (R,):
-        an item's tokens follow its own prefix."""
+    def positions(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
+        """The prompt rests' token positions (B, S), the prefix length (0-d) and each canvas
+        row's prompt-rest length (R,): an item's tokens follow the prefix."""
         import torch
 
         device = batch.input_ids.device
         n_items, width = batch.input_ids.shape
         steps = torch.arange(width, device=device)
         row_len = batch.lengths.index_select(0, batch.row_item)
-        if groups is not None and len(groups.prefixes) > 1:
-            start = groups.starts()
-            return start[:, None] + steps, start.index_select(0, batch.row_item), row_len
-        start = (groups.prefixes[0].length if groups is not None
+        start = (prefix.length if prefix is not None
                  else torch.zeros((), dtype=torch.long, device=device))
         return (start + steps).unsqueeze(0).expand(n_items, width), start, row_len
 
     def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
-                   rotary: tuple[dict[str, Any], dict[str, Any]], groups: PrefixGroups | None,
+                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixKV | None,
                    batch: OnePassBatch, masks: dict[tuple[str, str], Any],
                    joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
         """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
@@ -287,14 +264,14 @@ class OnePass(Frozen):
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
         n_heads = query.shape[1]
         out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True,
-                                      merged=groups is None)
-        if groups is None:
+                                      merged=prefix is None)
+        if prefix is None:
             out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
         else:
-            (out,) = self.with_prefix(groups, index, (query,), (out,), (lse,),
-                                      masks[("prefix_slot", kind)], (groups.rows,))
+            (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
+                                      masks[("prefix_slot", kind)])
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
-        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots), self.weights(index)) * dec.layer_scalar
+        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
 
     def qkv_joint(self, index: int, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
                   dec_rows: tuple[int, int]) -> QkvStreams:
@@ -302,25 +279,7 @@ class OnePass(Frozen):
         return qkv_joint(self.encoder.layers[index], self.qkv_weights[index], rows, rotary,
                          enc_rows, dec_rows, norm=self.pieces.norm, qkv=self.pieces.qkv_merged)
 
-    def with_prefix(self, groups: PrefixGroups, index: int, queries: tuple[Any, ...],
-                    outs: tuple[Any, ...], lses: tuple[Any, ...], masks: tuple[Any, ...],
-                    bounds: tuple[tuple[int, ...], ...]) -> list[Any]:
-        """``with_one_prefix`` of each group of ``groups`` (``masks``: one a group), over the rows
-        of each stream that ``bounds`` gives it (per stream, ``groups.items`` or ``groups.rows``);
-        with several groups, each stream's outputs laid end to end (one cat a stream)."""
-        if len(groups.prefixes) == 1:
-            return self.with_one_prefix(groups.prefixes[0], index, queries, outs, lses, masks[0])
-        import torch
-
-        parts = []
-        for p, prefix in enumerate(groups.prefixes):
-            cut = [slice(b[p], b[p + 1]) for b in bounds]
-            q, o, lse = ([_rows(x, c) for x, c in zip(xs, cut, strict=True)]
-                         for xs in (queries, outs, lses))
-            parts.append(self.with_one_prefix(prefix, index, q, o, lse, masks[p]))
-        return [torch.cat(stream) for stream in zip(*parts, strict=True)]
-
-    def with_one_prefix(self, prefix: PrefixKV, index: int, queries: Sequence[Any],
+    def with_prefix(self, prefix: PrefixKV, index: int, queries: Sequence[Any],
                         outs: Sequence[Any], lses: Sequence[Any], mask: Any) -> list[Any]:
         """Each stream's attention output merged with its attention to the shared prefix: all
         queries of the batch, laid out as one sequence, read the prefix (batch of one) at once
@@ -350,20 +309,19 @@ class OnePass(Frozen):
             offset += q.shape[0] * q.shape[2]
         return merged
 
-    def masks(self, prefixes: PrefixGroups | None, batch: OnePassBatch, enc_pos: Any,
+    def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, enc_pos: Any,
               row_start: Any, row_len: Any, dtype: Any) -> dict[tuple[str, str], Any]:
         """Additive biases per (part, layer kind), built once per read from lengths on the device
         (the prefix part's a ``Band`` for the kinds in ``band``). Parts: "enc" and "dec" (each
-        stream's own keys), "prefix" (each group's queries to its prefix: a tuple, one a group),
-        and with ``trim_last`` "slot" and "prefix_slot" for the last layer's kind (one query a
-        canvas row). ``enc_pos`` (B, S): the prompt rests' positions; ``row_start`` (R,) or 0-d:
-        each canvas row's prefix length."""
+        stream's own keys), "prefix" (every query of the batch to the shared prefix), and "slot"
+        and "prefix_slot" for the last layer's kind (one query a canvas row). ``enc_pos`` (B, S):
+        the prompt rests' positions; ``row_start`` (0-d): the prefix length."""
         import torch
 
         device = batch.input_ids.device
         width, canvas_len = batch.input_ids.shape[1], batch.canvas.shape[1]
         groups = {kind: self.config.num_attention_heads // self.kv_heads(kind) for kind in set(self.kinds())}
-        last_kind = self.kinds()[-1] if self.trim_last else None
+        last_kind = self.kinds()[-1]
         query = torch.arange(width, device=device)
         own = query[None, :, None] >= query[None, None, :]  # causal over the prompt rest
         real = query[None, None, :] < batch.lengths[:, None, None]
@@ -395,23 +353,16 @@ class OnePass(Frozen):
                 out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
                 if kind == last_kind:
                     out[("slot", kind)] = to_mask(dec_vis, g, dtype)
-            if prefixes is None:
+            if prefix is None:
                 continue
-            read, slot = [], []
-            for prefix, items, rows in prefixes.spans():
-                # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
-                low = torch.cat([enc_low.view(-1, width)[items].reshape(-1),
-                                 row_low[rows, None].expand(-1, canvas_len).reshape(-1)])
-                n_rows = rows.stop - rows.start
-                read.append(self.prefix_mask(prefix, kind, g, low if sliding else None,
-                                             (items.stop - items.start) * width + n_rows * canvas_len,
-                                             dtype))
-                if kind == last_kind:
-                    slot.append(self.prefix_mask(prefix, kind, g, row_low[rows] if sliding else None,
-                                                 n_rows, dtype))
-            out[("prefix", kind)] = tuple(read)
+            # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
+            low = torch.cat([enc_low, row_low[:, None].expand(-1, canvas_len).reshape(-1)])
+            n_rows = row_len.shape[0]
+            out[("prefix", kind)] = self.prefix_mask(prefix, kind, g, low if sliding else None,
+                                                     enc_low.shape[0] + n_rows * canvas_len, dtype)
             if kind == last_kind:
-                out[("prefix_slot", kind)] = tuple(slot)
+                out[("prefix_slot", kind)] = self.prefix_mask(
+                    prefix, kind, g, row_low if sliding else None, n_rows, dtype)
         return out
 
     def prefix_mask(self, prefix: PrefixKV, kind: str, groups: int, low: Any | None,
@@ -490,8 +441,3 @@ class OnePass(Frozen):
     def kv_heads(self, kind: str) -> int:
         index = self.kinds().index(kind)
         return int(self.config.per_layer_config[index].num_key_value_heads)
-
-
-def _rows(x: Any, rows: slice) -> Any:
-    """``rows`` of a stream's tensor along dim 0 (of each, for a pair of parts)."""
-    return tuple(part[rows] for part in x) if isinstance(x, tuple) else x[rows]

@@ -213,10 +213,8 @@ def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax)
 
 # FlexAttention's block size (its default); a flex mask's blocks are these squares
 FLEX_BLOCK = 128
-# The largest head dim FlexAttention serves (``KernelChoice.small``): measured at 256 on the H200,
-# where alone it beat cuDNN under the dense bias (bench/attention_kernels.py) but in the whole read
-# it did not (docs/backends.md), so ``pick_attention`` never tries it; 512 was not measured.
-FLEX_MAX_DIM = 256
+# FlexAttention alone beat cuDNN under the dense bias at head dim 256 (bench/attention_kernels.py)
+# but not in the whole read, so ``pick_attention`` never tries it: a choice names "flex" explicitly
 
 
 def flex_mask(visible: Any, groups: int) -> Any:
@@ -257,17 +255,15 @@ def flex_mask(visible: Any, groups: int) -> Any:
 
 
 @functools.cache
-def _compiled_flex(dynamic: bool | None) -> Any:
-    """flex_attention compiled: ``dynamic`` None compiles a second shape as a dynamic kernel that
-    then serves every shape ("flex"); False compiles one kernel per shape ("flex_static": 2-3x
-    faster here, ~1.7 s of compiling a shape on an H200)."""
+def _compiled_flex() -> Any:
+    """flex_attention compiled (a second shape compiles a dynamic kernel that serves them all)."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=dynamic)
+    return torch.compile(flex_attention)
 
 
-def attend_flex(q: Any, k: Any, v: Any, mask: Any, *, dynamic: bool | None = None) -> tuple[Any, Any]:
+def attend_flex(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
     """FlexAttention under a ``flex_mask`` (compiled into one Triton kernel on CUDA; on the CPU
     its eager form, which materializes the scores: the tests' reference path), with the
     log-sum-exp. A query that sees no key gets lse MASKED (flex gives -inf), as the bias kernels
@@ -280,7 +276,7 @@ def attend_flex(q: Any, k: Any, v: Any, mask: Any, *, dynamic: bool | None = Non
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     if q.is_cuda:
-        out, aux = _compiled_flex(dynamic)(q, k, v, block_mask=mask, scale=1.0,
+        out, aux = _compiled_flex()(q, k, v, block_mask=mask, scale=1.0,
                                            return_aux=AuxRequest(lse=True))
     else:
         with warnings.catch_warnings():  # eager on purpose: the CPU's reference form
@@ -304,10 +300,9 @@ def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tup
     return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
 
 
-KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS), "flex": attend_flex,
-                                     "flex_static": functools.partial(attend_flex, dynamic=False)}
+KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS), "flex": attend_flex}
 # Kernels that read a ``flex_mask`` instead of a dense bias (OnePass.masks builds the kind's masks so)
-MASK_KERNELS = frozenset({"flex", "flex_static"})
+MASK_KERNELS = frozenset({"flex"})
 
 
 Causal = Callable[[Any, Any, Any], tuple[Any, Any]]

@@ -53,8 +53,7 @@ def torch_backend(*, failing_warm_up: bool) -> Any:
     model = tiny_model(vocab=len(tokenizer), window=4096)
     reader = DiffusionSlotReader(model)
     if failing_warm_up:  # graphs too small for the template's prefix: the eager read serves
-        compiled = replace(default_choice(model), compiled=True, fuse_cats=True,
-                           compile_backend="aot_eager")
+        compiled = replace(default_choice(model), compiled=True, compile_backend="aot_eager")
         shapes = GraphShapes(batches=(1,), widths=(64,), draws=(1,), prefix_tokens=8,
                              capture=False)
         reader = DiffusionSlotReader(model, choice=compiled, graphs=shapes)

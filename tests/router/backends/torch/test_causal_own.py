@@ -32,7 +32,7 @@ from router.backends.torch.prefix_attention import (
     fold_groups,
     no_causal_dims,
 )
-from router.backends.torch.read_inputs import PrefixGroups, PrefixKV
+from router.backends.torch.read_inputs import PrefixKV
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
@@ -130,8 +130,7 @@ def test_the_causal_path_is_the_one_read() -> None:
 
 def read_masks(onepass: OnePass, prefix: PrefixKV, batch: Any) -> dict[tuple[str, str], Any]:
     """The masks ``onepass`` builds for a read of ``batch`` after ``prefix``."""
-    groups = PrefixGroups.one(prefix, batch.input_ids.shape[0], batch.canvas.shape[0])
-    return onepass.masks(groups, batch, *onepass.positions(groups, batch), torch.float32)
+    return onepass.masks(prefix, batch, *onepass.positions(prefix, batch), torch.float32)
 
 
 def test_joint_streams_items_joins_only_the_small_buckets() -> None:
@@ -152,19 +151,17 @@ def test_joint_streams_items_joins_only_the_small_buckets() -> None:
     assert reader.onepass_for(4) is large and reader.onepass_for(1) is small
     assert len({id(p) for p in reader.passes.values()}) == 2
     # the choices of the reads: equal where they read alike, so they share a OnePass
-    choice = KernelChoice(joint_streams_items=4, static_flex_items=1)
-    plain = replace(choice, joint_streams_items=0, static_flex_items=0)
-    assert choice.for_read(2, graph=True) == choice.for_read(4, graph=True) == plain
-    assert choice.for_read(1) == plain  # static flex in graph buckets only: never eagerly
-    assert choice.for_read(1, graph=True) == replace(choice.small(), joint_streams_items=0)
-    assert not choice.for_read(8).joint_streams and not choice.for_read(8, graph=True).joint_streams
+    choice = KernelChoice(joint_streams_items=4)
+    plain = replace(choice, joint_streams_items=0)
+    assert choice.for_read(1) == choice.for_read(2) == choice.for_read(4) == plain
+    assert not choice.for_read(8).joint_streams
 
 
 @pytest.mark.parametrize(("switches", "field"), [
     ({"joint_streams_items": -1}, "joint_streams_items"),
     ({"joint_streams_items": True}, "joint_streams_items"),
     ({"joint_streams_items": 2, "joint_streams": False}, "joint_streams_items"),
-    ({"fused_pass": False, "trim_last": False, "joint_streams": False}, "causal_own"),
+    ({"fused_pass": False, "joint_streams": False}, "causal_own"),
 ])
 def test_bad_bucket_and_causal_switches_are_refused_naming_them(switches: dict[str, Any],
                                                                 field: str) -> None:
@@ -193,9 +190,8 @@ def test_rows_in_place_read_what_the_two_pass_read_reads(window: int) -> None:
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
     want_mixed = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
     for cached in (True, False):
-        for in_place, causal, joint, trim in product((True, False), repeat=4):
-            choice = KernelChoice(rows_in_place=in_place, causal_own=causal, joint_streams=joint,
-                                  trim_last=trim)
+        for in_place, causal, joint in product((True, False), repeat=3):
+            choice = KernelChoice(rows_in_place=in_place, causal_own=causal, joint_streams=joint)
             reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
             assert_same_reads(reader.read(ONE_DRAW), want)
             assert_same_reads(reader.read(ITEMS), want_mixed)  # 5 rows, 3 items: the row copies

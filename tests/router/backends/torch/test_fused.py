@@ -56,16 +56,16 @@ def test_one_pass_batch_equals_two_pass_reads_one_at_a_time(model: Any, cached: 
 
 
 @pytest.mark.parametrize("band", [(), ("full_attention",)], ids=["bias", "band"])
-def test_the_trimmed_last_layer_reads_what_the_full_one_reads(band: tuple[str, ...]) -> None:
+def test_the_trimmed_last_layer_reads_what_the_two_pass_read_reads(band: tuple[str, ...]) -> None:
+    """The one pass computes only the slot's query in the last layer (OnePass.last_layer); its
+    read is transformers' whole last layer's, over three layers, cached or not."""
     # (transformers makes a DiffusionGemma's last layer full attention, whatever the config says)
     model = tiny_model(window=8, layers=("sliding_attention", "sliding_attention", "full_attention"))
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
     for cached in (True, False):
-        for trim in (True, False):
-            choice = KernelChoice(band=frozenset(band), trim_last=trim)
-            reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
-            assert reader.onepass is not None and reader.onepass.trim_last is trim
-            assert_same_reads(reader.read(ITEMS), want)
+        reader = DiffusionSlotReader(model, choice=KernelChoice(band=frozenset(band)),
+                                     use_prefix_cache=cached)
+        assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_scalars() -> None:
@@ -78,9 +78,8 @@ def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_sc
         enc.layer_scalar.fill_(0.5 + 0.25 * index)
         dec.layer_scalar.fill_(1.5 - 0.25 * index)
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
-    for cached, trim, joint in product((True, False), (True, False), (True, False)):
-        choice = KernelChoice(band=frozenset({"full_attention"}), trim_last=trim,
-                              joint_streams=joint)
+    for cached, joint in product((True, False), (True, False)):
+        choice = KernelChoice(band=frozenset({"full_attention"}), joint_streams=joint)
         reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
         assert reader.onepass is not None and reader.onepass.joint_streams is joint
         assert_same_reads(reader.read(ITEMS), want)
@@ -173,13 +172,14 @@ def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert OnePass(model, qkv_weights=onepass.qkv_weights).qkv_weights is onepass.qkv_weights
     assert OnePass(model, joint_streams=False).qkv_weights == ()
-    # the static-flex buckets' second OnePass reads the same merged copy (diffusion.py)
-    shapes = GraphShapes(batches=(1,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
+    # the larger reads' second OnePass (the prefix read whole past split_kv_items) reads the same
+    # merged copy (diffusion.py)
+    shapes = GraphShapes(batches=(1, 4), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
                          capture=False)
-    flex = DiffusionSlotReader(model, choice=KernelChoice(attention=((16, "math"), (32, "math")),
-                                                        static_flex_items=1), graphs=shapes)
-    assert flex.onepass is not None and flex.onepass_for(1, graph=True) is not flex.onepass
-    assert flex.onepass_for(1, graph=True).qkv_weights is flex.onepass.qkv_weights
+    split = DiffusionSlotReader(model, choice=KernelChoice(prefix_splits=2, split_kv_items=1),
+                                graphs=shapes)
+    assert split.onepass is not None and split.onepass_for(4) is not split.onepass
+    assert split.onepass_for(4).qkv_weights is split.onepass.qkv_weights
     for weight, _ in onepass.qkv_weights:
         assert weight.untyped_storage().data_ptr() not in ptrs
     # mutation check: k and v rows of the sliding layer's merged copy swapped, the product sees it
@@ -338,8 +338,7 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
     dec_attn, dec_h = torch.randn(3, 6, 4, generator=gen), torch.randn(3, 6, 4, generator=gen)
 
-    def ffn(layer: Any, attn: Any, residual: Any, weights: Any) -> Any:
-        assert weights is None  # the bf16 weights: no FP8 copies passed
+    def ffn(layer: Any, attn: Any, residual: Any) -> Any:
         return attn * 2 + residual * layer
 
     enc_out, dec_out = ffn_step(ffn, 0.5, (enc_attn, dec_attn), (enc_h, dec_h),

@@ -43,8 +43,7 @@ def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlot
     """A backend whose compiled reader fails its warm-up (graphs too small for the template's
     prefix), once it is done; and that reader."""
     model, tokenizer = parts
-    compiled = replace(default_choice(model), compiled=True, fuse_cats=True,
-                       compile_backend="aot_eager")
+    compiled = replace(default_choice(model), compiled=True, compile_backend="aot_eager")
     shapes = GraphShapes(batches=(1,), widths=(64,), draws=(1,), prefix_tokens=8, capture=False)
     reader = DiffusionSlotReader(model, choice=compiled, graphs=shapes)
     backend = TorchBackend(reader, tokenizer, options(), model_id="tiny")
@@ -72,26 +71,21 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
                        "prefix_cache": {"entries": 0, "capacity": 8, "hits": 0, "misses": 0,
                                         "evictions": 0},
                        "kernels": backend.reader.choice.summary(), "cuda_graphs": 0,
-                       "mixed_question_reads": False, "fallbacks": []}
+                       "fallbacks": []}
     assert serving["kernels"]["triton"] is False  # the plain eager read: intended here
     assert "serving" not in backend.identity() and backend.fingerprint  # not the identity
 
 
-def test_readyz_says_whether_several_questions_are_read_a_pass_and_counts_the_mixed_graphs(
-        parts: tuple[Any, Any]) -> None:
+def test_readyz_counts_the_graphs(parts: tuple[Any, Any]) -> None:
     model, tokenizer = parts
-    mixed = options(mixed_question_reads=True)
-    backend = TorchBackend(make_reader(mixed, model, tokenizer), tokenizer, mixed, model_id="tiny")
-    assert backend.serving()["mixed_question_reads"] is True
     shapes = GraphShapes(batches=(1, 2, 4), widths=(64,), draws=(1,), prefix_tokens=1024,
-                         capture=False, mixed_groups=2)
-    reader = DiffusionSlotReader(model, graphs=shapes, mixed_prefixes=True)
-    bucketed = TorchBackend(reader, tokenizer, mixed, model_id="tiny")
+                         capture=False)
+    bucketed = TorchBackend(DiffusionSlotReader(model, graphs=shapes), tokenizer, options(),
+                            model_id="tiny")
     assert bucketed._warm is not None
     bucketed._warm.result(timeout=120)
     serving = bucketed.serving()
-    assert serving["cuda_graphs"] == 3 + 2  # (3 one-question buckets, 2 mixed: groups of 1 and 2)
-    assert serving["mixed_question_reads"] is True and serving["fallbacks"] == []
+    assert serving["cuda_graphs"] == 3 and serving["fallbacks"] == []
 
 
 def test_a_failed_warm_up_is_reported_with_its_failure(parts: tuple[Any, Any]) -> None:
@@ -152,7 +146,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
     from router.backends.torch import choice, ops
 
     model, tokenizer = parts
-    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(fp8="experts"),
+    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(),
                            model_id="tiny")
     asked: list[tuple[Any, ...]] = []
 
@@ -160,8 +154,8 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         asked.append(("triton", device.type))
         return "RuntimeError: merge disagrees"
 
-    def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
-        asked.append(("moe", device.type, fp8))
+    def fused_moe_problem(device: Any) -> str:
+        asked.append(("moe", device.type))
         return "fused experts disagree"
 
     monkeypatch.setattr(ops, "triton_problem", triton_problem)
@@ -174,7 +168,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
     assert backend._device_fallbacks(OnCuda(), KernelChoice()) == [
         "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
         "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
-    assert asked == [("triton", "cuda"), ("moe", "cuda", True)]
+    assert asked == [("triton", "cuda"), ("moe", "cuda")]
     # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither
     OnCuda.model = torch.nn.Linear(2, 2)
     assert len(backend._device_fallbacks(OnCuda(), KernelChoice())) == 1
