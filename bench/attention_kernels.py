@@ -69,7 +69,7 @@ def replay_ms(fn: Any, iters: int) -> tuple[float, Any]:
 def reference(problem: dict[str, Any]) -> tuple[Any, Any]:
     import torch
 
-    from router.backends.torch.prefix_attention import attend_math, to_bias
+    from router.backends.torch.kernels.attention import attend_math, to_bias
 
     bias = to_bias(problem["visible"][None], GROUPS, torch.float32)
     return attend_math(problem["q"].float(), problem["k"].float(), problem["v"].float(), bias)
@@ -85,7 +85,7 @@ def compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, float]:
 def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from router.backends.torch.prefix_attention import (
+    from router.backends.torch.kernels.attention import (
         attend_causal_cudnn,
         attend_cudnn,
         attend_efficient,
@@ -158,7 +158,7 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-    from router.backends.torch.prefix_attention import attend_cudnn, attend_math, to_bias
+    from router.backends.torch.kernels.attention import attend_cudnn, attend_math, to_bias
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     width, canvas = args.width, args.canvas
@@ -221,7 +221,7 @@ def mask_free_own(part: str, q: Any, k: Any, v: Any, lengths: Any, vis: Any, wid
     (FlashAttention-2 varlen, ``seqused_k``)."""
     import torch
 
-    from router.backends.torch.prefix_attention import attend_math, to_bias
+    from router.backends.torch.kernels.attention import attend_math, to_bias
 
     items, n_q, n_k = q.shape[0], q.shape[2] // GROUPS, k.shape[2]
     i32, dev = torch.int32, q.device

@@ -14,10 +14,10 @@ from typing import Any
 
 from policies.types import DecisionRequest, Option
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.build import make_reader
-from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.reader import SlotReader
+from router.backends.torch.serve.build import make_reader
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.reader import SlotReader
 
 WORDS = ["card", "account", "money", "transfer", "refund", "payment", "my", "the", "a", "is", "not", "arrived", "yesterday", "please", "why", "still", "charged", "twice", "fee", "exchange", "rate", "top", "up", "pending", "cash", "machine", "declined", "lost", "stolen", "pin", "blocked", "verify", "identity", "app", "country", "limit", "balance", "wrong", "amount", "cancel"]
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_backend import measure_backend
-from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.reader import SlotItem
-from router.backends.torch.warm_up import warm_up
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.warm_up import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"single_p50_ms": 22, "concurrent32_reads_per_s": 300, "draws4_over_draws1": 1.3}

@@ -1,5 +1,5 @@
 """Which fast kernels pay: the compiled, graph-replayed one-pass read at one batch size with the
-band prefix read (prefix_attention.attend_band) and the row-copy experts (moe.py) each on or off,
+band prefix read (attention.attend_band) and the row-copy experts (moe.py) each on or off,
 plus the prefix attention alone at the read's shapes (dense-bias kernels against the band GEMMs),
 and a kernel profile of the last variant. Same model and items as bench/gpu_read.py.
 
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_read import ROOT, build_model, make_items, profile, sync, time_reads
-from router.backends.torch.choice import KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import KEY_ALIGN, GraphShapes
-from router.backends.torch.warm_up import warm_up
+from router.backends.torch.model.choice import KernelChoice, default_choice
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import KEY_ALIGN, GraphShapes
+from router.backends.torch.serve.warm_up import warm_up
 
 BOTH = frozenset({"sliding_attention", "full_attention"})
 # Each variant: the device's shipped choice (compiled, default_choice) with these switches changed;
@@ -71,7 +71,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
     picked, cuDNN, memory-efficient, and the band GEMMs (softmax compiled)."""
     import torch
 
-    from router.backends.torch.prefix_attention import (
+    from router.backends.torch.kernels.attention import (
         Band,
         attend_band,
         attend_cudnn,
@@ -79,7 +79,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
         band_softmax,
         to_bias,
     )
-    from router.backends.torch.read_inputs import FAR
+    from router.backends.torch.model.inputs import FAR
 
     dtype = next(reader.model.parameters()).dtype
     config = reader.text_config

@@ -36,7 +36,7 @@ from typing import Any
 
 from bench import common
 from bench.gpu_backend import Phases, build_requests, covering_keys, percentile, phase_rows
-from router.backends.torch.coalescer import padded_size
+from router.backends.torch.serve.coalescer import padded_size
 
 # the reader's time for 1 and 32 reads on an H200 (bench/results/gpu_read.json, backend block)
 SINGLE_MS, BATCH32_MS = 22.2, 141.2
@@ -61,7 +61,7 @@ class ModelledReader:
     def read(self, items: Any) -> list[Any]:
         import numpy as np
 
-        from router.backends.torch.reader import SlotRead
+        from router.backends.torch.serve.reader import SlotRead
 
         widths: dict[int, dict[Any, int]] = {}
         for item in items:
@@ -166,8 +166,8 @@ def measure_prepare(iters: int) -> dict[str, Any]:
     labels; bucket width 256 and 128 labels as the GPU bench's), median ms."""
     from types import SimpleNamespace
 
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.reader import SlotItem
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.reader import SlotItem
 
     shape = SimpleNamespace(pad_id=0, vocab_size=262_144)  # all prepare_onepass reads of a reader
     out = {}

@@ -42,7 +42,7 @@ def wide_sweep(n_tokens: int, picked: Any) -> list[Any]:
     kernels run one after the other, so a row's difference from the pick is its varied kernel's),
     over each row-block size; then the pick's grouping varied for both. Shapes past the chip's
     shared memory are reported as errors and the sweep goes on."""
-    from router.backends.torch.triton_moe import MoeConfig, Tile
+    from router.backends.torch.kernels.triton_moe import MoeConfig, Tile
 
     small = n_tokens * TOP_K / EXPERTS <= 32
     # 64-row blocks at a batch of reads measured 20% slower (the full sweep of 2026-12-03)
@@ -109,9 +109,9 @@ def layer(n_tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:
 def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    from router.backends.torch import triton_moe
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.ops import TRITON_OPS
+    from router.backends.torch.kernels import triton_moe
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.row_ops import TRITON_OPS
 
     experts, hidden, index, weights = layer(n_tokens, seed=n_tokens)
     weight_bytes = (experts.gate_up_proj.numel() + experts.down_proj.numel()) * 2

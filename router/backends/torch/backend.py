@@ -28,11 +28,11 @@ from router.backends.labels import (
     default_candidates,
     single_token_id,
 )
-from router.backends.torch.build import MAX_LABELS, load_model, make_reader
-from router.backends.torch.coalescer import Coalescer, bucket_take
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.prefix_lru import PrefixLRU
-from router.backends.torch.prompt import (
+from router.backends.torch.serve.build import MAX_LABELS, load_model, make_reader
+from router.backends.torch.serve.coalescer import Coalescer, bucket_take
+from router.backends.torch.serve.prefix_lru import PrefixLRU
+from router.backends.torch.serve.prompt import (
     DEFAULT_PREAMBLE,
     TEMPLATE_VERSION,
     Canvas,
@@ -42,8 +42,8 @@ from router.backends.torch.prompt import (
     encode_many,
     masked_prompt,
 )
-from router.backends.torch.reader import SlotItem, SlotRead, SlotReader
-from router.backends.torch.warm_up import warm_up_fallbacks
+from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
+from router.backends.torch.serve.warm_up import warm_up_fallbacks
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
@@ -165,10 +165,10 @@ class TorchBackend(FastBackend):
             return []
         import torch
 
-        from router.backends.torch.choice import fused_moe_problem
-        from router.backends.torch.ops import triton_problem
-        from router.backends.torch.prefix_attention import causal_problem
-        from router.backends.torch.split_kv import SPLIT_KV_CHUNKS, split_problem
+        from router.backends.torch.kernels.attention import causal_problem
+        from router.backends.torch.kernels.row_ops import triton_problem
+        from router.backends.torch.kernels.split_kv import SPLIT_KV_CHUNKS, split_problem
+        from router.backends.torch.model.choice import fused_moe_problem
 
         out = []
         problem = triton_problem(reader.device)

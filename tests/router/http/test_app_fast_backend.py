@@ -42,10 +42,10 @@ def torch_backend(*, failing_warm_up: bool) -> Any:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from router.backends.torch.backend import TorchBackend
-    from router.backends.torch.choice import default_choice
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
+    from router.backends.torch.model.choice import default_choice
     from router.backends.torch.options import TorchOptions
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.graphs import GraphShapes
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch_models import smollm2_tokenizer
 

@@ -27,8 +27,8 @@ def parts() -> tuple[Any, Any]:
 
 def backend(parts: tuple[Any, Any], reader: Any = None, **options: Any) -> Any:
     from router.backends.torch.backend import TorchBackend
-    from router.backends.torch.diffusion import DiffusionSlotReader
     from router.backends.torch.options import TorchOptions
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
 
     model, tokenizer = parts
     typed = TorchOptions(kind="diffusion", turn_close_id=2, **options)
@@ -81,8 +81,8 @@ def test_backend_coalesces_concurrent_reads_and_matches_reads_alone(parts: tuple
 
 
 def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[Any, Any]) -> None:
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.prompt import encode, encode_many
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.prompt import encode, encode_many
 
     spy = Spy(DiffusionSlotReader(parts[0]))
     shared = backend(parts, spy, coalesce_window_ms=50)
@@ -149,7 +149,7 @@ def assert_answers_alone(parts: tuple[Any, Any], shared: Any, asked: list[Any]) 
 def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any]) -> None:
     """Requests of two questions at once: each batch reads one question (the reader reads a
     question's items apart from another's), with the same answers as reads alone."""
-    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
 
     spy = Spy(DiffusionSlotReader(parts[0]))
     shared = backend(parts, spy, coalesce_window_ms=50)
@@ -162,8 +162,8 @@ def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any]) -> None:
 def test_backend_sizes_batches_by_the_readers_graph_buckets(parts: tuple[Any, Any]) -> None:
     """10 waiting reads of one question and graph buckets of 8 and 16 items: 8 now and 2 next
     (10 in a bucket of 16 cost 4 + 16 items' worth; 8 cost 4 + 8); no buckets: all 10."""
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.graphs import GraphShapes
 
     shapes = GraphShapes(batches=(1, 2, 4, 8, 16), widths=(64,), prefix_tokens=1024, capture=False)
     for reader, want in ((DiffusionSlotReader(parts[0], graphs=shapes), [8, 2]),
@@ -184,7 +184,7 @@ def test_backend_tokenizes_a_state_once_across_questions_and_batches(parts: tupl
     with the ids a fresh tokenizing gives; the kept states are bounded (oldest out first)."""
     from policies.types import DecisionRequest, Option
     from router.backends.torch import backend as backend_module
-    from router.backends.torch.prompt import encode
+    from router.backends.torch.serve.prompt import encode
 
     shared = backend(parts)
     texts: list[list[str]] = []
@@ -218,7 +218,7 @@ def test_backend_tokenizes_a_state_once_across_questions_and_batches(parts: tupl
 
 
 def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
-    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
     from router.errors import BackendMalformed
 
     # the reader cannot read one request's prompt
@@ -239,10 +239,10 @@ def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[An
                                                                caplog: Any) -> None:
     from dataclasses import replace
 
-    from router.backends.torch import warm_up
-    from router.backends.torch.choice import default_choice
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
+    from router.backends.torch.model.choice import default_choice
+    from router.backends.torch.serve import warm_up
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.graphs import GraphShapes
 
     eager = backend(parts)
     assert asyncio.run(eager.ready()) and eager.compiled is False  # CPU: nothing to warm up

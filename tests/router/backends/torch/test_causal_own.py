@@ -1,4 +1,4 @@
-"""Read-level and layer-level choices of the one-pass read (choice.py, fused.py):
+"""Read-level and layer-level choices of the one-pass read (choice.py, onepass.py):
 
 - ``causal_own``: the prompt rests read their own keys by a causal kernel with no bias where
   that is exact (the window does not bind within a prompt rest; the kernel has a causal form);
@@ -21,18 +21,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.fused import OnePass
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     attend_causal_cudnn,
     attend_causal_math,
     causal_problem,
     fold_groups,
     no_causal_dims,
 )
-from router.backends.torch.read_inputs import PrefixKV
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_pieces
+from router.backends.torch.model.inputs import PrefixKV
+from router.backends.torch.model.onepass import OnePass
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
@@ -109,7 +109,7 @@ def test_the_causal_path_is_the_one_read() -> None:
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
 
     def everything(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-        from router.backends.torch.prefix_attention import attend_math
+        from router.backends.torch.kernels.attention import attend_math
 
         return attend_math(fold_groups(q, k.shape[1]), k, v, None)
 
@@ -171,7 +171,7 @@ def test_bad_bucket_and_causal_switches_are_refused_naming_them(switches: dict[s
 
 
 def test_the_default_choice_joins_small_buckets_and_reads_causally_where_it_can() -> None:
-    from router.backends.torch.choice import JOINT_STREAMS_ITEMS, default_choice
+    from router.backends.torch.model.choice import JOINT_STREAMS_ITEMS, default_choice
 
     model = tiny_model(window=8)
     cpu = default_choice(model)
@@ -215,7 +215,7 @@ def test_the_in_place_path_is_the_one_read() -> None:
     batch = reader.prepare_onepass(ONE_DRAW, prefix_len=len(PREFIX), device=torch.device("cpu"))
 
     def canvas_only(out_r: Any, lse_r: Any, *canvas_and_prefix: Any) -> Any:
-        from router.backends.torch.prefix_attention import merge_grouped
+        from router.backends.torch.kernels.attention import merge_grouped
 
         return merge_grouped(*canvas_and_prefix)
 

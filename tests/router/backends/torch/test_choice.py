@@ -15,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.reader import SlotItem
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.reader import SlotItem
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
@@ -225,13 +225,13 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
                                                            ("", "fused MoE differs")])
 def test_one_kernel_familys_failed_check_turns_only_that_family_off(
         monkeypatch: pytest.MonkeyPatch, rows_problem: str, moe_problem: str) -> None:
-    """The row ops (ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
+    """The row row_ops (row_ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
     apart: a failed row-op check leaves the fused MoE on, and the other way round (one wrong
     check must not turn every Triton kernel off, the fused MoE included)."""
-    from router.backends.torch import choice as choice_module
-    from router.backends.torch import ops
+    from router.backends.torch.kernels import row_ops
+    from router.backends.torch.model import choice as choice_module
 
-    monkeypatch.setattr(ops, "triton_problem", lambda device: rows_problem)
+    monkeypatch.setattr(row_ops, "triton_problem", lambda device: rows_problem)
     monkeypatch.setattr(choice_module, "fused_moe_problem", lambda device: moe_problem)
     model = tiny_model(window=8).to(torch.bfloat16)
     fast = choice_module.default_choice(model, fast_kernels=True)

@@ -1,4 +1,4 @@
-"""FlexAttention as the read's attention kernel (prefix_attention.flex_mask, attend_flex): the
+"""FlexAttention as the read's attention kernel (attention.flex_mask, attend_flex): the
 block lists flex_mask builds from a visibility mask are those torch's own create_block_mask
 builds from the same visibility as a mask_mod, and attention under it is the reference's. The
 whole read with flex at every head dim is in test_choice.py's equality matrix (eager on the CPU,
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from torch.nn.attention.flex_attention import create_block_mask
 
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     MASKED,
     attend_flex,
     attend_math,

@@ -14,14 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch import warm_up
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.build import make_reader
-from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import GraphShapes
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.warm_up import warm_up_fallbacks
+from router.backends.torch.serve import warm_up
+from router.backends.torch.serve.build import make_reader
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.warm_up import warm_up_fallbacks
 
 EAGER_FALLBACK = "compiled read failed at warm-up: serving the eager read"
 
@@ -54,7 +54,8 @@ def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlot
 
 def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from router.backends.torch import choice, ops
+    from router.backends.torch.kernels import row_ops
+    from router.backends.torch.model import choice
 
     model, tokenizer = parts
     backend = TorchBackend(make_reader(options(), model, tokenizer), tokenizer, options(),
@@ -63,7 +64,7 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
     def never(*_: Any, **__: Any) -> str:
         raise AssertionError("the CUDA kernel checks are not asked on the CPU")
 
-    monkeypatch.setattr(ops, "triton_problem", never)
+    monkeypatch.setattr(row_ops, "triton_problem", never)
     monkeypatch.setattr(choice, "fused_moe_problem", never)
     serving = backend.serving()
     assert isinstance(backend.reader, DiffusionSlotReader)
@@ -143,7 +144,8 @@ def test_warm_up_fallbacks_name_each_change_and_its_failure() -> None:
 def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the memoised checks are asked again (here stood in: no GPU in the tests)."""
-    from router.backends.torch import choice, ops
+    from router.backends.torch.kernels import row_ops
+    from router.backends.torch.model import choice
 
     model, tokenizer = parts
     backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(),
@@ -158,7 +160,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         asked.append(("moe", device.type))
         return "fused experts disagree"
 
-    monkeypatch.setattr(ops, "triton_problem", triton_problem)
+    monkeypatch.setattr(row_ops, "triton_problem", triton_problem)
     monkeypatch.setattr(choice, "fused_moe_problem", fused_moe_problem)
 
     class OnCuda:
@@ -166,7 +168,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         model = torch.nn.Linear(2, 2).to(torch.bfloat16)
 
     assert backend._device_fallbacks(OnCuda(), KernelChoice()) == [
-        "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
+        "Triton row kernels off, the torch row row_ops serve: RuntimeError: merge disagrees",
         "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
     assert asked == [("triton", "cuda"), ("moe", "cuda")]
     # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither
@@ -181,7 +183,7 @@ def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
     """``default_choice`` turns ``causal_own`` off when the causal forms fail their check; before,
     only its log line said so. Asked again (memoised) for the choice that serves; a choice with
     ``causal_own`` on never asks it."""
-    from router.backends.torch import ops, prefix_attention, split_kv
+    from router.backends.torch.kernels import attention, row_ops, split_kv
 
     model, tokenizer = parts
     backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(), model_id="tiny")
@@ -191,8 +193,8 @@ def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
         asked.append((names, device.type, dtype))
         return "cudnn at head dim 256: disagrees (rel err 0.5, lse err 0.1)"
 
-    monkeypatch.setattr(ops, "triton_problem", lambda device: "")
-    monkeypatch.setattr(prefix_attention, "causal_problem", causal_problem)
+    monkeypatch.setattr(row_ops, "triton_problem", lambda device: "")
+    monkeypatch.setattr(attention, "causal_problem", causal_problem)
     monkeypatch.setattr(split_kv, "split_problem", lambda names, splits, device, dtype: "")
 
     class OnCuda:
@@ -214,7 +216,7 @@ def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
     """``default_choice`` reads the prefix whole when the kernels fail split_kv's check; the
     replica lists it. A choice that splits, or options that turned the split off
     (``split_kv_items: 0``), never ask it."""
-    from router.backends.torch import ops, split_kv
+    from router.backends.torch.kernels import row_ops, split_kv
 
     model, tokenizer = parts
     asked: list[tuple[Any, ...]] = []
@@ -223,7 +225,7 @@ def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
         asked.append((names, splits, device.type))
         return "cudnn at head dim 256: unavailable (RuntimeError: strides)"
 
-    monkeypatch.setattr(ops, "triton_problem", lambda device: "")
+    monkeypatch.setattr(row_ops, "triton_problem", lambda device: "")
     monkeypatch.setattr(split_kv, "split_problem", split_problem)
 
     class OnCuda:
@@ -245,7 +247,7 @@ def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
 
 def test_the_causal_check_is_memoised() -> None:
     """What lets ``serving`` ask it again without running kernels: the same answer, one check."""
-    from router.backends.torch.prefix_attention import causal_problem
+    from router.backends.torch.kernels.attention import causal_problem
 
     causal_problem.cache_clear()
     names = ((16, "cudnn"),)

@@ -16,16 +16,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from tests.router.backends.torch.interpreted import interpreted_imports
 
-# triton_kernels imported interpreted (interpreted.py); test_triton_moe's fixture (imported:
+# triton_rows imported interpreted (interpreted.py); test_triton_moe's fixture (imported:
 # autouse here too) keeps the interpreter set while the tests run.
 with interpreted_imports():
     pytest.importorskip("triton")
-    from router.backends.torch import prefix_attention, split_kv, triton_kernels
-    from router.backends.torch.choice import KernelChoice, build_pieces
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.ops import TORCH_OPS, TRITON_OPS
-    from router.backends.torch.prefix_attention import attend_math, to_bias
-    from router.backends.torch.split_kv import attend_split, merge_chunks, split_problem
+    from router.backends.torch.kernels import attention, split_kv, triton_rows
+    from router.backends.torch.kernels.attention import attend_math, to_bias
+    from router.backends.torch.kernels.row_ops import TORCH_OPS, TRITON_OPS
+    from router.backends.torch.kernels.split_kv import attend_split, merge_chunks, split_problem
+    from router.backends.torch.model.choice import KernelChoice, build_pieces
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
     from router.errors import ConfigError
     from tests.router.backends.torch.test_choice import BANDS, FLEX, LONG, SHAPES, two_pass_reads
     from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
@@ -128,7 +128,7 @@ def test_the_start_up_check_passes_agreeing_kernels_and_names_the_failing_one(
         return attend_math(q, k, v, None if q.shape[0] > 1 else bias)
 
     for kernel, why in ((refuses, "unavailable (RuntimeError: query strides"), (drops_bias, "disagrees")):
-        monkeypatch.setitem(prefix_attention.KERNEL_BY_NAME, "cudnn", kernel)
+        monkeypatch.setitem(attention.KERNEL_BY_NAME, "cudnn", kernel)
         split_problem.cache_clear()
         got = split_problem(((32, "cudnn"),), 4, CPU, torch.float32)
         assert got.startswith("cudnn at head dim 32: ") and why in got
@@ -137,14 +137,14 @@ def test_the_start_up_check_passes_agreeing_kernels_and_names_the_failing_one(
 
 @pytest.mark.parametrize("splits", [2, 4, 5])
 def test_the_chunk_merge_kernel_equals_its_torch_reference(splits: int) -> None:
-    """triton_kernels.merge_chunks from strided chunks (S, Hk, M, D) and log-sum-exps, one chunk
+    """triton_rows.merge_chunks from strided chunks (S, Hk, M, D) and log-sum-exps, one chunk
     unseen by some queries (its log-sum-exp -1e30: weight 0), against split_kv.merge_chunks;
     and the Triton row ops' chunk merge is this kernel (the torch ops' the reference)."""
     gen = torch.Generator().manual_seed(splits)
     out = torch.randn((5, splits, 3, 64), generator=gen).permute(1, 2, 0, 3)  # (S, Hk, M, D)
     lse = torch.randn((5, splits, 3), generator=gen).permute(1, 2, 0) * 3
     lse[0, :, :2] = -1.0e30
-    got_out, got_lse = triton_kernels.merge_chunks(out, lse)
+    got_out, got_lse = triton_rows.merge_chunks(out, lse)
     want_out, want_lse = merge_chunks(out, lse)
     assert got_out.shape == (1, 3, 5, 64) and got_lse.shape == (1, 3, 5)
     torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5)

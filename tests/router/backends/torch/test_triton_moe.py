@@ -15,16 +15,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from tests.router.backends.torch.interpreted import interpreted_imports
 
-# triton_moe (and the triton_kernels it uses) imported interpreted (interpreted.py); the variable
+# triton_moe (and the triton_rows it uses) imported interpreted (interpreted.py); the variable
 # is set again while this module's tests run (``_interpreter``)
 with interpreted_imports():
     triton = pytest.importorskip("triton")
-    from router.backends.torch import triton_kernels, triton_moe
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
+    from router.backends.torch.kernels import triton_moe, triton_rows
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
 
 if not all(type(k).__name__ == "InterpretedFunction"
-           for k in (triton_moe._down_kernel, triton_kernels._combine_kernel)):
+           for k in (triton_moe._down_kernel, triton_rows._combine_kernel)):
     pytest.skip("Triton's kernels were imported compiled earlier in this process (CUDA): these "
                 "tests run them interpreted on the CPU", allow_module_level=True)
 
@@ -261,29 +261,29 @@ def test_pick_config_by_pairs_per_expert() -> None:
 
 
 def test_the_start_up_check_of_the_row_kernels_passes_on_kernels_that_agree() -> None:
-    """ops.triton_problem's own check (``_disagreement``) run here on the CPU, under the
+    """row_ops.triton_problem's own check (``_disagreement``) run here on the CPU, under the
     interpreter: it must find no problem with kernels that agree with their references. Why: it
     runs only on CUDA at start-up, and a fault in the check itself (a wrongly shaped input) would
     turn every Triton row kernel off with only a warning in the log."""
-    from router.backends.torch.ops import _disagreement
+    from router.backends.torch.kernels.row_ops import _disagreement
 
-    assert _disagreement(triton_kernels, torch.device("cpu")) == ""
+    assert _disagreement(triton_rows, torch.device("cpu")) == ""
 
 
 def test_the_three_part_merge_kernel_equals_its_torch_reference() -> None:
-    """triton_kernels.merge_groups with a third part (a canvas's prompt rest read in place, its
-    own canvas, the prefix: OnePass.canvas_own) against prefix_attention.merge_grouped3, from
+    """triton_rows.merge_groups with a third part (a canvas's prompt rest read in place, its
+    own canvas, the prefix: OnePass.canvas_own) against attention.merge_grouped3, from
     strided grouped views as the read gives them, float32; and with two parts against
     merge_grouped (the kernel serves both)."""
-    from router.backends.torch.prefix_attention import merge_grouped, merge_grouped3
+    from router.backends.torch.kernels.attention import merge_grouped, merge_grouped3
 
     gen = torch.Generator().manual_seed(0)
     outs = [torch.randn((3, 5, 2, 4, 16), generator=gen).permute(0, 2, 3, 1, 4) for _ in range(3)]
     lses = [torch.randn((5, 3, 2, 4), generator=gen).permute(1, 2, 3, 0) * 3 for _ in range(3)]
-    got = triton_kernels.merge_groups(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
+    got = triton_rows.merge_groups(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
     want = merge_grouped3(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
     assert got.shape == want.shape == (3, 5, 2 * 4 * 16)  # (B, M, Hk*G*D)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    got = triton_kernels.merge_groups(outs[0], lses[0], outs[1], lses[1])
+    got = triton_rows.merge_groups(outs[0], lses[0], outs[1], lses[1])
     torch.testing.assert_close(got, merge_grouped(outs[0], lses[0], outs[1], lses[1]),
                                rtol=1e-5, atol=1e-5)

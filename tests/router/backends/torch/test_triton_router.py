@@ -19,9 +19,10 @@ from tests.router.backends.torch.interpreted import interpreted_imports
 # dots the fused MoE's check needs.
 with interpreted_imports():
     pytest.importorskip("triton")
-    from router.backends.torch import pieces, triton_router
-    from router.backends.torch.choice import _fused_moe_disagreement
-    from router.backends.torch.triton_router import route, route_top_k, route_top_k_torch
+    from router.backends.torch.kernels import triton_router
+    from router.backends.torch.kernels.triton_router import route, route_top_k, route_top_k_torch
+    from router.backends.torch.model import pieces
+    from router.backends.torch.model.choice import _fused_moe_disagreement
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""Compiled pieces of the one-pass read (fused.py, pieces.py): RMSNorm as one kernel, the q/k/v
+"""Compiled pieces of the one-pass read (onepass.py, pieces.py): RMSNorm as one kernel, the q/k/v
 half of attention (per stream, and over a merged q/k/v weight for ``joint_streams``), the
 log-sum-exp merge, the band softmax of the prefix read and the feed-forward half of a layer. Each is a
 torch.compile of the eager function it replaces, in a new ``Pieces`` that one ``OnePass`` is built
@@ -14,8 +14,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.joint import ffn_joint
-from router.backends.torch.pieces import Pieces, ffn_step
+from router.backends.torch.model.joint import ffn_joint
+from router.backends.torch.model.pieces import Pieces, ffn_step
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 

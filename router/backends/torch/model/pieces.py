@@ -1,6 +1,6 @@
 """The functions a one-pass read calls per layer (``Pieces``), and their eager defaults: the
 norms, the q/k/v half, the feed-forward half over both streams and the rows' own keys. choice.py
-swaps in compiled and kernel versions that compute the same (compiled.py, ops.py, triton_moe.py).
+swaps in compiled and kernel versions that compute the same (compiled.py, row_ops.py, triton_moe.py).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from router.backends.torch.joint import qkv_merged
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     Attend,
     attend_math,
     band_softmax,
@@ -18,9 +17,10 @@ from router.backends.torch.prefix_attention import (
     merge_grouped3,
     merge_parts,
 )
+from router.backends.torch.model.joint import qkv_merged
 
 if TYPE_CHECKING:
-    from router.backends.torch.ops import RowOps
+    from router.backends.torch.kernels.row_ops import RowOps
 
 
 def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
@@ -31,8 +31,8 @@ def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
 def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, ops: RowOps | None = None) -> Any:
     """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py), ``ops``'
     (default: the torch references)."""
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.ops import TORCH_OPS
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.row_ops import TORCH_OPS
 
     row_ops = ops if ops is not None else TORCH_OPS
 
@@ -46,7 +46,7 @@ def ffn_half_fused(layer: Any, attn_out: Any, residual: Any) -> Any:
     """``ffn_half`` with the experts as one fused Triton MoE (triton_moe.py: gather, gate/up GEMM
     with the activation, down GEMM, weighted sum) and the router's softmax/top-k tail as one
     Triton kernel (triton_router.py)."""
-    from router.backends.torch import triton_moe, triton_router
+    from router.backends.torch.kernels import triton_moe, triton_router
 
     def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
         return triton_moe.fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj,
@@ -119,7 +119,7 @@ def rms_norm(norm: Any, hidden: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class Pieces:
     """The functions one ``OnePass`` calls, fixed when it is built (choice.py ``build_pieces``):
-    the eager defaults, or compiled / kernel versions that compute the same (compiled.py, ops.py)."""
+    the eager defaults, or compiled / kernel versions that compute the same (compiled.py, row_ops.py)."""
 
     norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
     qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)

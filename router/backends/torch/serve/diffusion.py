@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
-from router.backends.torch.choice import KernelChoice, build_pieces, default_choice
-from router.backends.torch.fused import OnePass, at_slots, slot_read
-from router.backends.torch.graphs import GraphSet, GraphShapes
-from router.backends.torch.joint import weights_shared
-from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
-from router.backends.torch.prefix_lru import PrefixLRU
-from router.backends.torch.read_inputs import OnePassBatch
-from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
+from router.backends.torch.model.choice import KernelChoice, build_pieces, default_choice
+from router.backends.torch.model.frozen import Frozen
+from router.backends.torch.model.inputs import OnePassBatch
+from router.backends.torch.model.joint import weights_shared
+from router.backends.torch.model.onepass import OnePass, at_slots, slot_read
+from router.backends.torch.serve.graphs import GraphSet, GraphShapes
+from router.backends.torch.serve.kv_cache import cache_kwarg, fork_cache, select_cache_rows
+from router.backends.torch.serve.prefix_lru import PrefixLRU
+from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
 from router.errors import ConfigError
 
 
@@ -52,9 +53,9 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
 class DiffusionSlotReader(Frozen):
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
     caches (keyed by their token ids; ``prefixes`` shares another reader's; ``qkv_weights``
-    another reader's merged q/k/v copies, fused.OnePass, else made here when joint_streams asks).
+    another reader's merged q/k/v copies, onepass.OnePass, else made here when joint_streams asks).
     ``choice`` (default: the device's, choice.py ``default_choice``) fixes its kernels: the
-    one-pass read (fused.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
+    one-pass read (onepass.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
     are the shapes whose reads ``warm_up`` captures as CUDA graphs (padded, uncaptured on the CPU).
     Immutable once built. Not thread-safe: the backend serialises calls."""
 
@@ -142,7 +143,7 @@ class DiffusionSlotReader(Frozen):
                                    qkv_weights=merged if choice.joint_streams else None)
 
     def warm_up(self, sample: SlotItem) -> SlotReader:
-        from router.backends.torch.warm_up import warm_up
+        from router.backends.torch.serve.warm_up import warm_up
 
         return warm_up(self, sample) if self.needs_warm_up else self
 

@@ -7,7 +7,7 @@ CUDA graph can hold it; ``align_pairs``, torch ops, is its reference). The first
 kernel reads its rows straight from ``hidden`` through the sorted pairs (no gathered copy), runs the
 gate and up GEMMs of one column block side by side and stores ``gelu_tanh(gate) * up`` once; the
 second runs the down GEMM and stores each row at its pair's own place; the weighted sum over the
-top-k is triton_kernels.combine_rows (float32, in k order, rounded once, as transformers sums).
+top-k is triton_rows.combine_rows (float32, in k order, rounded once, as transformers sums).
 Launch shapes come from ``pick_config`` (shapes only, never a timing run: autotuning at the first
 call would break graph capture and make results depend on a race). Measured against the row-copy
 path at the real sizes by bench/moe_kernels.py (bench/results/moe_kernels.json).
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from router.backends.torch.moe import expert_counts
+from router.backends.torch.kernels.moe import expert_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +311,7 @@ def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tenso
     for each token, ``sum_j weights[j] * down[e_j] @ (gelu(gate_j) * up_j)``. ``config``: the
     launch shapes (default ``pick_config``'s)."""
     _check_weights(hidden, gate_up, down)
-    from router.backends.torch.triton_kernels import combine_rows
+    from router.backends.torch.kernels.triton_rows import combine_rows
 
     n_tokens, top_k, n_experts, hidden_dim, inter_dim, n_pairs = moe_sizes(down, top_k_index)
     if n_pairs == 0:

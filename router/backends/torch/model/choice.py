@@ -3,7 +3,7 @@
 picks its native or CUDA forward once, at construction). Nothing is swapped while serving: a
 compiled read that fails at warm-up is served by a second reader built with ``choice.eager()``.
 
-What a choice fixes: ``fused_pass`` (one pass over the shared weights, fused.py; off:
+What a choice fixes: ``fused_pass`` (one pass over the shared weights, onepass.py; off:
 transformers' two-pass read, for models whose encoder and decoder weights are not tied),
 ``band`` (layer kinds whose shared prefix is read under a position band), ``rows_moe`` (the
 experts' permutation as row-copy ops, moe.py), ``merge_op`` (the attention merge as an op),
@@ -28,8 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.pieces import EAGER, Pieces, ffn_half_fused, ffn_half_rows
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     CUDNN_HOPPER_MAX_DIM,
     KERNEL_BY_NAME,
     MASK_KERNELS,
@@ -39,12 +38,13 @@ from router.backends.torch.prefix_attention import (
     no_causal_dims,
     pick_attention,
 )
-from router.backends.torch.split_kv import (
+from router.backends.torch.kernels.split_kv import (
     SPLIT_KV_CHUNKS,
     SPLIT_KV_ITEMS,
     split_attend,
     split_problem,
 )
+from router.backends.torch.model.pieces import EAGER, Pieces, ffn_half_fused, ffn_half_rows
 from router.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,12 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     when they work here; the attention kernel per head dim that agrees with the reference;
     ``compiled`` with the feed-forward half's concatenations fused in; ``joint_streams`` where the attention weights are tied too (on CUDA only in graph buckets of
     up to JOINT_STREAMS_ITEMS items); ``causal_own`` where the kernels' causal forms agree with
-    the reference here (``prefix_attention.causal_problem``); on CUDA the prefix read in
+    the reference here (``attention.causal_problem``); on CUDA the prefix read in
     ``split_kv_chunks`` key chunks (default SPLIT_KV_CHUNKS) for reads of up to ``split_kv_items``
     items (default SPLIT_KV_ITEMS; 0: off) where the kernels read chunks right
     (``split_kv.split_problem``)."""
-    from router.backends.torch.joint import weights_shared
-    from router.backends.torch.ops import triton_problem
+    from router.backends.torch.kernels.row_ops import triton_problem
+    from router.backends.torch.model.joint import weights_shared
 
     if not weights_shared(model, attention=False):  # one pass needs tied encoder/decoder weights
         return TWO_PASS
@@ -227,7 +227,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
 
 def build_pieces(choice: KernelChoice) -> Pieces:
     """The ``Pieces`` of ``choice`` (the two-pass choice has none: its read is transformers')."""
-    from router.backends.torch.ops import row_ops
+    from router.backends.torch.kernels.row_ops import row_ops
 
     ops = row_ops(choice.triton)
     pieces = replace(EAGER, attend=attend_by_dim(choice.attention),
@@ -246,7 +246,7 @@ def build_pieces(choice: KernelChoice) -> Pieces:
                                                             ops.merge_chunks, pieces.flex_dims))
     if not choice.compiled:
         return pieces
-    from router.backends.torch.compiled import compile_pieces
+    from router.backends.torch.model.compiled import compile_pieces
 
     return compile_pieces(pieces, backend=choice.compile_backend, merge_op=choice.merge_op)
 
@@ -254,13 +254,13 @@ def build_pieces(choice: KernelChoice) -> Pieces:
 @functools.cache
 def fused_moe_problem(device: Any) -> str:
     """Why the fused Triton MoE (triton_moe.py) cannot serve on ``device`` ("" when it can): no
-    Triton here (``ops.triton_missing``), or the fused experts disagreeing with
+    Triton here (``row_ops.triton_missing``), or the fused experts disagreeing with
     ``moe.experts_forward`` over the torch row ops on random bf16 experts (uneven groups, one
     expert unused); or its router kernel (triton_router.py) disagreeing with the torch router's tail
     (``triton_router.router_disagreement``): the family serves both or neither. Independent of
-    the row ops' check (``ops.triton_problem``): one family's failed check turns only that family
+    the row ops' check (``row_ops.triton_problem``): one family's failed check turns only that family
     off. Checked once per device, logged."""
-    from router.backends.torch.ops import triton_missing
+    from router.backends.torch.kernels.row_ops import triton_missing
 
     problem = triton_missing(device)
     if not problem:
@@ -278,10 +278,10 @@ def _fused_moe_disagreement(device: Any) -> str:
 
     import torch
 
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.ops import TORCH_OPS
-    from router.backends.torch.triton_moe import fused_experts
-    from router.backends.torch.triton_router import router_disagreement
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.row_ops import TORCH_OPS
+    from router.backends.torch.kernels.triton_moe import fused_experts
+    from router.backends.torch.kernels.triton_router import router_disagreement
 
     gen = torch.Generator(device=device).manual_seed(0)
     n_experts, hidden_dim, inter_dim, tokens, top_k = 8, 256, 128, 40, 2

@@ -1,4 +1,4 @@
-"""CUDA graphs of the one-pass read (fused.py), captured at start-up for a few shape buckets.
+"""CUDA graphs of the one-pass read (onepass.py), captured at start-up for a few shape buckets.
 
 A read is padded up to the smallest bucket that holds it (items, canvas rows, prompt-rest tokens,
 labels), its tensors are copied into that bucket's captured inputs, and the graph replays: no
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from router.backends.torch.read_inputs import FAR, OnePassBatch, PrefixKV
+from router.backends.torch.model.inputs import FAR, OnePassBatch, PrefixKV
 from router.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class GraphSet:
 
     def warm_up(self, prefix_ids: tuple[int, ...], canvas_ids: tuple[int, ...], slot: int) -> None:
         """Run and capture every bucket (compiling what is compiled) with ``prefix_ids`` loaded."""
-        from router.backends.torch.reader import SlotItem
+        from router.backends.torch.serve.reader import SlotItem
 
         self.loaded = None
         cache = self.reader.prefix_cache(prefix_ids)

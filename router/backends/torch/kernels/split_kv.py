@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     MASK_KERNELS,
     Attend,
     attend_by_dim,

@@ -5,7 +5,7 @@ layer's feed-forward half (dense MLP, router, experts) runs once over both strea
 the two stacks share their layer weights and a read is bound by reading the ~45 GB of expert
 weights; within a layer the decoder only needs the encoder's keys/values of that same layer.
 
-Attention is split (prefix_attention.py): every query of the batch (prompt rest and canvas, all
+Attention is split (attention.py): every query of the batch (prompt rest and canvas, all
 rows) attends to the shared prefix's cached keys/values in ONE call over a batch of one, and each
 row attends to its own keys (its prompt rest, its canvas) in another; the two merge by their
 log-sum-exp. No row copies the prefix, so a batch costs its per-row tokens only. Every shape and
@@ -25,17 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
-from router.backends.torch.joint import (
-    QkvStreams,
-    ffn_joint,
-    joined,
-    merged_qkv_weights,
-    o_proj_joint,
-    qkv_joint,
-    weights_shared,
-)
-from router.backends.torch.pieces import EAGER, Pieces, ffn_step
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     Band,
     attend_band,
     flex_mask,
@@ -44,8 +34,18 @@ from router.backends.torch.prefix_attention import (
     to_bias,
     unfold_groups,
 )
-from router.backends.torch.read_inputs import OnePassBatch, PrefixKV
-from router.backends.torch.reader import Frozen
+from router.backends.torch.model.frozen import Frozen
+from router.backends.torch.model.inputs import OnePassBatch, PrefixKV
+from router.backends.torch.model.joint import (
+    QkvStreams,
+    ffn_joint,
+    joined,
+    merged_qkv_weights,
+    o_proj_joint,
+    qkv_joint,
+    weights_shared,
+)
+from router.backends.torch.model.pieces import EAGER, Pieces, ffn_step
 
 
 def head_major(queries: tuple[Any, ...]) -> Any:
@@ -371,7 +371,7 @@ class OnePass(Frozen):
         ``low`` position on (sliding layers; None: no lower bound); a ``Band`` for the kinds in
         ``band``, else a bias."""
         key_pos, start = prefix.positions[kind], prefix.length
-        if kind in self.band:  # the same visibility as two vectors (prefix_attention.Band)
+        if kind in self.band:  # the same visibility as two vectors (attention.Band)
             return Band(key_pos, low.repeat(groups) if low is not None else None, start)
         visible = key_pos[None, :] < start  # filled slots only
         if low is not None:

@@ -1,4 +1,4 @@
-"""What a one-pass read (fused.py) takes: its batch's device tensors and the shared prefix's
+"""What a one-pass read (onepass.py) takes: its batch's device tensors and the shared prefix's
 cached keys/values."""
 
 from __future__ import annotations

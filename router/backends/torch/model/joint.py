@@ -1,4 +1,4 @@
-"""Both streams of a one-pass read as one (fused.py, ``OnePass.joint_streams``): each layer's
+"""Both streams of a one-pass read as one (onepass.py, ``OnePass.joint_streams``): each layer's
 hidden state is the encoder's rows (prompt rests) and the decoder's (canvases) end to end, (T, E)
 encoder first. Each layer norms it once, projects it to q/k/v by one product over a merged copy of
 the tied q/k/v weights, splits the result into each stream's attention shapes as views, projects

@@ -6,7 +6,7 @@ gather, a float32 weighting and a sum over the top-k. Compiled, inductor turns t
 weighted sum into two kernels that took ~0.7 ms each per layer at a batch of 8,448 tokens on an
 H200 (41 ms of a 230 ms batch), where moving the ~0.4 GB each touches takes ~0.1 ms.
 
-Here the two copies are ops of their own (ops.py: ``slotgate::moe_gather``,
+Here the two copies are ops of their own (row_ops.py: ``slotgate::moe_gather``,
 ``slotgate::moe_combine``, or their Triton twins, as the reader's choice says), opaque to the compiler: each row is one contiguous copy, and the
 combine reads a token's top-k rows and sums them weighted in float32 in one pass (no float32
 (S, hidden) intermediate); on CUDA they run as Triton kernels (0.16 and 0.10 ms a layer there).
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from router.backends.torch.ops import TORCH_OPS, RowOps
+from router.backends.torch.kernels.row_ops import TORCH_OPS, RowOps
 
 
 def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:

@@ -121,7 +121,7 @@ def merge_grouped(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     """``merge`` of grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``), laid out as the
     output projection reads it: (B, M, Hk*G*D), query head j*G+g. Why this layout: the attention
     kernels' outputs are read where they lie (no unfolding copies) and written once, in place for
-    the projection (ops.merge_groups runs it as one Triton kernel on CUDA)."""
+    the projection (row_ops.merge_groups runs it as one Triton kernel on CUDA)."""
     return _projection_layout(merge(out_a, lse_a, out_b, lse_b))
 
 
@@ -326,7 +326,7 @@ def attend_causal_cudnn(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
     """``attend_causal_math`` by cuDNN's causal kernel with the key heads grouped natively: no
     bias at all. Why: a batch of 32 prompt rests (224 tokens, head dim 256) read themselves in
     0.072 ms so against 0.187 ms under the dense causal bias on an H200
-    (bench/results/attention_kernels.json, key call3)."""
+    (bench/results/attention_kernels.json, key kernels)."""
     import torch
 
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
