@@ -5,10 +5,10 @@ memory-efficient attention under the dense bias the reader builds today, FlexAtt
 under a block mask built from the same visibility, and two bounds that ignore the mask (cuDNN and
 flash attention with no bias): how much the dense bias costs. A "split" row reads the prefix as
 the slots every query sees (no bias) plus the band's slots (with bias), merged by log-sum-exp.
-"flash_*" rows (issue 21, fourth session) read with no mask tensor at all: FlashAttention-2's
+"flash_*" rows read with no mask tensor at all: FlashAttention-2's
 own window, causal and per-sequence key counts (varlen ``seqused_k``) express the same
 visibility; "cudnn_gqa_causal" is cuDNN with causal masking and the key heads unfolded.
-"stair_*" rows (issue 21, tenth session; ``prefix_forms.stair_prefix``): a full window read as
+"stair_*" rows (``prefix_forms.stair_prefix``): a full window read as
 the slots every query sees (no mask, or a bias broadcast over the queries hiding the empty slot),
 the staircase of the prompt rests by cuDNN's causal kernel with queries and keys reversed, and
 the canvases' share of it under a small bias; "stair_part_*" rows time the parts alone (their
@@ -121,7 +121,7 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     key_row = torch.zeros((1, 1, 1, n_keys), dtype=q.dtype, device=q.device)
     key_row[..., problem["filled"]:] = -1.0e30
     kernels["bound_cudnn_key_bias"] = lambda: attend_cudnn(q, k, v, key_row.expand(1, 1, q.shape[2], -1))
-    try:  # the staircase form (tenth session; the reader does not use it)
+    try:  # the staircase form (a candidate: the reader does not use it)
         kernels.update(stair_prefix(problem, items, args.width, causal=attend_causal_cudnn,
                                     plain=lambda q, k, v: attend_cudnn(q, k, v, None),
                                     biased=attend_cudnn))

@@ -177,8 +177,8 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
     # dense-bias prefix read, torch MoE, float32 reference attention
     reference = DiffusionSlotReader(model, choice=KernelChoice())
     shipped = DiffusionSlotReader(model)
-    # the same kernels with the prompt rests' and canvases' own keys read as before issue 21's
-    # fourth session (copied per row, under dense biases): the peer of the new paths
+    # the same kernels with the prompt rests' and canvases' own keys copied per row and read
+    # under dense biases: the peer of the in-place and causal paths
     copied = DiffusionSlotReader(model, choice=replace(shipped.choice, causal_own=False,
                                                        rows_in_place=False))
     readers: list[tuple[str, Any]] = [("onepass_eager", lambda: shipped),

@@ -94,8 +94,8 @@ class TorchBackend(FastBackend):
         }
         self._questions: dict[tuple[str, str], _Question] = {}
         # States tokenized lately (worker thread only): one message asked several questions (a
-        # ticket's intent, queue and priority) is tokenized once; 1.0 ms a 200-token state on the
-        # H200's host, 5% of a single read (docs/backends.md)
+        # ticket's intent, queue and priority) is tokenized once (a long state's tokenizing is a
+        # visible share of a single read: bench.gpu_read's single_phases_ms)
         self._state_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")

@@ -104,8 +104,8 @@ def _merged(parts: tuple[tuple[Any, Any], ...]) -> Any:
 def merge_grouped3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, lse_c: Any) -> Any:
     """``merge_grouped`` of three parts (a canvas's prompt rest read in place, its own canvas and
     the prefix: ``OnePass.canvas_own``'s two parts unmerged), the same layouts in and out. Why:
-    merging the two own-key parts first wrote a copy that the prefix merge read again (2.4 ms of
-    a batch of 32 on an H200, ``merge_parts``)."""
+    merging the two own-key parts first (``merge_parts``) writes a copy that the prefix merge
+    reads again."""
     return _projection_layout(merge3(out_a, lse_a, out_b, lse_b, out_c, lse_c))
 
 
@@ -149,7 +149,8 @@ def group_view(x: Any, groups: int, *, items: int = 0, rows: int = 0, offset: in
 def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     """cuDNN's attention (CUDA; Hopper kernels for head dims up to 256), with the log-sum-exp.
     Why: PyTorch's memory-efficient kernel is an sm80 kernel that keeps its accumulator in global
-    memory for head dims over 128; cuDNN's runs the same read several times faster on an H200."""
+    memory for head dims over 128; cuDNN's Hopper kernels run the same read several times faster
+    (bench/attention_kernels.py)."""
     import torch
 
     if bias is not None:  # None: no mask (every query sees every key)
@@ -287,8 +288,8 @@ def attend_flex(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
 
 KERNELS: tuple[tuple[str, Attend], ...] = (("cudnn", attend_cudnn), ("efficient", attend_efficient))
 # cuDNN's Hopper (wgmma) attention kernels stop at this head dim; above it cuDNN runs an sm80
-# kernel that measured slower than PyTorch's memory-efficient one on an H200 (5.3 vs 3.3 ms for
-# the global layers' prefix read at a batch of 32), so that one is tried first there.
+# kernel that measured slower than PyTorch's memory-efficient one for the global layers' prefix
+# read (bench/attention_kernels.py), so that one is tried first there.
 CUDNN_HOPPER_MAX_DIM = 256
 
 
@@ -324,9 +325,8 @@ def attend_causal_math(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
 
 def attend_causal_cudnn(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
     """``attend_causal_math`` by cuDNN's causal kernel with the key heads grouped natively: no
-    bias at all. Why: a batch of 32 prompt rests (224 tokens, head dim 256) read themselves in
-    0.072 ms so against 0.187 ms under the dense causal bias on an H200
-    (bench/results/attention_kernels.json, key kernels)."""
+    bias at all. Why: it reads a batch of prompt rests in well under half the time of the dense
+    causal bias (bench/results/attention_kernels.json, key kernels)."""
     import torch
 
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(

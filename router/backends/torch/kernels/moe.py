@@ -3,13 +3,13 @@
 transformers' ``grouped_mm`` experts sort the (token, expert) pairs by expert, gather the tokens'
 rows into that order, run two grouped GEMMs, and bring the rows back with an inverse-permutation
 gather, a float32 weighting and a sum over the top-k. Compiled, inductor turns the gather and the
-weighted sum into two kernels that took ~0.7 ms each per layer at a batch of 8,448 tokens on an
-H200 (41 ms of a 230 ms batch), where moving the ~0.4 GB each touches takes ~0.1 ms.
+weighted sum into two kernels that run far below the copy bandwidth the ~0.4 GB each touches
+allows (bench.gpu_read's profile block lists them).
 
 Here the two copies are ops of their own (row_ops.py: ``slotgate::moe_gather``,
 ``slotgate::moe_combine``, or their Triton twins, as the reader's choice says), opaque to the compiler: each row is one contiguous copy, and the
 combine reads a token's top-k rows and sums them weighted in float32 in one pass (no float32
-(S, hidden) intermediate); on CUDA they run as Triton kernels (0.16 and 0.10 ms a layer there).
+(S, hidden) intermediate); on CUDA they run as Triton kernels (triton_rows.py).
 The arithmetic is transformers' (sum of float32 products over k in order, rounded once).
 """
 

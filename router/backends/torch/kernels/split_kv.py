@@ -3,8 +3,8 @@ attention call (split-KV, as FlashAttention's decoding kernels split a long key 
 their log-sum-exps.
 
 Why: a single read's prefix read is one batch of folded queries (576 at head dim 256) over 1,024
-sliding key slots: cuDNN runs it as 72 thread blocks on an H200's 132 SMs, each looping over every
-slot. Cut into S chunks that are the call's batch, it is S times the blocks, each an S-th of the
+sliding key slots: cuDNN runs it as fewer thread blocks than a Hopper GPU has SMs, each looping
+over every slot. Cut into S chunks that are the call's batch, it is S times the blocks, each an S-th of the
 loop; the chunks' (out, lse) then merge exactly as the attention parts do (prefix_attention).
 Only small reads gain (a batch of 32 already fills the GPU many times over), so the choice
 applies it to reads of at most ``KernelChoice.split_kv_items`` items (choice.py).
@@ -28,7 +28,7 @@ from router.backends.torch.kernels.attention import (
 )
 
 # default_choice's on CUDA: the prefix read in this many key chunks for reads of at most this many
-# items (docs/backends.md, "split-KV": measured by bench.attention_kernels --splits and gpu_read)
+# items (measured by bench.attention_kernels --splits and bench.gpu_read --split-kv-items)
 SPLIT_KV_CHUNKS = 4
 SPLIT_KV_ITEMS = 1
 

@@ -55,7 +55,7 @@ class MoeConfig:
         return f"m{self.block_m} gate_up {self.gate_up} down {self.down}"
 
 
-# Measured on an H200 at the real sizes (bench/moe_kernels.py; each kernel's tiles timed alone).
+# Chosen at the real sizes by bench/moe_kernels.py (each kernel's tiles timed alone).
 # ~16 pairs an expert (one read, memory bound): row blocks of 32 (one block for most experts, so
 # each expert's weights are streamed once) and narrow column blocks, so every multiprocessor streams
 # its own slice of the weights.
@@ -114,8 +114,8 @@ def align_pairs(top_k_index: torch.Tensor, n_experts: int, block_m: int) -> Alig
 
 
 # Pairs a program of the count and place kernels handles: one a thread (4 warps), so each
-# thread's atomic increment is its only one (a program of 1,024 pairs chained eight a thread:
-# the alignment measured 27 us a layer at one read on an H200, as much as in one program).
+# thread's atomic increment is its only one (chaining several a thread gained nothing:
+# bench/moe_kernels.py's align_pairs_triton rows).
 ALIGN_PAIRS_A_PROGRAM = 128
 # Row blocks the offsets kernel labels at once; rows it marks as padding at once.
 ALIGN_BLOCKS_AT_ONCE = 64
@@ -125,8 +125,7 @@ ALIGN_ROWS_AT_ONCE = 1024
 def align_pairs_triton(top_k_index: torch.Tensor, n_experts: int, block_m: int, *,
                        pairs_a_program: int = ALIGN_PAIRS_A_PROGRAM) -> Alignment:
     """``align_pairs`` in three small Triton kernels (four launches with the counts' zeroing,
-    where the torch ops took about fifteen: 46 us a layer at one read on an H200, 1.4 ms of its
-    30 layers): count the pairs of each expert (atomic increments), turn the counts into each
+    where the torch ops take about fifteen): count the pairs of each expert (atomic increments), turn the counts into each
     expert's first row, label every row block and mark the padding rows (one program), place each
     pair at its expert's next row (atomic increments). The same sizes, padding and block labels;
     within an expert the pairs land in the order of their atomic increments, not pair order,

@@ -4,8 +4,8 @@ Hand-written because none is one torch op that runs near the copy bandwidth: the
 ``index_select`` (fine eagerly, but inductor fuses it into a slower pointwise kernel), the MoE
 combine a gather, a float32 product and a sum over k that torch runs as three passes over an
 (S, hidden) float32 intermediate, and the attention merge reads its four inputs through strided
-views (the attention kernels' own layouts) that inductor's pointwise kernel read 5-8x below the
-copy bandwidth (21 ms of a 184 ms batch). One program copies, reduces or merges one row.
+views (the attention kernels' own layouts) that inductor's pointwise kernel reads several times
+below the copy bandwidth. One program copies, reduces or merges one row.
 """
 
 from __future__ import annotations

@@ -52,9 +52,8 @@ def head_major(queries: tuple[Any, ...]) -> Any:
     """Queries (B, H, M, D) of each stream laid end to end head-major, (H, sum B*M, D), as the
     prefix read takes them, in one pass: one cat where every stream's head-major form is a view
     (one item, or a layout that allows it), else each stream copied into its place. Why: a
-    reshape of a transposed view copies where the layout asks it, and a cat then copied all of it
-    again (1.1 ms a batch of 32 on an H200); at one item a cat of views is one kernel where the
-    copies would be two."""
+    reshape of a transposed view copies where the layout asks it, and a cat would then copy all
+    of it again; at one item a cat of views is one kernel where the copies would be two."""
     import torch
 
     n_heads, dim = queries[0].shape[1], queries[0].shape[3]

@@ -235,8 +235,8 @@ class DiffusionSlotReader(Frozen):
         width = max(width, *(len(seq) for seq in seqs))
         n_labels = max(n_labels, *(len(item.label_ids) for item in items))
         canvas_len = len(items[0].canvas_ids)
-        # Written row by row into numpy arrays, then wrapped: torch's per-row tensor writes took
-        # 2.1 ms a batch of 32 on the CPU, serial with the GPU read (bench.host_path's breakdown).
+        # Written row by row into numpy arrays, then wrapped: torch's per-row tensor writes are
+        # slower, and this host work is serial with the GPU read (bench.host_path times it).
         # Padding items are length-1 fillers; padding rows read item 0's slot 0 and one label.
         ids = np.full((n_items, width), self.pad_id, dtype=np.int64)
         lengths = np.ones(n_items, dtype=np.int64)

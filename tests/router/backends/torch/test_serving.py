@@ -1,7 +1,6 @@
 """What the torch backend serves with (``TorchBackend.serving``, shown on /readyz): its kernel
-choice, its CUDA graphs and its fallbacks. Before, a kernel family turned off by a failed check
-or a warm-up that fell back to the eager read was only a log warning (device call 5: every Triton
-kernel off, 24% of the throughput gone, nothing else to see)."""
+choice, its CUDA graphs and its fallbacks: a kernel family turned off by a failed check, or a
+warm-up that fell back to the eager read, costs throughput that a log warning alone would hide."""
 
 from __future__ import annotations
 
@@ -180,8 +179,8 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
 
 def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """``default_choice`` turns ``causal_own`` off when the causal forms fail their check; before,
-    only its log line said so. Asked again (memoised) for the choice that serves; a choice with
+    """``default_choice`` turns ``causal_own`` off when the causal forms fail their check, and
+    /readyz lists it. Asked again (memoised) for the choice that serves; a choice with
     ``causal_own`` on never asks it."""
     from router.backends.torch.kernels import attention, row_ops, split_kv
 

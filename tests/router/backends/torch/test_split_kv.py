@@ -176,7 +176,7 @@ def test_the_switches_are_checked_naming_them_and_limit_reads_by_item_count() ->
 @pytest.fixture(scope="module")
 def model() -> Any:
     # A window of 9 under a 40-token prefix: 8 sliding key slots, which cut into 2 and 4 chunks
-    # (as the H200's 1,024 do), and the global layer's prefix keys cut too.
+    # (as the full model's 1,024 do), and the global layer's prefix keys cut too.
     return tiny_model(window=9)
 
 
