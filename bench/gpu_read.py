@@ -17,7 +17,10 @@ on weight values), a 1,400-token static prefix + 200-token message, canvas 64, 7
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -274,7 +277,11 @@ def main() -> None:
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--top-ops", type=int, default=60)
-    parser.add_argument("--out", default=str(ROOT / "bench/results/gpu_read.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench/results/gpu_read.json"),
+                        help="one run a file: bench/results/gpu_read.json for the H200, "
+                             "gpu_read_<gpu>.json for another (bench.torch_docs: a table each)")
+    parser.add_argument("--commit", default=None,
+                        help="the code commit measured (default: git's HEAD, where git is here)")
     args = parser.parse_args()
 
     import torch
@@ -295,6 +302,9 @@ def main() -> None:
         "options": args.options, "experts": args.experts,
         "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 2),
         "targets": TARGETS, "variants": {},
+        "command": "python -m bench.gpu_read " + " ".join(sys.argv[1:]),
+        "code_commit": args.commit or head_commit(),
+        "measured_on": datetime.date.today().isoformat(),
     }
     log(f"built model in {time.monotonic() - started:.1f} s on {device}; {results['params_b']} B params")
     fast: Any = None
@@ -334,6 +344,15 @@ def main() -> None:
     results["total_s"] = time.monotonic() - started
     write(args, results)
     table(results, log)
+
+
+def head_commit() -> str:
+    """git's short HEAD, or "unknown" where the tree has no git (a device copy)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def write(args: argparse.Namespace, results: dict[str, Any]) -> None:
