@@ -189,10 +189,8 @@ def main() -> None:
     started = time.monotonic()
     rows = [r for n_tokens in args.tokens for r in measure(n_tokens, args)]
     columns = ["tokens", "kernel", "config", "ms", "weight_tb_s", "tflop_s", "vs_peer",
-               "max_abs_diff", "vs_bf16_fused", "graph"]  # config: m<block_m> gate_up <tile> down
-    # <tile>, a tile being block_n/block_k/group_m/num_warps/num_stages; max_abs_diff: against the
-    # peer; vs_bf16_fused: the FP8 and TMA pick rows' max abs diff against the bf16 fused kernels'
-    # (same config)
+               "max_abs_diff", "graph"]  # config: m<block_m> gate_up <tile> down <tile>, a tile
+    # being block_n/block_k/group_m/num_warps/num_stages; max_abs_diff: against the peer
     print_table(f"MoE experts on {torch.cuda.get_device_name()} (vs_peer: peer ms / ms)", columns,
                 [[r.get(c, r.get("error", "")) if c == "ms" else r.get(c, "") for c in columns]
                  for r in rows])

@@ -90,7 +90,7 @@ def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any
 
 def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any, Any]:
     """Each canvas row's own keys/values: its item's prompt-rest keys then its canvas keys
-    (R, H_kv, S + C, D). Eager by default (compiled.py's ``compile_rows_kv`` says why)."""
+    (R, H_kv, S + C, D). Eager, also in a compiled read (compiled.py says why)."""
     import torch
 
     return (torch.cat([k_e.index_select(0, row_item), k_d], dim=2),

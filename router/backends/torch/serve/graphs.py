@@ -120,9 +120,9 @@ class GraphSet:
         stored = [layer.keys.shape[2] for layer in cache.layers]
         if any(n > buf.shape[2] for n, buf in zip(stored, target.keys, strict=True)):
             return False
-        # A switch of prefix happens on every batch of traffic over several questions: few launches. The
-        # keys and values go as two multi-tensor copies (one Python call each, where a copy a
-        # layer took 60), and each layer kind's slot positions (shared by its layers) are set once.
+        # Traffic over several questions switches prefix often: few launches. The keys and values
+        # go as two multi-tensor copies (one Python call each, not one a layer), and each layer
+        # kind's slot positions (shared by its layers) are set once.
         dst = [buf[:, :, :n] for buf, n in zip(target.keys + target.values, stored * 2, strict=True)]
         torch._foreach_copy_(dst, [layer.keys for layer in cache.layers] +
                              [layer.values for layer in cache.layers])
