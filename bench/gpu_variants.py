@@ -32,8 +32,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no_triton": {"rows_moe": False, "fused_moe": False, "merge_op": False, "triton": False},
     "fused_moe": {"rows_moe": False, "fused_moe": True},
     "no_fused_moe": {"rows_moe": True, "fused_moe": False},
-    # the sliding layers (head dim 256) on FlexAttention under block masks, not cuDNN under biases
-    "flex": {"attention": ((256, "flex"), (512, "efficient"))},
     "streams_apart": {"joint_streams": False, "joint_streams_items": 0},
     # every read joint
     "joint_all": {"joint_streams_items": 0},

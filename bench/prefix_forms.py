@@ -119,7 +119,7 @@ def flex_compiles(problem: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
-    from router.backends.torch.kernels.attention import flex_mask
+    from bench.candidates.flex_attention import flex_mask
 
     q, k, v, visible = problem["q"], problem["k"], problem["v"], problem["visible"][None]
     n = problem["n_queries"]

@@ -212,80 +212,6 @@ def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax)
     return out.unsqueeze(0).to(q.dtype), lse.unsqueeze(0)
 
 
-# FlexAttention's block size (its default); a flex mask's blocks are these squares
-FLEX_BLOCK = 128
-# FlexAttention alone beat cuDNN under the dense bias at head dim 256 (bench/attention_kernels.py)
-# but not in the whole read, so ``pick_attention`` never tries it: a choice names "flex" explicitly
-
-
-def flex_mask(visible: Any, groups: int) -> Any:
-    """A FlexAttention ``BlockMask`` of a visibility mask (B, M, N) over ``fold_groups``' queries
-    (folded query r is query r % M): the blocks with any visible key and, of those, the fully
-    visible ones (which the kernel reads with no mask at all), with ``visible`` itself as the
-    mask_mod of the partial ones. Why by hand and not ``create_block_mask``: that one evaluates a
-    mask_mod over the whole grid with vmap (or compiles it, once per shape: dozens of graph
-    buckets); here the visibility the read already builds is reduced per block in a few tensor ops,
-    all on the device with no host sync, so a captured read builds its masks in the graph."""
-    import torch
-    from torch.nn.attention.flex_attention import BlockMask
-
-    b, m, n = visible.shape
-    rows = groups * m
-    n_qb, n_kb = -(-rows // FLEX_BLOCK), -(-n // FLEX_BLOCK)
-    padded = torch.zeros((b, n_qb * FLEX_BLOCK, n_kb * FLEX_BLOCK), dtype=torch.bool, device=visible.device)
-    padded[:, :rows, :n] = visible[:, None].expand(b, groups, m, n).reshape(b, rows, n)
-    blocks = padded.view(b, n_qb, FLEX_BLOCK, n_kb, FLEX_BLOCK)
-    seen = blocks.any(dim=4).any(dim=2)  # (B, n_qb, n_kb)
-    full = blocks.all(dim=4).all(dim=2)  # padding is False: a ragged block is never full
-    partial = seen & ~full
-
-    def listed(flags: Any) -> tuple[Any, Any]:
-        order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
-        return flags.sum(-1).to(torch.int32)[:, None], order.to(torch.int32)[:, None]
-
-    def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return padded[batch, q_idx, kv_idx]
-
-    (count, index), (full_count, full_index) = listed(partial), listed(full)
-    try:
-        return BlockMask.from_kv_blocks(count, index, full_count, full_index, BLOCK_SIZE=FLEX_BLOCK,
-                                        mask_mod=mask_mod, seq_lengths=(rows, n), compute_q_blocks=False)
-    except TypeError:  # a torch without compute_q_blocks (the transposed lists only serve backward)
-        return BlockMask.from_kv_blocks(count, index, full_count, full_index, BLOCK_SIZE=FLEX_BLOCK,
-                                        mask_mod=mask_mod, seq_lengths=(rows, n))
-
-
-@functools.cache
-def _compiled_flex() -> Any:
-    """flex_attention compiled (a second shape compiles a dynamic kernel that serves them all)."""
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention)
-
-
-def attend_flex(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
-    """FlexAttention under a ``flex_mask`` (compiled into one Triton kernel on CUDA; on the CPU
-    its eager form, which materializes the scores: the tests' reference path), with the
-    log-sum-exp. A query that sees no key gets lse MASKED (flex gives -inf), as the bias kernels
-    give it, so the merge weighs it 0 and never divides 0 by 0. Why: under a dense bias cuDNN
-    runs 2.6x slower than with none (bench/attention_kernels.py); the block mask skips unseen
-    blocks and reads fully visible ones unmasked."""
-    import warnings
-
-    import torch
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
-
-    if q.is_cuda:
-        out, aux = _compiled_flex()(q, k, v, block_mask=mask, scale=1.0,
-                                           return_aux=AuxRequest(lse=True))
-    else:
-        with warnings.catch_warnings():  # eager on purpose: the CPU's reference form
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            out, aux = flex_attention(q, k, v, block_mask=mask, scale=1.0, return_aux=AuxRequest(lse=True))
-    return out, torch.clamp_min(aux.lse.float(), MASKED)
-
-
 KERNELS: tuple[tuple[str, Attend], ...] = (("cudnn", attend_cudnn), ("efficient", attend_efficient))
 # cuDNN's Hopper (wgmma) attention kernels stop at this head dim; above it cuDNN runs an sm80
 # kernel that measured slower than PyTorch's memory-efficient one for the global layers' prefix
@@ -301,9 +227,7 @@ def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tup
     return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
 
 
-KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS), "flex": attend_flex}
-# Kernels that read a ``flex_mask`` instead of a dense bias (OnePass.masks builds the kind's masks so)
-MASK_KERNELS = frozenset({"flex"})
+KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS)}
 
 
 Causal = Callable[[Any, Any, Any], tuple[Any, Any]]
@@ -393,7 +317,7 @@ def pick_attention(device: Any, dtype: Any, head_dims: set[int],
                    kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
     """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with
     ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees.
-    ``kernels`` read a dense bias: the flex kernels are chosen by name only (``KernelChoice.small``)."""
+    ``kernels`` read a dense bias."""
     if device.type != "cuda":
         return tuple((dim, "math") for dim in sorted(head_dims))
     chosen: dict[int, str] = {}

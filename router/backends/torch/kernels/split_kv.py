@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from router.backends.torch.kernels.attention import (
-    MASK_KERNELS,
     Attend,
     attend_by_dim,
     attend_math,
@@ -39,7 +38,7 @@ MergeChunks = Callable[[Any, Any], tuple[Any, Any]]
 def merge_chunks(out: Any, lse: Any) -> tuple[Any, Any]:
     """Key chunks' outputs (S, Hk, M, D) and log-sum-exps (S, Hk, M) of the same queries as one
     part over all the keys: (1, Hk, M, D) in ``out``'s dtype and its float32 log-sum-exp
-    (1, Hk, M). Float32 arithmetic, rounded once (prefix_attention's merge, over a chunk axis)."""
+    (1, Hk, M). Float32 arithmetic, rounded once (attention.py's merge, over a chunk axis)."""
     import torch
 
     top = lse.amax(0, keepdim=True)
@@ -80,14 +79,10 @@ def attend_split(q: Any, k: Any, v: Any, bias: Any, *, attend: Attend, splits: i
     return merge(out, lse)
 
 
-def split_attend(attend: Attend, splits: int, merge: MergeChunks,
-                 whole_dims: frozenset[int] = frozenset()) -> Attend:
-    """``attend`` as ``attend_split`` with ``splits`` chunks, except at the head dims in
-    ``whole_dims`` (those whose kernel reads a block mask, not a bias, and cannot cut it)."""
+def split_attend(attend: Attend, splits: int, merge: MergeChunks) -> Attend:
+    """``attend`` as ``attend_split`` with ``splits`` chunks."""
 
     def prefix_attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
-        if q.shape[-1] in whole_dims:
-            return attend(q, k, v, mask)
         return attend_split(q, k, v, mask, attend=attend, splits=splits, merge=merge)
 
     return prefix_attend
@@ -104,8 +99,6 @@ def split_problem(names: tuple[tuple[int, str], ...], splits: int, device: Any, 
 
     attend = attend_by_dim(names)
     for dim, name in names:
-        if name in MASK_KERNELS:  # read whole (split_attend's whole_dims)
-            continue
         try:
             gen = torch.Generator(device=device).manual_seed(0)
             q = torch.randn((1, 2, 48, dim), generator=gen, device=device, dtype=dtype) / dim**0.5

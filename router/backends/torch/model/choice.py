@@ -31,7 +31,6 @@ from typing import Any
 from router.backends.torch.kernels.attention import (
     CUDNN_HOPPER_MAX_DIM,
     KERNEL_BY_NAME,
-    MASK_KERNELS,
     attend_by_dim,
     causal_by_dim,
     causal_problem,
@@ -49,8 +48,8 @@ from router.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# FlexAttention also runs on the CPU (its eager form: the tests' path); the fused kernels do not
-CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"} - MASK_KERNELS
+# the reference ("math") runs everywhere; the fused attention kernels on CUDA only
+CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +130,8 @@ class KernelChoice:
                 if getattr(self, name):
                     raise ConfigError(f"kernel choice: {name} needs a CUDA device", field=name)
             if {name for _, name in self.attention} & CUDA_ONLY_KERNELS:
-                raise ConfigError("kernel choice: attention kernels other than math and flex need "
-                                  "a CUDA device", field="attention")
+                raise ConfigError("kernel choice: attention kernels other than math need a CUDA "
+                                  "device", field="attention")
 
     def for_read(self, n_items: int) -> KernelChoice:
         """The choice a read of ``n_items`` items runs: the streams apart past
@@ -230,8 +229,7 @@ def build_pieces(choice: KernelChoice) -> Pieces:
     from router.backends.torch.kernels.row_ops import row_ops
 
     ops = row_ops(choice.triton)
-    pieces = replace(EAGER, attend=attend_by_dim(choice.attention),
-                     flex_dims=frozenset(dim for dim, name in choice.attention if name in MASK_KERNELS))
+    pieces = replace(EAGER, attend=attend_by_dim(choice.attention))
     if choice.causal_own:
         pieces = replace(pieces, attend_causal=causal_by_dim(choice.attention),
                          no_causal_dims=no_causal_dims(choice.attention))
@@ -243,7 +241,7 @@ def build_pieces(choice: KernelChoice) -> Pieces:
         pieces = replace(pieces, merge=ops.merge, merge3=ops.merge3)
     if choice.prefix_splits > 1:
         pieces = replace(pieces, attend_prefix=split_attend(pieces.attend, choice.prefix_splits,
-                                                            ops.merge_chunks, pieces.flex_dims))
+                                                            ops.merge_chunks))
     if not choice.compiled:
         return pieces
     from router.backends.torch.model.compiled import compile_pieces

@@ -21,14 +21,13 @@ fixed when it is built; the joint streams' helpers are joint.py's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
 from router.backends.torch.kernels.attention import (
     Band,
     attend_band,
-    flex_mask,
     fold_groups,
     group_view,
     to_bias,
@@ -339,19 +338,18 @@ class OnePass(Frozen):
             dec_rest = rest & last if sliding else rest
             if sliding:
                 enc_vis = enc_vis & (query[None, :, None] - query[None, None, :] < self.window)
-            to_mask = self.mask_builder(kind)
             if not self.causal_own(kind, width):
-                out[("enc", kind)] = to_mask(enc_vis, g, dtype)
+                out[("enc", kind)] = to_bias(enc_vis, g, dtype)
             if self.in_place(batch):  # the canvases' prompt rests read in place (canvas_own)
-                out[("dec_rest", kind)] = to_mask(dec_rest[:, None, :].expand(-1, canvas_len, -1),
+                out[("dec_rest", kind)] = to_bias(dec_rest[:, None, :].expand(-1, canvas_len, -1),
                                                   g, dtype)
                 if kind == last_kind:
-                    out[("slot_rest", kind)] = to_mask(dec_rest[:, None, :], g, dtype)
+                    out[("slot_rest", kind)] = to_bias(dec_rest[:, None, :], g, dtype)
             else:
                 dec_vis = torch.cat([dec_rest, canvas], dim=1)[:, None, :]
-                out[("dec", kind)] = to_mask(dec_vis.expand(-1, canvas_len, -1), g, dtype)
+                out[("dec", kind)] = to_bias(dec_vis.expand(-1, canvas_len, -1), g, dtype)
                 if kind == last_kind:
-                    out[("slot", kind)] = to_mask(dec_vis, g, dtype)
+                    out[("slot", kind)] = to_bias(dec_vis, g, dtype)
             if prefix is None:
                 continue
             # (expand, not repeat_interleave: that one syncs with the host, breaking capture)
@@ -377,15 +375,7 @@ class OnePass(Frozen):
             visible = visible & (key_pos[None, :] >= low[:, None])
         else:
             visible = visible.expand(n_queries, -1)
-        return self.mask_builder(kind)(visible.unsqueeze(0), groups, dtype)
-
-    def mask_builder(self, kind: str) -> Callable[[Any, int, Any], Any]:
-        """How a visibility mask (B, M, N) reaches ``pieces.attend`` for layer ``kind``: a dense
-        additive bias, or a FlexAttention block mask where its head dim's kernel is flex."""
-        index = self.kinds().index(kind)
-        if int(self.config.per_layer_config[index].head_dim) in self.pieces.flex_dims:
-            return lambda visible, groups, _dtype: flex_mask(visible, groups)
-        return to_bias
+        return to_bias(visible.unsqueeze(0), groups, dtype)
 
     def in_place(self, batch: OnePassBatch) -> bool:
         """Whether the canvases read their item's prompt-rest keys where they lie (no per-row

@@ -129,7 +129,6 @@ class Pieces:
     merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
     attend: Attend
     band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
-    flex_dims: frozenset[int] = frozenset()  # head dims whose ``attend`` reads a flex_mask, not a bias
     ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc)
     # (attention, merged weight, merged bias, hidden, cos, sin): joint_streams' q/k/v product
     qkv_merged: Callable[..., tuple[Any, Any, Any]] = qkv_merged

@@ -25,12 +25,11 @@ from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
 
 KINDS = ("sliding_attention", "full_attention")
 BANDS = [frozenset(b) for b in ((), ("full_attention",), ("sliding_attention",), KINDS)]
-# FlexAttention at both of the tiny model's head dims (eager on the CPU: block masks included)
-FLEX = ((16, "flex"), (32, "flex"))
 SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fused_moe": (False, True),  # CUDA only
-            "attention": ((), FLEX), "joint_streams": (True, False), "causal_own": (True, False),
+            "attention": ((), ((16, "cudnn"),)),  # CUDA only
+            "joint_streams": (True, False), "causal_own": (True, False),
             "rows_in_place": (True, False)}
 # What the one-pass read can run on the CPU, default first. The own-key switches run here
 # together (both on: the default; both off: the copies and biases); their mixed settings run in
@@ -39,8 +38,7 @@ SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True
 PAIRED = ("causal_own", "rows_in_place")
 FACTORS: dict[str, tuple[Any, ...]] = {
     "band": tuple(BANDS), "rows_moe": (False, True), "merge_op": (False, True),
-    "compiled": (False, True), "attention": ((), FLEX), "joint_streams": (True, False),
-    "causal_own": (True, False)}
+    "compiled": (False, True), "joint_streams": (True, False), "causal_own": (True, False)}
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
@@ -93,7 +91,6 @@ def choice_id(choice: KernelChoice) -> str:
         return "two_pass"
     band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
     on = [name for name in ("rows_moe", "merge_op", "compiled") if getattr(choice, name)]
-    on += ["flex"] if choice.attention == FLEX else []
     on += [] if choice.joint_streams else ["apart"]
     on += [] if choice.causal_own else ["copied_biased_own"]
     return "-".join([f"band={band}", *on])

@@ -27,7 +27,7 @@ with interpreted_imports():
     from router.backends.torch.model.choice import KernelChoice, build_pieces
     from router.backends.torch.serve.diffusion import DiffusionSlotReader
     from router.errors import ConfigError
-    from tests.router.backends.torch.test_choice import BANDS, FLEX, LONG, SHAPES, two_pass_reads
+    from tests.router.backends.torch.test_choice import BANDS, LONG, SHAPES, two_pass_reads
     from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
     from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
@@ -201,19 +201,17 @@ def splits_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return seen
 
 
-CASES = [KernelChoice(band=band, attention=attention, merge_op=merge, joint_streams=joint,
-                      prefix_splits=splits)
-         for band, attention, merge, joint, splits in product(
-             BANDS, ((), FLEX), (False, True), (True, False), (2, 4))]
+CASES = [KernelChoice(band=band, merge_op=merge, joint_streams=joint, prefix_splits=splits)
+         for band, merge, joint, splits in product(BANDS, (False, True), (True, False), (2, 4))]
 
 
 @pytest.mark.parametrize("choice", CASES, ids=lambda c: "-".join(
     [f"s{c.prefix_splits}", "+".join(sorted(k[:1] for k in c.band)) or "dense",
-     "flex" if c.attention else "math", "merge" if c.merge_op else "", "joint" if c.joint_streams else "apart"]))
+     "merge" if c.merge_op else "", "joint" if c.joint_streams else "apart"]))
 def test_reads_with_the_prefix_in_chunks_read_what_the_two_pass_read_reads(
         model: Any, want: list[Any], splits_seen: list[tuple[int, int]], choice: KernelChoice) -> None:
     """Bucketed (padded buffers) and eager; the layers that read their prefix under a bias (not a
-    band, not a flex block mask) read it in chunks: a read where none did would pass vacuously."""
+    band) read it in chunks: a read where none did would pass vacuously."""
     reader = DiffusionSlotReader(model, choice=choice, graphs=SHAPES)
     assert reader.graphs is not None
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
@@ -221,7 +219,7 @@ def test_reads_with_the_prefix_in_chunks_read_what_the_two_pass_read_reads(
     assert_same_reads(reader.read(ITEMS), want[: len(ITEMS)])
     assert_same_reads(reader.read([LONG]), want[len(ITEMS):])
     kinds = {"sliding_attention": 16, "full_attention": 32}
-    dims = {kinds[k] for k in kinds if k not in choice.band} - ({16, 32} if choice.attention else set())
+    dims = {kinds[k] for k in kinds if k not in choice.band}
     assert {dim for dim, _ in splits_seen} == dims
     assert all(1 < n <= choice.prefix_splits for _, n in splits_seen)
 

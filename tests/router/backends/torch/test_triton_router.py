@@ -181,7 +181,7 @@ def test_the_start_up_check_passes_the_kernel_and_names_a_broken_one(monkeypatch
     kernel that picks other experts, or gives other weights, turns the fused MoE family off with
     a problem that names it."""
     cpu = torch.device("cpu")
-    assert _fused_moe_disagreement(cpu, False) == ""
+    assert _fused_moe_disagreement(cpu) == ""
     real = triton_router.route_top_k
 
     def wrong_index(*args: Any) -> Any:

@@ -1,8 +1,7 @@
-"""FlexAttention as the read's attention kernel (attention.flex_mask, attend_flex): the
+"""The FlexAttention candidate (bench/candidates/flex_attention.py: flex_mask, attend_flex): the
 block lists flex_mask builds from a visibility mask are those torch's own create_block_mask
-builds from the same visibility as a mask_mod, and attention under it is the reference's. The
-whole read with flex at every head dim is in test_choice.py's equality matrix (eager on the CPU,
-where the kernel's block skipping is not exercised: hence the block lists here)."""
+builds from the same visibility as a mask_mod, and attention under it is the reference's, so
+bench.prefix_forms times a form that computes the read's attention."""
 
 from __future__ import annotations
 
@@ -14,13 +13,8 @@ torch = pytest.importorskip("torch")
 
 from torch.nn.attention.flex_attention import create_block_mask
 
-from router.backends.torch.kernels.attention import (
-    MASKED,
-    attend_flex,
-    attend_math,
-    flex_mask,
-    to_bias,
-)
+from bench.candidates.flex_attention import attend_flex, flex_mask
+from router.backends.torch.kernels.attention import MASKED, attend_math, to_bias
 
 
 def visibility(batch: int, queries: int, keys: int, seed: int) -> Any:
