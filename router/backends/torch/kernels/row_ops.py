@@ -49,7 +49,7 @@ def _(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> tor
 @torch.library.custom_op("slotgate::merge_groups", mutates_args=())
 def merge_groups(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                  lse_b: torch.Tensor) -> torch.Tensor:
-    """Two attention parts of the same queries merged by their log-sum-exps (prefix_attention's
+    """Two attention parts of the same queries merged by their log-sum-exps (attention.py's
     ``merge``), from grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``) to the output
     projection's layout (B, M, Hk*G*D), query head j*G+g. Float32 arithmetic, rounded once."""
     from router.backends.torch.kernels.attention import merge_grouped
@@ -66,7 +66,7 @@ def _(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torc
 @torch.library.custom_op("slotgate::merge_groups3", mutates_args=())
 def merge_groups3(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
                   out_c: torch.Tensor, lse_c: torch.Tensor) -> torch.Tensor:
-    """``merge_groups`` of three parts (prefix_attention's ``merge_grouped3``)."""
+    """``merge_groups`` of three parts (attention.py's ``merge_grouped3``)."""
     from router.backends.torch.kernels.attention import merge_grouped3
 
     return merge_grouped3(out_a, lse_a, out_b, lse_b, out_c, lse_c)  # type: ignore[no-any-return]

@@ -5,7 +5,7 @@ their log-sum-exps.
 Why: a single read's prefix read is one batch of folded queries (576 at head dim 256) over 1,024
 sliding key slots: cuDNN runs it as fewer thread blocks than a Hopper GPU has SMs, each looping
 over every slot. Cut into S chunks that are the call's batch, it is S times the blocks, each an S-th of the
-loop; the chunks' (out, lse) then merge exactly as the attention parts do (prefix_attention).
+loop; the chunks' (out, lse) then merge exactly as the attention parts do (attention.py).
 Only small reads gain (a batch of 32 already fills the GPU many times over), so the choice
 applies it to reads of at most ``KernelChoice.split_kv_items`` items (choice.py).
 

@@ -222,7 +222,7 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
                                                            ("", "fused MoE differs")])
 def test_one_kernel_familys_failed_check_turns_only_that_family_off(
         monkeypatch: pytest.MonkeyPatch, rows_problem: str, moe_problem: str) -> None:
-    """The row row_ops (row_ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
+    """The row ops (row_ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
     apart: a failed row-op check leaves the fused MoE on, and the other way round (one wrong
     check must not turn every Triton kernel off, the fused MoE included)."""
     from router.backends.torch.kernels import row_ops

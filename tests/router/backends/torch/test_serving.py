@@ -167,7 +167,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         model = torch.nn.Linear(2, 2).to(torch.bfloat16)
 
     assert backend._device_fallbacks(OnCuda(), KernelChoice()) == [
-        "Triton row kernels off, the torch row row_ops serve: RuntimeError: merge disagrees",
+        "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
         "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
     assert asked == [("triton", "cuda"), ("moe", "cuda")]
     # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither

@@ -96,18 +96,18 @@ def test_uneven_key_sets_cut_into_fewer_equal_chunks_and_prime_ones_batches_are_
         assert len(calls) == 1 and calls[0][0] is query and calls[0][1] is k and calls[0][2] is bias
 
 
-def test_split_attend_reads_whole_at_the_head_dims_whose_kernel_reads_a_block_mask() -> None:
+def test_split_attend_reads_in_chunks_at_every_head_dim() -> None:
     seen: list[tuple[int, ...]] = []
 
     def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
         seen.append(tuple(k.shape))
         return attend_math(q, k, v, mask)
 
-    prefix_attend = split_kv.split_attend(attend, 4, merge_chunks, frozenset({16}))
+    prefix_attend = split_kv.split_attend(attend, 4, merge_chunks)
     for dim in (16, 32):
         q, k, v, bias = problem(64, dim=dim)
         prefix_attend(q, k, v, bias)
-    assert seen == [(1, 2, 64, 16), (4, 2, 16, 32)]
+    assert seen == [(4, 2, 16, 16), (4, 2, 16, 32)]
 
 
 def test_the_start_up_check_passes_agreeing_kernels_and_names_the_failing_one(
