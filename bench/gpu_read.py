@@ -180,16 +180,15 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
     # dense-bias prefix read, torch MoE, float32 reference attention
     reference = DiffusionSlotReader(model, choice=KernelChoice())
     shipped = DiffusionSlotReader(model)
-    # the same kernels with the prompt rests' and canvases' own keys copied per row and read
-    # under dense biases: the peer of the in-place and causal paths
-    copied = DiffusionSlotReader(model, choice=replace(shipped.choice, causal_own=False,
-                                                       rows_in_place=False))
+    # the same kernels with the prompt rests' own keys read under their dense causal bias: the
+    # peer of the causal path
+    copied = DiffusionSlotReader(model, choice=replace(shipped.choice, causal_own=False))
     readers: list[tuple[str, Any]] = [("onepass_eager", lambda: shipped),
-                                      ("onepass_eager_copied_biased_own", lambda: copied),
+                                      ("onepass_eager_biased_own", lambda: copied),
                                       ("onepass_eager_math_attention", lambda: reference),
                                       ("compiled_graph", lambda: fast if fast is not None and fast.graphs
                                        is not None else make_fast(args, model, device))]
-    # 2 draws an item: the canvases' keys copied per row; 1 draw: read in place (rows_in_place)
+    # 2 draws an item: the canvases' keys copied per row; 1 draw: read in place
     for draws in (2, 1):
         items = make_items(args, vocab, 8, draws, seed=99)
         want = DiffusionSlotReader(model, choice=TWO_PASS).read(items)

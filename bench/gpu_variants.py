@@ -37,8 +37,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "joint_all": {"joint_streams_items": 0},
     # the prompt rests' own keys under their dense causal bias, not a causal kernel
     "biased_own": {"causal_own": False},
-    # the canvases' prompt-rest keys copied per row (rows_kv) and read with their canvas under a bias
-    "rows_copied": {"rows_in_place": False}}
+}
 
 
 def event_ms(fn: Any, iters: int) -> float:

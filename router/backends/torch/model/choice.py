@@ -12,8 +12,7 @@ attention kernel per head dim), ``fused_moe`` (the experts as one fused Triton M
 triton_moe.py), ``joint_streams`` (both streams' rows normed and projected to q/k/v by one call
 per layer over the tied weights; ``joint_streams_items`` keeps it to reads of at most that many
 items, where it pays), ``causal_own`` (the prompt rests' own keys read by a causal kernel with no
-bias where that is exact), ``rows_in_place`` (in batches of one canvas row an item, each row
-reads its prompt rest's keys where they lie), ``prefix_splits`` (the shared prefix's attention in
+bias where that is exact), ``prefix_splits`` (the shared prefix's attention in
 that many key chunks run as one call's batch, split_kv.py; ``split_kv_items`` keeps it to reads
 of at most that many items, where it pays). ``default_choice`` derives them from the model and
 the device's start-up checks; none of them is a deployment option (TorchOptions holds those).
@@ -75,10 +74,6 @@ class KernelChoice:
     # kernel has a causal form (cuDNN, math) and the window does not bind within a prompt rest
     # (exact: a real query's causal keys are all real; OnePass.causal_own)
     causal_own: bool = True
-    # a canvas row reads its item's prompt-rest keys where they lie, not from a per-row copy
-    # (rows_kv), in batches of one row an item; its own canvas then needs no mask
-    # (OnePass.canvas_own: exact, two attention parts merged by their log-sum-exp)
-    rows_in_place: bool = True
     # the shared prefix's attention (under a bias) in this many key chunks, the batch of one call,
     # merged by log-sum-exp (split_kv.py; 1: whole). Why: a single read's prefix read leaves most
     # of a GPU's SMs idle, each thread block looping over every key slot
@@ -91,7 +86,7 @@ class KernelChoice:
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
                          "fused_moe", "joint_streams", "joint_streams_items", "causal_own",
-                         "rows_in_place", "split_kv_items"):
+                         "split_kv_items"):
                 if getattr(self, name) not in (False, 0, frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
@@ -160,11 +155,11 @@ class KernelChoice:
                 "attention": dict(self.attention), "fused_moe": self.fused_moe,
                 "joint_streams": self.joint_streams,
                 "joint_streams_items": self.joint_streams_items, "causal_own": self.causal_own,
-                "rows_in_place": self.rows_in_place, "prefix_splits": self.prefix_splits,
+                "prefix_splits": self.prefix_splits,
                 "split_kv_items": self.split_kv_items}
 
 
-TWO_PASS = KernelChoice(fused_pass=False, joint_streams=False, causal_own=False, rows_in_place=False)
+TWO_PASS = KernelChoice(fused_pass=False, joint_streams=False, causal_own=False)
 # default_choice's joint_streams_items on CUDA: graph replays (bench.gpu_variants --graph-batches)
 # put the joint streams ahead up to 4 items and behind from 8
 JOINT_STREAMS_ITEMS = 4

@@ -107,16 +107,14 @@ class OnePass(Frozen):
     (``qkv_weights``, made here: the model's parameters are untouched; it follows them only on
     the device they are on now), and their attention outputs projected by one o_proj call; the
     same result, each weight read once (needs tied attention weights: ConfigError otherwise).
-    ``rows_in_place``: in batches of one canvas row an item, the canvases read their prompt
-    rests' keys where they lie and their own canvas unmasked (``in_place``, ``canvas_own``), no
-    per-row copy; the same result. (The prompt rests' causal read is a piece:
-    ``pieces.attend_causal``, ``causal_own``.)
+    In batches of one canvas row an item, the canvases read their prompt rests' keys where they
+    lie and their own canvas unmasked (``in_place``, ``canvas_own``), no per-row copy; the same
+    result. (The prompt rests' causal read is a piece: ``pieces.attend_causal``, ``causal_own``.)
     Immutable once built: the kernels are chosen before (choice.py), never swapped while serving."""
 
     def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
                  joint_streams: bool = True,
-                 qkv_weights: tuple[tuple[Any, Any], ...] | None = None,
-                 rows_in_place: bool = True) -> None:
+                 qkv_weights: tuple[tuple[Any, Any], ...] | None = None) -> None:
         self.model = model
         self.encoder = model.model.encoder.language_model
         self.decoder = model.model.decoder
@@ -131,7 +129,6 @@ class OnePass(Frozen):
             raise ConfigError("kernel choice: joint_streams needs tied encoder/decoder attention "
                               "weights", field="joint_streams")
         self.joint_streams = joint_streams
-        self.rows_in_place = rows_in_place
         # per layer (tied: the encoder's serve both streams), built before sealing; or another
         # OnePass's over this model (``qkv_weights``), so two readers hold one copy
         if joint_streams and qkv_weights is None:
@@ -379,11 +376,11 @@ class OnePass(Frozen):
 
     def in_place(self, batch: OnePassBatch) -> bool:
         """Whether the canvases read their item's prompt-rest keys where they lie (no per-row
-        copy, ``rows_kv``): with ``rows_in_place``, when there are as many canvas rows as items.
+        copy, ``rows_kv``): when there are as many canvas rows as items.
         The readers lay such batches out row r = item r (diffusion.prepare_onepass: one draw an
         item; graphs.GraphSet.bucket sends batches with more draws to buckets of more rows).
         Decided from static shapes, so a captured graph holds one path."""
-        return self.rows_in_place and batch.canvas.shape[0] == batch.input_ids.shape[0]
+        return bool(batch.canvas.shape[0] == batch.input_ids.shape[0])
 
     def canvas_attend(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
                       batch: OnePassBatch, masks: dict[tuple[str, str], Any], kind: str, *,

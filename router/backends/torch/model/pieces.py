@@ -137,8 +137,8 @@ class Pieces:
     # except at ``no_causal_dims`` (head dims whose kernel has no causal form)
     attend_causal: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
     no_causal_dims: frozenset[int] = frozenset()
-    # two parts' folded (out, lse) -> one (KernelChoice.rows_in_place: a canvas's own canvas and
-    # its prompt rest read in place, merged so where no prefix follows)
+    # two parts' folded (out, lse) -> one (OnePass.canvas_own: a canvas's own canvas and its
+    # prompt rest read in place, merged so where no prefix follows)
     merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
     # three grouped parts -> (B, M, H*D): the canvases' two own-key parts and the prefix at once
     merge3: Callable[..., Any] = merge_grouped3

@@ -85,7 +85,7 @@ class DiffusionSlotReader(Frozen):
         # the eager read of few items (below: ``passes``, one per distinct read-level choice)
         single = self.choice.for_read(1)
         self.onepass = (OnePass(model, build_pieces(single), single.band, single.joint_streams,
-                                qkv_weights or None, single.rows_in_place)
+                                qkv_weights or None)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
@@ -109,8 +109,7 @@ class DiffusionSlotReader(Frozen):
         for choice in wanted:
             if choice not in out:
                 out[choice] = OnePass(self.model, build_pieces(choice), choice.band,
-                                      choice.joint_streams, self.onepass.qkv_weights or None,
-                                      choice.rows_in_place)
+                                      choice.joint_streams, self.onepass.qkv_weights or None)
         return out
 
     def onepass_for(self, n_items: int) -> OnePass:

@@ -2,8 +2,8 @@
 
 - ``causal_own``: the prompt rests read their own keys by a causal kernel with no bias where
   that is exact (the window does not bind within a prompt rest; the kernel has a causal form);
-- ``rows_in_place``: in batches of one canvas row an item, each row reads its prompt rest's keys
-  where they lie and its own canvas unmasked, no per-row copy;
+- in batches of one canvas row an item, each row reads its prompt rest's keys where they lie and
+  its own canvas unmasked, no per-row copy (more rows than items: per-row copies);
 - ``joint_streams_items``: graph buckets of more than that many items project the two streams
   apart, the smaller ones together.
 
@@ -185,15 +185,15 @@ ONE_DRAW = [replace(it, draws=1) for it in ITEMS]  # one canvas row an item: row
 
 
 @pytest.mark.parametrize("window", [64, 8], ids=["window>prompt", "window<prompt"])
-def test_rows_in_place_read_what_the_two_pass_read_reads(window: int) -> None:
+def test_rows_in_place_and_copied_read_what_the_two_pass_read_reads(window: int) -> None:
     model = tiny_model(window=window)
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
     want_mixed = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
     for cached in (True, False):
-        for in_place, causal, joint in product((True, False), repeat=3):
-            choice = KernelChoice(rows_in_place=in_place, causal_own=causal, joint_streams=joint)
+        for causal, joint in product((True, False), repeat=2):
+            choice = KernelChoice(causal_own=causal, joint_streams=joint)
             reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
-            assert_same_reads(reader.read(ONE_DRAW), want)
+            assert_same_reads(reader.read(ONE_DRAW), want)  # one row an item: in place
             assert_same_reads(reader.read(ITEMS), want_mixed)  # 5 rows, 3 items: the row copies
 
 

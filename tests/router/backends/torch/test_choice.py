@@ -29,13 +29,9 @@ SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fused_moe": (False, True),  # CUDA only
             "attention": ((), ((16, "cudnn"),)),  # CUDA only
-            "joint_streams": (True, False), "causal_own": (True, False),
-            "rows_in_place": (True, False)}
-# What the one-pass read can run on the CPU, default first. The own-key switches run here
-# together (both on: the default; both off: the copies and biases); their mixed settings run in
-# test_causal_own.py over the switches that shape that attention (joint streams, prefix cache,
-# window, buckets)
-PAIRED = ("causal_own", "rows_in_place")
+            "joint_streams": (True, False), "causal_own": (True, False)}
+# What the one-pass read can run on the CPU, default first (test_causal_own.py crosses the
+# own-key paths with the switches that shape that attention: joint streams, prefix cache, window)
 FACTORS: dict[str, tuple[Any, ...]] = {
     "band": tuple(BANDS), "rows_moe": (False, True), "merge_op": (False, True),
     "compiled": (False, True), "joint_streams": (True, False), "causal_own": (True, False)}
@@ -45,8 +41,8 @@ LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].sl
 
 
 def one_pass(**values: Any) -> KernelChoice:
-    """The one-pass choice of these FACTORS values (the own-key pair set together)."""
-    return KernelChoice(compile_backend="aot_eager", rows_in_place=values["causal_own"], **values)
+    """The one-pass choice of these FACTORS values."""
+    return KernelChoice(compile_backend="aot_eager", **values)
 
 
 DEFAULT = {name: values[0] for name, values in FACTORS.items()}
@@ -92,7 +88,7 @@ def choice_id(choice: KernelChoice) -> str:
     band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
     on = [name for name in ("rows_moe", "merge_op", "compiled") if getattr(choice, name)]
     on += [] if choice.joint_streams else ["apart"]
-    on += [] if choice.causal_own else ["copied_biased_own"]
+    on += [] if choice.causal_own else ["biased_own"]
     return "-".join([f"band={band}", *on])
 
 
@@ -116,7 +112,7 @@ def want(model: Any) -> list[Any]:
 def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
     names = list(SWITCHES)
     matrix = set(full_matrix())
-    accepted = mixed = 0
+    accepted = 0
     for values in product(*SWITCHES.values()):
         switches = dict(zip(names, values, strict=True))
         try:
@@ -129,11 +125,8 @@ def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
         if not choice.fused_pass:
             assert choice == replace(TWO_PASS, compile_backend="aot_eager")
             continue
-        # accepted here: so it is in the full matrix (PAIRED: as its pair's first)
-        paired = replace(choice, **dict.fromkeys(PAIRED[1:], getattr(choice, PAIRED[0])))
-        assert paired in matrix, choice
-        mixed += paired != choice
-    assert accepted - mixed == len(matrix) + 1
+        assert choice in matrix, choice  # accepted here: so it is in the full matrix
+    assert accepted == len(matrix) + 1
 
 
 def test_the_covering_set_meets_every_pair_of_switch_values() -> None:
