@@ -47,56 +47,6 @@ from router.backends.torch.model.joint import (
 from router.backends.torch.model.pieces import EAGER, Pieces, ffn_step
 
 
-def head_major(queries: tuple[Any, ...]) -> Any:
-    """Queries (B, H, M, D) of each stream laid end to end head-major, (H, sum B*M, D), as the
-    prefix read takes them, in one pass: one cat where every stream's head-major form is a view
-    (one item, or a layout that allows it), else each stream copied into its place. Why: a
-    reshape of a transposed view copies where the layout asks it, and a cat would then copy all
-    of it again; at one item a cat of views is one kernel where the copies would be two."""
-    import torch
-
-    n_heads, dim = queries[0].shape[1], queries[0].shape[3]
-    views = []
-    for q in queries:
-        try:
-            views.append(q.transpose(0, 1).view(n_heads, -1, dim))
-        except RuntimeError:  # not viewable: copy each stream into place
-            break
-    else:
-        return torch.cat(views, dim=1)
-    flat = queries[0].new_empty((n_heads, sum(q.shape[0] * q.shape[2] for q in queries), dim))
-    at = 0
-    for q in queries:
-        rows = q.shape[0] * q.shape[2]
-        flat[:, at:at + rows].view(n_heads, q.shape[0], q.shape[2], dim).copy_(q.transpose(0, 1))
-        at += rows
-    return flat
-
-
-def at_slots(hidden: Any, slots: Any) -> Any:
-    """Each row's hidden state at its slot: (R, C, ...) -> (R, ...)."""
-    import torch
-
-    return hidden[torch.arange(hidden.shape[0], device=hidden.device), slots]
-
-
-def slot_read(model: Any, softcap: float | None, at_slot: Any, label_index: Any,
-              label_valid: Any) -> tuple[Any, Any, Any]:
-    """Soft-capped logits of each row's slot state ``at_slot`` (R, E) (``at_slots``): label
-    softmax (R, L), full-vocabulary entropy, label mass."""
-    import torch
-
-    logits = model.lm_head(at_slot).float()
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    log_p = torch.log_softmax(logits, dim=-1)
-    entropy = -(log_p.exp() * log_p).sum(dim=-1)
-    label_logits = logits.gather(1, label_index).masked_fill(~label_valid, float("-inf"))
-    proba = torch.softmax(label_logits, dim=-1)
-    mass = log_p.gather(1, label_index).exp().masked_fill(~label_valid, 0).sum(-1)
-    return proba, entropy, mass
-
-
 class OnePass(Frozen):
     """The one-pass read of a tied DiffusionGemma with ``pieces`` (each computes what its eager
     default does). ``band`` names the layer kinds whose shared prefix is read with ``attend_band``
@@ -137,22 +87,6 @@ class OnePass(Frozen):
             raise ValueError("qkv_weights: one (weight, bias) per layer")
         self.qkv_weights = qkv_weights if joint_streams and qkv_weights is not None else ()
         self._seal()
-
-    def kinds(self) -> list[str]:
-        return list(self.config.layer_types)
-
-    def prefix_kv(self, cache: Any, prefix_len: int) -> PrefixKV:
-        """Views of a transformers DynamicCache holding an encoded prefix (no copy)."""
-        import torch
-
-        keys, values, positions = [], [], {}
-        for kind, layer in zip(self.kinds(), cache.layers, strict=True):
-            keys.append(layer.keys)
-            values.append(layer.values)
-            stored = layer.keys.shape[2]  # sliding layers keep the last window - 1 tokens
-            positions[kind] = torch.arange(prefix_len - stored, prefix_len, device=layer.keys.device)
-        length = torch.tensor(prefix_len, dtype=torch.long, device=keys[0].device)
-        return PrefixKV(keys, values, positions, length)
 
     def __call__(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
         """(label proba (R, L), full-vocab entropy (R,), label mass (R,)) of every row. ``prefix``:
@@ -231,79 +165,6 @@ class OnePass(Frozen):
                  else torch.zeros((), dtype=torch.long, device=device))
         return (start + steps).unsqueeze(0).expand(n_items, width), start, row_len
 
-    def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
-                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixKV | None,
-                   batch: OnePassBatch, masks: dict[tuple[str, str], Any],
-                   joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
-        """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
-        Why it is exact: the read takes the last hidden state at the slot only, and the last
-        layer's encoder tokens feed nothing but their keys/values (which the canvas reads); every
-        step after attention is per position. So the encoder stops at its keys/values, and the
-        decoder runs attention and the feed-forward half for one query a row: of a batch of 32
-        reads (8,448 tokens) the feed-forward half runs over 32. ``joint``: the rows and rotary
-        tables of ``joined``, projected together (``joint_streams``)."""
-        import torch
-
-        (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
-        if joint is not None:
-            (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
-                                                            enc_h.shape[:2], dec_h.shape[:2])
-        else:
-            _, k_e, v_e = self.pieces.qkv(enc.self_attn,
-                                          self.pieces.norm(enc.input_layernorm, enc_h),
-                                          *enc_pe[kind])
-            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn,
-                                            self.pieces.norm(dec.input_layernorm, dec_h),
-                                            *dec_pe[kind])
-        rows = torch.arange(q_d.shape[0], device=q_d.device)
-        query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
-        n_heads = query.shape[1]
-        out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True,
-                                      merged=prefix is None)
-        if prefix is None:
-            out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
-        else:
-            (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
-                                      masks[("prefix_slot", kind)])
-        attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
-        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
-
-    def qkv_joint(self, index: int, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
-                  dec_rows: tuple[int, int]) -> QkvStreams:
-        """``joint.qkv_joint`` of layer ``index`` with this read's norm and merged q/k/v weights."""
-        return qkv_joint(self.encoder.layers[index], self.qkv_weights[index], rows, rotary,
-                         enc_rows, dec_rows, norm=self.pieces.norm, qkv=self.pieces.qkv_merged)
-
-    def with_prefix(self, prefix: PrefixKV, index: int, queries: Sequence[Any],
-                        outs: Sequence[Any], lses: Sequence[Any], mask: Any) -> list[Any]:
-        """Each stream's attention output merged with its attention to the shared prefix: all
-        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once
-        under ``mask`` (a bias or a ``Band``). ``queries`` (B, H, M, D) per stream; ``outs``/``lses``:
-        each stream's own-key attention in ``fold_groups``' layout, or two parts of it
-        (``canvas_own``'s, a pair each), merged with the prefix in one three-part merge. Returned
-        as (B, M, H*D), the output projection's input."""
-        n_heads = queries[0].shape[1]
-        n_kv = prefix.keys[index].shape[1]
-        folded = fold_groups(head_major(tuple(queries)).unsqueeze(0), n_kv)
-        if isinstance(mask, Band):
-            out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
-                                       self.pieces.band_softmax)
-        else:
-            attend = self.pieces.attend_prefix or self.pieces.attend
-            out_p, lse_p = attend(folded, prefix.keys[index], prefix.values[index], mask)
-        g, offset, merged = n_heads // n_kv, 0, []
-        for out, lse, q in zip(outs, lses, queries, strict=True):
-            part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
-            prefix_part = (group_view(out_p, g, **part), group_view(lse_p, g, **part))
-            if isinstance(out, tuple):  # two own-key parts (canvas_own): one three-part merge
-                merged.append(self.pieces.merge3(group_view(out[0], g), group_view(lse[0], g),
-                                                 group_view(out[1], g), group_view(lse[1], g),
-                                                 *prefix_part))
-            else:
-                merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g), *prefix_part))
-            offset += q.shape[0] * q.shape[2]
-        return merged
-
     def masks(self, prefix: PrefixKV | None, batch: OnePassBatch, enc_pos: Any,
               row_start: Any, row_len: Any, dtype: Any) -> dict[tuple[str, str], Any]:
         """Additive biases per (part, layer kind), built once per read from lengths on the device
@@ -374,13 +235,24 @@ class OnePass(Frozen):
             visible = visible.expand(n_queries, -1)
         return to_bias(visible.unsqueeze(0), groups, dtype)
 
-    def in_place(self, batch: OnePassBatch) -> bool:
-        """Whether the canvases read their item's prompt-rest keys where they lie (no per-row
-        copy, ``rows_kv``): when there are as many canvas rows as items.
-        The readers lay such batches out row r = item r (diffusion.prepare_onepass: one draw an
-        item; graphs.GraphSet.bucket sends batches with more draws to buckets of more rows).
-        Decided from static shapes, so a captured graph holds one path."""
-        return bool(batch.canvas.shape[0] == batch.input_ids.shape[0])
+    def qkv_joint(self, index: int, rows: Any, rotary: tuple[Any, Any], enc_rows: tuple[int, int],
+                  dec_rows: tuple[int, int]) -> QkvStreams:
+        """``joint.qkv_joint`` of layer ``index`` with this read's norm and merged q/k/v weights."""
+        return qkv_joint(self.encoder.layers[index], self.qkv_weights[index], rows, rotary,
+                         enc_rows, dec_rows, norm=self.pieces.norm, qkv=self.pieces.qkv_merged)
+
+    def causal_own(self, kind: str, width: int) -> bool:
+        """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by
+        ``pieces.attend_causal``: exact when the window does not bind within a prompt rest (a real
+        query's causal keys are then exactly its visible ones; a padding query also sees padding
+        keys, and nothing reads its output but its own next layer) and the kind's kernel has a
+        causal form. Decided per call from static shapes, so a captured graph holds one path."""
+        if self.pieces.attend_causal is None:
+            return False
+        index = self.kinds().index(kind)
+        if int(self.config.per_layer_config[index].head_dim) in self.pieces.no_causal_dims:
+            return False
+        return kind != "sliding_attention" or self.window <= 0 or width <= self.window
 
     def canvas_attend(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
                       batch: OnePassBatch, masks: dict[tuple[str, str], Any], kind: str, *,
@@ -395,6 +267,14 @@ class OnePass(Frozen):
         rows_k, rows_v = self.pieces.rows_kv(*enc_kv, *dec_kv, batch.row_item)
         return self.pieces.attend(fold_groups(query, dec_kv[0].shape[1]), rows_k, rows_v,
                                   masks[("slot" if slot else "dec", kind)])
+
+    def in_place(self, batch: OnePassBatch) -> bool:
+        """Whether the canvases read their item's prompt-rest keys where they lie (no per-row
+        copy, ``rows_kv``): when there are as many canvas rows as items.
+        The readers lay such batches out row r = item r (diffusion.prepare_onepass: one draw an
+        item; graphs.GraphSet.bucket sends batches with more draws to buckets of more rows).
+        Decided from static shapes, so a captured graph holds one path."""
+        return bool(batch.canvas.shape[0] == batch.input_ids.shape[0])
 
     def canvas_own(self, query: Any, enc_kv: tuple[Any, Any], dec_kv: tuple[Any, Any],
                    rest_mask: Any, *, merged: bool = True) -> tuple[Any, Any]:
@@ -411,19 +291,139 @@ class OnePass(Frozen):
             return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
         return (out_r, out_c), (lse_r, lse_c)
 
-    def causal_own(self, kind: str, width: int) -> bool:
-        """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by
-        ``pieces.attend_causal``: exact when the window does not bind within a prompt rest (a real
-        query's causal keys are then exactly its visible ones; a padding query also sees padding
-        keys, and nothing reads its output but its own next layer) and the kind's kernel has a
-        causal form. Decided per call from static shapes, so a captured graph holds one path."""
-        if self.pieces.attend_causal is None:
-            return False
-        index = self.kinds().index(kind)
-        if int(self.config.per_layer_config[index].head_dim) in self.pieces.no_causal_dims:
-            return False
-        return kind != "sliding_attention" or self.window <= 0 or width <= self.window
+    def with_prefix(self, prefix: PrefixKV, index: int, queries: Sequence[Any],
+                        outs: Sequence[Any], lses: Sequence[Any], mask: Any) -> list[Any]:
+        """Each stream's attention output merged with its attention to the shared prefix: all
+        queries of the batch, laid out as one sequence, read the prefix (batch of one) at once
+        under ``mask`` (a bias or a ``Band``). ``queries`` (B, H, M, D) per stream; ``outs``/``lses``:
+        each stream's own-key attention in ``fold_groups``' layout, or two parts of it
+        (``canvas_own``'s, a pair each), merged with the prefix in one three-part merge. Returned
+        as (B, M, H*D), the output projection's input."""
+        n_heads = queries[0].shape[1]
+        n_kv = prefix.keys[index].shape[1]
+        folded = fold_groups(head_major(tuple(queries)).unsqueeze(0), n_kv)
+        if isinstance(mask, Band):
+            out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
+                                       self.pieces.band_softmax)
+        else:
+            attend = self.pieces.attend_prefix or self.pieces.attend
+            out_p, lse_p = attend(folded, prefix.keys[index], prefix.values[index], mask)
+        g, offset, merged = n_heads // n_kv, 0, []
+        for out, lse, q in zip(outs, lses, queries, strict=True):
+            part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
+            prefix_part = (group_view(out_p, g, **part), group_view(lse_p, g, **part))
+            if isinstance(out, tuple):  # two own-key parts (canvas_own): one three-part merge
+                merged.append(self.pieces.merge3(group_view(out[0], g), group_view(lse[0], g),
+                                                 group_view(out[1], g), group_view(lse[1], g),
+                                                 *prefix_part))
+            else:
+                merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g), *prefix_part))
+            offset += q.shape[0] * q.shape[2]
+        return merged
+
+    def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
+                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixKV | None,
+                   batch: OnePassBatch, masks: dict[tuple[str, str], Any],
+                   joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
+        """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
+        Why it is exact: the read takes the last hidden state at the slot only, and the last
+        layer's encoder tokens feed nothing but their keys/values (which the canvas reads); every
+        step after attention is per position. So the encoder stops at its keys/values, and the
+        decoder runs attention and the feed-forward half for one query a row: of a batch of 32
+        reads (8,448 tokens) the feed-forward half runs over 32. ``joint``: the rows and rotary
+        tables of ``joined``, projected together (``joint_streams``)."""
+        import torch
+
+        (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
+        if joint is not None:
+            (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
+                                                            enc_h.shape[:2], dec_h.shape[:2])
+        else:
+            _, k_e, v_e = self.pieces.qkv(enc.self_attn,
+                                          self.pieces.norm(enc.input_layernorm, enc_h),
+                                          *enc_pe[kind])
+            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn,
+                                            self.pieces.norm(dec.input_layernorm, dec_h),
+                                            *dec_pe[kind])
+        rows = torch.arange(q_d.shape[0], device=q_d.device)
+        query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
+        n_heads = query.shape[1]
+        out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True,
+                                      merged=prefix is None)
+        if prefix is None:
+            out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
+        else:
+            (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
+                                      masks[("prefix_slot", kind)])
+        attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
+        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
+
+    def prefix_kv(self, cache: Any, prefix_len: int) -> PrefixKV:
+        """Views of a transformers DynamicCache holding an encoded prefix (no copy)."""
+        import torch
+
+        keys, values, positions = [], [], {}
+        for kind, layer in zip(self.kinds(), cache.layers, strict=True):
+            keys.append(layer.keys)
+            values.append(layer.values)
+            stored = layer.keys.shape[2]  # sliding layers keep the last window - 1 tokens
+            positions[kind] = torch.arange(prefix_len - stored, prefix_len, device=layer.keys.device)
+        length = torch.tensor(prefix_len, dtype=torch.long, device=keys[0].device)
+        return PrefixKV(keys, values, positions, length)
+
+    def kinds(self) -> list[str]:
+        return list(self.config.layer_types)
 
     def kv_heads(self, kind: str) -> int:
         index = self.kinds().index(kind)
         return int(self.config.per_layer_config[index].num_key_value_heads)
+
+
+def at_slots(hidden: Any, slots: Any) -> Any:
+    """Each row's hidden state at its slot: (R, C, ...) -> (R, ...)."""
+    import torch
+
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), slots]
+
+
+def slot_read(model: Any, softcap: float | None, at_slot: Any, label_index: Any,
+              label_valid: Any) -> tuple[Any, Any, Any]:
+    """Soft-capped logits of each row's slot state ``at_slot`` (R, E) (``at_slots``): label
+    softmax (R, L), full-vocabulary entropy, label mass."""
+    import torch
+
+    logits = model.lm_head(at_slot).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    log_p = torch.log_softmax(logits, dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(dim=-1)
+    label_logits = logits.gather(1, label_index).masked_fill(~label_valid, float("-inf"))
+    proba = torch.softmax(label_logits, dim=-1)
+    mass = log_p.gather(1, label_index).exp().masked_fill(~label_valid, 0).sum(-1)
+    return proba, entropy, mass
+
+
+def head_major(queries: tuple[Any, ...]) -> Any:
+    """Queries (B, H, M, D) of each stream laid end to end head-major, (H, sum B*M, D), as the
+    prefix read takes them, in one pass: one cat where every stream's head-major form is a view
+    (one item, or a layout that allows it), else each stream copied into its place. Why: a
+    reshape of a transposed view copies where the layout asks it, and a cat would then copy all
+    of it again; at one item a cat of views is one kernel where the copies would be two."""
+    import torch
+
+    n_heads, dim = queries[0].shape[1], queries[0].shape[3]
+    views = []
+    for q in queries:
+        try:
+            views.append(q.transpose(0, 1).view(n_heads, -1, dim))
+        except RuntimeError:  # not viewable: copy each stream into place
+            break
+    else:
+        return torch.cat(views, dim=1)
+    flat = queries[0].new_empty((n_heads, sum(q.shape[0] * q.shape[2] for q in queries), dim))
+    at = 0
+    for q in queries:
+        rows = q.shape[0] * q.shape[2]
+        flat[:, at:at + rows].view(n_heads, q.shape[0], q.shape[2], dim).copy_(q.transpose(0, 1))
+        at += rows
+    return flat
