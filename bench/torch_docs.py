@@ -44,10 +44,10 @@ def _ms(value: Any) -> str:
 
 
 def figures(results: dict[str, dict[str, Any]]) -> str:
-    """One table a GPU: the shipped backend's single reads and its reads/s by concurrent callers
+    """One table a run (a file), ordered by GPU: the shipped backend's single reads and its reads/s by concurrent callers
     (``backend`` block of each run), with the run's command and code commit."""
     out = []
-    for name, run in sorted(results.items(), key=lambda kv: str(kv[1].get("device"))):
+    for name, run in sorted(results.items(), key=lambda kv: (str(kv[1].get("device")), kv[0])):
         backend = run.get("backend") or {}
         if "curve" not in backend:
             continue
@@ -57,7 +57,9 @@ def figures(results: dict[str, dict[str, Any]]) -> str:
                    f"`{run.get('command', '-')}`. Random bf16 weights of the full architecture "
                    f"({run.get('params_b', '-')} B parameters), a {backend.get('prefix_tokens', '-')}-token "
                    f"cached prefix, {backend.get('suffix_tokens', '-')}-token prompt rests, "
-                   f"{run.get('options', '-')} options.\n")
+                   f"{run.get('options', '-')} options"
+                   + (f", requests spread over {backend['questions']} questions (each its own "
+                      "prefix)" if backend.get("questions", 1) > 1 else "") + ".\n")
         targets = run.get("targets") or {}
         out.append("| figure | value | target |\n| --- | ---: | ---: |")
         out.append(f"| single read p50 / p99 ms | {_ms(backend.get('single_p50_ms'))} / "
