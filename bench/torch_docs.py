@@ -44,8 +44,8 @@ def _ms(value: Any) -> str:
 
 
 def figures(results: dict[str, dict[str, Any]]) -> str:
-    """One table a run (a file), ordered by GPU: the shipped backend's single reads and its reads/s by concurrent callers
-    (``backend`` block of each run), with the run's command and code commit."""
+    """One table a run (a file), ordered by GPU: the shipped backend's single reads and its
+    reads/s by concurrent callers (each run's ``backend`` block), with its command and commit."""
     out = []
     for name, run in sorted(results.items(), key=lambda kv: (str(kv[1].get("device")), kv[0])):
         backend = run.get("backend") or {}
