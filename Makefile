@@ -36,7 +36,7 @@ var/policy.json: | setup
 		--out var/policy.json --target-accuracy 0.95 --name banking77
 
 test: setup
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25 -m "not matrix"
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not long"

@@ -5,10 +5,10 @@ memory-efficient attention under the dense bias the reader builds today, FlexAtt
 under a block mask built from the same visibility, and two bounds that ignore the mask (cuDNN and
 flash attention with no bias): how much the dense bias costs. A "split" row reads the prefix as
 the slots every query sees (no bias) plus the band's slots (with bias), merged by log-sum-exp.
-"flash_*" rows (issue 21, fourth session) read with no mask tensor at all: FlashAttention-2's
+"flash_*" rows read with no mask tensor at all: FlashAttention-2's
 own window, causal and per-sequence key counts (varlen ``seqused_k``) express the same
 visibility; "cudnn_gqa_causal" is cuDNN with causal masking and the key heads unfolded.
-"stair_*" rows (issue 21, tenth session; ``prefix_forms.stair_prefix``): a full window read as
+"stair_*" rows (``prefix_forms.stair_prefix``): a full window read as
 the slots every query sees (no mask, or a bias broadcast over the queries hiding the empty slot),
 the staircase of the prompt rests by cuDNN's causal kernel with queries and keys reversed, and
 the canvases' share of it under a small bias; "stair_part_*" rows time the parts alone (their
@@ -69,7 +69,7 @@ def replay_ms(fn: Any, iters: int) -> tuple[float, Any]:
 def reference(problem: dict[str, Any]) -> tuple[Any, Any]:
     import torch
 
-    from router.backends.torch.prefix_attention import attend_math, to_bias
+    from router.backends.torch.kernels.attention import attend_math, to_bias
 
     bias = to_bias(problem["visible"][None], GROUPS, torch.float32)
     return attend_math(problem["q"].float(), problem["k"].float(), problem["v"].float(), bias)
@@ -85,7 +85,7 @@ def compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, float]:
 def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from router.backends.torch.prefix_attention import (
+    from router.backends.torch.kernels.attention import (
         attend_causal_cudnn,
         attend_cudnn,
         attend_efficient,
@@ -121,7 +121,7 @@ def prefix_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     key_row = torch.zeros((1, 1, 1, n_keys), dtype=q.dtype, device=q.device)
     key_row[..., problem["filled"]:] = -1.0e30
     kernels["bound_cudnn_key_bias"] = lambda: attend_cudnn(q, k, v, key_row.expand(1, 1, q.shape[2], -1))
-    try:  # the staircase form (tenth session; the reader does not use it)
+    try:  # the staircase form (a candidate: the reader does not use it)
         kernels.update(stair_prefix(problem, items, args.width, causal=attend_causal_cudnn,
                                     plain=lambda q, k, v: attend_cudnn(q, k, v, None),
                                     biased=attend_cudnn))
@@ -158,7 +158,7 @@ def own_rows(items: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-    from router.backends.torch.prefix_attention import attend_cudnn, attend_math, to_bias
+    from router.backends.torch.kernels.attention import attend_cudnn, attend_math, to_bias
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     width, canvas = args.width, args.canvas
@@ -221,7 +221,7 @@ def mask_free_own(part: str, q: Any, k: Any, v: Any, lengths: Any, vis: Any, wid
     (FlashAttention-2 varlen, ``seqused_k``)."""
     import torch
 
-    from router.backends.torch.prefix_attention import attend_math, to_bias
+    from router.backends.torch.kernels.attention import attend_math, to_bias
 
     items, n_q, n_k = q.shape[0], q.shape[2] // GROUPS, k.shape[2]
     i32, dev = torch.int32, q.device

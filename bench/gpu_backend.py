@@ -14,18 +14,12 @@ from typing import Any
 
 from policies.types import DecisionRequest, Option
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.build import make_reader
-from router.backends.torch.diffusion import DiffusionSlotReader
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.prompt import encode
-from router.backends.torch.reader import SlotReader
+from router.backends.torch.serve.build import make_reader
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.reader import SlotReader
 
 WORDS = ["card", "account", "money", "transfer", "refund", "payment", "my", "the", "a", "is", "not", "arrived", "yesterday", "please", "why", "still", "charged", "twice", "fee", "exchange", "rate", "top", "up", "pending", "cash", "machine", "declined", "lost", "stolen", "pin", "blocked", "verify", "identity", "app", "country", "limit", "balance", "wrong", "amount", "cancel"]
-
-
-def one_by_one(tokenizer: Any, texts: list[str]) -> list[tuple[int, ...]]:
-    """The states tokenized one at a time (before batched tokenizing): the on/off comparison."""
-    return [encode(tokenizer, text) for text in texts]
 
 
 def build_requests(backend: TorchBackend, args: argparse.Namespace) -> Callable[[int, int], DecisionRequest]:
@@ -170,13 +164,9 @@ def measure_backend(args: argparse.Namespace, model: Any, device: Any, log: Call
         max_batch=top, coalesce_window_ms=2.0, compiled=device.type == "cuda",
         graph_batches=[b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= top], graph_draws=[1, 4],
         graph_widths=[224, 256], graph_prefix_tokens=args.prefix_capacity,
-        fp8=getattr(args, "fp8", "off"), static_flex_items=getattr(args, "static_flex_items", 0),
         split_kv_items=getattr(args, "split_kv_items", None),
         split_kv_chunks=getattr(args, "split_kv_chunks", None),
-        prefix_cache_entries=max(8, getattr(args, "questions", 1)),
-        coalesce_by_question=not getattr(args, "mixed_batches", False),
-        mixed_question_reads=getattr(args, "mixed_question_reads", False),
-        graph_mixed_groups=getattr(args, "mixed_groups", 4))
+        prefix_cache_entries=max(8, getattr(args, "questions", 1)))
     backend = TorchBackend(make_reader(options, model, tokenizer), tokenizer, options,
                            model_id="random-weights")
     measuring = _measure(backend, build_requests(backend, args), args, log, deadline)
@@ -198,8 +188,6 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
         await asyncio.sleep(0.2)
     out: dict[str, Any] = {"compiled": backend.compiled, "warm_up_s": time.monotonic() - started,
                            "questions": getattr(args, "questions", 1),
-                           "coalesce_by_question": backend.options.coalesce_by_question,
-                           "mixed_question_reads": backend.options.mixed_question_reads,
                            "fixed_cost_items": backend.options.fixed_cost_items,
                            "loop": type(asyncio.get_running_loop()).__module__}
     first = backend.item(make(0, 1))
@@ -268,7 +256,7 @@ async def _measure(backend: TorchBackend, make: Callable[[int, int], DecisionReq
         out["concurrent32_reads_per_s"] = curve["32"]["reads_per_s"]
         out["concurrent32_reader_ms_per_batch"] = curve["32"]["reader_ms_per_batch"]
     backend.reader = reader
-    # misses past the warm-up mean re-encoded prefixes inside the timings (mixed questions)
+    # misses past the warm-up mean re-encoded prefixes inside the timings (several questions)
     out["prefix_cache"] = backend.serving().get("prefix_cache")
     await backend.aclose()
     return out

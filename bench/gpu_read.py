@@ -17,18 +17,21 @@ on weight values), a 1,400-token static prefix + 200-token message, canvas 64, 7
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.gpu_backend import measure_backend
-from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.reader import SlotItem
-from router.backends.torch.warm_up import warm_up
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.warm_up import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"single_p50_ms": 22, "concurrent32_reads_per_s": 300, "draws4_over_draws1": 1.3}
@@ -177,16 +180,15 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
     # dense-bias prefix read, torch MoE, float32 reference attention
     reference = DiffusionSlotReader(model, choice=KernelChoice())
     shipped = DiffusionSlotReader(model)
-    # the same kernels with the prompt rests' and canvases' own keys read as before issue 21's
-    # fourth session (copied per row, under dense biases): the peer of the new paths
-    copied = DiffusionSlotReader(model, choice=replace(shipped.choice, causal_own=False,
-                                                       rows_in_place=False))
+    # the same kernels with the prompt rests' own keys read under their dense causal bias: the
+    # peer of the causal path
+    copied = DiffusionSlotReader(model, choice=replace(shipped.choice, causal_own=False))
     readers: list[tuple[str, Any]] = [("onepass_eager", lambda: shipped),
-                                      ("onepass_eager_copied_biased_own", lambda: copied),
+                                      ("onepass_eager_biased_own", lambda: copied),
                                       ("onepass_eager_math_attention", lambda: reference),
                                       ("compiled_graph", lambda: fast if fast is not None and fast.graphs
                                        is not None else make_fast(args, model, device))]
-    # 2 draws an item: the canvases' keys copied per row; 1 draw: read in place (rows_in_place)
+    # 2 draws an item: the canvases' keys copied per row; 1 draw: read in place
     for draws in (2, 1):
         items = make_items(args, vocab, 8, draws, seed=99)
         want = DiffusionSlotReader(model, choice=TWO_PASS).read(items)
@@ -220,7 +222,7 @@ def profile(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader, dev
         with torch.inference_mode():
             kv = fast.onepass.prefix_kv(fast.prefix_cache(prefix), len(prefix))
             tensors = fast.prepare_onepass(items, prefix_len=len(prefix), device=device)
-            onepass = fast.onepass_for(batch, graph=True)  # as its graph bucket reads
+            onepass = fast.onepass_for(batch)  # as its graph bucket reads
             onepass(kv, tensors)
             sync(device)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -236,16 +238,6 @@ def profile(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader, dev
                         for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[: args.top_ops]],
         }
     return out
-
-
-def use_tma_experts() -> None:
-    """A what-if for this process (issue 21, tenth session), not a shipped option: the read's
-    fused MoE op (``slotgate::fused_moe``, whose body looks ``fused_experts`` up when it runs,
-    and the row kernels' start-up check) runs triton_moe_tma's Hopper candidate. Whether the
-    whole read gains what bench.moe_kernels' rows say the layer gains."""
-    from router.backends.torch import triton_moe, triton_moe_tma
-
-    triton_moe.fused_experts = triton_moe_tma.fused_experts_tma  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -270,36 +262,25 @@ def main() -> None:
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
                         help="backend block's event loop (uvloop: what `slotgate serve` runs on "
                              "when it is installed, as uvicorn[standard] installs it)")
-    parser.add_argument("--mixed-batches", action="store_true",
-                        help="backend block: the coalescer's peer rule (coalesce_by_question off: "
-                             "a batch takes every question, read one after another)")
-    parser.add_argument("--mixed-question-reads", action="store_true",
-                        help="backend block: TorchOptions.mixed_question_reads (opt-in: several "
-                             "questions a batch, in mixed graph buckets)")
-    parser.add_argument("--mixed-groups", type=int, default=4,
-                        help="backend block: TorchOptions.graph_mixed_groups")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--rounds", type=int, default=8, help="reads per concurrent caller")
     parser.add_argument("--callers", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128],
                         help="concurrent callers of the backend block's curve")
     parser.add_argument("--experts", default="grouped_mm")
-    parser.add_argument("--fp8", default="off", choices=["off", "experts"],
-                        help="the backend block's TorchOptions.fp8 (opt-in FP8 expert weights)")
-    parser.add_argument("--static-flex-items", type=int, default=0,
-                        help="the backend block's TorchOptions.static_flex_items (opt-in)")
     parser.add_argument("--split-kv-items", type=int, default=None,
                         help="the backend block's TorchOptions.split_kv_items (default: the "
                              "device's; 0: the prefix read whole)")
     parser.add_argument("--split-kv-chunks", type=int, default=None,
                         help="the backend block's TorchOptions.split_kv_chunks (default: the device's)")
-    parser.add_argument("--tma-experts", action="store_true",
-                        help="what-if, not a shipped option: the read's fused MoE op runs "
-                             "triton_moe_tma's Hopper candidate (bf16 weights only)")
     parser.add_argument("--blocks", nargs="+", default=["raw", "agreement", "profile", "backend"])
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--top-ops", type=int, default=60)
-    parser.add_argument("--out", default=str(ROOT / "bench/results/gpu_read.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench/results/gpu_read.json"),
+                        help="one run a file: bench/results/gpu_read.json for the H200, "
+                             "gpu_read_<gpu>.json for another (bench.torch_docs: a table each)")
+    parser.add_argument("--commit", default=None,
+                        help="the code commit measured (default: git's HEAD, where git is here)")
     args = parser.parse_args()
 
     import torch
@@ -312,16 +293,17 @@ def main() -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    if args.tma_experts:
-        use_tma_experts()
     model = build_model(args, device)
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "transformers": transformers.__version__, "tiny": args.tiny,
         "static_tokens": args.static_tokens, "message_tokens": args.message_tokens, "canvas": args.canvas,
-        "options": args.options, "experts": args.experts, "tma_experts": args.tma_experts,
+        "options": args.options, "experts": args.experts,
         "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 2),
         "targets": TARGETS, "variants": {},
+        "command": "python -m bench.gpu_read " + " ".join(sys.argv[1:]),
+        "code_commit": args.commit or head_commit(),
+        "measured_on": datetime.date.today().isoformat(),
     }
     log(f"built model in {time.monotonic() - started:.1f} s on {device}; {results['params_b']} B params")
     fast: Any = None
@@ -361,6 +343,15 @@ def main() -> None:
     results["total_s"] = time.monotonic() - started
     write(args, results)
     table(results, log)
+
+
+def head_commit() -> str:
+    """git's short HEAD, or "unknown" where the tree has no git (a device copy)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def write(args: argparse.Namespace, results: dict[str, Any]) -> None:

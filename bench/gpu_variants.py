@@ -1,5 +1,5 @@
 """Which fast kernels pay: the compiled, graph-replayed one-pass read at one batch size with the
-band prefix read (prefix_attention.attend_band) and the row-copy experts (moe.py) each on or off,
+band prefix read (attention.attend_band) and the row-copy experts (moe.py) each on or off,
 plus the prefix attention alone at the read's shapes (dense-bias kernels against the band GEMMs),
 and a kernel profile of the last variant. Same model and items as bench/gpu_read.py.
 
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_read import ROOT, build_model, make_items, profile, sync, time_reads
-from router.backends.torch.choice import KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import KEY_ALIGN, GraphShapes
-from router.backends.torch.warm_up import warm_up
+from router.backends.torch.model.choice import KernelChoice, default_choice
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import KEY_ALIGN, GraphShapes
+from router.backends.torch.serve.warm_up import warm_up
 
 BOTH = frozenset({"sliding_attention", "full_attention"})
 # Each variant: the device's shipped choice (compiled, default_choice) with these switches changed;
@@ -30,23 +30,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shipped": {}, "no_band": {"band": frozenset()}, "band_all": {"band": BOTH},
     "no_rows_moe": {"rows_moe": False, "fused_moe": False}, "no_merge_op": {"merge_op": False},
     "no_triton": {"rows_moe": False, "fused_moe": False, "merge_op": False, "triton": False},
-    "no_fuse_cats": {"fuse_cats": False}, "compile_rows_kv": {"compile_rows_kv": True},
-    "no_trim": {"trim_last": False},
     "fused_moe": {"rows_moe": False, "fused_moe": True},
     "no_fused_moe": {"rows_moe": True, "fused_moe": False},
-    "fp8_experts_rows": {"fp8": "experts", "rows_moe": True, "fused_moe": False},
-    "fp8_experts": {"fp8": "experts"},
-    # the sliding layers (head dim 256) on FlexAttention under block masks, not cuDNN under biases
-    "flex": {"attention": ((256, "flex"), (512, "efficient"))},
     "streams_apart": {"joint_streams": False, "joint_streams_items": 0},
-    # every bucket joint (before issue 21's fourth session: the default joined all of them)
+    # every read joint
     "joint_all": {"joint_streams_items": 0},
     # the prompt rests' own keys under their dense causal bias, not a causal kernel
     "biased_own": {"causal_own": False},
-    # the canvases' prompt-rest keys copied per row (rows_kv) and read with their canvas under a bias
-    "rows_copied": {"rows_in_place": False},
-    # the single-read buckets' attention by FlexAttention compiled per shape (opt-in)
-    "static_flex_1": {"static_flex_items": 1}}
+}
 
 
 def event_ms(fn: Any, iters: int) -> float:
@@ -77,7 +68,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
     picked, cuDNN, memory-efficient, and the band GEMMs (softmax compiled)."""
     import torch
 
-    from router.backends.torch.prefix_attention import (
+    from router.backends.torch.kernels.attention import (
         Band,
         attend_band,
         attend_cudnn,
@@ -85,7 +76,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
         band_softmax,
         to_bias,
     )
-    from router.backends.torch.read_inputs import FAR
+    from router.backends.torch.model.inputs import FAR
 
     dtype = next(reader.model.parameters()).dtype
     config = reader.text_config

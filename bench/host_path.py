@@ -5,17 +5,16 @@ The stand-in (``ModelledReader``) sleeps a modelled time for each group of a bat
 question: the real reader reads them one after another) and returns uniform reads. A
 sleep releases the GIL as a CUDA synchronisation does, so the host work around it (the event
 loop, the coalescer, the worker-thread hop, tokenizing the states, the replies) runs and is timed
-as on a GPU machine. The model defaults to the H200 figures of ``bench/results/gpu_read.json``
-(device call 3: 22.2 ms of reader for one read, 141.2 ms for a batch of 32), linear in between. The prompts are bench.gpu_backend's: the SmolLM2 tokenizer, 77 options, a static prefix of
-about 1,400 tokens (tokenized once a question), states of about 24 tokens.
+as on a GPU machine. The model defaults to the H200 figures of ``bench/results/gpu_read.json``'s
+``backend`` block (22.2 ms of reader for one read, 141.2 ms for a batch of 32), linear in
+between. The prompts are bench.gpu_backend's: the SmolLM2 tokenizer, 77 options, a static prefix
+of about 1,400 tokens (tokenized once a question), states of about 24 tokens.
 
 Peer in the same run: the modelled read alone, timed inside the worker. Reported: the backend's
 time over the reader's (single read) and reads/s over the reader-bound ideal (callers), and where
 a single read's host time goes; ``prepare_onepass`` (the reader's own batch tensors) timed apart;
 with ``--questions Q`` the requests spread over Q questions (each group padded up to its graph
-bucket, ``--buckets``; ``--mixed-batches``: the coalescer's peer rule, every question in one
-batch, read one after another; ``--mixed-question-reads``: the opt-in, a batch of several
-questions read as one mixed bucket where one holds it and pays, modelled). What this does not show: the rest of
+bucket, ``--buckets``). What this does not show: the rest of
 the reader's own host work on a GPU (copying the batch tensors in, reading the results back), a
 prefix cache miss (each an encoder pass on the GPU), nor the H200 host's speed (this machine is a
 shared 2-core VM).
@@ -37,11 +36,9 @@ from typing import Any
 
 from bench import common
 from bench.gpu_backend import Phases, build_requests, covering_keys, percentile, phase_rows
-from router.backends.torch.coalescer import padded_size
-from router.backends.torch.graphs import GraphShapes
+from router.backends.torch.serve.coalescer import padded_size
 
-# H200, the reader's time for 1 and 32 reads: device call 3 (c3eb5b0); the sixth session's call 1
-# (4c395d7) read 21.7 and 139.5, and 46.3 / 76.2 for buckets of 8 / 16 (this line: 49.1 / 79.8)
+# the reader's time for 1 and 32 reads on an H200 (bench/results/gpu_read.json, backend block)
 SINGLE_MS, BATCH32_MS = 22.2, 141.2
 
 
@@ -49,33 +46,22 @@ class ModelledReader:
     """The GPU read stood in: for each group of items sharing a prefix and a canvas width (read
     one after another, as ``DiffusionSlotReader.read`` does) sleeps ``base_ms + per_item_ms *
     b`` (GIL released), b the smallest of ``batch_sizes`` holding the group (the graph bucket it
-    is padded up to; past them, its own size); returns uniform reads of the items' labels.
-    ``mixed`` (GraphShapes with ``mixed_groups``: the reader's ``mixed_question_reads``): a
-    batch of several questions one canvas width that a mixed bucket holds, where it pays
-    (``GraphShapes.mixed_bucket``, the reader's own rule), sleeps ONE read of the bucket's padded
-    items plus ``group_ms`` a group (a MODEL: the groups' extra prefix calls, merges and copies
-    were not measured on a GPU)."""
+    is padded up to; past them, its own size); returns uniform reads of the items' labels."""
 
-    def __init__(self, base_ms: float, per_item_ms: float, batch_sizes: tuple[int, ...] = (),
-                 mixed: GraphShapes | None = None, group_ms: float = 0.0) -> None:
+    def __init__(self, base_ms: float, per_item_ms: float, batch_sizes: tuple[int, ...] = ()) -> None:
         import torch
 
         self.base_ms, self.per_item_ms, self.batch_sizes = base_ms, per_item_ms, tuple(sorted(batch_sizes))
-        self.mixed, self.group_ms = mixed, group_ms
         self.device, self.compiled, self.needs_warm_up = torch.device("cpu"), False, False
 
     def read_ms(self, runs: list[int]) -> float:
         """The modelled time of one canvas width's items, ``runs`` of them a question."""
-        bucket = self.mixed.mixed_bucket(runs) if self.mixed is not None else None
-        if bucket is not None:  # the reader's own rule (GraphSet.run_mixed)
-            n_groups, size = bucket
-            return self.base_ms + self.per_item_ms * size * n_groups + self.group_ms * n_groups
         return sum(self.base_ms + self.per_item_ms * padded_size(n, self.batch_sizes) for n in runs)
 
     def read(self, items: Any) -> list[Any]:
         import numpy as np
 
-        from router.backends.torch.reader import SlotRead
+        from router.backends.torch.serve.reader import SlotRead
 
         widths: dict[int, dict[Any, int]] = {}
         for item in items:
@@ -102,15 +88,8 @@ def make_backend(args: argparse.Namespace) -> Any:
     options = TorchOptions(kind="diffusion", canvas_length=32,
                            turn_close_id=int(tokenizer.eos_token_id or 0),
                            max_batch=args.max_batch or max(args.callers), coalesce_window_ms=2.0,
-                           compiled=False, coalesce_by_question=not args.mixed_batches,
-                           mixed_question_reads=args.mixed_question_reads,
-                           graph_mixed_groups=args.mixed_groups)
-    mixed = None
-    if args.mixed_question_reads:
-        mixed = GraphShapes(batches=tuple(args.buckets) or (1,), capture=False,
-                            mixed_groups=args.mixed_groups, fixed_cost_items=options.fixed_cost_items)
-    reader = ModelledReader(args.single_ms - per_item, per_item, tuple(args.buckets), mixed,
-                            args.group_ms)
+                           compiled=False)
+    reader = ModelledReader(args.single_ms - per_item, per_item, tuple(args.buckets))
     return TorchBackend(reader, tokenizer, options, model_id="modelled")
 
 
@@ -135,11 +114,7 @@ async def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     for k in covering_keys(args.questions, 90_000, at_least=5):  # each question's prefix
         await backend.read([make(k, 1)])
     out: dict[str, Any] = {"model_ms": {"single": args.single_ms, "batch32": args.batch32_ms},
-                           "questions": args.questions, "mixed_batches": args.mixed_batches,
-                           "mixed_question_reads": args.mixed_question_reads}
-    if args.mixed_question_reads:
-        out["mixed_model"] = {"groups": args.mixed_groups, "group_ms": args.group_ms,
-                              "note": "a mixed bucket's read modelled, not measured on a GPU"}
+                           "questions": args.questions}
     requests = [make(k, 1) for k in range(args.iters)]  # built (and their signatures) untimed
     for request in requests:
         request.signature()
@@ -191,8 +166,8 @@ def measure_prepare(iters: int) -> dict[str, Any]:
     labels; bucket width 256 and 128 labels as the GPU bench's), median ms."""
     from types import SimpleNamespace
 
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.reader import SlotItem
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.reader import SlotItem
 
     shape = SimpleNamespace(pad_id=0, vocab_size=262_144)  # all prepare_onepass reads of a reader
     out = {}
@@ -246,15 +221,6 @@ def main() -> int:
     parser.add_argument("--buckets", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64, 128],
                         help="graph buckets (item counts) a group is padded up to; none: unpadded "
                              "(default: bench.gpu_read's backend block)")
-    parser.add_argument("--mixed-batches", action="store_true",
-                        help="the peer: coalesce_by_question off (a batch takes every question)")
-    parser.add_argument("--mixed-question-reads", action="store_true",
-                        help="TorchOptions.mixed_question_reads: a batch takes every question, and a "
-                             "mixed bucket reads several questions as one read (modelled)")
-    parser.add_argument("--mixed-groups", type=int, default=4,
-                        help="TorchOptions.graph_mixed_groups (with --mixed-question-reads)")
-    parser.add_argument("--group-ms", type=float, default=1.0,
-                        help="modelled extra ms a group of a mixed bucket (NOT measured on a GPU)")
     parser.add_argument("--static-tokens", type=int, default=1400)
     parser.add_argument("--message-tokens", type=int, default=24)
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: SmolLM2's)")

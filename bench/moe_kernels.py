@@ -1,11 +1,7 @@
 """One DiffusionGemma MoE layer's experts at the real sizes (H 2816, I 704, 128 experts, top 8):
 moe.experts_forward with the Triton row ops (two CUTLASS grouped GEMMs) against triton_moe's
-fused kernels over a sweep of launch shapes, and the fused kernels' weight-only FP8 form at the
-heuristic's pick (e4m3 weights from fp8.quantize_rows, quantized once: half the bytes streamed),
-each replayed from a CUDA graph, at one read (264 tokens: memory bound) and a batch of 32 reads
-(8,448 tokens: compute bound). Rows "triton_fused_tma": triton_moe_tma's Hopper candidate (weight
-tiles by TMA descriptors, persistent programs) at the pick and the swept configs; the read does
-not use it unless it pays here. CUDA only.
+fused kernels over a sweep of launch shapes, each replayed from a CUDA graph, at one read (264
+tokens: memory bound) and a batch of 32 reads (8,448 tokens: compute bound). CUDA only.
 
     python -m bench.moe_kernels --out $OUT/moe_kernels.json
 """
@@ -46,7 +42,7 @@ def wide_sweep(n_tokens: int, picked: Any) -> list[Any]:
     kernels run one after the other, so a row's difference from the pick is its varied kernel's),
     over each row-block size; then the pick's grouping varied for both. Shapes past the chip's
     shared memory are reported as errors and the sweep goes on."""
-    from router.backends.torch.triton_moe import MoeConfig, Tile
+    from router.backends.torch.kernels.triton_moe import MoeConfig, Tile
 
     small = n_tokens * TOP_K / EXPERTS <= 32
     # 64-row blocks at a batch of reads measured 20% slower (the full sweep of 2026-12-03)
@@ -113,21 +109,20 @@ def layer(n_tokens: int, seed: int) -> tuple[Any, Any, Any, Any]:
 def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    from router.backends.torch import fp8, triton_moe, triton_moe_tma
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.ops import TRITON_OPS
+    from router.backends.torch.kernels import triton_moe
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.row_ops import TRITON_OPS
 
     experts, hidden, index, weights = layer(n_tokens, seed=n_tokens)
     weight_bytes = (experts.gate_up_proj.numel() + experts.down_proj.numel()) * 2
     flops = 2 * n_tokens * TOP_K * 3 * INTER * HIDDEN
 
-    def row(kernel: str, config: str, ms: float, captured: bool,
-            streamed: int = weight_bytes) -> dict[str, Any]:
+    def row(kernel: str, config: str, ms: float, captured: bool) -> dict[str, Any]:
         return {"tokens": n_tokens, "kernel": kernel, "config": config, "ms": round(ms, 4),
-                "weight_tb_s": round(streamed / ms / 1e9, 3),
+                "weight_tb_s": round(weight_bytes / ms / 1e9, 3),
                 "tflop_s": round(flops / ms / 1e9, 1), "graph": captured}
 
-    def fused_row(kernel: str, config: str, fn: Any, streamed: int = weight_bytes) -> Any:
+    def fused_row(kernel: str, config: str, fn: Any) -> Any:
         """Times ``fn``, appends its row (or its error's) and returns its output (None if failed)."""
         try:
             ms, out, captured = graph_ms(fn, args.iters)
@@ -136,7 +131,7 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({"tokens": n_tokens, "kernel": kernel, "config": config,
                          "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
             return None
-        rows.append(row(kernel, config, ms, captured, streamed) | {
+        rows.append(row(kernel, config, ms, captured) | {
             "vs_peer": round(peer_ms / ms, 3),
             "max_abs_diff": float((out.float() - peer.float()).abs().max())})
         return out
@@ -166,31 +161,11 @@ def measure(n_tokens: int, args: argparse.Namespace) -> list[dict[str, Any]]:
             others = [c for c in swept if c != picked][: QUICK_SWEEP if args.quick else None]
         bf16_fused = partial(triton_moe.fused_experts, hidden, experts.gate_up_proj, experts.down_proj,
                              index, weights)
-        picked_out = fused_row("triton_fused", f"{picked} (pick)", partial(bf16_fused, config=picked))
+        fused_row("triton_fused", f"{picked} (pick)", partial(bf16_fused, config=picked))
         for config in others:
             fused_row("triton_fused", str(config), partial(bf16_fused, config=config))
         if args.wide:  # the pick again after the sweep: how far the chip drifted meanwhile
             fused_row("triton_fused", f"{picked} (pick, again)", partial(bf16_fused, config=picked))
-        if not args.no_tma:  # the Hopper candidate (descriptor loads, persistent programs)
-            tma_fused = partial(triton_moe_tma.fused_experts_tma, hidden, experts.gate_up_proj,
-                                experts.down_proj, index, weights)
-            out = fused_row("triton_fused_tma", f"{picked} (pick)", partial(tma_fused, config=picked))
-            if out is not None and picked_out is not None:
-                rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
-            # TMA loads without persistent programs (a program a tile): which of the two pays
-            fused_row("triton_fused_tma, a program a tile", f"{picked} (pick)",
-                      partial(tma_fused, config=picked, programs=1 << 30))
-            for config in others[: QUICK_SWEEP if args.quick else len(SWEEP[n_tokens])]:
-                fused_row("triton_fused_tma", str(config), partial(tma_fused, config=config))
-        if not args.no_fp8:
-            gate_up, down = fp8.quantize_rows(experts.gate_up_proj), fp8.quantize_rows(experts.down_proj)
-            fp8_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down))
-            out = fused_row("triton_fused_fp8", f"{picked} (pick)",
-                            partial(triton_moe.fused_experts, hidden, gate_up.weight, down.weight,
-                                    index, weights, config=picked, gate_up_scale=gate_up.scale,
-                                    down_scale=down.scale), streamed=fp8_bytes)
-            if out is not None and picked_out is not None:  # weight-only FP8's error against bf16's
-                rows[-1]["vs_bf16_fused"] = float((out.float() - picked_out.float()).abs().max())
         rows[0]["peer_max_abs"] = float(peer.float().abs().max())
     return rows
 
@@ -203,10 +178,6 @@ def main() -> None:
                         help=f"the heuristic's pick and {QUICK_SWEEP} more configs, 10 replays")
     parser.add_argument("--wide", action="store_true",
                         help="sweep each kernel's tile alone over more shapes (wide_sweep)")
-    parser.add_argument("--no-fp8", action="store_true", help="skip the weight-only FP8 row")
-    parser.add_argument("--no-tma", action="store_true",
-                        help="skip the Hopper candidate's rows (triton_moe_tma: TMA loads, "
-                             "persistent programs; not used by the read)")
     parser.add_argument("--out", default="", help="write the rows as JSON here")
     args = parser.parse_args()
     import torch
@@ -218,10 +189,8 @@ def main() -> None:
     started = time.monotonic()
     rows = [r for n_tokens in args.tokens for r in measure(n_tokens, args)]
     columns = ["tokens", "kernel", "config", "ms", "weight_tb_s", "tflop_s", "vs_peer",
-               "max_abs_diff", "vs_bf16_fused", "graph"]  # config: m<block_m> gate_up <tile> down
-    # <tile>, a tile being block_n/block_k/group_m/num_warps/num_stages; max_abs_diff: against the
-    # peer; vs_bf16_fused: the FP8 and TMA pick rows' max abs diff against the bf16 fused kernels'
-    # (same config)
+               "max_abs_diff", "graph"]  # config: m<block_m> gate_up <tile> down <tile>, a tile
+    # being block_n/block_k/group_m/num_warps/num_stages; max_abs_diff: against the peer
     print_table(f"MoE experts on {torch.cuda.get_device_name()} (vs_peer: peer ms / ms)", columns,
                 [[r.get(c, r.get("error", "")) if c == "ms" else r.get(c, "") for c in columns]
                  for r in rows])

@@ -16,7 +16,7 @@ SLOTS = 1024  # the static prefix buffer's sliding slots (window - 1 filled, ali
 def prefix_problem(items: int, width: int, canvas: int, prefix_tokens: int, seed: int = 0,
                    device: str = "cuda") -> dict[str, Any]:
     """Folded queries of a batch (all items' prompt rests, then their canvases) against the
-    sliding prefix slots, with each query's lowest visible slot (what fused.OnePass.masks gives)."""
+    sliding prefix slots, with each query's lowest visible slot (what onepass.OnePass.masks gives)."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -112,14 +112,14 @@ def flex_prefix(problem: dict[str, Any], build_inside: bool = False) -> tuple[An
 
 
 def flex_compiles(problem: dict[str, Any]) -> dict[str, Any]:
-    """The read's own flex path (prefix_attention.flex_mask) compiled three ways: static shapes
+    """The read's own flex path (attention.flex_mask) compiled three ways: static shapes
     (one kernel per shape), dynamic shapes (one kernel for all), and dynamic with the queries
     padded to a multiple of 128 and the kernel told so (IS_DIVISIBLE: no bounds checks, which a
     dynamic length otherwise forces). Outputs are cut back to the real queries."""
     import torch
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
-    from router.backends.torch.prefix_attention import flex_mask
+    from bench.candidates.flex_attention import flex_mask
 
     q, k, v, visible = problem["q"], problem["k"], problem["v"], problem["visible"][None]
     n = problem["n_queries"]
@@ -160,8 +160,13 @@ def split_kv_rows(q: Any, k: Any, v: Any, bias: Any, splits: int) -> dict[str, A
     chunk-major beforehand; "nomerge": copies, the attention alone (its output is not the answer)."""
     import torch
 
-    from router.backends.torch.prefix_attention import attend_cudnn
-    from router.backends.torch.split_kv import attend_split, chunked, chunked_bias, merge_chunks
+    from router.backends.torch.kernels.attention import attend_cudnn
+    from router.backends.torch.kernels.split_kv import (
+        attend_split,
+        chunked,
+        chunked_bias,
+        merge_chunks,
+    )
 
     chunk = k.shape[2] // splits
     q_copy = q.expand(splits, -1, -1, -1).contiguous()
@@ -219,7 +224,7 @@ def stair_prefix(problem: dict[str, Any], items: int, width: int, *, plain: Any,
     every one in the folded layout of the other rows."""
     import torch
 
-    from router.backends.torch.prefix_attention import merge, to_bias
+    from router.backends.torch.kernels.attention import merge, to_bias
 
     q, k, v, filled = problem["q"], problem["k"], problem["v"], problem["filled"]
     if filled != WINDOW - 1 or width % 16:

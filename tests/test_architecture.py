@@ -59,6 +59,7 @@ VIOLATIONS = {
     "router/store/_probe_litellm.py": "import litellm\n",
     "router/http/systemone/_probe_openai.py": "import router.http.openai\n",
     "policies/_probe_bench.py": "import bench\n",
+    "router/backends/torch/kernels/_probe_upward.py": "import router.backends.torch.serve\n",
     "router/store/_probe_cycle_a.py": "import router.store._probe_cycle_b\n",
     "router/store/_probe_cycle_b.py": "import router.store._probe_cycle_a\n",
 }

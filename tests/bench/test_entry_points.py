@@ -25,10 +25,16 @@ import pytest
 import bench
 from tests.conftest import ROOT
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
-RUNNABLE = [m for m in MODULES
-            if '__name__ == "__main__"' in (ROOT / "bench" / f"{m}.py").read_text()]
-HAS_QUICK = {m for m in RUNNABLE if '"--quick"' in (ROOT / "bench" / f"{m}.py").read_text()}
+# every module, those of bench's packages (bench/candidates/) too: "candidates.flex_attention"
+MODULES = sorted(m.name for m in pkgutil.walk_packages(bench.__path__) if not m.ispkg)
+
+
+def source(module: str) -> str:
+    return (ROOT / "bench" / f"{module.replace('.', '/')}.py").read_text()
+
+
+RUNNABLE = [m for m in MODULES if '__name__ == "__main__"' in source(m)]
+HAS_QUICK = {m for m in RUNNABLE if '"--quick"' in source(m)}
 
 # Extra arguments of each quick run: where it may write ({tmp} is the test's folder).
 QUICK_ARGS: dict[str, list[str]] = {

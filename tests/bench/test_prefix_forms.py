@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from bench.attention_kernels import reference
 from bench.prefix_forms import prefix_problem, stair_prefix
-from router.backends.torch.prefix_attention import attend_causal_math, attend_math
+from router.backends.torch.kernels.attention import attend_causal_math, attend_math
 
 KERNELS: dict[str, Any] = {"plain": lambda q, k, v: attend_math(q, k, v, None),
                            "causal": attend_causal_math, "biased": attend_math}

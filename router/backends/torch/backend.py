@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +28,11 @@ from router.backends.labels import (
     default_candidates,
     single_token_id,
 )
-from router.backends.torch.build import MAX_LABELS, load_model, make_reader
-from router.backends.torch.coalescer import Coalescer, bucket_take
-from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.prefix_lru import PrefixLRU
-from router.backends.torch.prompt import (
+from router.backends.torch.serve.build import MAX_LABELS, load_model, make_reader
+from router.backends.torch.serve.coalescer import Coalescer, bucket_take
+from router.backends.torch.serve.prefix_lru import PrefixLRU
+from router.backends.torch.serve.prompt import (
     DEFAULT_PREAMBLE,
     TEMPLATE_VERSION,
     Canvas,
@@ -43,8 +42,8 @@ from router.backends.torch.prompt import (
     encode_many,
     masked_prompt,
 )
-from router.backends.torch.reader import SlotItem, SlotRead, SlotReader
-from router.backends.torch.warm_up import warm_up_fallbacks
+from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
+from router.backends.torch.serve.warm_up import warm_up_fallbacks
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:  # settings need pydantic, which a bare GPU image lacks (bench/gpu_read.py runs there)
@@ -66,9 +65,8 @@ class TorchBackend(FastBackend):
     token); ``auto`` reads the names when they qualify and the alphabet otherwise.
 
     Speed settings: concurrent ``read`` calls wait at most ``coalesce_window_ms`` for companions
-    and run together up to ``max_batch`` items, one question a batch (``coalesce_by_question``)
-    or, with ``mixed_question_reads``, each question's share of a mixed graph bucket (several
-    questions read in one pass). The reader's own (``compiled``, ``graph_*``,
+    and run together up to ``max_batch`` items, one question a batch, as many of its waiting
+    items as read best (``fixed_cost_items``, coalescer.bucket_take). The reader's own (``compiled``, ``graph_*``,
     ``prefix_cache``) were used when it was made; one that ``needs_warm_up`` is warmed in the
     worker thread before any read (``ready()`` is False until then) and replaced by what its
     ``warm_up`` returns (itself, or an eager twin when compiling or capturing failed).
@@ -96,24 +94,18 @@ class TorchBackend(FastBackend):
         }
         self._questions: dict[tuple[str, str], _Question] = {}
         # States tokenized lately (worker thread only): one message asked several questions (a
-        # ticket's intent, queue and priority) is tokenized once; 1.0 ms a 200-token state on the
-        # H200's host, 5% of a single read (docs/backends.md)
+        # ticket's intent, queue and priority) is tokenized once (a long state's tokenizing is a
+        # visible share of a single read: bench.gpu_read's single_phases_ms)
         self._state_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         # One worker thread owns the model: warm-up first, then every batch, one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-read")
         # A read runs one question's items at a time (their shared prefix), so a batch takes one
-        # question and as many of its waiting items as read best (coalescer.py: mixed traffic);
-        # with mixed_question_reads, every question of one canvas width (one pass reads them)
-        grouped = kind != "masked" and options.prefix_cache and options.coalesce_by_question
-        mixed = grouped and options.mixed_question_reads
-        # mixed: how many of each question a batch takes, where the reader pads to buckets
-        quota = self._mixed_quota(options) if mixed and reader.batch_sizes else None
+        # question and as many of its waiting items as read best (coalescer.bucket_take)
+        grouped = kind != "masked" and options.prefix_cache
         self._coalescer: Coalescer[_Pending, SlotRead] = Coalescer(
             self._read_batch, executor=self._executor, window_s=options.coalesce_window_ms / 1000,
-            max_batch=options.max_batch,
-            group_of=(_canvas_width_of if mixed else _question_of) if grouped else None,
-            plan=self._plan if grouped and not mixed else None,
-            part_of=_question_of if quota else None, quota=quota)
+            max_batch=options.max_batch, group_of=_question_of if grouped else None,
+            plan=self._plan if grouped else None)
         self.compiled = False  # True once a compiled (graph-replayed) read is warm
         self._warm_fallbacks: tuple[str, ...] = ()  # what warm-up fell back to (serving())
         self._warm: Future[None] | None = None
@@ -136,8 +128,7 @@ class TorchBackend(FastBackend):
         eager read after a failed warm-up, a compiled read asked for but not served). On the CPU
         the plain eager read is the intended one, not a fallback. ``prefix_cache``: the static
         prefixes' cache (entries, capacity, hits, misses, evictions): evictions mean more
-        questions in rotation than ``prefix_cache_entries``. ``mixed_question_reads``: whether
-        the reader reads several questions a pass (its graphs then count the mixed buckets). Not
+        questions in rotation than ``prefix_cache_entries``. Not
         part of the identity."""
         reader = self.reader
         out: dict[str, Any] = {"kind": self.kind, "device": str(reader.device),
@@ -159,8 +150,7 @@ class TorchBackend(FastBackend):
                                                  " (the two-pass read: encoder and decoder "
                                                  "weights are not tied)"))
         return {**out, "kernels": choice.summary(),
-                "cuda_graphs": len(graphs.graphs) + len(graphs.mixed) if graphs is not None else 0,
-                "mixed_question_reads": bool(getattr(reader, "mixed_prefixes", False)),
+                "cuda_graphs": len(graphs.graphs) if graphs is not None else 0,
                 "fallbacks": fallbacks}
 
     def _warm_done(self) -> bool:
@@ -175,10 +165,10 @@ class TorchBackend(FastBackend):
             return []
         import torch
 
-        from router.backends.torch.choice import fused_moe_problem
-        from router.backends.torch.ops import triton_problem
-        from router.backends.torch.prefix_attention import causal_problem
-        from router.backends.torch.split_kv import SPLIT_KV_CHUNKS, split_problem
+        from router.backends.torch.kernels.attention import causal_problem
+        from router.backends.torch.kernels.row_ops import triton_problem
+        from router.backends.torch.kernels.split_kv import SPLIT_KV_CHUNKS, split_problem
+        from router.backends.torch.model.choice import fused_moe_problem
 
         out = []
         problem = triton_problem(reader.device)
@@ -187,7 +177,7 @@ class TorchBackend(FastBackend):
         # default_choice asks the fused MoE's check for bfloat16 models only
         dtype = next(reader.model.parameters()).dtype
         if dtype == torch.bfloat16:
-            problem = fused_moe_problem(reader.device, fp8=self.options.fp8 != "off")
+            problem = fused_moe_problem(reader.device)
             if problem:
                 out.append(f"fused Triton MoE off, the row-copy experts serve: {problem}")
         if not choice.causal_own:  # default_choice turns it off only on a failed check
@@ -256,14 +246,6 @@ class TorchBackend(FastBackend):
         except (ValueError, IndexError) as exc:  # a prompt the reader cannot read
             raise BackendMalformed(f"torch {self.kind} read failed: {exc}") from exc
         return [self._scores(request, read) for request, read in zip(requests, reads, strict=True)]
-
-    def _mixed_quota(self, options: TorchOptions) -> Callable[[list[int]], list[int]]:
-        """The coalescer's quota of each question in a batch of several (``mixed_question_reads``):
-        ``GraphShapes.mixed_take`` over the reader's buckets."""
-        shapes = GraphShapes(batches=self.reader.batch_sizes, capture=False,
-                             mixed_groups=options.graph_mixed_groups,
-                             fixed_cost_items=options.fixed_cost_items)
-        return shapes.mixed_take
 
     def _plan(self, available: int) -> int:
         """How many of ``available`` waiting items of one question the next batch reads: the
@@ -399,8 +381,3 @@ class _Pending:
 
 def _question_of(pending: _Pending) -> tuple[str, str]:
     return pending.question.key
-
-
-def _canvas_width_of(pending: _Pending) -> int:
-    canvas = pending.question.canvas
-    return len(canvas.ids) if canvas is not None else 0

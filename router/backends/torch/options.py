@@ -1,13 +1,22 @@
 """The torch backend's options (``fast.options`` when ``fast.kind`` is ``torch``), checked when
-settings load. No torch import here: settings load this on every deployment."""
+settings load. No torch import here: settings load this on every deployment.
+
+The options fall in four groups: what names the model and where it runs, the
+prompt and labels, the graph shapes, and at most eight speed options (``SPEED_OPTIONS``), each documented with its
+default and what it trades (``docs/backends.md`` renders the table from the field descriptions:
+``python -m bench.make_docs``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from router.backends.options_base import BackendOptions
+
+SPEED_OPTIONS = ("prefix_cache", "prefix_cache_entries", "max_batch", "coalesce_window_ms",
+                 "fixed_cost_items", "compiled", "split_kv_items", "split_kv_chunks")
+GRAPH_OPTIONS = ("graph_batches", "graph_draws", "graph_widths", "graph_prefix_tokens")
 
 
 class TorchOptions(BackendOptions):
@@ -18,72 +27,52 @@ class TorchOptions(BackendOptions):
     device: str = "cpu"
     dtype: str = "float32"
     gguf_file: str | None = None
-    prefix_cache: bool = True
-    # Static prefixes (one a question) whose encoded KV caches are kept (prefix_lru.py). Traffic
-    # that rotates through more questions misses on every read: each miss encodes the whole
-    # prefix again. On the full DiffusionGemma a 1,400-token prefix holds about 0.24 GB (25
-    # sliding layers keep 1,023 tokens x 8 KV heads x 256, 5 full layers 1,400 x 2 x 512; keys
-    # and values in bf16). /readyz shows the cache's hits, misses and evictions.
-    prefix_cache_entries: int = Field(8, ge=1)
     labels: list[str] | None = None
     label_prefix: str | None = None
     label_mode: Literal["alphabet", "names", "auto"] = "auto"
     preamble: str | None = None
     answer_prefix: str = "Answer:"
     samples: int | None = Field(None, ge=1)
-    max_batch: int = Field(32, ge=1)  # items coalesced into one batch
     max_tokens: int = Field(512, ge=1)
     canvas_length: int = Field(64, ge=2)
     canvas_step: int = Field(16, ge=1)
     thought_block: str = "<|channel>thought\n<channel|>"
     turn_close_id: int = Field(106, ge=0)
     pad_id: int = Field(0, ge=0)
-    # Speed (coalescer.py, warm_up.py, graphs.py); see TorchBackend's docstring.
-    coalesce_window_ms: float = Field(2.0, ge=0)
-    # A read's fixed cost in items' worth: a read of a graph bucket of b items costs about
-    # fixed_cost_items + b (an H200: (4 + b) x 3.9 ms, docs/backends.md). The coalescer leaves
-    # waiting items of a question for the next batch when the bucket that holds them all pads
-    # more than it saves (coalescer.bucket_take); larger values pad more, read fewer batches.
-    fixed_cost_items: float = Field(4.0, ge=0)
-    # A batch takes the waiting items of one question (the oldest request's): the reader reads
-    # one question's items at a time, so a batch of several is several reads back to back that
-    # every caller waits for. False: a batch takes every question (before the sixth session).
-    coalesce_by_question: bool = True
-    # Opt-in (diffusion reads): a batch takes every question whose canvas has the batch's width,
-    # and the reader reads them in ONE eager pass, each item reading only its own question's
-    # prefix (read_inputs.PrefixGroups), instead of one read a question. Exact (tested on the
-    # CPU against reads alone); its speed on a GPU is NOT measured yet (docs/backends.md): a
-    # batch of several questions runs eagerly, where one question's batch replays a CUDA graph.
-    mixed_question_reads: bool = False
-    # With mixed_question_reads and graphs: the static prefix buffers, so the questions a batch
-    # of several questions may hold in a graph bucket (each bucket: that many groups of g items,
-    # for the graph_batches g whose groups fit in the largest; about 0.25 GB a buffer on the full
-    # DiffusionGemma). A batch no such bucket holds is read eagerly.
-    graph_mixed_groups: int = Field(4, ge=2)
-    compiled: bool | None = None  # None: on for a diffusion reader on CUDA
+
+    # -- speed ------------------------------------------------------------------------------
+    prefix_cache: bool = Field(True, description=(
+        "Keep each question's static prefix encoded (its KV cache) and reuse it across requests. "
+        "Off: every read encodes its whole prompt (slower, no cache memory)."))
+    prefix_cache_entries: int = Field(8, ge=1, description=(
+        "Static prefixes (one a question) whose KV caches are kept, least recently used out. "
+        "Traffic over more questions misses on every read; each entry of a 1,400-token prefix "
+        "holds about 0.24 GB on the full DiffusionGemma (bf16)."))
+    max_batch: int = Field(32, ge=1, description=(
+        "Items the coalescer gathers into one read. Larger: more reads/s under load, a longer "
+        "wait for each caller of a batch."))
+    coalesce_window_ms: float = Field(2.0, ge=0, description=(
+        "Longest wait for companions before a batch starts, only under concurrency (a lone "
+        "caller's read starts at once). Larger: fuller batches, more latency."))
+    fixed_cost_items: float = Field(4.0, ge=0, description=(
+        "A read's fixed cost in items' worth (a graph bucket of b items costs about "
+        "fixed_cost_items + b). The coalescer leaves waiting items for the next batch when the "
+        "bucket that holds them all pads more than it saves; larger values pad more and read "
+        "fewer batches."))
+    compiled: bool | None = Field(None, description=(
+        "The diffusion read compiled (torch.compile) and replayed as CUDA graphs of the graph "
+        "shapes, warmed up at start-up (/readyz false meanwhile). None: on for a diffusion reader "
+        "on CUDA, off elsewhere. Off: no warm-up, a slower read."))
+    split_kv_items: int | None = Field(None, ge=0, description=(
+        "Reads of at most this many items read the shared prefix's attention in key chunks run "
+        "as one call's batch (exact up to rounding, no warm-up cost). None: the device's default "
+        "(1 on CUDA, 0 elsewhere); 0: off."))
+    split_kv_chunks: int | None = Field(None, ge=2, description=(
+        "How many key chunks split_kv_items reads split the prefix into. None: the device's "
+        "default (4)."))
+
+    # -- graph shapes (the buckets warm-up captures; a read is padded up to one) -------------
     graph_batches: list[int] | None = None
     graph_draws: list[int] | None = None
     graph_widths: list[int] | None = None
     graph_prefix_tokens: int = Field(2048, ge=1)
-    # Opt-in FP8 copies of the experts' weights for a diffusion reader on a Hopper GPU (fp8.py):
-    # a faster single read, a slower batch of 32 (docs/backends.md: measured, and by how much the
-    # read changes); adds ~23 GB of GPU memory beside the bf16 weights. Refused, naming it, where
-    # it cannot run.
-    fp8: Literal["off", "experts"] = "off"
-    # Opt-in: graph buckets of at most this many items (1: single reads) read the sliding layers'
-    # attention by FlexAttention compiled for each bucket's shapes: a single read 1.2 ms faster
-    # on an H200, about 5 s more warm-up per bucket (docs/backends.md). 0: off.
-    static_flex_items: int = Field(0, ge=0)
-    # Reads of at most this many items (1: single reads) read the shared prefix's attention in
-    # key chunks run as one call's batch (split_kv.py): exact up to rounding, no warm-up cost
-    # (docs/backends.md). None: the device's default (split_kv.SPLIT_KV_ITEMS on CUDA); 0: off.
-    split_kv_items: int | None = Field(None, ge=0)
-    # How many key chunks (None: the device's default, split_kv.SPLIT_KV_CHUNKS).
-    split_kv_chunks: int | None = Field(None, ge=2)
-
-    @model_validator(mode="after")
-    def _mixed_reads_need_one_pass(self) -> TorchOptions:
-        if self.mixed_question_reads and self.kind != "diffusion":
-            raise ValueError(f"mixed_question_reads: only a diffusion reader reads several "
-                             f"questions in one pass (kind is {self.kind!r})")
-        return self

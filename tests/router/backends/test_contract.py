@@ -165,8 +165,8 @@ def torch_case(kind: str) -> Case:
     if importlib.util.find_spec("router.backends.torch.backend") is None:
         pytest.skip("router/backends/torch/backend.py (TORCH) is not in the tree")
     from router.backends.torch.backend import TorchBackend
-    from router.backends.torch.build import load_model, make_reader
     from router.backends.torch.options import TorchOptions
+    from router.backends.torch.serve.build import load_model, make_reader
 
     tok = small_tokenizer()
     if kind == "masked":
@@ -175,7 +175,7 @@ def torch_case(kind: str) -> Case:
         fixed: dict[str, Any] = {"kind": "masked", "label_mode": "alphabet"}
         variants: dict[str, dict[str, Any]] = {}
     else:
-        from router.backends.torch.diffusion import DiffusionSlotReader
+        from router.backends.torch.serve.diffusion import DiffusionSlotReader
         from tests.router.backends.torch.test_diffusion import tiny_model
 
         reader, model_id = DiffusionSlotReader(tiny_model(vocab=len(tok), window=4096)), "tiny"

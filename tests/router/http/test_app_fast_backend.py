@@ -42,10 +42,10 @@ def torch_backend(*, failing_warm_up: bool) -> Any:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from router.backends.torch.backend import TorchBackend
-    from router.backends.torch.choice import default_choice
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
+    from router.backends.torch.model.choice import default_choice
     from router.backends.torch.options import TorchOptions
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.graphs import GraphShapes
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch_models import smollm2_tokenizer
 
@@ -53,8 +53,7 @@ def torch_backend(*, failing_warm_up: bool) -> Any:
     model = tiny_model(vocab=len(tokenizer), window=4096)
     reader = DiffusionSlotReader(model)
     if failing_warm_up:  # graphs too small for the template's prefix: the eager read serves
-        compiled = replace(default_choice(model), compiled=True, fuse_cats=True,
-                           compile_backend="aot_eager")
+        compiled = replace(default_choice(model), compiled=True, compile_backend="aot_eager")
         shapes = GraphShapes(batches=(1,), widths=(64,), draws=(1,), prefix_tokens=8,
                              capture=False)
         reader = DiffusionSlotReader(model, choice=compiled, graphs=shapes)

@@ -27,8 +27,8 @@ def parts() -> tuple[Any, Any]:
 
 def backend(parts: tuple[Any, Any], reader: Any = None, **options: Any) -> Any:
     from router.backends.torch.backend import TorchBackend
-    from router.backends.torch.diffusion import DiffusionSlotReader
     from router.backends.torch.options import TorchOptions
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
 
     model, tokenizer = parts
     typed = TorchOptions(kind="diffusion", turn_close_id=2, **options)
@@ -81,8 +81,8 @@ def test_backend_coalesces_concurrent_reads_and_matches_reads_alone(parts: tuple
 
 
 def test_backend_tokenizes_a_batch_in_one_call_with_the_same_items(parts: tuple[Any, Any]) -> None:
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.prompt import encode, encode_many
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.prompt import encode, encode_many
 
     spy = Spy(DiffusionSlotReader(parts[0]))
     shared = backend(parts, spy, coalesce_window_ms=50)
@@ -146,29 +146,24 @@ def assert_answers_alone(parts: tuple[Any, Any], shared: Any, asked: list[Any]) 
         np.testing.assert_allclose(a.proba, b.proba, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("by_question", [True, False])
-def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any], by_question: bool) -> None:
-    """Requests of two questions at once: by default each batch reads one question (the reader
-    reads a question's items apart from another's), with the same answers as reads alone;
-    ``coalesce_by_question: false`` keeps the old rule (one batch of both)."""
-    from router.backends.torch.diffusion import DiffusionSlotReader
+def test_backend_batches_one_question_at_a_time(parts: tuple[Any, Any]) -> None:
+    """Requests of two questions at once: each batch reads one question (the reader reads a
+    question's items apart from another's), with the same answers as reads alone."""
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
 
     spy = Spy(DiffusionSlotReader(parts[0]))
-    shared = backend(parts, spy, coalesce_window_ms=50, coalesce_by_question=by_question)
+    shared = backend(parts, spy, coalesce_window_ms=50)
     assert_answers_alone(parts, shared, two_questions())
     prefixes = [{item.prefix_ids for item in batch} for batch in spy.seen]
-    if by_question:
-        assert [len(p) for p in prefixes] == [1, 1] and prefixes[0] != prefixes[1]
-        assert [len(batch) for batch in spy.seen] == [3, 3]
-    else:
-        assert [len(p) for p in prefixes] == [2] and len(spy.seen[0]) == 6
+    assert [len(p) for p in prefixes] == [1, 1] and prefixes[0] != prefixes[1]
+    assert [len(batch) for batch in spy.seen] == [3, 3]
 
 
 def test_backend_sizes_batches_by_the_readers_graph_buckets(parts: tuple[Any, Any]) -> None:
     """10 waiting reads of one question and graph buckets of 8 and 16 items: 8 now and 2 next
     (10 in a bucket of 16 cost 4 + 16 items' worth; 8 cost 4 + 8); no buckets: all 10."""
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.graphs import GraphShapes
 
     shapes = GraphShapes(batches=(1, 2, 4, 8, 16), widths=(64,), prefix_tokens=1024, capture=False)
     for reader, want in ((DiffusionSlotReader(parts[0], graphs=shapes), [8, 2]),
@@ -189,7 +184,7 @@ def test_backend_tokenizes_a_state_once_across_questions_and_batches(parts: tupl
     with the ids a fresh tokenizing gives; the kept states are bounded (oldest out first)."""
     from policies.types import DecisionRequest, Option
     from router.backends.torch import backend as backend_module
-    from router.backends.torch.prompt import encode
+    from router.backends.torch.serve.prompt import encode
 
     shared = backend(parts)
     texts: list[list[str]] = []
@@ -223,7 +218,7 @@ def test_backend_tokenizes_a_state_once_across_questions_and_batches(parts: tupl
 
 
 def test_backend_failure_of_one_request_fails_only_its_caller(parts: tuple[Any, Any]) -> None:
-    from router.backends.torch.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
     from router.errors import BackendMalformed
 
     # the reader cannot read one request's prompt
@@ -244,10 +239,10 @@ def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[An
                                                                caplog: Any) -> None:
     from dataclasses import replace
 
-    from router.backends.torch import warm_up
-    from router.backends.torch.choice import default_choice
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
+    from router.backends.torch.model.choice import default_choice
+    from router.backends.torch.serve import warm_up
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
+    from router.backends.torch.serve.graphs import GraphShapes
 
     eager = backend(parts)
     assert asyncio.run(eager.ready()) and eager.compiled is False  # CPU: nothing to warm up
@@ -260,7 +255,7 @@ def test_backend_warm_up_gates_readiness_and_falls_back_to_eager(parts: tuple[An
         return original(reader, sample)
 
     model = parts[0]
-    compiled = replace(default_choice(model), compiled=True, fuse_cats=True, compile_backend="aot_eager")
+    compiled = replace(default_choice(model), compiled=True, compile_backend="aot_eager")
     shapes = GraphShapes(batches=(1, 4), widths=(64,), draws=(1, 3), prefix_tokens=1024, capture=False)
     warm_up.warm_up = slow_warm_up
     try:
@@ -305,54 +300,16 @@ def test_speed_options_are_validated_settings() -> None:
         TorchOptions(kind="diffusion", coalesce_window_ms=-1)
     with pytest.raises(ValidationError, match="fixed_cost_items"):
         TorchOptions(kind="diffusion", fixed_cost_items=-0.5)
-    with pytest.raises(ValidationError, match="coalesce_by_question"):
-        TorchOptions(kind="diffusion", coalesce_by_question="sometimes")
+    with pytest.raises(ValidationError, match="split_kv_chunks"):
+        TorchOptions(kind="diffusion", split_kv_chunks=1)
+    with pytest.raises(ValidationError, match="unknown_switch"):  # no option but the published
+        TorchOptions(kind="diffusion", unknown_switch=True)  # type: ignore[call-arg]
 
 
-def test_backend_reads_two_questions_in_one_batch_with_mixed_question_reads(
-        parts: tuple[Any, Any]) -> None:
-    """With ``mixed_question_reads`` the coalescer takes both questions into one batch (one
-    canvas width) and the reader reads it in one pass (make_reader hands it the option); the
-    answers equal reads alone."""
-    from router.backends.torch.build import make_reader
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.options import TorchOptions
+def test_at_most_eight_speed_options_each_documented() -> None:
+    from router.backends.torch.options import GRAPH_OPTIONS, SPEED_OPTIONS, TorchOptions
 
-    reader = make_reader(TorchOptions(kind="diffusion", mixed_question_reads=True), *parts)
-    assert isinstance(reader, DiffusionSlotReader) and reader.mixed_prefixes
-    spy = Spy(reader)
-    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True)
-    assert_answers_alone(parts, shared, two_questions())
-    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2]
-
-
-def test_backend_takes_each_questions_share_of_a_mixed_bucket(parts: tuple[Any, Any],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over a bucketed reader (mixed buckets of 2 groups): 3 + 3 waiting one-draw requests of two
-    questions are read in batches that each hold both questions, each question's share as
-    ``GraphShapes.mixed_take`` says, each batch one pass of a mixed bucket; the answers equal
-    reads alone."""
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.graphs import GraphShapes
-    from tests.router.backends.torch.test_mixed_prefixes import CountingPass
-
-    shapes = GraphShapes(batches=(1, 2, 4, 8), draws=(1,), widths=(64,), prefix_tokens=1024,
-                         capture=False, mixed_groups=2)
-    spy = Spy(DiffusionSlotReader(parts[0], graphs=shapes, mixed_prefixes=True))
-    spy.needs_warm_up = True
-
-    def warm_up(sample: Any) -> Any:  # the buckets warmed; the spy stays the reader
-        assert spy.inner.warm_up(sample) is spy.inner
-        return spy
-
-    spy.warm_up = warm_up  # type: ignore[method-assign]
-    shared = backend(parts, spy, coalesce_window_ms=50, mixed_question_reads=True,
-                     graph_mixed_groups=2)
-    passes = CountingPass(monkeypatch)
-    assert_answers_alone(parts, shared, two_questions(samples=1))
-    assert passes.groups[-2:] == [2, 2]  # each batch one pass of a mixed bucket (2 buffers)
-    # 3 + 3 waiting: groups of 2 (4 items for 8 items' worth) beat groups of 4 (6 for 12) and
-    # 3 of one question alone (3 for 8): 2 + 2 now, the last 1 + 1 in the next batch
-    assert [len(batch) for batch in spy.seen] == [4, 2]
-    assert [len({item.prefix_ids for item in batch}) for batch in spy.seen] == [2, 2]
-    assert sorted(spy.inner.graphs.mixed) == [(2, 1, 64), (2, 2, 64), (2, 4, 64)]
+    fields = TorchOptions.model_fields
+    assert len(SPEED_OPTIONS) <= 8 and set(SPEED_OPTIONS) | set(GRAPH_OPTIONS) <= set(fields)
+    for name in SPEED_OPTIONS:
+        assert fields[name].description, name

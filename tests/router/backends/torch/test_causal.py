@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.build import load_model, make_reader
-from router.backends.torch.causal import CausalSlotReader
 from router.backends.torch.options import TorchOptions
+from router.backends.torch.serve.build import load_model, make_reader
+from router.backends.torch.serve.causal import CausalSlotReader
 from tests.router.backends.torch_models import smollm2_folder, tiny_bert_folder
 
 SENTIMENT = (Option("positive"), Option("negative"))

@@ -1,9 +1,9 @@
-"""Read-level and layer-level choices of the one-pass read (choice.py, fused.py):
+"""Read-level and layer-level choices of the one-pass read (choice.py, onepass.py):
 
 - ``causal_own``: the prompt rests read their own keys by a causal kernel with no bias where
   that is exact (the window does not bind within a prompt rest; the kernel has a causal form);
-- ``rows_in_place``: in batches of one canvas row an item, each row reads its prompt rest's keys
-  where they lie and its own canvas unmasked, no per-row copy;
+- in batches of one canvas row an item, each row reads its prompt rest's keys where they lie and
+  its own canvas unmasked, no per-row copy (more rows than items: per-row copies);
 - ``joint_streams_items``: graph buckets of more than that many items project the two streams
   apart, the smaller ones together.
 
@@ -21,18 +21,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.fused import OnePass
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     attend_causal_cudnn,
     attend_causal_math,
     causal_problem,
     fold_groups,
     no_causal_dims,
 )
-from router.backends.torch.read_inputs import PrefixGroups, PrefixKV
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_pieces
+from router.backends.torch.model.inputs import PrefixKV
+from router.backends.torch.model.onepass import OnePass
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
@@ -80,7 +80,7 @@ def test_causal_forms_are_checked_and_named() -> None:
     problem = causal_problem(((16, "cudnn"),), torch.device("cpu"), torch.float32)
     assert problem.startswith("cudnn at head dim 16")
     # a kernel with no causal form keeps its prompt rests' dense bias
-    assert no_causal_dims(((16, "flex"), (32, "math"), (64, "efficient"))) == {16, 64}
+    assert no_causal_dims(((16, "efficient"), (32, "math"), (64, "efficient"))) == {16, 64}
 
 
 @pytest.mark.parametrize("window", [64, 8], ids=["window>prompt", "window<prompt"])
@@ -109,7 +109,7 @@ def test_the_causal_path_is_the_one_read() -> None:
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
 
     def everything(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
-        from router.backends.torch.prefix_attention import attend_math
+        from router.backends.torch.kernels.attention import attend_math
 
         return attend_math(fold_groups(q, k.shape[1]), k, v, None)
 
@@ -130,8 +130,7 @@ def test_the_causal_path_is_the_one_read() -> None:
 
 def read_masks(onepass: OnePass, prefix: PrefixKV, batch: Any) -> dict[tuple[str, str], Any]:
     """The masks ``onepass`` builds for a read of ``batch`` after ``prefix``."""
-    groups = PrefixGroups.one(prefix, batch.input_ids.shape[0], batch.canvas.shape[0])
-    return onepass.masks(groups, batch, *onepass.positions(groups, batch), torch.float32)
+    return onepass.masks(prefix, batch, *onepass.positions(prefix, batch), torch.float32)
 
 
 def test_joint_streams_items_joins_only_the_small_buckets() -> None:
@@ -152,19 +151,17 @@ def test_joint_streams_items_joins_only_the_small_buckets() -> None:
     assert reader.onepass_for(4) is large and reader.onepass_for(1) is small
     assert len({id(p) for p in reader.passes.values()}) == 2
     # the choices of the reads: equal where they read alike, so they share a OnePass
-    choice = KernelChoice(joint_streams_items=4, static_flex_items=1)
-    plain = replace(choice, joint_streams_items=0, static_flex_items=0)
-    assert choice.for_read(2, graph=True) == choice.for_read(4, graph=True) == plain
-    assert choice.for_read(1) == plain  # static flex in graph buckets only: never eagerly
-    assert choice.for_read(1, graph=True) == replace(choice.small(), joint_streams_items=0)
-    assert not choice.for_read(8).joint_streams and not choice.for_read(8, graph=True).joint_streams
+    choice = KernelChoice(joint_streams_items=4)
+    plain = replace(choice, joint_streams_items=0)
+    assert choice.for_read(1) == choice.for_read(2) == choice.for_read(4) == plain
+    assert not choice.for_read(8).joint_streams
 
 
 @pytest.mark.parametrize(("switches", "field"), [
     ({"joint_streams_items": -1}, "joint_streams_items"),
     ({"joint_streams_items": True}, "joint_streams_items"),
     ({"joint_streams_items": 2, "joint_streams": False}, "joint_streams_items"),
-    ({"fused_pass": False, "trim_last": False, "joint_streams": False}, "causal_own"),
+    ({"fused_pass": False, "joint_streams": False}, "causal_own"),
 ])
 def test_bad_bucket_and_causal_switches_are_refused_naming_them(switches: dict[str, Any],
                                                                 field: str) -> None:
@@ -174,7 +171,7 @@ def test_bad_bucket_and_causal_switches_are_refused_naming_them(switches: dict[s
 
 
 def test_the_default_choice_joins_small_buckets_and_reads_causally_where_it_can() -> None:
-    from router.backends.torch.choice import JOINT_STREAMS_ITEMS, default_choice
+    from router.backends.torch.model.choice import JOINT_STREAMS_ITEMS, default_choice
 
     model = tiny_model(window=8)
     cpu = default_choice(model)
@@ -188,16 +185,15 @@ ONE_DRAW = [replace(it, draws=1) for it in ITEMS]  # one canvas row an item: row
 
 
 @pytest.mark.parametrize("window", [64, 8], ids=["window>prompt", "window<prompt"])
-def test_rows_in_place_read_what_the_two_pass_read_reads(window: int) -> None:
+def test_rows_in_place_and_copied_read_what_the_two_pass_read_reads(window: int) -> None:
     model = tiny_model(window=window)
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
     want_mixed = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
     for cached in (True, False):
-        for in_place, causal, joint, trim in product((True, False), repeat=4):
-            choice = KernelChoice(rows_in_place=in_place, causal_own=causal, joint_streams=joint,
-                                  trim_last=trim)
+        for causal, joint in product((True, False), repeat=2):
+            choice = KernelChoice(causal_own=causal, joint_streams=joint)
             reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
-            assert_same_reads(reader.read(ONE_DRAW), want)
+            assert_same_reads(reader.read(ONE_DRAW), want)  # one row an item: in place
             assert_same_reads(reader.read(ITEMS), want_mixed)  # 5 rows, 3 items: the row copies
 
 
@@ -219,7 +215,7 @@ def test_the_in_place_path_is_the_one_read() -> None:
     batch = reader.prepare_onepass(ONE_DRAW, prefix_len=len(PREFIX), device=torch.device("cpu"))
 
     def canvas_only(out_r: Any, lse_r: Any, *canvas_and_prefix: Any) -> Any:
-        from router.backends.torch.prefix_attention import merge_grouped
+        from router.backends.torch.kernels.attention import merge_grouped
 
         return merge_grouped(*canvas_and_prefix)
 

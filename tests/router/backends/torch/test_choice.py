@@ -1,6 +1,7 @@
-"""The kernel choice (choice.py): every combination of switches that can ship reads what
-transformers' two-pass read reads (CPU, the tiny DiffusionGemma; Triton and the CUDA attention
-kernels are CUDA-only and refused here), the others are refused at construction naming the switch,
+"""The kernel choice (choice.py): the default, each switch alone moved off it and a pairwise
+covering set of the rest read what transformers' two-pass read reads (CPU, the tiny DiffusionGemma;
+Triton and the CUDA attention kernels are CUDA-only and refused here; the full product runs under
+``-m matrix``), the combinations that cannot run are refused at construction naming the switch,
 and a built reader is immutable."""
 
 from __future__ import annotations
@@ -14,60 +15,80 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.reader import SlotItem
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.reader import SlotItem
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
 
 KINDS = ("sliding_attention", "full_attention")
 BANDS = [frozenset(b) for b in ((), ("full_attention",), ("sliding_attention",), KINDS)]
-# FlexAttention at both of the tiny model's head dims (eager on the CPU: block masks included)
-FLEX = ((16, "flex"), (32, "flex"))
-COMPILES = [(False, False, False), (True, False, False), (True, True, False), (True, False, True),
-            (True, True, True)]  # (compiled, fuse_cats, compile_rows_kv)
 SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
-            "fuse_cats": (False, True), "compile_rows_kv": (False, True), "trim_last": (True, False),
-            "fused_moe": (False, True), "fp8": ("off", "experts"),  # these two: CUDA only
-            "attention": ((), FLEX), "joint_streams": (True, False), "causal_own": (True, False),
-            "rows_in_place": (True, False)}
-# the own-key switches run here together (both on: the default; both off: the copies and biases
-# of before); their mixed settings run in test_causal_own.py over the switches that shape that
-# attention (joint streams, prefix cache, window, buckets)
-PAIRED = ("causal_own", "rows_in_place")
+            "fused_moe": (False, True),  # CUDA only
+            "attention": ((), ((16, "cudnn"),)),  # CUDA only
+            "joint_streams": (True, False), "causal_own": (True, False)}
+# What the one-pass read can run on the CPU, default first (test_causal_own.py crosses the
+# own-key paths with the switches that shape that attention: joint streams, prefix cache, window)
+FACTORS: dict[str, tuple[Any, ...]] = {
+    "band": tuple(BANDS), "rows_moe": (False, True), "merge_op": (False, True),
+    "compiled": (False, True), "joint_streams": (True, False), "causal_own": (True, False)}
 SHAPES = GraphShapes(batches=(4,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6, capture=False)
 LONG = SlotItem(PREFIX, tuple(range(100, 120)), ITEMS[0].canvas_ids, ITEMS[0].slot,
                 ITEMS[0].label_ids, 2, 9)  # 20 tokens: no bucket holds it, read eagerly
 
 
-def shippable() -> list[KernelChoice]:
-    """Every choice the CPU accepts: the two-pass read, and each one-pass combination."""
-    out = [TWO_PASS]
-    for band, rows, merge, (compiled, cats, rows_kv), trim, attention, joint, causal in product(
-            BANDS, (False, True), (False, True), COMPILES, (True, False), ((), FLEX),
-            (True, False), (True, False)):
-        out.append(KernelChoice(band=band, rows_moe=rows, merge_op=merge, compiled=compiled,
-                                fuse_cats=cats, compile_rows_kv=rows_kv, trim_last=trim,
-                                compile_backend="aot_eager", attention=attention,
-                                joint_streams=joint, causal_own=causal, rows_in_place=causal))
+def one_pass(**values: Any) -> KernelChoice:
+    """The one-pass choice of these FACTORS values."""
+    return KernelChoice(compile_backend="aot_eager", **values)
+
+
+DEFAULT = {name: values[0] for name, values in FACTORS.items()}
+
+
+def each_alone() -> list[KernelChoice]:
+    """The default, and each switch alone moved off it to each of its other values."""
+    out = [one_pass(**DEFAULT)]
+    for name, values in FACTORS.items():
+        out += [one_pass(**{**DEFAULT, name: value}) for value in values[1:]]
     return out
 
 
-CHOICES = shippable()
+def pairwise() -> list[KernelChoice]:
+    """A covering set: every value of every switch meets every value of every other switch in
+    at least one choice (greedy over the full product; deterministic)."""
+    names = list(FACTORS)
+    rows = [dict(zip(names, values, strict=True)) for values in product(*FACTORS.values())]
+
+    def pairs(row: dict[str, Any]) -> set[tuple[str, Any, str, Any]]:
+        return {(a, row[a], b, row[b]) for i, a in enumerate(names) for b in names[i + 1:]}
+
+    uncovered = set().union(*(pairs(row) for row in rows))
+    chosen = []
+    while uncovered:
+        best = max(rows, key=lambda row: len(pairs(row) & uncovered))
+        chosen.append(one_pass(**best))
+        uncovered -= pairs(best)
+    return chosen
+
+
+def full_matrix() -> list[KernelChoice]:
+    """Every one-pass combination the CPU accepts (the ``matrix`` marker's set)."""
+    return [one_pass(**dict(zip(FACTORS, values, strict=True))) for values in product(*FACTORS.values())]
+
+
+CHOICES = [TWO_PASS, *dict.fromkeys(each_alone() + pairwise())]
 
 
 def choice_id(choice: KernelChoice) -> str:
     if not choice.fused_pass:
         return "two_pass"
     band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
-    on = [name for name in ("rows_moe", "merge_op", "compiled", "fuse_cats", "compile_rows_kv")
-          if getattr(choice, name)] + ([] if choice.trim_last else ["untrimmed"])
-    on += ["flex"] if choice.attention == FLEX else []
+    on = [name for name in ("rows_moe", "merge_op", "compiled") if getattr(choice, name)]
     on += [] if choice.joint_streams else ["apart"]
-    on += [] if choice.causal_own else ["copied_biased_own"]
+    on += [] if choice.causal_own else ["biased_own"]
     return "-".join([f"band={band}", *on])
 
 
@@ -90,8 +111,8 @@ def want(model: Any) -> list[Any]:
 
 def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
     names = list(SWITCHES)
-    matrix = {replace(c, compile_backend="aot_eager") for c in CHOICES}
-    accepted = mixed = 0
+    matrix = set(full_matrix())
+    accepted = 0
     for values in product(*SWITCHES.values()):
         switches = dict(zip(names, values, strict=True))
         try:
@@ -101,16 +122,26 @@ def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
             assert exc.field in names and exc.field in str(exc)
             continue
         accepted += 1
-        # accepted here: so it is in the equality matrix below (PAIRED: as its pair's first)
-        paired = replace(choice, **dict.fromkeys(PAIRED[1:], getattr(choice, PAIRED[0])))
-        assert paired in matrix, choice
-        mixed += paired != choice
-    assert accepted - mixed == len(CHOICES) == len(matrix)
+        if not choice.fused_pass:
+            assert choice == replace(TWO_PASS, compile_backend="aot_eager")
+            continue
+        assert choice in matrix, choice  # accepted here: so it is in the full matrix
+    assert accepted == len(matrix) + 1
 
 
-@pytest.mark.parametrize("choice", CHOICES, ids=choice_id)
-def test_each_shippable_choice_reads_what_the_two_pass_read_reads(model: Any, want: list[Any],
-                                                                   choice: KernelChoice) -> None:
+def test_the_covering_set_meets_every_pair_of_switch_values() -> None:
+    names = list(FACTORS)
+    chosen = pairwise()
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            met = {(getattr(c, a), getattr(c, b)) for c in chosen}
+            assert met == set(product(FACTORS[a], FACTORS[b])), (a, b)
+    assert len(CHOICES) < len(full_matrix()) / 4
+
+
+def read_as_two_pass(model: Any, want: list[Any], choice: KernelChoice) -> None:
+    """``choice``'s reads of ITEMS (through a padded graph bucket) and LONG (eager) are the
+    two-pass read's."""
     if not choice.fused_pass:
         # transformers' read is exact unpadded only (its sliding cache keeps a padded row's pads
         # in the window): it is the reference, read one item at a time
@@ -125,15 +156,30 @@ def test_each_shippable_choice_reads_what_the_two_pass_read_reads(model: Any, wa
     assert_same_reads(reader.read([LONG]), want[len(ITEMS):])  # no bucket: the eager read
 
 
+@pytest.mark.parametrize("choice", CHOICES, ids=choice_id)
+def test_each_shippable_choice_reads_what_the_two_pass_read_reads(model: Any, want: list[Any],
+                                                                   choice: KernelChoice) -> None:
+    read_as_two_pass(model, want, choice)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("choice", [c for c in full_matrix() if c not in CHOICES], ids=choice_id)
+def test_every_other_combination_reads_what_the_two_pass_read_reads(model: Any, want: list[Any],
+                                                                    choice: KernelChoice) -> None:
+    """The rest of the full product (``-m matrix``; ``make test`` leaves it out)."""
+    read_as_two_pass(model, want, choice)
+
+
 def test_refusals_name_the_switch(model: Any) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"fused_pass": False, "compiled": True}, "compiled"),
         ({"fused_pass": False, "band": frozenset({"full_attention"})}, "band"),
-        ({"fused_pass": False}, "trim_last"),
-        ({"fused_pass": False, "trim_last": False}, "joint_streams"),
-        ({"fuse_cats": True}, "fuse_cats"), ({"compile_rows_kv": True}, "compile_rows_kv"),
+        ({"fused_pass": False}, "joint_streams"),
+        ({"fused_pass": False, "joint_streams": False}, "causal_own"),
         ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention"),
-        ({"fp8": "int4"}, "fp8"), ({"fused_moe": True, "rows_moe": True}, "fused_moe")]
+        ({"fused_moe": True, "rows_moe": True}, "fused_moe"),
+        ({"joint_streams_items": -1}, "joint_streams_items"),
+        ({"joint_streams": False, "joint_streams_items": 4}, "joint_streams_items")]
     for switches, field in cases:
         with pytest.raises(ConfigError, match=field) as info:
             KernelChoice(**switches)
@@ -141,8 +187,7 @@ def test_refusals_name_the_switch(model: Any) -> None:
     for choice, field in ((KernelChoice(band=frozenset({"chunked_attention"})), "band"),
                           (KernelChoice(rows_moe=True, triton=True), "triton"),
                           (KernelChoice(attention=((16, "cudnn"),)), "attention"),
-                          (KernelChoice(fused_moe=True), "fused_moe"),
-                          (KernelChoice(fp8="experts"), "fp8")):
+                          (KernelChoice(fused_moe=True), "fused_moe")):
         with pytest.raises(ConfigError, match=field):
             DiffusionSlotReader(model, choice=choice)
     with pytest.raises(ConfigError, match="capture"):
@@ -159,10 +204,10 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
                          (reader.onepass, "pieces"), (reader.onepass, "band")):
         with pytest.raises(AttributeError, match="immutable"):
             setattr(target, name, None)
-    eager = replace(CHOICES[-1], compiled=False, fuse_cats=False, compile_rows_kv=False)
-    assert CHOICES[-1].eager() == eager
-    pieces = build_pieces(CHOICES[-1])
-    assert pieces.ffn_step is not None and pieces.rows_kv is not build_pieces(eager).rows_kv
+    compiled = one_pass(**{**DEFAULT, "compiled": True})
+    eager = replace(compiled, compiled=False)
+    assert compiled.eager() == eager
+    assert build_pieces(compiled).ffn_step is not None and build_pieces(eager).ffn_step is None
     assert {f.name for f in fields(KernelChoice)} >= set(SWITCHES)
 
 
@@ -170,15 +215,14 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
                                                            ("", "fused MoE differs")])
 def test_one_kernel_familys_failed_check_turns_only_that_family_off(
         monkeypatch: pytest.MonkeyPatch, rows_problem: str, moe_problem: str) -> None:
-    """The row ops (ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
-    apart: a failed row-op check leaves the fused MoE on, and the other way round. (Device call 5
-    of issue 21's fourth session: one wrong check turned every Triton kernel off, the fused MoE
-    included: 164.5 instead of ~215 reads/s.)"""
-    from router.backends.torch import choice as choice_module
-    from router.backends.torch import ops
+    """The row ops (row_ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
+    apart: a failed row-op check leaves the fused MoE on, and the other way round (one wrong
+    check must not turn every Triton kernel off, the fused MoE included)."""
+    from router.backends.torch.kernels import row_ops
+    from router.backends.torch.model import choice as choice_module
 
-    monkeypatch.setattr(ops, "triton_problem", lambda device: rows_problem)
-    monkeypatch.setattr(choice_module, "fused_moe_problem", lambda device, fp8=False: moe_problem)
+    monkeypatch.setattr(row_ops, "triton_problem", lambda device: rows_problem)
+    monkeypatch.setattr(choice_module, "fused_moe_problem", lambda device: moe_problem)
     model = tiny_model(window=8).to(torch.bfloat16)
     fast = choice_module.default_choice(model, fast_kernels=True)
     assert fast.fused_moe is (not moe_problem)

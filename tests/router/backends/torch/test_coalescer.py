@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from router.backends.torch.coalescer import Coalescer
+from router.backends.torch.serve.coalescer import Coalescer
 
 
 class Recorder:
@@ -143,13 +143,13 @@ def test_batches_grow_to_the_callers_there_are() -> None:
     (40, 40),  # past the largest bucket: unpadded, all of them
 ])
 def test_bucket_take_reads_the_most_items_per_cost(available: int, want: int) -> None:
-    from router.backends.torch.coalescer import bucket_take
+    from router.backends.torch.serve.coalescer import bucket_take
 
     assert bucket_take(available, (1, 2, 4, 8, 16, 32), fixed_items=4.0) == want
 
 
 def test_bucket_take_without_buckets_or_with_a_large_fixed_cost_takes_everything() -> None:
-    from router.backends.torch.coalescer import bucket_take
+    from router.backends.torch.serve.coalescer import bucket_take
 
     assert bucket_take(20, (), fixed_items=4.0) == 20  # reads not padded
     assert bucket_take(20, (1, 2, 4, 8, 16, 32), fixed_items=1000.0) == 20
@@ -189,7 +189,7 @@ def test_the_plan_leaves_the_newest_for_the_next_batch() -> None:
     run = Recorder()
 
     def plan(available: int) -> int:
-        from router.backends.torch.coalescer import bucket_take
+        from router.backends.torch.serve.coalescer import bucket_take
 
         return bucket_take(available, (1, 2, 4, 8, 16, 32), fixed_items=4.0)
 
@@ -245,54 +245,3 @@ def test_bad_settings_are_refused() -> None:
             Coalescer(Recorder(), executor=pool, window_s=-1)
         with pytest.raises(ValueError, match="plan needs group_of"):
             Coalescer(Recorder(), executor=pool, plan=lambda n: n)
-        for parts in ({"part_of": by_tens}, {"quota": list},  # one without the other
-                      {"part_of": by_tens, "quota": list},  # without group_of
-                      {"part_of": by_tens, "quota": list, "group_of": by_tens, "plan": len}):
-            with pytest.raises(ValueError, match="part_of and quota go together"):
-                Coalescer(Recorder(), executor=pool, **parts)  # type: ignore[arg-type]
-
-
-def by_hundreds(n: int) -> int:
-    """A group above the test's questions (by_tens): 100-199 one canvas width, ..."""
-    return n // 100
-
-
-def test_a_quota_takes_each_parts_oldest_items_and_leaves_the_rest_for_the_next_batch() -> None:
-    """A group's items of several parts (questions) under a quota of 2 a part: the batch takes
-    each part's 2 oldest, in arrival order, the rest (and another group) wait, oldest first."""
-    run = Recorder()
-    seen: list[list[int]] = []
-
-    def two_each(counts: list[int]) -> list[int]:
-        seen.append(counts)
-        return [min(2, n) for n in counts]
-
-    calls = [[110], [120], [111], [112], [210], [121], [130], [113]]
-    with ThreadPoolExecutor(1) as pool:
-        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8, group_of=by_hundreds,
-                              part_of=by_tens, quota=two_each)
-        results = asyncio.run(gather(coalescer, calls))
-    assert results == [[2 * i for i in c] for c in calls]
-    assert run.batches == [[110, 120, 111, 121, 130], [112, 113], [210]]
-    assert seen == [[4, 2, 1], [2], [1]]  # counts in the order of each part's oldest request
-
-
-def test_a_quota_keeps_requests_whole_and_the_oldest_always_and_a_failing_one_takes_all(
-        caplog: Any) -> None:
-    run = Recorder()
-    with ThreadPoolExecutor(1) as pool:
-        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8, group_of=by_hundreds,
-                              part_of=by_tens, quota=lambda counts: [0] * len(counts))
-        asyncio.run(gather(coalescer, [[110, 111, 112], [113], [120]]))
-    assert run.batches == [[110, 111, 112], [113], [120]]  # a quota of 0: the oldest request only
-
-    def broken(counts: list[int]) -> list[int]:
-        raise KeyError("quota bug")
-
-    run = Recorder()
-    with ThreadPoolExecutor(1) as pool, caplog.at_level("ERROR"):
-        coalescer = Coalescer(run, executor=pool, window_s=0.05, max_batch=8, group_of=by_hundreds,
-                              part_of=by_tens, quota=broken)
-        results = asyncio.run(gather(coalescer, [[110], [120], [111]]))
-    assert results == [[220], [240], [222]] and run.batches == [[110, 120, 111]]
-    assert "the batch quota failed" in caplog.text

@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
-from router.backends.torch.choice import TWO_PASS
-from router.backends.torch.diffusion import DiffusionSlotReader, draw_noise
-from router.backends.torch.reader import SlotItem
+from router.backends.torch.model.choice import TWO_PASS
+from router.backends.torch.serve.diffusion import DiffusionSlotReader, draw_noise
+from router.backends.torch.serve.reader import SlotItem
 
 VOCAB = 512
 CANVAS = 16

@@ -1,4 +1,4 @@
-"""The one-pass read with shared-prefix attention (fused.py, prefix_attention.py), its bucketed
+"""The one-pass read with shared-prefix attention (onepass.py, attention.py), its bucketed
 static-buffer runner (graphs.py, uncaptured on the CPU) and its compiled pieces (compiled.py):
 each equals transformers' two-pass DynamicCache read of the same items, one at a time."""
 
@@ -13,18 +13,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.choice import TWO_PASS, KernelChoice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.fused import OnePass
-from router.backends.torch.graphs import GraphShapes
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     attend_math,
     fold_groups,
     merge,
     to_bias,
     unfold_groups,
 )
-from router.backends.torch.reader import SlotItem
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice
+from router.backends.torch.model.onepass import OnePass
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.reader import SlotItem
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import CANVAS_IDS, PREFIX, item, tiny_model
 
@@ -56,16 +56,16 @@ def test_one_pass_batch_equals_two_pass_reads_one_at_a_time(model: Any, cached: 
 
 
 @pytest.mark.parametrize("band", [(), ("full_attention",)], ids=["bias", "band"])
-def test_the_trimmed_last_layer_reads_what_the_full_one_reads(band: tuple[str, ...]) -> None:
+def test_the_trimmed_last_layer_reads_what_the_two_pass_read_reads(band: tuple[str, ...]) -> None:
+    """The one pass computes only the slot's query in the last layer (OnePass.last_layer); its
+    read is transformers' whole last layer's, over three layers, cached or not."""
     # (transformers makes a DiffusionGemma's last layer full attention, whatever the config says)
     model = tiny_model(window=8, layers=("sliding_attention", "sliding_attention", "full_attention"))
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
     for cached in (True, False):
-        for trim in (True, False):
-            choice = KernelChoice(band=frozenset(band), trim_last=trim)
-            reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
-            assert reader.onepass is not None and reader.onepass.trim_last is trim
-            assert_same_reads(reader.read(ITEMS), want)
+        reader = DiffusionSlotReader(model, choice=KernelChoice(band=frozenset(band)),
+                                     use_prefix_cache=cached)
+        assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_scalars() -> None:
@@ -78,17 +78,16 @@ def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_sc
         enc.layer_scalar.fill_(0.5 + 0.25 * index)
         dec.layer_scalar.fill_(1.5 - 0.25 * index)
     want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
-    for cached, trim, joint in product((True, False), (True, False), (True, False)):
-        choice = KernelChoice(band=frozenset({"full_attention"}), trim_last=trim,
-                              joint_streams=joint)
+    for cached, joint in product((True, False), (True, False)):
+        choice = KernelChoice(band=frozenset({"full_attention"}), joint_streams=joint)
         reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
         assert reader.onepass is not None and reader.onepass.joint_streams is joint
         assert_same_reads(reader.read(ITEMS), want)
 
 
 def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
-    from router.backends.torch.joint import joined
-    from router.backends.torch.pieces import qkv_half
+    from router.backends.torch.model.joint import joined
+    from router.backends.torch.model.pieces import qkv_half
 
     model = tiny_model(window=8)
     onepass = OnePass(model)
@@ -130,8 +129,8 @@ def with_attention_biases(model: Any) -> Any:
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_merged_qkv_product_equals_the_three_projections(bias: bool) -> None:
-    from router.backends.torch.joint import merged_qkv_weights, qkv_merged
-    from router.backends.torch.pieces import qkv_half
+    from router.backends.torch.model.joint import merged_qkv_weights, qkv_merged
+    from router.backends.torch.model.pieces import qkv_half
 
     model = tiny_model(window=8)
     if bias:
@@ -158,7 +157,7 @@ def test_merged_qkv_product_equals_the_three_projections(bias: bool) -> None:
 
 
 def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
-    from router.backends.torch.pieces import qkv_half
+    from router.backends.torch.model.pieces import qkv_half
 
     model = tiny_model(window=8)
     before = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
@@ -173,13 +172,14 @@ def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert OnePass(model, qkv_weights=onepass.qkv_weights).qkv_weights is onepass.qkv_weights
     assert OnePass(model, joint_streams=False).qkv_weights == ()
-    # the static-flex buckets' second OnePass reads the same merged copy (diffusion.py)
-    shapes = GraphShapes(batches=(1,), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
+    # the larger reads' second OnePass (the prefix read whole past split_kv_items) reads the same
+    # merged copy (diffusion.py)
+    shapes = GraphShapes(batches=(1, 4), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
                          capture=False)
-    flex = DiffusionSlotReader(model, choice=KernelChoice(attention=((16, "math"), (32, "math")),
-                                                        static_flex_items=1), graphs=shapes)
-    assert flex.onepass is not None and flex.onepass_for(1, graph=True) is not flex.onepass
-    assert flex.onepass_for(1, graph=True).qkv_weights is flex.onepass.qkv_weights
+    split = DiffusionSlotReader(model, choice=KernelChoice(prefix_splits=2, split_kv_items=1),
+                                graphs=shapes)
+    assert split.onepass is not None and split.onepass_for(4) is not split.onepass
+    assert split.onepass_for(4).qkv_weights is split.onepass.qkv_weights
     for weight, _ in onepass.qkv_weights:
         assert weight.untyped_storage().data_ptr() not in ptrs
     # mutation check: k and v rows of the sliding layer's merged copy swapped, the product sees it
@@ -259,8 +259,8 @@ def test_merged_three_part_attention_equals_one_softmax_over_all_keys() -> None:
     """merge3 (OnePass.canvas_own's two parts with the prefix's), plain and in the output
     projection's layout (merge_grouped3, and the merge_groups3 op), against one softmax; a query
     that sees nothing of one part weighs that part 0."""
-    from router.backends.torch.ops import merge_groups3
-    from router.backends.torch.prefix_attention import group_view, merge3, merge_grouped3
+    from router.backends.torch.kernels.attention import group_view, merge3, merge_grouped3
+    from router.backends.torch.kernels.row_ops import merge_groups3
 
     gen = torch.Generator().manual_seed(1)
     batch, heads, kv_heads, m, dim, sizes = 2, 4, 2, 5, 8, (6, 4, 7)
@@ -331,15 +331,14 @@ def test_reads_no_bucket_holds_run_eagerly(model: Any) -> None:
 
 
 def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
-    from router.backends.torch.joint import ffn_joint
-    from router.backends.torch.pieces import ffn_step, rows_kv
+    from router.backends.torch.model.joint import ffn_joint
+    from router.backends.torch.model.pieces import ffn_step, rows_kv
 
     gen = torch.Generator().manual_seed(3)
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
     dec_attn, dec_h = torch.randn(3, 6, 4, generator=gen), torch.randn(3, 6, 4, generator=gen)
 
-    def ffn(layer: Any, attn: Any, residual: Any, weights: Any) -> Any:
-        assert weights is None  # the bf16 weights: no FP8 copies passed
+    def ffn(layer: Any, attn: Any, residual: Any) -> Any:
         return attn * 2 + residual * layer
 
     enc_out, dec_out = ffn_step(ffn, 0.5, (enc_attn, dec_attn), (enc_h, dec_h),
@@ -361,7 +360,7 @@ def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
 
 
 def test_band_attention_equals_the_dense_bias_attention() -> None:
-    from router.backends.torch.prefix_attention import Band, attend_band
+    from router.backends.torch.kernels.attention import Band, attend_band
 
     gen = torch.Generator().manual_seed(1)
     kv_heads, groups, m, n, dim = 2, 3, 7, 9, 8
@@ -385,7 +384,7 @@ def test_band_attention_equals_the_dense_bias_attention() -> None:
 
 
 def test_row_copy_experts_equal_transformers_experts() -> None:
-    from router.backends.torch.moe import experts_forward
+    from router.backends.torch.kernels.moe import experts_forward
 
     model = tiny_model(window=64)
     experts = model.model.encoder.language_model.layers[0].experts
@@ -399,20 +398,20 @@ def test_row_copy_experts_equal_transformers_experts() -> None:
 
 
 def test_kernel_order_tries_cudnn_last_above_its_hopper_head_dims() -> None:
-    from router.backends.torch.prefix_attention import KERNELS, kernel_order
+    from router.backends.torch.kernels.attention import KERNELS, kernel_order
 
     assert [name for name, _ in kernel_order(256, KERNELS)] == ["cudnn", "efficient"]
     assert [name for name, _ in kernel_order(512, KERNELS)] == ["efficient", "cudnn"]
 
 
 def test_triton_is_refused_off_cuda_and_its_ops_are_chosen_not_swapped() -> None:
-    from router.backends.torch import ops
+    from router.backends.torch.kernels import row_ops
 
-    assert ops.triton_problem(torch.device("cpu"))  # refused, and why is kept (and logged)
-    assert ops.row_ops(False) is ops.TORCH_OPS and ops.row_ops(True) is ops.TRITON_OPS
+    assert row_ops.triton_problem(torch.device("cpu"))  # refused, and why is kept (and logged)
+    assert row_ops.row_ops(False) is row_ops.TORCH_OPS and row_ops.row_ops(True) is row_ops.TRITON_OPS
     rows = torch.arange(12.0).view(6, 2)
-    assert torch.equal(ops.moe_gather(rows, torch.tensor([5, 0, 3]), 2), rows[[2, 0, 1]])
-    assert not hasattr(ops, "_TRITON")  # no run-time dispatch table
+    assert torch.equal(row_ops.moe_gather(rows, torch.tensor([5, 0, 3]), 2), rows[[2, 0, 1]])
+    assert not hasattr(row_ops, "_TRITON")  # no run-time dispatch table
 
 
 def test_a_rebuilt_twin_shares_the_merged_qkv_copies_and_reads_the_same() -> None:
@@ -434,7 +433,7 @@ def test_head_major_lays_each_stream_end_to_end_whatever_its_layout(items: int, 
     """fused.head_major: queries (B, H, M, D) of two streams as (H, sum B*M, D), stream after
     stream, item after item, the same values whether a stream's head-major form is a view (one
     item, contiguous) or needs its copy into place (a transposed (B, M, H, D) projection)."""
-    from router.backends.torch.fused import head_major
+    from router.backends.torch.model.onepass import head_major
 
     gen = torch.Generator().manual_seed(3)
     heads, dim = 4, 8

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from router.backends.torch.prefix_lru import PrefixLRU
+from router.backends.torch.serve.prefix_lru import PrefixLRU
 from router.errors import ConfigError
 from router.settings import load_settings
 
@@ -34,7 +34,7 @@ def test_hits_misses_and_evictions_are_counted() -> None:
 def test_questions_outgrowing_the_cache_are_logged_without_flooding(
         caplog: pytest.LogCaptureFixture) -> None:
     lru = PrefixLRU(max_entries=1)
-    with caplog.at_level(logging.WARNING, logger="router.backends.torch.prefix_lru"):
+    with caplog.at_level(logging.WARNING, logger="router.backends.torch.serve.prefix_lru"):
         for k in range(101):  # two questions in turn: every read after the first evicts
             lru.get_or_build((k % 2,), lambda: "kv")
     assert lru.evictions == 100

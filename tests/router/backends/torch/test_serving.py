@@ -1,7 +1,6 @@
 """What the torch backend serves with (``TorchBackend.serving``, shown on /readyz): its kernel
-choice, its CUDA graphs and its fallbacks. Before, a kernel family turned off by a failed check
-or a warm-up that fell back to the eager read was only a log warning (device call 5: every Triton
-kernel off, 24% of the throughput gone, nothing else to see)."""
+choice, its CUDA graphs and its fallbacks: a kernel family turned off by a failed check, or a
+warm-up that fell back to the eager read, costs throughput that a log warning alone would hide."""
 
 from __future__ import annotations
 
@@ -14,14 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch import warm_up
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.build import make_reader
-from router.backends.torch.choice import TWO_PASS, KernelChoice, default_choice
-from router.backends.torch.diffusion import DiffusionSlotReader
-from router.backends.torch.graphs import GraphShapes
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.warm_up import warm_up_fallbacks
+from router.backends.torch.serve import warm_up
+from router.backends.torch.serve.build import make_reader
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.warm_up import warm_up_fallbacks
 
 EAGER_FALLBACK = "compiled read failed at warm-up: serving the eager read"
 
@@ -43,8 +42,7 @@ def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlot
     """A backend whose compiled reader fails its warm-up (graphs too small for the template's
     prefix), once it is done; and that reader."""
     model, tokenizer = parts
-    compiled = replace(default_choice(model), compiled=True, fuse_cats=True,
-                       compile_backend="aot_eager")
+    compiled = replace(default_choice(model), compiled=True, compile_backend="aot_eager")
     shapes = GraphShapes(batches=(1,), widths=(64,), draws=(1,), prefix_tokens=8, capture=False)
     reader = DiffusionSlotReader(model, choice=compiled, graphs=shapes)
     backend = TorchBackend(reader, tokenizer, options(), model_id="tiny")
@@ -55,7 +53,8 @@ def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlot
 
 def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from router.backends.torch import choice, ops
+    from router.backends.torch.kernels import row_ops
+    from router.backends.torch.model import choice
 
     model, tokenizer = parts
     backend = TorchBackend(make_reader(options(), model, tokenizer), tokenizer, options(),
@@ -64,7 +63,7 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
     def never(*_: Any, **__: Any) -> str:
         raise AssertionError("the CUDA kernel checks are not asked on the CPU")
 
-    monkeypatch.setattr(ops, "triton_problem", never)
+    monkeypatch.setattr(row_ops, "triton_problem", never)
     monkeypatch.setattr(choice, "fused_moe_problem", never)
     serving = backend.serving()
     assert isinstance(backend.reader, DiffusionSlotReader)
@@ -72,26 +71,21 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
                        "prefix_cache": {"entries": 0, "capacity": 8, "hits": 0, "misses": 0,
                                         "evictions": 0},
                        "kernels": backend.reader.choice.summary(), "cuda_graphs": 0,
-                       "mixed_question_reads": False, "fallbacks": []}
+                       "fallbacks": []}
     assert serving["kernels"]["triton"] is False  # the plain eager read: intended here
     assert "serving" not in backend.identity() and backend.fingerprint  # not the identity
 
 
-def test_readyz_says_whether_several_questions_are_read_a_pass_and_counts_the_mixed_graphs(
-        parts: tuple[Any, Any]) -> None:
+def test_readyz_counts_the_graphs(parts: tuple[Any, Any]) -> None:
     model, tokenizer = parts
-    mixed = options(mixed_question_reads=True)
-    backend = TorchBackend(make_reader(mixed, model, tokenizer), tokenizer, mixed, model_id="tiny")
-    assert backend.serving()["mixed_question_reads"] is True
     shapes = GraphShapes(batches=(1, 2, 4), widths=(64,), draws=(1,), prefix_tokens=1024,
-                         capture=False, mixed_groups=2)
-    reader = DiffusionSlotReader(model, graphs=shapes, mixed_prefixes=True)
-    bucketed = TorchBackend(reader, tokenizer, mixed, model_id="tiny")
+                         capture=False)
+    bucketed = TorchBackend(DiffusionSlotReader(model, graphs=shapes), tokenizer, options(),
+                            model_id="tiny")
     assert bucketed._warm is not None
     bucketed._warm.result(timeout=120)
     serving = bucketed.serving()
-    assert serving["cuda_graphs"] == 3 + 2  # (3 one-question buckets, 2 mixed: groups of 1 and 2)
-    assert serving["mixed_question_reads"] is True and serving["fallbacks"] == []
+    assert serving["cuda_graphs"] == 3 and serving["fallbacks"] == []
 
 
 def test_a_failed_warm_up_is_reported_with_its_failure(parts: tuple[Any, Any]) -> None:
@@ -149,10 +143,11 @@ def test_warm_up_fallbacks_name_each_change_and_its_failure() -> None:
 def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the memoised checks are asked again (here stood in: no GPU in the tests)."""
-    from router.backends.torch import choice, ops
+    from router.backends.torch.kernels import row_ops
+    from router.backends.torch.model import choice
 
     model, tokenizer = parts
-    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(fp8="experts"),
+    backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(),
                            model_id="tiny")
     asked: list[tuple[Any, ...]] = []
 
@@ -160,11 +155,11 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         asked.append(("triton", device.type))
         return "RuntimeError: merge disagrees"
 
-    def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
-        asked.append(("moe", device.type, fp8))
+    def fused_moe_problem(device: Any) -> str:
+        asked.append(("moe", device.type))
         return "fused experts disagree"
 
-    monkeypatch.setattr(ops, "triton_problem", triton_problem)
+    monkeypatch.setattr(row_ops, "triton_problem", triton_problem)
     monkeypatch.setattr(choice, "fused_moe_problem", fused_moe_problem)
 
     class OnCuda:
@@ -174,7 +169,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
     assert backend._device_fallbacks(OnCuda(), KernelChoice()) == [
         "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
         "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
-    assert asked == [("triton", "cuda"), ("moe", "cuda", True)]
+    assert asked == [("triton", "cuda"), ("moe", "cuda")]
     # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither
     OnCuda.model = torch.nn.Linear(2, 2)
     assert len(backend._device_fallbacks(OnCuda(), KernelChoice())) == 1
@@ -184,10 +179,10 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
 
 def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """``default_choice`` turns ``causal_own`` off when the causal forms fail their check; before,
-    only its log line said so. Asked again (memoised) for the choice that serves; a choice with
+    """``default_choice`` turns ``causal_own`` off when the causal forms fail their check, and
+    /readyz lists it. Asked again (memoised) for the choice that serves; a choice with
     ``causal_own`` on never asks it."""
-    from router.backends.torch import ops, prefix_attention, split_kv
+    from router.backends.torch.kernels import attention, row_ops, split_kv
 
     model, tokenizer = parts
     backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(), model_id="tiny")
@@ -197,8 +192,8 @@ def test_a_failed_causal_check_on_cuda_is_listed(parts: tuple[Any, Any],
         asked.append((names, device.type, dtype))
         return "cudnn at head dim 256: disagrees (rel err 0.5, lse err 0.1)"
 
-    monkeypatch.setattr(ops, "triton_problem", lambda device: "")
-    monkeypatch.setattr(prefix_attention, "causal_problem", causal_problem)
+    monkeypatch.setattr(row_ops, "triton_problem", lambda device: "")
+    monkeypatch.setattr(attention, "causal_problem", causal_problem)
     monkeypatch.setattr(split_kv, "split_problem", lambda names, splits, device, dtype: "")
 
     class OnCuda:
@@ -220,7 +215,7 @@ def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
     """``default_choice`` reads the prefix whole when the kernels fail split_kv's check; the
     replica lists it. A choice that splits, or options that turned the split off
     (``split_kv_items: 0``), never ask it."""
-    from router.backends.torch import ops, split_kv
+    from router.backends.torch.kernels import row_ops, split_kv
 
     model, tokenizer = parts
     asked: list[tuple[Any, ...]] = []
@@ -229,7 +224,7 @@ def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
         asked.append((names, splits, device.type))
         return "cudnn at head dim 256: unavailable (RuntimeError: strides)"
 
-    monkeypatch.setattr(ops, "triton_problem", lambda device: "")
+    monkeypatch.setattr(row_ops, "triton_problem", lambda device: "")
     monkeypatch.setattr(split_kv, "split_problem", split_problem)
 
     class OnCuda:
@@ -251,7 +246,7 @@ def test_a_failed_split_check_on_cuda_is_listed(parts: tuple[Any, Any],
 
 def test_the_causal_check_is_memoised() -> None:
     """What lets ``serving`` ask it again without running kernels: the same answer, one check."""
-    from router.backends.torch.prefix_attention import causal_problem
+    from router.backends.torch.kernels.attention import causal_problem
 
     causal_problem.cache_clear()
     names = ((16, "cudnn"),)

@@ -16,18 +16,18 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from tests.router.backends.torch.interpreted import interpreted_imports
 
-# triton_kernels imported interpreted (interpreted.py); test_triton_moe's fixture (imported:
+# triton_rows imported interpreted (interpreted.py); test_triton_moe's fixture (imported:
 # autouse here too) keeps the interpreter set while the tests run.
 with interpreted_imports():
     pytest.importorskip("triton")
-    from router.backends.torch import prefix_attention, split_kv, triton_kernels
-    from router.backends.torch.choice import KernelChoice, build_pieces
-    from router.backends.torch.diffusion import DiffusionSlotReader
-    from router.backends.torch.ops import TORCH_OPS, TRITON_OPS
-    from router.backends.torch.prefix_attention import attend_math, to_bias
-    from router.backends.torch.split_kv import attend_split, merge_chunks, split_problem
+    from router.backends.torch.kernels import attention, split_kv, triton_rows
+    from router.backends.torch.kernels.attention import attend_math, to_bias
+    from router.backends.torch.kernels.row_ops import TORCH_OPS, TRITON_OPS
+    from router.backends.torch.kernels.split_kv import attend_split, merge_chunks, split_problem
+    from router.backends.torch.model.choice import KernelChoice, build_pieces
+    from router.backends.torch.serve.diffusion import DiffusionSlotReader
     from router.errors import ConfigError
-    from tests.router.backends.torch.test_choice import BANDS, FLEX, LONG, SHAPES, two_pass_reads
+    from tests.router.backends.torch.test_choice import BANDS, LONG, SHAPES, two_pass_reads
     from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
     from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
@@ -96,18 +96,18 @@ def test_uneven_key_sets_cut_into_fewer_equal_chunks_and_prime_ones_batches_are_
         assert len(calls) == 1 and calls[0][0] is query and calls[0][1] is k and calls[0][2] is bias
 
 
-def test_split_attend_reads_whole_at_the_head_dims_whose_kernel_reads_a_block_mask() -> None:
+def test_split_attend_reads_in_chunks_at_every_head_dim() -> None:
     seen: list[tuple[int, ...]] = []
 
     def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
         seen.append(tuple(k.shape))
         return attend_math(q, k, v, mask)
 
-    prefix_attend = split_kv.split_attend(attend, 4, merge_chunks, frozenset({16}))
+    prefix_attend = split_kv.split_attend(attend, 4, merge_chunks)
     for dim in (16, 32):
         q, k, v, bias = problem(64, dim=dim)
         prefix_attend(q, k, v, bias)
-    assert seen == [(1, 2, 64, 16), (4, 2, 16, 32)]
+    assert seen == [(4, 2, 16, 16), (4, 2, 16, 32)]
 
 
 def test_the_start_up_check_passes_agreeing_kernels_and_names_the_failing_one(
@@ -128,7 +128,7 @@ def test_the_start_up_check_passes_agreeing_kernels_and_names_the_failing_one(
         return attend_math(q, k, v, None if q.shape[0] > 1 else bias)
 
     for kernel, why in ((refuses, "unavailable (RuntimeError: query strides"), (drops_bias, "disagrees")):
-        monkeypatch.setitem(prefix_attention.KERNEL_BY_NAME, "cudnn", kernel)
+        monkeypatch.setitem(attention.KERNEL_BY_NAME, "cudnn", kernel)
         split_problem.cache_clear()
         got = split_problem(((32, "cudnn"),), 4, CPU, torch.float32)
         assert got.startswith("cudnn at head dim 32: ") and why in got
@@ -137,14 +137,14 @@ def test_the_start_up_check_passes_agreeing_kernels_and_names_the_failing_one(
 
 @pytest.mark.parametrize("splits", [2, 4, 5])
 def test_the_chunk_merge_kernel_equals_its_torch_reference(splits: int) -> None:
-    """triton_kernels.merge_chunks from strided chunks (S, Hk, M, D) and log-sum-exps, one chunk
+    """triton_rows.merge_chunks from strided chunks (S, Hk, M, D) and log-sum-exps, one chunk
     unseen by some queries (its log-sum-exp -1e30: weight 0), against split_kv.merge_chunks;
     and the Triton row ops' chunk merge is this kernel (the torch ops' the reference)."""
     gen = torch.Generator().manual_seed(splits)
     out = torch.randn((5, splits, 3, 64), generator=gen).permute(1, 2, 0, 3)  # (S, Hk, M, D)
     lse = torch.randn((5, splits, 3), generator=gen).permute(1, 2, 0) * 3
     lse[0, :, :2] = -1.0e30
-    got_out, got_lse = triton_kernels.merge_chunks(out, lse)
+    got_out, got_lse = triton_rows.merge_chunks(out, lse)
     want_out, want_lse = merge_chunks(out, lse)
     assert got_out.shape == (1, 3, 5, 64) and got_lse.shape == (1, 3, 5)
     torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5)
@@ -158,8 +158,8 @@ def test_the_switches_are_checked_naming_them_and_limit_reads_by_item_count() ->
                             ({"prefix_splits": True}, "prefix_splits"),
                             ({"split_kv_items": -1}, "split_kv_items"),
                             ({"split_kv_items": 1}, "split_kv_items"),  # limits a split that is off
-                            ({"fused_pass": False, "trim_last": False, "joint_streams": False,
-                              "causal_own": False, "rows_in_place": False, "prefix_splits": 4},
+                            ({"fused_pass": False, "joint_streams": False,
+                              "causal_own": False, "prefix_splits": 4},
                              "prefix_splits")):  # TWO_PASS with the split on
         with pytest.raises(ConfigError, match=field) as info:
             KernelChoice(**switches)
@@ -176,7 +176,7 @@ def test_the_switches_are_checked_naming_them_and_limit_reads_by_item_count() ->
 @pytest.fixture(scope="module")
 def model() -> Any:
     # A window of 9 under a 40-token prefix: 8 sliding key slots, which cut into 2 and 4 chunks
-    # (as the H200's 1,024 do), and the global layer's prefix keys cut too.
+    # (as the full model's 1,024 do), and the global layer's prefix keys cut too.
     return tiny_model(window=9)
 
 
@@ -201,19 +201,17 @@ def splits_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return seen
 
 
-CASES = [KernelChoice(band=band, attention=attention, merge_op=merge, joint_streams=joint,
-                      prefix_splits=splits)
-         for band, attention, merge, joint, splits in product(
-             BANDS, ((), FLEX), (False, True), (True, False), (2, 4))]
+CASES = [KernelChoice(band=band, merge_op=merge, joint_streams=joint, prefix_splits=splits)
+         for band, merge, joint, splits in product(BANDS, (False, True), (True, False), (2, 4))]
 
 
 @pytest.mark.parametrize("choice", CASES, ids=lambda c: "-".join(
     [f"s{c.prefix_splits}", "+".join(sorted(k[:1] for k in c.band)) or "dense",
-     "flex" if c.attention else "math", "merge" if c.merge_op else "", "joint" if c.joint_streams else "apart"]))
+     "merge" if c.merge_op else "", "joint" if c.joint_streams else "apart"]))
 def test_reads_with_the_prefix_in_chunks_read_what_the_two_pass_read_reads(
         model: Any, want: list[Any], splits_seen: list[tuple[int, int]], choice: KernelChoice) -> None:
     """Bucketed (padded buffers) and eager; the layers that read their prefix under a bias (not a
-    band, not a flex block mask) read it in chunks: a read where none did would pass vacuously."""
+    band) read it in chunks: a read where none did would pass vacuously."""
     reader = DiffusionSlotReader(model, choice=choice, graphs=SHAPES)
     assert reader.graphs is not None
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
@@ -221,7 +219,7 @@ def test_reads_with_the_prefix_in_chunks_read_what_the_two_pass_read_reads(
     assert_same_reads(reader.read(ITEMS), want[: len(ITEMS)])
     assert_same_reads(reader.read([LONG]), want[len(ITEMS):])
     kinds = {"sliding_attention": 16, "full_attention": 32}
-    dims = {kinds[k] for k in kinds if k not in choice.band} - ({16, 32} if choice.attention else set())
+    dims = {kinds[k] for k in kinds if k not in choice.band}
     assert {dim for dim, _ in splits_seen} == dims
     assert all(1 < n <= choice.prefix_splits for _, n in splits_seen)
 

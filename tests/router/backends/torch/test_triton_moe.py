@@ -1,11 +1,9 @@
 """triton_moe's fused experts on the CPU, under Triton's interpreter: the alignment's invariants
 exactly, and the kernels against moe.experts_forward (the row-copy path) and transformers' own
-experts forward, at sizes that make every block shape meet padding, partial tiles and K loops; their
-weight-only FP8 form against the same on fp8.quantize_rows' dequantized weights."""
+experts forward, at sizes that make every block shape meet padding, partial tiles and K loops."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from functools import partial
 from types import SimpleNamespace
@@ -17,16 +15,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from tests.router.backends.torch.interpreted import interpreted_imports
 
-# triton_moe (and the triton_kernels it uses) imported interpreted (interpreted.py); the variable
+# triton_moe (and the triton_rows it uses) imported interpreted (interpreted.py); the variable
 # is set again while this module's tests run (``_interpreter``)
 with interpreted_imports():
     triton = pytest.importorskip("triton")
-    from router.backends.torch import fp8, triton_kernels, triton_moe, triton_moe_tma
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
+    from router.backends.torch.kernels import triton_moe, triton_rows
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.triton_moe import LARGE_M, SMALL_M, MoeConfig, Tile
 
 if not all(type(k).__name__ == "InterpretedFunction"
-           for k in (triton_moe._down_kernel, triton_kernels._combine_kernel)):
+           for k in (triton_moe._down_kernel, triton_rows._combine_kernel)):
     pytest.skip("Triton's kernels were imported compiled earlier in this process (CUDA): these "
                 "tests run them interpreted on the CPU", allow_module_level=True)
 
@@ -229,54 +227,6 @@ def test_bfloat16_fused_experts_match_the_row_copy_experts(n_tokens: int, config
     assert got_error <= max(1.5 * float((peer.float() - exact).abs().max()), 4e-3)
 
 
-@pytest.mark.parametrize("programs", [1, 3])
-@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
-@pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
-@pytest.mark.parametrize("n_tokens", [1, 5, 37])
-def test_float32_tma_experts_equal_the_row_copy_experts(n_tokens: int, kind: str, config: str,
-                                                        programs: int) -> None:
-    """The Hopper candidate (triton_moe_tma: descriptor loads, persistent programs walking
-    every tile, one program or several) computes what the row-copy path does."""
-    experts = experts_module()
-    hidden, index, weights = routing(n_tokens, kind)
-    with torch.inference_mode():
-        want = experts_forward(experts, hidden, index, weights)
-        got = triton_moe_tma.fused_experts_tma(hidden, experts.gate_up_proj.detach(),
-                                               experts.down_proj.detach(), index, weights,
-                                               config=CONFIGS[config], programs=programs)
-    assert got.dtype == torch.float32 and got.shape == (n_tokens, HIDDEN)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("config", ["small_m", "many_even", "many_ragged"])
-def test_bfloat16_tma_experts_are_the_shipped_kernels_bit_for_bit(config: str) -> None:
-    """In bfloat16 the candidate sums the same products in the same order as triton_moe's
-    kernels (the reduction blocks in order, float32 accumulators, one rounding a store): under
-    the interpreter, the same bits, with persistent programs and with a program a tile."""
-    experts = experts_module(seed=5)
-    hidden, index, weights = routing(37, "random", seed=6)
-    bf16 = torch.bfloat16
-    with torch.inference_mode():
-        args = (hidden.to(bf16), experts.gate_up_proj.to(bf16), experts.down_proj.to(bf16), index,
-                weights)
-        want = triton_moe.fused_experts(*args, config=CONFIGS[config])
-        got = triton_moe_tma.fused_experts_tma(*args, config=CONFIGS[config])
-        one_tile_each = triton_moe_tma.fused_experts_tma(*args, config=CONFIGS[config],
-                                                         programs=1 << 30)  # not persistent
-    assert got.dtype == bf16 and torch.equal(got, want) and torch.equal(one_tile_each, want)
-
-
-def test_tma_experts_refuse_fp8_weights_and_read_no_tokens_as_empty() -> None:
-    experts = experts_module()
-    hidden, index, weights = routing(5, "random")
-    gate_up = fp8.quantize_rows(experts.gate_up_proj.detach()).weight
-    with pytest.raises(ValueError, match="no FP8"):
-        triton_moe_tma.fused_experts_tma(hidden, gate_up, experts.down_proj.detach(), index, weights)
-    empty = triton_moe_tma.fused_experts_tma(hidden[:0], experts.gate_up_proj.detach(),
-                                             experts.down_proj.detach(), index[:0], weights[:0])
-    assert empty.shape == (0, HIDDEN)
-
-
 def test_custom_op_is_fused_experts_and_its_fake_has_the_output_shape() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -310,161 +260,30 @@ def test_pick_config_by_pairs_per_expert() -> None:
             assert size >= 16 and size & (size - 1) == 0
 
 
-def quantized(experts: Any) -> tuple[Any, Any]:
-    """fp8.quantize_rows' e4m3 copies of ``experts``' gate_up (E, 2I, H) and down (E, H, I)."""
-    return fp8.quantize_rows(experts.gate_up_proj.detach()), fp8.quantize_rows(experts.down_proj.detach())
-
-
-def as_experts(experts: Any, gate_up: Any, down: Any) -> Any:
-    """``experts`` with other weights, for moe.experts_forward."""
-    return SimpleNamespace(num_experts=EXPERTS, act_fn=experts.act_fn, gate_up_proj=gate_up,
-                           down_proj=down)
-
-
-def run_fp8(gate_up: Any, down: Any, hidden: Any, index: Any, weights: Any,
-            config: MoeConfig | None) -> Any:
-    return triton_moe.fused_experts(hidden, gate_up.weight, down.weight, index, weights, config=config,
-                                    gate_up_scale=gate_up.scale, down_scale=down.scale)
-
-
-@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
-@pytest.mark.parametrize("kind", ["random", "two_experts"])
-def test_float32_fp8_fused_experts_equal_the_row_copy_experts_on_dequantized_weights(
-        kind: str, config: str) -> None:
-    # B widened to float32 (exact), ieee dots: sum(a * q) * scale against sum(a * (q * scale)), only
-    # float32 rounding apart. two_experts: six experts get no pair (their blocks are skipped).
-    experts = experts_module(seed=7)
-    hidden, index, weights = routing(37, kind, seed=8)
-    gate_up, down = quantized(experts)
-    with torch.inference_mode():
-        want = experts_forward(as_experts(experts, fp8.dequantize(gate_up), fp8.dequantize(down)),
-                               hidden, index, weights)
-        got = run_fp8(gate_up, down, hidden, index, weights, CONFIGS[config])
-    assert got.dtype == torch.float32 and got.shape == (37, HIDDEN)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("config", ["small_m", "large_m"])
-def test_fp8_with_power_of_two_scales_is_the_bf16_kernel_bit_for_bit(config: str) -> None:
-    # With scales 2^n, q * scale is a bf16 value and scaling commutes with every float32 rounding:
-    # the FP8 kernel (sum(a * q) * scale) must equal the bf16 kernel on the dequantized weights
-    # (sum(a * (q * scale))) exactly, through gelu, both roundings and the sum over k. A scale
-    # taken from another channel or expert, or applied after gelu, would not.
-    experts = experts_module(seed=9)
-    hidden, index, weights = routing(37, "random", seed=10)
-    gen = torch.Generator().manual_seed(11)
-    # each channel's scale a power of two near its own (0.5x to 2x), so channels differ
-    gate_up, down = (fp8.Fp8Weight(q.weight, 2.0 ** (q.scale.log2().round() + torch.randint(
-                         -1, 2, q.scale.shape, generator=gen))) for q in quantized(experts))
-    bf16 = torch.bfloat16
-    with torch.inference_mode():
-        got = run_fp8(gate_up, down, hidden.to(bf16), index, weights, CONFIGS[config])
-        want = triton_moe.fused_experts(hidden.to(bf16), fp8.dequantize(gate_up).to(bf16),
-                                        fp8.dequantize(down).to(bf16), index, weights,
-                                        config=CONFIGS[config])
-    assert got.dtype == bf16 and torch.equal(got, want)
-
-
-@pytest.mark.parametrize("config", ["small_m", "large_m"])
-def test_bfloat16_fp8_fused_experts_match_the_row_copy_experts_on_dequantized_weights(
-        config: str) -> None:
-    # The kernel's products are exact (bf16 rows times e4m3 weights, float32 sums), scaled in
-    # float32; it rounds gelu(gate) * up, each expert's row and the final sum to bf16. The bf16
-    # row-copy path on the dequantized weights also rounds each q * scale to bf16 (2^-9 relative)
-    # and gate, up and gelu apart. Against the float32 fixed point (the same bf16 rows, the float32
-    # dequantized weights) the kernel must be closer than that path, and within one bf16 step of
-    # the largest output; the two a few steps apart, not more.
-    experts = experts_module(seed=12)
-    hidden, index, weights = routing(37, "random", seed=13)
-    gate_up, down = quantized(experts)
-    bf16 = torch.bfloat16
-    with torch.inference_mode():
-        got = run_fp8(gate_up, down, hidden.to(bf16), index, weights, CONFIGS[config])
-        exact_gate_up, exact_down = fp8.dequantize(gate_up), fp8.dequantize(down)
-        peer = experts_forward(as_experts(experts, exact_gate_up.to(bf16), exact_down.to(bf16)),
-                               hidden.to(bf16), index, weights)
-        exact = experts_forward(as_experts(experts, exact_gate_up, exact_down),
-                                hidden.to(bf16).float(), index, weights)
-    assert got.dtype == bf16
-    torch.testing.assert_close(got.float(), peer.float(), rtol=2e-2, atol=2e-2)
-    # measured: 0.011 against the path's 0.025, outputs up to 3.6 (a bf16 step there: 2^-6)
-    got_error = float((got.float() - exact).abs().max())
-    step = 2.0 ** (math.floor(math.log2(float(exact.abs().max()))) - 7)
-    assert got_error <= min(float((peer.float() - exact).abs().max()), step)
-
-
-def test_fp8_custom_op_is_fused_experts_and_its_fake_has_the_output_shape() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    experts = experts_module()
-    hidden, index, weights = routing(5, "one_expert")
-    gate_up, down = quantized(experts)
-    hidden = hidden.bfloat16()
-    args = (hidden, gate_up.weight, gate_up.scale, down.weight, down.scale, index, weights)
-    with torch.inference_mode():
-        got = torch.ops.slotgate.fused_moe_fp8(*args)
-        assert torch.equal(got, run_fp8(gate_up, down, hidden, index, weights, None))
-    with FakeTensorMode() as mode:
-        fake = torch.ops.slotgate.fused_moe_fp8(*(mode.from_tensor(a) for a in args))
-    assert fake.shape == (5, HIDDEN) and fake.dtype == torch.bfloat16
-
-
-def test_fp8_weights_and_scales_of_the_wrong_dtype_or_shape_are_refused_by_name() -> None:
-    experts = experts_module()
-    hidden, index, weights = routing(5, "random")
-    gate_up, down = quantized(experts)
-    given = {"gate_up": gate_up.weight, "down": down.weight, "gate_up_scale": gate_up.scale,
-             "down_scale": down.scale}
-
-    def fused(**changed: Any) -> Any:
-        args = given | changed
-        return triton_moe.fused_experts(hidden, args["gate_up"], args["down"], index, weights,
-                                        gate_up_scale=args["gate_up_scale"],
-                                        down_scale=args["down_scale"])
-
-    with torch.inference_mode():
-        assert fused().shape == (5, HIDDEN)
-        empty = triton_moe.fused_experts(hidden[:0], gate_up.weight, down.weight, index[:0],
-                                         weights[:0], gate_up_scale=gate_up.scale,
-                                         down_scale=down.scale)
-    assert empty.shape == (0, HIDDEN)
-    refused = {"gate_up is torch.bfloat16": {"gate_up": experts.gate_up_proj.detach().bfloat16()},
-               "down is torch.float32": {"down": experts.down_proj.detach()},
-               "gate_up_scale is torch.float16": {"gate_up_scale": gate_up.scale.half()},
-               r"down_scale is torch.float32 \(8, 48\)": {"down_scale": gate_up.scale[:, :INTER]},
-               "gate_up_scale is None": {"gate_up_scale": None},
-               "down_scale is None": {"down_scale": None},
-               "need gate_up_scale and down_scale": {"gate_up_scale": None, "down_scale": None}}
-    for message, changed in refused.items():
-        with pytest.raises(ValueError, match=message):
-            fused(**changed)
-
-
 def test_the_start_up_check_of_the_row_kernels_passes_on_kernels_that_agree() -> None:
-    """ops.triton_problem's own check (``_disagreement``) run here on the CPU, under the
+    """row_ops.triton_problem's own check (``_disagreement``) run here on the CPU, under the
     interpreter: it must find no problem with kernels that agree with their references. Why: it
-    runs only on CUDA at start-up, and a fault in the check itself (a wrongly shaped input) turns
-    every Triton kernel off, the fused MoE included (seen on the H200: 164.5 instead of ~215
-    reads/s at 32 callers, with only a warning in the log)."""
-    from router.backends.torch.ops import _disagreement
+    runs only on CUDA at start-up, and a fault in the check itself (a wrongly shaped input) would
+    turn every Triton row kernel off with only a warning in the log."""
+    from router.backends.torch.kernels.row_ops import _disagreement
 
-    assert _disagreement(triton_kernels, torch.device("cpu")) == ""
+    assert _disagreement(triton_rows, torch.device("cpu")) == ""
 
 
 def test_the_three_part_merge_kernel_equals_its_torch_reference() -> None:
-    """triton_kernels.merge_groups with a third part (a canvas's prompt rest read in place, its
-    own canvas, the prefix: OnePass.canvas_own) against prefix_attention.merge_grouped3, from
+    """triton_rows.merge_groups with a third part (a canvas's prompt rest read in place, its
+    own canvas, the prefix: OnePass.canvas_own) against attention.merge_grouped3, from
     strided grouped views as the read gives them, float32; and with two parts against
     merge_grouped (the kernel serves both)."""
-    from router.backends.torch.prefix_attention import merge_grouped, merge_grouped3
+    from router.backends.torch.kernels.attention import merge_grouped, merge_grouped3
 
     gen = torch.Generator().manual_seed(0)
     outs = [torch.randn((3, 5, 2, 4, 16), generator=gen).permute(0, 2, 3, 1, 4) for _ in range(3)]
     lses = [torch.randn((5, 3, 2, 4), generator=gen).permute(1, 2, 3, 0) * 3 for _ in range(3)]
-    got = triton_kernels.merge_groups(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
+    got = triton_rows.merge_groups(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
     want = merge_grouped3(outs[0], lses[0], outs[1], lses[1], outs[2], lses[2])
     assert got.shape == want.shape == (3, 5, 2 * 4 * 16)  # (B, M, Hk*G*D)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    got = triton_kernels.merge_groups(outs[0], lses[0], outs[1], lses[1])
+    got = triton_rows.merge_groups(outs[0], lses[0], outs[1], lses[1])
     torch.testing.assert_close(got, merge_grouped(outs[0], lses[0], outs[1], lses[1]),
                                rtol=1e-5, atol=1e-5)

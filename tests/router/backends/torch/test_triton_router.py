@@ -19,9 +19,10 @@ from tests.router.backends.torch.interpreted import interpreted_imports
 # dots the fused MoE's check needs.
 with interpreted_imports():
     pytest.importorskip("triton")
-    from router.backends.torch import pieces, triton_router
-    from router.backends.torch.choice import _fused_moe_disagreement
-    from router.backends.torch.triton_router import route, route_top_k, route_top_k_torch
+    from router.backends.torch.kernels import triton_router
+    from router.backends.torch.kernels.triton_router import route, route_top_k, route_top_k_torch
+    from router.backends.torch.model import pieces
+    from router.backends.torch.model.choice import _fused_moe_disagreement
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
 
@@ -180,7 +181,7 @@ def test_the_start_up_check_passes_the_kernel_and_names_a_broken_one(monkeypatch
     kernel that picks other experts, or gives other weights, turns the fused MoE family off with
     a problem that names it."""
     cpu = torch.device("cpu")
-    assert _fused_moe_disagreement(cpu, False) == ""
+    assert _fused_moe_disagreement(cpu) == ""
     real = triton_router.route_top_k
 
     def wrong_index(*args: Any) -> Any:
@@ -193,6 +194,5 @@ def test_the_start_up_check_passes_the_kernel_and_names_a_broken_one(monkeypatch
 
     for broken, says in ((wrong_index, "picks other experts"), (wrong_weights, "weights differ")):
         monkeypatch.setattr(triton_router, "route_top_k", broken)
-        for fp8 in (False, True):
-            problem = _fused_moe_disagreement(cpu, fp8)
-            assert problem.startswith("router kernel (route_top_k)") and says in problem
+        problem = _fused_moe_disagreement(cpu)
+        assert problem.startswith("router kernel (route_top_k)") and says in problem

@@ -3,24 +3,23 @@
 transformers' ``grouped_mm`` experts sort the (token, expert) pairs by expert, gather the tokens'
 rows into that order, run two grouped GEMMs, and bring the rows back with an inverse-permutation
 gather, a float32 weighting and a sum over the top-k. Compiled, inductor turns the gather and the
-weighted sum into two kernels that took ~0.7 ms each per layer at a batch of 8,448 tokens on an
-H200 (41 ms of a 230 ms batch), where moving the ~0.4 GB each touches takes ~0.1 ms.
+weighted sum into two kernels that run far below the copy bandwidth the ~0.4 GB each touches
+allows (bench.gpu_read's profile block lists them).
 
-Here the two copies are ops of their own (ops.py: ``slotgate::moe_gather``,
+Here the two copies are ops of their own (row_ops.py: ``slotgate::moe_gather``,
 ``slotgate::moe_combine``, or their Triton twins, as the reader's choice says), opaque to the compiler: each row is one contiguous copy, and the
 combine reads a token's top-k rows and sums them weighted in float32 in one pass (no float32
-(S, hidden) intermediate); on CUDA they run as Triton kernels (0.16 and 0.10 ms a layer there).
+(S, hidden) intermediate); on CUDA they run as Triton kernels (triton_rows.py).
 The arithmetic is transformers' (sum of float32 products over k in order, rounded once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from router.backends.torch.ops import TORCH_OPS, RowOps
+from router.backends.torch.kernels.row_ops import TORCH_OPS, RowOps
 
 
 def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
@@ -36,7 +35,6 @@ def grouped_mm(rows: Any, weight: Any, offsets: Any) -> Any:
     return torch._grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
 
 
-GroupedMatmul = Callable[[Any, Any, Any], Any]  # (rows, weight, offsets): rows @ weight^T by group
 
 
 def expert_counts(expert_ids: Any, n_experts: int) -> Any:
@@ -48,20 +46,18 @@ def expert_counts(expert_ids: Any, n_experts: int) -> Any:
 
 
 def experts_forward(experts: Any, hidden: Any, top_k_index: Any, top_k_weights: Any,
-                    ops: RowOps = TORCH_OPS, *, weights: tuple[Any, Any] | None = None,
-                    matmul: GroupedMatmul = grouped_mm) -> Any:
+                    ops: RowOps = TORCH_OPS) -> Any:
     """What ``experts(hidden, top_k_index, top_k_weights)`` returns for transformers' gated
     ``grouped_mm`` experts (DiffusionGemma's: no biases, no expert parallelism); the row copies
-    are ``ops``' gather and combine. ``weights`` (gate_up, down), default the module's, are what
-    ``matmul`` multiplies by: another form of them (fp8.py's quantized copies) reuses the rest."""
-    gate_up, down = weights if weights is not None else (experts.gate_up_proj, experts.down_proj)
+    are ``ops``' gather and combine."""
+    gate_up, down = experts.gate_up_proj, experts.down_proj
     n_tokens, top_k = top_k_index.shape
     expert_ids, order = torch.sort(top_k_index.reshape(-1))
     counts = expert_counts(expert_ids, experts.num_experts)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     sorted_rows = ops.gather(hidden, order, top_k)
-    gate, up = matmul(sorted_rows, gate_up, offsets).chunk(2, dim=-1)
-    out_rows = matmul(experts.act_fn(gate) * up, down, offsets)
+    gate, up = grouped_mm(sorted_rows, gate_up, offsets).chunk(2, dim=-1)
+    out_rows = grouped_mm(experts.act_fn(gate) * up, down, offsets)
     place = torch.empty_like(order)
     place[order] = torch.arange(order.shape[0], device=order.device)
     return ops.combine(out_rows, place.view(n_tokens, top_k), top_k_weights)

@@ -1,4 +1,4 @@
-"""Compiled pieces of the one-pass read (fused.py, pieces.py): RMSNorm as one kernel, the q/k/v
+"""Compiled pieces of the one-pass read (onepass.py, pieces.py): RMSNorm as one kernel, the q/k/v
 half of attention (per stream, and over a merged q/k/v weight for ``joint_streams``), the
 log-sum-exp merge, the band softmax of the prefix read and the feed-forward half of a layer. Each is a
 torch.compile of the eager function it replaces, in a new ``Pieces`` that one ``OnePass`` is built
@@ -14,8 +14,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.joint import ffn_joint
-from router.backends.torch.pieces import Pieces, ffn_step
+from router.backends.torch.model.joint import ffn_joint
+from router.backends.torch.model.pieces import Pieces, ffn_step
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 
@@ -37,17 +37,14 @@ def rms_eps(norm: Any) -> float:
     return float(norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps)
 
 
-def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool = True,
-                   compile_rows_kv: bool = False, merge_op: bool = False) -> Pieces:
-    """``eager`` with its norm, q/k/v, merge, band softmax and feed-forward halves compiled.
-    Compiling happens at their first call (warm-up), where a failure surfaces. ``fuse_cats``: the
-    feed-forward half is compiled with its streams' concatenation and scaling around it
-    (``ffn_step``; ``ffn_joint`` for ``joint_streams``); without it they run eagerly (the 174.5
-    reads/s H200 run's read).
-    ``compile_rows_kv``: the rows' own keys/values gathered by one compiled copy (``rows_kv``);
-    off by default: inductor's kernel for it took 15.5 ms a batch of 32 on an H200 (60 calls),
-    where the eager index_select and cat took 4.8 ms. ``merge_op``: the merge is an op (a kernel
-    already; compiling its call gains nothing), kept as it is."""
+def compile_pieces(eager: Pieces, *, backend: str = "inductor", merge_op: bool = False) -> Pieces:
+    """``eager`` with its norm, q/k/v, merge, band softmax and feed-forward halves compiled, the
+    feed-forward half with its streams' concatenation and scaling around it (``ffn_step``;
+    ``ffn_joint`` for ``joint_streams``), so they fuse into its first and last kernels. Compiling
+    happens at their first call (warm-up), where a failure surfaces. The rows' own keys/values
+    (``rows_kv``) stay eager: inductor's copy for them was slower than the eager index_select and
+    cat. ``merge_op``: the merge is an op (a kernel already; compiling its call gains nothing),
+    kept as it is."""
     import torch
 
     for name in ("recompile_limit", "cache_size_limit"):
@@ -64,9 +61,8 @@ def compile_pieces(eager: Pieces, *, backend: str = "inductor", fuse_cats: bool 
     return replace(
         eager, norm=norm, qkv=compiled(eager.qkv), qkv_merged=compiled(eager.qkv_merged),
         ffn=compiled(eager.ffn),
-        ffn_step=compiled(partial(ffn_step, eager.ffn)) if fuse_cats else None,
-        ffn_joint=compiled(partial(ffn_joint, eager.ffn)) if fuse_cats else None,
-        rows_kv=compiled(eager.rows_kv) if compile_rows_kv else eager.rows_kv,
+        ffn_step=compiled(partial(ffn_step, eager.ffn)),
+        ffn_joint=compiled(partial(ffn_joint, eager.ffn)),
         merge=eager.merge if merge_op else compiled(eager.merge),
         merge3=eager.merge3 if merge_op else compiled(eager.merge3),
         merge_parts=compiled(eager.merge_parts),

@@ -104,8 +104,8 @@ def _merged(parts: tuple[tuple[Any, Any], ...]) -> Any:
 def merge_grouped3(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any, lse_c: Any) -> Any:
     """``merge_grouped`` of three parts (a canvas's prompt rest read in place, its own canvas and
     the prefix: ``OnePass.canvas_own``'s two parts unmerged), the same layouts in and out. Why:
-    merging the two own-key parts first wrote a copy that the prefix merge read again (2.4 ms of
-    a batch of 32 on an H200, ``merge_parts``)."""
+    merging the two own-key parts first (``merge_parts``) writes a copy that the prefix merge
+    reads again."""
     return _projection_layout(merge3(out_a, lse_a, out_b, lse_b, out_c, lse_c))
 
 
@@ -121,7 +121,7 @@ def merge_grouped(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Any:
     """``merge`` of grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``), laid out as the
     output projection reads it: (B, M, Hk*G*D), query head j*G+g. Why this layout: the attention
     kernels' outputs are read where they lie (no unfolding copies) and written once, in place for
-    the projection (ops.merge_groups runs it as one Triton kernel on CUDA)."""
+    the projection (row_ops.merge_groups runs it as one Triton kernel on CUDA)."""
     return _projection_layout(merge(out_a, lse_a, out_b, lse_b))
 
 
@@ -149,7 +149,8 @@ def group_view(x: Any, groups: int, *, items: int = 0, rows: int = 0, offset: in
 def attend_cudnn(q: Any, k: Any, v: Any, bias: Any) -> tuple[Any, Any]:
     """cuDNN's attention (CUDA; Hopper kernels for head dims up to 256), with the log-sum-exp.
     Why: PyTorch's memory-efficient kernel is an sm80 kernel that keeps its accumulator in global
-    memory for head dims over 128; cuDNN's runs the same read several times faster on an H200."""
+    memory for head dims over 128; cuDNN's Hopper kernels run the same read several times faster
+    (bench/attention_kernels.py)."""
     import torch
 
     if bias is not None:  # None: no mask (every query sees every key)
@@ -211,88 +212,10 @@ def attend_band(q: Any, k: Any, v: Any, band: Band, softmax: Any = band_softmax)
     return out.unsqueeze(0).to(q.dtype), lse.unsqueeze(0)
 
 
-# FlexAttention's block size (its default); a flex mask's blocks are these squares
-FLEX_BLOCK = 128
-# The largest head dim FlexAttention serves (``KernelChoice.small``): measured at 256 on the H200,
-# where alone it beat cuDNN under the dense bias (bench/attention_kernels.py) but in the whole read
-# it did not (docs/backends.md), so ``pick_attention`` never tries it; 512 was not measured.
-FLEX_MAX_DIM = 256
-
-
-def flex_mask(visible: Any, groups: int) -> Any:
-    """A FlexAttention ``BlockMask`` of a visibility mask (B, M, N) over ``fold_groups``' queries
-    (folded query r is query r % M): the blocks with any visible key and, of those, the fully
-    visible ones (which the kernel reads with no mask at all), with ``visible`` itself as the
-    mask_mod of the partial ones. Why by hand and not ``create_block_mask``: that one evaluates a
-    mask_mod over the whole grid with vmap (or compiles it, once per shape: dozens of graph
-    buckets); here the visibility the read already builds is reduced per block in a few tensor ops,
-    all on the device with no host sync, so a captured read builds its masks in the graph."""
-    import torch
-    from torch.nn.attention.flex_attention import BlockMask
-
-    b, m, n = visible.shape
-    rows = groups * m
-    n_qb, n_kb = -(-rows // FLEX_BLOCK), -(-n // FLEX_BLOCK)
-    padded = torch.zeros((b, n_qb * FLEX_BLOCK, n_kb * FLEX_BLOCK), dtype=torch.bool, device=visible.device)
-    padded[:, :rows, :n] = visible[:, None].expand(b, groups, m, n).reshape(b, rows, n)
-    blocks = padded.view(b, n_qb, FLEX_BLOCK, n_kb, FLEX_BLOCK)
-    seen = blocks.any(dim=4).any(dim=2)  # (B, n_qb, n_kb)
-    full = blocks.all(dim=4).all(dim=2)  # padding is False: a ragged block is never full
-    partial = seen & ~full
-
-    def listed(flags: Any) -> tuple[Any, Any]:
-        order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
-        return flags.sum(-1).to(torch.int32)[:, None], order.to(torch.int32)[:, None]
-
-    def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return padded[batch, q_idx, kv_idx]
-
-    (count, index), (full_count, full_index) = listed(partial), listed(full)
-    try:
-        return BlockMask.from_kv_blocks(count, index, full_count, full_index, BLOCK_SIZE=FLEX_BLOCK,
-                                        mask_mod=mask_mod, seq_lengths=(rows, n), compute_q_blocks=False)
-    except TypeError:  # a torch without compute_q_blocks (the transposed lists only serve backward)
-        return BlockMask.from_kv_blocks(count, index, full_count, full_index, BLOCK_SIZE=FLEX_BLOCK,
-                                        mask_mod=mask_mod, seq_lengths=(rows, n))
-
-
-@functools.cache
-def _compiled_flex(dynamic: bool | None) -> Any:
-    """flex_attention compiled: ``dynamic`` None compiles a second shape as a dynamic kernel that
-    then serves every shape ("flex"); False compiles one kernel per shape ("flex_static": 2-3x
-    faster here, ~1.7 s of compiling a shape on an H200)."""
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=dynamic)
-
-
-def attend_flex(q: Any, k: Any, v: Any, mask: Any, *, dynamic: bool | None = None) -> tuple[Any, Any]:
-    """FlexAttention under a ``flex_mask`` (compiled into one Triton kernel on CUDA; on the CPU
-    its eager form, which materializes the scores: the tests' reference path), with the
-    log-sum-exp. A query that sees no key gets lse MASKED (flex gives -inf), as the bias kernels
-    give it, so the merge weighs it 0 and never divides 0 by 0. Why: under a dense bias cuDNN
-    runs 2.6x slower than with none (bench/attention_kernels.py); the block mask skips unseen
-    blocks and reads fully visible ones unmasked."""
-    import warnings
-
-    import torch
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
-
-    if q.is_cuda:
-        out, aux = _compiled_flex(dynamic)(q, k, v, block_mask=mask, scale=1.0,
-                                           return_aux=AuxRequest(lse=True))
-    else:
-        with warnings.catch_warnings():  # eager on purpose: the CPU's reference form
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            out, aux = flex_attention(q, k, v, block_mask=mask, scale=1.0, return_aux=AuxRequest(lse=True))
-    return out, torch.clamp_min(aux.lse.float(), MASKED)
-
-
 KERNELS: tuple[tuple[str, Attend], ...] = (("cudnn", attend_cudnn), ("efficient", attend_efficient))
 # cuDNN's Hopper (wgmma) attention kernels stop at this head dim; above it cuDNN runs an sm80
-# kernel that measured slower than PyTorch's memory-efficient one on an H200 (5.3 vs 3.3 ms for
-# the global layers' prefix read at a batch of 32), so that one is tried first there.
+# kernel that measured slower than PyTorch's memory-efficient one for the global layers' prefix
+# read (bench/attention_kernels.py), so that one is tried first there.
 CUDNN_HOPPER_MAX_DIM = 256
 
 
@@ -304,10 +227,7 @@ def kernel_order(dim: int, kernels: tuple[tuple[str, Attend], ...]) -> tuple[tup
     return tuple(sorted(kernels, key=lambda named: named[0] == "cudnn"))
 
 
-KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS), "flex": attend_flex,
-                                     "flex_static": functools.partial(attend_flex, dynamic=False)}
-# Kernels that read a ``flex_mask`` instead of a dense bias (OnePass.masks builds the kind's masks so)
-MASK_KERNELS = frozenset({"flex", "flex_static"})
+KERNEL_BY_NAME: dict[str, Attend] = {"math": attend_math, **dict(KERNELS)}
 
 
 Causal = Callable[[Any, Any, Any], tuple[Any, Any]]
@@ -329,9 +249,8 @@ def attend_causal_math(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
 
 def attend_causal_cudnn(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
     """``attend_causal_math`` by cuDNN's causal kernel with the key heads grouped natively: no
-    bias at all. Why: a batch of 32 prompt rests (224 tokens, head dim 256) read themselves in
-    0.072 ms so against 0.187 ms under the dense causal bias on an H200
-    (bench/results/attention_kernels.json, key call3)."""
+    bias at all. Why: it reads a batch of prompt rests in well under half the time of the dense
+    causal bias (bench/results/attention_kernels.json, key kernels)."""
     import torch
 
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
@@ -398,7 +317,7 @@ def pick_attention(device: Any, dtype: Any, head_dims: set[int],
                    kernels: tuple[tuple[str, Attend], ...] = KERNELS) -> tuple[tuple[int, str], ...]:
     """Per head dim, the name of the first CUDA kernel of ``kernels`` that agrees with
     ``attend_math`` on random inputs (checked once, logged); "math" on the CPU or when none agrees.
-    ``kernels`` read a dense bias: the flex kernels are chosen by name only (``KernelChoice.small``)."""
+    ``kernels`` read a dense bias."""
     if device.type != "cuda":
         return tuple((dim, "math") for dim in sorted(head_dims))
     chosen: dict[int, str] = {}

@@ -7,19 +7,10 @@ CUDA graph can hold it; ``align_pairs``, torch ops, is its reference). The first
 kernel reads its rows straight from ``hidden`` through the sorted pairs (no gathered copy), runs the
 gate and up GEMMs of one column block side by side and stores ``gelu_tanh(gate) * up`` once; the
 second runs the down GEMM and stores each row at its pair's own place; the weighted sum over the
-top-k is triton_kernels.combine_rows (float32, in k order, rounded once, as transformers sums).
+top-k is triton_rows.combine_rows (float32, in k order, rounded once, as transformers sums).
 Launch shapes come from ``pick_config`` (shapes only, never a timing run: autotuning at the first
-call would break graph capture and make results depend on a race). On an H200 at the real sizes
-(bench/moe_kernels.py, graph replays): 0.43 ms against the row-copy path's 0.60 at one read (264
-tokens: 3.5 TB/s of expert weights), 1.86 ms against 2.19 at 32 reads (430 TFLOP/s).
-
-Weight-only FP8 (``gate_up_scale``/``down_scale``: fp8.quantize_rows' e4m3 copies): at one read the
-kernels stream their weights, so half the bytes. Activations stay in their dtype: each B tile is
-loaded as e4m3 and widened to the activations' dtype in registers (exact: every e4m3 value is a
-bf16 value), the same dot runs, and each accumulator column is multiplied by its output channel's
-float32 scale before anything else. On the H200 (bench/moe_kernels.py --quick): 0.36 ms against
-the bf16 kernel's 0.44 at one read (2.1 TB/s of e4m3: the widening costs, so half the bytes is not
-half the time), 3.31 ms against 1.89 at 32 reads (slower: FP8 stays an opt-in for latency).
+call would break graph capture and make results depend on a race). Measured against the row-copy
+path at the real sizes by bench/moe_kernels.py (bench/results/moe_kernels.json).
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from router.backends.torch.moe import expert_counts
+from router.backends.torch.kernels.moe import expert_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +55,7 @@ class MoeConfig:
         return f"m{self.block_m} gate_up {self.gate_up} down {self.down}"
 
 
-# Measured on an H200 at the real sizes (bench/moe_kernels.py; each kernel's tiles timed alone).
+# Chosen at the real sizes by bench/moe_kernels.py (each kernel's tiles timed alone).
 # ~16 pairs an expert (one read, memory bound): row blocks of 32 (one block for most experts, so
 # each expert's weights are streamed once) and narrow column blocks, so every multiprocessor streams
 # its own slice of the weights.
@@ -123,8 +114,8 @@ def align_pairs(top_k_index: torch.Tensor, n_experts: int, block_m: int) -> Alig
 
 
 # Pairs a program of the count and place kernels handles: one a thread (4 warps), so each
-# thread's atomic increment is its only one (a program of 1,024 pairs chained eight a thread:
-# the alignment measured 27 us a layer at one read on an H200, as much as in one program).
+# thread's atomic increment is its only one (chaining several a thread gained nothing:
+# bench/moe_kernels.py's align_pairs_triton rows).
 ALIGN_PAIRS_A_PROGRAM = 128
 # Row blocks the offsets kernel labels at once; rows it marks as padding at once.
 ALIGN_BLOCKS_AT_ONCE = 64
@@ -134,8 +125,7 @@ ALIGN_ROWS_AT_ONCE = 1024
 def align_pairs_triton(top_k_index: torch.Tensor, n_experts: int, block_m: int, *,
                        pairs_a_program: int = ALIGN_PAIRS_A_PROGRAM) -> Alignment:
     """``align_pairs`` in three small Triton kernels (four launches with the counts' zeroing,
-    where the torch ops took about fifteen: 46 us a layer at one read on an H200, 1.4 ms of its
-    30 layers): count the pairs of each expert (atomic increments), turn the counts into each
+    where the torch ops take about fifteen): count the pairs of each expert (atomic increments), turn the counts into each
     expert's first row, label every row block and mark the padding rows (one program), place each
     pair at its expert's next row (atomic increments). The same sizes, padding and block labels;
     within an expert the pairs land in the order of their atomic increments, not pair order,
@@ -215,7 +205,7 @@ def _tile(pid, n_blocks_m, n_blocks_n, group_m: tl.constexpr):  # type: ignore[n
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _gate_up_kernel(  # type: ignore[no-untyped-def]  # (Triton reads the annotations: none)
-        hidden, weight, scale, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m, n_experts,
+        hidden, weight, sorted_pairs, block_expert, inter, n_pairs, n_blocks_m, n_experts,
         hidden_dim, inter_dim, w_e, w_n, w_k, top_k: tl.constexpr, precision: tl.constexpr,
         even_k: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
         group_m: tl.constexpr):
@@ -244,16 +234,11 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]  # (Triton reads the annota
             a = tl.load(a_at, mask=real[:, None] & k_in[None, :], other=0.0)
             w_gate = tl.load(gate_at, mask=k_in[:, None], other=0.0)
             w_up = tl.load(up_at, mask=k_in[:, None], other=0.0)
-        # e4m3 weights widen to the activations' dtype (for weights of that dtype: no op)
-        gate = tl.dot(a, w_gate.to(a.dtype), gate, input_precision=precision)
-        up = tl.dot(a, w_up.to(a.dtype), up, input_precision=precision)
+        gate = tl.dot(a, w_gate, gate, input_precision=precision)
+        up = tl.dot(a, w_up, up, input_precision=precision)
         a_at += block_k
         gate_at += block_k * w_k
         up_at += block_k * w_k
-    if scale is not None:  # FP8 weights: each column times its channel's scale, before gelu
-        gate_scale_at = scale + expert * 2 * inter_dim + cols % inter_dim
-        gate *= tl.load(gate_scale_at)[None, :]
-        up *= tl.load(gate_scale_at + inter_dim)[None, :]
     # gelu's tanh form: 0.5 x (1 + tanh(y)) = x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
     act = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate))
     out_at = inter + rows[:, None].to(tl.int64) * inter_dim + cols[None, :]
@@ -262,7 +247,7 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]  # (Triton reads the annota
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _down_kernel(  # type: ignore[no-untyped-def]
-        inter, weight, scale, sorted_pairs, block_expert, out, n_pairs, n_blocks_m, n_experts,
+        inter, weight, sorted_pairs, block_expert, out, n_pairs, n_blocks_m, n_experts,
         hidden_dim, inter_dim, w_e, w_n, w_k, precision: tl.constexpr, even_k: tl.constexpr,
         block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr, group_m: tl.constexpr):
     pid_m, pid_n = _tile(tl.program_id(0), n_blocks_m, tl.cdiv(hidden_dim, block_n), group_m)
@@ -283,11 +268,9 @@ def _down_kernel(  # type: ignore[no-untyped-def]
             k_in = ks < inter_dim - start
             a = tl.load(a_at, mask=k_in[None, :], other=0.0)
             b = tl.load(b_at, mask=k_in[:, None], other=0.0)
-        acc = tl.dot(a, b.to(a.dtype), acc, input_precision=precision)
+        acc = tl.dot(a, b, acc, input_precision=precision)
         a_at += block_k
         b_at += block_k * w_k
-    if scale is not None:  # FP8 weights: each column times its channel's scale, before rounding
-        acc *= tl.load(scale + expert * hidden_dim + cols % hidden_dim)[None, :]
     # each row goes to its pair's own place (token * top_k + j); padding rows nowhere
     out_at = out + pairs[:, None] * hidden_dim + cols[None, :]
     keep = (pairs < n_pairs)[:, None] & (cols < hidden_dim)[None, :]
@@ -312,60 +295,41 @@ def moe_sizes(down: torch.Tensor, top_k_index: torch.Tensor) -> MoeSizes:
     return MoeSizes(n_tokens, top_k, n_experts, hidden_dim, inter_dim, n_tokens * top_k)
 
 
-def _check_weights(hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor | None,
-                   down: torch.Tensor, down_scale: torch.Tensor | None) -> None:
-    """Weights in ``hidden``'s dtype without scales, or e4m3 with both scales: float32, one per
-    output channel ((E, 2I) of ``gate_up``, (E, H) of ``down``, as fp8.quantize_rows makes them)."""
-    if gate_up_scale is None and down_scale is None:
-        if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
-            raise ValueError(f"experts' weights are {gate_up.dtype}/{down.dtype}, hidden "
-                             f"{hidden.dtype} (e4m3 weights need gate_up_scale and down_scale)")
-        return
-    for name, weight, scale in (("gate_up", gate_up, gate_up_scale), ("down", down, down_scale)):
-        if scale is None:
-            raise ValueError(f"{name}_scale is None: FP8 weights need both scales")
-        if weight.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"{name} is {weight.dtype}: with {name}_scale it must be float8_e4m3fn")
-        if scale.dtype != torch.float32 or scale.shape != weight.shape[:2]:
-            raise ValueError(f"{name}_scale is {scale.dtype} {tuple(scale.shape)}, not float32 "
-                             f"{tuple(weight.shape[:2])} (one scale per output channel of {name})")
+def _check_weights(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    """Weights in ``hidden``'s dtype."""
+    if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
+        raise ValueError(f"experts' weights are {gate_up.dtype}/{down.dtype}, hidden {hidden.dtype}: "
+                         "they must be of one dtype")
 
 
 def fused_experts(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                   top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *,
-                  config: MoeConfig | None = None, gate_up_scale: torch.Tensor | None = None,
-                  down_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  config: MoeConfig | None = None) -> torch.Tensor:
     """What moe.experts_forward returns (T, H) in ``hidden``'s dtype, for gated experts
     ``gate_up`` (E, 2I, H) and ``down`` (E, H, I) of that dtype (no biases, gelu's tanh form):
     for each token, ``sum_j weights[j] * down[e_j] @ (gelu(gate_j) * up_j)``. ``config``: the
-    launch shapes (default ``pick_config``'s). With ``gate_up_scale`` (E, 2I) and ``down_scale``
-    (E, H), float32, the weights are e4m3 (fp8.quantize_rows') and stand for weight * scale per
-    output channel: what moe.experts_forward returns for the dequantized weights, the products
-    summed as exactly as for weights of ``hidden``'s dtype."""
-    _check_weights(hidden, gate_up, gate_up_scale, down, down_scale)
-    from router.backends.torch.triton_kernels import combine_rows
+    launch shapes (default ``pick_config``'s)."""
+    _check_weights(hidden, gate_up, down)
+    from router.backends.torch.kernels.triton_rows import combine_rows
 
     n_tokens, top_k, n_experts, hidden_dim, inter_dim, n_pairs = moe_sizes(down, top_k_index)
     if n_pairs == 0:
         return hidden.new_zeros((n_tokens, hidden_dim))
     config = config or pick_config(n_pairs, n_experts)
     hidden = hidden.contiguous()
-    # the kernels index the scales as contiguous (E, N)
-    gate_up_scale = gate_up_scale.contiguous() if gate_up_scale is not None else None
-    down_scale = down_scale.contiguous() if down_scale is not None else None
     sorted_pairs, block_expert = align_pairs_triton(top_k_index, n_experts, config.block_m)
     n_blocks_m = block_expert.shape[0]
     # float32 inputs multiply in float32 (tensor cores would round them to tf32)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     inter = hidden.new_empty((sorted_pairs.shape[0], inter_dim))
     grid = (n_blocks_m * triton.cdiv(inter_dim, config.gate_up.block_n),)
-    _gate_up_kernel[grid](hidden, gate_up, gate_up_scale, sorted_pairs, block_expert, inter, n_pairs,
+    _gate_up_kernel[grid](hidden, gate_up, sorted_pairs, block_expert, inter, n_pairs,
                           n_blocks_m, n_experts, hidden_dim, inter_dim, *gate_up.stride(), top_k, precision,
                           hidden_dim % config.gate_up.block_k == 0, block_m=config.block_m,
                           **asdict(config.gate_up))
     out_rows = hidden.new_empty((n_pairs, hidden_dim))
     grid = (n_blocks_m * triton.cdiv(hidden_dim, config.down.block_n),)
-    _down_kernel[grid](inter, down, down_scale, sorted_pairs, block_expert, out_rows, n_pairs,
+    _down_kernel[grid](inter, down, sorted_pairs, block_expert, out_rows, n_pairs,
                        n_blocks_m, n_experts, hidden_dim, inter_dim, *down.stride(), precision,
                        inter_dim % config.down.block_k == 0, block_m=config.block_m,
                        **asdict(config.down))
@@ -384,20 +348,4 @@ def fused_moe(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
 @fused_moe.register_fake
 def _(hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
       top_k_weights: torch.Tensor) -> torch.Tensor:
-    return hidden.new_empty((top_k_index.shape[0], down.shape[1]))
-
-
-
-@torch.library.custom_op("slotgate::fused_moe_fp8", mutates_args=())
-def fused_moe_fp8(hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor,
-                  down: torch.Tensor, down_scale: torch.Tensor, top_k_index: torch.Tensor,
-                  top_k_weights: torch.Tensor) -> torch.Tensor:
-    """``fused_experts`` on e4m3 weights and their scales (weight-only FP8), as an opaque op."""
-    return fused_experts(hidden, gate_up, down, top_k_index, top_k_weights,
-                         gate_up_scale=gate_up_scale, down_scale=down_scale)
-
-
-@fused_moe_fp8.register_fake
-def _(hidden: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
-      down_scale: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     return hidden.new_empty((top_k_index.shape[0], down.shape[1]))

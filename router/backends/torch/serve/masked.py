@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from router.backends.torch.causal import label_read
-from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
+from router.backends.torch.model.frozen import Frozen
+from router.backends.torch.serve.causal import label_read
+from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
 
 
 class MaskedSlotReader(Frozen):

@@ -1,6 +1,6 @@
 """The functions a one-pass read calls per layer (``Pieces``), and their eager defaults: the
 norms, the q/k/v half, the feed-forward half over both streams and the rows' own keys. choice.py
-swaps in compiled and kernel versions that compute the same (compiled.py, ops.py, triton_moe.py).
+swaps in compiled and kernel versions that compute the same (compiled.py, row_ops.py, triton_moe.py).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from router.backends.torch.joint import qkv_merged
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     Attend,
     attend_math,
     band_softmax,
@@ -18,56 +17,40 @@ from router.backends.torch.prefix_attention import (
     merge_grouped3,
     merge_parts,
 )
+from router.backends.torch.model.joint import qkv_merged
 
 if TYPE_CHECKING:
-    from router.backends.torch.fp8 import Fp8Layer
-    from router.backends.torch.ops import RowOps
+    from router.backends.torch.kernels.row_ops import RowOps
 
 
-def ffn_half(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
-    """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``; with
-    ``weights`` (fp8.py), the experts through those FP8 copies."""
-    if weights is None:
-        return _ffn(layer, attn_out, residual, layer.experts)
-    return ffn_half_rows(layer, attn_out, residual, weights)
+def ffn_half(layer: Any, attn_out: Any, residual: Any) -> Any:
+    """A DiffusionGemma layer after its attention, up to (not including) ``layer_scalar``."""
+    return _ffn(layer, attn_out, residual, layer.experts)
 
 
-def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None,
-                  ops: RowOps | None = None) -> Any:
+def ffn_half_rows(layer: Any, attn_out: Any, residual: Any, ops: RowOps | None = None) -> Any:
     """``ffn_half`` with the experts' token permutation as two row-copy ops (moe.py), ``ops``'
     (default: the torch references)."""
-    from router.backends.torch.ops import TORCH_OPS
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.row_ops import TORCH_OPS
 
     row_ops = ops if ops is not None else TORCH_OPS
 
     def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-        if weights is not None:
-            from router.backends.torch.fp8 import experts_forward_fp8
-
-            return experts_forward_fp8(layer.experts, weights, hidden, top_k_index, top_k_weights,
-                                       row_ops)
-        from router.backends.torch.moe import experts_forward
-
         return experts_forward(layer.experts, hidden, top_k_index, top_k_weights, row_ops)
 
     return _ffn(layer, attn_out, residual, experts)
 
 
-def ffn_half_fused(layer: Any, attn_out: Any, residual: Any, weights: Fp8Layer | None = None) -> Any:
+def ffn_half_fused(layer: Any, attn_out: Any, residual: Any) -> Any:
     """``ffn_half`` with the experts as one fused Triton MoE (triton_moe.py: gather, gate/up GEMM
-    with the activation, down GEMM, weighted sum); with ``weights``, through the experts' FP8
-    copies weight-only (e4m3 weights widened in the kernel, activations bf16: half the bytes a
-    single read streams). The router's softmax/top-k tail is one Triton kernel too
-    (triton_router.py)."""
-    from router.backends.torch import triton_moe, triton_router
+    with the activation, down GEMM, weighted sum) and the router's softmax/top-k tail as one
+    Triton kernel (triton_router.py)."""
+    from router.backends.torch.kernels import triton_moe, triton_router
 
     def experts(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-        if weights is None:
-            return triton_moe.fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj,
-                                        top_k_index, top_k_weights)
-        return triton_moe.fused_moe_fp8(hidden, weights.gate_up.weight, weights.gate_up.scale,
-                                        weights.down.weight, weights.down.scale, top_k_index,
-                                        top_k_weights)
+        return triton_moe.fused_moe(hidden, layer.experts.gate_up_proj, layer.experts.down_proj,
+                                    top_k_index, top_k_weights)
 
     return _ffn(layer, attn_out, residual, experts, route=triton_router.route)
 
@@ -91,7 +74,7 @@ def _ffn(layer: Any, attn_out: Any, residual: Any, experts: Any,
 
 
 def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any],
-             scalars: tuple[Any, Any], weights: Fp8Layer | None = None) -> tuple[Any, Any]:
+             scalars: tuple[Any, Any]) -> tuple[Any, Any]:
     """One layer's feed-forward half over both streams: their attention outputs and residuals
     (encoder (B, S, E), decoder (R, C, E)) laid end to end as rows, ``ffn`` run once, and each
     stream's part scaled by its layer's ``layer_scalar``. Compiled whole (compiled.py), the two
@@ -101,13 +84,13 @@ def ffn_step(ffn: Any, layer: Any, attn: tuple[Any, Any], hidden: tuple[Any, Any
     (enc_attn, dec_attn), (enc_h, dec_h) = attn, hidden
     n_enc, width = enc_h.shape[0] * enc_h.shape[1], enc_h.shape[-1]
     out = ffn(layer, torch.cat([enc_attn.reshape(n_enc, -1), dec_attn.reshape(-1, width)]),
-              torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, width)]), weights)
+              torch.cat([enc_h.reshape(n_enc, -1), dec_h.reshape(-1, width)]))
     return out[:n_enc].reshape(enc_h.shape) * scalars[0], out[n_enc:].reshape(dec_h.shape) * scalars[1]
 
 
 def rows_kv(k_e: Any, v_e: Any, k_d: Any, v_d: Any, row_item: Any) -> tuple[Any, Any]:
     """Each canvas row's own keys/values: its item's prompt-rest keys then its canvas keys
-    (R, H_kv, S + C, D). Eager by default (compiled.py's ``compile_rows_kv`` says why)."""
+    (R, H_kv, S + C, D). Eager, also in a compiled read (compiled.py says why)."""
     import torch
 
     return (torch.cat([k_e.index_select(0, row_item), k_d], dim=2),
@@ -136,18 +119,17 @@ def rms_norm(norm: Any, hidden: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class Pieces:
     """The functions one ``OnePass`` calls, fixed when it is built (choice.py ``build_pieces``):
-    the eager defaults, or compiled / kernel versions that compute the same (compiled.py, ops.py)."""
+    the eager defaults, or compiled / kernel versions that compute the same (compiled.py, row_ops.py)."""
 
     norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
     qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)
-    ffn: Callable[..., Any]  # (layer, attention out, residual, FP8 layer | None): ffn_half(_rows)
-    ffn_step: Callable[..., tuple[Any, Any]] | None  # (layer, attns, hiddens, scalars, FP8 layer)
+    ffn: Callable[..., Any]  # (layer, attention out, residual): ffn_half(_rows, _fused)
+    ffn_step: Callable[..., tuple[Any, Any]] | None  # (layer, attns, hiddens, scalars)
     rows_kv: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
     merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
     attend: Attend
     band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
-    flex_dims: frozenset[int] = frozenset()  # head dims whose ``attend`` reads a flex_mask, not a bias
-    ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc, FP8)
+    ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc)
     # (attention, merged weight, merged bias, hidden, cos, sin): joint_streams' q/k/v product
     qkv_merged: Callable[..., tuple[Any, Any, Any]] = qkv_merged
     # (queries (B, H, S, D), keys, values (B, H_kv, S, D)) -> folded (out, lse): the prompt rests'
@@ -155,8 +137,8 @@ class Pieces:
     # except at ``no_causal_dims`` (head dims whose kernel has no causal form)
     attend_causal: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
     no_causal_dims: frozenset[int] = frozenset()
-    # two parts' folded (out, lse) -> one (KernelChoice.rows_in_place: a canvas's own canvas and
-    # its prompt rest read in place, merged so where no prefix follows)
+    # two parts' folded (out, lse) -> one (OnePass.canvas_own: a canvas's own canvas and its
+    # prompt rest read in place, merged so where no prefix follows)
     merge_parts: Callable[[Any, Any, Any, Any], tuple[Any, Any]] = merge_parts
     # three grouped parts -> (B, M, H*D): the canvases' two own-key parts and the prefix at once
     merge3: Callable[..., Any] = merge_grouped3

@@ -7,9 +7,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from router.backends.torch.graphs import GraphShapes
 from router.backends.torch.options import TorchOptions
-from router.backends.torch.reader import SlotReader
+from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.reader import SlotReader
 from router.errors import ConfigError
 
 MAX_LABELS = 128  # the most labels a read's alphabet holds (so a graph bucket's label slots)
@@ -21,27 +21,24 @@ def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader
     ``GraphShapes.from_options(options)``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if options.kind == "diffusion":
-        from router.backends.torch.choice import default_choice
-        from router.backends.torch.diffusion import DiffusionSlotReader
+        from router.backends.torch.model.choice import default_choice
+        from router.backends.torch.serve.diffusion import DiffusionSlotReader
 
         on_cuda = next(model.parameters()).device.type == "cuda"
         compiled = options.compiled if options.compiled is not None else on_cuda
-        choice = default_choice(model, compiled=compiled, fp8=options.fp8,
-                                static_flex_items=options.static_flex_items,
-                                split_kv_items=options.split_kv_items,
+        choice = default_choice(model, compiled=compiled, split_kv_items=options.split_kv_items,
                                 split_kv_chunks=options.split_kv_chunks)
         graphs = (GraphShapes.from_options(options, capture=on_cuda, labels=MAX_LABELS)
                   if compiled and choice.fused_pass else None)
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad,
-                                   prefix_cache_entries=options.prefix_cache_entries,
-                                   mixed_prefixes=options.mixed_question_reads)
+                                   prefix_cache_entries=options.prefix_cache_entries)
     if options.kind == "causal":
-        from router.backends.torch.causal import CausalSlotReader
+        from router.backends.torch.serve.causal import CausalSlotReader
 
         return CausalSlotReader(model, pad_id=pad, use_prefix_cache=options.prefix_cache,
                                 prefix_cache_entries=options.prefix_cache_entries)
-    from router.backends.torch.masked import MaskedSlotReader
+    from router.backends.torch.serve.masked import MaskedSlotReader
 
     return MaskedSlotReader(model, mask_id=tokenizer.mask_token_id, pad_id=pad)
 

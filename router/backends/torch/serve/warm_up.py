@@ -11,14 +11,14 @@ import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
 
-from router.backends.torch.prefix_attention import attend_efficient, pick_attention
+from router.backends.torch.kernels.attention import attend_efficient, pick_attention
 
 if TYPE_CHECKING:
     import torch
 
-    from router.backends.torch.choice import KernelChoice
-    from router.backends.torch.graphs import GraphSet
-    from router.backends.torch.reader import SlotItem, SlotRead, SlotReader
+    from router.backends.torch.model.choice import KernelChoice
+    from router.backends.torch.serve.graphs import GraphSet
+    from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
 
 
 class Warmable(Protocol):

@@ -3,9 +3,9 @@ attention call (split-KV, as FlashAttention's decoding kernels split a long key 
 their log-sum-exps.
 
 Why: a single read's prefix read is one batch of folded queries (576 at head dim 256) over 1,024
-sliding key slots: cuDNN runs it as 72 thread blocks on an H200's 132 SMs, each looping over every
-slot. Cut into S chunks that are the call's batch, it is S times the blocks, each an S-th of the
-loop; the chunks' (out, lse) then merge exactly as the attention parts do (prefix_attention).
+sliding key slots: cuDNN runs it as fewer thread blocks than a Hopper GPU has SMs, each looping
+over every slot. Cut into S chunks that are the call's batch, it is S times the blocks, each an S-th of the
+loop; the chunks' (out, lse) then merge exactly as the attention parts do (attention.py).
 Only small reads gain (a batch of 32 already fills the GPU many times over), so the choice
 applies it to reads of at most ``KernelChoice.split_kv_items`` items (choice.py).
 
@@ -19,8 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from router.backends.torch.prefix_attention import (
-    MASK_KERNELS,
+from router.backends.torch.kernels.attention import (
     Attend,
     attend_by_dim,
     attend_math,
@@ -28,7 +27,7 @@ from router.backends.torch.prefix_attention import (
 )
 
 # default_choice's on CUDA: the prefix read in this many key chunks for reads of at most this many
-# items (docs/backends.md, "split-KV": measured by bench.attention_kernels --splits and gpu_read)
+# items (measured by bench.attention_kernels --splits and bench.gpu_read --split-kv-items)
 SPLIT_KV_CHUNKS = 4
 SPLIT_KV_ITEMS = 1
 
@@ -39,7 +38,7 @@ MergeChunks = Callable[[Any, Any], tuple[Any, Any]]
 def merge_chunks(out: Any, lse: Any) -> tuple[Any, Any]:
     """Key chunks' outputs (S, Hk, M, D) and log-sum-exps (S, Hk, M) of the same queries as one
     part over all the keys: (1, Hk, M, D) in ``out``'s dtype and its float32 log-sum-exp
-    (1, Hk, M). Float32 arithmetic, rounded once (prefix_attention's merge, over a chunk axis)."""
+    (1, Hk, M). Float32 arithmetic, rounded once (attention.py's merge, over a chunk axis)."""
     import torch
 
     top = lse.amax(0, keepdim=True)
@@ -80,14 +79,10 @@ def attend_split(q: Any, k: Any, v: Any, bias: Any, *, attend: Attend, splits: i
     return merge(out, lse)
 
 
-def split_attend(attend: Attend, splits: int, merge: MergeChunks,
-                 whole_dims: frozenset[int] = frozenset()) -> Attend:
-    """``attend`` as ``attend_split`` with ``splits`` chunks, except at the head dims in
-    ``whole_dims`` (those whose kernel reads a block mask, not a bias, and cannot cut it)."""
+def split_attend(attend: Attend, splits: int, merge: MergeChunks) -> Attend:
+    """``attend`` as ``attend_split`` with ``splits`` chunks."""
 
     def prefix_attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
-        if q.shape[-1] in whole_dims:
-            return attend(q, k, v, mask)
         return attend_split(q, k, v, mask, attend=attend, splits=splits, merge=merge)
 
     return prefix_attend
@@ -104,8 +99,6 @@ def split_problem(names: tuple[tuple[int, str], ...], splits: int, device: Any, 
 
     attend = attend_by_dim(names)
     for dim, name in names:
-        if name in MASK_KERNELS:  # read whole (split_attend's whole_dims)
-            continue
         try:
             gen = torch.Generator(device=device).manual_seed(0)
             q = torch.randn((1, 2, 48, dim), generator=gen, device=device, dtype=dtype) / dim**0.5

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from router.backends.torch.kv_cache import cache_kwarg, fork_cache
-from router.backends.torch.prefix_lru import PrefixLRU
-from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
+from router.backends.torch.model.frozen import Frozen
+from router.backends.torch.serve.kv_cache import cache_kwarg, fork_cache
+from router.backends.torch.serve.prefix_lru import PrefixLRU
+from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
 
 
 def label_read(logits: Any, items: Sequence[SlotItem]) -> list[SlotRead]:

@@ -3,26 +3,20 @@
 picks its native or CUDA forward once, at construction). Nothing is swapped while serving: a
 compiled read that fails at warm-up is served by a second reader built with ``choice.eager()``.
 
-The switches: ``fused_pass`` (one pass over the shared weights, fused.py; off: transformers'
-two-pass read), ``band`` (layer kinds whose shared prefix is read under a position band),
-``rows_moe`` (the experts' permutation as row-copy ops, moe.py), ``merge_op`` (the attention merge
-as an op), ``triton`` (those ops as Triton kernels), ``compiled`` with ``fuse_cats`` and
-``compile_rows_kv`` (compiled.py), ``attention`` (the attention kernel per head dim), ``trim_last``
-(the last layer cut to the slot's query and the encoder's keys/values: exact, on by default,
-a switch so the bench can measure it off), ``fused_moe`` (the experts as one fused Triton MoE,
-triton_moe.py), ``fp8`` (FP8 copies of the experts' weights, fp8.py: opt-in, it changes
-the read), ``joint_streams`` (both streams' rows normed and projected to q/k/v by one call per
-layer over the tied weights: exact, on by default, a switch so the bench can measure it off;
-``joint_streams_items`` keeps it to the graph buckets of at most that many items, where it pays),
-``causal_own`` (the prompt rests' own keys read by a causal kernel with no bias where that is
-exact: on by default where the kernel has a causal form that agrees with the reference),
-``rows_in_place`` (in batches of one canvas row an item, each row reads its prompt rest's keys
-where they lie and its canvas with no mask, instead of a per-row copy of both under a bias: exact,
-on by default), ``prefix_splits`` (the shared prefix's attention in that many key chunks run as
-one call's batch, split_kv.py: exact up to rounding; ``split_kv_items`` keeps it to reads of at
-most that many items, where it pays).
-A combination
-that cannot run is refused here with a ConfigError naming the switch.
+What a choice fixes: ``fused_pass`` (one pass over the shared weights, onepass.py; off:
+transformers' two-pass read, for models whose encoder and decoder weights are not tied),
+``band`` (layer kinds whose shared prefix is read under a position band), ``rows_moe`` (the
+experts' permutation as row-copy ops, moe.py), ``merge_op`` (the attention merge as an op),
+``triton`` (those ops as Triton kernels), ``compiled`` (compiled.py), ``attention`` (the
+attention kernel per head dim), ``fused_moe`` (the experts as one fused Triton MoE,
+triton_moe.py), ``joint_streams`` (both streams' rows normed and projected to q/k/v by one call
+per layer over the tied weights; ``joint_streams_items`` keeps it to reads of at most that many
+items, where it pays), ``causal_own`` (the prompt rests' own keys read by a causal kernel with no
+bias where that is exact), ``prefix_splits`` (the shared prefix's attention in
+that many key chunks run as one call's batch, split_kv.py; ``split_kv_items`` keeps it to reads
+of at most that many items, where it pays). ``default_choice`` derives them from the model and
+the device's start-up checks; none of them is a deployment option (TorchOptions holds those).
+A combination that cannot run is refused here with a ConfigError naming the switch.
 """
 
 from __future__ import annotations
@@ -33,30 +27,28 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.pieces import EAGER, Pieces, ffn_half_fused, ffn_half_rows
-from router.backends.torch.prefix_attention import (
+from router.backends.torch.kernels.attention import (
     CUDNN_HOPPER_MAX_DIM,
-    FLEX_MAX_DIM,
     KERNEL_BY_NAME,
-    MASK_KERNELS,
     attend_by_dim,
     causal_by_dim,
     causal_problem,
     no_causal_dims,
     pick_attention,
 )
-from router.backends.torch.split_kv import (
+from router.backends.torch.kernels.split_kv import (
     SPLIT_KV_CHUNKS,
     SPLIT_KV_ITEMS,
     split_attend,
     split_problem,
 )
+from router.backends.torch.model.pieces import EAGER, Pieces, ffn_half_fused, ffn_half_rows
 from router.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# FlexAttention also runs on the CPU (its eager form: the tests' path); the fused kernels do not
-CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"} - MASK_KERNELS
+# the reference ("math") runs everywhere; the fused attention kernels on CUDA only
+CUDA_ONLY_KERNELS = frozenset(KERNEL_BY_NAME) - {"math"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,33 +62,21 @@ class KernelChoice:
     merge_op: bool = False
     triton: bool = False
     compiled: bool = False
-    fuse_cats: bool = False
-    compile_rows_kv: bool = False
-    compile_backend: str = "inductor"
+    compile_backend: str = "inductor"  # torch.compile's backend ("aot_eager": the CPU tests)
     attention: tuple[tuple[int, str], ...] = ()  # (head dim, kernel name); others: "math"
-    trim_last: bool = True
     fused_moe: bool = False
-    fp8: str = "off"  # FP8 copies of the experts' weights (fp8.py): "off" or "experts"
-    # graph buckets of at most this many items read attention at head dims up to FLEX_MAX_DIM by
-    # FlexAttention compiled per shape ("flex_static", ``small``): faster single reads, a compile
-    # a shape at warm-up (0: off; opt-in, TorchOptions.static_flex_items)
-    static_flex_items: int = 0
     joint_streams: bool = True
-    # graph buckets of MORE than this many items project the two streams apart (0: every read
-    # joint): joined, a single read is 1.4 ms faster but a batch of 32 3.7 ms slower on an H200
-    # (docs/backends.md), so default_choice joins only the small buckets
+    # reads of MORE than this many items project the two streams apart (0: every read joint):
+    # joined, a single read is faster but a batch of 32 slower (bench.gpu_variants), so
+    # default_choice joins only the small reads
     joint_streams_items: int = 0
     # the prompt rests' own-key attention as causal attention with no bias, where the head dim's
     # kernel has a causal form (cuDNN, math) and the window does not bind within a prompt rest
     # (exact: a real query's causal keys are all real; OnePass.causal_own)
     causal_own: bool = True
-    # a canvas row reads its item's prompt-rest keys where they lie, not from a per-row copy
-    # (rows_kv), in batches of one row an item; its own canvas then needs no mask
-    # (OnePass.canvas_own: exact, two attention parts merged by their log-sum-exp)
-    rows_in_place: bool = True
     # the shared prefix's attention (under a bias) in this many key chunks, the batch of one call,
     # merged by log-sum-exp (split_kv.py; 1: whole). Why: a single read's prefix read leaves most
-    # of an H200's SMs idle, each thread block looping over every key slot
+    # of a GPU's SMs idle, each thread block looping over every key slot
     prefix_splits: int = 1
     # reads of MORE than this many items read the prefix whole (0: every read as prefix_splits)
     split_kv_items: int = 0
@@ -105,19 +85,15 @@ class KernelChoice:
         object.__setattr__(self, "band", frozenset(self.band))
         if not self.fused_pass:  # transformers' two-pass read has none of the one pass's kernels
             for name in ("band", "rows_moe", "merge_op", "triton", "compiled", "attention",
-                         "trim_last", "fused_moe", "fp8", "static_flex_items", "joint_streams",
-                         "joint_streams_items", "causal_own", "rows_in_place", "split_kv_items"):
-                if getattr(self, name) not in (False, "off", frozenset(), ()):
+                         "fused_moe", "joint_streams", "joint_streams_items", "causal_own",
+                         "split_kv_items"):
+                if getattr(self, name) not in (False, 0, frozenset(), ()):
                     raise ConfigError(f"kernel choice: {name} needs fused_pass (the one-pass read)",
                                       field=name)
-        for name in ("fuse_cats", "compile_rows_kv"):
-            if getattr(self, name) and not self.compiled:
-                raise ConfigError(f"kernel choice: {name} needs compiled", field=name)
         if self.triton and not (self.rows_moe or self.merge_op):
             raise ConfigError("kernel choice: triton needs rows_moe or merge_op (its kernels are "
                               "their ops)", field="triton")
-        for name, least in (("static_flex_items", 0), ("joint_streams_items", 0),
-                            ("split_kv_items", 0), ("prefix_splits", 1)):
+        for name, least in (("joint_streams_items", 0), ("split_kv_items", 0), ("prefix_splits", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"kernel choice: {name} must be an int >= {least}, not {value!r}",
@@ -131,9 +107,6 @@ class KernelChoice:
         if self.joint_streams_items and not self.joint_streams:
             raise ConfigError("kernel choice: joint_streams_items limits joint_streams, which is off",
                               field="joint_streams_items")
-        if self.fp8 not in FP8_MODES:
-            raise ConfigError(f"kernel choice: fp8 must be one of {FP8_MODES}, not {self.fp8!r}",
-                              field="fp8")
         if self.fused_moe and self.rows_moe:
             raise ConfigError("kernel choice: fused_moe and rows_moe are two kernels for the same "
                               "experts: choose one", field="fused_moe")
@@ -147,42 +120,24 @@ class KernelChoice:
         if not self.band <= layer_kinds:
             raise ConfigError(f"kernel choice: band names layer kinds {sorted(self.band - layer_kinds)} "
                               f"the model lacks (it has {sorted(layer_kinds)})", field="band")
-        if self.fp8 != "off":
-            from router.backends.torch.fp8 import fp8_problem
-
-            problem = fp8_problem(device)
-            if problem:
-                raise ConfigError(f"kernel choice: fp8 cannot serve here: {problem}", field="fp8")
         if device.type != "cuda":
             for name in ("triton", "fused_moe"):
                 if getattr(self, name):
                     raise ConfigError(f"kernel choice: {name} needs a CUDA device", field=name)
             if {name for _, name in self.attention} & CUDA_ONLY_KERNELS:
-                raise ConfigError("kernel choice: attention kernels other than math and flex need "
-                                  "a CUDA device", field="attention")
+                raise ConfigError("kernel choice: attention kernels other than math need a CUDA "
+                                  "device", field="attention")
 
-    def small(self) -> KernelChoice:
-        """The choice of the graph buckets of at most ``static_flex_items`` items: attention at
-        head dims up to FLEX_MAX_DIM by FlexAttention compiled per shape. Why only there: per
-        shape it beat cuDNN under the dense bias (a single read 22.80 -> 21.57 ms replayed on an
-        H200, docs/backends.md), but each shape compiles (~1.7 s) and an eager read of a new
-        length would stall on one; the graph buckets are few and compiled at warm-up."""
-        attention = tuple((dim, "flex_static" if dim <= FLEX_MAX_DIM else name)
-                          for dim, name in self.attention)
-        return replace(self, attention=attention, static_flex_items=0)
-
-    def for_read(self, n_items: int, *, graph: bool = False) -> KernelChoice:
+    def for_read(self, n_items: int) -> KernelChoice:
         """The choice a read of ``n_items`` items runs: the streams apart past
-        ``joint_streams_items``; in a graph bucket (``graph``, captured at warm-up) ``small()``'s
-        attention up to ``static_flex_items`` items (never eagerly: a compile a shape). The
-        read-level switches themselves are cleared, so reads that run alike get equal choices and
-        share one OnePass (``DiffusionSlotReader.onepass_for``)."""
-        choice = self.small() if graph and 0 < n_items <= self.static_flex_items else self
+        ``joint_streams_items``, the prefix whole past ``split_kv_items``. The read-level limits
+        themselves are cleared, so reads that run alike get equal choices and share one OnePass
+        (``DiffusionSlotReader.onepass_for``)."""
         apart = bool(self.joint_streams_items) and n_items > self.joint_streams_items
         whole = bool(self.split_kv_items) and n_items > self.split_kv_items
-        return replace(choice, static_flex_items=0, joint_streams_items=0, split_kv_items=0,
-                       joint_streams=choice.joint_streams and not apart,
-                       prefix_splits=1 if whole else choice.prefix_splits)
+        return replace(self, joint_streams_items=0, split_kv_items=0,
+                       joint_streams=self.joint_streams and not apart,
+                       prefix_splits=1 if whole else self.prefix_splits)
 
     def read_thresholds(self) -> tuple[int, ...]:
         """Item counts at which an eager read's choice (``for_read``) changes: 1 and one past
@@ -192,46 +147,40 @@ class KernelChoice:
 
     def eager(self) -> KernelChoice:
         """The same kernels, uncompiled (the fall-back when compiling or capturing fails)."""
-        return replace(self, compiled=False, fuse_cats=False, compile_rows_kv=False)
+        return replace(self, compiled=False)
 
     def summary(self) -> dict[str, Any]:
         return {"fused_pass": self.fused_pass, "band": sorted(self.band), "rows_moe": self.rows_moe,
                 "merge_op": self.merge_op, "triton": self.triton, "compiled": self.compiled,
-                "fuse_cats": self.fuse_cats, "compile_rows_kv": self.compile_rows_kv,
-                "attention": dict(self.attention), "trim_last": self.trim_last,
-                "fused_moe": self.fused_moe, "fp8": self.fp8, "static_flex_items": self.static_flex_items, "joint_streams": self.joint_streams,
+                "attention": dict(self.attention), "fused_moe": self.fused_moe,
+                "joint_streams": self.joint_streams,
                 "joint_streams_items": self.joint_streams_items, "causal_own": self.causal_own,
-                "rows_in_place": self.rows_in_place, "prefix_splits": self.prefix_splits,
+                "prefix_splits": self.prefix_splits,
                 "split_kv_items": self.split_kv_items}
 
 
-FP8_MODES = ("off", "experts")
-TWO_PASS = KernelChoice(fused_pass=False, trim_last=False, joint_streams=False, causal_own=False,
-                        rows_in_place=False)
-# default_choice's joint_streams_items on CUDA: graph replays on an H200 (bench.gpu_variants
-# --graph-batches, docs/backends.md) put the joint streams ahead up to 4 items (-0.34 ms) and
-# behind from 8 (+0.69 ms)
+TWO_PASS = KernelChoice(fused_pass=False, joint_streams=False, causal_own=False)
+# default_choice's joint_streams_items on CUDA: graph replays (bench.gpu_variants --graph-batches)
+# put the joint streams ahead up to 4 items and behind from 8
 JOINT_STREAMS_ITEMS = 4
 
 
 def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bool = False,
-                   compile_backend: str = "inductor", fp8: str = "off",
-                   static_flex_items: int = 0, split_kv_items: int | None = None,
+                   compile_backend: str = "inductor", split_kv_items: int | None = None,
                    split_kv_chunks: int | None = None) -> KernelChoice:
     """A device's choice for ``model``: with ``fast_kernels`` (default: on CUDA) the band read for
     the head dims over cuDNN's Hopper kernels (the global layers; elsewhere cuDNN's flash kernel
     is faster), the experts in bfloat16 as the fused Triton MoE (when it agrees with the row-copy
-    experts here; else those: row copies around grouped GEMMs; with ``fp8`` the row copies around
-    FP8 grouped GEMMs) and the merge op, as Triton kernels when they work here; the attention kernel per head dim that agrees with the reference;
-    ``compiled`` with the feed-forward half's concatenations fused in; ``fp8`` as asked (opt-in);
-    ``joint_streams`` where the attention weights are tied too (on CUDA only in graph buckets of
+    experts here; else those: row copies around grouped GEMMs) and the merge op, as Triton kernels
+    when they work here; the attention kernel per head dim that agrees with the reference;
+    ``compiled`` with the feed-forward half's concatenations fused in; ``joint_streams`` where the attention weights are tied too (on CUDA only in graph buckets of
     up to JOINT_STREAMS_ITEMS items); ``causal_own`` where the kernels' causal forms agree with
-    the reference here (``prefix_attention.causal_problem``); on CUDA the prefix read in
+    the reference here (``attention.causal_problem``); on CUDA the prefix read in
     ``split_kv_chunks`` key chunks (default SPLIT_KV_CHUNKS) for reads of up to ``split_kv_items``
     items (default SPLIT_KV_ITEMS; 0: off) where the kernels read chunks right
     (``split_kv.split_problem``)."""
-    from router.backends.torch.joint import weights_shared
-    from router.backends.torch.ops import triton_problem
+    from router.backends.torch.kernels.row_ops import triton_problem
+    from router.backends.torch.model.joint import weights_shared
 
     if not weights_shared(model, attention=False):  # one pass needs tied encoder/decoder weights
         return TWO_PASS
@@ -246,9 +195,8 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
         log.warning("torch read: the prompt rests keep their dense causal bias: %s", problem)
     causal = not problem
     if not (fast_kernels if fast_kernels is not None else device.type == "cuda"):
-        return KernelChoice(attention=attention, compiled=compiled, fuse_cats=compiled,
-                            compile_backend=compile_backend, fp8=fp8, joint_streams=joint,
-                            static_flex_items=static_flex_items, causal_own=causal)
+        return KernelChoice(attention=attention, compiled=compiled, compile_backend=compile_backend,
+                            joint_streams=joint, causal_own=causal)
     import torch
 
     triton = not triton_problem(device)
@@ -256,7 +204,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
             if int(c.head_dim) > CUDNN_HOPPER_MAX_DIM}
     bf16 = dtype == torch.bfloat16
     # the fused MoE checks its own kernels: a failed check of the row ops does not turn it off
-    fused = bf16 and not fused_moe_problem(device, fp8=fp8 != "off")
+    fused = bf16 and not fused_moe_problem(device)
     split_items = SPLIT_KV_ITEMS if split_kv_items is None else split_kv_items
     chunks = split_kv_chunks or SPLIT_KV_CHUNKS
     problem = split_problem(attention, chunks, device, dtype) if split_items else ""
@@ -264,9 +212,8 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
         log.warning("torch read: the prefix read stays whole: %s", problem)
         split_items = 0
     return KernelChoice(band=frozenset(band), rows_moe=bf16 and triton and not fused, fused_moe=fused,
-                        merge_op=triton, triton=triton, compiled=compiled, fuse_cats=compiled,
-                        compile_backend=compile_backend, attention=attention, fp8=fp8,
-                        joint_streams=joint, static_flex_items=static_flex_items,
+                        merge_op=triton, triton=triton, compiled=compiled,
+                        compile_backend=compile_backend, attention=attention, joint_streams=joint,
                         joint_streams_items=JOINT_STREAMS_ITEMS if joint else 0, causal_own=causal,
                         prefix_splits=chunks if split_items else 1,
                         split_kv_items=split_items)
@@ -274,11 +221,10 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
 
 def build_pieces(choice: KernelChoice) -> Pieces:
     """The ``Pieces`` of ``choice`` (the two-pass choice has none: its read is transformers')."""
-    from router.backends.torch.ops import row_ops
+    from router.backends.torch.kernels.row_ops import row_ops
 
     ops = row_ops(choice.triton)
-    pieces = replace(EAGER, attend=attend_by_dim(choice.attention),
-                     flex_dims=frozenset(dim for dim, name in choice.attention if name in MASK_KERNELS))
+    pieces = replace(EAGER, attend=attend_by_dim(choice.attention))
     if choice.causal_own:
         pieces = replace(pieces, attend_causal=causal_by_dim(choice.attention),
                          no_causal_dims=no_causal_dims(choice.attention))
@@ -290,31 +236,29 @@ def build_pieces(choice: KernelChoice) -> Pieces:
         pieces = replace(pieces, merge=ops.merge, merge3=ops.merge3)
     if choice.prefix_splits > 1:
         pieces = replace(pieces, attend_prefix=split_attend(pieces.attend, choice.prefix_splits,
-                                                            ops.merge_chunks, pieces.flex_dims))
+                                                            ops.merge_chunks))
     if not choice.compiled:
         return pieces
-    from router.backends.torch.compiled import compile_pieces
+    from router.backends.torch.model.compiled import compile_pieces
 
-    return compile_pieces(pieces, backend=choice.compile_backend, fuse_cats=choice.fuse_cats,
-                          compile_rows_kv=choice.compile_rows_kv, merge_op=choice.merge_op)
+    return compile_pieces(pieces, backend=choice.compile_backend, merge_op=choice.merge_op)
 
 
 @functools.cache
-def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
+def fused_moe_problem(device: Any) -> str:
     """Why the fused Triton MoE (triton_moe.py) cannot serve on ``device`` ("" when it can): no
-    Triton here (``ops.triton_missing``), or the fused experts disagreeing with
+    Triton here (``row_ops.triton_missing``), or the fused experts disagreeing with
     ``moe.experts_forward`` over the torch row ops on random bf16 experts (uneven groups, one
-    expert unused); with ``fp8``, its weight-only FP8 path against the same experts' dequantized
-    copies; or its router kernel (triton_router.py) disagreeing with the torch router's tail
+    expert unused); or its router kernel (triton_router.py) disagreeing with the torch router's tail
     (``triton_router.router_disagreement``): the family serves both or neither. Independent of
-    the row ops' check (``ops.triton_problem``): one family's failed check turns only that family
-    off. Checked once per device and mode, logged."""
-    from router.backends.torch.ops import triton_missing
+    the row ops' check (``row_ops.triton_problem``): one family's failed check turns only that family
+    off. Checked once per device, logged."""
+    from router.backends.torch.kernels.row_ops import triton_missing
 
     problem = triton_missing(device)
     if not problem:
         try:
-            problem = _fused_moe_disagreement(device, fp8)
+            problem = _fused_moe_disagreement(device)
         except Exception as exc:  # noqa: BLE001 (a failed build or launch: the row-copy experts serve)
             problem = f"{type(exc).__name__}: {exc}"
     if problem:
@@ -322,15 +266,15 @@ def fused_moe_problem(device: Any, *, fp8: bool = False) -> str:
     return problem
 
 
-def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
+def _fused_moe_disagreement(device: Any) -> str:
     from types import SimpleNamespace
 
     import torch
 
-    from router.backends.torch.moe import experts_forward
-    from router.backends.torch.ops import TORCH_OPS
-    from router.backends.torch.triton_moe import fused_experts
-    from router.backends.torch.triton_router import router_disagreement
+    from router.backends.torch.kernels.moe import experts_forward
+    from router.backends.torch.kernels.row_ops import TORCH_OPS
+    from router.backends.torch.kernels.triton_moe import fused_experts
+    from router.backends.torch.kernels.triton_router import router_disagreement
 
     gen = torch.Generator(device=device).manual_seed(0)
     n_experts, hidden_dim, inter_dim, tokens, top_k = 8, 256, 128, 40, 2
@@ -345,19 +289,9 @@ def _fused_moe_disagreement(device: Any, fp8: bool) -> str:
     hidden = torch.randn((tokens, hidden_dim), generator=gen, device=device, dtype=torch.bfloat16)
     index = torch.randint(0, n_experts - 1, (tokens, top_k), generator=gen, device=device)  # one idle
     weights = torch.rand((tokens, top_k), generator=gen, device=device)
-    if fp8:  # the FP8 copies against the experts they stand for: their dequantized values
-        from router.backends.torch.fp8 import dequantize, quantize_rows
-
-        gate_up, down = quantize_rows(experts.gate_up_proj), quantize_rows(experts.down_proj)
-        experts.gate_up_proj = dequantize(gate_up).to(torch.bfloat16)
-        experts.down_proj = dequantize(down).to(torch.bfloat16)
-        got = fused_experts(hidden, gate_up.weight, down.weight, index, weights,
-                            gate_up_scale=gate_up.scale, down_scale=down.scale).float()
-    else:
-        got = fused_experts(hidden, experts.gate_up_proj, experts.down_proj, index, weights).float()
+    got = fused_experts(hidden, experts.gate_up_proj, experts.down_proj, index, weights).float()
     want = experts_forward(experts, hidden, index, weights, TORCH_OPS).float()
     error = float((got - want).norm() / want.norm())
     if not error < 2e-2:
-        kind = "fused MoE (FP8 weights)" if fp8 else "fused MoE"
-        return f"{kind} differs from the row-copy experts (relative error {error:.3g})"
+        return f"fused MoE differs from the row-copy experts (relative error {error:.3g})"
     return router_disagreement(device)

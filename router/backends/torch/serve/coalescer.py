@@ -8,17 +8,17 @@ each caller's items are read again alone, so one request's failure fails only th
 Under concurrency the worker waits at most ``window_s`` for companions, and no longer than it
 takes the expected ones to arrive: the items that were waiting when the last batch was answered
 plus that batch's own (its callers come back with their next items: closed-loop clients, a
-proxy's keep-alive connections), at most ``max_batch``. Before, it waited for ``max_batch`` items
-or the whole window: 8 closed-loop callers under a ``max_batch`` of 64 waited the full 2 ms on
-every batch, on top of the read (bench/host_path.py).
+proxy's keep-alive connections), at most ``max_batch``. Waiting for ``max_batch`` items or the
+whole window instead makes a few closed-loop callers under a large ``max_batch`` wait the full
+window on every batch, on top of the read (bench/host_path.py).
 
-Mixed questions (``group_of``): a read runs one group (items sharing a question's static prefix
-and canvas) at a time, so a batch of four questions was four reads back to back, each padded up
-to its graph bucket, and every caller waited for all four. Measured on an H200: 129 reads/s at 32
-closed-loop callers over 4 questions, against 222 over one (docs/backends.md). With ``group_of``
-a batch takes only the group of the oldest waiting request (no group starves), and with ``plan``
-only as many of its items as read best: ``bucket_take`` leaves a few for the next batch when the
-bucket holding them all would pad more than it saves (10 waiting, buckets of 8 and 16: 8 now).
+Several questions (``group_of``): a read runs one group (items sharing a question's static prefix
+and canvas) at a time, so a batch of four questions would be four reads back to back, every
+caller waiting for all four. With ``group_of`` a batch takes only the group of the oldest waiting
+request (no group starves), and with ``plan`` only as many of its items as read best. The batch
+cost model is ``bucket_take``: a read of a graph bucket of b items costs ``fixed_items + b``, so a
+few items wait for the next batch when the bucket holding them all would pad more than it saves
+(10 waiting, buckets of 8 and 16: 8 now).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class _Entry(Generic[Item]):
     items: list[Item]
     future: asyncio.Future[list[Any]] = field(repr=False)
     group: Hashable = None  # what group_of says of its items (a tuple when they differ)
-    part: Hashable = None  # what part_of says of them (the same)
 
 
 def padded_size(n: int, sizes: Sequence[int]) -> int:
@@ -56,9 +55,8 @@ def bucket_take(available: int, sizes: Sequence[int], fixed_items: float) -> int
     """How many of ``available`` items of one group to read now, when reads are padded up to the
     smallest of ``sizes`` (graph buckets, sorted; none: no padding) and a read of a bucket of b
     items costs about ``fixed_items + b`` items' worth: the count of the most items per cost, all
-    of them or a whole bucket's worth (the rest wait for the next batch). On an H200 a read of b
-    items took about (4 + b) x 3.9 ms (docs/backends.md), so ``fixed_items`` 4: 20 waiting reads
-    16 now (20 in a bucket of 32 cost 36 for 20; 16 cost 20), 31 reads all 31."""
+    of them or a whole bucket's worth (the rest wait for the next batch). With ``fixed_items`` 4:
+    20 waiting reads 16 now (20 in a bucket of 32 cost 36 for 20; 16 cost 20), 31 reads all 31."""
     if available <= 0 or not sizes:
         return available
 
@@ -70,17 +68,12 @@ class Coalescer(Generic[Item, Result]):
     """Batches ``submit`` calls made from one event loop; ``run_batch`` runs in ``executor``.
     ``group_of`` (optional): the group of an item; a batch then holds one group, the oldest
     waiting request's. ``plan`` (optional, with ``group_of``): how many of the n items of that
-    group to take (``bucket_take``); at least one request is always taken. ``part_of`` and
-    ``quota`` (optional, with ``group_of``, instead of ``plan``): the group's items fall into
-    parts (questions), and ``quota`` says how many of each part's waiting items to take, given
-    their counts in the order of each part's oldest request (graphs.GraphShapes.mixed_take)."""
+    group to take (``bucket_take``); at least one request is always taken."""
 
     def __init__(self, run_batch: Callable[[list[Item]], list[Result]], *, executor: Executor,
                  window_s: float = 0.002, max_batch: int = 32,
                  group_of: Callable[[Item], Hashable] | None = None,
-                 plan: Callable[[int], int] | None = None,
-                 part_of: Callable[[Item], Hashable] | None = None,
-                 quota: Callable[[list[int]], list[int]] | None = None) -> None:
+                 plan: Callable[[int], int] | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
         if window_s < 0:
@@ -89,9 +82,7 @@ class Coalescer(Generic[Item, Result]):
         self.window_s, self.max_batch = window_s, max_batch
         if plan is not None and group_of is None:
             raise ValueError("plan needs group_of: it sizes a batch of one group")
-        if (part_of is None) != (quota is None) or (quota is not None and (group_of is None or plan)):
-            raise ValueError("part_of and quota go together, with group_of and without plan")
-        self.group_of, self.plan, self.part_of, self.quota = group_of, plan, part_of, quota
+        self.group_of, self.plan = group_of, plan
         self._pending: list[_Entry[Item]] = []
         self._pending_items = 0  # items in _pending (kept, not summed on every submit)
         self._expected = max_batch  # items worth waiting for: see the module docstring
@@ -112,12 +103,10 @@ class Coalescer(Generic[Item, Result]):
         assert self._arrived is not None and self._enough is not None
         entries = [_Entry(list(items[i : i + self.max_batch]), loop.create_future())
                    for i in range(0, len(items), self.max_batch)]
-        for name, of in (("group", self.group_of), ("part", self.part_of)):
-            if of is None:
-                continue
+        if self.group_of is not None:
             for entry in entries:
-                keys = tuple(dict.fromkeys(map(of, entry.items)))
-                setattr(entry, name, keys[0] if len(keys) == 1 else keys)
+                keys = tuple(dict.fromkeys(map(self.group_of, entry.items)))
+                entry.group = keys[0] if len(keys) == 1 else keys
         self._pending.extend(entries)
         self._pending_items += len(items)
         self._arrived.set()
@@ -177,8 +166,6 @@ class Coalescer(Generic[Item, Result]):
         else:  # the oldest request's group, in arrival order
             group = self._pending[0].group
             members = [e for e in self._pending if e.group == group]
-            if self.quota is not None:
-                return self._take_parts(members)
             available = sum(len(e.items) for e in members)
             limit = min(self.max_batch, available)
             if self.plan is not None:
@@ -193,30 +180,6 @@ class Coalescer(Generic[Item, Result]):
                 break
             taken.append(entry)
             size += len(entry.items)
-        return self._taken(taken)
-
-    def _take_parts(self, members: list[_Entry[Item]]) -> list[_Entry[Item]]:
-        """Of one group's waiting requests, in arrival order, as many of each part's items as
-        ``quota`` says (whole requests; the oldest always, and at most ``max_batch`` items)."""
-        assert self.quota is not None
-        counts: dict[Hashable, int] = {}
-        for entry in members:
-            counts[entry.part] = counts.get(entry.part, 0) + len(entry.items)
-        try:
-            quotas = self.quota(list(counts.values()))
-            left = dict(zip(counts, quotas, strict=True))
-        except Exception:  # a bug in the quota must not stop the worker: every part whole
-            log.exception("coalescer: the batch quota failed; taking every part whole")
-            left = dict(counts)
-        taken: list[_Entry[Item]] = []
-        size = 0
-        for entry in members:
-            n = len(entry.items)
-            if taken and (n > left[entry.part] or size + n > self.max_batch):
-                continue
-            taken.append(entry)
-            left[entry.part] -= n
-            size += n
         return self._taken(taken)
 
     def _taken(self, taken: list[_Entry[Item]]) -> list[_Entry[Item]]:

@@ -1,5 +1,5 @@
 """Custom ops of the one-pass read: each a torch reference (every device, the CPU tests) and, for
-CUDA, a twin op that runs its Triton kernel (triton_kernels.py). Which of the two a reader calls is
+CUDA, a twin op that runs its Triton kernel (triton_rows.py). Which of the two a reader calls is
 chosen once, at its construction (choice.py: ``KernelChoice.triton``), never switched at run time.
 
 Why ops of their own: the compiler treats them as opaque calls, so it neither fuses them into
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from router.backends.torch.split_kv import merge_chunks
+from router.backends.torch.kernels.split_kv import merge_chunks
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,10 @@ def _(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> tor
 @torch.library.custom_op("slotgate::merge_groups", mutates_args=())
 def merge_groups(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                  lse_b: torch.Tensor) -> torch.Tensor:
-    """Two attention parts of the same queries merged by their log-sum-exps (prefix_attention's
+    """Two attention parts of the same queries merged by their log-sum-exps (attention.py's
     ``merge``), from grouped views (B, Hk, G, M, D) / (B, Hk, G, M) (``group_view``) to the output
     projection's layout (B, M, Hk*G*D), query head j*G+g. Float32 arithmetic, rounded once."""
-    from router.backends.torch.prefix_attention import merge_grouped
+    from router.backends.torch.kernels.attention import merge_grouped
 
     return merge_grouped(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
 
@@ -66,8 +66,8 @@ def _(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torc
 @torch.library.custom_op("slotgate::merge_groups3", mutates_args=())
 def merge_groups3(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
                   out_c: torch.Tensor, lse_c: torch.Tensor) -> torch.Tensor:
-    """``merge_groups`` of three parts (prefix_attention's ``merge_grouped3``)."""
-    from router.backends.torch.prefix_attention import merge_grouped3
+    """``merge_groups`` of three parts (attention.py's ``merge_grouped3``)."""
+    from router.backends.torch.kernels.attention import merge_grouped3
 
     return merge_grouped3(out_a, lse_a, out_b, lse_b, out_c, lse_c)  # type: ignore[no-any-return]
 
@@ -84,9 +84,9 @@ merge_groups3.register_fake(_merged_like)
 # on CUDA after ``triton_problem`` found none) ever calls them.
 @torch.library.custom_op("slotgate::moe_gather_triton", mutates_args=())
 def moe_gather_triton(rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
-    from router.backends.torch import triton_kernels
+    from router.backends.torch.kernels import triton_rows
 
-    return triton_kernels.gather_rows(rows, order, top_k)  # type: ignore[no-any-return]
+    return triton_rows.gather_rows(rows, order, top_k)  # type: ignore[no-any-return]
 
 
 moe_gather_triton.register_fake(lambda rows, order, top_k: rows.new_empty((order.shape[0], rows.shape[1])))
@@ -94,9 +94,9 @@ moe_gather_triton.register_fake(lambda rows, order, top_k: rows.new_empty((order
 
 @torch.library.custom_op("slotgate::moe_combine_triton", mutates_args=())
 def moe_combine_triton(out_rows: torch.Tensor, place: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    from router.backends.torch import triton_kernels
+    from router.backends.torch.kernels import triton_rows
 
-    return triton_kernels.combine_rows(out_rows, place, weights)  # type: ignore[no-any-return]
+    return triton_rows.combine_rows(out_rows, place, weights)  # type: ignore[no-any-return]
 
 
 moe_combine_triton.register_fake(
@@ -108,12 +108,12 @@ def merge_groups_triton(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.T
                         lse_b: torch.Tensor) -> torch.Tensor:
     """``merge_groups`` as one Triton kernel where it applies (unit last strides, D a power of two);
     the torch arithmetic elsewhere."""
-    from router.backends.torch import triton_kernels
-    from router.backends.torch.prefix_attention import merge_grouped
+    from router.backends.torch.kernels import triton_rows
+    from router.backends.torch.kernels.attention import merge_grouped
 
     dim = out_a.shape[-1]
     if out_a.stride(-1) == out_b.stride(-1) == 1 and dim & (dim - 1) == 0:
-        return triton_kernels.merge_groups(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
+        return triton_rows.merge_groups(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
     return merge_grouped(out_a, lse_a, out_b, lse_b)  # type: ignore[no-any-return]
 
 
@@ -126,12 +126,12 @@ merge_groups_triton.register_fake(
 def merge_groups3_triton(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                          lse_b: torch.Tensor, out_c: torch.Tensor, lse_c: torch.Tensor) -> torch.Tensor:
     """``merge_groups3`` as one Triton kernel where it applies (as ``merge_groups_triton``)."""
-    from router.backends.torch import triton_kernels
-    from router.backends.torch.prefix_attention import merge_grouped3
+    from router.backends.torch.kernels import triton_rows
+    from router.backends.torch.kernels.attention import merge_grouped3
 
     dim = out_a.shape[-1]
     if out_a.stride(-1) == out_b.stride(-1) == out_c.stride(-1) == 1 and dim & (dim - 1) == 0:
-        return triton_kernels.merge_groups(  # type: ignore[no-any-return]
+        return triton_rows.merge_groups(  # type: ignore[no-any-return]
             out_a, lse_a, out_b, lse_b, out_c, lse_c)
     return merge_grouped3(out_a, lse_a, out_b, lse_b, out_c, lse_c)  # type: ignore[no-any-return]
 
@@ -143,11 +143,11 @@ def merge_chunks_triton(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Ten
     """split_kv.merge_chunks as one Triton kernel where it applies (unit last stride, D a power of
     two); the torch arithmetic elsewhere. Not a custom op: attention runs uncompiled (its kernels
     are graph-captured as they are), so nothing traces it."""
-    from router.backends.torch import triton_kernels
+    from router.backends.torch.kernels import triton_rows
 
     dim = out.shape[-1]
     if out.stride(-1) == 1 and dim & (dim - 1) == 0:
-        return triton_kernels.merge_chunks(out, lse)
+        return triton_rows.merge_chunks(out, lse)
     return merge_chunks(out, lse)
 
 
@@ -194,7 +194,7 @@ def triton_problem(device: torch.device) -> str:
     if triton_missing(device):
         return triton_missing(device)
     try:
-        from router.backends.torch import triton_kernels as kernels
+        from router.backends.torch.kernels import triton_rows as kernels
 
         problem = _disagreement(kernels, device)
     # a missing Triton, a failed build or launch: the torch ops serve, and the log says why

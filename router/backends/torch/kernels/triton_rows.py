@@ -1,11 +1,11 @@
-"""Triton kernels of ops.py's custom ops (CUDA only; importing needs Triton).
+"""Triton kernels of row_ops.py's custom ops (CUDA only; importing needs Triton).
 
 Hand-written because none is one torch op that runs near the copy bandwidth: the MoE gather is an
 ``index_select`` (fine eagerly, but inductor fuses it into a slower pointwise kernel), the MoE
 combine a gather, a float32 product and a sum over k that torch runs as three passes over an
 (S, hidden) float32 intermediate, and the attention merge reads its four inputs through strided
-views (the attention kernels' own layouts) that inductor's pointwise kernel read 5-8x below the
-copy bandwidth (21 ms of a 184 ms batch). One program copies, reduces or merges one row.
+views (the attention kernels' own layouts) that inductor's pointwise kernel reads several times
+below the copy bandwidth. One program copies, reduces or merges one row.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _merge_kernel(  # type: ignore[no-untyped-def]
 
 def merge_groups(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out_c: Any = None,
                  lse_c: Any = None) -> Any:
-    """ops.merge_groups (with ``out_c``/``lse_c``: ops.merge_groups3) on CUDA: inputs
+    """ops.merge_groups (with ``out_c``/``lse_c``: row_ops.merge_groups3) on CUDA: inputs
     (B, Hk, G, M, D) / (B, Hk, G, M) with unit last stride (D a power of two), output
     (B, M, Hk*G*D)."""
     items, kv, groups, rows, dim = out_a.shape

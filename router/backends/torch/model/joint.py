@@ -1,4 +1,4 @@
-"""Both streams of a one-pass read as one (fused.py, ``OnePass.joint_streams``): each layer's
+"""Both streams of a one-pass read as one (onepass.py, ``OnePass.joint_streams``): each layer's
 hidden state is the encoder's rows (prompt rests) and the decoder's (canvases) end to end, (T, E)
 encoder first. Each layer norms it once, projects it to q/k/v by one product over a merged copy of
 the tied q/k/v weights, splits the result into each stream's attention shapes as views, projects
@@ -10,11 +10,7 @@ read once a layer instead of once a stream. The same result as the streams apart
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from router.backends.torch.fp8 import Fp8Layer
-
+from typing import Any
 
 ATTENTION_WEIGHTS = ("self_attn.", "input_layernorm")  # a layer's attention half: per stream
 
@@ -120,8 +116,8 @@ def o_proj_joint(attn: Any, out_e: Any, out_d: Any) -> Any:
     return attn.o_proj(torch.cat([out_e.flatten(0, 1), out_d.flatten(0, 1)]))
 
 
-def ffn_joint(ffn: Any, layer: Any, attn: Any, hidden: Any, scalars: tuple[Any, Any], n_enc: int,
-              weights: Fp8Layer | None = None) -> Any:
+def ffn_joint(ffn: Any, layer: Any, attn: Any, hidden: Any, scalars: tuple[Any, Any],
+              n_enc: int) -> Any:
     """``pieces.ffn_step`` over a hidden state kept as both streams' rows end to end, (T, E) with
     the encoder's ``n_enc`` first (``joined``); ``attn``: both streams' attention outputs the
     same way (T, E), from one o_proj call (``o_proj_joint``). Returns the next hidden state, each
@@ -129,5 +125,5 @@ def ffn_joint(ffn: Any, layer: Any, attn: Any, hidden: Any, scalars: tuple[Any, 
     read it whole, uncopied."""
     import torch
 
-    out = ffn(layer, attn, hidden, weights)
+    out = ffn(layer, attn, hidden)
     return torch.cat([out[:n_enc] * scalars[0], out[n_enc:] * scalars[1]])

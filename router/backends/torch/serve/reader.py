@@ -1,6 +1,6 @@
 """What the torch backend asks of a slot reader (diffusion.py, causal.py, masked.py): the items it
-reads, the reads it returns, the protocol, and the immutability the readers share (a reader's
-kernels and settings are fixed when it is built)."""
+reads, the reads it returns and the protocol. The readers are immutable once built (model/frozen.py:
+a reader's kernels and settings are fixed when it is built)."""
 
 from __future__ import annotations
 
@@ -66,18 +66,3 @@ class SlotReader(Protocol):
         """The reader to serve with, made ready on ``sample``: this one, or (when compiling or
         capturing fails) an eager twin over the same model; never this one changed."""
         ...
-
-
-class Frozen:
-    """Attributes are set in ``__init__``, which ends with ``self._seal()``, and never again."""
-
-    _sealed = False
-
-    def _seal(self) -> None:
-        object.__setattr__(self, "_sealed", True)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if self._sealed:
-            raise AttributeError(f"{type(self).__name__} is immutable once built "
-                                 f"(its kernels are chosen at construction): {name}")
-        object.__setattr__(self, name, value)

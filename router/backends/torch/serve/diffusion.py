@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
-from router.backends.torch.choice import KernelChoice, build_pieces, default_choice
-from router.backends.torch.fused import OnePass, at_slots, slot_read
-from router.backends.torch.graphs import GraphSet, GraphShapes
-from router.backends.torch.joint import weights_shared
-from router.backends.torch.kv_cache import cache_kwarg, fork_cache, select_cache_rows
-from router.backends.torch.prefix_lru import PrefixLRU
-from router.backends.torch.read_inputs import OnePassBatch, PrefixGroups
-from router.backends.torch.reader import Frozen, SlotItem, SlotRead, SlotReader
+from router.backends.torch.model.choice import KernelChoice, build_pieces, default_choice
+from router.backends.torch.model.frozen import Frozen
+from router.backends.torch.model.inputs import OnePassBatch
+from router.backends.torch.model.joint import weights_shared
+from router.backends.torch.model.onepass import OnePass, at_slots, slot_read
+from router.backends.torch.serve.graphs import GraphSet, GraphShapes
+from router.backends.torch.serve.kv_cache import cache_kwarg, fork_cache, select_cache_rows
+from router.backends.torch.serve.prefix_lru import PrefixLRU
+from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
 from router.errors import ConfigError
 
 
@@ -51,23 +52,17 @@ def draw_noise(*, seed: int, draw: int, vocab_size: int, count: int) -> list[int
 
 class DiffusionSlotReader(Frozen):
     """Reads slots from one DiffusionGemma model; keeps up to ``prefix_cache_entries`` prefix
-    caches (keyed by their token ids; ``prefixes`` shares another reader's; ``fp8`` another
-    reader's FP8 copies, fp8.py, else made here when the choice asks; ``qkv_weights`` another
-    reader's merged q/k/v copies, fused.OnePass, else made here when joint_streams asks).
-    ``mixed_prefixes`` (opt-in; the one-pass read only): items of several prefixes (questions)
-    that share a canvas width are read in ONE pass, each reading only its own prefix
-    (read_inputs.PrefixGroups; with graphs, a mixed bucket's: ``read_mixed``), instead of one
-    read a prefix.
+    caches (keyed by their token ids; ``prefixes`` shares another reader's; ``qkv_weights``
+    another reader's merged q/k/v copies, onepass.OnePass, else made here when joint_streams asks).
     ``choice`` (default: the device's, choice.py ``default_choice``) fixes its kernels: the
-    one-pass read (fused.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
+    one-pass read (onepass.py) or transformers' two-pass read, and what the one pass runs. ``graphs`` (graphs.py), when given,
     are the shapes whose reads ``warm_up`` captures as CUDA graphs (padded, uncaptured on the CPU).
     Immutable once built. Not thread-safe: the backend serialises calls."""
 
     def __init__(
         self, model: Any, *, choice: KernelChoice | None = None, graphs: GraphShapes | None = None,
         prefix_cache_entries: int = 8, use_prefix_cache: bool = True, pad_id: int = 0,
-        prefixes: PrefixLRU | None = None, fp8: Any = None, qkv_weights: Any = None,
-        mixed_prefixes: bool = False,
+        prefixes: PrefixLRU | None = None, qkv_weights: Any = None,
     ) -> None:
         self.model = model.eval()
         self.use_prefix_cache = use_prefix_cache
@@ -87,23 +82,16 @@ class DiffusionSlotReader(Frozen):
         if self.choice.fused_pass and not weights_shared(model, attention=False):
             raise ConfigError("kernel choice: fused_pass needs tied encoder/decoder weights",
                               field="fused_pass")
-        if mixed_prefixes and not self.choice.fused_pass:
-            raise ConfigError("mixed_question_reads needs the one-pass read (fused_pass): "
-                              "transformers' two-pass read takes one prefix a read",
-                              field="mixed_question_reads")
-        self.mixed_prefixes = mixed_prefixes
-        self.fp8 = fp8 if fp8 is not None or self.choice.fp8 == "off" else self._fp8_copies()
         # the eager read of few items (below: ``passes``, one per distinct read-level choice)
         single = self.choice.for_read(1)
-        self.onepass = (OnePass(model, build_pieces(single), single.band, single.trim_last,
-                                self.fp8, single.joint_streams, qkv_weights or None,
-                                single.rows_in_place)
+        self.onepass = (OnePass(model, build_pieces(single), single.band, single.joint_streams,
+                                qkv_weights or None)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
             raise ConfigError("graph shapes need the one-pass read (fused_pass)", field="graph_batches")
         # the one-pass reads by item count (choice.for_read: the streams apart past
-        # joint_streams_items; in graph buckets small() attention up to static_flex_items), over
-        # the same weights and merged q/k/v copies, one OnePass per distinct choice
+        # joint_streams_items, the prefix whole past split_kv_items), over the same weights and
+        # merged q/k/v copies, one OnePass per distinct choice
         self.passes = self._passes(graphs.batches if graphs is not None else ())
         if graphs is not None and graphs.capture and self.device.type != "cuda":
             raise ConfigError("graph capture needs a CUDA device", field="capture")
@@ -115,20 +103,19 @@ class DiffusionSlotReader(Frozen):
         if self.onepass is None:
             return {}
         out = {self.choice.for_read(1): self.onepass}
-        wanted = [self.choice.for_read(n, graph=True) for n in batches]
+        wanted = [self.choice.for_read(n) for n in batches]
         # eager reads past a read-level limit (joint_streams_items, split_kv_items) read otherwise
         wanted += [self.choice.for_read(n) for n in self.choice.read_thresholds()]
         for choice in wanted:
             if choice not in out:
-                out[choice] = OnePass(self.model, build_pieces(choice), choice.band, choice.trim_last,
-                                      self.fp8, choice.joint_streams, self.onepass.qkv_weights or None,
-                                      choice.rows_in_place)
+                out[choice] = OnePass(self.model, build_pieces(choice), choice.band,
+                                      choice.joint_streams, self.onepass.qkv_weights or None)
         return out
 
-    def onepass_for(self, n_items: int, *, graph: bool = False) -> OnePass:
-        """The one-pass read of ``n_items`` items: eager, or (``graph``) the one a graph bucket of
-        that many items is captured with and replays."""
-        return self.passes[self.choice.for_read(n_items, graph=graph)]
+    def onepass_for(self, n_items: int) -> OnePass:
+        """The one-pass read of ``n_items`` items (eager, or the one a graph bucket of that many
+        items is captured with and replays)."""
+        return self.passes[self.choice.for_read(n_items)]
 
     @property
     def compiled(self) -> bool:
@@ -143,43 +130,30 @@ class DiffusionSlotReader(Frozen):
     def needs_warm_up(self) -> bool:
         return self.choice.compiled or self.graphs is not None
 
-    def _fp8_copies(self) -> Any:
-        from router.backends.torch.fp8 import Fp8Model
-
-        return Fp8Model(self.model)
-
     def rebuilt(self, choice: KernelChoice, *, graphs: bool = True) -> DiffusionSlotReader:
-        """A twin over the same model, prefix caches and FP8 copies with ``choice`` (and this
-        one's graph shapes, unless ``graphs`` is False)."""
-        same_fp8 = choice.fp8 == self.choice.fp8
+        """A twin over the same model and prefix caches with ``choice`` (and this one's graph
+        shapes, unless ``graphs`` is False)."""
         # the merged q/k/v copies (joint_streams) follow the model: a twin shares them too
         merged = self.onepass.qkv_weights if self.onepass is not None else ()
         return DiffusionSlotReader(self.model, choice=choice,
                                    graphs=self.graph_shapes if graphs else None,
                                    use_prefix_cache=self.use_prefix_cache, pad_id=self.pad_id,
-                                   prefixes=self.prefixes, fp8=self.fp8 if same_fp8 else None,
-                                   qkv_weights=merged if choice.joint_streams else None,
-                                   mixed_prefixes=self.mixed_prefixes and choice.fused_pass)
+                                   prefixes=self.prefixes,
+                                   qkv_weights=merged if choice.joint_streams else None)
 
     def warm_up(self, sample: SlotItem) -> SlotReader:
-        from router.backends.torch.warm_up import warm_up
+        from router.backends.torch.serve.warm_up import warm_up
 
         return warm_up(self, sample) if self.needs_warm_up else self
 
     # -- public -------------------------------------------------------------------------
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
-        """Read every item; items sharing a prefix and canvas width run as one batch (with
-        ``mixed_prefixes``, items sharing a canvas width, ordered by prefix)."""
+        """Read every item; items sharing a prefix and canvas width run as one batch."""
         import torch
 
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, item in enumerate(items):
-            key = (len(item.canvas_ids),) if self.mixed_prefixes else (item.prefix_ids, len(item.canvas_ids))
-            groups.setdefault(key, []).append(index)
-        if self.mixed_prefixes:  # each prefix's items together, in the order prefixes came
-            first = {p: n for n, p in enumerate(dict.fromkeys(i.prefix_ids for i in items))}
-            for indices in groups.values():
-                indices.sort(key=lambda i: first[items[i].prefix_ids])
+            groups.setdefault((item.prefix_ids, len(item.canvas_ids)), []).append(index)
         out: list[SlotRead | None] = [None] * len(items)
         with torch.inference_mode():
             for indices in groups.values():
@@ -235,11 +209,8 @@ class DiffusionSlotReader(Frozen):
         return results
 
     def read_onepass(self, items: list[SlotItem], prefix: tuple[int, ...]) -> tuple[Any, Any, Any]:
-        """The one-pass read of one group: a captured graph when one holds its shape, else eager;
-        items of several prefixes (``mixed_prefixes``, in runs of one prefix): ``read_mixed``."""
+        """The one-pass read of one group: a captured graph when one holds its shape, else eager."""
         assert self.onepass is not None
-        if prefix and any(item.prefix_ids != prefix for item in items):
-            return self.read_mixed(items)
         cache = self.prefix_cache(prefix) if prefix else None
         if self.graphs is not None and cache is not None:
             replayed = self.graphs.run(items, prefix, cache)
@@ -248,38 +219,6 @@ class DiffusionSlotReader(Frozen):
         kv = self.onepass.prefix_kv(cache, len(prefix)) if cache is not None else None
         onepass = self.onepass_for(len(items))
         return onepass(kv, self.prepare_onepass(items, prefix_len=len(prefix), device=self.device))
-
-    def read_mixed(self, items: list[SlotItem]) -> tuple[Any, Any, Any]:
-        """The one-pass read of items whose prefixes differ, each prefix's items laid together
-        (``read`` orders them). With graphs: a mixed bucket's replay (graphs.GraphSet.run_mixed)
-        where one holds them and pays, else one read a prefix, each from its bucket (an eager read
-        is slower on a GPU than a bucket's replay). Without: ONE eager pass over ``PrefixGroups``
-        of each prefix's cached keys/values."""
-        assert self.onepass is not None
-        runs: dict[tuple[int, ...], list[SlotItem]] = {}
-        for item in items:
-            runs.setdefault(item.prefix_ids, []).append(item)
-        if [item for run in runs.values() for item in run] != items:
-            raise ValueError("a mixed read takes each prefix's items together")
-        if self.graphs is not None:  # a mixed bucket's graph where one holds it and pays
-            replayed = self.graphs.run_mixed([(prefix, run, self.prefix_cache(prefix))
-                                              for prefix, run in runs.items()])
-            if replayed is not None:
-                return replayed
-            # else one read a prefix, each from its own bucket where one holds it (a graph's
-            # outputs are overwritten by its next replay: each run's copied out first)
-            import torch
-
-            reads = [[t.clone() for t in self.read_onepass(run, prefix)] for prefix, run in runs.items()]
-            return tuple(torch.cat(part) for part in zip(*reads, strict=True))  # type: ignore[return-value]
-        kvs, item_bounds, row_bounds = [], [0], [0]
-        for prefix, run in runs.items():
-            kvs.append(self.onepass.prefix_kv(self.prefix_cache(prefix), len(prefix)))
-            item_bounds.append(item_bounds[-1] + len(run))
-            row_bounds.append(row_bounds[-1] + sum(item.draws for item in run))
-        groups = PrefixGroups(tuple(kvs), tuple(item_bounds), tuple(row_bounds))
-        batch = self.prepare_onepass(items, prefix_len=len(items[0].prefix_ids), device=self.device)
-        return self.onepass_for(len(items))(groups, batch)
 
     def prepare_onepass(self, items: list[SlotItem], *, prefix_len: int, n_items: int = 0,
                         n_rows: int = 0, width: int = 0, n_labels: int = 0,
@@ -295,8 +234,8 @@ class DiffusionSlotReader(Frozen):
         width = max(width, *(len(seq) for seq in seqs))
         n_labels = max(n_labels, *(len(item.label_ids) for item in items))
         canvas_len = len(items[0].canvas_ids)
-        # Written row by row into numpy arrays, then wrapped: torch's per-row tensor writes took
-        # 2.1 ms a batch of 32 on the CPU, serial with the GPU read (bench.host_path's breakdown).
+        # Written row by row into numpy arrays, then wrapped: torch's per-row tensor writes are
+        # slower, and this host work is serial with the GPU read (bench.host_path times it).
         # Padding items are length-1 fillers; padding rows read item 0's slot 0 and one label.
         ids = np.full((n_items, width), self.pad_id, dtype=np.int64)
         lengths = np.ones(n_items, dtype=np.int64)

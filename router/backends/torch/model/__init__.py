@@ -1,0 +1,2 @@
+"""The DiffusionGemma one-pass read (onepass.py), the per-layer functions it calls (pieces.py,
+joint.py, compiled.py) and the kernel choice that fixes them once, at construction (choice.py)."""
