@@ -150,7 +150,8 @@ def walk_candidates(n_accepted: NDArray[np.int64], n: int, *, target: float, lev
     how many rows each candidate accepts): those accepting at least ``min_accepted`` rows and
     as many as an all-correct sample needs to clear ``target`` at ``level`` (a test on fewer
     could only fail), thinned to one every ``grid_step`` of the ``n`` rows by ``_grid``."""
-    eligible = np.flatnonzero(n_accepted >= min(n, max(min_accepted, _rows_needed(target, level))))
+    eligible = np.flatnonzero(n_accepted >= fewest_tested_rows(n, target=target, level=level,
+                                                                min_accepted=min_accepted))
     reach = np.maximum.accumulate(n_accepted[eligible])
     return eligible[_grid(reach, step_rows=int(np.floor(grid_step * n)))].astype(np.int64)
 
@@ -187,6 +188,12 @@ def _grid(n_accepted: NDArray[np.int64], *, step_rows: int) -> NDArray[np.int64]
     cell = (n_accepted - n_accepted[0]) // step_rows
     first = np.flatnonzero(np.diff(cell, prepend=-1) > 0)
     return np.unique(np.append(first, n_accepted.size - 1)).astype(np.int64)
+
+
+def fewest_tested_rows(n: int, *, target: float, level: float, min_accepted: int) -> int:
+    """Fewest accepted rows (of ``n``) a candidate needs to be tested: ``min_accepted``, and as
+    many as an all-correct sample needs to clear ``target`` at ``level``."""
+    return min(n, max(min_accepted, _rows_needed(target, level)))
 
 
 def _rows_needed(target: float, delta: float) -> int:
