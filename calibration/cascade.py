@@ -34,7 +34,7 @@ class _Candidates:
     thresholds: NDArray[np.float64]  # (m, n_tiers)
     n_accepted: NDArray[np.int64]
     n_correct: NDArray[np.int64]
-    predicted: NDArray[np.float64]  # mean calibrated confidence of the accepted answers
+    predicted: NDArray[np.float64]  # how accurate the accepted answers look, without the labels
     n_slow: NDArray[np.int64]
     cost: NDArray[np.float64]  # total over the rows
 
@@ -88,10 +88,25 @@ class CascadeThresholds:
         self.grid_step = grid_step
         self.levels = levels
 
-    def fit(self, confidence: ArrayLike, correct: ArrayLike) -> Self:
+    def fit(self, confidence: ArrayLike, correct: ArrayLike, *,
+            order_confidence: ArrayLike | None = None, order_correct: ArrayLike | None = None
+            ) -> Self:
         """``confidence``: (n_samples, n_tiers) calibrated top probability of each tier on each
-        row; ``correct``: (n_samples, n_tiers) whether that tier's answer is right."""
+        row; ``correct``: (n_samples, n_tiers) whether that tier's answer is right.
+        ``order_confidence`` / ``order_correct``: other labelled rows, read by every tier, that
+        only order the candidates (their labels never enter a test): with more than one tier,
+        pass them (e.g. the rows the calibrators were fit on). A later tier's calibrated
+        confidence is over-confident on the rows earlier tiers turned down, so without them the
+        order misleads the walk and it stops early (docs/cascade.md)."""
         conf, hits = _check_reads(confidence, correct)
+        order = None
+        if order_confidence is not None or order_correct is not None:
+            if order_confidence is None or order_correct is None:
+                raise ValueError("order_confidence and order_correct go together: pass both")
+            order = _check_reads(order_confidence, order_correct, prefix="order_")
+            if order[0].shape[1] != conf.shape[1]:
+                raise ValueError(f"order_confidence has {order[0].shape[1]} columns (tiers), "
+                                 f"confidence has {conf.shape[1]}")
         n, n_tiers = conf.shape
         costs = self._check_options(n_tiers)
         target = self.target_accuracy
@@ -101,7 +116,8 @@ class CascadeThresholds:
         fewest = fewest_tested_rows(n, target=target, level=level, min_accepted=self.min_accepted)
         candidates = _Candidates.concat(
             [part.take(_pareto(part, fewest)) for part in
-             _enumerate(conf, hits, costs, slow_cost=self.slow_cost, levels=self.levels)],
+             _enumerate(conf, hits, costs, slow_cost=self.slow_cost, levels=self.levels,
+                        order=order)],
             n_tiers)
         margin = 0.0
         if self.max_slow_share is not None:
@@ -211,42 +227,84 @@ def slow_share_margin(n: int, *, n_tiers: int, delta: float) -> float:
 
 
 def _enumerate(conf: NDArray[np.float64], hits: NDArray[np.bool_], costs: NDArray[np.float64],
-               *, slow_cost: float, levels: int) -> Iterator[_Candidates]:
+               *, slow_cost: float, levels: int,
+               order: tuple[NDArray[np.float64], NDArray[np.bool_]] | None
+               ) -> Iterator[_Candidates]:
     """Every candidate vector, one batch per (ordered subset of tiers read, thresholds of all
-    but its last tier): the last tier takes each distinct confidence on the rows it reads."""
-    n, n_tiers = conf.shape
+    but its last tier): the last tier takes each distinct confidence on the rows it reads.
+    ``predicted`` is the accuracy of the accepted answers on the ``order`` rows (smoothed by one
+    right and one wrong answer), or without them their mean calibrated confidence."""
+    n_tiers = conf.shape[1]
     grids = [_levels(conf[:, k], levels) for k in range(n_tiers)]
     for size in range(1, n_tiers + 1):
         for tiers in combinations(range(n_tiers), size):
             *earlier, last = tiers
             for prefix in product(*(grids[k] for k in earlier)):
-                waiting = np.ones(n, dtype=bool)
-                n_acc, n_hit, conf_sum, cost = 0, 0, 0.0, 0.0
-                for k, threshold in zip(earlier, prefix, strict=True):
-                    cost += costs[k] * np.count_nonzero(waiting)
-                    accepts = waiting & (conf[:, k] >= threshold)
-                    n_acc += int(np.count_nonzero(accepts))
-                    n_hit += int(np.count_nonzero(hits[accepts, k]))
-                    conf_sum += float(conf[accepts, k].sum())
-                    waiting &= ~accepts
-                reaching = np.flatnonzero(waiting)
+                reaching, (n_acc, n_hit), cost = _prefix(conf, hits, costs, earlier, prefix)
                 if reaching.size == 0:
                     continue  # the last tier would read nothing: a shorter subset covers it
-                order = np.argsort(-conf[reaching, last], kind="stable")
-                sorted_conf = conf[reaching, last][order]
+                row_order = np.argsort(-conf[reaching, last], kind="stable")
+                sorted_conf = conf[reaching, last][row_order]
                 run_end = np.flatnonzero(np.append(sorted_conf[1:] != sorted_conf[:-1], True))
-                taken = run_end + 1
+                thresholds = sorted_conf[run_end]
+                total_acc = n_acc + run_end + 1
+                if order is None:
+                    predicted = ((_accepted_sum(conf, earlier, prefix, conf)
+                                  + np.cumsum(sorted_conf)[run_end]) / total_acc)
+                else:
+                    predicted = _order_accuracy(*order, earlier, prefix, last, thresholds)
                 vectors = np.full((run_end.size, n_tiers), np.nan)
                 vectors[:, list(earlier)] = prefix
-                vectors[:, last] = sorted_conf[run_end]
-                total_acc = n_acc + taken
+                vectors[:, last] = thresholds
                 yield _Candidates(
                     thresholds=vectors, n_accepted=total_acc.astype(np.int64),
-                    n_correct=(n_hit + np.cumsum(hits[reaching, last][order])[run_end]
+                    n_correct=(n_hit + np.cumsum(hits[reaching, last][row_order])[run_end]
                                ).astype(np.int64),
-                    predicted=(conf_sum + np.cumsum(sorted_conf)[run_end]) / total_acc,
-                    n_slow=(reaching.size - taken).astype(np.int64),
-                    cost=cost + costs[last] * reaching.size + slow_cost * (reaching.size - taken))
+                    predicted=predicted,
+                    n_slow=(reaching.size - run_end - 1).astype(np.int64),
+                    cost=cost + costs[last] * reaching.size
+                    + slow_cost * (reaching.size - run_end - 1))
+
+
+def _prefix(conf: NDArray[np.float64], hits: NDArray[np.bool_], costs: NDArray[np.float64],
+            earlier: Sequence[int], prefix: Sequence[float]
+            ) -> tuple[NDArray[np.int64], tuple[int, int], float]:
+    """Rows no earlier tier accepted, (accepted, right) counts of the earlier tiers, their cost."""
+    waiting = np.ones(len(conf), dtype=bool)
+    n_acc, n_hit, cost = 0, 0, 0.0
+    for k, threshold in zip(earlier, prefix, strict=True):
+        cost += costs[k] * np.count_nonzero(waiting)
+        accepts = waiting & (conf[:, k] >= threshold)
+        n_acc += int(np.count_nonzero(accepts))
+        n_hit += int(np.count_nonzero(hits[accepts, k]))
+        waiting &= ~accepts
+    return np.flatnonzero(waiting), (n_acc, n_hit), cost
+
+
+def _accepted_sum(conf: NDArray[np.float64], earlier: Sequence[int], prefix: Sequence[float],
+                  values: NDArray[np.float64]) -> float:
+    """Sum of ``values`` (per row and tier) over the answers the earlier tiers accepted."""
+    waiting = np.ones(len(conf), dtype=bool)
+    total = 0.0
+    for k, threshold in zip(earlier, prefix, strict=True):
+        accepts = waiting & (conf[:, k] >= threshold)
+        total += float(values[accepts, k].sum())
+        waiting &= ~accepts
+    return total
+
+
+def _order_accuracy(conf: NDArray[np.float64], hits: NDArray[np.bool_], earlier: Sequence[int],
+                    prefix: Sequence[float], last: int, thresholds: NDArray[np.float64]
+                    ) -> NDArray[np.float64]:
+    """Accuracy of the accepted answers on the ordering rows at each last-tier threshold,
+    smoothed by one right and one wrong answer (few accepted rows say little)."""
+    reaching, (n_acc, n_hit), _ = _prefix(conf, hits, np.zeros(conf.shape[1]), earlier, prefix)
+    sorted_conf = -np.sort(-conf[reaching, last], kind="stable")
+    right = np.concatenate([[0], np.cumsum(hits[reaching, last][np.argsort(
+        -conf[reaching, last], kind="stable")])])
+    taken = np.searchsorted(-sorted_conf, -thresholds, side="right")
+    result: NDArray[np.float64] = (n_hit + right[taken] + 1.0) / (n_acc + taken + 2.0)
+    return result
 
 
 def _levels(confidence: NDArray[np.float64], levels: int) -> NDArray[np.float64]:
@@ -266,28 +324,29 @@ def _pareto(candidates: _Candidates, fewest: int) -> NDArray[np.int64]:
     return order[predicted > best_cheaper].astype(np.int64)
 
 
-def _check_confidence_2d(confidence: ArrayLike) -> NDArray[np.float64]:
+def _check_confidence_2d(confidence: ArrayLike, name: str = "confidence"
+                         ) -> NDArray[np.float64]:
     array = np.asarray(confidence, dtype=np.float64)
     if array.ndim != 2 or array.shape[1] < 1:
-        raise ValueError(f"confidence must be 2-D (n_samples, n_tiers), got shape {array.shape}")
+        raise ValueError(f"{name} must be 2-D (n_samples, n_tiers), got shape {array.shape}")
     if array.shape[0] == 0:
-        raise ValueError("confidence is empty: at least one row is needed")
+        raise ValueError(f"{name} is empty: at least one row is needed")
     if not np.all(np.isfinite(array)):
-        raise ValueError("confidence has non-finite values (nan or inf)")
+        raise ValueError(f"{name} has non-finite values (nan or inf)")
     if np.any(array < 0.0) or np.any(array > 1.0):
-        raise ValueError("confidence has values outside [0, 1]")
+        raise ValueError(f"{name} has values outside [0, 1]")
     return array
 
 
-def _check_reads(confidence: ArrayLike, correct: ArrayLike
+def _check_reads(confidence: ArrayLike, correct: ArrayLike, *, prefix: str = ""
                  ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    conf = _check_confidence_2d(confidence)
+    conf = _check_confidence_2d(confidence, f"{prefix}confidence")
     hits = np.asarray(correct)
     if hits.shape != conf.shape:
-        raise ValueError(f"correct must have the shape of confidence {conf.shape}, got "
-                         f"{hits.shape}")
+        raise ValueError(f"{prefix}correct must have the shape of {prefix}confidence "
+                         f"{conf.shape}, got {hits.shape}")
     if hits.dtype != np.bool_:
         if not np.all(np.isin(hits, (0, 1))):
-            raise ValueError("correct must hold booleans or 0/1")
+            raise ValueError(f"{prefix}correct must hold booleans or 0/1")
         hits = hits.astype(bool)
     return conf, hits

@@ -43,16 +43,19 @@ def test_one_tier_is_the_one_tier_search(seed: int, target: float) -> None:
     assert fitted.coverage_by_tier_[0] == pytest.approx(one.coverage)
 
 
-def test_the_promise_holds_on_fresh_data_across_redraws() -> None:
+@pytest.mark.parametrize("ordered", [True, False])
+def test_the_promise_holds_on_fresh_data_across_redraws(ordered: bool) -> None:
     rng = np.random.default_rng(7)
-    target, delta, redraws = 0.9, 0.1, 120
+    target, delta, redraws = 0.9, 0.1, 60
     fresh_conf, fresh_correct = reads(20_000, 3, rng)
     violations, covered = 0, []
     for _ in range(redraws):
         confidence, correct = reads(1000, 3, rng)
+        order_conf, order_correct = reads(1000, 3, rng) if ordered else (None, None)
         fitted = CascadeThresholds(target_accuracy=target, delta=delta,
-                                   tier_costs=[1.0, 2.0, 4.0], slow_cost=40.0, levels=12
-                                   ).fit(confidence, correct)
+                                   tier_costs=[1.0, 2.0, 4.0], slow_cost=40.0, levels=6
+                                   ).fit(confidence, correct, order_confidence=order_conf,
+                                         order_correct=order_correct)
         accuracy = accepted_accuracy(fitted, fresh_conf, fresh_correct)
         violations += accuracy is not None and accuracy < target
         covered.append(1.0 - fitted.coverage_by_tier_[-1])
@@ -136,6 +139,21 @@ def test_bad_options_are_refused_by_name(changes: dict[str, object], field: str)
     confidence, correct = reads(200, 2, np.random.default_rng(0))
     with pytest.raises(ValueError, match=field):
         CascadeThresholds(**{**GOOD, **changes}).fit(confidence, correct)  # type: ignore[arg-type]
+
+
+def test_ordering_rows_come_in_pairs_of_the_same_tiers() -> None:
+    confidence, correct = reads(200, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="order_confidence and order_correct"):
+        CascadeThresholds(**GOOD).fit(confidence, correct,  # type: ignore[arg-type]
+                                      order_confidence=confidence)
+    with pytest.raises(ValueError, match="order_confidence has 1 columns"):
+        CascadeThresholds(**GOOD).fit(confidence, correct,  # type: ignore[arg-type]
+                                      order_confidence=confidence[:, :1],
+                                      order_correct=correct[:, :1])
+    with pytest.raises(ValueError, match="order_correct must hold"):
+        CascadeThresholds(**GOOD).fit(confidence, correct,  # type: ignore[arg-type]
+                                      order_confidence=confidence,
+                                      order_correct=np.full((200, 2), 3))
 
 
 @pytest.mark.parametrize(("confidence", "correct", "field"), [
