@@ -18,8 +18,9 @@ less accurate than the target.
 
 Usage: python -m bench.tiers [--draws 100] [--labelled 4000] [--targets 0.90,0.95,0.98]
 [--data F.csv --text-column text --label-column label] [--quick] [--out JSON]
-The last stdout line is the JSON written to bench/results/tiers.json; a run with --data or
---quick writes var/bench/tiers/tiers.json instead, unless --out says where.
+The last stdout line is the JSON written to bench/results/tiers.json; a run on other data,
+tiers, costs or pool (--data, --fast, --slow, --costs, --pool, --quick) writes
+var/bench/tiers/tiers.json instead, unless --out says where.
 """
 
 from __future__ import annotations
@@ -216,7 +217,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=WORK, help="cache of out-of-fold reads")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    local = args.quick or args.data is not None
+    # Only the default run (BANKING77, the default tiers and costs) writes the tracked result.
+    local = (args.quick or args.data is not None or args.pool is not None
+             or args.costs is not None or args.fast != "wordllama,tfidf" or args.slow != "minilm")
     if args.out is None:
         args.out = WORK / "tiers.json" if local else ROOT / "bench/results/tiers.json"
     args.data = args.data or default_data()
