@@ -141,7 +141,8 @@ def one_draw(reads: dict[str, NDArray[Any]], y: NDArray[np.int64], *, fast: list
                 answered = (np.ones(len(held), dtype=np.int64) if threshold is None
                             else (held_k[:, 0] < threshold).astype(np.int64))
                 per[f"MAPIE {kind}"] = outcome(answered, correct["held"][:, [k]], slow_correct,
-                                               costs[kind] + slow_cost * answered, target)
+                                               (costs[kind] + slow_cost * answered
+                                                ).astype(np.float64), target)
         out[f"{target:g}"] = per
     return out
 
