@@ -187,6 +187,14 @@ def summary(draws: list[dict[str, Any]], *, names: list[str], fast: list[str], d
             "mapie": {m.removeprefix("MAPIE "): {k: v for k, v in stats(m).items()
                                                  if k != "coverage_by_tier"} for m in methods},
         }
+        if saving <= 0:
+            targets[key]["note"] = (
+                f"the cascade costs {-saving:.3f} ({-100 * saving / alone[best]['expected_cost']:.1f}"
+                f"%) more than {best} alone: it answers {cascade['coverage']:.1%} of decisions "
+                f"without the slow model against {alone[best]['coverage']:.1%}. Its walk tests a "
+                f"larger family of vectors in an order estimated from labelled rows, so with "
+                f"few rows near a high target it stops earlier than the one-tier walk, whose "
+                f"order is exact (docs/cascade.md)")
     return targets
 
 
@@ -282,6 +290,8 @@ def show(report: dict[str, Any], *, costs: dict[str, float], elapsed_s: float, r
               f"tier {per['best_single_tier']} {per['best_single_tier_cost']} (saving "
               f"{per['saving_vs_best_single_tier_pct']}%); slow only {per['slow_only_cost']}; "
               f"singles {per['single_tiers']}; MAPIE {per['mapie']}", file=sys.stderr)
+        if "note" in per:
+            print(f"target {key}: {per['note']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,16 @@ def test_summary_compares_the_cascade_with_the_cheapest_single_tier() -> None:
     assert report["saving_vs_best_single_tier_pct"] == 50.0
     assert report["slow_only_cost"] == 100.0 and report["redraws"] == 4
     assert report["mapie"]["a"]["expected_cost"] == 40.0
+    assert "note" not in report
+    # A cascade dearer than the best single tier says by how much.
+    for draw in draws:
+        draw["0.9"]["cascade"] = one(25.0, False, [0.5, 0.2, 0.3])
+    dearer = tiers.summary(draws, names=["a", "b", "slow"], fast=["a", "b"], delta=0.05,
+                           slow_cost=100.0)["0.9"]
+    assert dearer["saving_vs_best_single_tier_pct"] == -25.0
+    assert dearer["note"].startswith("the cascade costs 5.000 (25.0%) more than b alone: it "
+                                     "answers 70.0% of decisions without the slow model "
+                                     "against 80.0%")
 
 
 def own_csv(banking77_dir: Path, path: Path, *, intents: int = 5, per_intent: int = 120) -> Path:
