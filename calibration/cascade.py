@@ -64,8 +64,8 @@ class CascadeThresholds:
     model. A decision pays the cost of every tier that read it, plus ``slow_cost`` if escalated.
 
     The search (docs/cascade.md): candidate vectors over every ordered subset of tiers; the
-    Pareto frontier of (cost, mean calibrated confidence of the accepted answers), both computed
-    without the labels, walked from the most expensive (safest) to the cheapest; each step tests
+    Pareto frontier of (cost, predicted accuracy of the accepted answers), both computed without
+    the tuning labels, walked from the most expensive (safest) to the cheapest; each step tests
     "accuracy of the accepted answers < target" with the exact binomial bound, by
     ``calibration.risk``'s multi-start fixed-sequence walks at level
     delta / (starts * (tolerated_failures + 1)); the cheapest vector any walk certified is kept.
@@ -114,16 +114,15 @@ class CascadeThresholds:
         delta = self.delta if self.max_slow_share is None else self.delta / 2
         level = delta / (self.starts * (self.tolerated_failures + 1))
         fewest = fewest_tested_rows(n, target=target, level=level, min_accepted=self.min_accepted)
-        candidates = _Candidates.concat(
-            [part.take(_pareto(part, fewest)) for part in
-             _enumerate(conf, hits, costs, slow_cost=self.slow_cost, levels=self.levels,
-                        order=order)],
-            n_tiers)
-        margin = 0.0
-        if self.max_slow_share is not None:
-            margin = slow_share_margin(n, n_tiers=n_tiers, delta=delta)
-            candidates = candidates.take(np.flatnonzero(
-                candidates.n_slow / n + margin <= self.max_slow_share))
+        cap = 1.0 if self.max_slow_share is None else self.max_slow_share
+        margin = 0.0 if self.max_slow_share is None else slow_share_margin(
+            n, n_tiers=n_tiers, delta=delta)
+        parts = []
+        for part in _enumerate(conf, hits, costs, slow_cost=self.slow_cost, levels=self.levels,
+                               order=order):
+            within = part.take(np.flatnonzero(part.n_slow / n + margin <= cap))
+            parts.append(within.take(_pareto(within, fewest)))
+        candidates = _Candidates.concat(parts, n_tiers)
         walk = candidates.take(_pareto(candidates, fewest)[::-1])  # safest (dearest) first
         walk = walk.take(walk_candidates(walk.n_accepted, n, target=target, level=level,
                                          min_accepted=self.min_accepted,

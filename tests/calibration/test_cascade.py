@@ -9,7 +9,7 @@ import pytest
 from numpy.typing import NDArray
 
 from calibration.cascade import CascadeThresholds
-from calibration.risk import guaranteed_threshold
+from calibration.risk import accuracy_lower_bound, guaranteed_threshold
 
 # Each tier's confidence c ~ Beta(A, 1) with P(correct | c) = c: calibrated by construction.
 A = 4.0
@@ -91,6 +91,12 @@ def test_a_second_tier_sure_of_other_rows_is_used_and_costs_less() -> None:
                                   slow_cost=50.0).fit(confidence[:, [k]], correct[:, [k]])
         assert both.expected_cost_ < alone.expected_cost_
     assert both.costs(confidence).mean() == pytest.approx(both.expected_cost_)
+    # The bound is the exact binomial bound of the answers the vector accepts on these rows.
+    tiers = both.route(confidence)
+    accepted = tiers < 2
+    assert both.bound_ == pytest.approx(float(accuracy_lower_bound(
+        int(correct[accepted, tiers[accepted]].sum()), int(accepted.sum()), both.level_)))
+    assert both.bound_ >= 0.9
 
 
 def test_the_slow_share_cap_holds_on_fresh_data() -> None:
