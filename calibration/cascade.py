@@ -94,10 +94,10 @@ class CascadeThresholds:
         """``confidence``: (n_samples, n_tiers) calibrated top probability of each tier on each
         row; ``correct``: (n_samples, n_tiers) whether that tier's answer is right.
         ``order_confidence`` / ``order_correct``: other labelled rows, read by every tier, that
-        only order the candidates (their labels never enter a test): with more than one tier,
-        pass them (e.g. the rows the calibrators were fit on). A later tier's calibrated
-        confidence is over-confident on the rows earlier tiers turned down, so without them the
-        order misleads the walk and it stops early (docs/cascade.md)."""
+        only order the candidates (their labels never enter a test), e.g. the rows the
+        calibrators were fit on. Without them the order is the mean calibrated confidence, which
+        over-states a later tier's accuracy on the rows earlier tiers turned down
+        (docs/cascade.md compares the two orders)."""
         conf, hits = _check_reads(confidence, correct)
         order = None
         if order_confidence is not None or order_correct is not None:
