@@ -124,22 +124,12 @@ def guaranteed_threshold(confidence: ArrayLike, correct: ArrayLike, *, target_ac
     level = given / (starts * (tolerated_failures + 1))
     n = len(conf)
     thresholds, n_accepted, n_correct = _candidates(conf, hits)
-    first = int(np.searchsorted(n_accepted, min(n, max(min_accepted, _rows_needed(target, level)))))
-    grid = first + _grid(n_accepted[first:], step_rows=int(np.floor(grid_step * n)))
+    grid = walk_candidates(n_accepted, n, target=target, level=level,
+                           min_accepted=min_accepted, grid_step=grid_step)
     thresholds, n_accepted, n_correct = thresholds[grid], n_accepted[grid], n_correct[grid]
     bounds = accuracy_lower_bound(n_correct, n_accepted, level)
-    failed = bounds < target
-    kept, steps, failures = -1, 0, 0
-    for begin in sorted({int(np.searchsorted(n_accepted, n_accepted[0] + (n - n_accepted[0]) * j
-                                             / starts)) for j in range(starts)} - {len(failed)}):
-        walk = failed[begin:]
-        # Tested: at most k failures before it. Rejected: tested and not failed.
-        tested = np.asarray((np.cumsum(walk) - walk) <= tolerated_failures)
-        rejected = np.flatnonzero(tested & ~walk)
-        steps += int(np.count_nonzero(tested))
-        failures += int(np.count_nonzero(tested & walk))
-        if rejected.size:
-            kept = max(kept, begin + int(rejected[-1]))
+    kept, steps, failures = fixed_sequence_walks(bounds < target, n_accepted, n, starts=starts,
+                                                 tolerated_failures=tolerated_failures)
     if kept < 0:
         return RiskControlResult(
             threshold=None, target_accuracy=target, delta=given,
@@ -154,6 +144,42 @@ def guaranteed_threshold(confidence: ArrayLike, correct: ArrayLike, *, target_ac
         failures=failures)
 
 
+def walk_candidates(n_accepted: NDArray[np.int64], n: int, *, target: float, level: float,
+                    min_accepted: int, grid_step: float) -> NDArray[np.int64]:
+    """Indices, in walk order, of the candidates the walks may test; label-free (it reads only
+    how many rows each candidate accepts): those accepting at least ``min_accepted`` rows and
+    as many as an all-correct sample needs to clear ``target`` at ``level`` (a test on fewer
+    could only fail), thinned to one every ``grid_step`` of the ``n`` rows by ``_grid``."""
+    eligible = np.flatnonzero(n_accepted >= fewest_tested_rows(n, target=target, level=level,
+                                                                min_accepted=min_accepted))
+    reach = np.maximum.accumulate(n_accepted[eligible])
+    return eligible[_grid(reach, step_rows=int(np.floor(grid_step * n)))].astype(np.int64)
+
+
+def fixed_sequence_walks(failed: NDArray[np.bool_], n_accepted: NDArray[np.int64], n: int, *,
+                         starts: int, tolerated_failures: int) -> tuple[int, int, int]:
+    """The multi-start fixed-sequence walks over candidates in walk order (``failed``: the
+    candidate's test did not reject its null). Walk j starts where the candidates first accept
+    j / ``starts`` of the rows past the first candidate and goes on past up to
+    ``tolerated_failures`` failures. Returns the last index any walk rejected (-1: none), the
+    candidates tested and the tested ones that failed (``guaranteed_threshold`` says why the
+    family-wise error stays at the level each test ran at times ``starts * (k + 1)``)."""
+    reach = np.maximum.accumulate(n_accepted) if n_accepted.size else n_accepted
+    kept, steps, failures = -1, 0, 0
+    begins = {int(np.searchsorted(reach, reach[0] + (n - reach[0]) * j / starts))
+              for j in range(starts)} if reach.size else set()
+    for begin in sorted(begins - {len(failed)}):
+        walk = failed[begin:]
+        # Tested: at most k failures before it. Rejected: tested and not failed.
+        tested = np.asarray((np.cumsum(walk) - walk) <= tolerated_failures)
+        rejected = np.flatnonzero(tested & ~walk)
+        steps += int(np.count_nonzero(tested))
+        failures += int(np.count_nonzero(tested & walk))
+        if rejected.size:
+            kept = max(kept, begin + int(rejected[-1]))
+    return kept, steps, failures
+
+
 def _grid(n_accepted: NDArray[np.int64], *, step_rows: int) -> NDArray[np.int64]:
     """Indices of the candidates on the grid: the first, then the first at or past each
     ``step_rows`` more accepted rows, and the last (accept everything the walk may reach)."""
@@ -162,6 +188,12 @@ def _grid(n_accepted: NDArray[np.int64], *, step_rows: int) -> NDArray[np.int64]
     cell = (n_accepted - n_accepted[0]) // step_rows
     first = np.flatnonzero(np.diff(cell, prepend=-1) > 0)
     return np.unique(np.append(first, n_accepted.size - 1)).astype(np.int64)
+
+
+def fewest_tested_rows(n: int, *, target: float, level: float, min_accepted: int) -> int:
+    """Fewest accepted rows (of ``n``) a candidate needs to be tested: ``min_accepted``, and as
+    many as an all-correct sample needs to clear ``target`` at ``level``."""
+    return min(n, max(min_accepted, _rows_needed(target, level)))
 
 
 def _rows_needed(target: float, delta: float) -> int:

@@ -48,6 +48,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "load": [],
     "log_memory": [],
     "overhead": [],
+    "tiers": ["--work", "{tmp}/work", "--out", "{tmp}/tiers.json"],
     "watch": ["--work", "{tmp}/work", "--out", "{tmp}/watch.json"],
 }
 # Benchmarks with a --quick path that is still not a smoke run here, and why (--help only).

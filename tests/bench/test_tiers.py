@@ -1,0 +1,122 @@
+"""bench/tiers: one routing's outcome counts violations, coverage and cost as stated; the report
+compares the cascade with the cheapest single tier; a run on a user's own CSV prints and writes
+the same JSON, with every tier and target, and never over the committed result."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import tiers
+
+
+def test_outcome_counts_accepted_answers_of_every_tier() -> None:
+    answered = np.array([0, 0, 1, 2])  # tier 0 twice, tier 1 once, the slow model once
+    correct = np.array([[True, False], [False, False], [False, True], [False, False]])
+    slow_correct = np.array([False, False, False, True])
+    result = tiers.outcome(answered, correct, slow_correct, np.array([1.0, 1.0, 3.0, 13.0]),
+                           target=0.6)
+    assert result["accepted_accuracy"] == pytest.approx(2 / 3)
+    assert result["violated"] is False
+    assert result["coverage_by_tier"] == [0.5, 0.25, 0.25]
+    assert result["cost"] == 4.5
+    assert result["accuracy"] == 0.75  # two accepted right answers and the slow model's
+    assert tiers.outcome(answered, correct, slow_correct, np.zeros(4), target=0.7)["violated"]
+    # Nothing accepted: nothing to violate.
+    none = tiers.outcome(np.full(4, 2), correct, slow_correct, np.zeros(4), target=0.99)
+    assert none["accepted_accuracy"] is None and not none["violated"]
+
+
+def one(cost: float, violated: bool, coverage: list[float]) -> dict[str, object]:
+    return {"violated": violated, "accepted_accuracy": 0.9, "coverage_by_tier": coverage,
+            "cost": cost, "accuracy": 0.9, "passed": True}
+
+
+def test_summary_compares_the_cascade_with_the_cheapest_single_tier() -> None:
+    draws = [{"0.9": {"cascade": one(10.0, violated, [0.5, 0.3, 0.2]),
+                      "cascade, label-free order": one(11.0, False, [0.5, 0.3, 0.2]),
+                      "a": one(30.0, False, [0.8, 0.0, 0.2]),
+                      "b": one(20.0, False, [0.0, 0.8, 0.2]),
+                      "MAPIE a": one(40.0, False, [0.7, 0.0, 0.3])}}
+             for violated in (True, False, False, False)]
+    report = tiers.summary(draws, names=["a", "b", "slow"], fast=["a", "b"], delta=0.05,
+                           slow_cost=100.0)["0.9"]
+    assert report["violation_rate"] == 0.25
+    assert report["coverage_by_tier"] == {"a": 0.5, "b": 0.3, "slow": 0.2}
+    assert report["best_single_tier"] == "b" and report["best_single_tier_cost"] == 20.0
+    assert report["saving_vs_best_single_tier_pct"] == 50.0
+    assert report["slow_only_cost"] == 100.0 and report["redraws"] == 4
+    assert report["mapie"]["a"]["expected_cost"] == 40.0
+    assert "note" not in report
+    # A cascade dearer than the best single tier says by how much.
+    for draw in draws:
+        draw["0.9"]["cascade"] = one(25.0, False, [0.5, 0.2, 0.3])
+    dearer = tiers.summary(draws, names=["a", "b", "slow"], fast=["a", "b"], delta=0.05,
+                           slow_cost=100.0)["0.9"]
+    assert dearer["saving_vs_best_single_tier_pct"] == -25.0
+    assert dearer["note"].startswith("the cascade costs 5.000 (25.0%) more than b alone: it "
+                                     "answers 70.0% of decisions without the slow model "
+                                     "against 80.0%")
+
+
+def own_csv(banking77_dir: Path, path: Path, *, intents: int = 5, per_intent: int = 120) -> Path:
+    """A user's labelled CSV with its own column names: BANKING77 rows of a few intents."""
+    with (banking77_dir / "train.csv").open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    kept: dict[str, list[str]] = {}
+    for row in rows:
+        texts = kept.setdefault(row["category"], [])
+        if len(texts) < per_intent:
+            texts.append(row["text"])
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["utterance", "intent"])
+        writer.writerows((text, name) for name in sorted(kept)[:intents] for text in kept[name])
+    return path
+
+
+def test_a_run_on_any_labelled_csv_prints_and_writes_the_report(
+        tmp_path: Path, banking77_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = own_csv(banking77_dir, tmp_path / "mine.csv")
+    out = tmp_path / "tiers.json"
+    tiers.main(["--data", str(data), "--text-column", "utterance", "--label-column", "intent",
+                "--fast", "tfidf,wordllama", "--slow", "wordllama", "--draws", "3",
+                "--labelled", "240", "--folds", "3", "--targets", "0.9,0.95,0.98",
+                "--work", str(tmp_path / "work"), "--out", str(out)])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == json.loads(out.read_text())
+    # Cheapest first (wordllama's default cost is below TF-IDF's), the slow model last.
+    assert printed["tiers"] == ["wordllama", "tfidf", "wordllama (slow)"]
+    assert list(printed["targets"]) == ["0.9", "0.95", "0.98"]
+    for per in printed["targets"].values():
+        assert per["redraws"] == 3 and per["delta"] == 0.05
+        assert 0.0 <= per["violation_rate"] <= 1.0
+        assert sum(per["coverage_by_tier"].values()) == pytest.approx(1.0, abs=1e-3)
+        assert per["slow_only_cost"] == 500.0
+        assert set(per) >= {"expected_cost", "best_single_tier_cost"}
+
+
+def test_a_local_run_never_writes_the_committed_result() -> None:
+    args = tiers.parse_args(["--quick"])
+    assert args.out == tiers.WORK / "tiers.json"
+    for other in (["--data", "x.csv"], ["--pool", "3000"], ["--slow", "tfidf"],
+                  ["--costs", "slow=100"]):
+        assert tiers.parse_args(other).out == tiers.WORK / "tiers.json"
+    assert tiers.parse_args([]).out == tiers.ROOT / "bench/results/tiers.json"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--fast", "bert"], "--fast/--slow"),
+    (["--costs", "wordllama=cheap"], "--costs"),
+    (["--fast", "minilm", "--slow", "tfidf"], "no cost for ['minilm']"),
+    (["--draws", "0"], "--draws"),
+])
+def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        tiers.parse_args(argv)
+    assert message in capsys.readouterr().err
