@@ -12,6 +12,7 @@ from calibration.calibrators import (
     calibrator_kinds,
     make_calibrator,
 )
+from calibration.cascade import CascadeThresholds
 from calibration.compare import PairedComparison, paired_comparison
 from calibration.metrics import (
     accuracy,
@@ -38,6 +39,7 @@ from calibration.risk import (
 )
 
 __all__ = [
+    "CascadeThresholds",
     "Calibrator",
     "HistogramBinning",
     "IdentityCalibrator",
