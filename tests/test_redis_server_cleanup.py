@@ -64,8 +64,8 @@ def test_a_test_process_killed_before_its_teardown_takes_its_redis_server_along(
                 owner.wait(timeout=10)
 
 def test_stop_ends_a_server_a_test_left_stopped(tmp_path: Path) -> None:
-    """Before: SIGTERM stays pending while a process is stopped; ``stop()`` waited 10 s,
-    raised TimeoutExpired and left the server running (and stopped) for good."""
+    """SIGTERM stays pending while a process is stopped: ``stop()`` still ends a stopped server,
+    within 5 s, rather than time out and leave it running (and stopped) for good."""
     server = RedisServer(tmp_path)
     server.start()
     assert server.proc is not None

@@ -1,6 +1,6 @@
 """The base of every fast backend's options model, alone in its module so that options models
 living beside their backends (``torch/options.py``) and the registry of them (``options.py``)
-both import it without importing each other (issue 18.6: the two used to form an import cycle)."""
+both import it without importing each other (tests/test_architecture.py checks the pair)."""
 
 from __future__ import annotations
 

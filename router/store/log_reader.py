@@ -69,7 +69,7 @@ def parse_record(data: bytes | str) -> AnyRecord:
     if not isinstance(obj, dict):
         raise DamagedRecord(f"a JSON {type(obj).__name__}, not an object")
     kind = obj.get("type")
-    if kind is None and "decision_id" in obj:  # decisions were once written without a type
+    if kind is None and "decision_id" in obj:  # older logs' decisions carry no type
         obj["type"] = kind = "decision"
     if kind not in RECORD_TYPES:
         raise DamagedRecord(f"unknown record type {kind!r}", unknown_type=isinstance(kind, str))

@@ -129,7 +129,7 @@ class RedisStreamDecisionLog(DecisionLog):
         if not isinstance(value, dict):  # a damaged key: as unknown as a missing one
             self._count_failure("get", "damaged decision key")
             return None
-        options = value.get("options")  # keys written before options were stored by hash
+        options = value.get("options")  # older keys hold the list itself, not its hash
         if options is None:
             try:
                 raw = await self.client.get(self._options_key(str(value.get("options_sha256"))))

@@ -1,6 +1,6 @@
 """Risk control: the guaranteed threshold's bound is the exact binomial bound, one walk is the
 fixed-sequence walk, the promise holds on fresh data (simulated) where the naive rule breaks it,
-and the multi-start search survives an early error that ended the single walk (issue 19.5)."""
+and the multi-start search survives an early error that ends a single walk."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_confidence_and_correct_are_validated() -> None:
 
 def early_error_rows() -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """4,000 rows whose accuracy is 0.995 down to 70% coverage, with the second and third most
-    confident answers wrong: what ended the single walk at 0.98 (issue 19.5)."""
+    confident answers wrong: a single walk at 0.98 ends among the first rows."""
     rng = np.random.default_rng(7)
     confidence = np.sort(rng.uniform(0.5, 1.0, size=4000))[::-1]
     correct = np.where(np.arange(4000) < 2800, rng.uniform(size=4000) < 0.995,

@@ -384,5 +384,5 @@ def _policy_name(raw: Any, field: str) -> str | None:
 
 
 def _text(value: Any) -> str:
-    """Strings as they are, anything else as JSON text (unescaped non-ASCII, as [DG] fixed it)."""
+    """Strings as they are, anything else as JSON text (non-ASCII left unescaped, as written)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

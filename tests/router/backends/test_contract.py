@@ -39,7 +39,7 @@ from tests.router.backends.standins import (
     tokenizer_dir,
 )
 
-# backend -> the identity knobs it has (issue 4: model, prompt template, canvas, samples)
+# backend -> the identity knobs it has (model, prompt template, canvas, samples)
 KNOBS: dict[str, tuple[str, ...]] = {
     "mock": ("model",),
     "sklearn": ("model",),

@@ -1,6 +1,6 @@
-"""The systemone backend gives what the example server gives its own clients (issue 14, items
-1-4): the read key holds everything sent upstream, a 422 is the caller's, scores past 26 levels
-are read, a stage's questions are read jointly as one body."""
+"""The systemone backend gives what the example server gives its own clients: the read key
+holds everything sent upstream, a 422 is the caller's, scores past 26 levels are read, a
+stage's questions are read jointly as one body."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ async def test_one_step_read_is_what_vllm_calls_one(
         converged = (await client.post(f"{standin.url}/v1/chat/completions", json=body)).json()
     template = backend.template("intent", ("A", "B", "C", "D"))
     proba, _ = slot_distribution(converged["choices"][0], template.slot, template.label_ids)
-    assert max(proba) > max(one_step) + 0.01  # a silent difference: what the fix guards
+    assert max(proba) > max(one_step) + 0.01  # a silent difference: what the two flags guard
     two = make_backend(standin.url, steps=2)
     await two.read([intent_request(FOUR)])
     xargs = standin.stats.bodies[-1]["vllm_xargs"]

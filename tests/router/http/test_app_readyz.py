@@ -1,4 +1,4 @@
-"""/readyz tells what is known (issue 20, item 2): escalation is "not known yet" (null, with the
+"""/readyz tells what is known: escalation is "not known yet" (null, with the
 reason) while litellm is still loading, not an optimistic true; the loaded policies are listed
 by id; the reload counter is exported from the start."""
 
@@ -17,8 +17,8 @@ from tests.router.http.test_app_config import policy_file
 
 
 async def test_escalation_is_not_known_while_litellm_loads(tmp_path: Path) -> None:
-    """Before: ``escalation_available: true`` while litellm (and the credentials check it runs)
-    was still loading; a slow model without credentials turned false only later."""
+    """``escalation_available`` is null while litellm (and the credentials check it runs) is
+    still loading: a slow model without credentials is known only once it is loaded."""
     settings = Settings(slow={"model": "openai/standin", "api_base": "http://127.0.0.1:9/v1",
                               "api_key": "sk-readyz-0123456789"},
                         log={"decision_log_path": tmp_path / "log.jsonl"})

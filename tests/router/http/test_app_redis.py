@@ -61,8 +61,8 @@ def test_readyz_stays_ready_with_redis_down_and_says_so(
     standin: StandinHandle, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Before: 503 on every replica while Redis was down, though each answered decisions: a
-    load balancer would have taken the whole fleet out over a cache (issue 20, item 2)."""
+    """Each replica answers decisions with Redis down, so /readyz stays 200 and says so: a 503
+    would take the whole fleet out of its load balancer over a cache."""
     redis = RedisServer(tmp_path_factory.mktemp("redis-stop"))
     redis.start()
     settings = settings_for(standin, tmp_path, cache={"redis_url": redis.url})

@@ -50,10 +50,10 @@ def test_serve_runs_the_config_and_stops_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_serve_keeps_an_idle_connection_past_the_clients_pool_expiry(tmp_path: Path) -> None:
-    """uvicorn's default keep-alive (5 s) equals httpx's pool expiry (5 s): the server closed a
-    connection the client was reusing at that moment, and the client got a ReadError with nothing
-    in the server's log (issue 20, item 4; bench/soak.py --keep-alive-s 5 shows it). `serve` now
-    keeps idle connections for keep_alive_s (75 s): a connection idle for 6 s still answers."""
+    """uvicorn's default keep-alive (5 s) equals httpx's pool expiry (5 s): a server closing a
+    connection the client reuses at that moment gives the client a ReadError with nothing in the
+    server's log (bench/soak.py --keep-alive-s 5 shows it). `serve` keeps idle connections for
+    keep_alive_s (75 s): a connection idle for 6 s still answers."""
     import socket
 
     config = tmp_path / "slotgate.yaml"
@@ -71,7 +71,7 @@ def test_serve_keeps_an_idle_connection_past_the_clients_pool_expiry(tmp_path: P
         with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
             conn.sendall(request)
             first = read_response(conn)
-            time.sleep(6.0)  # idle past httpx's 5 s expiry (and uvicorn's old 5 s timeout)
+            time.sleep(6.0)  # idle past httpx's 5 s expiry (and uvicorn's default 5 s keep-alive)
             try:
                 conn.sendall(request)
                 second = read_response(conn)
@@ -81,7 +81,7 @@ def test_serve_keeps_an_idle_connection_past_the_clients_pool_expiry(tmp_path: P
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert first.startswith(b"HTTP/1.1 200")
-    assert second.startswith(b"HTTP/1.1 200"), second  # before: b"" (closed after 5 s)
+    assert second.startswith(b"HTTP/1.1 200"), second  # b"" if closed after 5 s
 
 
 def read_response(conn: object) -> bytes:

@@ -209,8 +209,7 @@ def test_make_decision_log_picks_by_settings(tmp_path: Path) -> None:
 
 async def test_redis_gets_the_record_once(redis_url: str, tmp_path: Path) -> None:
     """The stream holds the full record; the per-decision key only what feedback reads, the
-    option list by its hash. Before, the key held the full record too, so a 900 KB message was
-    stored twice."""
+    option list by its hash, so a 900 KB message is stored once."""
     log = RedisStreamDecisionLog(redis_url, "s", jsonl=tmp_path / "d.jsonl")
     message = "x" * 200_000
     await log.append(record(0) | {"text": message})
@@ -230,7 +229,7 @@ async def test_redis_gets_the_record_once(redis_url: str, tmp_path: Path) -> Non
 
 
 async def test_decisions_made_while_redis_was_down_reach_it_later(tmp_path: Path) -> None:
-    """(b) of issue 13: a decision logged while Redis is down is sent once it is back (another
+    """A decision logged while Redis is down is sent once it is back (another
     replica then finds it for feedback), and after a restart that lost everything, the keys of
     every decision still in the index are sent again."""
     server = RedisServer(tmp_path)

@@ -1,6 +1,6 @@
-"""The last differences from the vLLM example server (issue 20, item 6), each checked against the
-server's code (examples/features/structured_diffusion/structured_server.py): fixed, or marked
-deliberate in docs/proxy.md's differences table. Every row here is tested twice: slotgate's
+"""Differences from the vLLM example server, each checked against the server's code
+(examples/features/structured_diffusion/structured_server.py): matched, or marked deliberate in
+docs/proxy.md's differences table. Every row here is tested twice: slotgate's
 behaviour over HTTP, and the table's word for it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A System One body of several stages through slotgate and a systemone fast backend (issue 14,
-item 4): it goes upstream whole, so a caller gets the probabilities the server gives its own
+"""A System One body of several stages through slotgate and a systemone fast backend: it
+goes upstream whole, so a caller gets the probabilities the server gives its own
 clients (every stage's prompt lists every question, later stages continue earlier answers); the
 policy routes it stage by stage; a later stage whose earlier answer an escalation changed is not
 routed on the server's read of it. Real HTTP to the System One stand-in, its real BANKING77 model."""
