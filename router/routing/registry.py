@@ -159,6 +159,7 @@ class PolicyRegistry:
         if monitor is not None:  # after all loaded: a refused reload changes no watch
             for policy_file in watched:
                 monitor.watch(policy_file)
+            monitor.retire_others(f.policy_id for f in watched)
         return registry
 
     def reload(self) -> bool:
