@@ -147,6 +147,12 @@ class Monitor:
 
     def gate(self, policy_id: str) -> str | None:
         watch = self.watches.get(policy_id)
+        if watch is not None and watch.audits_short and (
+                self.audits.pending <= self.audits.capacity // 4):
+            watch.audits_short = False  # the ladder gets its labels again
+            logger.warning("policy %s: audits keep up again; its accepted decisions are served "
+                           "and audited", watch.policy_id)
+            self.export()
         if watch is None or not watch.escalate_all:
             return None
         alarm = watch.alarm
@@ -171,10 +177,6 @@ class Monitor:
             self.alarmed(alarm)
         if observation.served_fast:
             _remember(self._inputs, observation.decision_id, key, _INPUT_MEMORY)
-        if watch.audits_short and self.audits.pending < self.audits.capacity // 2:
-            watch.audits_short = False  # the ladder gets its labels again
-            logger.warning("policy %s: audits keep up again; its accepted decisions are served "
-                           "and audited", watch.policy_id)
         if (counted and observation.served_fast and observation.answer is not None
                 and self._answer is not None and watch.wants_audit()):
             self.audits.submit(AuditJob(observation.policy_id, observation.decision_id,
@@ -374,8 +376,9 @@ class Monitor:
     def _audit_counted(self, policy_id: str, result: str) -> None:
         """An audit done, dropped or failed. Under ``audit_then_escalate`` with a drift alarm
         standing, audits are the evidence: one that could not be had switches the policy to
-        escalating (logged, in the gate's reason) until the queue has room again, so its
-        accepted answers are never served unverified while the promise is in doubt."""
+        escalating (logged, in the gate's reason) until the audit queue is at most a quarter
+        full, so no accepted answer goes unaudited and unescalated while the promise is in
+        doubt."""
         if self.metrics is not None:
             self.metrics.audit(policy_id, result)
         watch = self.watches.get(policy_id)
