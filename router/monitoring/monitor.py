@@ -171,10 +171,17 @@ class Monitor:
         if watch is None:
             return
         key = input_key(observation.request)
+        tripped = watch.traffic_tripped
         counted, alarm = watch.take(observation.confidence, accepted=observation.accepted,
                                     key=key)
         if alarm is not None:
             self.alarmed(alarm)
+        if watch.traffic_tripped and not tripped:
+            logger.warning("policy %s: its traffic is less sure than its tuning rows (not an "
+                           "alarm: unsure traffic puts no wrong answer in front of anyone); %s",
+                           watch.policy_id,
+                           f"audit rate raised to {watch.audit_rate:g}"
+                           if watch.audit_rate > watch.settings.audit_rate else "no action")
         if observation.served_fast:
             _remember(self._inputs, observation.decision_id, key, _INPUT_MEMORY)
         if (counted and observation.served_fast and observation.answer is not None

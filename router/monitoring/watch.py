@@ -147,6 +147,11 @@ class PolicyWatch:
         reference = self.settings.accepted_reference
         self.drift = (None if reference is None else
                       ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
+        # Every decision against every tuning row: unsure traffic, accepted or not. Not an
+        # alarm (a client's unsure messages can trip it): it buys audits, which is how a novel
+        # class mostly under the bar reaches the accuracy alarm.
+        self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
+            self.settings.reference, alpha=half, seed=self.settings.seed + 1))
         self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
         self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half)
 
@@ -168,10 +173,19 @@ class PolicyWatch:
             "accuracy" in self.alarms or (self.audits_short and "drift" in self.alarms))
 
     @property
+    def traffic_tripped(self) -> bool:
+        """Traffic as a whole is less sure than the tuning rows (the traffic test reached
+        ``2 / alarm_alpha``; latched until an operator's clear)."""
+        return self.traffic is not None and self.traffic.alarm
+
+    @property
     def audit_rate(self) -> float:
-        """The audit rate now: the file's, or ``audit_boost`` while a drift alarm stands."""
-        rate = self.settings.audit_rate
-        if self.settings.on_alarm == "audit_then_escalate" and "drift" in self.alarms:
+        """The audit rate now: the file's, or ``audit_boost`` while the traffic test has
+        tripped (unless ``alert_only``) or, under ``audit_then_escalate``, a drift alarm
+        stands."""
+        rate, on_alarm = self.settings.audit_rate, self.settings.on_alarm
+        if (on_alarm != "alert_only" and self.traffic_tripped) or (
+                on_alarm == "audit_then_escalate" and "drift" in self.alarms):
             return max(rate, self.settings.audit_boost)
         return rate
 
@@ -218,6 +232,8 @@ class PolicyWatch:
                                                 self._dedupe_max_keys):
             return False, None
         self.n_counted += 1
+        if self.traffic is not None:
+            self.traffic.update(min(1.0, max(0.0, confidence)))
         if self.drift is None or not accepted:
             return True, None
         # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
@@ -285,6 +301,7 @@ class PolicyWatch:
             "reference_accept_share": self.settings.reference_accept_share,
             "drift_test": self.drift is not None,
             "drift_log_martingale": None if self.drift is None else self.drift.log_value,
+            "traffic_log_martingale": None if self.traffic is None else self.traffic.log_value,
             "labels": bounds.n,
             "accuracy": bounds.mean,
             "accuracy_lower": bounds.lower,
@@ -308,6 +325,7 @@ class PolicyWatch:
                 "accepted": self.n_accepted,
                 "cleared_at": None if math.isinf(self.cleared_at) else self.cleared_at,
                 "drift": None if self.drift is None else self.drift.state(),
+                "traffic": None if self.traffic is None else self.traffic.state(),
                 "shortfall": self.shortfall.state(), "accuracy": self.accuracy.state()}
 
     def resume(self, state: dict[str, Any]) -> bool:
@@ -318,11 +336,14 @@ class PolicyWatch:
                 or state.get("basis") != self.settings.reference_id
                 or state.get("alpha") != self.settings.alarm_alpha
                 or state.get("target") != self.settings.target_accuracy
-                or (state.get("drift") is None) != (self.drift is None)):
+                or (state.get("drift") is None) != (self.drift is None)
+                or (state.get("traffic") is None) != (self.traffic is None)):
             return False
         try:
             if self.drift is not None:
                 self.drift.resume(state["drift"])
+            if self.traffic is not None:
+                self.traffic.resume(state["traffic"])
             self.shortfall.resume(state["shortfall"])
             self.accuracy.resume(state["accuracy"])
             self.n_decisions = int(state["decisions"])
@@ -336,7 +357,8 @@ class PolicyWatch:
         return True
 
     def _tripped(self) -> bool:
-        return (self.drift is not None and self.drift.alarm) or self.shortfall.alarm
+        return ((self.drift is not None and self.drift.alarm) or self.traffic_tripped
+                or self.shortfall.alarm)
 
     def _window(self, now: float | None) -> tuple[float, float]:
         return (time.time() if now is None else now), self._dedupe_window_s

@@ -1,7 +1,7 @@
 """What the watch does not take for harm, and what it never lets slide: templated messages (ids,
 names, timestamps) are one input; a campaign of distinct unsure messages the policy never
-accepts raises no drift alarm while accepted answers less sure than the tuning rows do; under a
-drift alarm, audits that cannot be had make the ladder escalate, and it says so."""
+accepts raises no alarm (it buys audits) while accepted answers less sure than the tuning rows
+do; under a drift alarm, audits that cannot be had make the ladder escalate, and it says so."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def test_templated_ids_names_and_timestamps_are_one_input() -> None:
         DecisionRequest("pick", "which?", tuple(Option(o) for o in ("a", "b")), "my card"))
 
 
-def test_unsure_messages_never_accepted_raise_nothing_and_a_novel_class_still_does() -> None:
+def test_unsure_messages_never_accepted_buy_audits_only_and_a_novel_class_still_alarms() -> None:
     monitor = Monitor()
-    policy = watched_policy(on_alarm="alert_only")
+    policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.05, audit_boost=0.5)
     monitor.watch(policy)
     watch = monitor.watches[policy.policy_id]
     for i in range(2000):  # a campaign: every message distinct, all under the bar
@@ -55,6 +55,9 @@ def test_unsure_messages_never_accepted_raise_nothing_and_a_novel_class_still_do
         decide(monitor, policy, 0.98, f"ordinary {spelled(i)}")
     assert watch.alarm is None and watch.drift is not None and watch.drift.log_value < 1.0
     assert watch.n_counted == 2000 + 2000 + 1
+    # the traffic as a whole is less sure than the tuning rows: that buys audits, nothing else
+    assert watch.traffic_tripped and watch.audit_rate == 0.5
+    assert monitor.gate(policy.policy_id) is None
     assert drive_into_drift(monitor, policy) < 200  # accepted answers less sure than tuning
 
 
