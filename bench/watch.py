@@ -277,7 +277,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
     from router.monitoring.watch import PolicyWatch
 
     watch = PolicyWatch(replace(settings, on_alarm=action))
-    first_alarm = escalated_from = None
+    first_alarm = escalated_from = traffic_row = None
     kind = None
     labelled: list[int] = []
     wrong_after = slow_after = slow_all = 0
@@ -295,12 +295,15 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
             watch.label(bool(rows.correct[i]))
         if first_alarm is None and watch.alarm is not None:
             first_alarm, kind = position, watch.alarm.kind
+        if traffic_row is None and watch.traffic_tripped:
+            traffic_row = position
         slow = int(not served) + int(audited)
         slow_all += slow
         if shift_at is not None and position >= shift_at:
             wrong_after += int(served and not rows.correct[i])
             slow_after += slow
     return {"alarm_row": first_alarm, "alarm_kind": kind, "escalated_from": escalated_from,
+            "traffic_row": traffic_row,
             "labelled": labelled, "wrong_after": wrong_after, "slow_after": slow_after,
             "slow_all": slow_all}
 
@@ -333,6 +336,7 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         result |= {
             "false_alarm_rate": finite(mean([r["alarm_row"] is not None for r in first]), 4),
             "false_alarm_kinds": kinds(first),
+            "traffic_trip_rate": finite(mean([r["traffic_row"] is not None for r in first]), 4),
             "false_escalation_rate_audit_then_escalate": finite(
                 mean([r["escalated_from"] is not None for r in ladder]), 4),
             "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
@@ -352,6 +356,8 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         "detected_share": finite(mean([d <= n_post for d in delays]), 4),
         "alarm_kinds": kinds(runs["alert_only"]),
         "escalation_delay_median_audit_then_escalate": float(np.median(escalation)),
+        "traffic_trip_delay_median": float(np.median(
+            [delay(r["traffic_row"], shift_at, n_post) for r in runs["alert_only"]])),
         "mapie_detection_delay_median": float(np.median(
             [delay(m, shift_at, n_post) for m in mapie_rows])),
         "delay_when_missed": n_post + 1,
