@@ -31,8 +31,11 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
         label = truth.get(text)
         return label if label is not None and label in options else rule_chooser(text, options)
 
+    from router.monitoring.monitor import checkpoint_path
+
     log_path = work / "decisions.jsonl"
     log_path.unlink(missing_ok=True)
+    checkpoint_path(log_path).unlink(missing_ok=True)  # a fresh proxy: no evidence carried over
     standin = start_standin(chooser=oracle)
     try:
         with proxy(model_path, policy_path, standin.api_base, log_path) as (url, app):
