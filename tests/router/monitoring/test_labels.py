@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from router.backends.mock import MockBackend
+from router.errors import ConfigError
 from router.http.state import app_state
-from router.settings import Settings
+from router.settings import Settings, load_settings
 from standins.llm import StandinHandle
 from tests.live import LiveServer
 from tests.router.monitoring.conftest import watched_policy
@@ -93,3 +95,13 @@ def test_client_labels_are_logged_only_and_trusted_ones_count_once_per_input(
         assert watch_a.alarm is not None and watch_a.alarm.kind == "accuracy"
         wait_for(lambda: watch_b.alarm is not None)
         assert ask(b, CLIENT, "a confident question on the other replica")["route"] == "slow"
+
+
+def test_a_role_for_something_that_is_not_a_key_hash_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"feedback.roles.*not a sha256 hex digest"):
+        load_settings(feedback={"roles": {"client-key-1b7e": "trusted"}})
+    with pytest.raises(ConfigError, match="feedback"):
+        load_settings(feedback={"roles": {HASHES[CLIENT]: "admin"}})
+    settings = load_settings(feedback={"roles": {HASHES[CLIENT].upper(): "trusted"}})
+    assert settings.feedback.role_of(f"key-{HASHES[CLIENT][:16]}") == "trusted"
+    assert settings.feedback.role_of("default") == "logged"
