@@ -12,7 +12,8 @@ data); intents the model never learnt at 25% and at 5% of traffic; the novel sha
 linearly from 0 to 50% over 5,000 rows. Each replay feeds the proxy's PolicyWatch row by row
 (texts keyed by the proxy's fingerprint, ``router.monitoring.fingerprint.normalised``: a
 templated text counts once; audits answered at once with the true label) under every action, and
-MAPIE's RiskMonitoring the audit labels drawn with no action, as bench.drift does.
+MAPIE's RiskMonitoring the audit labels drawn with no action, as bench.drift does. Harmful
+scenarios also report when the traffic test (not an alarm: it buys audits) tripped.
 
     python -m bench.watch [--quick] [--replays N] [--out bench/results/watch.json]
 
