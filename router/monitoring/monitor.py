@@ -156,7 +156,10 @@ class Monitor:
         if watch is None or not watch.escalate_all:
             return None
         alarm = watch.alarm
-        assert alarm is not None
+        if alarm is None:  # escalate_all on the traffic test's trip
+            return ("traffic less sure than the tuning rows (on_alarm: escalate_all): every "
+                    "decision escalates until an operator clears the policy (`slotgate alarms "
+                    "clear`) or a re-tuned policy is loaded")
         if alarm.kind == "drift" and watch.settings.on_alarm == "audit_then_escalate":
             return ("drift alarm and too few audits (queue full or slow model failing): every "
                     "decision escalates until audits keep up again, the alarm is cleared "
@@ -180,8 +183,10 @@ class Monitor:
             logger.warning("policy %s: its traffic is less sure than its tuning rows (not an "
                            "alarm: unsure traffic puts no wrong answer in front of anyone); %s",
                            watch.policy_id,
+                           _action(watch) if watch.escalate_all else
                            f"audit rate raised to {watch.audit_rate:g}"
                            if watch.audit_rate > watch.settings.audit_rate else "no action")
+            self.export()
         if observation.served_fast:
             _remember(self._inputs, observation.decision_id, key, _INPUT_MEMORY)
         if (counted and observation.served_fast and observation.answer is not None

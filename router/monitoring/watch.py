@@ -167,8 +167,8 @@ class PolicyWatch:
     @property
     def escalate_all(self) -> bool:
         on_alarm = self.settings.on_alarm
-        if on_alarm == "escalate_all":
-            return bool(self.alarms)
+        if on_alarm == "escalate_all":  # the most cautious: unsure traffic is reason enough
+            return bool(self.alarms) or self.traffic_tripped
         return on_alarm == "audit_then_escalate" and (
             "accuracy" in self.alarms or (self.audits_short and "drift" in self.alarms))
 
