@@ -1,11 +1,13 @@
 """What the watch does not take for harm, and what it never lets slide: templated messages (ids,
 names, timestamps) are one input; a campaign of distinct unsure messages the policy never
-accepts raises no alarm (it buys audits) while accepted answers less sure than the tuning rows
-do; under a drift alarm, audits that cannot be had make the ladder escalate, and it says so."""
+accepts raises no alarm (it buys audits; under escalate_all it escalates until cleared) while
+accepted answers less sure than the tuning rows do; under a drift alarm, audits that cannot be
+had make the ladder escalate, and it says so."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from policies.file import PolicyFile
 from policies.types import DecisionRequest, Option
@@ -84,3 +86,20 @@ async def test_missing_audits_under_a_drift_alarm_escalate_until_they_keep_up() 
     await monitor.audits.join()
     assert decide(monitor, policy, DOUBTFUL, "the queue drained") and not watch.audits_short
     await monitor.aclose()
+
+
+async def test_under_escalate_all_unsure_traffic_escalates_until_an_operator_clears_it() -> None:
+    monitor = Monitor()
+    policy = watched_policy(on_alarm="escalate_all")
+    monitor.watch(policy)
+    pid = policy.policy_id
+    watch = monitor.watches[pid]
+    for i in range(2000):
+        decide(monitor, policy, 0.55, f"campaign {spelled(i)}")
+        if watch.traffic_tripped:
+            break
+    assert watch.traffic_tripped and watch.alarm is None  # no alarm: nothing to share or log
+    assert "traffic less sure" in str(monitor.gate(pid))
+    assert not decide(monitor, policy, 0.98, "a confident one")
+    assert monitor.clear(pid, at=time.time())  # logged: no alarm stood, the tests start afresh
+    assert not watch.traffic_tripped and monitor.gate(pid) is None
