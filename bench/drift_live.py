@@ -31,7 +31,7 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
         label = truth.get(text)
         return label if label is not None and label in options else rule_chooser(text, options)
 
-    from router.monitoring.monitor import checkpoint_path
+    from router.monitoring.checkpoint import checkpoint_path
 
     log_path = work / "decisions.jsonl"
     log_path.unlink(missing_ok=True)

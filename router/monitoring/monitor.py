@@ -11,9 +11,7 @@ decision log and resumed at a restart (``keep_checkpoints``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -23,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import Counter
 
 from policies.types import DecisionRequest
+from router.monitoring import checkpoint
 from router.monitoring.audits import AuditJob, AuditQueue
+from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, checkpoint_path
 from router.monitoring.fingerprint import input_key
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
 from router.routing.ports import Label, Observation
@@ -40,7 +40,6 @@ CLEAR = "clear"  # an alarm record of this kind is an operator's clear (it wins 
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 # Served fast answers whose input key is remembered, so a label of one counts once per input.
 _INPUT_MEMORY = 100_000
-CHECKPOINT_EVERY_S = 10.0  # how often each watch's evidence is written beside the decision log
 
 
 class AlarmBoard(Protocol):
@@ -324,42 +323,18 @@ class Monitor:
     # -- evidence that outlives the process ------------------------------------------------
 
     def keep_checkpoints(self, path: Path, *, every_s: float = CHECKPOINT_EVERY_S) -> int:
-        """Resume each watch from the checkpoint at ``path`` (one taken on another basis is
-        skipped), then write one there every ``every_s`` seconds and at shutdown (a task of the
-        running loop). Returns how many watches resumed."""
+        """Resume each watch from the checkpoint at ``path``, then write one there every
+        ``every_s`` seconds and at shutdown (a task of the running loop). Returns how many
+        watches resumed."""
         self._checkpoint_path = path
-        resumed = 0
-        try:
-            states = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        except (OSError, ValueError) as exc:
-            logger.warning("watch checkpoint %s unreadable, the watches start afresh: %s",
-                           path, exc)
-            states = {}
-        for policy_id, watch in self.watches.items():
-            state = states.get(policy_id) if isinstance(states, dict) else None
-            if not isinstance(state, dict):
-                continue
-            try:
-                resumed += watch.resume(state)
-            except ValueError as exc:
-                logger.warning("%s (%s): that watch starts afresh", exc, path)
+        resumed = checkpoint.resume(path, self.watches)
         self.export()
         self._checkpoints = asyncio.get_running_loop().create_task(self._checkpoint_every(every_s))
         return resumed
 
     def write_checkpoint(self) -> None:
-        """Write every watch's evidence to the checkpoint file (atomically: a crash mid-write
-        leaves the previous one)."""
-        path = self._checkpoint_path
-        if path is None:
-            return
-        states = {policy_id: watch.state() for policy_id, watch in self.watches.items()}
-        temporary = path.with_name(path.name + ".tmp")
-        try:
-            temporary.write_text(json.dumps(states, allow_nan=False), encoding="utf-8")
-            os.replace(temporary, path)
-        except OSError as exc:
-            logger.warning("watch checkpoint not written to %s: %s", path, exc)
+        if self._checkpoint_path is not None:
+            checkpoint.write(self._checkpoint_path, self.watches)
 
     async def _checkpoint_every(self, every_s: float) -> None:
         while True:
@@ -489,11 +464,6 @@ def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
                    answer=answer, audit_capacity=settings.monitoring.audit_queue,
                    audit_workers=settings.monitoring.audit_workers,
                    dedupe_window_s=float(settings.cache.ttl_s))
-
-
-def checkpoint_path(decision_log_path: Path) -> Path:
-    """Where a replica keeps its watches' evidence: beside its decision log."""
-    return decision_log_path.with_name(decision_log_path.name + ".watch.json")
 
 
 def restore_from_log(monitor: Monitor, path: Path) -> int:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from router.http.state import app_state
-from router.monitoring.monitor import Monitor, checkpoint_path
+from router.monitoring.checkpoint import checkpoint_path
+from router.monitoring.monitor import Monitor
 from router.routing.registry import PolicyRegistry
 from router.routing.reload import reload_now
 from router.settings import PolicySettings
