@@ -39,7 +39,7 @@ ALARM_KINDS = ("drift", "accuracy")
 CLEAR = "clear"  # an alarm record of this kind is an operator's clear (it wins over older ones)
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 # Served fast answers whose input key is remembered, so a label of one counts once per input.
-_INPUT_MEMORY = 100_000
+_INPUT_MEMORY = 20_000  # about 4.5 MiB at most (tracemalloc, 42-character decision ids)
 
 
 class AlarmBoard(Protocol):
