@@ -31,6 +31,7 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
         label = truth.get(text)
         return label if label is not None and label in options else rule_chooser(text, options)
 
+    from router.http.state import app_state
     from router.monitoring.checkpoint import checkpoint_path
 
     log_path = work / "decisions.jsonl"
@@ -44,6 +45,9 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
                              concurrency=concurrency)
             elapsed = time.perf_counter() - t0
             audits = wait_for_audits(app)
+            monitor: Any = app_state(app).service.monitor  # the Monitor behind the port
+            tripped = [w.traffic_tripped_at for w in monitor.watches.values()
+                       if w.traffic_tripped_at is not None]
     finally:
         standin.stop()
     alarms = [r for r in read_records(log_path, events=True) if r.get("type") == "alarm"]
@@ -52,7 +56,6 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
                  and not served[p]["escalated"]]
     wrong = sum(served[p]["answer"] != rows.labels[order[p]] for p in fast_post)
     first = alarms[0] if alarms else None
-    gated = next((p for p, s in enumerate(served) if s["gated"]), None)
     return {
         "wrong_accepted_after_shift_with_action": int(wrong),
         "live_rows": len(order),
@@ -60,9 +63,9 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
         "live_alarm": None if first is None else first["kind"],
         # the policy's decision count at the alarm; requests overlap, so +- concurrency rows
         "live_detection_delay": None if first is None else max(0, int(first["decision"]) - n_pre),
-        # the first reply escalated by the alarm gate (an alarm, or the traffic test under
-        # escalate_all), in rows after the shift
-        "live_escalation_delay": None if gated is None else max(0, gated - n_pre),
+        # the policy's decision count when its traffic test tripped (under escalate_all: its
+        # escalation), rows after the shift
+        "live_traffic_trip_delay": None if not tripped else max(0, tripped[0] - n_pre),
         "live_fast_answers_after_shift": len(fast_post),
         "live_audits": audits,
         "live_all_answers_valid": all(s["answer"] in rows.labels for s in served),
@@ -102,6 +105,5 @@ def proxy(model_path: Path, policy_path: Path, api_base: str,
 def ask_all(url: str, texts: list[str], labels: list[str], *,
             concurrency: int) -> list[dict[str, Any]]:
     return [{"answer": r["answer"], "route": r["facts"]["route"],
-             "escalated": bool(r["facts"].get("escalated")),
-             "gated": "every decision escalates" in str(r["facts"].get("note") or "")}
+             "escalated": bool(r["facts"].get("escalated"))}
             for r in ask_intents(url, texts, labels, concurrency=concurrency)]

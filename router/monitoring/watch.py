@@ -152,6 +152,7 @@ class PolicyWatch:
         # class mostly under the bar reaches the accuracy alarm.
         self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
             self.settings.reference, alpha=half, seed=self.settings.seed + 1))
+        self.traffic_tripped_at: int | None = None  # the decision count when it tripped
         self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
         self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half)
 
@@ -232,8 +233,9 @@ class PolicyWatch:
                                                 self._dedupe_max_keys):
             return False, None
         self.n_counted += 1
-        if self.traffic is not None:
-            self.traffic.update(min(1.0, max(0.0, confidence)))
+        if self.traffic is not None and self.traffic.update(min(1.0, max(0.0, confidence))) and (
+                self.traffic_tripped_at is None):
+            self.traffic_tripped_at = self.n_decisions
         if self.drift is None or not accepted:
             return True, None
         # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
@@ -302,6 +304,7 @@ class PolicyWatch:
             "drift_test": self.drift is not None,
             "drift_log_martingale": None if self.drift is None else self.drift.log_value,
             "traffic_log_martingale": None if self.traffic is None else self.traffic.log_value,
+            "traffic_tripped_at": self.traffic_tripped_at,
             "labels": bounds.n,
             "accuracy": bounds.mean,
             "accuracy_lower": bounds.lower,
@@ -326,6 +329,7 @@ class PolicyWatch:
                 "cleared_at": None if math.isinf(self.cleared_at) else self.cleared_at,
                 "drift": None if self.drift is None else self.drift.state(),
                 "traffic": None if self.traffic is None else self.traffic.state(),
+                "traffic_tripped_at": self.traffic_tripped_at,
                 "shortfall": self.shortfall.state(), "accuracy": self.accuracy.state()}
 
     def resume(self, state: dict[str, Any]) -> bool:
@@ -344,6 +348,7 @@ class PolicyWatch:
                 self.drift.resume(state["drift"])
             if self.traffic is not None:
                 self.traffic.resume(state["traffic"])
+                self.traffic_tripped_at = state.get("traffic_tripped_at")
             self.shortfall.resume(state["shortfall"])
             self.accuracy.resume(state["accuracy"])
             self.n_decisions = int(state["decisions"])

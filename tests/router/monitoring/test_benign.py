@@ -99,6 +99,7 @@ async def test_under_escalate_all_unsure_traffic_escalates_until_an_operator_cle
         if watch.traffic_tripped:
             break
     assert watch.traffic_tripped and watch.alarm is None  # no alarm: nothing to share or log
+    assert watch.traffic_tripped_at == watch.n_decisions == watch.snapshot()["traffic_tripped_at"]
     assert "traffic less sure" in str(monitor.gate(pid))
     assert not decide(monitor, policy, 0.98, "a confident one")
     assert monitor.clear(pid, at=time.time())  # logged: no alarm stood, the tests start afresh
