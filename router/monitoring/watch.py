@@ -14,7 +14,12 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from calibration.monitoring import AccuracySequence, AccuracyShortfallTest, ConfidenceDropTest
+from calibration.monitoring import (
+    DROP_STAKES,
+    AccuracySequence,
+    AccuracyShortfallTest,
+    ConfidenceDropTest,
+)
 
 AlarmKind = Literal["drift", "accuracy"]
 OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
@@ -28,6 +33,11 @@ DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
 STATE_VERSION = 1  # of ``PolicyWatch.state()``
+# The traffic test's stakes, by what its trip costs. Under audit_then_escalate a trip buys audits
+# only, so it may trip on weaker evidence: stakes up to 0.5 (bench.watch: the ladder leaves 17.9%
+# of novel_25's wrong answers, not 23.5%; bursts of one intent trip it in 13 of 20 replays, which
+# costs audits). Under escalate_all a trip escalates: the drift test's small stakes (1 of 20).
+EAGER_STAKES = (0.0, 0.2, 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +157,23 @@ class PolicyWatch:
         reference = self.settings.accepted_reference
         self.drift = (None if reference is None else
                       ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
-        # Every decision against every tuning row: unsure traffic, accepted or not. Not an
-        # alarm (a client's unsure messages can trip it): it buys audits, which is how a novel
-        # class mostly under the bar reaches the accuracy alarm.
-        self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
-            self.settings.reference, alpha=half, seed=self.settings.seed + 1))
-        self.traffic_tripped_at: int | None = None  # the decision count when it tripped
         self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
         self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half)
+        # Every decision against every tuning row: unsure traffic, accepted or not. Not an
+        # alarm (a client's unsure messages can trip it): it buys audits (escalate_all:
+        # escalates), which is how a novel class mostly under the bar reaches the accuracy alarm.
+        self._start_traffic()
+
+    def _start_traffic(self) -> None:
+        self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
+            self.settings.reference, alpha=self.settings.alarm_alpha / 2.0,
+            seed=self.settings.seed + 1, stakes=self.traffic_stakes))
+        self.traffic_tripped_at: int | None = None  # the decision count when it tripped
+
+    @property
+    def traffic_stakes(self) -> tuple[float, ...]:
+        """The traffic test's stakes under the current ``on_alarm`` (``EAGER_STAKES``)."""
+        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else DROP_STAKES
 
     @property
     def policy_id(self) -> str:
@@ -202,7 +221,10 @@ class PolicyWatch:
         if settings.basis != self.settings.basis:
             raise ValueError(f"policy {self.policy_id}: another watch basis "
                              f"({', '.join(settings.basis_changes(self.settings))}): rebuild it")
+        stakes = self.traffic_stakes
         self.settings = settings
+        if self.traffic_stakes != stakes:  # another on_alarm: the traffic test starts afresh
+            self._start_traffic()
 
     def rebuilt(self, settings: WatchSettings) -> PolicyWatch:
         """A fresh watch of the same policy on another ``basis`` (a reloaded file whose drift
@@ -329,6 +351,7 @@ class PolicyWatch:
                 "cleared_at": None if math.isinf(self.cleared_at) else self.cleared_at,
                 "drift": None if self.drift is None else self.drift.state(),
                 "traffic": None if self.traffic is None else self.traffic.state(),
+                "traffic_stakes": list(self.traffic_stakes),
                 "traffic_tripped_at": self.traffic_tripped_at,
                 "shortfall": self.shortfall.state(), "accuracy": self.accuracy.state()}
 
@@ -346,7 +369,8 @@ class PolicyWatch:
         try:
             if self.drift is not None:
                 self.drift.resume(state["drift"])
-            if self.traffic is not None:
+            if self.traffic is not None and state.get("traffic_stakes") == list(
+                    self.traffic_stakes):  # else (on_alarm changed) it starts afresh
                 self.traffic.resume(state["traffic"])
                 self.traffic_tripped_at = state.get("traffic_tripped_at")
             self.shortfall.resume(state["shortfall"])

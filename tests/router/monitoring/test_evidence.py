@@ -2,7 +2,7 @@
 50 decisions still reach the drift alarm (the checkpoint beside the decision log carries the
 wealth and the ranked confidences), a checkpoint taken on another drift reference is not
 resumed, a live server picks up where it stopped, and a live re-tune drops the old policy's
-watch, its gauges and its checkpoint."""
+watch, its gauges and its checkpoint; the traffic test's stakes follow ``on_alarm``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from calibration.monitoring import DROP_STAKES
 from router.http.state import app_state
 from router.monitoring.checkpoint import checkpoint_path
 from router.monitoring.monitor import Monitor
+from router.monitoring.watch import EAGER_STAKES, PolicyWatch, WatchSettings
 from router.routing.registry import PolicyRegistry
 from router.routing.reload import reload_now
 from router.settings import PolicySettings
@@ -100,3 +102,18 @@ async def test_a_live_re_tune_drops_the_old_watch_its_gauges_and_its_checkpoint(
     monitor.keep_checkpoints(tmp_path / "watch.json")
     await monitor.aclose()
     assert list(json.loads((tmp_path / "watch.json").read_text())) == [retuned.policy_id]
+
+
+def test_the_traffic_test_follows_on_alarm_and_takes_no_evidence_bet_at_other_stakes() -> None:
+    eager = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="audit_then_escalate")))
+    for i in range(10):
+        eager.take(0.9, accepted=True, key=str(i), now=0.0)
+    assert eager.traffic_stakes == EAGER_STAKES and eager.traffic is not None
+    assert eager.traffic.n == 10
+    state = eager.state()
+    eager.update_settings(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
+    assert eager.traffic_stakes == DROP_STAKES and eager.traffic.n == 0  # a reload's new action
+    assert eager.drift is not None and eager.drift.n == 10  # the alarms' evidence runs on
+    cautious = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
+    assert cautious.resume(state) and cautious.n_decisions == 10
+    assert cautious.traffic is not None and cautious.traffic.n == 0
