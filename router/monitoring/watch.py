@@ -128,9 +128,13 @@ class PolicyWatch:
     unsure messages) is no evidence against the promise and cannot raise it; a novel class
     still does, through its answers that clear the bar less surely than the tuning rows did.
 
+    The traffic test ranks every decision against every tuning row; it is no alarm (unsure
+    traffic, a client's included, trips it) and buys audits.
+
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
-    on a drift alarm and escalates what the policy accepts once the accuracy alarm says the
-    promise is broken; ``escalate_all`` escalates on either alarm; ``alert_only`` never acts."""
+    on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
+    accuracy alarm says the promise is broken, or while a drift alarm stands and audits cannot
+    be had; ``escalate_all`` escalates on either alarm or the trip; ``alert_only`` never acts."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
@@ -138,7 +142,7 @@ class PolicyWatch:
         self.alarms: dict[AlarmKind, Alarm] = {}
         self.cleared_at = -math.inf  # alarms raised before an operator's clear stay cleared
         self.n_decisions = 0
-        self.n_counted = 0  # decisions the drift test took (identical inputs once per window)
+        self.n_counted = 0  # distinct inputs (identical inputs once per window)
         self.n_accepted = 0
         # Audits could not be had (queue full, slow model failing) while a drift alarm stands:
         # under audit_then_escalate the policy's accepted decisions escalate until they can.
@@ -380,7 +384,7 @@ class PolicyWatch:
             self.n_accepted = int(state["accepted"])
             if state["cleared_at"] is not None:
                 self.cleared_at = max(self.cleared_at, float(state["cleared_at"]))
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:  # nothing half-taken
             self._start_tests()
             raise ValueError(f"watch state of {self.policy_id}: damaged ({exc!r})") from exc
         return True
