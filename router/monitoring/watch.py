@@ -345,8 +345,8 @@ class PolicyWatch:
         }
 
     def state(self) -> dict[str, Any]:
-        """The evidence so far, as plain JSON values, for ``resume`` in another process: both
-        tests' wealth, the drift test's ranked confidences, the counts and the accuracy sums.
+        """The evidence so far, as plain JSON values, for ``resume`` in another process: every
+        test's wealth, the ranked confidences, the counts and the accuracy sums.
         The dedupe windows are not kept: after a restart an input seen before counts once more."""
         return {"version": STATE_VERSION, "basis": self.settings.reference_id,
                 "alpha": self.settings.alarm_alpha, "target": self.settings.target_accuracy,
