@@ -53,18 +53,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     settings = WatchSettings.of(policy)
     n_pre, n_post = args.pre_rows, args.post_rows
 
-    null_alarms = mapie_null_alarms = 0
+    null_alarms = null_escalations = mapie_null_alarms = 0
     for r in range(args.null_replays):
         order = np.random.default_rng(10_000 + r).permutation(n_stream)[:n_pre + n_post]
         run = replay(rows, order, replace(settings, seed=r))
         null_alarms += run["alarm_row"] is not None
+        null_escalations += run["escalated_row"] is not None
         mapie_null_alarms += mapie_alarm_row(run, rows, order, policy.target_accuracy) is not None
-    delays, mapie_delays, kinds = [], [], []
+    delays, escalations, mapie_delays, kinds = [], [], [], []
     for r in range(args.shift_replays):
         order = shifted_order(n_stream, len(rows.texts), n_pre=n_pre, n_post=n_post,
                               share=args.shift_share, seed=20_000 + r)
         run = replay(rows, order, replace(settings, seed=r))
         delays.append(delay(run["alarm_row"], n_pre, n_post))
+        escalations.append(delay(run["escalated_row"], n_pre, n_post))
         kinds.append(run["alarm_kind"])
         mapie_delays.append(delay(mapie_alarm_row(run, rows, order, policy.target_accuracy),
                                   n_pre, n_post))
@@ -78,11 +80,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     result = {
         "replays": args.null_replays,
         "false_alarm_rate": null_alarms / args.null_replays,
+        "false_escalation_rate": null_escalations / args.null_replays,
         "alarm_alpha": policy.alarm_alpha,
         "mapie_false_alarm_rate": mapie_null_alarms / args.null_replays,
         "shift_replays": args.shift_replays,
         "detection_delay_median": float(np.median(delays)),
         "detected_share": float(np.mean([d <= n_post for d in delays])),
+        # the policy's action (on_alarm: escalate_all): an alarm, or the traffic test's trip
+        "escalation_delay_median": float(np.median(escalations)),
+        "escalated_share": float(np.mean([d <= n_post for d in escalations])),
         "alarm_kinds": {k: kinds.count(k) for k in sorted(set(map(str, kinds)))},
         "mapie_detection_delay_median": float(np.median(mapie_delays)),
         "mapie_detected_share": float(np.mean([d <= n_post for d in mapie_delays])),
@@ -108,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
          f"{result['mapie_false_alarm_rate']:.3f}"),
         ("median detection delay (rows)", result["detection_delay_median"],
          result["mapie_detection_delay_median"]),
+        ("median rows to escalation (alarm or traffic trip)", result["escalation_delay_median"],
+         "-"),
         ("replays detected within the window", result["detected_share"],
          result["mapie_detected_share"]),
         ("wrong fast answers after the shift", (f"{result['wrong_accepted_after_shift_with_action']}"
@@ -175,7 +183,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
 
     watch = PolicyWatch(settings)
     labelled: list[int] = []  # positions in ``order`` of accepted rows drawn for an audit
-    alarm_row = None
+    alarm_row = escalated_row = None
     for position, i in enumerate(order):
         accepted = bool(rows.accepted[i])
         watch.observe(float(rows.confidence[i]), accepted=accepted)
@@ -185,7 +193,9 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
                 watch.label(bool(rows.correct[i]))
         if alarm_row is None and watch.alarm is not None:
             alarm_row = position
-    return {"alarm_row": alarm_row, "labelled": labelled,
+        if escalated_row is None and watch.escalate_all:
+            escalated_row = position
+    return {"alarm_row": alarm_row, "labelled": labelled, "escalated_row": escalated_row,
             "alarm_kind": None if watch.alarm is None else watch.alarm.kind}
 
 

@@ -31,8 +31,12 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
         label = truth.get(text)
         return label if label is not None and label in options else rule_chooser(text, options)
 
+    from router.http.state import app_state
+    from router.monitoring.checkpoint import checkpoint_path
+
     log_path = work / "decisions.jsonl"
     log_path.unlink(missing_ok=True)
+    checkpoint_path(log_path).unlink(missing_ok=True)  # a fresh proxy: no evidence carried over
     standin = start_standin(chooser=oracle)
     try:
         with proxy(model_path, policy_path, standin.api_base, log_path) as (url, app):
@@ -41,6 +45,9 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
                              concurrency=concurrency)
             elapsed = time.perf_counter() - t0
             audits = wait_for_audits(app)
+            monitor: Any = app_state(app).service.monitor  # the Monitor behind the port
+            tripped = [w.traffic_tripped_at for w in monitor.watches.values()
+                       if w.traffic_tripped_at is not None]
     finally:
         standin.stop()
     alarms = [r for r in read_records(log_path, events=True) if r.get("type") == "alarm"]
@@ -56,6 +63,9 @@ def live_run(work: Path, model_path: Path, policy_path: Path, rows: Scored,
         "live_alarm": None if first is None else first["kind"],
         # the policy's decision count at the alarm; requests overlap, so +- concurrency rows
         "live_detection_delay": None if first is None else max(0, int(first["decision"]) - n_pre),
+        # the policy's decision count when its traffic test tripped (under escalate_all: its
+        # escalation), rows after the shift
+        "live_traffic_trip_delay": None if not tripped else max(0, tripped[0] - n_pre),
         "live_fast_answers_after_shift": len(fast_post),
         "live_audits": audits,
         "live_all_answers_valid": all(s["answer"] in rows.labels for s in served),

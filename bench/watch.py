@@ -5,11 +5,15 @@ Benign streams (the promise holds; each ``false_alarm_rate`` should be <= alpha 
 README's cross-fitted policy on BANKING77 test.csv in random order; a split-tuned policy on the
 same; one confident question repeated 1,000 times in 3,000 rows; one popular question at 20% of
 traffic; test rows in blocks of one intent (bursts of 40); only the 30 intents the model reads
-best (by its out-of-fold accuracy). Harmful streams: rare intents becoming common (bench.drift's
+best (by its out-of-fold accuracy); one unsure message behind a "Ticket #NNNNNN:" prefix (a new
+id each time) at 20% of traffic; a campaign of distinct messages the policy never accepts at 50%
+of traffic. Harmful streams: rare intents becoming common (bench.drift's
 data); intents the model never learnt at 25% and at 5% of traffic; the novel share rising
 linearly from 0 to 50% over 5,000 rows. Each replay feeds the proxy's PolicyWatch row by row
-(identical texts once, audits answered at once with the true label) under every action, and
-MAPIE's RiskMonitoring the audit labels drawn with no action, as bench.drift does.
+(texts keyed by the proxy's fingerprint, ``router.monitoring.fingerprint.normalised``: a
+templated text counts once; audits answered at once with the true label) under every action, and
+MAPIE's RiskMonitoring the audit labels drawn with no action, as bench.drift does. Harmful
+scenarios also report when the traffic test (not an alarm: it buys audits) tripped.
 
     python -m bench.watch [--quick] [--replays N] [--out bench/results/watch.json]
 
@@ -117,6 +121,8 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     rare_rows, rare_settings, rare_sizes = rare_intents(args)
     easy = easy_intents(work / "default-oof.jsonl", 30)
     easy_index = np.array([i for i, label in enumerate(d_rows.labels) if label in easy])
+    t_rows, n_test = with_tickets(default, test, d_rows, seed=args.seed), len(d_rows.texts)
+    unsure = np.flatnonzero(~d_rows.accepted)
     d_set, s_set, n_set = (settings_of(b.policy) for b in (default, split, novel_model))
     nk, nv = len(known.texts), len(fresh.texts)
     return [
@@ -138,6 +144,16 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
         Scenario("easy_mix", "benign", d_rows, d_set,
                  lambda rng: (rng.permutation(easy_index), None),
                  "only the 30 intents with the best out-of-fold accuracy (1,200 test rows)"),
+        Scenario("ticket_template_20", "benign", t_rows, d_set,
+                 lambda rng: (mixed(rng, np.arange(n_test), np.arange(n_test, len(t_rows.texts)),
+                                    n=3000, share=0.2), None),
+                 "one unsure message as 'Ticket #NNNNNN: ...' (a new id each time) at 20% of "
+                 "3,000 rows"),
+        Scenario("unsure_campaign_50", "benign", d_rows, d_set,
+                 lambda rng: (mixed(rng, np.setdiff1d(np.arange(n_test), unsure), unsure,
+                                    n=min(2000, 2 * len(unsure)), share=0.5), None),
+                 "distinct messages the policy never accepts (test rows under its bar) at 50% "
+                 "of traffic"),
         Scenario("rare_shift", "harmful", rare_rows, rare_settings,
                  lambda rng: (shifted_order(*rare_sizes, n_pre=1000, n_post=2000, share=0.3,
                                             seed=int(rng.integers(2**31))), 1000),
@@ -184,6 +200,31 @@ def easy_intents(oof: Path, n: int) -> set[str]:
             top = row["options"][int(np.argmax(row["proba"]))]
             right.setdefault(row["label"], []).append(top == row["label"])
     return set(sorted(right, key=lambda k: -float(np.mean(right[k])))[:n])
+
+
+def with_tickets(built: Built, test: list[tuple[str, str]], rows: Scored, *, seed: int,
+                 copies: int = 1000) -> Scored:
+    """``rows`` and, after them, ``copies`` of one test message the policy does not accept, each
+    behind "Ticket #NNNNNN: " with a new random id, scored by the model (not assumed)."""
+    rng = np.random.default_rng(seed)
+    text, label = test[int(rng.choice(np.flatnonzero(~rows.accepted)))]
+    ids = rng.choice(900_000, size=copies, replace=False) + 100_000
+    return concat(rows, score(built, [(f"Ticket #{i}: {text}", label) for i in ids]))
+
+
+def mixed(rng: np.random.Generator, base: NDArray[np.int64], extra: NDArray[np.int64], *,
+          n: int, share: float) -> NDArray[np.int64]:
+    """``n`` rows, each from ``extra`` with probability ``share`` (while it lasts), else from
+    ``base``; no row twice."""
+    k = min(int(rng.binomial(n, share)), len(extra))
+    if n - k > len(base):
+        raise ValueError(f"n: {n} rows need more than the {len(base)} + {len(extra)} given")
+    from_extra = np.zeros(n, dtype=bool)
+    from_extra[rng.choice(n, size=k, replace=False)] = True
+    order = np.empty(n, dtype=np.int64)
+    order[from_extra] = rng.permutation(extra)[:k]
+    order[~from_extra] = rng.permutation(base)[:n - k]
+    return order
 
 
 def with_repeats(rng: np.random.Generator, rows: Scored, *, n: int,
@@ -233,10 +274,11 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
            shift_at: int | None) -> dict[str, Any]:
     """The proxy's PolicyWatch fed row by row under ``action``: a gated decision escalates
     (a slow call, never audited), an audited one is a slow call too (its label counts at once)."""
+    from router.monitoring.fingerprint import normalised
     from router.monitoring.watch import PolicyWatch
 
     watch = PolicyWatch(replace(settings, on_alarm=action))
-    first_alarm = escalated_from = None
+    first_alarm = escalated_from = traffic_row = None
     kind = None
     labelled: list[int] = []
     wrong_after = slow_after = slow_all = 0
@@ -247,19 +289,22 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
         accepted = bool(rows.accepted[i])
         served = accepted and not gated
         counted, _ = watch.take(float(rows.confidence[i]), accepted=accepted,
-                                key=rows.texts[i], now=0.0)
+                                key=normalised(rows.texts[i]), now=0.0)
         audited = served and counted and watch.wants_audit()
         if audited:
             labelled.append(position)
             watch.label(bool(rows.correct[i]))
         if first_alarm is None and watch.alarm is not None:
             first_alarm, kind = position, watch.alarm.kind
+        if traffic_row is None and watch.traffic_tripped:
+            traffic_row = position
         slow = int(not served) + int(audited)
         slow_all += slow
         if shift_at is not None and position >= shift_at:
             wrong_after += int(served and not rows.correct[i])
             slow_after += slow
     return {"alarm_row": first_alarm, "alarm_kind": kind, "escalated_from": escalated_from,
+            "traffic_row": traffic_row,
             "labelled": labelled, "wrong_after": wrong_after, "slow_after": slow_after,
             "slow_all": slow_all}
 
@@ -292,6 +337,7 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         result |= {
             "false_alarm_rate": finite(mean([r["alarm_row"] is not None for r in first]), 4),
             "false_alarm_kinds": kinds(first),
+            "traffic_trip_rate": finite(mean([r["traffic_row"] is not None for r in first]), 4),
             "false_escalation_rate_audit_then_escalate": finite(
                 mean([r["escalated_from"] is not None for r in ladder]), 4),
             "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
@@ -311,6 +357,9 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         "detected_share": finite(mean([d <= n_post for d in delays]), 4),
         "alarm_kinds": kinds(runs["alert_only"]),
         "escalation_delay_median_audit_then_escalate": float(np.median(escalation)),
+        # the ladder's traffic test (its stakes follow on_alarm: watch.EAGER_STAKES)
+        "traffic_trip_delay_median": float(np.median(
+            [delay(r["traffic_row"], shift_at, n_post) for r in runs["audit_then_escalate"]])),
         "mapie_detection_delay_median": float(np.median(
             [delay(m, shift_at, n_post) for m in mapie_rows])),
         "delay_when_missed": n_post + 1,

@@ -160,6 +160,24 @@ class _JumperBet:
     def alarm(self) -> bool:
         return self.alarm_at is not None
 
+    def state(self) -> dict[str, Any]:
+        """The evidence so far, as plain JSON values (``resume`` takes it back)."""
+        return {"wealth": list(self._wealth), "log_scale": self._log_scale, "n": self.n,
+                "alarm_at": self.alarm_at}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (this object's ``state()`` of an earlier process, same
+        stakes): the wealth goes on compounding where it stopped, so Ville's bound still holds
+        over the whole stream."""
+        wealth = [float(w) for w in state["wealth"]]
+        if len(wealth) != len(self._stakes) or any(not w >= 0.0 for w in wealth):
+            raise ValueError(f"wealth: {len(self._stakes)} non-negative values expected, "
+                             f"got {state['wealth']!r}")
+        self._wealth = wealth
+        self._log_scale = float(state["log_scale"])
+        self.n = int(state["n"])
+        self.alarm_at = None if state["alarm_at"] is None else int(state["alarm_at"])
+
     def _bet(self, edge: float) -> None:
         """One step: each expert's wealth times ``1 + stake * edge``, after the jumps."""
         share = self.jump / len(self._wealth) * sum(self._wealth)
@@ -212,7 +230,9 @@ class ConfidenceDropTest(_JumperBet):
         self._counts = [int(c) for c in counts]
         self._tree = _fenwick(self._counts)
         self._total = int(ref.size)
+        self._seed = seed
         self._random = random.Random(seed)
+        self._ranked: dict[int, int] = {}  # live confidences ranked so far, by bin
 
     def p_value(self, confidence: float) -> float:
         """The randomised rank of ``confidence`` among everything seen so far (small when it is
@@ -228,6 +248,7 @@ class ConfidenceDropTest(_JumperBet):
         self.bet(self.p_value(confidence))
         b = _bin(confidence)
         self._counts[b] += 1
+        self._ranked[b] = self._ranked.get(b, 0) + 1
         _add(self._tree, b)
         self._total += 1
         return self.alarm
@@ -235,6 +256,25 @@ class ConfidenceDropTest(_JumperBet):
     def bet(self, p_value: float) -> None:
         """One step of the one-sided jumper on a p-value in [0, 1]."""
         self._bet(0.5 - p_value)
+
+    def state(self) -> dict[str, Any]:
+        """The wealth and the confidences ranked since the reference (sparse: bin -> count)."""
+        return super().state() | {"ranked": {str(b): c for b, c in self._ranked.items()}}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` on the same reference: the confidences ranked before are
+        ranked against again, and the tie-breaking stream is re-seeded for the new process
+        (any independent uniform draw keeps the p-values exact)."""
+        super().resume(state)
+        for key, count in dict(state["ranked"]).items():
+            b, c = int(key), int(count)
+            if not 0 <= b <= GRID or c < 1:
+                raise ValueError(f"ranked: bin {key!r} with count {count!r} is out of range")
+            self._counts[b] += c
+            self._ranked[b] = self._ranked.get(b, 0) + c
+            self._total += c
+        self._tree = _fenwick(self._counts)
+        self._random = random.Random(f"{self._seed}:{self.n}")
 
 
 def _fenwick(counts: list[int]) -> list[int]:
@@ -351,6 +391,16 @@ class AccuracySequence:
 
     def bounds(self) -> Bounds:
         return Bounds(self.lower, self.upper, self.n, self._sum / self.n if self.n else None)
+
+    def state(self) -> dict[str, Any]:
+        """The running sums and the interval so far (``resume`` takes them back)."""
+        return {"n": self.n, "sum": self._sum, "variance": self._variance,
+                "lower": self.lower, "upper": self.upper}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        self.n, self._sum = int(state["n"]), float(state["sum"])
+        self._variance = float(state["variance"])
+        self.lower, self.upper = float(state["lower"]), float(state["upper"])
 
     def below(self, target: float) -> bool:
         """True once the whole sequence lies under ``target``: accuracy is below the promise."""

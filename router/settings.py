@@ -154,6 +154,37 @@ class MonitoringSettings(Section):
     alarm_sync_s: float = Field(2.0, gt=0)
 
 
+LabelRole = Literal["refused", "logged", "trusted"]
+
+
+class FeedbackSettings(Section):
+    """Who may label logged decisions (``POST /v1/feedback``) and whose labels the accuracy alarm
+    counts, per API key (docs/monitoring.md, "Labels"): "refused" (403), "logged" (the label is
+    logged and exported, never counted by the alarm) or "trusted" (counted too). Keys are named
+    by their sha256 hex digest, as in ``api_key_hashes``; a key not named gets ``default_role``,
+    and so does every caller of a server without API keys."""
+
+    default_role: LabelRole = "logged"
+    roles: dict[str, LabelRole] = Field(default_factory=dict)
+
+    @field_validator("roles")
+    @classmethod
+    def _hex_keys(cls, value: dict[str, LabelRole]) -> dict[str, LabelRole]:
+        for h in value:
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
+                raise ValueError(f"feedback.roles: {h!r} is not a sha256 hex digest "
+                                 "(64 hex characters) of an API key")
+        return {h.lower(): role for h, role in value.items()}
+
+    def role_of(self, namespace: str) -> LabelRole:
+        """The role of the caller whose cache namespace is ``namespace``: the admission guard
+        names a key's namespace ``key-`` and the first 16 hex digits of its sha256."""
+        for digest, role in self.roles.items():
+            if namespace == f"key-{digest[:16]}":
+                return role
+        return self.default_role
+
+
 class LogSettings(Section):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
@@ -196,6 +227,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     log: LogSettings = Field(default_factory=LogSettings)
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
+    feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
 

@@ -1,15 +1,16 @@
 """The router's view of its policies in production, behind routing's one observer port
-(``router.routing.ports.DecisionObserver``): one PolicyWatch per tuned policy, fed by every
-decision (label-free drift), by audits and by feedback (accuracy); alarms are logged, exported as
-gauges, written to the decision log and acted on per policy (``on_alarm``, through ``gate``).
-With a shared alarm board (Redis: ``router/store/alarm_board.py``) an alarm one replica raises
-is latched by every replica serving that policy within ``monitoring.alarm_sync_s``, and an
-operator's clear (``slotgate alarms clear``) reaches them all the same way."""
+(``router.routing.ports.DecisionObserver``): one PolicyWatch per loaded policy, fed by every
+decision (label-free drift), by audits and by trusted labels (accuracy); alarms are logged,
+exported as gauges, written to the decision log and acted on per policy (``on_alarm``, through
+``gate``); a retired policy's watch and gauges go. With a shared alarm board (Redis:
+``router/store/alarm_board.py``) an alarm one replica raises is latched by every replica serving
+that policy within ``monitoring.alarm_sync_s``, and an operator's clear (``slotgate alarms
+clear``) reaches them all the same way. Each watch's evidence is checkpointed beside the
+decision log and resumed at a restart (``keep_checkpoints``)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import weakref
@@ -21,7 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import Counter
 
 from policies.types import DecisionRequest
+from router.monitoring import checkpoint
 from router.monitoring.audits import AuditJob, AuditQueue
+from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, checkpoint_path
+from router.monitoring.fingerprint import input_key
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
 from router.routing.ports import Label, Observation
 
@@ -35,6 +39,8 @@ SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
 ALARM_KINDS = ("drift", "accuracy")
 CLEAR = "clear"  # an alarm record of this kind is an operator's clear (it wins over older ones)
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
+# Served fast answers whose input key is remembered, so a label of one counts once per input.
+_INPUT_MEMORY = 20_000  # about 4.5 MiB at most (tracemalloc, 42-character decision ids)
 
 
 class AlarmBoard(Protocol):
@@ -44,16 +50,6 @@ class AlarmBoard(Protocol):
     async def post(self, record: dict[str, Any]) -> None: ...
 
     async def read(self, policy_ids: Sequence[str]) -> list[dict[str, Any]] | None: ...
-
-
-def input_key(request: DecisionRequest) -> str:
-    """What makes two decisions the same input: the text read and the options asked."""
-    digest = hashlib.blake2b(digest_size=16)
-    for part in (request.instructions, request.context, request.state, request.kind,
-                 *request.option_names):
-        digest.update(part.encode("utf-8", "surrogatepass"))
-        digest.update(b"\x00")
-    return digest.hexdigest()
 
 
 def alarm_record(alarm: Alarm, **extra: Any) -> dict[str, Any]:
@@ -74,9 +70,11 @@ class Monitor:
         self._answer = answer
         self._dedupe_window_s = dedupe_window_s
         self.audits = AuditQueue(self._audit_answer, self._audit_label, capacity=audit_capacity,
-                                 workers=audit_workers,
-                                 on_count=None if metrics is None else metrics.audit)
+                                 workers=audit_workers, on_count=self._audit_counted)
         self._labelled: OrderedDict[str, str] = OrderedDict()
+        self._inputs: OrderedDict[str, str] = OrderedDict()  # served fast: decision id -> key
+        self._checkpoints: asyncio.Task[None] | None = None
+        self._checkpoint_path: Path | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._board: AlarmBoard | None = None
         self._sync: asyncio.Task[None] | None = None
@@ -112,6 +110,18 @@ class Monitor:
             return
         self._rebuild(watch, settings)
 
+    def retire_others(self, policy_ids: Iterable[str]) -> None:
+        """The registry now serves exactly ``policy_ids``: the watch of every other policy (a
+        re-tuned one's old id, a removed file) goes, with its gauges, its checkpoint and its
+        queued audits' labels (they are logged, counted nowhere)."""
+        keep = set(policy_ids)
+        for policy_id in [p for p in self.watches if p not in keep]:
+            watch = self.watches.pop(policy_id)
+            logger.info("policy %s retired: its watch (%d decisions) and its gauges are dropped",
+                        policy_id, watch.n_decisions)
+            if self.metrics is not None:
+                self.metrics.forget_policy(policy_id)
+
     def _rebuild(self, watch: PolicyWatch, settings: WatchSettings) -> None:
         """The same policy id reloaded with another watch basis: the evidence gathered against
         the old one is dropped and the watch starts afresh on the file's own (docs/monitoring.md,
@@ -137,10 +147,23 @@ class Monitor:
 
     def gate(self, policy_id: str) -> str | None:
         watch = self.watches.get(policy_id)
+        if watch is not None and watch.audits_short and (
+                self.audits.pending <= self.audits.capacity // 4):
+            watch.audits_short = False  # the ladder gets its labels again
+            logger.warning("policy %s: audits keep up again; its accepted decisions are served "
+                           "and audited", watch.policy_id)
+            self.export()
         if watch is None or not watch.escalate_all:
             return None
         alarm = watch.alarm
-        assert alarm is not None
+        if alarm is None:  # escalate_all on the traffic test's trip
+            return ("traffic less sure than the tuning rows (on_alarm: escalate_all): every "
+                    "decision escalates until an operator clears the policy (`slotgate alarms "
+                    "clear`) or a re-tuned policy is loaded")
+        if alarm.kind == "drift" and watch.settings.on_alarm == "audit_then_escalate":
+            return ("drift alarm and too few audits (queue full or slow model failing): every "
+                    "decision escalates until audits keep up again, the alarm is cleared "
+                    "(`slotgate alarms clear`) or a re-tuned policy is loaded")
         return (f"{alarm.kind} alarm: every decision escalates until the alarm is cleared "
                 "(`slotgate alarms clear`) or a re-tuned policy is loaded")
 
@@ -150,22 +173,35 @@ class Monitor:
         watch = self.watches.get(observation.policy_id)
         if watch is None:
             return
+        key = input_key(observation.request)
+        tripped = watch.traffic_tripped
         counted, alarm = watch.take(observation.confidence, accepted=observation.accepted,
-                                    key=input_key(observation.request))
+                                    key=key)
         if alarm is not None:
             self.alarmed(alarm)
+        if watch.traffic_tripped and not tripped:
+            logger.warning("policy %s: its traffic is less sure than its tuning rows at decision "
+                           "%d (not an alarm: unsure traffic puts no wrong answer in front of "
+                           "anyone); %s", watch.policy_id, watch.n_decisions,
+                           _action(watch) if watch.escalate_all else
+                           f"audit rate raised to {watch.audit_rate:g}"
+                           if watch.audit_rate > watch.settings.audit_rate else "no action")
+            self.export()
+        if observation.served_fast:
+            _remember(self._inputs, observation.decision_id, key, _INPUT_MEMORY)
         if (counted and observation.served_fast and observation.answer is not None
                 and self._answer is not None and watch.wants_audit()):
             self.audits.submit(AuditJob(observation.policy_id, observation.decision_id,
                                         observation.answer, observation.request))
 
     async def labelled(self, label: Label) -> None:
-        """A label of a served fast answer, counted once per decision (the first label wins)."""
+        """A trusted label of a served fast answer, counted once per decision (the first label
+        wins) and once per input (a label of an input labelled before is logged only)."""
         watch = self.watches.get(label.policy_id or "")
         if (watch is None or not label.served_fast
                 or not self._first_label(label.decision_id, label.source)):
             return
-        self._label(watch, label.correct)
+        self._label(watch, label.correct, self._inputs.get(label.decision_id))
 
     # -- alarms: raised, restored, shared, cleared ------------------------------------------
 
@@ -276,6 +312,9 @@ class Monitor:
                 self.metrics.policy_state(state)
 
     async def aclose(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
+            await asyncio.gather(self._checkpoints, return_exceptions=True)
         if self._sync is not None:
             self._stop.set()
             try:  # a round in flight ends within the board's timeouts
@@ -286,6 +325,28 @@ class Monitor:
         await self.audits.aclose()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.write_checkpoint()  # after the last audits' labels
+
+    # -- evidence that outlives the process ------------------------------------------------
+
+    def keep_checkpoints(self, path: Path, *, every_s: float = CHECKPOINT_EVERY_S) -> int:
+        """Resume each watch from the checkpoint at ``path``, then write one there every
+        ``every_s`` seconds and at shutdown (a task of the running loop). Returns how many
+        watches resumed."""
+        self._checkpoint_path = path
+        resumed = checkpoint.resume(path, self.watches)
+        self.export()
+        self._checkpoints = asyncio.get_running_loop().create_task(self._checkpoint_every(every_s))
+        return resumed
+
+    def write_checkpoint(self) -> None:
+        if self._checkpoint_path is not None:
+            checkpoint.write(self._checkpoint_path, self.watches)
+
+    async def _checkpoint_every(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.write_checkpoint()
 
     async def _audit_answer(self, job: AuditJob) -> str:
         assert self._answer is not None
@@ -293,17 +354,36 @@ class Monitor:
 
     async def _audit_label(self, job: AuditJob, label: str) -> None:
         correct = label == job.answer
-        if self._first_label(job.decision_id, "audit"):
-            self._label(self.watches[job.policy_id], correct)
+        watch = self.watches.get(job.policy_id)  # None: the policy was retired meanwhile
+        if watch is not None and self._first_label(job.decision_id, "audit"):
+            self._label(watch, correct, input_key(job.request))
         if self._events is not None:
             await self._events({"type": "audit", "decision_id": job.decision_id,
                                 "policy_id": job.policy_id, "label": label,
                                 "answer": job.answer, "correct": correct})
 
-    def _label(self, watch: PolicyWatch, correct: bool) -> None:
-        alarm = watch.label(correct)
+    def _label(self, watch: PolicyWatch, correct: bool, key: str | None) -> None:
+        alarm = watch.label(correct, key=key)
         if alarm is not None:
             self.alarmed(alarm)
+
+    def _audit_counted(self, policy_id: str, result: str) -> None:
+        """An audit done, dropped or failed. Under ``audit_then_escalate`` with a drift alarm
+        standing, audits are the evidence: one that could not be had switches the policy to
+        escalating (logged, in the gate's reason) until the audit queue is at most a quarter
+        full, so no accepted answer goes unaudited and unescalated while the promise is in
+        doubt."""
+        if self.metrics is not None:
+            self.metrics.audit(policy_id, result)
+        watch = self.watches.get(policy_id)
+        if (result != "done" and watch is not None and not watch.audits_short
+                and "drift" in watch.alarms
+                and watch.settings.on_alarm == "audit_then_escalate"):
+            watch.audits_short = True
+            logger.warning("policy %s: an audit was %s while its drift alarm stands: its "
+                           "accepted decisions escalate until audits keep up again",
+                           policy_id, result)
+            self.export()
 
     def _first_label(self, decision_id: str, source: str) -> bool:
         """The first label of a decision counts; a human label that comes later is only logged
@@ -358,6 +438,13 @@ def _clear_record(policy_id: str, at: float, decision: int) -> dict[str, Any]:
             "time": at, "detail": "cleared by an operator (slotgate alarms clear)"}
 
 
+def _remember(memory: OrderedDict[str, str], key: str, value: str, limit: int) -> None:
+    memory[key] = value
+    memory.move_to_end(key)
+    while len(memory) > limit:
+        memory.popitem(last=False)
+
+
 def _alarm(policy_id: str, record: dict[str, Any]) -> Alarm:
     return Alarm(policy_id, record["kind"], int(record["decision"]), float(record["time"]),
                  str(record["detail"]))
@@ -396,11 +483,15 @@ def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
 
 def restore_from_log(monitor: Monitor, path: Path) -> int:
     """Re-arm the alarms a decision log holds for the policies ``monitor`` watches (an
-    operator's later clear wins). The typed reader skips (and counts) damaged lines: a bad
-    record never stops a start."""
+    operator's later clear wins), resume the watches' evidence from the checkpoint beside it and
+    keep checkpointing there. The typed reader skips (and counts) damaged lines: a bad record
+    never stops a start."""
     from router.store.log_join import alarms
     from router.store.log_reader import read_log
 
+    resumed = monitor.keep_checkpoints(checkpoint_path(path))
+    if resumed:
+        logger.info("%d policy watch(es) resumed from %s", resumed, checkpoint_path(path))
     if not monitor.watches:
         return 0
     # quiet: the decision log warned of damaged lines once already, rebuilding its index

@@ -1,7 +1,7 @@
-"""One tuned policy watched in production: its one-sided drift martingale (label-free), its
-accuracy sequence (audit and feedback labels), the live accept share, the alarms they raise and
-the action those alarms call for (``on_alarm``). No I/O: the Monitor feeds it and decides what to
-log, share and export."""
+"""One tuned policy watched in production: its one-sided drift martingale on accepted decisions'
+confidences (label-free), its accuracy test (trusted labels), the live accept share, the alarms
+they raise and the action those alarms call for (``on_alarm``). No I/O: the Monitor feeds it,
+checkpoints its evidence (``state``/``resume``) and decides what to log, share and export."""
 
 from __future__ import annotations
 
@@ -14,17 +14,30 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from calibration.monitoring import AccuracySequence, AccuracyShortfallTest, ConfidenceDropTest
+from calibration.monitoring import (
+    DROP_STAKES,
+    AccuracySequence,
+    AccuracyShortfallTest,
+    ConfidenceDropTest,
+)
 
 AlarmKind = Literal["drift", "accuracy"]
 OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 ACCEPT_WINDOW = 1000  # decisions behind the live accept share
 DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_escalate)
-# Identical inputs count once per window: one day, or the last 65,536 distinct inputs per
-# policy (16-byte keys, a few MiB), whichever forgets first. A repeat inside it is the same read
-# of the same question (the read cache serves it), so it is no new evidence about the traffic.
+# Identical inputs (``router.monitoring.fingerprint``: templated ids and names folded) count once
+# per window: one day, or the last 65,536 distinct inputs per policy (a few MiB), whichever
+# forgets first. A repeat inside it is the same read of the same question (the read cache serves
+# it), so it is no new evidence about the traffic; a second label of it is no new evidence
+# about accuracy either.
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
+STATE_VERSION = 1  # of ``PolicyWatch.state()``
+# The traffic test's stakes, by what its trip costs. Under audit_then_escalate a trip buys audits
+# only, so it may trip on weaker evidence: stakes up to 0.5 (bench.watch: the ladder leaves 17.9%
+# of novel_25's wrong answers, not 23.5%; bursts of one intent trip it in 13 of 20 replays, which
+# costs audits). Under escalate_all a trip escalates: the drift test's small stakes (1 of 20).
+EAGER_STAKES = (0.0, 0.2, 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,18 @@ class WatchSettings:
                                   else self.reference_accept_share))
         return digest.hexdigest()
 
+    @property
+    def accepted_reference(self) -> tuple[float, ...] | None:
+        """The tuning rows the policy accepted: the top ``reference_accept_share`` of the sorted
+        reference confidences (exact for one global threshold; for per-option thresholds the
+        surest rows stand in for the accepted ones). None when there are none."""
+        if self.reference is None:
+            return None
+        if self.reference_accept_share is None:
+            return self.reference
+        n = round(self.reference_accept_share * len(self.reference))
+        return tuple(sorted(self.reference)[-n:]) if n > 0 else None
+
     def basis_changes(self, other: WatchSettings) -> list[str]:
         """The fields of ``basis`` that differ from ``other``'s, by name."""
         names = ("reference", "reference", "alarm_alpha", "target_accuracy", "seed")
@@ -97,9 +122,19 @@ class PolicyWatch:
     false alarm with probability at most ``alarm_alpha`` while traffic looks like the tuning
     rows (or is surer than them) and the policy keeps its promise.
 
+    The drift test ranks only accepted decisions, against the tuning rows the policy accepted:
+    what the promise covers. Decisions under the bar escalate and put no wrong fast answer in
+    front of anyone, so unsure traffic (a burst of one hard question, a campaign of distinct
+    unsure messages) is no evidence against the promise and cannot raise it; a novel class
+    still does, through its answers that clear the bar less surely than the tuning rows did.
+
+    The traffic test ranks every decision against every tuning row; it is no alarm (unsure
+    traffic, a client's included, trips it) and buys audits.
+
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
-    on a drift alarm and escalates what the policy accepts once the accuracy alarm says the
-    promise is broken; ``escalate_all`` escalates on either alarm; ``alert_only`` never acts."""
+    on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
+    accuracy alarm says the promise is broken, or while a drift alarm stands and audits cannot
+    be had; ``escalate_all`` escalates on either alarm or the trip; ``alert_only`` never acts."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
@@ -107,10 +142,14 @@ class PolicyWatch:
         self.alarms: dict[AlarmKind, Alarm] = {}
         self.cleared_at = -math.inf  # alarms raised before an operator's clear stay cleared
         self.n_decisions = 0
-        self.n_counted = 0  # decisions the drift test took (identical inputs once per window)
+        self.n_counted = 0  # distinct inputs (identical inputs once per window)
         self.n_accepted = 0
+        # Audits could not be had (queue full, slow model failing) while a drift alarm stands:
+        # under audit_then_escalate the policy's accepted decisions escalate until they can.
+        self.audits_short = False
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
         self._seen: OrderedDict[str, float] = OrderedDict()
+        self._labelled: OrderedDict[str, float] = OrderedDict()  # inputs already labelled
         self._dedupe_window_s = dedupe_window_s
         self._dedupe_max_keys = dedupe_max_keys
         self._start_tests()
@@ -119,11 +158,26 @@ class PolicyWatch:
 
     def _start_tests(self) -> None:
         half = self.settings.alarm_alpha / 2.0
-        reference = self.settings.reference
+        reference = self.settings.accepted_reference
         self.drift = (None if reference is None else
                       ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
         self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
         self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half)
+        # Every decision against every tuning row: unsure traffic, accepted or not. Not an
+        # alarm (a client's unsure messages can trip it): it buys audits (escalate_all:
+        # escalates), which is how a novel class mostly under the bar reaches the accuracy alarm.
+        self._start_traffic()
+
+    def _start_traffic(self) -> None:
+        self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
+            self.settings.reference, alpha=self.settings.alarm_alpha / 2.0,
+            seed=self.settings.seed + 1, stakes=self.traffic_stakes))
+        self.traffic_tripped_at: int | None = None  # the decision count when it tripped
+
+    @property
+    def traffic_stakes(self) -> tuple[float, ...]:
+        """The traffic test's stakes under the current ``on_alarm`` (``EAGER_STAKES``)."""
+        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else DROP_STAKES
 
     @property
     def policy_id(self) -> str:
@@ -137,15 +191,25 @@ class PolicyWatch:
     @property
     def escalate_all(self) -> bool:
         on_alarm = self.settings.on_alarm
-        if on_alarm == "escalate_all":
-            return bool(self.alarms)
-        return on_alarm == "audit_then_escalate" and "accuracy" in self.alarms
+        if on_alarm == "escalate_all":  # the most cautious: unsure traffic is reason enough
+            return bool(self.alarms) or self.traffic_tripped
+        return on_alarm == "audit_then_escalate" and (
+            "accuracy" in self.alarms or (self.audits_short and "drift" in self.alarms))
+
+    @property
+    def traffic_tripped(self) -> bool:
+        """Traffic as a whole is less sure than the tuning rows (the traffic test reached
+        ``2 / alarm_alpha``; latched until an operator's clear)."""
+        return self.traffic is not None and self.traffic.alarm
 
     @property
     def audit_rate(self) -> float:
-        """The audit rate now: the file's, or ``audit_boost`` while a drift alarm stands."""
-        rate = self.settings.audit_rate
-        if self.settings.on_alarm == "audit_then_escalate" and "drift" in self.alarms:
+        """The audit rate now: the file's, or ``audit_boost`` while the traffic test has
+        tripped (unless ``alert_only``) or, under ``audit_then_escalate``, a drift alarm
+        stands."""
+        rate, on_alarm = self.settings.audit_rate, self.settings.on_alarm
+        if (on_alarm != "alert_only" and self.traffic_tripped) or (
+                on_alarm == "audit_then_escalate" and "drift" in self.alarms):
             return max(rate, self.settings.audit_boost)
         return rate
 
@@ -161,7 +225,10 @@ class PolicyWatch:
         if settings.basis != self.settings.basis:
             raise ValueError(f"policy {self.policy_id}: another watch basis "
                              f"({', '.join(settings.basis_changes(self.settings))}): rebuild it")
+        stakes = self.traffic_stakes
         self.settings = settings
+        if self.traffic_stakes != stakes:  # another on_alarm: the traffic test starts afresh
+            self._start_traffic()
 
     def rebuilt(self, settings: WatchSettings) -> PolicyWatch:
         """A fresh watch of the same policy on another ``basis`` (a reloaded file whose drift
@@ -188,16 +255,20 @@ class PolicyWatch:
         self.n_decisions += 1
         self.n_accepted += int(accepted)
         self._recent.append(accepted)
-        if key is not None and not self._first_sight(key, time.time() if now is None else now):
+        if key is not None and not _first_sight(self._seen, key, self._window(now),
+                                                self._dedupe_max_keys):
             return False, None
         self.n_counted += 1
-        if self.drift is None:
+        if self.traffic is not None and self.traffic.update(min(1.0, max(0.0, confidence))) and (
+                self.traffic_tripped_at is None):
+            self.traffic_tripped_at = self.n_decisions
+        if self.drift is None or not accepted:
             return True, None
         # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
         if self.drift.update(min(1.0, max(0.0, confidence))) and "drift" not in self.alarms:
             return True, self._raise("drift", (
                 f"the confidence-drop martingale reached {self.drift.log_value:.2f} (log) >= "
-                f"log(1/{self.drift.alpha:g}) after {self.drift.n} distinct inputs"))
+                f"log(1/{self.drift.alpha:g}) after {self.drift.n} distinct accepted inputs"))
         return True, None
 
     def wants_audit(self) -> bool:
@@ -205,8 +276,15 @@ class PolicyWatch:
         rate = self.audit_rate
         return rate > 0.0 and self._audit_rng.random() < rate
 
-    def label(self, correct: bool) -> Alarm | None:
-        """One labelled accepted decision (audit or feedback). Returns an alarm it raised."""
+    def label(self, correct: bool, *, key: str | None = None,
+              now: float | None = None) -> Alarm | None:
+        """One labelled accepted decision (an audit or a trusted label) of the input ``key``
+        (None: unknown, counted). A label of an input labelled before inside the dedupe window
+        is not counted: one wrong answer repeated is one piece of evidence, not a campaign.
+        Returns an alarm it raised."""
+        if key is not None and not _first_sight(self._labelled, key, self._window(now),
+                                                self._dedupe_max_keys):
+            return None
         self.accuracy.update(correct)
         target = self.settings.target_accuracy
         if self.shortfall.update(correct) and "accuracy" not in self.alarms:
@@ -233,6 +311,8 @@ class PolicyWatch:
         stale = [kind for kind, alarm in self.alarms.items() if alarm.time <= at]
         for kind in stale:
             del self.alarms[kind]
+        if "drift" not in self.alarms:
+            self.audits_short = False
         if stale or self._tripped():
             self._start_tests()
         return bool(stale)
@@ -249,6 +329,8 @@ class PolicyWatch:
             "reference_accept_share": self.settings.reference_accept_share,
             "drift_test": self.drift is not None,
             "drift_log_martingale": None if self.drift is None else self.drift.log_value,
+            "traffic_log_martingale": None if self.traffic is None else self.traffic.log_value,
+            "traffic_tripped_at": self.traffic_tripped_at,
             "labels": bounds.n,
             "accuracy": bounds.mean,
             "accuracy_lower": bounds.lower,
@@ -262,20 +344,74 @@ class PolicyWatch:
             "escalating": self.escalate_all,
         }
 
-    def _tripped(self) -> bool:
-        return (self.drift is not None and self.drift.alarm) or self.shortfall.alarm
+    def state(self) -> dict[str, Any]:
+        """The evidence so far, as plain JSON values, for ``resume`` in another process: every
+        test's wealth, the ranked confidences, the counts and the accuracy sums.
+        The dedupe windows are not kept: after a restart an input seen before counts once more."""
+        return {"version": STATE_VERSION, "basis": self.settings.reference_id,
+                "alpha": self.settings.alarm_alpha, "target": self.settings.target_accuracy,
+                "decisions": self.n_decisions, "counted": self.n_counted,
+                "accepted": self.n_accepted,
+                "cleared_at": None if math.isinf(self.cleared_at) else self.cleared_at,
+                "drift": None if self.drift is None else self.drift.state(),
+                "traffic": None if self.traffic is None else self.traffic.state(),
+                "traffic_stakes": list(self.traffic_stakes),
+                "traffic_tripped_at": self.traffic_tripped_at,
+                "shortfall": self.shortfall.state(), "accuracy": self.accuracy.state()}
 
-    def _first_sight(self, key: str, now: float) -> bool:
-        seen = self._seen.get(key)
-        if seen is not None and now - seen < self._dedupe_window_s:
+    def resume(self, state: dict[str, Any]) -> bool:
+        """Continue from a ``state()`` of this policy's watch in an earlier process. False (and
+        nothing taken) when it was gathered on another basis or format; raises ValueError,
+        naming the field, on a damaged one."""
+        if (state.get("version") != STATE_VERSION
+                or state.get("basis") != self.settings.reference_id
+                or state.get("alpha") != self.settings.alarm_alpha
+                or state.get("target") != self.settings.target_accuracy
+                or (state.get("drift") is None) != (self.drift is None)
+                or (state.get("traffic") is None) != (self.traffic is None)):
             return False
-        self._seen[key] = now
-        self._seen.move_to_end(key)
-        while len(self._seen) > self._dedupe_max_keys:
-            self._seen.popitem(last=False)
+        try:
+            if self.drift is not None:
+                self.drift.resume(state["drift"])
+            if self.traffic is not None and state.get("traffic_stakes") == list(
+                    self.traffic_stakes):  # else (on_alarm changed) it starts afresh
+                self.traffic.resume(state["traffic"])
+                self.traffic_tripped_at = state.get("traffic_tripped_at")
+            self.shortfall.resume(state["shortfall"])
+            self.accuracy.resume(state["accuracy"])
+            self.n_decisions = int(state["decisions"])
+            self.n_counted = int(state["counted"])
+            self.n_accepted = int(state["accepted"])
+            if state["cleared_at"] is not None:
+                self.cleared_at = max(self.cleared_at, float(state["cleared_at"]))
+        except (KeyError, TypeError, ValueError) as exc:  # nothing half-taken
+            self._start_tests()
+            raise ValueError(f"watch state of {self.policy_id}: damaged ({exc!r})") from exc
         return True
+
+    def _tripped(self) -> bool:
+        return ((self.drift is not None and self.drift.alarm) or self.traffic_tripped
+                or self.shortfall.alarm)
+
+    def _window(self, now: float | None) -> tuple[float, float]:
+        return (time.time() if now is None else now), self._dedupe_window_s
 
     def _raise(self, kind: AlarmKind, detail: str) -> Alarm:
         alarm = self.alarms[kind] = Alarm(self.policy_id, kind, self.n_decisions, time.time(),
                                           detail)
         return alarm
+
+
+def _first_sight(seen: OrderedDict[str, float], key: str, window: tuple[float, float],
+                 max_keys: int) -> bool:
+    """Whether ``key`` is new in ``seen`` within the window (``now``, length in seconds); it
+    is recorded either way, the oldest keys forgotten past ``max_keys``."""
+    now, length_s = window
+    last = seen.get(key)
+    if last is not None and now - last < length_s:
+        return False
+    seen[key] = now
+    seen.move_to_end(key)
+    while len(seen) > max_keys:
+        seen.popitem(last=False)
+    return True

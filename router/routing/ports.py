@@ -5,7 +5,7 @@ these structurally; tests pass small fakes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -124,6 +124,10 @@ class DecisionObserver(Protocol):
     per label. ``decided`` never waits and never raises: a decision is never slower for it."""
 
     def watch(self, policy_file: PolicyFile) -> None: ...
+
+    def retire_others(self, policy_ids: Iterable[str]) -> None:
+        """The policies loaded now are exactly ``policy_ids``: any other's watch goes."""
+        ...
 
     def gate(self, policy_id: str) -> str | None:
         """Why this policy's accepted answers escalate now; None while they are served."""

@@ -160,6 +160,7 @@ class PolicyRegistry:
         if monitor is not None:  # after all loaded: a refused reload changes no watch
             for policy in loaded:
                 monitor.watch(policy.file)
+            monitor.retire_others(p.file.policy_id for p in loaded)
         return registry
 
     def reload(self) -> bool:

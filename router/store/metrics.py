@@ -195,6 +195,21 @@ class Metrics:
             self._policy_alarm.labels(policy=policy, kind=kind).set(
                 1.0 if state.get("alarm") == kind else 0.0)
 
+    def forget_policy(self, policy: str) -> None:
+        """Drop a retired policy's series (its gauges and audit counters)."""
+        series: list[tuple[Gauge | Counter, tuple[str, ...]]] = [
+            (gauge, (policy,)) for gauge in (
+                self._policy_accept_share, self._policy_reference_share,
+                self._policy_accuracy_lower, self._policy_accuracy_upper, self._policy_labels,
+                self._policy_drift)]
+        series += [(self._policy_alarm, (policy, kind)) for kind in ("drift", "accuracy")]
+        series += [(self._audits, (policy, result)) for result in ("done", "dropped", "failed")]
+        for metric, labels in series:
+            try:
+                metric.remove(*labels)
+            except KeyError:  # never exported
+                pass
+
     def audit(self, policy: str, result: str) -> None:
         self._audits.labels(policy=policy, result=result).inc()
 

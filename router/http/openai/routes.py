@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.types import summary_route
-from router.errors import InvalidRequest, NoSlowModel, UnprocessableRequest
+from router.errors import Forbidden, InvalidRequest, NoSlowModel, UnprocessableRequest
 from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
     ChatCompletionRequest,
@@ -74,6 +74,10 @@ def make_router() -> APIRouter:
         await _refuse_lone_surrogates(request)
         state = app_state(request)
         caller = namespace(request)
+        role = state.settings.feedback.role_of(caller)
+        if role == "refused":
+            raise Forbidden("authorization: this API key may not label decisions "
+                            "(feedback.roles)", field="authorization")
         decision = await state.feedback.get(body.decision_id)
         # Another tenant's decision ids are as unknown to this caller as ids that never existed.
         if decision is None or decision.namespace != caller:
@@ -85,13 +89,15 @@ def make_router() -> APIRouter:
                 "options", field="label")
         await state.feedback.add_feedback(body.decision_id, body.label)
         monitor = state.service.monitor
-        if monitor is not None:  # a human label for the accuracy sequence (the observer port)
+        # Only a trusted key's label is evidence for the accuracy alarm (the observer port);
+        # any other is logged and exported, and can switch no policy to the slow model.
+        if monitor is not None and role == "trusted":
             await monitor.labelled(Label(decision.decision_id, decision.policy_id,
                                          decision.served_fast, body.label == decision.answer,
                                          "feedback"))
         state.metrics.request(surface="feedback", route="none")
         return {"decision_id": body.decision_id, "label": body.label,
-                "correct": body.label == decision.answer}
+                "correct": body.label == decision.answer, "trusted": role == "trusted"}
 
     @router.get("/v1/models", tags=["openai"])
     async def models(request: Request) -> dict[str, Any]:

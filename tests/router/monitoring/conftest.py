@@ -10,6 +10,15 @@ from policies.file import PolicyFile
 from tests.policies.test_file import make_policy
 
 OPTIONS = ("a", "b", "c")
+# A raw top probability the policy accepts (calibrated about 0.81, over its 0.8 bar) with less
+# confidence than any of its tuning rows had (0.85 to 1.0): what drift looks like to the watch.
+DOUBTFUL = 0.86
+
+
+def spelled(i: int | str) -> str:
+    """``i`` with its digits spelled as letters: distinct inputs to the watch, whose fingerprint
+    folds numbers (templated ids) to one placeholder."""
+    return str(i).translate(str.maketrans("0123456789", "abcdefghij"))
 
 
 def watched_policy(**overrides: Any) -> PolicyFile:

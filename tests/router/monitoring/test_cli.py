@@ -23,7 +23,7 @@ def write_log(path: Path, policy_id: str, *, n: int = 600, shift_at: int = 300) 
     rng = np.random.default_rng(0)
     lines = []
     for i in range(n):
-        p = float(rng.uniform(0.9, 1.0) if i < shift_at else rng.uniform(0.4, 0.6))
+        p = float(rng.uniform(0.9, 1.0) if i < shift_at else rng.uniform(0.86, 0.88))
         lines.append({"type": "decision", "decision_id": f"d{i}", "policy_id": policy_id,
                       "options": list(OPTIONS), "proba": list(confident(p)), "answer": "a",
                       "route": "fast", "escalated": False})

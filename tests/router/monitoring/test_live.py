@@ -19,13 +19,13 @@ from router.settings import Settings
 from standins.llm import StandinHandle
 from tests.live import LiveServer
 from tests.reliability.conftest import metric_value
-from tests.router.monitoring.conftest import OPTIONS, watched_policy
+from tests.router.monitoring.conftest import OPTIONS, spelled, watched_policy
 
 
 def sure(request: DecisionRequest) -> Sequence[float]:
-    """0.98 on "a" (the stand-in's rule answers "a" too: audits agree); 0.55 when the message
-    says "unsure", far less confident than the tuning rows (drift)."""
-    return (0.55, 0.25, 0.2) if "unsure" in request.state else (0.98, 0.01, 0.01)
+    """0.98 on "a" (the stand-in's rule answers "a" too: audits agree); 0.86 when the message
+    says "unsure": accepted, less confident than every tuning row (drift)."""
+    return (0.86, 0.07, 0.07) if "unsure" in request.state else (0.98, 0.01, 0.01)
 
 
 def body(text: str) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
     standin.clear()
     server, policy_id = start(tmp_path, standin, audit_rate=1.0)
     with server:
-        ids = [ask(server, f"state {i}")["decision_id"] for i in range(5)]
+        ids = [ask(server, f"state {spelled(i)}")["decision_id"] for i in range(5)]
         monitor = app_state(server.app).service.monitor
         deadline = time.monotonic() + 60
         while monitor.audits.counts.done < 5 and time.monotonic() < deadline:
@@ -110,7 +110,7 @@ def test_a_drift_alarm_on_one_replica_escalates_on_the_other(
     with a, b:
         assert ask(b, "a confident state before")["route"] == "fast"
         for i in range(200):
-            ask(a, f"unsure state {i}")
+            ask(a, f"unsure state {spelled(i)}")
             if app_state(a.app).service.monitor.watches[policy_id].alarm is not None:
                 break
         watch_b = app_state(b.app).service.monitor.watches[policy_id]
@@ -157,7 +157,7 @@ def test_an_operator_clear_reaches_both_live_replicas_and_survives_a_restart(
                  on_alarm="escalate_all")
     with a, b:
         for i in range(200):
-            ask(a, f"unsure state {i}")
+            ask(a, f"unsure state {spelled(i)}")
             if app_state(a.app).service.monitor.watches[policy_id].alarm is not None:
                 break
         watch_b = app_state(b.app).service.monitor.watches[policy_id]

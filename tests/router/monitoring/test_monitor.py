@@ -26,7 +26,13 @@ from router.routing.registry import PolicyRegistry
 from router.routing.reload import reload_now
 from router.settings import PolicySettings
 from router.store.metrics import Metrics
-from tests.router.monitoring.conftest import OPTIONS, confident, watched_policy
+from tests.router.monitoring.conftest import (
+    DOUBTFUL,
+    OPTIONS,
+    confident,
+    spelled,
+    watched_policy,
+)
 
 
 class Events:
@@ -42,7 +48,8 @@ def scores(p: float) -> OptionScores:
 
 
 def request(i: int | str) -> DecisionRequest:
-    return DecisionRequest(f"q{i}", "which?", tuple(Option(o) for o in OPTIONS), f"state {i}")
+    return DecisionRequest(f"q{i}", "which?", tuple(Option(o) for o in OPTIONS),
+                           f"state {spelled(i)}")
 
 
 def decide(monitor: Monitor, policy: PolicyFile, p: float, i: int | str = 0, *,
@@ -62,7 +69,7 @@ def drive_into_drift(monitor: Monitor, policy: PolicyFile) -> int:
     for n in range(400):
         if "drift" in watch.alarms:
             return n
-        decide(monitor, policy, 0.55, f"unsure {n}")  # far less sure than the tuning rows
+        decide(monitor, policy, DOUBTFUL, f"doubtful {n}")  # accepted, less sure than tuning
     raise AssertionError("no drift alarm within 400 decisions")
 
 
@@ -134,8 +141,8 @@ def test_identical_inputs_count_once_and_confident_traffic_never_alarms() -> Non
     policy = watched_policy(on_alarm="escalate_all")
     monitor.watch(policy)
     watch = monitor.watches[policy.policy_id]
-    for _ in range(1000):  # one unsure question asked again and again: one input
-        decide(monitor, policy, 0.55, "canary")
+    for _ in range(1000):  # one doubtful question asked again and again: one input
+        decide(monitor, policy, DOUBTFUL, "canary")
     assert watch.n_decisions == 1000 and watch.n_counted == 1 and not watch.alarms
     for i in range(3000):  # many distinct inputs, all surer than the tuning rows
         decide(monitor, policy, 0.999, f"confident {i}")
@@ -175,7 +182,7 @@ def test_alert_only_keeps_serving_and_no_summary_means_no_drift_test(
         monitor.watch(old)
     assert "no drift alarm" in caplog.text and monitor.watches[old.policy_id].drift is None
     for i in range(200):
-        decide(monitor, old, 0.55, i)
+        decide(monitor, old, DOUBTFUL, i)
     assert monitor.watches[old.policy_id].alarm is None
 
 
@@ -255,19 +262,19 @@ def test_a_reload_of_the_same_id_with_another_reference_rebuilds_the_watch_on_it
                                    backend_fingerprint=policy.backend_fingerprint, monitor=monitor)
     for i in range(30):
         decide(monitor, policy, 0.98, f"before {i}")
-    # Re-tuned on rows as unsure as today's traffic (raw 0.55 on the top option): same id.
-    unsure = GuaranteedPolicy.from_file(policy).decide(scores(0.55))[1][0]
-    rows = np.random.default_rng(1).uniform(unsure - 0.3, unsure - 0.02, size=400)
+    # Re-tuned on rows as doubtful as today's traffic, all accepted: same id.
+    doubtful = GuaranteedPolicy.from_file(policy).decide(scores(DOUBTFUL))[1][0]
+    rows = np.random.default_rng(1).uniform(doubtful - 0.01, doubtful + 0.01, size=400)
     retuned = policy.model_copy(update={"reference": ReferenceSummary(
-        n=400, accept_share=0.0, confidence=sorted(round(float(v), 4) for v in rows))})
+        n=400, accept_share=1.0, confidence=sorted(round(float(v), 4) for v in rows))})
     assert retuned.policy_id == policy.policy_id
     with caplog.at_level(logging.WARNING, logger="slotgate.monitoring"):
         reload_file(retuned, path, registry, metrics)
     watch = monitor.watches[policy.policy_id]
     assert watch.settings.reference == tuple(retuned.reference.confidence)  # type: ignore[union-attr]
-    assert watch.n_decisions == 0 and watch.settings.reference_accept_share == 0.0
+    assert watch.n_decisions == 0 and watch.settings.reference_accept_share == 1.0
     for n in range(400):  # would raise the old reference's drift alarm (drive_into_drift)
-        decide(monitor, policy, 0.55, f"unsure {n}")
+        decide(monitor, policy, DOUBTFUL, f"doubtful {n}")
     assert not watch.alarms and watch.drift is not None and watch.drift.log_value < 1.0
     [line] = [r.getMessage() for r in caplog.records if "starts afresh" in r.getMessage()]
     assert policy.policy_id in line and "another reference" in line

@@ -62,6 +62,8 @@ class Watching:
 
     def watch(self, policy_file: object) -> None: ...
 
+    def retire_others(self, policy_ids: object) -> None: ...
+
     def gate(self, policy_id: str) -> str | None:
         return None
 
