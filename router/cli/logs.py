@@ -64,10 +64,11 @@ def export_log(
         if not source.is_file():
             fail(f"decision log {source}: file not found")
     tally: dict[str, int] = {}
-    chosen: list[str] = []
-    default = None if signature is not None or settings is None else default_signature(settings)
+    chosen: dict[str, str] = {}
+    default = None if signature is not None or settings is None else default_policy(settings)
     try:
-        n = export_predictions(sources, out, signature=signature, default=default,
+        n = export_predictions(sources, out, signature=signature,
+                               default=default[0] if default else None,
                                labelled_only=labelled_only, audit_labels=audit_labels,
                                redis_stream=(redis_url, stream) if redis_url else None,
                                reference_slow=reference == "slow", tally=tally, chosen=chosen)
@@ -75,20 +76,19 @@ def export_log(
         fail(exc.message)
     except (RedisError, OSError) as exc:
         fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
-    if chosen and chosen[1]:
-        policy = settings.policy.default if settings is not None else None
-        typer.echo(f"exported the question {chosen[0]}"
-                   + (f" (the default policy {policy!r} answers it)" if signature is None else "")
-                   + f"; the log also holds (export one with --signature): {chosen[1]}")
+    if chosen.get("others"):
+        typer.echo(f"exported the question {chosen['signature']}"
+                   + (f" (the default policy {default[1]!r} answers it)" if default else "")
+                   + f"; the log also holds (export one with --signature): {chosen['others']}")
     names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
     typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
                f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
                f"{tally['unlabelled']} none")
 
 
-def default_signature(settings: Settings) -> str | None:
-    """The signature of the question the configured default policy answers (``policy.default``,
-    else the one policy file), or None when there is none to read."""
+def default_policy(settings: Settings) -> tuple[str, str] | None:
+    """The signature of the question the configured default policy answers, and its name
+    (``policy.default``, else the one policy file); None when there is none to read."""
     from policies.file import PolicyFileError, load_policy
     from policies.scope import file_scope
 
@@ -100,5 +100,6 @@ def default_signature(settings: Settings) -> str | None:
             continue  # export reads the log; a missing or bad policy file only loses the default
         if settings.policy.default in (policy.name, None) and (
                 settings.policy.default is not None or len(files) == 1):
-            return file_scope(policy.signature, policy.options)
+            scope = file_scope(policy.signature, policy.options)
+            return None if scope is None else (scope, policy.name)
     return None

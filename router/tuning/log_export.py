@@ -25,7 +25,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
                        labelled_only: bool = False, audit_labels: bool = False,
                        redis_stream: tuple[str, str] | None = None, reference_slow: bool = False,
                        tally: dict[str, int] | None = None,
-                       chosen: list[str] | None = None) -> int:
+                       chosen: dict[str, str] | None = None) -> int:
     """Join JSONL decision logs with their feedback into the predictions format (id, options,
     raw proba, label or null, signature, fingerprint, text); returns the rows written. Several
     logs (one per replica) are joined as one: feedback sent to replica B for a decision made on
@@ -45,7 +45,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     (the logged request's own when they share one), so ``slotgate tune`` on them writes a
     policy for that question. A log of several questions and no choice is bad input (field
     'signature') listing each question's scope signature; ``chosen`` receives the signature
-    exported and the listing of the others.
+    exported ("signature") and the listing of the other questions ("others", "" for none).
 
     ``reference_slow`` (``export-log --reference slow``, the shadow-mode path): a decision with
     no feedback takes the slow model's answer as its label: its audit's, else the answer it was
@@ -95,7 +95,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
         matching[0].named if matching else None)
     if chosen is not None:
         others = [q for q in questions.values() if q not in matching]
-        chosen[:] = [row_signature or "", _listing(others)]
+        chosen.update(signature=row_signature or "", others=_listing(others))
     counts = {"human": 0, "slow": 0, "unlabelled": 0}
     label_of = _labeller(labels, audit_labels=audit_labels, reference_slow=reference_slow)
 
