@@ -8,7 +8,8 @@ export SLOTGATE_DATA_DIR ?= $(abspath $(SHARED)/data/banking77)
 .PHONY: setup serve test test-fast bench-smoke lint redis clean
 
 # What `make serve` runs on: the package and its base dependencies (the default config's
-# TF-IDF model is scikit-learn; the slow path is litellm). No torch, no embedding models.
+# TF-IDF model is scikit-learn; the slow path is litellm), about 800 MB. No torch, no embedding
+# models: a CONFIG with another backend needs `make setup` first.
 $(BIN)/.installed-base: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -34,7 +35,7 @@ serve: $(BIN)/.installed-base var/policy.json
 # delta 0.05); docs/calibration.md says what the cross-fitted guarantee assumes.
 var/policy.json: | $(BIN)/.installed-base
 	mkdir -p var
-	@echo "slotgate: first run builds the demo artifacts into var/ (about 90 s on 2 cores)"
+	@echo "slotgate: first run builds the demo artifacts into var/ (2-3 minutes on 2 cores)"
 	@echo "slotgate: [1/2] training TF-IDF on $(SLOTGATE_DATA_DIR)/train.csv, 5-fold out-of-fold reads"
 	$(BIN)/slotgate train --data $(SLOTGATE_DATA_DIR)/train.csv --label-column category \
 		--out var/banking77-tfidf.joblib --cv 5 --oof-out var/banking77-oof.jsonl --seed 0
