@@ -90,7 +90,6 @@ def default_policy(settings: Settings) -> tuple[str, str] | None:
     """The signature of the question the configured default policy answers, and its name
     (``policy.default``, else the one policy file); None when there is none to read."""
     from policies.file import PolicyFileError, load_policy
-    from policies.scope import file_scope
 
     files = settings.policy.files
     for path in files:
@@ -98,8 +97,7 @@ def default_policy(settings: Settings) -> tuple[str, str] | None:
             policy = load_policy(path)
         except PolicyFileError:
             continue  # export reads the log; a missing or bad policy file only loses the default
-        if settings.policy.default in (policy.name, None) and (
+        if policy.signature is not None and settings.policy.default in (policy.name, None) and (
                 settings.policy.default is not None or len(files) == 1):
-            scope = file_scope(policy.signature, policy.options)
-            return None if scope is None else (scope, policy.name)
+            return policy.signature, policy.name
     return None
