@@ -7,9 +7,17 @@ export SLOTGATE_DATA_DIR ?= $(abspath $(SHARED)/data/banking77)
 
 .PHONY: setup serve test test-fast bench-smoke lint redis clean
 
-$(BIN)/.installed: pyproject.toml
+# What `make serve` runs on: the package and its base dependencies (the default config's
+# TF-IDF model is scikit-learn; the slow path is litellm), about 800 MB. No torch, no embedding
+# models: a CONFIG with another backend needs `make setup` first.
+$(BIN)/.installed-base: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# The rest, into the same .venv, for `make test` and the torch and embedding backends.
+$(BIN)/.installed: $(BIN)/.installed-base
 	# torch first and pinned, so pip takes the local CPU build instead of a multi-GB CUDA one.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[torch,embed,dev]'
@@ -19,15 +27,15 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-serve: setup var/policy.json
+serve: $(BIN)/.installed-base var/policy.json
 	$(BIN)/slotgate serve $(if $(CONFIG),--config $(CONFIG),)
 
 # The default config's artifacts (slotgate.yaml): a TF-IDF model trained on all of BANKING77's
 # train.csv, read out of fold (5 folds) so every row also tunes the policy (95% accuracy,
 # delta 0.05); docs/calibration.md says what the cross-fitted guarantee assumes.
-var/policy.json: | setup
+var/policy.json: | $(BIN)/.installed-base
 	mkdir -p var
-	@echo "slotgate: first run builds the demo artifacts into var/ (about 90 s on 2 cores)"
+	@echo "slotgate: first run builds the demo artifacts into var/ (2-3 minutes on 2 cores)"
 	@echo "slotgate: [1/2] training TF-IDF on $(SLOTGATE_DATA_DIR)/train.csv, 5-fold out-of-fold reads"
 	$(BIN)/slotgate train --data $(SLOTGATE_DATA_DIR)/train.csv --label-column category \
 		--out var/banking77-tfidf.joblib --cv 5 --oof-out var/banking77-oof.jsonl --seed 0

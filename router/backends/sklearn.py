@@ -4,13 +4,13 @@ labelled text and saved as a versioned joblib artifact.
 
 Artifact: a joblib dict ``{"format": "slotgate/text-model", "version": 1, "kind", "labels",
 "pipeline", "n_train", "data_hash", "created_at"}``. joblib files are pickles: load only
-artifacts you made. The fingerprint is the artifact file's sha256 plus its kind.
+artifacts you made. The fingerprint is the model's kind plus a digest of what it computes
+(``model_digest.py``): two models fit alike share it, whatever their files' bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from calibration.artifacts import atomic_path
 from policies.types import DecisionRequest, OptionScores
 from router.backends.base import FastBackend
+from router.backends.model_digest import fitted_digest
 from router.errors import BackendMalformed, BackendRejected, BackendUnavailable, ConfigError
 
 MODEL_FORMAT = "slotgate/text-model"
@@ -92,7 +93,7 @@ class TextModel:
     kind: str
     labels: tuple[str, ...]
     pipeline: Any
-    sha256: str
+    digest: str  # model_digest.fitted_digest of the pipeline
     meta: Mapping[str, Any]
 
     def predict_proba(self, texts: Sequence[str]) -> NDArray[np.float64]:
@@ -104,7 +105,6 @@ def load_text_model(path: Path) -> TextModel:
     import joblib
 
     try:
-        data = path.read_bytes()
         payload = joblib.load(path)
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: model file not found", field="model") from exc
@@ -121,9 +121,13 @@ def load_text_model(path: Path) -> TextModel:
     if labels != tuple(str(c) for c in payload["pipeline"].classes_):
         raise ConfigError(f"{path}: field 'labels' does not match the pipeline's classes",
                           field="labels")
+    try:
+        digest = fitted_digest(payload["pipeline"])
+    except TypeError as exc:
+        raise ConfigError(f"{path}: field 'pipeline': {exc}", field="pipeline") from exc
     meta = {k: v for k, v in payload.items() if k != "pipeline"}
     return TextModel(path=path, kind=payload["kind"], labels=labels, pipeline=payload["pipeline"],
-                     sha256=hashlib.sha256(data).hexdigest(), meta=meta)
+                     digest=digest, meta=meta)
 
 
 class SklearnBackend(FastBackend):
@@ -143,7 +147,7 @@ class SklearnBackend(FastBackend):
 
     def identity(self) -> Mapping[str, Any]:
         # "sklearn" for every kind, so the embedding subclass fingerprints the same file alike.
-        return {"backend": "sklearn", "kind": self.model.kind, "model_sha256": self.model.sha256}
+        return {"backend": "sklearn", "kind": self.model.kind, "model_digest": self.model.digest}
 
     def _columns(self, request: DecisionRequest) -> list[int]:
         unknown = [name for name in request.option_names if name not in self._index]

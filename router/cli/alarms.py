@@ -1,9 +1,11 @@
 """``slotgate alarms list|clear``: operator control of policy alarms. ``list`` shows the alarms
 standing in a decision log (an operator's clear wins over the alarms before it) and, with
 ``--redis-url``, those the fleet shares; ``clear`` writes a clear record to the log (so a restart
-does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis. A
-policy id neither the log nor Redis knows is refused (exit 2, naming the known ones), and a Redis
-that does not answer is one line and exit 2, within the client's short timeouts."""
+does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis.
+``--policy`` is an id, a policy file or a configured policy's name (``policy_ref.py``), as in
+`eval` and `monitor`. A policy id neither the log nor Redis knows is refused (exit 2, naming the
+known ones), and a Redis that does not answer is one line and exit 2, within the client's short
+timeouts."""
 
 from __future__ import annotations
 
@@ -98,13 +100,18 @@ async def _scan_records(client: Any, prefix: str) -> list[dict[str, Any]]:
 @app.command(name="list")
 def list_alarms(
     log: LogOption = Path("var/decisions.jsonl"),
-    policy: Annotated[str | None, typer.Option(help="Only this policy id.")] = None,
+    policy: Annotated[str | None, typer.Option(help="Only this policy: its id, or its policy "
+                                               "file, or the name of one ./slotgate.yaml "
+                                               "loads.")] = None,
     redis_url: RedisOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The alarms standing: in the decision log and, with --redis-url, shared by the fleet."""
     from router.cli.common import show_table
+    from router.cli.policy_ref import policy_id
 
+    if policy is not None:
+        policy = policy_id(policy)
     rows = [{**record, "source": "log"} for record in standing(log, policy).values()]
     if redis_url is not None:
         rows += [{**r, "source": "redis"} for r in asyncio.run(_shared(redis_url, policy))]
@@ -122,8 +129,9 @@ def list_alarms(
 
 @app.command()
 def clear(
-    policy: Annotated[str, typer.Option(help="The policy id (as `alarms list` and the "
-                                        "/metrics labels show it).")],
+    policy: Annotated[str, typer.Option(help="The policy: its id (as `alarms list` and the "
+                                        "/metrics labels show it), or its policy file, or the "
+                                        "name of one ./slotgate.yaml loads.")],
     log: LogOption = Path("var/decisions.jsonl"),
     redis_url: RedisOption = None,
 ) -> None:
@@ -131,7 +139,9 @@ def clear(
     does not re-arm them) and, with --redis-url, shared: every replica clears within
     monitoring.alarm_sync_s. Without Redis a running replica clears when it restarts."""
     from router.cli.common import fail
+    from router.cli.policy_ref import policy_id
 
+    policy = policy_id(policy)
     if redis_url is None and not log.parent.is_dir():
         fail(f"--log: no folder {log.parent} (and no --redis-url): nothing to clear in")
     _check_known(policy, log, redis_url)
@@ -169,7 +179,8 @@ def _check_known(policy: str, log: Path, redis_url: str | None) -> None:
         where += " nor Redis"
     if policy not in known:
         shown = ", ".join(sorted(map(str, known))[:20]) or "none"
-        fail(f"--policy: no policy {policy!r} in {where}; known: {shown}")
+        fail(f"--policy: no policy {policy!r} in {where} (--policy takes a policy id, a "
+             f"policy file or a configured policy's name); known: {shown}")
 
 
 async def _known_shared(redis_url: str) -> set[str]:

@@ -17,22 +17,20 @@ if TYPE_CHECKING:  # numpy and the monitors load with the command, not with ever
 
 def monitor(
     log: Annotated[Path, typer.Option(help="Decision log JSONL (the proxy's log.decision_log_path).")],
-    policy: Annotated[list[Path], typer.Option(help="Policy file(s) the proxy served; repeat "
-                                               "the option for several.")],
+    policy: Annotated[list[str], typer.Option(help="Policy the proxy served: a policy file, or "
+                                              "the id or name of one ./slotgate.yaml loads; "
+                                              "repeat the option for several.")],
     plot: Annotated[Path | None, typer.Option(help="PNG to write (one row of panels per "
                                               "policy).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Replay a decision log's monitoring: accept share against the tuning rows, audited
     accuracy with its anytime-valid bounds, the drift martingale, and alarms."""
-    from policies.file import PolicyFileError, load_policy
     from router.cli.common import check_out, fail, show_table
+    from router.cli.policy_ref import read_policy
     from router.monitoring.replay import LogError, replay_log
 
-    try:
-        policies = [load_policy(p) for p in policy]
-    except PolicyFileError as exc:
-        fail(f"--policy: {exc}")
+    policies = [read_policy(p)[1] for p in policy]
     if plot is not None:
         check_out(plot, "--plot")
     try:

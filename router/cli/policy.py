@@ -223,7 +223,8 @@ def check_model(data: Predictions, model: Path | None) -> None:
 
 def evaluate(
     preds: Annotated[Path, typer.Option(help="Labelled predictions JSONL.")],
-    policy: Annotated[Path, typer.Option(help="Policy JSON from `slotgate tune`.")],
+    policy: Annotated[str, typer.Option(help="Policy JSON from `slotgate tune`, or the id or "
+                                         "name of a policy ./slotgate.yaml loads.")],
     report: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     allow_mismatch: Annotated[bool, typer.Option(
@@ -240,15 +241,12 @@ def evaluate(
     none of the options (`predict --allow-novel-labels`) count as wrong answers.
     """
     from policies.evaluation import evaluate as evaluate_policy
-    from policies.file import PolicyFileError, load_policy
     from policies.guaranteed import GuaranteedPolicy
+    from router.cli.policy_ref import read_policy
 
     if report is not None:
         check_folder(report, "--report")
-    try:
-        tuned = load_policy(policy)
-    except PolicyFileError as exc:
-        fail(str(exc))
+    _, tuned = read_policy(policy)
     data = load_preds(preds, labelled=True)
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
     # A policy's threshold means something only for the backend and question it was tuned on.

@@ -52,7 +52,7 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
             exc.message = (f"no slotgate.yaml found in {Path.cwd()} and no --config given "
                            f"(the settings are the defaults and SLOTGATE_* variables): {exc.message}")
         raise
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     log.info("fast backend %s, slow model %s, cache %s, policies %s",
              settings.fast.kind, settings.slow.model or "NONE (escalation unavailable)",
              "redis" if settings.cache.redis_url else "in-process",
@@ -73,6 +73,14 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         # connection at the same moment, and the client's request meets a closed socket.
         timeout_keep_alive=settings.keep_alive_s,
     )
+
+
+def configure_logging() -> None:
+    """INFO lines from slotgate and uvicorn on stderr. watchfiles, which watches the policy
+    files' folders for live reload, logs every change it sees at INFO: the decision log beside
+    the policy file changes on every request, so it is kept to warnings."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
 
 def http_protocol(settings: Settings) -> type[asyncio.Protocol]:

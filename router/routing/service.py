@@ -372,6 +372,7 @@ class RoutingService:
                         late_failure = read.failure
                     scores = judged_scores(read, shadow=action == "shadow")
                 if the_plan.fallback == "refuse" or scores is None:
+                    self.metrics.decision(route="failed", escalated=True)
                     raise _explained(exc, the_plan.error_note, late_failure) from exc
                 answer, route = scores.options[scores.top_index], "unverified"
                 note = f"{exc.message}; {the_plan.fallback_note}"

@@ -45,10 +45,12 @@ class Metrics:
             "slotgate_responses", "HTTP responses by surface and status code",
             ["surface", "status"], registry=r)
         self._decisions = Counter(
-            "slotgate_decisions", "Decisions by route", ["route"], registry=r)
+            "slotgate_decisions", "Decisions by route (failed: the escalation failed and the "
+            "client got an error)", ["route"], registry=r)
         self._escalation_rate = Gauge(
             "slotgate_escalation_rate",
-            "Share of decisions sent to the slow path or its cache, since start", registry=r)
+            "Share of decisions sent to the slow path or its cache, since start, whether the "
+            "escalation was answered or failed", registry=r)
         self._latency = Histogram(
             "slotgate_stage_latency_seconds", "Latency per stage", ["stage"],
             buckets=_BUCKETS_S, registry=r)
@@ -130,6 +132,8 @@ class Metrics:
         self._responses.labels(surface=surface_of(path), status=str(status)).inc()
 
     def decision(self, *, route: str, escalated: bool) -> None:
+        """One decision, by the route it was served on ("failed": an escalation that failed
+        and was refused); ``escalated``: it was sent to the slow path, answered or not."""
         self._decisions.labels(route=route).inc()
         self._n_decisions += 1
         self._n_escalated += int(escalated)

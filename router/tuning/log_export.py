@@ -5,11 +5,12 @@ stream they all write to, or both."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from policies.scope import scope_signature
 from router.store.log_join import LabelJoin, LabelSource, distinct_decisions
 from router.store.log_reader import AnyRecord, read_logs
 from router.store.records import DecisionRecord
@@ -20,15 +21,15 @@ if TYPE_CHECKING:
 
 
 def export_predictions(source: Settings | Path | str | Sequence[Path | str], out_path: Path | str,
-                       *, signature: str | None = None, labelled_only: bool = False,
-                       audit_labels: bool = False,
+                       *, signature: str | None = None, default: str | None = None,
+                       labelled_only: bool = False, audit_labels: bool = False,
                        redis_stream: tuple[str, str] | None = None, reference_slow: bool = False,
-                       tally: dict[str, int] | None = None) -> int:
+                       tally: dict[str, int] | None = None,
+                       chosen: dict[str, str] | None = None) -> int:
     """Join JSONL decision logs with their feedback into the predictions format (id, options,
     raw proba, label or null, signature, fingerprint, text); returns the rows written. Several
     logs (one per replica) are joined as one: feedback sent to replica B for a decision made on
-    A is in B's file. A predictions file holds one question, so a log of several needs
-    ``signature``. Decisions without a fast read (no proba) are left out; labels are joined by
+    A is in B's file. Decisions without a fast read (no proba) are left out; labels are joined by
     ``router.store.log_join`` (a human label wins, then the latest by time); a decision id
     repeated (a log appended twice, at-least-once delivery) counts once. With
     ``audit_labels``, a decision with no feedback takes its audit's label (the slow model's
@@ -36,6 +37,15 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     (url, stream name) adds the records of the Redis stream every replica writes to (what it
     still holds: see docs/reliability.md on Redis restarts). The logs are streamed twice
     (labels first, then the rows): memory holds labels and ids, never the records.
+
+    A predictions file holds one question: the decisions a policy file's ``signature`` covers
+    (``signature``, in any form a policy file holds it: ``policies.scope``), else, when the log
+    holds several questions, those ``default`` covers (the configured default policy's
+    signature), else the log's one question. Rows carry the signature of what was exported
+    (the logged request's own when they share one), so ``slotgate tune`` on them writes a
+    policy for that question. A log of several questions and no choice is bad input (field
+    'signature') listing each question's scope signature; ``chosen`` receives the signature
+    exported ("signature") and the listing of the other questions ("others", "" for none).
 
     ``reference_slow`` (``export-log --reference slow``, the shadow-mode path): a decision with
     no feedback takes the slow model's answer as its label: its audit's, else the answer it was
@@ -56,27 +66,43 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
         return read_logs(paths, redis_stream=redis_stream, quiet=quiet)
 
     labels = LabelJoin()
-    questions: dict[str, int] = {}  # question -> decisions, in the order first seen
+    questions: dict[str, _Question] = {}  # named scope -> what the log holds of it, first seen
     seen: set[str] = set()
     for record in records():
         labels.add(record)
         if (isinstance(record, DecisionRecord) and record.decision_id not in seen
                 and _exportable(record)):
             seen.add(record.decision_id)
-            questions[_question(record)] = questions.get(_question(record), 0) + 1
+            scopes = record_scopes(record)
+            question = questions.setdefault(scopes[1], _Question(record))
+            question.decisions += 1
+            question.logged.add(scopes[0])
     del seen
-    if signature is None and len(questions) > 1:
-        listing = ", ".join(f"{s} ({n} decisions)" for s, n in
-                            sorted(questions.items(), key=lambda kv: -kv[1]))
-        raise PredictionsError(path, None, "signature", f"the log holds {len(questions)} "
-                               f"different questions; choose one with --signature: {listing}")
-    chosen = signature if signature is not None else next(iter(questions), None)
+    wanted = signature
+    if wanted is None and len(questions) > 1:
+        if default is None or not any(q.covers(default) for q in questions.values()):
+            raise PredictionsError(path, None, "signature", f"the log holds {len(questions)} "
+                                   "different questions; choose one with --signature: "
+                                   + _listing(questions.values()))
+        wanted = default
+    matching = [q for q in questions.values() if wanted is None or q.covers(wanted)]
+    if wanted is not None and questions and not matching:
+        raise PredictionsError(path, None, "signature", f"no logged decision answers {wanted}; "
+                               f"the log holds: {_listing(questions.values())}")
+    logged = {s for q in matching for s in q.logged
+              if wanted is None or wanted in (s, q.named, q.options)}
+    row_signature = next(iter(logged)) if len(logged) == 1 else wanted or (
+        matching[0].named if matching else None)
+    if chosen is not None:
+        others = [q for q in questions.values() if q not in matching]
+        chosen.update(signature=row_signature or "", others=_listing(others))
     counts = {"human": 0, "slow": 0, "unlabelled": 0}
     label_of = _labeller(labels, audit_labels=audit_labels, reference_slow=reference_slow)
 
     def rows() -> Iterator[dict[str, Any]]:
         for decision in distinct_decisions(records(quiet=True)):  # damage warned once, above
-            if not _exportable(decision) or _question(decision) != chosen:
+            if not _exportable(decision) or (wanted is not None
+                                             and wanted not in record_scopes(decision)):
                 continue
             label, reference = label_of(decision)
             counts[reference or "unlabelled"] += 1
@@ -86,7 +112,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
                                    "proba": decision.proba, "label": label}
             if reference_slow and reference is not None:
                 row["reference"] = reference
-            row.update({k: v for k, v in (("signature", decision.signature),
+            row.update({k: v for k, v in (("signature", row_signature),
                                           ("fingerprint", decision.fingerprint),
                                           ("text", decision.text)) if v})
             written[0] += 1
@@ -108,9 +134,39 @@ def _exportable(decision: DecisionRecord) -> bool:
     return decision.proba is not None and bool(decision.options)
 
 
-def _question(decision: DecisionRecord) -> str:
-    """What one predictions file may hold: the signature, else the ordered options."""
-    return decision.signature or json.dumps(decision.options)
+def record_scopes(decision: DecisionRecord) -> tuple[str, str, str]:
+    """The policy signatures that cover a logged decision, as the registry looks them up: the
+    request's own signature, its named question's scope, any question over its options."""
+    named, options = _scopes(decision.question_id or None, tuple(decision.options))
+    return decision.signature or named, named, options
+
+
+@lru_cache(maxsize=1024)  # a log holds few questions, each logged many times
+def _scopes(question: str | None, options: tuple[str, ...]) -> tuple[str, str]:
+    return scope_signature(options, question), scope_signature(options)
+
+
+class _Question:
+    """One logged question (a named scope): its first decision, how many, their signatures."""
+
+    def __init__(self, first: DecisionRecord) -> None:
+        self.first = first
+        _, self.named, self.options = record_scopes(first)
+        self.decisions = 0
+        self.logged: set[str] = set()
+
+    def covers(self, signature: str) -> bool:
+        return signature in (self.named, self.options) or signature in self.logged
+
+    def describe(self) -> str:
+        options = self.first.options
+        shown = ", ".join(options[:3]) + (", ..." if len(options) > 3 else "")
+        return (f"{self.named} (question {self.first.question_id!r} over "
+                f"{len(options)} options: {shown}; {self.decisions} decisions)")
+
+
+def _listing(questions: Iterable[_Question]) -> str:
+    return "; ".join(q.describe() for q in sorted(questions, key=lambda q: -q.decisions))
 
 
 def _labeller(labels: LabelJoin, *, audit_labels: bool, reference_slow: bool
