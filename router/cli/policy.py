@@ -50,9 +50,12 @@ def tune(
         help="For predictions of a model that saw none of the rows (`predict` on held-out "
              "rows, `export-log`): cross-fit the calibrator over K random folds and choose the "
              "threshold on all rows, instead of splitting them.")] = None,
-    shadow: Annotated[bool, typer.Option(
-        help="Write the policy in shadow mode: every decision is also answered by the slow "
-             "model, which is served (switch it off by editing the file; it reloads live).")] = False,
+    shadow: Annotated[bool | None, typer.Option(
+        "--shadow/--no-shadow",
+        help="--shadow: every decision of this policy is also answered by the slow model, "
+             "which is served; --no-shadow: never; neither: the server's policy.shadow "
+             "decides (SLOTGATE_POLICY__SHADOW). Edit the file to switch; it reloads live.",
+        show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the calibration/threshold split, the --cv "
                                       "folds and the drift reference's subsample: the same "
                                       "seed and rows, the same policy.")] = 0,

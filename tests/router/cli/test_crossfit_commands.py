@@ -86,8 +86,15 @@ def test_tune_on_out_of_fold_reads_uses_every_row(crossfitted: CrossFitted, tmp_
     policy = json.loads(out.read_text())
     assert policy["tuning"] == "cross-fitted" and policy["n_folds"] == 3
     assert policy["n_tune"] == policy["n_calibration"] == 240
-    assert policy["guarantee"] == "accuracy" and policy["shadow"] is False
+    # No --shadow/--no-shadow: the file leaves shadow mode to the server (policy.shadow), so
+    # SLOTGATE_POLICY__SHADOW=true shadows it.
+    assert policy["guarantee"] == "accuracy" and policy["shadow"] is None
     assert policy["backend_fingerprint"] == SklearnBackend(crossfitted.model).fingerprint
+    pinned = tmp_path / "pinned.json"
+    result = invoke("tune", "--preds", crossfitted.oof, "--model", crossfitted.model,
+                    "--target-accuracy", 0.8, "--no-shadow", "--out", pinned)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(pinned.read_text())["shadow"] is False
 
 
 @pytest.mark.parametrize(("cv", "text"), [

@@ -190,3 +190,15 @@ def test_files_written_before_scopes_are_scoped_by_their_recorded_options(tmp_pa
     assert kept.unscoped == "threshold" and kept.lookup(three, fingerprint=FINGERPRINT) is kept.fallback
     chosen = PolicySettings(files=[path], fallback_threshold=0.7, unscoped="unverified")
     assert PolicyRegistry.load(chosen, backend_fingerprint=FINGERPRINT).unscoped == "unverified"
+
+
+@pytest.mark.parametrize(("in_file", "server", "shadowed"), [
+    (None, True, True), (None, False, False), (False, True, False), (True, False, True)])
+def test_a_file_that_leaves_shadow_unset_follows_the_servers_policy_shadow(
+        in_file: bool | None, server: bool, shadowed: bool) -> None:
+    """`slotgate tune` leaves ``shadow`` unset unless told, so SLOTGATE_POLICY__SHADOW=true shadows
+    a freshly tuned policy; a file that says true or false keeps its word."""
+    policy = LoadedPolicy(policy_file("p", shadow=in_file), Named("p"))
+    registry = PolicyRegistry([policy], default="p", shadow=server)
+    runtime = registry.lookup(request(), fingerprint=FINGERPRINT)
+    assert runtime is not None and registry.mode(runtime)[0] is shadowed
