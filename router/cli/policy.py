@@ -53,8 +53,10 @@ def tune(
     shadow: Annotated[bool | None, typer.Option(
         "--shadow/--no-shadow",
         help="--shadow: every decision of this policy is also answered by the slow model, "
-             "which is served; --no-shadow: never; neither: the server's policy.shadow "
-             "decides (SLOTGATE_POLICY__SHADOW). Edit the file to switch; it reloads live.",
+             "which is served; --no-shadow: never; neither: --no-shadow for a policy tuned on "
+             "the slow model's answers (the cold start's switch out of shadow mode), else the "
+             "server's policy.shadow decides (SLOTGATE_POLICY__SHADOW). Edit the file to "
+             "switch; it reloads live.",
         show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seed of the calibration/threshold split, the --cv "
                                       "folds and the drift reference's subsample: the same "
@@ -133,7 +135,9 @@ def tune(
         # The scope (policies.scope): a named question, else the logged question the rows came
         # from (export-log), else any question over exactly these options.
         signature=scope_signature(data.options, question) if question or not logged else logged,
-        guarantee="agreement_with_slow" if n_slow else "accuracy", shadow=shadow,
+        guarantee="agreement_with_slow" if n_slow else "accuracy",
+        # Tuned on a shadow log: the policy exists to leave shadow mode, so it says so.
+        shadow=False if shadow is None and n_slow else shadow,
         audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
     policy.write(out)
     if report is not None:
