@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from policies.file import PolicyFile
-from policies.scope import Question, scope_signature
 from policies.rules import ThresholdRule
+from policies.scope import Question, scope_signature
 from policies.types import DecisionRequest, Option
 from router.backends import factory
 from router.backends.factory import build_backend
@@ -31,9 +31,10 @@ def request(instructions: str = "Which?", policy: str | None = None) -> Decision
 
 def policy_file(tmp_path: Path, name: str, *, signature: str | None = None,
                 fingerprint: str = FINGERPRINT, threshold: float = 0.8,
-                question: Question = Question.of(request())) -> Path:
+                question: Question | None = None) -> Path:
     """A policy file scoped to ``question`` over options a, b (or, ``signature`` given, to
     that one logged request)."""
+    question = question or Question.of(request())
     scope: dict[str, Any] = ({"signature": signature} if signature is not None else
                              {"signature": scope_signature(["a", "b"], question),
                               "question": question.as_dict()})
