@@ -57,13 +57,13 @@ def build(data: Path, work: Path, *, seed: int, targets: tuple[float, ...], delt
                  "--out", out)
 
     if stale(work / "slow.stamp", base):  # the slow tier learns from all of train.csv
-        slotgate("train", "--data", data / "train.csv", *labelled, "--kind", SLOW_KIND, "--out",
+        slotgate("train", "--question", "intent", "--data", data / "train.csv", *labelled, "--kind", SLOW_KIND, "--out",
                  work / f"{SLOW_KIND}.joblib", "--seed", seed)
         predict(SLOW_KIND, data / "test.csv", work / f"test-{SLOW_KIND}.jsonl")
         redone.append(mark(work / "slow.stamp", base))
     if stale(work / "fast.stamp", base):
         for kind in FAST_KINDS:  # same seed, same permutation: both carve the same tune.csv
-            slotgate("train", "--data", data / "train.csv", *labelled, "--kind", kind, "--out",
+            slotgate("train", "--question", "intent", "--data", data / "train.csv", *labelled, "--kind", kind, "--out",
                      work / f"{kind}.joblib", "--holdout", HOLDOUT, "--holdout-out",
                      work / "tune.csv", "--seed", seed)
             predict(kind, work / "tune.csv", work / f"tune-{kind}.jsonl")

@@ -37,9 +37,11 @@ def test_per_answer_floor_closes_the_weak_answer_and_eval_shows_it_worst_first(
     preds = write_jsonl(tmp_path / "tune.jsonl", weak_maybe_rows(4000, seed=0))
     fresh = write_jsonl(tmp_path / "test.jsonl", weak_maybe_rows(4000, seed=1))
     plain, floored = tmp_path / "plain.json", tmp_path / "floored.json"
-    assert invoke("tune", "--question", "intent", "--preds", preds, "--target-accuracy", 0.75, "--out", plain
+    assert invoke("tune", "--question", "intent",
+                  "--preds", preds, "--target-accuracy", 0.75, "--out", plain
                   ).exit_code == 0
-    result = invoke("tune", "--question", "intent", "--preds", preds, "--target-accuracy", 0.75, "--out", floored,
+    result = invoke("tune", "--question", "intent",
+                    "--preds", preds, "--target-accuracy", 0.75, "--out", floored,
                     "--per-answer-floor", 0.8)
     assert result.exit_code == 0, result.stderr
     assert "per-answer floor 0.8" in result.stdout and "1 always escalated" in result.stdout
@@ -81,12 +83,14 @@ def test_novel_labels_are_refused_unless_allowed_then_counted_wrong(
     write_jsonl(oof, [{**row, "id": f"k{i}"} for i, row in enumerate(
         [rows[0], rows[2]] * 30)])
     policy = tmp_path / "p.json"
-    assert invoke("tune", "--question", "intent", "--preds", oof, "--target-accuracy", 0.5, "--out", policy,
+    assert invoke("tune", "--question", "intent",
+                  "--preds", oof, "--target-accuracy", 0.5, "--out", policy,
                   "--calibrator", "none").exit_code == 0
     metrics = json.loads(invoke("eval", "--preds", out, "--policy", policy, "--json").stdout)
     assert metrics["n"] == 3 and metrics["n_novel"] == 1
     assert metrics["accuracy"] <= 2 / 3  # the novel row can never be right
-    refused_tune = invoke("tune", "--question", "intent", "--preds", out, "--out", tmp_path / "q.json")
+    refused_tune = invoke("tune", "--question", "intent",
+                          "--preds", out, "--out", tmp_path / "q.json")
     assert refused_tune.exit_code == 2 and "novel" in refused_tune.stderr
 
 

@@ -60,7 +60,8 @@ def test_same_seed_same_policy_other_seed_other_split(tmp_path: Path) -> None:
     thresholds = []
     for i, seed in enumerate((0, 0, 1)):
         out = tmp_path / f"p{i}.json"
-        assert invoke("tune", "--question", "intent", "--preds", preds, "--seed", seed, "--out", out).exit_code == 0
+        assert invoke("tune", "--question", "intent",
+                      "--preds", preds, "--seed", seed, "--out", out).exit_code == 0
         thresholds.append(json.loads(out.read_text())["rule"]["threshold"])
     assert thresholds[0] == thresholds[1] != thresholds[2]
 
@@ -90,7 +91,8 @@ def test_compare_refuses_files_without_shared_ids_or_with_other_labels(tmp_path:
 def test_eval_on_another_backend_needs_the_override_and_keeps_stdout_json(tmp_path: Path) -> None:
     tune_preds = write_jsonl(tmp_path / "t.jsonl", synthetic_rows(2000, fingerprint="fp1"))
     policy = tmp_path / "policy.json"
-    assert invoke("tune", "--question", "intent", "--preds", tune_preds, "--out", policy).exit_code == 0
+    assert invoke("tune", "--question", "intent",
+                  "--preds", tune_preds, "--out", policy).exit_code == 0
     other = write_jsonl(tmp_path / "o.jsonl", synthetic_rows(500, seed=1, fingerprint="fp2"))
     assert invoke("eval", "--preds", other, "--policy", policy, "--json").exit_code == 2
     result = invoke("eval", "--preds", other, "--policy", policy, "--json", "--allow-mismatch")
