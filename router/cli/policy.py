@@ -130,9 +130,9 @@ def tune(
     asked = tuned_question(data, named)
     if asked is None and logged is None:
         fail(f"--question: {preds} records no question and none was named: name the question "
-             "this policy answers (--question, and --instructions/--context/--question-kind where it has "
-             "them), or train with `slotgate train --question ...` (docs/calibration.md, "
-             "\"Scope\")")
+             "this policy answers (--question, and --instructions, --context, --question-kind "
+             "where it has them), or train with `slotgate train --question ...` "
+             "(docs/calibration.md, \"Scope\")")
     try:
         rows, folds = tuning_rows(data, model=model, cv=cv, seed=seed, question=asked)
         fitter.fit(data.proba[rows], data.y_true[rows], options=data.options, folds=folds)
