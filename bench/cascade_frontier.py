@@ -121,17 +121,22 @@ def fixed_policy(path: Path, *, name: str, accept_all: bool, fingerprint: str,
                  options: Sequence[str] | None = None) -> Path:
     """A policy file that accepts every fast answer (fast alone) or escalates every decision
     (slow alone): the two ends of the frontier, served by the same proxy as the tuned points.
-    ``options``: its scope (policies/scope.py); the proxy refuses a file that records none."""
+    ``options``: its scope with the question the cascade asks, the json_schema named "intent"
+    (policies/scope.py); the proxy refuses a file that records no question."""
     from calibration.calibrators import IdentityCalibrator
     from policies.file import PolicyFile
     from policies.rules import ThresholdRule
+    from policies.scope import Question, scope_signature
 
     threshold = 0.0 if accept_all else None
+    intent = Question.asked("intent")
+    scope = {} if options is None else {"options": list(options), "question": intent.as_dict(),
+                                        "signature": scope_signature(options, intent)}
     PolicyFile(name=name, backend_fingerprint=fingerprint,
                calibrator=IdentityCalibrator().to_dict(), rule=ThresholdRule(threshold).to_dict(),
                target_accuracy=1.0, delta=0.5, bound=0.0,
                coverage=1.0 if accept_all else 0.0, n_tune=1, n_calibration=0,
-               data_hash="0" * 64, options=None if options is None else list(options)).write(path)
+               data_hash="0" * 64, **scope).write(path)
     return path
 
 
