@@ -117,7 +117,8 @@ def question_recorded(signature: str | None) -> bool:
 
 
 def describe(request: DecisionRequest) -> str:
-    """The question as a person reads it in a note: its id and option count, a few names."""
+    """The question as a person reads it in a note: its id, kind and text, its option count and
+    a few names (two questions over the same options must read apart)."""
     names = request.option_names
     shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return f"{request.question_id!r} over {len(names)} options ({shown})"
+    return f"{Question.of(request).describe()} over {len(names)} options ({shown})"
