@@ -57,13 +57,13 @@ def build(data: Path, work: Path, *, seed: int, targets: tuple[float, ...], delt
                  "--out", out)
 
     if stale(work / "slow.stamp", base):  # the slow tier learns from all of train.csv
-        slotgate("train", "--data", data / "train.csv", *labelled, "--kind", SLOW_KIND, "--out",
+        slotgate("train", "--question", "intent", "--data", data / "train.csv", *labelled, "--kind", SLOW_KIND, "--out",
                  work / f"{SLOW_KIND}.joblib", "--seed", seed)
         predict(SLOW_KIND, data / "test.csv", work / f"test-{SLOW_KIND}.jsonl")
         redone.append(mark(work / "slow.stamp", base))
     if stale(work / "fast.stamp", base):
         for kind in FAST_KINDS:  # same seed, same permutation: both carve the same tune.csv
-            slotgate("train", "--data", data / "train.csv", *labelled, "--kind", kind, "--out",
+            slotgate("train", "--question", "intent", "--data", data / "train.csv", *labelled, "--kind", kind, "--out",
                      work / f"{kind}.joblib", "--holdout", HOLDOUT, "--holdout-out",
                      work / "tune.csv", "--seed", seed)
             predict(kind, work / "tune.csv", work / f"tune-{kind}.jsonl")
@@ -121,17 +121,22 @@ def fixed_policy(path: Path, *, name: str, accept_all: bool, fingerprint: str,
                  options: Sequence[str] | None = None) -> Path:
     """A policy file that accepts every fast answer (fast alone) or escalates every decision
     (slow alone): the two ends of the frontier, served by the same proxy as the tuned points.
-    ``options``: its scope (policies/scope.py); the proxy refuses a file that records none."""
+    ``options``: its scope with the question the cascade asks, the json_schema named "intent"
+    (policies/scope.py); the proxy refuses a file that records no question."""
     from calibration.calibrators import IdentityCalibrator
     from policies.file import PolicyFile
     from policies.rules import ThresholdRule
+    from policies.scope import Question, scope_signature
 
     threshold = 0.0 if accept_all else None
+    intent = Question.asked("intent")
+    scope = {} if options is None else {"options": list(options), "question": intent.as_dict(),
+                                        "signature": scope_signature(options, intent)}
     PolicyFile(name=name, backend_fingerprint=fingerprint,
                calibrator=IdentityCalibrator().to_dict(), rule=ThresholdRule(threshold).to_dict(),
                target_accuracy=1.0, delta=0.5, bound=0.0,
                coverage=1.0 if accept_all else 0.0, n_tune=1, n_calibration=0,
-               data_hash="0" * 64, options=None if options is None else list(options)).write(path)
+               data_hash="0" * 64, **scope).write(path)
     return path
 
 

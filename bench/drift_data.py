@@ -92,6 +92,7 @@ def build(work: Path, parts: Split, *, target: float, delta: float, audit_rate: 
     """The TF-IDF fast model (fit rows) and its policy (tune rows, as ``slotgate tune`` does,
     with the tuning-rows summary and ``audit_rate``). Returns (model path, policy path)."""
     from policies.guaranteed import GuaranteedPolicy
+    from policies.scope import Question
     from policies.types import canonical_hash
     from router.backends.sklearn import SklearnBackend, save_text_model, train_text_model
 
@@ -100,14 +101,17 @@ def build(work: Path, parts: Split, *, target: float, delta: float, audit_rate: 
     pipeline = train_text_model(parts.fit.texts, parts.fit.labels, kind="tfidf", seed=seed)
     if [str(c) for c in pipeline.classes_] != sorted(parts.options):
         raise RuntimeError("the fast model did not learn every intent")
+    intent = Question.asked("intent")  # what bench.live asks: the json_schema named "intent"
     save_text_model(model_path, pipeline, kind="tfidf", n_train=len(parts.fit),
-                    data_hash=canonical_hash([parts.fit.texts, parts.fit.labels]))
+                    data_hash=canonical_hash([parts.fit.texts, parts.fit.labels]),
+                    question=intent)
     backend = SklearnBackend(model_path)
     proba = _proba(backend, parts.options, parts.tune.texts)
     y_true = np.array([parts.options.index(label) for label in parts.tune.labels])
     fitted = GuaranteedPolicy(calibrator="temperature", target_accuracy=target, delta=delta,
                               seed=seed).fit(proba, y_true, options=parts.options)
     fitted.to_file(name="banking77-drift", backend_fingerprint=backend.fingerprint,
+                   question=intent,
                    data_hash=canonical_hash([parts.tune.texts, parts.tune.labels]),
                    audit_rate=audit_rate, on_alarm="escalate_all").write(policy_path)
     return model_path, policy_path

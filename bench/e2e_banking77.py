@@ -132,7 +132,7 @@ def build_artifacts(data: Path, work: Path, *, target: float, seed: int,
              "policy": work / "policy.json"}
     if reuse and all(p.is_file() for p in paths.values()) and (work / "test-preds.jsonl").is_file():
         return paths
-    slotgate("train", "--data", data / "train.csv", "--label-column", "category", "--out",
+    slotgate("train", "--question", "intent", "--data", data / "train.csv", "--label-column", "category", "--out",
              paths["fast"], "--holdout", 0.3, "--holdout-out", work / "tune.csv", "--seed", seed)
     slotgate("predict", "--model", paths["fast"], "--data", work / "tune.csv", "--label-column",
              "category", "--out", work / "tune-preds.jsonl")
@@ -140,7 +140,7 @@ def build_artifacts(data: Path, work: Path, *, target: float, seed: int,
              "--target-accuracy", target, "--name", "banking77-e2e", "--seed", seed)
     slotgate("predict", "--model", paths["fast"], "--data", data / "test.csv", "--label-column",
              "category", "--out", work / "test-preds.jsonl")
-    slotgate("train", "--data", data / "train.csv", "--label-column", "category", "--kind",
+    slotgate("train", "--question", "intent", "--data", data / "train.csv", "--label-column", "category", "--kind",
              "wordllama", "--out", paths["slow"], "--seed", seed)
     return paths
 

@@ -44,7 +44,8 @@ def tune_policy(workdir: Path, options: list[str], rng: np.random.Generator) -> 
             f.write(orjson.dumps({"id": f"t{i}", "options": options, "proba": p.tolist(),
                                   "label": options[y]}) + b"\n")
     policy = workdir / "policy.json"
-    run_cli(["tune", "--preds", str(preds), "--target-accuracy", "0.9", "--out", str(policy)])
+    run_cli(["tune", "--preds", str(preds), "--target-accuracy", "0.9", "--out", str(policy),
+             "--question", "intent"])
     from policies.file import load_policy
 
     return policy, load_policy(policy).policy_id

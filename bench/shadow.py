@@ -44,9 +44,9 @@ def build_models(data: Path, work: Path, *, reuse: bool) -> dict[str, Path]:
     paths = {"fast": work / "tfidf.joblib", "slow": work / "standin-wordllama.joblib"}
     if reuse and all(p.is_file() for p in paths.values()):
         return paths
-    slotgate("train", "--data", data / "train.csv", "--label-column", "category",
+    slotgate("train", "--question", "intent", "--data", data / "train.csv", "--label-column", "category",
              "--out", paths["fast"])
-    slotgate("train", "--data", data / "train.csv", "--label-column", "category",
+    slotgate("train", "--question", "intent", "--data", data / "train.csv", "--label-column", "category",
              "--kind", "wordllama", "--out", paths["slow"])
     return paths
 

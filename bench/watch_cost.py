@@ -77,7 +77,7 @@ async def _service_us(work: Path, *, rounds: int = 7, n: int = 1000) -> dict[str
     times: dict[str, list[float]] = {name: [] for name in paths}
     for r in range(rounds):
         for name, svc in paths.items():
-            requests = [DecisionRequest("pick", "which?", options, f"{name} {r} message {i}")
+            requests = [DecisionRequest("pick", "pick", options, f"{name} {r} message {i}")
                         for i in range(n)]
             t0 = time.perf_counter()
             for request in requests:

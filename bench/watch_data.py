@@ -51,7 +51,7 @@ def slotgate(*args: str | Path) -> None:
 def crossfit(work: Path, name: str, data: Path, *, target: float, audit_rate: float) -> Built:
     model, oof, policy = work / f"{name}.joblib", work / f"{name}-oof.jsonl", work / f"{name}.json"
     if not oof.is_file():
-        slotgate("train", "--data", data, "--label-column", "category", "--kind", "tfidf",
+        slotgate("train", "--question", "intent", "--data", data, "--label-column", "category", "--kind", "tfidf",
                  "--cv", "5", "--oof-out", oof, "--out", model, "--seed", "0")
     if not policy.is_file():
         slotgate("tune", "--preds", oof, "--model", model, "--target-accuracy", str(target),
@@ -63,7 +63,7 @@ def split_tuned(work: Path, data: Path, *, target: float, audit_rate: float) -> 
     model, tune_csv = work / "split.joblib", work / "split-tune.csv"
     preds, policy = work / "split-tune.jsonl", work / "split.json"
     if not preds.is_file():
-        slotgate("train", "--data", data, "--label-column", "category", "--kind", "tfidf",
+        slotgate("train", "--question", "intent", "--data", data, "--label-column", "category", "--kind", "tfidf",
                  "--holdout", "0.3", "--holdout-out", tune_csv, "--out", model, "--seed", "0")
         slotgate("predict", "--model", model, "--data", tune_csv, "--label-column", "category",
                  "--out", preds)

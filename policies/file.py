@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from calibration.artifacts import atomic_path
+from policies.scope import SCOPE_PREFIX, Question, question_recorded, scope_signature
 from policies.specs import (
     CalibratorSpec,
     OpenUnit,
@@ -20,14 +21,16 @@ from policies.specs import (
     Unit,
     guaranteed_threshold_of,
 )
-from policies.types import canonical_hash
+from policies.types import QuestionKind, canonical_hash
 
 POLICY_FORMAT = "slotgate/policy"
-# Version 3 records how its id is hashed (``id_layout``) and stores the threshold once, in the
-# rule. Versions 1 (a top-level copy of the threshold as well, checked against the rule) and 2
-# (no ``id_layout``: theirs is "v1") are upgraded as they are read.
-POLICY_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# Version 4 records the question it was tuned for (``question``, with its hash in the scope
+# ``signature``). Version 3 records how its id is hashed (``id_layout``) and stores the threshold
+# once, in the rule. Versions 1 (a top-level copy of the threshold as well, checked against the
+# rule), 2 (no ``id_layout``: theirs is "v1") and 3 are upgraded as they are read, with
+# ``question`` null: "question unrecorded", which the router refuses to serve (re-tune them).
+POLICY_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 # How ``policy_id`` hashes a file, by name. "v1": the fields of a version 1 file (version 1, the
 # threshold at the top level, the fields added since only when set), leaving out the creation
 # time, shadow, the monitoring fields and ``id_layout``. Every file so far has it, so ids
@@ -42,7 +45,7 @@ OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference",
                                "audit_boost"})
 # Fields added after version 1, hashed only when set: older files keep their ids.
-LATER_FIELDS = ("options", "per_answer_floor")
+LATER_FIELDS = ("options", "per_answer_floor", "question")
 
 
 class PolicyFileError(ValueError):
@@ -73,6 +76,22 @@ class ReferenceSummary(BaseModel):
         return value
 
 
+class QuestionRecord(BaseModel):
+    """The question a policy was tuned for, as a person reads it (``policies.scope.Question``:
+    where each field comes from on each surface)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1)
+    instructions: str = ""
+    context: str = ""
+    kind: QuestionKind = "choice"
+
+    def question(self) -> Question:
+        return Question.asked(self.id, instructions=self.instructions, context=self.context,
+                              kind=self.kind)
+
+
 class PolicyFile(BaseModel):
     """What a tuned policy is and why it can be trusted.
 
@@ -96,6 +115,13 @@ class PolicyFile(BaseModel):
     also sent to the slow model after the reply; ``on_alarm`` what an alarm does;
     ``alarm_alpha`` the false-alarm probability of the drift and accuracy alarms together;
     ``reference`` the tuning rows' summary (None in older files: no drift alarm).
+
+    Scope (``policies.scope``): ``question`` is the question the policy was tuned for and
+    ``signature`` its hash with the option names (``scope-v2:``); a policy tuned on rows exported
+    from the decision log keeps that logged question's own signature (exact: its kind, context,
+    text and options in order) and records no ``question``. A file with neither (``question``
+    null and a ``scope-v1:`` or null signature: written before questions were recorded) says
+    "question unrecorded"; it can be evaluated, but the router refuses to serve it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -132,6 +158,7 @@ class PolicyFile(BaseModel):
     # `slotgate eval` refuses predictions over other options.
     options: list[str] | None = None
     per_answer_floor: TargetAccuracy | None = None
+    question: QuestionRecord | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
@@ -152,8 +179,9 @@ class PolicyFile(BaseModel):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        if data.get("version") in (1, 2):
-            data["version"] = POLICY_VERSION  # its id_layout: the default, "v1"
+        if data.get("version") in (1, 2, 3):
+            # Its id_layout: the default, "v1"; its question: none recorded (null).
+            data["version"] = POLICY_VERSION
         if "threshold" not in data:
             return data
         threshold = data.pop("threshold")
@@ -166,6 +194,34 @@ class PolicyFile(BaseModel):
             raise ValueError(f"field 'threshold' is {threshold!r} but the rule's threshold is "
                              f"{in_rule!r}; they must agree (the rule is where the bar lives)")
         return data
+
+    @model_validator(mode="after")
+    def _question_matches_signature(self) -> PolicyFile:
+        """The readable question and the hashed scope must say the same: a hand-edited
+        ``question`` must not widen or move what the policy answers."""
+        if self.question is None:
+            if self.signature is not None and self.signature.startswith(SCOPE_PREFIX):
+                raise ValueError(f"field 'question' is missing: signature {self.signature[:20]}"
+                                 "... is a question's scope; the file must say which question")
+            return self
+        if not self.options:
+            raise ValueError("field 'options' is missing: a recorded question needs the "
+                             "options it was tuned on")
+        try:
+            expected = scope_signature(self.options, self.question.question())
+        except ValueError as exc:
+            raise ValueError(f"field 'question': {exc}") from exc
+        if self.signature != expected:
+            raise ValueError(f"field 'signature' is {self.signature!r}, but the question "
+                             f"{self.question.id!r} over the recorded options hashes to "
+                             f"{expected!r}; re-tune rather than edit either")
+        return self
+
+    @property
+    def question_unrecorded(self) -> bool:
+        """Written before questions were recorded: its scope is an option set (and perhaps an
+        id), not a question (``policies.scope.question_recorded``)."""
+        return not question_recorded(self.signature)
 
     @property
     def threshold(self) -> float | None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from calibration.base import Calibrator
     from policies.file import PolicyFile
+    from policies.scope import Question
 
 FloatArray = NDArray[np.float64]
 __all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "split_rows"]
@@ -210,16 +211,24 @@ class GuaranteedPolicy:
                               window=params.budget_window)
         self.rule_ = rule
 
-    def to_file(self, *, name: str, data_hash: str, backend_fingerprint: str = "unknown",
-                signature: str | None = None, guarantee: str = "accuracy",
-                shadow: bool | None = None, audit_rate: float = 0.0,
-                alarm_alpha: float = 0.05, **watch: Any) -> PolicyFile:
-        """The policy file of this fitted policy, with the monitoring settings given here
-        (``watch``: further monitoring fields, ``on_alarm``, ``audit_boost``; left out, the
-        file's defaults)."""
+    def to_file(self, *, name: str, data_hash: str, question: Question | None = None,
+                logged_signature: str | None = None, backend_fingerprint: str = "unknown",
+                guarantee: str = "accuracy", shadow: bool | None = None,
+                audit_rate: float = 0.0, alarm_alpha: float = 0.05, **watch: Any) -> PolicyFile:
+        """The policy file of this fitted policy, scoped to ``question`` over its options (or,
+        tuned on rows exported from the decision log, to that ``logged_signature``; one of the
+        two), with the monitoring settings given here (``watch``: further monitoring fields,
+        ``on_alarm``, ``audit_boost``; left out, the file's defaults)."""
         from calibration.monitoring import reference_summary
         from policies.file import PolicyFile
+        from policies.scope import scope_signature
 
+        if (question is None) == (logged_signature is None):
+            raise ValueError("a policy file is scoped to one question: pass question or "
+                             "logged_signature (exactly one)")
+        assert self.options_ is not None  # set by fit
+        signature = (logged_signature if question is None
+                     else scope_signature(self.options_, question))
         params = self.params_
         reference = reference_summary(self.confidence_, threshold=self.risk_.threshold,
                                       seed=params.seed)
@@ -237,6 +246,7 @@ class GuaranteedPolicy:
             "audit_rate": audit_rate, "alarm_alpha": alarm_alpha, **watch,
             "reference": reference, "options": None if self.options_ is None else list(self.options_),
             "per_answer_floor": params.per_answer_floor,
+            "question": None if question is None else question.as_dict(),
         })
 
 

@@ -3,9 +3,13 @@ and logistic regression, or embeddings + logistic regression, see ``encoders.py`
 labelled text and saved as a versioned joblib artifact.
 
 Artifact: a joblib dict ``{"format": "slotgate/text-model", "version": 1, "kind", "labels",
-"pipeline", "n_train", "data_hash", "created_at"}``. joblib files are pickles: load only
-artifacts you made. The fingerprint is the model's kind plus a digest of what it computes
-(``model_digest.py``): two models fit alike share it, whatever their files' bytes.
+"pipeline", "n_train", "data_hash", "created_at", "question"}``; ``question`` (``Question.as_dict``)
+is the question it was trained for, which is the only one it reads: any other is BackendRejected,
+whatever its options (a classifier of intents answers "is the customer angry?" with an intent's
+probability). Artifacts written before questions were recorded have none and read any question.
+joblib files are pickles: load only artifacts you made. The fingerprint is the model's kind plus
+a digest of what it computes (``model_digest.py``): two models fit alike share it, whatever their
+files' bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from calibration.artifacts import atomic_path
+from policies.scope import Question
 from policies.types import DecisionRequest, OptionScores
 from router.backends.base import FastBackend
 from router.backends.model_digest import fitted_digest
@@ -70,12 +75,15 @@ def train_text_model(texts: Sequence[str], labels: Sequence[str], *, kind: str, 
 
 
 def save_text_model(path: Path, pipeline: Any, *, kind: str, n_train: int, data_hash: str,
+                    question: Question | None = None,
                     extra: Mapping[str, Any] | None = None) -> None:
-    """Write the versioned artifact atomically (a failed write leaves nothing behind); ``extra``
-    adds metadata (``train --cv`` records its out-of-fold rows under "oof")."""
+    """Write the versioned artifact atomically (a failed write leaves nothing behind), trained
+    for ``question`` (None: it reads any question; ``slotgate train`` always names one);
+    ``extra`` adds metadata (``train --cv`` records its out-of-fold rows under "oof")."""
     import joblib
 
     payload = {**(extra or {}),
+        "question": None if question is None else question.as_dict(),
         "format": MODEL_FORMAT, "version": MODEL_VERSION, "kind": kind,
         "labels": [str(c) for c in pipeline.classes_], "pipeline": pipeline,
         "n_train": n_train, "data_hash": data_hash,
@@ -99,6 +107,14 @@ class TextModel:
     def predict_proba(self, texts: Sequence[str]) -> NDArray[np.float64]:
         return np.asarray(self.pipeline.predict_proba(list(texts)), dtype=np.float64)
 
+    @property
+    def question(self) -> Question | None:
+        """The question it was trained for (None: an artifact that records none)."""
+        recorded = self.meta.get("question")
+        return None if recorded is None else Question.asked(
+            recorded["id"], instructions=recorded.get("instructions", ""),
+            context=recorded.get("context", ""), kind=recorded.get("kind", "choice"))
+
 
 def load_text_model(path: Path) -> TextModel:
     """Load and check an artifact; anything wrong raises ConfigError naming the file and field."""
@@ -117,6 +133,11 @@ def load_text_model(path: Path) -> TextModel:
                           f"reads version {MODEL_VERSION} (re-run `slotgate train`)", field="version")
     if payload.get("kind") not in MODEL_KINDS:
         raise ConfigError(f"{path}: field 'kind' is {payload.get('kind')!r}", field="kind")
+    question = payload.get("question")
+    if question is not None and not (isinstance(question, dict)
+                                     and isinstance(question.get("id"), str)):
+        raise ConfigError(f"{path}: field 'question' is {question!r}, not a question",
+                          field="question")
     labels = tuple(payload["labels"])
     if labels != tuple(str(c) for c in payload["pipeline"].classes_):
         raise ConfigError(f"{path}: field 'labels' does not match the pipeline's classes",
@@ -133,7 +154,8 @@ def load_text_model(path: Path) -> TextModel:
 class SklearnBackend(FastBackend):
     """Scores ``DecisionRequest.state`` with a trained text model. Each read covers exactly the
     request's options: the model's probabilities restricted to them and renormalised (``raw``
-    keeps the mass they had). A requested option the model never learned is BackendRejected."""
+    keeps the mass they had). A requested option the model never learned, or a question other
+    than the one it was trained for, is BackendRejected."""
 
     name = "sklearn"
 
@@ -144,12 +166,18 @@ class SklearnBackend(FastBackend):
             model = load_text_model(Path(model_path))
         self.model = model
         self._index = {label: j for j, label in enumerate(model.labels)}
+        self._question = model.question
 
     def identity(self) -> Mapping[str, Any]:
         # "sklearn" for every kind, so the embedding subclass fingerprints the same file alike.
         return {"backend": "sklearn", "kind": self.model.kind, "model_digest": self.model.digest}
 
     def _columns(self, request: DecisionRequest) -> list[int]:
+        if self._question is not None and Question.of(request) != self._question:
+            raise BackendRejected(
+                f"question {request.question_id!r}: model {self.model.path.name} was trained "
+                f"for question {self._question.describe()} and reads no other",
+                field="question")
         unknown = [name for name in request.option_names if name not in self._index]
         if unknown:
             raise BackendRejected(

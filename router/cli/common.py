@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
+    from policies.scope import Question
     from router.tuning.predictions import Predictions
 
 
@@ -34,8 +35,6 @@ def fail_flag(exc: ValidationError) -> NoReturn:
 def check_policy_fields(**values: Any) -> None:
     """Check flag values against the policy file's own fields (their types and ranges, declared
     once in ``PolicyFile``), before any work; a bad one exits 2 naming its flag."""
-    from typing import Annotated
-
     from pydantic import TypeAdapter
 
     from policies.file import PolicyFile
@@ -129,3 +128,46 @@ def fmt(value: float | None, ci: list[float] | None = None) -> str:
     if value is None:
         return "n/a"
     return f"{value:.4f}" + (f"  [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
+
+
+# The question a model or policy is for (``policies.scope.Question``), named the same way by
+# ``train``, ``predict`` and ``tune``.
+QuestionId = Annotated[str | None, typer.Option(
+    "--question",
+    help="The question's id: the OpenAI json_schema name (an enum schema) or property name (an "
+         "object schema; \"choice\" for vLLM choice lists), or the System One question id.")]
+QuestionText = Annotated[str, typer.Option(
+    "--instructions",
+    help="The question's text: the schema's or property's description, or the System One "
+         "question's instructions (default: none, a question asked by its id alone, as a "
+         "schema with no description is).")]
+QuestionContext = Annotated[str, typer.Option(
+    "--context",
+    help="What precedes every question of a request: the chat request's system message(s), "
+         "or the System One body's top-level instructions (default: none).")]
+QuestionKindFlag = Annotated[str, typer.Option(
+    "--question-kind", help="choice (every OpenAI question) | noul | score (System One).")]
+
+
+def question_of(question: str | None, *, instructions: str = "", context: str = "",
+                kind: str = "choice") -> Question | None:
+    """The question the flags name (None without ``--question``: then ``--instructions``,
+    ``--context`` and a non-default ``--question-kind`` are bad input); exits 2 naming the
+    flag."""
+    from policies.scope import Question
+
+    if question is None:
+        given = [flag for flag, value in (("--instructions", instructions),
+                                          ("--context", context)) if value]
+        if kind != "choice":
+            given.append("--question-kind")
+        if given:
+            fail(f"{given[0]}: describes a question; name it with --question")
+        return None
+    if kind not in ("choice", "noul", "score"):
+        fail(f"--question-kind: must be choice, noul or score (got {kind!r})")
+    try:
+        return Question.asked(question, instructions=instructions, context=context,
+                              kind=kind)  # type: ignore[arg-type]  # checked above
+    except ValueError as exc:
+        fail(f"--question: {exc}")

@@ -8,7 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from router.cli.common import check_out, fail, progress
+from router.cli.common import (
+    QuestionContext,
+    QuestionId,
+    QuestionKindFlag,
+    QuestionText,
+    check_out,
+    fail,
+    progress,
+    question_of,
+)
 
 Text = Annotated[str, typer.Option(help="Name of the text column.")]
 IdColumn = Annotated[str | None, typer.Option(help="Column with row ids (default: 'id' if "
@@ -31,8 +40,17 @@ def train(
         help="Predictions JSONL of the out-of-fold reads (input of `slotgate tune`).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the held-out split, the folds and the "
                                       "model's own randomness: the same seed, the same model.")] = 0,
+    question: QuestionId = None,
+    instructions: QuestionText = "",
+    context: QuestionContext = "",
+    question_kind: QuestionKindFlag = "choice",
 ) -> None:
-    """Train a fast text classifier and save it as a versioned artifact."""
+    """Train a fast text classifier for one question and save it as a versioned artifact.
+
+    --question (with --instructions, --context, --question-kind where the question has them)
+    names the question the labels answer; the model reads that question only, and its
+    out-of-fold reads and `predict` rows carry it to `tune` (docs/calibration.md, "Scope").
+    """
     import csv
     import hashlib
 
@@ -42,6 +60,11 @@ def train(
 
     if kind not in MODEL_KINDS:
         fail(f"--kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
+    asked = question_of(question, instructions=instructions, context=context,
+                        kind=question_kind)
+    if asked is None:
+        fail("--question: name the question the labels answer (an OpenAI json_schema name or "
+             "property, a System One question id): the model reads that question only")
     if not 0.0 <= holdout < 1.0:
         fail(f"--holdout must be in [0, 1), got {holdout}")
     if (holdout > 0) != (holdout_out is not None):
@@ -85,6 +108,7 @@ def train(
             fail(f"{data}: field {label_column!r}: {exc}")
     data_hash = hashlib.sha256(data.read_bytes()).hexdigest()
     save_text_model(out, model, kind=kind, n_train=len(texts), data_hash=data_hash,
+                    question=asked,
                     extra=None if oof is None else {"oof": oof.record(ids, labels)})
     if oof is not None and oof_out is not None:
         write_out_of_fold(oof_out, oof, out, ids=ids, texts=texts, labels=labels)
@@ -106,11 +130,13 @@ def write_out_of_fold(path: Path, oof: Any, model_path: Path, *, ids: list[str],
     from router.backends.sklearn import SklearnBackend
     from router.tuning.predictions import write_predictions
 
-    fingerprint = SklearnBackend(model_path).fingerprint
+    backend = SklearnBackend(model_path)
+    fingerprint, question = backend.fingerprint, backend.model.question
+    asked = {} if question is None else {"question": question.as_dict()}
     options = list(oof.classes)
     write_predictions(path, ({"id": i, "options": options, "proba": [float(p) for p in row],
                               "label": label, "text": text, "fingerprint": fingerprint,
-                              "fold": int(fold)}
+                              "fold": int(fold), **asked}
                              for i, text, label, row, fold in zip(ids, texts, labels, oof.proba,
                                                                   oof.folds, strict=True)))
 
@@ -126,8 +152,10 @@ def predict(
     torch_kind: Annotated[str | None, typer.Option(
         help="Read with the in-process torch backend (causal | masked | diffusion): --model is "
              "then a local model folder and the options are the data's sorted labels.")] = None,
-    question: Annotated[str, typer.Option(help="Question text of --torch-kind reads.")] = (
-        "Which intent does the customer's message express?"),
+    question: QuestionId = None,
+    instructions: QuestionText = "",
+    context: QuestionContext = "",
+    question_kind: QuestionKindFlag = "choice",
     limit: Annotated[int | None, typer.Option(
         min=1, help="Read a seeded random subset of this many rows.")] = None,
     allow_novel_labels: Annotated[bool, typer.Option(
@@ -135,9 +163,14 @@ def predict(
              "as under a novel-class shift): written with \"novel\": true, `eval` counts them "
              "wrong, `tune` refuses them.")] = False,
 ) -> None:
-    """Read every row with the fast model and write one prediction line per row."""
+    """Read every row with the fast model and write one prediction line per row.
+
+    The rows carry the question read: the one the model was trained for, or, for --torch-kind
+    reads, the one --question names (default: "intent", asked as "Which intent does the
+    customer's message express?")."""
     import asyncio
 
+    from policies.scope import Question
     from policies.types import DecisionRequest, Option
     from router.backends.sklearn import SklearnBackend
     from router.errors import SlotgateError
@@ -145,6 +178,9 @@ def predict(
     from router.tuning.sampling import seeded_subset
 
     check_out(out, "--out")
+    named = question_of(question, instructions=instructions, context=context,
+                        kind=question_kind)
+    asked: Question | None
     try:
         rows = read_texts(data, text_column=text_column, label_column=label_column,
                           id_column=id_column)
@@ -153,9 +189,16 @@ def predict(
 
             options = sorted({label for label in rows.labels if label is not None})
             backend: Any = TorchBackend.from_folder(torch_kind, model)
+            asked = named or Question.asked(
+                "intent", instructions="Which intent does the customer's message express?")
         else:
             backend = SklearnBackend(model)
             options = backend.model.labels
+            asked = backend.model.question
+            if named is not None and asked is not None and named != asked:
+                fail(f"--question: {model} was trained for question {asked.describe()}, not "
+                     f"{named.describe()}; it reads no other")
+            asked = asked or named
     except SlotgateError as exc:
         fail(str(exc))
     if limit is not None:
@@ -166,9 +209,11 @@ def predict(
                  f"model's {len(options)} options (pass --allow-novel-labels to keep such rows, "
                  "counted wrong)")
     choices = tuple(Option(name) for name in options)
-    instructions = question if torch_kind is not None else ""
-    requests = [DecisionRequest(question_id=i if torch_kind is None else "intent",
-                                instructions=instructions, options=choices, state=text)
+    # A model trained before questions were recorded reads any; the row id then stands in.
+    requests = [DecisionRequest(question_id=asked.id, instructions=asked.instructions,
+                                context=asked.context, kind=asked.kind, options=choices,
+                                state=text) if asked is not None
+                else DecisionRequest(question_id=i, instructions="", options=choices, state=text)
                 for i, text in zip(rows.ids, rows.texts, strict=True)]
 
     async def read_all() -> list[Any]:
@@ -186,8 +231,10 @@ def predict(
         fail(f"{model}: {exc}")
     fingerprint = backend.fingerprint
     known = set(options)
+    recorded = {} if asked is None else {"question": asked.as_dict()}
     write_predictions(out, ({"id": i, "options": list(options), "proba": list(s.proba),
                              "label": label, "text": text, "fingerprint": fingerprint,
+                             **recorded,
                              **({"novel": True} if label is not None and label not in known
                                 else {})}
                             for i, text, label, s in zip(rows.ids, rows.texts, rows.labels, scores,

@@ -12,12 +12,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from router.cli.common import (
+    QuestionContext,
+    QuestionId,
+    QuestionKindFlag,
+    QuestionText,
     check_folder,
     check_out,
     fail,
     fail_flag,
     fmt,
     load_preds,
+    question_of,
     show_table,
     single,
     write_report,
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 
     from policies.file import PolicyFile
     from policies.guaranteed import GuaranteedPolicy
+    from policies.scope import Question
     from router.tuning.predictions import Predictions
 
 
@@ -77,11 +83,10 @@ def tune(
         help="Also give each answer its own bar so that every answer's accepted accuracy is at "
              "least this, all answers at once with the same --delta (Bonferroni over the "
              "answers; docs/calibration.md). Answers with too little evidence escalate.")] = None,
-    question: Annotated[str | None, typer.Option(
-        help="The question name the rows answer (OpenAI json_schema name or property, System One "
-             "question id): the policy then decides only that question over these options; "
-             "without it, any question over exactly these options (docs/calibration.md, "
-             "\"Scope\").")] = None,
+    question: QuestionId = None,
+    instructions: QuestionText = "",
+    context: QuestionContext = "",
+    question_kind: QuestionKindFlag = "choice",
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -92,11 +97,15 @@ def tune(
     --reference slow`) make the promise agreement with the slow model, and the policy says so.
     With --max-escalation the guaranteed threshold still stands: the policy caps escalation at
     runtime, and answers it accepts below the threshold say so.
+
+    The policy answers one question (docs/calibration.md, "Scope"): the one the rows record
+    (`train --question` / `predict` write it), or the one --question (with --instructions,
+    --context, --question-kind) names, or, for rows exported from the decision log, that logged
+    question. Any other question, whatever its options, is unscoped.
     """
     from pydantic import ValidationError
 
     from policies.guaranteed import GuaranteedPolicy
-    from policies.scope import scope_signature
     from router.cli.common import check_policy_fields
     from router.tuning.predictions import PredictionsError
 
@@ -112,6 +121,8 @@ def tune(
     watch = {name: value for name, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost))
              if value is not None}
     check_policy_fields(audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
+    named = question_of(question, instructions=instructions, context=context,
+                        kind=question_kind)
     check_out(out, "--out")
     if report is not None:
         check_folder(report, "--report")
@@ -121,8 +132,14 @@ def tune(
              "(novel); a policy is tuned on rows of its own options only")
     fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
     logged = single(data.signatures, "signature", preds)  # rows of one logged question
+    asked = tuned_question(data, named)
+    if asked is None and logged is None:
+        fail(f"--question: {preds} records no question and none was named: name the question "
+             "this policy answers (--question, and --instructions, --context, --question-kind "
+             "where it has them), or train with `slotgate train --question ...` "
+             "(docs/calibration.md, \"Scope\")")
     try:
-        rows, folds = tuning_rows(data, model=model, cv=cv, seed=seed)
+        rows, folds = tuning_rows(data, model=model, cv=cv, seed=seed, question=asked)
         fitter.fit(data.proba[rows], data.y_true[rows], options=data.options, folds=folds)
     except PredictionsError as exc:
         fail(str(exc))
@@ -132,9 +149,9 @@ def tune(
                  if known)
     policy = fitter.to_file(
         name=name or out.stem, data_hash=data.data_hash, backend_fingerprint=fingerprint,
-        # The scope (policies.scope): a named question, else the logged question the rows came
-        # from (export-log), else any question over exactly these options.
-        signature=scope_signature(data.options, question) if question or not logged else logged,
+        # The scope (policies.scope): the question, else the one logged question the rows came
+        # from (export-log), exactly as it was asked.
+        question=asked, logged_signature=None if asked is not None else logged,
         guarantee="agreement_with_slow" if n_slow else "accuracy",
         # Tuned on a shadow log: the policy exists to leave shadow mode, so it says so.
         shadow=False if shadow is None and n_slow else shadow,
@@ -148,8 +165,18 @@ def tune(
     show_tuned(policy, fitter, out=out, n_slow=n_slow, n_labelled=int(data.labelled.sum()))
 
 
-def tuning_rows(data: Predictions, *, model: Path | None, cv: int | None, seed: int
-                ) -> tuple[Any, NDArray[np.int64] | None]:
+def tuned_question(data: Predictions, named: Question | None) -> Question | None:
+    """The question a policy tuned on ``data`` answers: the one its rows record, or the one the
+    flags name; both, they must agree."""
+    recorded = data.question
+    if named is not None and recorded is not None and named != recorded:
+        fail(f"--question: {data.path} answers question {recorded.describe()}, not "
+             f"{named.describe()}; a policy is tuned on rows of its own question")
+    return named or recorded
+
+
+def tuning_rows(data: Predictions, *, model: Path | None, cv: int | None, seed: int,
+                question: Question | None) -> tuple[Any, NDArray[np.int64] | None]:
     """The rows to tune on and their folds (None: split): an out-of-fold file's own folds (all
     its rows, checked against --model), random folds with --cv, else the labelled rows."""
     from router.tuning.crossfit import check_crossfit_rows
@@ -158,7 +185,7 @@ def tuning_rows(data: Predictions, *, model: Path | None, cv: int | None, seed: 
     if folds is not None and cv is not None:
         fail(f"--cv: {data.path} is already out-of-fold (its rows carry a 'fold')")
     if folds is not None:
-        check_model(data, model)
+        check_model(data, model, question=question)
         return slice(None), folds
     if model is not None:
         fail(f"--model goes with an out-of-fold --preds file (rows with a 'fold'); {data.path} "
@@ -178,6 +205,7 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
     from calibration.metrics import ece
 
     risk, max_escalation = fitted.risk_, fitted.params_.max_escalation
+    fitted_question = None if policy.question is None else policy.question.question()
     rows = [
         ("tuning", "split" if fitted.n_folds_ is None else f"cross-fitted, {fitted.n_folds_} folds"),
         ("rows: calibration / threshold", f"{fitted.n_calibration_} / {risk.n}"),
@@ -193,6 +221,8 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
         ("ECE before / after (threshold rows)",
          (f"{ece(fitted.proba_before_, fitted.y_true_):.4f} / "
           f"{ece(fitted.proba_after_, fitted.y_true_):.4f}")),
+        ("question", "one logged question (its signature)" if fitted_question is None
+         else fitted_question.describe()),
         ("backend fingerprint", policy.backend_fingerprint),
     ]
     if fitted.answer_bars_ is not None:
@@ -211,8 +241,9 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
             "'budget exhausted' (those answers are outside the guarantee)", err=True)
 
 
-def check_model(data: Predictions, model: Path | None) -> None:
-    """An out-of-fold file must come with the model trained with it, and match its rows."""
+def check_model(data: Predictions, model: Path | None, *, question: Question | None) -> None:
+    """An out-of-fold file must come with the model trained with it, and match its rows and
+    the question (a policy must not cover a question its model refuses to read)."""
     from router.backends.sklearn import SklearnBackend
     from router.errors import ConfigError
     from router.tuning.crossfit import check_matches_model
@@ -226,6 +257,10 @@ def check_model(data: Predictions, model: Path | None) -> None:
         fail(f"--model: {exc}")
     check_matches_model(data, backend.model.meta, model_name=str(model),
                         model_fingerprint=backend.fingerprint)
+    trained_for = backend.model.question
+    if trained_for is not None and question is not None and trained_for != question:
+        fail(f"--model: {model} was trained for question {trained_for.describe()}, not "
+             f"{question.describe()}; it reads no other question")
 
 
 def evaluate(
@@ -261,6 +296,10 @@ def evaluate(
     if fingerprint != tuned.backend_fingerprint:
         mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
                           f"tuned for {tuned.backend_fingerprint}")
+    tuned_for = None if tuned.question is None else tuned.question.question()
+    if tuned_for is not None and data.question is not None and data.question != tuned_for:
+        mismatches.append(f"{preds} answers question {data.question.describe()}, the policy "
+                          f"{policy} was tuned for {tuned_for.describe()}")
     if tuned.options is not None and tuple(tuned.options) != data.options:
         mismatches.append(f"{preds} has options {_preview(data.options)}, the policy {policy} was "
                           f"tuned on {_preview(tuned.options)}")

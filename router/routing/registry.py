@@ -1,6 +1,6 @@
 """The tuned policies the router serves, looked up per decision: by the name a request asks for,
 else by (scope, backend fingerprint), else the configured default, always within the policy's
-scope (``policies/scope.py``: the options, and question name, it was tuned on). A decision no
+scope (``policies/scope.py``: the question, and options, it was tuned on). A decision no
 policy covers is *unscoped*: ``lookup`` returns None and the service follows ``policy.unscoped``
 (the fallback threshold on the uncalibrated read only under ``unscoped: threshold``). Loaded at
 start-up and again by ``reload`` (SIGHUP or a changed file, ``router/routing/reload.py``): a
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from policies.scope import UnscopedMode, file_scope, request_scopes
+from policies.scope import UnscopedMode, request_scope
 from policies.types import DecisionRequest, OptionScores, Verdict
 from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
@@ -57,28 +57,22 @@ class LoadedPolicy:
     file: PolicyFile
     runtime: RuntimePolicy
     path: Path | None = None
-    # What it answers (``policies.scope.file_scope``; None: unknown, refused), hashed once here:
-    # ``covers`` runs on the request path.
-    scope: str | None = field(init=False, default=None)
-    option_set: frozenset[str] | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        options = self.file.options
-        object.__setattr__(self, "scope", file_scope(self.file.signature, options))  # frozen
-        object.__setattr__(self, "option_set", frozenset(options) if options else None)
 
     @property
     def name(self) -> str:
         return self.file.name
 
+    @property
+    def scope(self) -> str | None:
+        """What it answers: its scope signature (``policies.scope``), None when the file does not
+        record its question (refused by the registry)."""
+        return None if self.file.question_unrecorded else self.file.signature
+
     def covers(self, request: DecisionRequest) -> bool:
-        """Its scope covers the request, or (asked for by name, or as the default) the request
-        has exactly its options, in any order: the calibrator and threshold were fit on those."""
-        if self.scope in (request.signature(), *request_scopes(request)):
-            return True
-        options = self.option_set
-        return (options is not None and len(options) == len(request.options)
-                and options == frozenset(o.name for o in request.options))
+        """Its scope is the request's question over the request's options (or the one logged
+        request it was tuned on): asked for by name or as the default, a policy still decides
+        only the question it was tuned on."""
+        return self.scope in (request.signature(), request_scope(request))
 
 
 class PolicyRegistry:
@@ -105,12 +99,14 @@ class PolicyRegistry:
                     f"{self._by_name[policy.name].path} and {policy.path}")
             scope = policy.scope
             if scope is None:
-                # Neither a signature nor its options: it would answer any question at all,
-                # a 2-option one included, on a calibration and threshold fit on others.
+                # Scoped by an option set (and perhaps an id) only: it would answer every
+                # question over those options, any yes/no question for a yes/no policy.
                 raise ConfigError(
-                    f"policy file {policy.path} ({policy.name!r}) records neither the question "
-                    "it was tuned on (signature) nor its options, so its scope is unknown; "
-                    "re-tune it with `slotgate tune`")
+                    f"policy file {policy.path} ({policy.name!r}): field 'question': the file "
+                    "does not record the question it was tuned for (written before questions "
+                    "were), so it would answer any question over its options; re-tune it "
+                    "naming the question: `slotgate tune ... --question NAME` "
+                    "(docs/calibration.md, \"Scope\")", field="question")
             self._by_name[policy.name] = policy
             self._by_signature[(scope, policy.file.backend_fingerprint)] = policy
         if default is not None and default not in self._by_name:
@@ -209,8 +205,8 @@ class PolicyRegistry:
                     f"(known: {sorted(self._by_name) or 'none'})", field="policy")
             return named.runtime if named.covers(request) else self._unscoped()
         # Most specific first: a file tuned on one logged request (its signature is that
-        # request's hash), the named question's scope, any question over these options.
-        for key in (request.signature(), *request_scopes(request)):
+        # request's hash), then the request's question over its options.
+        for key in (request.signature(), request_scope(request)):
             match = self._by_signature.get((key, fingerprint))
             if match is not None:
                 return match.runtime

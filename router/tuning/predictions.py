@@ -8,7 +8,8 @@ Predictions format, one JSON object per line::
      "fold": int (optional; out-of-fold reads from ``slotgate train --cv``: the fold whose model
      did not see the row), "reference": "human" | "slow" (optional; where the label came from),
      "novel": true (optional; the label is none of the options, ``predict --allow-novel-labels``:
-     the row is always wrong)}
+     the row is always wrong), "question": {"id", "instructions", "context", "kind"} (optional;
+     the question the rows answer, ``policies.scope.Question``: the same on every row)}
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy.typing as npt
 
 from calibration.artifacts import atomic_path
 from policies.evaluation import NOVEL_LABEL
+from policies.scope import Question
 from router.errors import ConfigError
 
 SUM_TOLERANCE = 1e-4  # the same tolerance OptionScores accepts
@@ -73,6 +75,7 @@ class Predictions:
     data_hash: str  # sha256 of the file's bytes
     folds: list[int | None]
     references: list[str | None]
+    question: Question | None = None  # the question every row answers, when they record one
 
     @property
     def labelled(self) -> npt.NDArray[np.bool_]:
@@ -252,12 +255,17 @@ def read_predictions(path: Path) -> Predictions:
     signatures: list[str | None] = []
     folds: list[int | None] = []
     references: list[str | None] = []
+    question: Question | None = None
     for row, obj in enumerate(records, start=1):
         options, proba = _check_row(path, row, obj)
+        asked = _question(path, row, obj.get("question"))
         if first is None:
-            first = options
+            first, question = options, asked
         elif options != first:
             raise PredictionsError(path, row, "options", "differ from row 1's options")
+        elif asked != question:
+            raise PredictionsError(path, row, "question", "differs from row 1's question (a "
+                                   "predictions file holds one question)")
         ids.append(obj["id"])
         probas.append(proba)
         labels.append(obj["label"])
@@ -275,4 +283,22 @@ def read_predictions(path: Path) -> Predictions:
         path=path, ids=ids, options=tuple(first), proba=np.asarray(probas, dtype=np.float64),
         labels=labels, y_true=y_true, fingerprints=fingerprints, signatures=signatures,
         data_hash=hashlib.sha256(data).hexdigest(), folds=folds, references=references,
+        question=question,
     )
+
+
+def _question(path: Path, row: int, raw: Any) -> Question | None:
+    """A row's recorded question (``Question.as_dict``'s shape), checked."""
+    if raw is None:
+        return None
+    fields = {"id", "instructions", "context", "kind"}
+    if (not isinstance(raw, dict) or not isinstance(raw.get("id"), str)
+            or not set(raw) <= fields
+            or not all(isinstance(raw.get(k, ""), str) for k in fields)):
+        raise PredictionsError(path, row, "question", "must be an object of strings with an "
+                               "'id' and optional 'instructions', 'context' and 'kind'")
+    try:
+        return Question.asked(raw["id"], instructions=raw.get("instructions", ""),
+                              context=raw.get("context", ""), kind=raw.get("kind", "choice"))
+    except ValueError as exc:
+        raise PredictionsError(path, row, "question", str(exc)) from exc

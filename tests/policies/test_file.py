@@ -13,6 +13,7 @@ from calibration.calibrators import make_calibrator
 from policies.file import POLICY_VERSION, PolicyFile, PolicyFileError, load_policy
 from policies.guaranteed import GuaranteedPolicy
 from policies.rules import ThresholdRule
+from policies.scope import Question, scope_signature
 from policies.types import OptionScores
 
 
@@ -135,20 +136,28 @@ VERSION_1 = {
 
 # A version 2 file: the threshold in the rule only, no recorded id layout.
 VERSION_2 = {key: value for key, value in VERSION_1.items() if key != "threshold"} | {"version": 2}
+# A version 3 file: its id layout recorded, its question not (scoped by its options alone).
+VERSION_3 = VERSION_2 | {"version": 3, "id_layout": "v1",
+                         "signature": "scope-v1:" + "0" * 64}
 
 
-@pytest.mark.parametrize("data", [VERSION_1, VERSION_2], ids=["version 1", "version 2"])
+@pytest.mark.parametrize("data", [VERSION_1, VERSION_2, VERSION_3],
+                         ids=["version 1", "version 2", "version 3"])
 def test_older_files_are_upgraded_on_load_and_keep_their_id(tmp_path: Path,
                                                             data: dict[str, Any]) -> None:
     policy = load_policy(write(tmp_path, data))
     # The id slotgate gave this file when it was written; alarms are keyed by it.
-    assert policy.policy_id == "intents@dbc708b84ab7"
-    assert policy.threshold == 0.8 and policy.version == POLICY_VERSION == 3
+    ids = {1: "intents@dbc708b84ab7", 2: "intents@dbc708b84ab7", 3: "intents@7b4469c0eae3"}
+    assert policy.policy_id == ids[data["version"]]
+    assert policy.threshold == 0.8 and policy.version == POLICY_VERSION == 4
+    # No question recorded: it can be evaluated, the router refuses to serve it.
+    assert policy.question is None and policy.question_unrecorded
     rewritten = tmp_path / "again.json"
     policy.write(rewritten)
     stored = json.loads(rewritten.read_text())
     assert "threshold" not in stored  # stored once, in the rule
-    assert stored["version"] == 3 and stored["id_layout"] == "v1"  # how its id is hashed
+    assert stored["version"] == 4 and stored["id_layout"] == "v1"  # how its id is hashed
+    assert stored["question"] is None
     assert load_policy(rewritten).policy_id == policy.policy_id
     runnable = GuaranteedPolicy.from_file(rewritten)
     assert runnable.policy_id == policy.policy_id and runnable.file_ == policy
@@ -163,3 +172,33 @@ def test_typed_parts_run_without_a_second_build() -> None:
     runtime = GuaranteedPolicy.from_file(policy)
     assert runtime.rule_.to_dict() == policy.rule.model_dump()
     assert runtime.calibrator_.to_dict() == policy.calibrator.model_dump()
+
+
+def recorded(question: Question, options: list[str], **overrides: Any) -> PolicyFile:
+    return make_policy(options=options, question=question.as_dict(),
+                       signature=scope_signature(options, question), **overrides)
+
+
+def test_a_recorded_question_round_trips_and_names_the_scope(tmp_path: Path) -> None:
+    question = Question.asked("intent", instructions="Which intent does it express?")
+    policy = recorded(question, ["a", "b", "c"])
+    policy.write(tmp_path / "p.json")
+    loaded = load_policy(tmp_path / "p.json")
+    assert loaded == policy and not loaded.question_unrecorded
+    assert loaded.question is not None and loaded.question.question() == question
+    # Another question, the same options: another policy id.
+    other = recorded(Question.asked("is_french"), ["a", "b", "c"])
+    assert other.policy_id != policy.policy_id
+
+
+def test_a_question_that_disagrees_with_the_signature_is_refused(tmp_path: Path) -> None:
+    data = json.loads(recorded(Question.asked("intent"), ["a", "b", "c"]).model_dump_json())
+    data["question"]["instructions"] = "Which intent does it NOT express?"  # hand-edited
+    with pytest.raises(PolicyFileError, match="signature") as info:
+        load_policy(write(tmp_path, data))
+    assert info.value.field == "signature"
+    data = json.loads(recorded(Question.asked("intent"), ["a", "b", "c"]).model_dump_json())
+    data["question"] = None  # a question's scope without the question
+    with pytest.raises(PolicyFileError, match="question") as info:
+        load_policy(write(tmp_path, data))
+    assert info.value.field == "question"

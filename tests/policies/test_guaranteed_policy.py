@@ -15,6 +15,7 @@ from policies.evaluation import evaluate
 from policies.file import load_policy
 from policies.guaranteed import GuaranteedPolicy
 from policies.rules import ThresholdRule
+from policies.scope import Question, scope_signature
 from policies.types import OptionScores
 
 OPTIONS = ("a", "b", "c", "d", "e")
@@ -45,10 +46,13 @@ def test_fit_returns_self_with_fitted_attributes_and_one_call_to_the_file(tmp_pa
     assert policy.n_calibration_ + policy.risk_.n == 4000 and policy.n_folds_ is None
     assert isinstance(policy.rule_, ThresholdRule)
     assert policy.coverage_ == pytest.approx(policy.risk_.coverage)
-    file = policy.to_file(name="intents", data_hash="0" * 64, audit_rate=0.1)
+    question = Question.asked("intent")
+    file = policy.to_file(name="intents", data_hash="0" * 64, question=question, audit_rate=0.1)
     file.write(tmp_path / "p.json")
     loaded = load_policy(tmp_path / "p.json")
     assert loaded.threshold == policy.risk_.threshold and loaded.options == list(OPTIONS)
+    assert loaded.question is not None and loaded.question.question() == question
+    assert loaded.signature == scope_signature(OPTIONS, question)
     assert loaded.reference is not None and loaded.reference.accept_share == policy.coverage_
     scores = OptionScores(OPTIONS, tuple(float(p) for p in proba[0]))
     assert GuaranteedPolicy.from_file(loaded).decide(scores) == policy.decide(scores)
@@ -60,7 +64,18 @@ def test_folds_cross_fit_on_every_row() -> None:
     folds = np.arange(3000) % 5
     policy = GuaranteedPolicy(target_accuracy=0.9).fit(proba, y_true, folds=folds)
     assert policy.n_folds_ == 5 and policy.risk_.n == 3000 and policy.n_calibration_ == 3000
-    assert policy.to_file(name="cf", data_hash="0" * 64).tuning == "cross-fitted"
+    assert policy.to_file(name="cf", data_hash="0" * 64,
+                          question=Question.asked("intent")).tuning == "cross-fitted"
+
+
+def test_a_policy_file_is_scoped_to_exactly_one_question() -> None:
+    policy = GuaranteedPolicy().fit(*reads(1000, seed=2), options=OPTIONS)
+    for scope in ({}, {"question": Question.asked("intent"), "logged_signature": "f" * 64}):
+        with pytest.raises(ValueError, match="exactly one"):
+            policy.to_file(name="x", data_hash="0" * 64, **scope)  # type: ignore[arg-type]
+    logged = policy.to_file(name="x", data_hash="0" * 64, logged_signature="f" * 64)
+    assert logged.signature == "f" * 64 and logged.question is None
+    assert not logged.question_unrecorded  # one logged request's signature: an exact question
 
 
 @pytest.mark.parametrize(("params", "field"), [

@@ -9,6 +9,7 @@ import joblib
 import numpy as np
 import pytest
 
+from policies.scope import Question
 from policies.types import DecisionRequest, Option
 from router.backends.embedding import EmbeddingBackend
 from router.backends.sklearn import (
@@ -73,6 +74,30 @@ async def test_unknown_option_is_rejected_by_name(model_path: Path) -> None:
     backend = SklearnBackend(model_path)
     with pytest.raises(BackendRejected, match="top_up"):
         await backend.read([request(("card_lost", "top_up"), "hello")])
+
+
+async def test_a_model_trained_for_one_question_reads_no_other(tmp_path: Path) -> None:
+    """An intent classifier asked "is the customer angry?" (yes/no) or a yes/no question
+    named like another would answer with intent probabilities: it refuses, naming the field."""
+    texts, labels = toy_data()
+    path = tmp_path / "intent.joblib"
+    intent = Question.asked("intent")
+    save_text_model(path, train_text_model(texts, labels, kind="tfidf"), kind="tfidf",
+                    n_train=len(texts), data_hash="0" * 64, question=intent)
+    backend = SklearnBackend(path)
+    assert backend.model.question == intent
+    options = tuple(Option(o) for o in PHRASES)
+    asked = DecisionRequest("intent", "intent", options, "i lost my card")  # OpenAI, no text
+    system_one = DecisionRequest("intent", "", options, "i lost my card")  # the same question
+    [one, two] = await backend.read([asked, system_one])
+    assert one.top[0] == two.top[0] == "card_lost"
+    for other in (DecisionRequest("not_intent", "not_intent", options, "i lost my card"),
+                  DecisionRequest("intent", "Which intent does it NOT express?", options, "x"),
+                  DecisionRequest("intent", "intent", options, "x", kind="score"),
+                  DecisionRequest("intent", "intent", options, "x", context="Be brief.")):
+        with pytest.raises(BackendRejected, match="trained for question 'intent'") as info:
+            await backend.read([other])
+        assert info.value.field == "question"
 
 
 def test_fingerprint_follows_the_artifact(model_path: Path, tmp_path: Path) -> None:

@@ -60,11 +60,13 @@ def test_bad_predictions_exit_2_naming_file_row_field(tmp_path: Path, case: str,
     preds = write_jsonl(tmp_path / "preds.jsonl", bad_preds(case))
     out, report = tmp_path / "policy.json", tmp_path / "report"
     if command == "tune":
-        result = invoke("tune", "--preds", preds, "--out", out, "--report", report)
+        result = invoke("tune", "--question", "intent",
+                        "--preds", preds, "--out", out, "--report", report)
     else:
         policy = tmp_path / "given.json"
         good = write_jsonl(tmp_path / "good.jsonl", [good_row(i) for i in range(1, 401)])
-        assert invoke("tune", "--preds", good, "--out", policy).exit_code == 0
+        assert invoke("tune", "--question", "intent",
+                      "--preds", good, "--out", policy).exit_code == 0
         result = invoke("eval", "--preds", preds, "--policy", policy, "--report", report)
     field, text = CASES[case]
     assert result.exit_code == 2
@@ -76,7 +78,7 @@ def test_bad_predictions_exit_2_naming_file_row_field(tmp_path: Path, case: str,
 def test_empty_predictions_file(tmp_path: Path) -> None:
     preds = tmp_path / "empty.jsonl"
     preds.write_text("")
-    result = invoke("tune", "--preds", preds, "--out", tmp_path / "p.json")
+    result = invoke("tune", "--question", "intent", "--preds", preds, "--out", tmp_path / "p.json")
     assert result.exit_code == 2 and f"{preds}: file is empty" in result.stderr
     assert not (tmp_path / "p.json").exists()
 
@@ -84,7 +86,7 @@ def test_empty_predictions_file(tmp_path: Path) -> None:
 def test_unlabelled_predictions_cannot_be_tuned(tmp_path: Path) -> None:
     rows = [{**good_row(i), "label": None} for i in range(1, 20)]
     preds = write_jsonl(tmp_path / "p.jsonl", rows)
-    result = invoke("tune", "--preds", preds, "--out", tmp_path / "p.json")
+    result = invoke("tune", "--question", "intent", "--preds", preds, "--out", tmp_path / "p.json")
     assert result.exit_code == 2 and "field 'label': no row is labelled" in result.stderr
 
 
@@ -100,7 +102,8 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = work / "toy.csv"
     data.write_text("\r\n".join(lines) + "\r\n")
     model = work / "toy.joblib"
-    result = invoke("train", "--data", data, "--label-column", "category", "--out", model)
+    result = invoke("train", "--question", "intent",
+                    "--data", data, "--label-column", "category", "--out", model)
     assert result.exit_code == 0, result.stderr
     return model
 
@@ -135,7 +138,8 @@ def test_missing_column(tmp_path: Path, small_model: Path, command: str, column:
     data.write_text(f"{header}\r\nmy card is lost,card_lost\r\n")
     out = tmp_path / "out.bin"
     if command == "train":
-        result = invoke("train", "--data", data, "--label-column", "category", "--out", out)
+        result = invoke("train", "--question", "intent",
+                        "--data", data, "--label-column", "category", "--out", out)
     else:
         result = invoke("predict", "--model", small_model, "--data", data, "--out", out)
     assert result.exit_code == 2
@@ -148,7 +152,8 @@ def test_empty_input_file(tmp_path: Path, content: str) -> None:
     data = tmp_path / "in.csv"
     data.write_text(content)
     out = tmp_path / "m.joblib"
-    result = invoke("train", "--data", data, "--label-column", "category", "--out", out)
+    result = invoke("train", "--question", "intent",
+                    "--data", data, "--label-column", "category", "--out", out)
     assert result.exit_code == 2 and f"{data}: file is empty" in result.stderr
     assert not out.exists()
 
@@ -156,7 +161,7 @@ def test_empty_input_file(tmp_path: Path, content: str) -> None:
 def test_train_empty_label_names_the_row(tmp_path: Path) -> None:
     data = tmp_path / "in.csv"
     data.write_text("text,category\r\na,x\r\nb,\r\n")
-    result = invoke("train", "--data", data, "--label-column", "category",
+    result = invoke("train", "--question", "intent", "--data", data, "--label-column", "category",
                     "--out", tmp_path / "m.joblib")
     assert result.exit_code == 2 and f"{data}: row 2: field 'category'" in result.stderr
 
@@ -164,7 +169,7 @@ def test_train_empty_label_names_the_row(tmp_path: Path) -> None:
 def test_bad_policy_file_is_named(tmp_path: Path) -> None:
     preds = write_jsonl(tmp_path / "p.jsonl", [good_row(i) for i in range(1, 401)])
     policy = tmp_path / "policy.json"
-    assert invoke("tune", "--preds", preds, "--out", policy).exit_code == 0
+    assert invoke("tune", "--question", "intent", "--preds", preds, "--out", policy).exit_code == 0
     data = json.loads(policy.read_text())
     data["version"] = 9
     policy.write_text(json.dumps(data))
@@ -179,6 +184,7 @@ def test_bad_policy_file_is_named(tmp_path: Path) -> None:
                                              ("--alarm-alpha", "0"), ("--alarm-alpha", "1")])
 def test_bad_tune_options(tmp_path: Path, flag: str, value: str) -> None:
     preds = write_jsonl(tmp_path / "p.jsonl", [good_row(i) for i in range(1, 41)])
-    result = invoke("tune", "--preds", preds, "--out", tmp_path / "x.json", flag, value)
+    result = invoke("tune", "--question", "intent",
+                    "--preds", preds, "--out", tmp_path / "x.json", flag, value)
     assert result.exit_code == 2 and flag in result.stderr
     assert not (tmp_path / "x.json").exists()

@@ -50,7 +50,8 @@ def small_slice(banking77_dir: Path, out: Path, *, per_class: int, classes: int 
 def crossfitted(banking77_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> CrossFitted:
     work = tmp_path_factory.mktemp("cv")
     data = small_slice(banking77_dir, work / "slice.csv", per_class=30)
-    result = invoke("train", "--data", data, "--label-column", "category", "--cv", 3,
+    result = invoke("train", "--question", "intent",
+                    "--data", data, "--label-column", "category", "--cv", 3,
                     "--oof-out", work / "oof.jsonl", "--out", work / "m.joblib")
     assert result.exit_code == 0, result.stderr
     assert "3-fold out-of-fold reads" in result.stdout
@@ -80,7 +81,8 @@ def test_every_training_row_is_read_by_a_model_that_left_it_out(crossfitted: Cro
 
 def test_tune_on_out_of_fold_reads_uses_every_row(crossfitted: CrossFitted, tmp_path: Path) -> None:
     out = tmp_path / "policy.json"
-    result = invoke("tune", "--preds", crossfitted.oof, "--model", crossfitted.model,
+    result = invoke("tune", "--question", "intent",
+                    "--preds", crossfitted.oof, "--model", crossfitted.model,
                     "--target-accuracy", 0.8, "--out", out)
     assert result.exit_code == 0, result.stderr
     policy = json.loads(out.read_text())
@@ -104,14 +106,16 @@ def test_tune_on_out_of_fold_reads_uses_every_row(crossfitted: CrossFitted, tmp_
 def test_cv_outside_two_and_the_smallest_class(banking77_dir: Path, tmp_path: Path, cv: int,
                                                text: str) -> None:
     data = small_slice(banking77_dir, tmp_path / "slice.csv", per_class=30)
-    result = invoke("train", "--data", data, "--label-column", "category", "--cv", cv,
+    result = invoke("train", "--question", "intent",
+                    "--data", data, "--label-column", "category", "--cv", cv,
                     "--oof-out", tmp_path / "oof.jsonl", "--out", tmp_path / "m.joblib")
     assert result.exit_code == 2 and text in result.stderr, result.stderr
     assert not (tmp_path / "oof.jsonl").exists() and not (tmp_path / "m.joblib").exists()
 
 
 def test_cv_needs_oof_out(crossfitted: CrossFitted, tmp_path: Path) -> None:
-    result = invoke("train", "--data", crossfitted.data, "--label-column", "category",
+    result = invoke("train", "--question", "intent",
+                    "--data", crossfitted.data, "--label-column", "category",
                     "--cv", 3, "--out", tmp_path / "m.joblib")
     assert result.exit_code == 2 and "--cv and --oof-out go together" in result.stderr
     assert not (tmp_path / "m.joblib").exists()
@@ -149,19 +153,22 @@ def test_out_of_fold_rows_that_do_not_match_the_training_data(
         crossfitted: CrossFitted, tmp_path: Path, case: str) -> None:
     preds = edited(crossfitted, tmp_path, case)
     out = tmp_path / "policy.json"
-    result = invoke("tune", "--preds", preds, "--model", crossfitted.model, "--out", out)
+    result = invoke("tune", "--question", "intent",
+                    "--preds", preds, "--model", crossfitted.model, "--out", out)
     assert result.exit_code == 2 and OOF_CASES[case] in result.stderr, result.stderr
     assert not out.exists()
 
 
 def test_out_of_fold_file_needs_its_model(crossfitted: CrossFitted, tmp_path: Path) -> None:
     out = tmp_path / "policy.json"
-    result = invoke("tune", "--preds", crossfitted.oof, "--out", out)
+    result = invoke("tune", "--question", "intent", "--preds", crossfitted.oof, "--out", out)
     assert result.exit_code == 2 and "pass --model" in result.stderr
     other = tmp_path / "other.joblib"
-    assert invoke("train", "--data", crossfitted.data, "--label-column", "category",
+    assert invoke("train", "--question", "intent",
+                  "--data", crossfitted.data, "--label-column", "category",
                   "--out", other).exit_code == 0
-    result = invoke("tune", "--preds", crossfitted.oof, "--model", other, "--out", out)
+    result = invoke("tune", "--question", "intent",
+                    "--preds", crossfitted.oof, "--model", other, "--out", out)
     assert result.exit_code == 2 and "field 'fold'" in result.stderr
     assert "was not trained with --cv" in result.stderr
     assert not out.exists()

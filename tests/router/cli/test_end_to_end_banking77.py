@@ -35,7 +35,8 @@ def trained(banking77_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Tr
     """Trained once per session (TF-IDF on 70% of train.csv: ~15 s on 2 cores)."""
     work = tmp_path_factory.mktemp("cli")
     columns = ("--text-column", "text", "--label-column", "category")
-    code, _, err = invoke("train", "--data", banking77_dir / "train.csv", *columns,
+    code, _, err = invoke("train", "--question", "intent",
+                          "--data", banking77_dir / "train.csv", *columns,
                             "--kind", "tfidf", "--out", work / "model.joblib",
                             "--holdout", 0.3, "--holdout-out", work / "tune.csv")
     assert code == 0, err
@@ -43,7 +44,8 @@ def trained(banking77_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Tr
         code, _, err = invoke("predict", "--model", work / "model.joblib", "--data", data,
                                 *columns, "--out", work / f"{name}.jsonl")
         assert code == 0, err
-    code, _, err = invoke("tune", "--preds", work / "tune.jsonl", "--target-accuracy", 0.95,
+    code, _, err = invoke("tune", "--question", "intent",
+                          "--preds", work / "tune.jsonl", "--target-accuracy", 0.95,
                             "--delta", 0.05, "--calibrator", "temperature",
                             "--out", work / "policy.json", "--report", work / "tune_report")
     assert code == 0, err
@@ -109,7 +111,8 @@ def test_tune_report_writes_pngs_and_the_policy_records_its_evidence(trained: Tr
 def test_alarm_alpha_is_written_to_the_policy(trained: Trained, tmp_path: Path) -> None:
     """With N replicas sharing alarms the fleet's false-alarm bound is N x alpha (docs)."""
     out_path = tmp_path / "fleet.json"
-    code, _, err = invoke("tune", "--preds", trained.tune_preds, "--alarm-alpha", 0.0125,
+    code, _, err = invoke("tune", "--question", "intent",
+                          "--preds", trained.tune_preds, "--alarm-alpha", 0.0125,
                           "--out", out_path)
     assert code == 0, err
     assert json.loads(out_path.read_text())["alarm_alpha"] == 0.0125
@@ -117,7 +120,8 @@ def test_alarm_alpha_is_written_to_the_policy(trained: Trained, tmp_path: Path) 
 
 def test_max_escalation_keeps_the_guarantee_and_warns(trained: Trained, tmp_path: Path) -> None:
     out_path = tmp_path / "budget.json"
-    code, _, err = invoke("tune", "--preds", trained.tune_preds, "--max-escalation", 0.02,
+    code, _, err = invoke("tune", "--question", "intent",
+                          "--preds", trained.tune_preds, "--max-escalation", 0.02,
                             "--out", out_path)
     assert code == 0, err
     policy = json.loads(out_path.read_text())

@@ -14,10 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from policies.file import PolicyFile, load_policy
-from policies.scope import scope_signature
 from router.cli.app import app
 from tests.router.cli.test_bad_input import small_model  # noqa: F401 (fixture)
-from tests.router.cli.test_tune_command import OPTIONS, synthetic_rows, write_jsonl
+from tests.router.cli.test_tune_command import synthetic_rows, write_jsonl
 
 
 def invoke(*args: object) -> Any:
@@ -38,9 +37,11 @@ def test_per_answer_floor_closes_the_weak_answer_and_eval_shows_it_worst_first(
     preds = write_jsonl(tmp_path / "tune.jsonl", weak_maybe_rows(4000, seed=0))
     fresh = write_jsonl(tmp_path / "test.jsonl", weak_maybe_rows(4000, seed=1))
     plain, floored = tmp_path / "plain.json", tmp_path / "floored.json"
-    assert invoke("tune", "--preds", preds, "--target-accuracy", 0.75, "--out", plain
+    assert invoke("tune", "--question", "intent",
+                  "--preds", preds, "--target-accuracy", 0.75, "--out", plain
                   ).exit_code == 0
-    result = invoke("tune", "--preds", preds, "--target-accuracy", 0.75, "--out", floored,
+    result = invoke("tune", "--question", "intent",
+                    "--preds", preds, "--target-accuracy", 0.75, "--out", floored,
                     "--per-answer-floor", 0.8)
     assert result.exit_code == 0, result.stderr
     assert "per-answer floor 0.8" in result.stdout and "1 always escalated" in result.stdout
@@ -82,12 +83,14 @@ def test_novel_labels_are_refused_unless_allowed_then_counted_wrong(
     write_jsonl(oof, [{**row, "id": f"k{i}"} for i, row in enumerate(
         [rows[0], rows[2]] * 30)])
     policy = tmp_path / "p.json"
-    assert invoke("tune", "--preds", oof, "--target-accuracy", 0.5, "--out", policy,
+    assert invoke("tune", "--question", "intent",
+                  "--preds", oof, "--target-accuracy", 0.5, "--out", policy,
                   "--calibrator", "none").exit_code == 0
     metrics = json.loads(invoke("eval", "--preds", out, "--policy", policy, "--json").stdout)
     assert metrics["n"] == 3 and metrics["n_novel"] == 1
     assert metrics["accuracy"] <= 2 / 3  # the novel row can never be right
-    refused_tune = invoke("tune", "--preds", out, "--out", tmp_path / "q.json")
+    refused_tune = invoke("tune", "--question", "intent",
+                          "--preds", out, "--out", tmp_path / "q.json")
     assert refused_tune.exit_code == 2 and "novel" in refused_tune.stderr
 
 
@@ -95,17 +98,16 @@ def test_monitoring_flags_default_to_the_policy_file_and_are_checked_by_its_fiel
         tmp_path: Path) -> None:
     preds = write_jsonl(tmp_path / "p.jsonl", synthetic_rows(2000))
     out = tmp_path / "policy.json"
-    assert invoke("tune", "--preds", preds, "--target-accuracy", 0.9, "--out", out
-                  ).exit_code == 0
+    assert invoke("tune", "--question", "intent", "--preds", preds, "--target-accuracy", 0.9,
+                  "--out", out).exit_code == 0
     policy = load_policy(out)
     assert policy.on_alarm == PolicyFile.model_fields["on_alarm"].default
-    assert policy.signature == scope_signature(OPTIONS)  # any question over these options
     named = tmp_path / "named.json"
-    assert invoke("tune", "--preds", preds, "--target-accuracy", 0.9, "--out", named,
-                  "--question", "intent", "--on-alarm", "alert_only").exit_code == 0
-    assert load_policy(named).signature == scope_signature(OPTIONS, "intent")
+    assert invoke("tune", "--question", "intent", "--preds", preds, "--target-accuracy", 0.9,
+                  "--out", named, "--on-alarm", "alert_only").exit_code == 0
     assert load_policy(named).on_alarm == "alert_only"
-    bad = invoke("tune", "--preds", preds, "--out", tmp_path / "x.json", "--on-alarm", "panic")
+    bad = invoke("tune", "--question", "intent", "--preds", preds, "--out", tmp_path / "x.json",
+                 "--on-alarm", "panic")
     assert bad.exit_code == 2 and "--on-alarm" in bad.stderr and "'panic'" in bad.stderr
     assert not (tmp_path / "x.json").exists()
 

@@ -46,7 +46,8 @@ def test_a_latin1_csv_is_exit_2_naming_the_file_and_line(tmp_path: Path) -> None
     data = tmp_path / "latin1.csv"
     data.write_bytes("text,category\nmy card,card_lost\ncaf\u00e9 card,card_lost\n".encode("latin-1"))
     out = tmp_path / "m.joblib"
-    message = one_message(invoke("train", "--data", data, "--label-column", "category",
+    message = one_message(invoke("train", "--question", "intent",
+                                 "--data", data, "--label-column", "category",
                                  "--out", out))
     assert f"{data}: line 3: not UTF-8" in message and "0xe9" in message
     assert not out.exists()
@@ -57,7 +58,7 @@ def test_a_latin1_jsonl_is_exit_2_naming_the_file_and_line(tmp_path: Path) -> No
     with preds.open("ab") as f:
         f.write(b'{"id": "x\xff", "options": [], "proba": [], "label": null}\n')
     out = tmp_path / "policy.json"
-    message = one_message(invoke("tune", "--preds", preds, "--out", out))
+    message = one_message(invoke("tune", "--question", "intent", "--preds", preds, "--out", out))
     assert f"{preds}: line 401: not UTF-8" in message and not out.exists()
 
 
@@ -67,7 +68,7 @@ def test_tune_checks_report_before_writing_the_policy(tmp_path: Path) -> None:
     preds = write_preds(tmp_path / "p.jsonl")
     (tmp_path / "notadir").write_text("a file")
     out = tmp_path / "policy.json"
-    message = one_message(invoke("tune", "--preds", preds, "--out", out,
+    message = one_message(invoke("tune", "--question", "intent", "--preds", preds, "--out", out,
                                  "--report", tmp_path / "notadir" / "sub"))
     assert "--report" in message and "notadir is not a folder" in message
     assert not out.exists()
@@ -76,7 +77,8 @@ def test_tune_checks_report_before_writing_the_policy(tmp_path: Path) -> None:
 @pytest.fixture
 def policy(tmp_path: Path) -> Path:
     out = tmp_path / "policy.json"
-    result = invoke("tune", "--preds", write_preds(tmp_path / "tune.jsonl"), "--out", out)
+    result = invoke("tune", "--question", "intent",
+                    "--preds", write_preds(tmp_path / "tune.jsonl"), "--out", out)
     assert result.exit_code == 0, result.stderr
     assert json.loads(out.read_text())["options"] == OPTIONS
     return out
@@ -94,7 +96,8 @@ def test_eval_refuses_another_models_policy_unless_told(tmp_path: Path, policy: 
 def test_eval_refuses_a_policy_tuned_on_other_options(tmp_path: Path) -> None:
     many = [f"intent_{i}" for i in range(77)]
     policy = tmp_path / "p77.json"
-    assert invoke("tune", "--preds", write_preds(tmp_path / "t77.jsonl", options=many),
+    assert invoke("tune", "--question", "intent",
+                  "--preds", write_preds(tmp_path / "t77.jsonl", options=many),
                   "--out", policy).exit_code == 0
     few = write_preds(tmp_path / "three.jsonl")  # same fingerprint, 3 options
     message = one_message(invoke("eval", "--preds", few, "--policy", policy))
@@ -112,7 +115,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = work / "toy.csv"
     data.write_text("\n".join(lines) + "\n")
     out = work / "toy.joblib"
-    assert invoke("train", "--data", data, "--label-column", "category", "--out", out).exit_code == 0
+    assert invoke("train", "--question", "intent",
+                  "--data", data, "--label-column", "category", "--out", out).exit_code == 0
     return out
 
 

@@ -42,11 +42,13 @@ def test_policy_records_signature_fingerprint_and_data_hash(tmp_path: Path) -> N
     preds = write_jsonl(tmp_path / "p.jsonl",
                         synthetic_rows(2000, signature="sig1", fingerprint="fp1"))
     out = tmp_path / "policy.json"
+    # Rows of one logged question (export-log): the policy answers exactly that question.
     result = invoke("tune", "--preds", preds, "--target-accuracy", 0.9, "--out", out,
                     "--name", "yesno")
     assert result.exit_code == 0, result.stderr
     policy = json.loads(out.read_text())
     assert policy["name"] == "yesno" and policy["signature"] == "sig1"
+    assert policy["question"] is None
     assert policy["backend_fingerprint"] == "fp1"
     assert policy["data_hash"] == hashlib.sha256(preds.read_bytes()).hexdigest()
     assert policy["n_calibration"] == 1000 and policy["n_tune"] == 1000
@@ -58,7 +60,8 @@ def test_same_seed_same_policy_other_seed_other_split(tmp_path: Path) -> None:
     thresholds = []
     for i, seed in enumerate((0, 0, 1)):
         out = tmp_path / f"p{i}.json"
-        assert invoke("tune", "--preds", preds, "--seed", seed, "--out", out).exit_code == 0
+        assert invoke("tune", "--question", "intent",
+                      "--preds", preds, "--seed", seed, "--out", out).exit_code == 0
         thresholds.append(json.loads(out.read_text())["rule"]["threshold"])
     assert thresholds[0] == thresholds[1] != thresholds[2]
 
@@ -67,7 +70,7 @@ def test_rows_of_different_backends_are_refused(tmp_path: Path) -> None:
     rows = synthetic_rows(100, fingerprint="fp1")
     rows[7]["fingerprint"] = "fp2"
     preds = write_jsonl(tmp_path / "p.jsonl", rows)
-    result = invoke("tune", "--preds", preds, "--out", tmp_path / "x.json")
+    result = invoke("tune", "--question", "intent", "--preds", preds, "--out", tmp_path / "x.json")
     assert result.exit_code == 2 and f"{preds}: field 'fingerprint'" in result.stderr
     assert not (tmp_path / "x.json").exists()
 
@@ -88,7 +91,8 @@ def test_compare_refuses_files_without_shared_ids_or_with_other_labels(tmp_path:
 def test_eval_on_another_backend_needs_the_override_and_keeps_stdout_json(tmp_path: Path) -> None:
     tune_preds = write_jsonl(tmp_path / "t.jsonl", synthetic_rows(2000, fingerprint="fp1"))
     policy = tmp_path / "policy.json"
-    assert invoke("tune", "--preds", tune_preds, "--out", policy).exit_code == 0
+    assert invoke("tune", "--question", "intent",
+                  "--preds", tune_preds, "--out", policy).exit_code == 0
     other = write_jsonl(tmp_path / "o.jsonl", synthetic_rows(500, seed=1, fingerprint="fp2"))
     assert invoke("eval", "--preds", other, "--policy", policy, "--json").exit_code == 2
     result = invoke("eval", "--preds", other, "--policy", policy, "--json", "--allow-mismatch")

@@ -11,6 +11,7 @@ import pytest
 
 from policies.file import PolicyFile
 from policies.rules import ThresholdRule
+from policies.scope import Question, scope_signature
 from policies.types import DecisionRequest, Option
 from router.backends import factory
 from router.backends.factory import build_backend
@@ -24,34 +25,46 @@ from router.settings import FastBackendSettings, PolicySettings, Settings
 FINGERPRINT = "f" * 16
 
 
+def request(instructions: str = "Which?", policy: str | None = None) -> DecisionRequest:
+    return DecisionRequest("q", instructions, (Option("a"), Option("b")), "text", policy=policy)
+
+
 def policy_file(tmp_path: Path, name: str, *, signature: str | None = None,
-                fingerprint: str = FINGERPRINT, threshold: float = 0.8) -> Path:
+                fingerprint: str = FINGERPRINT, threshold: float = 0.8,
+                question: Question | None = None) -> Path:
+    """A policy file scoped to ``question`` over options a, b (or, ``signature`` given, to
+    that one logged request)."""
+    question = question or Question.of(request())
+    scope: dict[str, Any] = ({"signature": signature} if signature is not None else
+                             {"signature": scope_signature(["a", "b"], question),
+                              "question": question.as_dict()})
     policy = PolicyFile(
-        name=name, signature=signature, backend_fingerprint=fingerprint,
+        name=name, backend_fingerprint=fingerprint,
         calibrator={"kind": "none"}, rule=ThresholdRule(threshold).to_dict(), threshold=threshold,
         target_accuracy=0.95, delta=0.05, bound=0.95, coverage=0.7, n_tune=100, n_calibration=0,
-        data_hash="0" * 64, options=["a", "b"])  # its scope: questions over options a, b
+        data_hash="0" * 64, options=["a", "b"], **scope)
     path = tmp_path / f"{name}.json"
     policy.write(path)
     return path
 
 
-def request(instructions: str = "Which?", policy: str | None = None) -> DecisionRequest:
-    return DecisionRequest("q", instructions, (Option("a"), Option("b")), "text", policy=policy)
-
-
 def test_lookup_order_name_then_signature_then_default_then_fallback(tmp_path: Path) -> None:
     by_sig = policy_file(tmp_path, "by-sig", signature=request("Signed?").signature())
-    default = policy_file(tmp_path, "default")
+    default = policy_file(tmp_path, "default", question=Question.of(request("Other?")))
     settings = PolicySettings(files=[by_sig, default], default="default")
     registry = PolicyRegistry.load(settings, backend_fingerprint=FINGERPRINT)
 
-    def pid(r: DecisionRequest, fingerprint: str = FINGERPRINT) -> str:
-        return registry.lookup(r, fingerprint=fingerprint).policy_id
+    def pid(r: DecisionRequest, fingerprint: str = FINGERPRINT) -> str | None:
+        found = registry.lookup(r, fingerprint=fingerprint)
+        return None if found is None else found.policy_id
 
-    assert pid(request("Signed?")).startswith("by-sig@")
-    assert pid(request("Other?")).startswith("default@")
-    assert pid(request("Other?", policy="by-sig")).startswith("by-sig@")
+    assert (pid(request("Signed?")) or "").startswith("by-sig@")
+    assert (pid(request("Other?")) or "").startswith("default@")
+    assert (pid(request("Other?"), fingerprint="another") or "").startswith("default@")
+    # Asked for by name, a policy still decides only its own question.
+    assert (pid(request("Signed?", policy="by-sig")) or "").startswith("by-sig@")
+    assert pid(request("Other?", policy="by-sig")) is None
+    assert pid(request("Third?")) is None
     bare = PolicyRegistry.load(PolicySettings(files=[by_sig]), backend_fingerprint=FINGERPRINT)
     assert bare.lookup(request("Other?"), fingerprint=FINGERPRINT) is None  # unscoped: escalate
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from policies.file import PolicyFile
+from policies.scope import Question, scope_signature
 from tests.policies.test_file import make_policy
 
 OPTIONS = ("a", "b", "c")
@@ -21,9 +22,14 @@ def spelled(i: int | str) -> str:
     return str(i).translate(str.maketrans("0123456789", "abcdefghij"))
 
 
-def watched_policy(**overrides: Any) -> PolicyFile:
+# The question the policy was tuned for: a json_schema named "pick" with no description.
+PICK = Question.asked("pick")
+
+
+def watched_policy(*, question: Question = PICK, **overrides: Any) -> PolicyFile:
     reference = np.random.default_rng(0).uniform(0.85, 1.0, size=400)
     fields: dict[str, Any] = {
+        "question": question.as_dict(), "signature": scope_signature(OPTIONS, question),
         "audit_rate": 0.0, "on_alarm": "escalate_all", "alarm_alpha": 0.05, "options": list(OPTIONS),
         "reference": {"n": 400, "accept_share": float(np.mean(reference >= 0.8)),
                       "confidence": sorted(round(float(v), 4) for v in reference)}}

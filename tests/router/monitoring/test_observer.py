@@ -38,7 +38,7 @@ def read(request: DecisionRequest) -> Sequence[float]:
 
 
 def ask(text: str) -> DecisionRequest:
-    return DecisionRequest("pick", "which?", tuple(Option(o) for o in OPTIONS), text)
+    return DecisionRequest("pick", "pick", tuple(Option(o) for o in OPTIONS), text)
 
 
 async def test_one_observer_call_per_decision_and_the_gate_beside_the_mode(

@@ -1,7 +1,7 @@
 """PolicyRegistry on its own: the lookup order (the name a request asks for, then the policy's
 scope with the backend fingerprint, then the configured default, then the fallback), scopes (a
-policy decides only the question it was tuned on) and the configuration errors it refuses at
-start-up. Loading policy files: tests/router/http/test_app_config.py."""
+policy decides only the question it was tuned on: its id, text, context and kind over its
+options) and the configuration errors it refuses at start-up. Loading policy files: tests/router/http/test_app_config.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from policies.file import PolicyFile
 from policies.rules import ThresholdRule
+from policies.scope import UNRECORDED_PREFIX, Question, scope_signature
 from policies.types import DecisionRequest, Option, OptionScores, Verdict
 from router.errors import ConfigError, InvalidRequest
 from router.routing.registry import LoadedPolicy, PolicyRegistry
@@ -39,19 +40,28 @@ def request(question: str = "Which intent?", *, policy: str | None = None) -> De
                            policy=policy)
 
 
+ASKED = Question.of(request())  # the question request() asks
+
+
 def loaded(name: str, *, signature: str | None = None, fingerprint: str = FINGERPRINT,
-           options: tuple[str, ...] | None = ("a", "b")) -> LoadedPolicy:
+           options: tuple[str, ...] | None = ("a", "b"),
+           question: Question | None = ASKED) -> LoadedPolicy:
     return LoadedPolicy(policy_file(name, signature=signature, fingerprint=fingerprint,
-                                    options=options), Named(name))
+                                    options=options, question=question), Named(name))
 
 
 def policy_file(name: str, *, signature: str | None = None, fingerprint: str = FINGERPRINT,
-                options: tuple[str, ...] | None = ("a", "b"), **fields: Any) -> PolicyFile:
-    """A valid policy file with what a lookup reads set: name, scope, fingerprint, mode."""
+                options: tuple[str, ...] | None = ("a", "b"), question: Question | None = ASKED,
+                **fields: Any) -> PolicyFile:
+    """A valid policy file with what a lookup reads set: name, scope, fingerprint, mode. Its
+    scope: ``question`` over ``options``, or (``signature`` given) that logged request's."""
+    recorded = None
+    if signature is None and question is not None and options is not None:
+        signature, recorded = scope_signature(options, question), question.as_dict()
     return PolicyFile(name=name, signature=signature, backend_fingerprint=fingerprint,
                       calibrator={"kind": "none"}, rule=ThresholdRule(0.8).to_dict(),
                       target_accuracy=0.95, delta=0.05, bound=0.95, coverage=0.7, n_tune=100,
-                      n_calibration=0, data_hash="0" * 64,
+                      n_calibration=0, data_hash="0" * 64, question=recorded,
                       options=None if options is None else list(options), **fields)
 
 
@@ -61,11 +71,10 @@ def test_lookup_order_name_then_signature_then_default_then_fallback() -> None:
                               fallback_threshold=0.8)
     assert registry.lookup(request(policy="general"), fingerprint=FINGERPRINT).policy_id == "general"
     assert registry.lookup(request(), fingerprint=FINGERPRINT).policy_id == "signed"
-    assert registry.lookup(request("Another question?"),
-                           fingerprint=FINGERPRINT).policy_id == "general"
-    no_default = PolicyRegistry([signed], fallback_threshold=0.8)
-    fallback = no_default.lookup(request("Another question?"), fingerprint=FINGERPRINT)
-    assert fallback is no_default.fallback and fallback.policy_id == "fallback"
+    # The default decides its own question when no lookup by (scope, fingerprint) matched.
+    assert registry.lookup(request(), fingerprint="another-backend").policy_id == "general"
+    fallback = registry.lookup(request("Another question?"), fingerprint=FINGERPRINT)
+    assert fallback is registry.fallback and fallback.policy_id == "fallback"
     assert registry.names() == ["general", "signed"]
 
 
@@ -100,9 +109,10 @@ def test_configuration_errors_are_refused_at_start_up() -> None:
         PolicyRegistry([loaded("present")], default="missing")
 
 
-# --- scope (issue 19.1): a policy answers only the question it was tuned on -------------------
+# --- scope: a policy answers only the question it was tuned on ------------------------------
 
 INTENTS = tuple(f"intent_{i}" for i in range(77))
+INTENT = Question.asked("intent")  # the README's: the json_schema named "intent", no description
 
 
 def intents_request(options: tuple[str, ...] = INTENTS, *, question: str = "intent",
@@ -111,13 +121,15 @@ def intents_request(options: tuple[str, ...] = INTENTS, *, question: str = "inte
                            policy=policy)
 
 
-def test_a_default_policy_takes_only_decisions_over_its_own_options() -> None:
-    """The README's case: a 2-option question (2 of the 77 intents) against the default 77-intent
-    policy. Before scopes, the default answered it with the 77-option calibration and bar."""
-    default = loaded("banking77", options=INTENTS)
+def test_a_default_policy_takes_only_its_own_question_over_its_own_options() -> None:
+    """The default decides its question whatever the fingerprint lookup found; a subset of its
+    options (2 of the 77 intents), a superset, or another question over the same options is
+    unscoped."""
+    default = loaded("banking77", options=INTENTS, question=INTENT)
     registry = PolicyRegistry([default], default="banking77", unscoped="escalate")
-    full = registry.lookup(intents_request(question="anything"), fingerprint="another-backend")
+    full = registry.lookup(intents_request(), fingerprint="another-backend")
     assert full is not None and full.policy_id == "banking77"
+    assert registry.lookup(intents_request(question="anything"), fingerprint=FINGERPRINT) is None
     subset = intents_request(("intent_11", "intent_41"))
     assert registry.lookup(subset, fingerprint=FINGERPRINT) is None  # unscoped: escalate
     # The same options in another order are the same question (a client's enum order is its
@@ -133,31 +145,66 @@ def test_a_default_policy_takes_only_decisions_over_its_own_options() -> None:
 
 
 def test_a_policy_asked_for_by_name_outside_its_scope_leaves_the_decision_unscoped() -> None:
-    registry = PolicyRegistry([loaded("banking77", options=INTENTS)], unscoped="shadow")
+    registry = PolicyRegistry([loaded("banking77", options=INTENTS, question=INTENT)],
+                              unscoped="shadow")
     named = registry.lookup(intents_request(policy="banking77"), fingerprint=FINGERPRINT)
     assert named is not None and named.policy_id == "banking77"
     subset = intents_request(INTENTS[:2], policy="banking77")
     assert registry.lookup(subset, fingerprint=FINGERPRINT) is None
+    other = intents_request(question="not_intent", policy="banking77")
+    assert registry.lookup(other, fingerprint=FINGERPRINT) is None
 
 
-def test_a_scope_with_a_question_name_covers_only_that_question() -> None:
-    from policies.scope import scope_signature
+def test_a_question_is_its_id_text_context_and_kind_not_its_options() -> None:
+    yes_no = ("yes", "no")
+    card = Question.asked("about_card", instructions="Is this message about a card?")
+    registry = PolicyRegistry([loaded("card", options=yes_no, question=card),
+                               loaded("intents", options=INTENTS, question=INTENT)],
+                              unscoped="escalate")
 
-    named = loaded("intent-only", options=INTENTS, signature=scope_signature(INTENTS, "intent"))
-    registry = PolicyRegistry([named], unscoped="escalate")
-    match = registry.lookup(intents_request(question="intent"), fingerprint=FINGERPRINT)
-    assert match is not None and match.policy_id == "intent-only"
-    assert registry.lookup(intents_request(question="queue"), fingerprint=FINGERPRINT) is None
-    # Options only (a policy tuned on a CSV): any question over exactly those options.
-    any_question = loaded("csv", options=INTENTS, signature=scope_signature(INTENTS))
-    registry = PolicyRegistry([any_question], unscoped="escalate")
-    match = registry.lookup(intents_request(question="queue"), fingerprint=FINGERPRINT)
-    assert match is not None and match.policy_id == "csv"
+    def covered(request: DecisionRequest) -> str | None:
+        match = registry.lookup(request, fingerprint=FINGERPRINT)
+        return None if match is None else match.policy_id
+
+    yes_no_options = (Option("yes"), Option("no"))
+    asked = DecisionRequest("about_card", "Is this message about a card?", yes_no_options, "x")
+    assert covered(asked) == "card"
+    assert covered(DecisionRequest("about_card", "Is this message about a card?",
+                                   yes_no_options[::-1], "x")) == "card"
+    for other in (
+        DecisionRequest("about_card", "Is the customer angry?", yes_no_options, "x"),  # text
+        DecisionRequest("is_french", "is_french", yes_no_options, "x"),  # id
+        DecisionRequest("about_card", "Is this message about a card?", yes_no_options, "x",
+                        context="Answer for the fraud team."),  # system message
+        DecisionRequest("about_card", "Is this message about a card?", yes_no_options, "x",
+                        kind="noul"),  # kind
+        DecisionRequest("about_card", "Is this message about a card?",
+                        (Option("yes", "it names a card"), Option("no")), "x"),  # criteria
+    ):
+        assert covered(other) is None, other
+    # An OpenAI schema with no description is asked by its name (instructions = the name), a
+    # System One question with no instructions by its id: the same question.
+    assert covered(intents_request()) == "intents"
+    assert covered(DecisionRequest("intent", "", tuple(Option(o) for o in INTENTS), "x")) == (
+        "intents")
 
 
-def test_a_policy_of_unknown_scope_is_refused_naming_it() -> None:
-    with pytest.raises(ConfigError, match="'old'.*neither the question.*re-tune"):
-        PolicyRegistry([loaded("old", options=None)])
+def test_files_that_do_not_record_their_question_are_refused_naming_the_field(
+        tmp_path: Path) -> None:
+    """Files written before questions were recorded (a null signature with an ``options`` list,
+    or a ``scope-v1`` option-set scope) would answer any question over their options: the
+    router refuses them at load, saying how to re-tune. ``slotgate eval`` still reads them."""
+    from router.settings import PolicySettings
+
+    with pytest.raises(ConfigError, match="'old'.*does not record the question") as info:
+        PolicyRegistry([loaded("old", question=None)])
+    assert info.value.field == "question" and "--question" in info.value.message
+    with pytest.raises(ConfigError, match="'unknown'"):
+        PolicyRegistry([loaded("unknown", options=None, question=None)])
+    path = tmp_path / "old.json"
+    policy_file("old", question=None, signature=UNRECORDED_PREFIX + "0" * 64).write(path)
+    with pytest.raises(ConfigError, match="field 'question'"):
+        PolicyRegistry.load(PolicySettings(files=[path]), backend_fingerprint=FINGERPRINT)
     # A file tuned on one logged request keeps answering exactly that request's question.
     exact = PolicyRegistry([loaded("logged", options=None, signature=request().signature())],
                            unscoped="escalate")
@@ -165,25 +212,19 @@ def test_a_policy_of_unknown_scope_is_refused_naming_it() -> None:
     assert exact.lookup(request("Another?"), fingerprint=FINGERPRINT) is None
 
 
-def test_files_written_before_scopes_are_scoped_by_their_recorded_options(tmp_path: Path) -> None:
-    """A file with a null signature and an ``options`` list (tuned before scopes were recorded)
-    answers any question over those options; the settings' default for the rest is escalate,
-    and a configuration that set fallback_threshold keeps its threshold."""
-    from policies.file import PolicyFile
-    from policies.rules import ThresholdRule
+def test_settings_without_unscoped_escalate_unless_they_set_a_fallback_threshold(
+        tmp_path: Path) -> None:
     from router.settings import PolicySettings
 
-    path = tmp_path / "old.json"
-    PolicyFile(name="old", backend_fingerprint=FINGERPRINT, calibrator={"kind": "none"},
-               rule=ThresholdRule(0.8).to_dict(), threshold=0.8, target_accuracy=0.95,
-               delta=0.05, bound=0.95, coverage=0.7, n_tune=100, n_calibration=0,
-               data_hash="0" * 64, options=["a", "b"]).write(path)
-    registry = PolicyRegistry.load(PolicySettings(files=[path], default="old"),
+    path = tmp_path / "intents.json"
+    policy_file("intents").write(path)
+    registry = PolicyRegistry.load(PolicySettings(files=[path], default="intents"),
                                    backend_fingerprint=FINGERPRINT)
     assert registry.unscoped == "escalate"
-    match = registry.lookup(request("Any question?"), fingerprint=FINGERPRINT)
-    assert match is not None and match.policy_id.startswith("old@")
-    three = DecisionRequest("intent", "Which?", (Option("a"), Option("b"), Option("c")), "x")
+    match = registry.lookup(request(), fingerprint=FINGERPRINT)
+    assert match is not None and match.policy_id.startswith("intents@")
+    three = DecisionRequest("intent", "Which intent?", (Option("a"), Option("b"), Option("c")),
+                            "x")
     assert registry.lookup(three, fingerprint=FINGERPRINT) is None
     kept = PolicyRegistry.load(PolicySettings(files=[path], fallback_threshold=0.7),
                                backend_fingerprint=FINGERPRINT)

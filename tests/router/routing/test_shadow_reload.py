@@ -15,6 +15,7 @@ import pytest
 
 from policies.file import PolicyFile
 from policies.rules import ThresholdRule
+from policies.scope import Question, scope_signature
 from router.backends.mock import MockBackend
 from router.routing.registry import PolicyRegistry
 from router.routing.reload import live_reload
@@ -25,6 +26,7 @@ from router.store.metrics import Metrics
 from tests.router.routing.test_service import ListLog, RecordingSlow, request
 
 FINGERPRINT = MockBackend(lambda r: [0.98, 0.01, 0.01]).fingerprint
+QUESTION, OPTIONS = Question.of(request("x")), ["a", "b", "c"]
 
 
 def write_policy(path: Path, *, shadow: bool | None, threshold: float = 0.9,
@@ -33,7 +35,8 @@ def write_policy(path: Path, *, shadow: bool | None, threshold: float = 0.9,
         name="intents", backend_fingerprint=FINGERPRINT, calibrator={"kind": "none"},
         rule=ThresholdRule(threshold).to_dict(), threshold=threshold, target_accuracy=0.95,
         delta=0.05, bound=0.95, coverage=0.7, n_tune=100, n_calibration=0, data_hash="0" * 64,
-        shadow=shadow, guarantee=guarantee, options=["a", "b", "c"],  # its scope: test_service's
+        shadow=shadow, guarantee=guarantee, options=OPTIONS, question=QUESTION.as_dict(),
+        signature=scope_signature(OPTIONS, QUESTION),  # its scope: test_service's question
     ).write(path)  # type: ignore[arg-type]
     return path
 

@@ -11,7 +11,7 @@ import pytest
 
 from policies.guaranteed import GuaranteedPolicy
 from policies.rules import EscalationWindow, ThresholdRule
-from policies.scope import UnscopedMode
+from policies.scope import Question, UnscopedMode
 from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
@@ -112,7 +112,8 @@ def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None,
     policy = Observed(GuaranteedPolicy.from_parts(IdentityCalibrator(), ThresholdRule(0.9),
                                                   policy_id="intents@abc"))
     registry = PolicyRegistry([LoadedPolicy(
-        policy_file("intents", fingerprint=backend.fingerprint, options=INTENTS), policy)],
+        policy_file("intents", fingerprint=backend.fingerprint, options=INTENTS,
+                    question=Question.asked("intent")), policy)],
         default="intents",
         unscoped=mode)
     slow = slow_path if slow_path is not None else RecordingSlow()
