@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from policies.scope import scope_signature
+from policies.scope import Question, scope_signature
 from router.store.log_join import LabelJoin, LabelSource, distinct_decisions
 from router.store.log_reader import AnyRecord, read_logs
 from router.store.records import DecisionRecord
@@ -90,7 +90,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
         raise PredictionsError(path, None, "signature", f"no logged decision answers {wanted}; "
                                f"the log holds: {_listing(questions.values())}")
     logged = {s for q in matching for s in q.logged
-              if wanted is None or wanted in (s, q.named, q.options)}
+              if wanted is None or wanted in (s, q.named)}
     row_signature = next(iter(logged)) if len(logged) == 1 else wanted or (
         matching[0].named if matching else None)
     if chosen is not None:
@@ -134,16 +134,22 @@ def _exportable(decision: DecisionRecord) -> bool:
     return decision.proba is not None and bool(decision.options)
 
 
-def record_scopes(decision: DecisionRecord) -> tuple[str, str, str]:
-    """The policy signatures that cover a logged decision, as the registry looks them up: the
-    request's own signature, its named question's scope, any question over its options."""
-    named, options = _scopes(decision.question_id or None, tuple(decision.options))
-    return decision.signature or named, named, options
+def record_scopes(decision: DecisionRecord) -> tuple[str, str]:
+    """The policy signatures that cover a logged decision: the request's own signature (a
+    policy tuned on rows exported from the log) and the scope of its question asked by name
+    alone (``slotgate tune --question ID``: no instructions, context or option descriptions,
+    which the log does not keep)."""
+    named = _named_scope(decision.question_id, tuple(decision.options))
+    return decision.signature or named, named
 
 
 @lru_cache(maxsize=1024)  # a log holds few questions, each logged many times
-def _scopes(question: str | None, options: tuple[str, ...]) -> tuple[str, str]:
-    return scope_signature(options, question), scope_signature(options)
+def _named_scope(question_id: str, options: tuple[str, ...]) -> str:
+    try:
+        question = Question.asked(question_id or "question")
+    except ValueError:  # an id a person could not name on the command line
+        return ""
+    return scope_signature(options, question)
 
 
 class _Question:
@@ -151,12 +157,12 @@ class _Question:
 
     def __init__(self, first: DecisionRecord) -> None:
         self.first = first
-        _, self.named, self.options = record_scopes(first)
+        _, self.named = record_scopes(first)
         self.decisions = 0
         self.logged: set[str] = set()
 
     def covers(self, signature: str) -> bool:
-        return signature in (self.named, self.options) or signature in self.logged
+        return signature == self.named or signature in self.logged
 
     def describe(self) -> str:
         options = self.first.options

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from policies.scope import scope_signature
+from policies.scope import Question, scope_signature
 from router.cli.app import app
 from router.settings import LogSettings, Settings
 from router.store.decision_log import JsonlDecisionLog
@@ -169,22 +169,23 @@ def logged_questions(path: Path) -> None:
 def test_export_of_several_questions_names_them_as_policy_files_do(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     logged_questions(path)
-    intent, angry = scope_signature(INTENTS, "intent"), scope_signature(["yes", "no"], "angry")
+    intent = scope_signature(INTENTS, Question.asked("intent"))
+    angry = scope_signature(["yes", "no"], Question.asked("angry"))
     with pytest.raises(PredictionsError) as info:
         export_predictions(path, tmp_path / "p.jsonl")
     message = str(info.value)
     assert info.value.field == "signature" and f"{intent} (question 'intent' over 3" in message
     assert angry in message and "sig-a" not in message
-    # Each listed signature, or the one a policy tuned on any question over the options holds
-    # (`slotgate tune` on a labelled CSV), or the logged request's own, exports its question.
+    # Each listed signature (what `slotgate tune --question ID` writes) or the logged request's
+    # own exports its question.
     out = tmp_path / "p.jsonl"
     assert export_predictions(path, out, signature=angry) == 1
     assert read_predictions(out).options == ("yes", "no")
     assert read_predictions(out).signatures == ["sig-b"]  # the one logged question
-    assert export_predictions(path, out, signature=scope_signature(INTENTS)) == 3
+    assert export_predictions(path, out, signature=intent) == 3
     assert export_predictions(path, out, signature="sig-a") == 3
-    with pytest.raises(PredictionsError, match="no logged decision answers scope-v1:"):
-        export_predictions(path, out, signature=scope_signature(["yes", "no"]) + "0")
+    with pytest.raises(PredictionsError, match="no logged decision answers scope-v2:"):
+        export_predictions(path, out, signature=angry + "0")
 
 
 def test_export_log_as_written_exports_the_default_policys_question(tmp_path: Path) -> None:
@@ -195,7 +196,7 @@ def test_export_log_as_written_exports_the_default_policys_question(tmp_path: Pa
     log = tmp_path / "d.jsonl"
     logged_questions(log)
     policy_path = tmp_path / "policy.json"
-    policy_file("banking77", signature=scope_signature(INTENTS), options=tuple(INTENTS)
+    policy_file("banking77", options=tuple(INTENTS), question=Question.asked("intent")
                 ).write(policy_path)
     config = tmp_path / "slotgate.yaml"
     config.write_text(f"log:\n  decision_log_path: {log}\npolicy:\n  files: [{policy_path}]\n"
@@ -205,11 +206,11 @@ def test_export_log_as_written_exports_the_default_policys_question(tmp_path: Pa
     assert result.exit_code == 0, result.output
     assert "wrote 3 predictions" in result.output
     assert "the default policy 'banking77' answers it" in result.output
-    assert scope_signature(["yes", "no"], "angry") in result.output
+    assert scope_signature(["yes", "no"], Question.asked("angry")) in result.output
     assert read_predictions(out).options == tuple(INTENTS)
     policy_path.unlink()  # no default policy: the choice is the person's, the error lists it
     result = CliRunner().invoke(app, ["export-log", "--config", str(config), "--out", str(out)])
-    assert result.exit_code == 2 and "choose one with --signature: scope-v1:" in result.output
+    assert result.exit_code == 2 and "choose one with --signature: scope-v2:" in result.output
 
 
 async def test_the_redis_stream_is_read_whole_in_chunks(redis_url: str, tmp_path: Path) -> None:
