@@ -41,10 +41,11 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -q -m "not long"
 
-# The benchmarks' safety net alone: every bench module imports, answers --help and runs --quick
-# (tests/bench; about 15 minutes on 2 cores, also part of `make test`).
+# The benchmarks' tests (tests/bench) plus every benchmark's --quick run in a fresh interpreter,
+# at its real size and beside its peers (the LiteLLM proxy: bench/.venv-litellm, built on first
+# use). About 15 minutes on 2 cores; `make test` runs tests/bench without the quick runs.
 bench-smoke: setup
-	$(BIN)/pytest -q tests/bench
+	$(BIN)/pytest -q --bench-smoke --durations=15 tests/bench
 
 lint: setup
 	$(BIN)/ruff check router policies calibration tests bench standins
