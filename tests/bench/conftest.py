@@ -1,13 +1,19 @@
 """What the benchmarks' tests share: a BANKING77-shaped folder small enough that a benchmark run
-on it takes seconds, and a result folder that is never the committed bench/results/."""
+on it takes seconds, the benchmarks' own servers, and a result folder that is never the
+committed bench/results/."""
 
 from __future__ import annotations
 
 import csv
 import json
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import RedisServer
 
 # The first intents of categories.json: card questions that overlap (arrival, delivery estimate,
 # linking, not working), so a fast tier is sure of some answers and unsure of others.
@@ -51,3 +57,29 @@ def _results_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(common, "RESULTS_DIR", results)
     monkeypatch.setattr(common, "LOCAL_RESULTS_DIR", results / "local")
     return results
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The instant upstream and `slotgate serve` in front of it (mock fast read, the upstream
+    as slow model through litellm, the session's private Redis as cache), as bench.overhead and
+    bench.cache start them, without the LiteLLM proxy."""
+
+    upstream: str
+    slotgate: str
+    api_key: str
+    redis_url: str
+
+
+@pytest.fixture(scope="session")
+def bench_peers(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[Peers]:
+    from bench import common, peers
+
+    work = tmp_path_factory.mktemp("bench-peers")
+    api_key = "sk-" + secrets.token_hex(24)
+    settings = common.slotgate_settings("", work, api_key, redis_url=redis_server.url)
+    with peers.upstream_server() as up:
+        settings["slow"]["api_base"] = f"{up.url}/v1"
+        with peers.slotgate_server(settings, work) as sg:
+            yield Peers(up.url, sg.url, api_key, redis_server.url)
