@@ -83,3 +83,27 @@ def bench_peers(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFact
         settings["slow"]["api_base"] = f"{up.url}/v1"
         with peers.slotgate_server(settings, work) as sg:
             yield Peers(up.url, sg.url, api_key, redis_server.url)
+
+
+@pytest.fixture
+def cli_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `slotgate` commands a benchmark runs (bench.live.slotgate) run in this process: the
+    same commands and arguments, without a fresh interpreter importing sklearn for each."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from bench import live
+    from router.cli.app import app
+
+    def slotgate(*args: object) -> str:
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        if result.exit_code != 0:
+            sys.exit(f"slotgate {args[0]} failed ({result.exit_code}): {result.stderr.strip()}"
+                     f"{result.exception!r}")
+        return result.stdout
+
+    as_subprocess = live.slotgate
+    for name, module in list(sys.modules.items()):
+        if name.startswith("bench.") and getattr(module, "slotgate", None) is as_subprocess:
+            monkeypatch.setattr(module, "slotgate", slotgate)

@@ -11,7 +11,7 @@ from bench import e2e_banking77
 
 
 def test_live_routes_match_the_offline_prediction_and_repeat_from_the_cache(
-        small_banking77: Path, tmp_path: Path, redis_url: str) -> None:
+        small_banking77: Path, tmp_path: Path, redis_url: str, cli_in_process: None) -> None:
     n = 120
     result = e2e_banking77.main(["--data", str(small_banking77), "--n", str(n), "--work",
                                  str(tmp_path / "work"), "--redis-url", redis_url,

@@ -11,7 +11,8 @@ from bench import shadow
 
 
 def test_cold_start_tunes_on_the_slow_model_and_keeps_its_promise(
-        small_banking77: Path, tmp_path: Path, _results_elsewhere: Path) -> None:
+        small_banking77: Path, tmp_path: Path, _results_elsewhere: Path,
+        cli_in_process: None) -> None:
     result = shadow.main(["--data", str(small_banking77), "--n", "400", "--work",
                           str(tmp_path / "work")])
     assert (result["n"], result["n_shadow"], result["n_after"]) == (400, 200, 200)
