@@ -21,7 +21,7 @@ def test_shifted_stream_has_unshifted_rows_first_and_no_row_twice() -> None:
     assert delay(None, 200, 600) == 601 and delay(150, 200, 600) == 0 and delay(249, 200, 600) == 50
 
 
-@pytest.mark.long
+@pytest.mark.bench_smoke
 def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> None:
     result = main(["--quick", "--data", str(banking77_dir), "--work", str(tmp_path),
                    "--out", str(tmp_path / "drift.json")])

@@ -56,7 +56,7 @@ def test_a_replay_counts_wrong_answers_and_slow_calls_per_action() -> None:
     assert ladder["escalated_from"] is not None and escalate["slow_after"] > none["slow_after"]
 
 
-@pytest.mark.long
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(1200)  # three models trained with the CLI, then 20 replays of each scenario
 def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> None:
     result = main(["--quick", "--data", str(banking77_dir), "--work", str(tmp_path),
