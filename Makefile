@@ -35,6 +35,7 @@ var/policy.json: | setup
 	$(BIN)/slotgate tune --preds var/banking77-oof.jsonl --model var/banking77-tfidf.joblib \
 		--out var/policy.json --target-accuracy 0.95 --name banking77
 
+# What CI runs (.ci/run): every test but the benchmarks' --quick runs (`make bench-smoke`).
 test: setup
 	$(BIN)/pytest -q --durations=25
 
