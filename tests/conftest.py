@@ -31,8 +31,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "bench_smoke: a benchmark run at its quick size in a fresh interpreter; "
-                   "deselected unless --bench-smoke (make bench-smoke) is given")
+        "markers", "bench_smoke: a benchmark's --quick run, minutes long; deselected unless "
+                   "--bench-smoke (make bench-smoke) is given")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
