@@ -22,5 +22,6 @@ async def test_each_store_reports_its_bytes_per_decision(tmp_path: Path, redis_u
     for result in (jsonl, with_redis):  # bounded: an id and an offset, not the record
         assert 0 < result["index_bytes_estimated"] < result["jsonl_bytes"] / 4
     assert 0 < with_redis["redis_key_bytes"] < with_redis["jsonl_bytes"]
-    # The stream holds the records; used_memory counts it and the per-decision keys.
-    assert 0 < with_redis["redis_stream_bytes"] <= with_redis["redis_bytes"]
+    # The stream holds the records: most of what Redis's used_memory grew by (MEMORY USAGE
+    # samples, used_memory is the allocator's view: they agree only roughly).
+    assert with_redis["redis_stream_bytes"] == pytest.approx(with_redis["redis_bytes"], rel=0.5)
