@@ -43,16 +43,18 @@ var/policy.json: | $(BIN)/.installed-base
 	$(BIN)/slotgate tune --preds var/banking77-oof.jsonl --model var/banking77-tfidf.joblib \
 		--out var/policy.json --target-accuracy 0.95 --name banking77
 
+# What CI runs (.ci/run): every test but the benchmarks' --quick runs (`make bench-smoke`).
 test: setup
 	$(BIN)/pytest -q --durations=25 -m "not matrix"
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not long"
 
-# The benchmarks' safety net alone: every bench module imports, answers --help and runs --quick
-# (tests/bench; about 15 minutes on 2 cores, also part of `make test`).
+# The benchmarks' tests (tests/bench) plus every benchmark's --quick run in a fresh interpreter,
+# at its real size and beside its peers (the LiteLLM proxy: bench/.venv-litellm, built on first
+# use). About 15 minutes on 2 cores; `make test` runs tests/bench without the quick runs.
 bench-smoke: setup
-	$(BIN)/pytest -q tests/bench
+	$(BIN)/pytest -q --bench-smoke --durations=15 tests/bench
 
 lint: setup
 	$(BIN)/ruff check router policies calibration tests bench standins

@@ -179,9 +179,10 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    default_data = Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))
+    from bench.common import default_data_dir, is_default_data, result_path
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=default_data, help="BANKING77 folder")
+    parser.add_argument("--data", type=Path, default=default_data_dir(), help="BANKING77 folder")
     parser.add_argument("--n", type=int, default=500,
                         help="distinct test messages sent through the proxy per operating point")
     parser.add_argument("--quick", action="store_true",
@@ -190,9 +191,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=ROOT / "var/bench/cascade",
                         help="cache of models, predictions, policies, logs (gitignored)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/cascade.json")
-    parser.add_argument("--png", type=Path, default=ROOT / "bench/results/cascade_frontier.png")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/cascade.json for a full run on the default "
+                             "data, bench/results/local/cascade.json otherwise")
+    parser.add_argument("--png", type=Path, default=None,
+                        help="default: cascade_frontier.png beside --out's default")
     args = parser.parse_args(argv)
+    recorded = is_default_data(args.data) and not args.quick
+    args.out = args.out or result_path("cascade.json", recorded=recorded)
+    args.png = args.png or result_path("cascade_frontier.png", recorded=recorded)
     if args.quick:
         args.n = min(args.n, 60)
     if args.n < 1:

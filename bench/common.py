@@ -21,6 +21,26 @@ ROOT = Path(__file__).resolve().parent.parent
 # SLOTGATE_BENCH_RESULTS moves every result file elsewhere: the benchmarks' smoke test
 # (tests/bench/test_entry_points.py) runs them without touching the committed results.
 RESULTS_DIR = Path(os.environ.get("SLOTGATE_BENCH_RESULTS") or ROOT / "bench" / "results")
+# Results of runs that back no documented figure (a user's --data, a --quick smoke run): git
+# ignores this folder, so such a run never overwrites a tracked result.
+LOCAL_RESULTS_DIR = RESULTS_DIR / "local"
+
+
+def default_data_dir() -> Path:
+    """BANKING77's folder: $SLOTGATE_DATA_DIR, else ../shared/data/banking77 beside the checkout."""
+    return Path(os.environ.get("SLOTGATE_DATA_DIR") or ROOT.parent / "shared/data/banking77")
+
+
+def is_default_data(*paths: Path) -> bool:
+    """Whether ``paths`` name BANKING77's default folder and nothing else."""
+    return [p.resolve() for p in paths] == [default_data_dir().resolve()]
+
+
+def result_path(name: str, *, recorded: bool) -> Path:
+    """Where a benchmark writes ``name`` when no --out is given: bench/results/ for the recorded
+    run (the documented command on the default data, whose figures the docs cite), else
+    bench/results/local/."""
+    return (RESULTS_DIR if recorded else LOCAL_RESULTS_DIR) / name
 
 
 # ---------------------------------------------------------------- request bodies, settings
@@ -236,11 +256,12 @@ def machine_info() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
-def write_json(name: str, payload: dict[str, Any]) -> Path:
+def write_json(name: str, payload: dict[str, Any], *, recorded: bool = True) -> Path:
+    """``payload`` as JSON at ``result_path(name, recorded=recorded)``; returns the path."""
     import orjson
 
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = RESULTS_DIR / name
+    out = result_path(name, recorded=recorded)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     return out
 

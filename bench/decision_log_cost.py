@@ -3,6 +3,7 @@ disk (the JSONL line) and in Redis (the stream entry and the per-decision key). 
 the demo's shape: 77 BANKING77 intents, their 77 probabilities, a real test.csv message.
 
 Run: python -m bench.decision_log_cost [--n 20000]  ->  bench/results/decision_log_cost.json
+(--quick: bench/results/local/)
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def main() -> None:
     print_table(f"bytes per logged decision ({n:,} decisions, 77 options)",
                 ["where", "JSONL only", "JSONL + Redis"], rows)
     out = write_json("decision_log_cost.json", {
-        "n": n, "jsonl": jsonl, "redis": with_redis, "machine": machine_info()})
+        "n": n, "jsonl": jsonl, "redis": with_redis, "machine": machine_info()},
+        recorded=not args.quick)
     print(f"wrote {out}")
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from bench import common
 from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, write_json
 from bench.drift_data import Scored, build, score, split
 from bench.drift_live import live_run
@@ -121,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ("wrong fast answers after the shift", (f"{result['wrong_accepted_after_shift_with_action']}"
          f" (alarms ignored: {no_action_wrong})"), "-"),
     ])
-    out = args.out or (RESULTS_DIR / "drift.json" if not args.quick else None)
+    out = args.out or (None if args.quick else common.result_path(
+        "drift.json", recorded=common.is_default_data(args.data)))  # else bench/results/local/
     payload = {"machine": machine_info(), "quick": args.quick, **result}
     if out is not None:
         out = write_json(out.name, payload) if out.parent == RESULTS_DIR else _write(out, payload)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -45,13 +44,12 @@ from typing import Any
 import numpy as np
 
 from bench import guarantee_methods as gm
+from bench.common import default_data_dir, is_default_data, result_path
 from bench.guarantee_report import report_of, show
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_data() -> list[Path]:
-    return [Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))]
+    return [default_data_dir()]
 
 
 def read_pool(paths: list[Path], *, text_column: str, label_column: str
@@ -205,8 +203,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scores", type=Path, default=None,
                         help="choose thresholds on saved draws (--save-scores) without fitting")
     parser.add_argument("--save-scores", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/guarantee.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/guarantee.json for a full run on the "
+                             "default data, bench/results/local/guarantee.json otherwise")
     args = parser.parse_args(argv)
+    out: Path = args.out or result_path(
+        "guarantee.json", recorded=is_default_data(*args.data) and not args.quick
+        and args.scores is None)
 
     started = time.perf_counter()
     targets = [float(t) for t in args.targets.split(",")]
@@ -223,9 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     report = report_of(outcomes, targets=targets, delta=args.delta, pool=pool, args=args,
                        command=command, elapsed_s=elapsed_s)
     show(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out} in {elapsed_s:.0f} s")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out} in {elapsed_s:.0f} s")
     print(json.dumps({key: {name: {"violation_rate": s["violation_rate"],
                                    "mean_coverage": s["mean_coverage"]}
                             for name, s in per.items() if name != "vs MAPIE"}

@@ -179,12 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--warmup-s", type=float, default=None)
-    parser.add_argument("--out", default="load.json", help="file name under bench/results/")
+    parser.add_argument("--out", default="load.json",
+                        help="file name under bench/results/ (--quick: bench/results/local/)")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (15.0 if args.quick else 60.0)
     args.warmup_s = args.warmup_s or (5.0 if args.quick else 10.0)
     result = asyncio.run(run(args))
-    path = write_json(args.out, result)
+    path = write_json(args.out, result, recorded=not args.quick)
     summary = {k: result[k] for k in ("clients", "seconds", "requests", "ok", "shed_429",
                                       "unexpected_errors", "requests_per_s", "p50_ms", "p99_ms",
                                       "rss_mib_after_warmup", "rss_mib_end", "rss_growth",

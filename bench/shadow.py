@@ -26,7 +26,6 @@ import argparse
 import csv
 import json
 import logging
-import os
 import random
 import sys
 import time
@@ -34,7 +33,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import default_data_dir, is_default_data, result_path
 from bench.live import ask_intents, serve_in_thread, slotgate
+from policies.file import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_NAME = "banking77-shadow"
@@ -66,12 +67,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--delta", type=float, default=0.05)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get(
-        "SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77")))
+    parser.add_argument("--data", type=Path, default=default_data_dir())
     parser.add_argument("--work", type=Path, default=ROOT / "var/bench-shadow")
     parser.add_argument("--reuse", action="store_true", help="reuse the trained models in --work")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/shadow.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/shadow.json on the default data, "
+                             "bench/results/local/shadow.json on other data")
     args = parser.parse_args(argv)
+    out: Path = args.out or result_path("shadow.json", recorded=is_default_data(args.data))
     if not (args.data / "test.csv").is_file():
         sys.exit(f"BANKING77 not found at {args.data}: pass --data DIR")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -128,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             slow_calls_after = len(standin.calls()) - calls_shadow
     finally:
         standin.stop()
-    policy = json.loads(policy_path.read_text())
+    policy = load_policy(policy_path)
     slow_answer = model_chooser(models["slow"])
     accepted = [(row, reply) for row, reply in zip(after, after_replies, strict=True)
                 if not reply["escalated"]]
@@ -139,8 +142,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "shadow_all_served_by_slow": all(r["shadow"] and r["escalated"] for r in shadow_replies),
         "slow_calls_shadow": calls_shadow,
         "export_labels": export.strip().split(": labels ", 1)[-1],  # no machine paths
-        "policy": {k: policy[k] for k in ("guarantee", "threshold", "bound", "coverage",
-                                          "n_tune", "n_calibration", "shadow")},
+        "policy": {k: getattr(policy, k) for k in ("guarantee", "threshold", "bound", "coverage",
+                                                   "n_tune", "n_calibration", "shadow")},
         "reload_s": round(reload_s, 3),
         "guarantee_after": sorted({str(r["guarantee"]) for r in after_replies}),
         "agreement_after": sum(agree) / len(agree) if agree else None,
@@ -152,8 +155,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "elapsed_s": round(time.perf_counter() - started, 1),
         "command": "python -m bench.shadow " + " ".join(sys.argv[1:] if argv is None else argv),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return result
 

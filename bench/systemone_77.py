@@ -5,7 +5,8 @@ read on the same test messages, with an exact McNemar test.
 
     .venv/bin/python -m bench.systemone_77 --n 500 [--data ../shared/data/banking77]
 
-Prints a table; writes bench/results/systemone_77.json; the last line is one JSON object.
+Prints a table; writes bench/results/systemone_77.json (on other data or another cap:
+bench/results/local/); the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.common import default_data_dir, is_default_data, result_path
 from policies.types import DecisionRequest, Option, OptionScores
 from router.backends.grouping import split_groups
 from router.backends.options import SystemOneOptions
@@ -29,10 +30,6 @@ from standins.systemone_server import SystemOneStandin
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTIONS = "Which banking intent does the customer's message express?"
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("SLOTGATE_DATA_DIR", ROOT.parent / "shared/data/banking77"))
 
 
 def mcnemar(correct_a: np.ndarray, correct_b: np.ndarray) -> dict[str, Any]:
@@ -45,8 +42,10 @@ def mcnemar(correct_a: np.ndarray, correct_b: np.ndarray) -> dict[str, Any]:
 
 
 async def read_all(url: str, requests: list[DecisionRequest], *, grouping: str,
-                   group_size: int | None, concurrency: int) -> tuple[list[OptionScores], float]:
-    options = SystemOneOptions(grouping=grouping, group_size=group_size)
+                   group_size: int | None, concurrency: int, server_cap: int
+                   ) -> tuple[list[OptionScores], float]:
+    options = SystemOneOptions(grouping=grouping, group_size=group_size,
+                               max_options=None if server_cap == 26 else server_cap)
     backend = SystemOneBackend(url, options, max_concurrency=concurrency, timeout_s=30.0)
     start = time.perf_counter()
     try:
@@ -80,11 +79,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="folder with BANKING77 train.csv/test.csv (env SLOTGATE_DATA_DIR)")
     parser.add_argument("--seed", type=int, default=20260918)
     parser.add_argument("--group-size", type=int, default=None,
-                        help="options per group (default: as few groups as the 26 cap allows)")
+                        help="options per group (default: as few groups as the cap allows)")
+    parser.add_argument("--server-cap", type=int, default=26,
+                        help="options the stand-in server takes in one question (the vLLM "
+                             "example server's: 26)")
     parser.add_argument("--noise", type=float, default=0.0, help="stand-in noise per draw")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/systemone_77.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/systemone_77.json on the default data and "
+                             "cap, bench/results/local/systemone_77.json otherwise")
     args = parser.parse_args(argv)
+    out: Path = args.out or result_path(
+        "systemone_77.json", recorded=is_default_data(args.data) and args.server_cap == 26)
 
     texts, labels = read_test(args.data)
     rng = np.random.default_rng(args.seed)
@@ -97,15 +103,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     options = tuple(Option(name) for name in sorted(reader.intents))
     requests = [DecisionRequest("intent", INSTRUCTIONS, options, text, seed=args.seed)
                 for text in texts]
-    groups = split_groups(options, max_options=26, group_size=args.group_size)
+    groups = split_groups(options, max_options=args.server_cap, group_size=args.group_size)
 
     results: dict[str, Any] = {}
-    with SystemOneStandin(reader=reader, max_alternatives=26) as server:
+    with SystemOneStandin(reader=reader, max_alternatives=args.server_cap) as server:
         for mode in ("combined", "chained"):
             before = server.stats.requests
             scores, wall_s = asyncio.run(read_all(server.url, requests, grouping=mode,
                                                   group_size=args.group_size,
-                                                  concurrency=args.concurrency))
+                                                  concurrency=args.concurrency,
+                                                  server_cap=args.server_cap))
             results[mode] = summarise(scores, labels)
             if mode == "chained":  # how often the first step kept the true intent in play
                 chosen = [groups[s.raw["grouped"]["chosen_group"]] for s in scores]
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     flat_top = [reader.intents[i] for i in flat.argmax(axis=1)]
     comparison = mcnemar(results["combined"].pop("correct"), results["chained"].pop("correct"))
 
-    _print_table(results, comparison, len(texts), len(groups))
+    _print_table(results, comparison, len(texts), len(options), len(groups), args.server_cap)
     summary = {
         "n": len(texts),
         "combined_accuracy": results["combined"]["accuracy"],
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "groups": [len(g) for g in groups],
         "chained_group_accuracy": results["chained"]["group_accuracy"],
         "flat_accuracy_no_cap": float(np.mean(np.array(flat_top) == np.array(labels))),
-        "server_cap": 26,
+        "server_cap": args.server_cap,
         "noise": args.noise,
         "seed": args.seed,
         "train_s": round(train_s, 1),
@@ -140,15 +147,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": "TF-IDF word 1-2-grams + LogisticRegression(C=10), BANKING77 train.csv",
         "data": str(args.data),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("n", "combined_accuracy", "chained_accuracy",
                                               "mcnemar_p", "options_covered")}))
     return summary
 
 
-def _print_table(results: dict[str, Any], comparison: dict[str, Any], n: int, groups: int) -> None:
-    print(f"BANKING77, {n} test messages, 77 options, server cap 26 -> {groups} groups")
+def _print_table(results: dict[str, Any], comparison: dict[str, Any], n: int, n_options: int,
+                 groups: int, cap: int) -> None:
+    print(f"BANKING77, {n} test messages, {n_options} options, server cap {cap} -> {groups} groups")
     print(f"{'read':<10}{'accuracy':>10}{'top p':>8}{'p(true)=0':>11}{'NLL':>8}{'options':>9}"
           f"{'requests':>10}{'wall s':>8}")
     for mode, r in results.items():

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from bench import common
 from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, write_json
 from bench.drift import concat, delay, mapie_alarm_row, shifted_order
 from bench.drift_data import Scored
@@ -69,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                "target": args.target, "audit_rate": args.audit_rate,
                "watch_cost_us_per_decision": cost,
                "wall_s": round(time.perf_counter() - started, 1), "scenarios": results}
-    out = args.out or (RESULTS_DIR / "watch.json" if not args.quick else None)
+    out = args.out or (None if args.quick else common.result_path(
+        "watch.json", recorded=common.is_default_data(args.data)))  # else bench/results/local/
     if out is not None:
         if out.parent == RESULTS_DIR:
             write_json(out.name, payload)

@@ -24,6 +24,28 @@ ROOT = Path(__file__).resolve().parent.parent
 ast_guard.install()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--bench-smoke", action="store_true",
+                     help="also run the benchmarks' smoke runs (make bench-smoke)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "bench_smoke: a benchmark's --quick run, minutes long; deselected unless "
+                   "--bench-smoke (make bench-smoke) is given")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``make test`` leaves the benchmarks' smoke runs to ``make bench-smoke``: minutes each,
+    and what they report is checked, at a small size, by tests that stay."""
+    if config.getoption("--bench-smoke"):
+        return
+    smoke = [item for item in items if item.get_closest_marker("bench_smoke")]
+    if smoke:
+        config.hook.pytest_deselected(items=smoke)
+        items[:] = [item for item in items if not item.get_closest_marker("bench_smoke")]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -72,3 +72,17 @@ def test_summary_compares_live_with_offline() -> None:
     assert out["answers_equal_offline"] == 0.75 and out["accuracy"] == 0.75
     assert out["routes"] == {"fast": 2, "slow": 2} and out["slow_calls_per_1000"] == 500.0
     assert out["by_route"]["slow"]["mean_ms"] == 8.5 and out["mean_ms"] == 5.5
+
+
+def test_only_the_full_run_on_the_default_data_writes_the_recorded_result(
+        tmp_path: Path, _results_elsewhere: Path) -> None:
+    from bench.cascade import parse_args
+
+    recorded = parse_args([])
+    assert (recorded.out, recorded.png) == (_results_elsewhere / "cascade.json",
+                                            _results_elsewhere / "cascade_frontier.png")
+    for argv in (["--quick"], ["--data", str(tmp_path)]):
+        args = parse_args(argv)
+        assert (args.out, args.png) == (_results_elsewhere / "local" / "cascade.json",
+                                        _results_elsewhere / "local" / "cascade_frontier.png")
+    assert parse_args(["--out", str(tmp_path / "c.json")]).out == tmp_path / "c.json"

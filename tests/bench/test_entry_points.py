@@ -1,11 +1,14 @@
-"""The benchmarks' safety net (issue 18, part 7): every module under bench/ imports, every runnable
-one answers ``--help``, and every benchmark with a ``--quick`` path runs it to the end in a fresh
-interpreter, as a user types it. A refactor that breaks a benchmark (an import moved, a field
-renamed) fails here instead of on the next person who runs it.
+"""The benchmarks' safety net: every module under bench/ imports and every runnable one builds
+its command line and answers ``--help``, in this process (the ``__main__`` block run as
+``python -m`` runs it); and, under ``make bench-smoke`` only, every benchmark with a ``--quick``
+path runs it to the end in a fresh interpreter, as a user types it.
+
+What each benchmark reports is checked for meaning, on data small enough to take seconds, by the
+tests beside this one (test_shadow.py, test_guarantee.py, ...); the quick runs here add the real
+sizes and the peers (the LiteLLM proxy, installed into bench/.venv-litellm on first use).
 
 Result files go to a temporary folder (``SLOTGATE_BENCH_RESULTS``, ``--out``, ``--work``), never
-over the committed bench/results/. The quick runs are ``long`` (minutes each on a shared 2-core
-machine): `.ci/run` runs them, `make test-fast` skips them."""
+over the committed bench/results/."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import contextlib
 import importlib
 import os
 import pkgutil
-import re
+import runpy
 import signal
 import subprocess
 import sys
@@ -64,6 +67,32 @@ QUICK_PRINTS_ONLY = {"log_memory"}
 QUICK_TIMEOUT_S = 900
 
 
+def test_every_quick_benchmark_is_run_or_excused() -> None:
+    """A new benchmark with --quick joins QUICK_ARGS (or QUICK_SKIPPED, with a reason)."""
+    assert set(QUICK_ARGS) | set(QUICK_SKIPPED) == HAS_QUICK
+    assert not set(QUICK_ARGS) & set(QUICK_SKIPPED)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_bench_module_imports(module: str) -> None:
+    importlib.import_module(f"bench.{module}")
+
+
+@pytest.mark.parametrize("module", RUNNABLE)
+def test_bench_command_line_builds(module: str, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str],
+                                   _results_elsewhere: Path) -> None:
+    """``python -m bench.<module> --help``, in this process: the parser is built and prints its
+    usage, and nothing runs."""
+    path = ROOT / "bench" / f"{module}.py"
+    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(path), run_name="__main__")
+    assert exited.value.code in (0, None)
+    assert "usage:" in capsys.readouterr().out
+    assert not _results_elsewhere.exists()  # --help ran nothing
+
+
 def left_running(session: int) -> dict[int, str]:
     """Processes (pid: command) still alive in the session ``session``: what a run started as its
     own session's leader started and left behind (a child keeps its parent's session unless it
@@ -83,9 +112,8 @@ def left_running(session: int) -> dict[int, str]:
 
 def run_module(module: str, *args: str, tmp_path: Path, timeout_s: float) -> str:
     """Runs ``python -m bench.<module> args`` as the leader of a session of its own; fails when
-    it fails, or when anything it started outlives it (killed here). Why: decision_log_cost left
-    one redis-server running after every run (four seen after three CI runs and one test run):
-    it started its server twice on one port and lost the first one's handle."""
+    it fails, or when anything it started outlives it (killed here): a benchmark that started
+    its redis-server twice on one port lost the first one's handle, which outlived every run."""
     env = {**os.environ, "SLOTGATE_BENCH_RESULTS": str(tmp_path / "results"),
            "PYTHONPATH": str(ROOT)}
     with subprocess.Popen([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, env=env,
@@ -109,25 +137,7 @@ def run_module(module: str, *args: str, tmp_path: Path, timeout_s: float) -> str
     return output
 
 
-def test_every_quick_benchmark_is_run_or_excused() -> None:
-    """A new benchmark with --quick joins QUICK_ARGS (or QUICK_SKIPPED, with a reason)."""
-    assert set(QUICK_ARGS) | set(QUICK_SKIPPED) == HAS_QUICK
-    assert not set(QUICK_ARGS) & set(QUICK_SKIPPED)
-
-
-@pytest.mark.parametrize("module", MODULES)
-def test_bench_module_imports(module: str) -> None:
-    importlib.import_module(f"bench.{module}")
-
-
-@pytest.mark.parametrize("module", RUNNABLE)
-def test_bench_help(module: str, tmp_path: Path) -> None:
-    output = run_module(module, "--help", tmp_path=tmp_path, timeout_s=120)
-    assert re.search(r"usage:", output), output
-    assert not (tmp_path / "results").exists()  # --help ran nothing
-
-
-@pytest.mark.long
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 @pytest.mark.parametrize("module", sorted(set(QUICK_ARGS) - set(QUICK_RUN_ELSEWHERE)))
 def test_bench_quick(module: str, tmp_path: Path) -> None:

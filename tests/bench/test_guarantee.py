@@ -70,29 +70,74 @@ def last_json(output: str) -> dict[str, Any]:
     return json.loads(output.strip().splitlines()[-1])
 
 
+def assert_sane(report: dict[str, Any], *, draws: int, targets: list[str]) -> None:
+    """Every method's figures are rates over ``draws`` draws, its interval holds its rate, and
+    slotgate's cross-fitted search kept a threshold in at least one draw."""
+    assert report["draws"] == draws and sorted(report["targets"]) == targets
+    for target, per in report["targets"].items():
+        assert {"split", "cross-fitted", "MAPIE (cross-fitted rows)"} <= set(per) or (
+            "cross-fitted" in per and "split" not in per), per.keys()  # --fit-once: no split
+        for name, s in per.items():
+            if name == "vs MAPIE":
+                assert s["draws"] == draws and 0 <= s["draws_at_least_mapie"] <= draws
+                continue
+            rate = s["violation_rate"]
+            assert rate * draws == pytest.approx(round(rate * draws)), (target, name)
+            low, high = s["violation_rate_ci"]
+            assert 0.0 <= low <= rate <= high <= 1.0, (target, name)
+            assert 0.0 <= s["mean_coverage"] <= 1.0 and 0 <= s["draws_without_threshold"] <= draws
+            accuracy = s["mean_accepted_accuracy"]
+            assert accuracy is None or 0.0 <= accuracy <= 1.0
+            if s["draws_without_threshold"] == draws:
+                assert s["mean_coverage"] == 0.0 and rate == 0.0  # escalates all: no violation
+    assert report["targets"]["0.90"]["cross-fitted"]["draws_without_threshold"] < draws
+
+
 def test_any_labelled_csv_runs_and_saved_scores_rerun_without_fitting(
-        tmp_path: Path, banking77_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 19.5: `python -m bench.guarantee --data F.csv --text-column --label-column` on a
-    user's own file; --save-scores / --scores re-choose thresholds with no fit."""
+        tmp_path: Path, banking77_dir: Path, capsys: pytest.CaptureFixture[str],
+        _results_elsewhere: Path) -> None:
+    """`python -m bench.guarantee --data F.csv --text-column --label-column` on a user's own
+    file writes under bench/results/local/, never over the recorded guarantee.json;
+    --save-scores / --scores re-choose thresholds with no fit."""
     from bench import guarantee
 
     data = own_csv(banking77_dir, tmp_path / "mine.csv")
-    common = ["--targets", "0.9,0.95", "--out", str(tmp_path / "report.json")]
+    targets = ["--targets", "0.9,0.95"]
     guarantee.main(["--data", str(data), "--text-column", "utterance", "--label-column",
-                    "intent", "--model", "tfidf", "--fit-once", "--draws", "3",
-                    "--labelled", "200", "--save-scores", str(tmp_path / "s.npz"), *common])
+                    "intent", "--fit-once", "--draws", "3",
+                    "--labelled", "200", "--save-scores", str(tmp_path / "s.npz"), *targets])
     fitted = last_json(capsys.readouterr().out)
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["pool_rows"] == 480 and report["classes"] == 6 and report["draws"] == 3
+    assert not (_results_elsewhere / "guarantee.json").exists()
+    report = json.loads((_results_elsewhere / "local" / "guarantee.json").read_text())
+    assert report["pool_rows"] == 480 and report["classes"] == 6
     assert report["labelled_rows"] == 200 and str(data) in report["data"]
+    assert_sane(report, draws=3, targets=["0.90", "0.95"])
     assert set(fitted) == {"0.90", "0.95"} and "cross-fitted" in fitted["0.90"]
-    assert report["targets"]["0.90"]["vs MAPIE"]["draws"] == 3
-    guarantee.main(["--scores", str(tmp_path / "s.npz"), *common])
+    guarantee.main(["--scores", str(tmp_path / "s.npz"), *targets,
+                    "--out", str(tmp_path / "again.json")])
     again = last_json(capsys.readouterr().out)
     for target, per in fitted.items():
         for name, s in per.items():  # held-back confidences come back to 3 significant digits
             assert again[target][name]["mean_coverage"] == pytest.approx(s["mean_coverage"],
                                                                           abs=0.01)
+
+
+@pytest.mark.parametrize(("model", "named"), [("embeddings", "wordllama"), ("tfidf", "TF-IDF")])
+def test_the_documented_runs_refit_every_draw_and_report_every_method(
+        tmp_path: Path, banking77_dir: Path, model: str, named: str) -> None:
+    """The README's runs (split and cross-fitted fits on every draw, MAPIE beside them) at two
+    draws of 200 labelled rows."""
+    from bench import guarantee
+
+    data = own_csv(banking77_dir, tmp_path / "mine.csv")
+    out = tmp_path / "report.json"
+    guarantee.main(["--data", str(data), "--text-column", "utterance", "--label-column",
+                    "intent", "--model", model, "--draws", "2", "--labelled", "200",
+                    "--targets", "0.9", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert named in report["fast_model"] and report["fits"].startswith("every draw")
+    assert_sane(report, draws=2, targets=["0.90"])
+    assert {"split", "naive (split rows)", "MAPIE (split rows)"} <= set(report["targets"]["0.90"])
 
 
 def test_a_missing_column_is_refused_naming_it(tmp_path: Path, banking77_dir: Path) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.drift import delay
 from bench.drift_data import Scored
-from bench.watch import in_blocks, mixed, novel_order, replay, with_popular, with_repeats
+from bench.watch import in_blocks, main, mixed, novel_order, replay, with_popular, with_repeats
 from router.monitoring.fingerprint import normalised
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from tests.router.monitoring.conftest import spelled
@@ -119,3 +121,17 @@ def test_templated_copies_count_once_in_a_replay() -> None:
                    key=normalised(both.texts[i]), now=0.0)
     n_tickets = int(np.sum(order >= n_known))
     assert n_tickets > 500 and watch.n_counted == 3000 - n_tickets + 1 and watch.alarm is None
+
+
+@pytest.mark.bench_smoke
+@pytest.mark.timeout(1200)  # three models trained with the CLI, then 20 replays of each scenario
+def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> None:
+    result = main(["--quick", "--data", str(banking77_dir), "--work", str(tmp_path),
+                   "--out", str(tmp_path / "watch.json")])
+    for name, scenario in result.items():
+        if scenario["kind"] == "benign":
+            assert scenario["false_alarm_rate"] <= 0.1, name  # 20 replays: 0.05 +- noise
+    novel = result["novel_25"]
+    assert novel["detection_delay_median"] <= 2000
+    assert (novel["wrong_accepted_after_shift_with_audit_then_escalate"]
+            <= 0.25 * novel["wrong_accepted_after_shift_no_action"])

@@ -27,6 +27,8 @@ from tests.conftest import ROOT, free_port
 from tests.live import wait_until_up
 from tests.reliability.conftest import SECRET, SLOW_MODEL, answer_of, decision
 
+CLAIM_TTL_S = 1.0  # shorter than the default 3 s: the takeover is awaited, not slept through
+
 
 class Hang:
     """A slow model endpoint that accepts connections and never answers (the claim holder's
@@ -58,7 +60,7 @@ def replica(name: str, tmp_path: Path, *, redis_url: str, api_base: str) -> tupl
     config.write_text(yaml.safe_dump({
         "fast": {"kind": "mock", "options": {"top_proba": 0.5}},  # below 0.9: escalated
         "slow": {"model": SLOW_MODEL, "api_base": api_base, "api_key": SECRET, "timeout_s": 30},
-        "cache": {"redis_url": redis_url},
+        "cache": {"redis_url": redis_url, "claim_ttl_s": CLAIM_TTL_S},
         "policy": {"fallback_threshold": 0.9},
         "log": {"decision_log_path": str(tmp_path / f"{name}.jsonl")}}))
     port = free_port()
@@ -113,7 +115,7 @@ def test_waiters_take_over_within_the_claim_ttl_when_the_holder_is_killed(
                    for i in range(5)]
         for waiter in waiters:
             waiter.start()
-        time.sleep(1.0)  # B's waiters are polling A's claim
+        time.sleep(CLAIM_TTL_S)  # B's waiters are polling A's claim, renewed all the while
         assert all(not r for r in results)
         killed_at = time.monotonic()
         os.kill(a.pid, signal.SIGKILL)
@@ -130,7 +132,7 @@ def test_waiters_take_over_within_the_claim_ttl_when_the_holder_is_killed(
           f"{len(standin.calls())} slow call(s) from B")
     assert [r["status"] for r in results] == [200] * 5, results
     assert {r["route"] for r in results} <= {"slow", "cache"}  # "cache": shared, not called
-    assert after_kill_s < 3.0 + 2.0  # the claim's TTL, plus one slow call and polling
+    assert after_kill_s < CLAIM_TTL_S + 2.0  # the claim's TTL, plus one slow call and polling
     assert len(standin.calls()) == 1  # B's waiters still shared one call
 
 

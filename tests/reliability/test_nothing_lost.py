@@ -26,14 +26,15 @@ SERVE = "import sys; from pathlib import Path; from router.http.server import se
         "serve(config=Path(sys.argv[1]))"
 N_CLIENTS = 12
 STALL_S = 0.4  # every decision escalates and the stand-in takes this long: many are in flight
+MIN_ANSWERED = 20  # decisions answered before SIGTERM
 
 
 class Client(threading.Thread):
     """Sends decision, then feedback on it, back to back until the server is gone."""
 
-    def __init__(self, url: str, n: int) -> None:
+    def __init__(self, url: str, n: int, answered: threading.Semaphore) -> None:
         super().__init__(daemon=True)
-        self.url, self.n = url, n
+        self.url, self.n, self.answered = url, n, answered
         self.decisions: list[tuple[str, float]] = []  # (decision id, time its 200 arrived)
         self.feedback: list[str] = []
         self.failures = 0
@@ -50,6 +51,7 @@ class Client(threading.Thread):
                         continue
                     decision_id = r.json()["slotgate"]["decision_id"]
                     self.decisions.append((decision_id, time.monotonic()))
+                    self.answered.release()
                     f = http.post("/v1/feedback", json={"decision_id": decision_id,
                                                         "label": "lost_card"})
                     if f.status_code == 200:
@@ -91,10 +93,12 @@ def test_sigterm_under_load_loses_nothing(fresh_standin: StandinHandle, tmp_path
                 time.sleep(0.2)
         assert warm is not None and warm.status_code == 200
         fresh_standin.set_mode("stall", stall_s=STALL_S)
-        clients = [Client(url, n) for n in range(N_CLIENTS)]
+        answered = threading.Semaphore(0)  # released once per decision answered
+        clients = [Client(url, n, answered) for n in range(N_CLIENTS)]
         for c in clients:
             c.start()
-        time.sleep(3.0)
+        for _ in range(MIN_ANSWERED):  # under load: SIGTERM meets the next ones in flight
+            assert answered.acquire(timeout=60), "the load never got going"
         sigterm_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         # uvicorn re-raises SIGTERM once it has shut down cleanly, hence -15 rather than 0.
@@ -117,7 +121,7 @@ def test_sigterm_under_load_loses_nothing(fresh_standin: StandinHandle, tmp_path
     print(f"sigterm: {len(decided)} decisions and {len(feedback_ids)} labels got 2xx "
           f"({len(drained)} answered after SIGTERM: drained); {len(logged)} decisions and "
           f"{len(labelled)} labels in the log")
-    assert len(decided) >= 20 and len(drained) >= 1  # requests really were in flight at SIGTERM
+    assert len(decided) >= MIN_ANSWERED and len(drained) >= 1  # requests really were in flight at SIGTERM
     assert answered_ids - logged == set()
     assert set(feedback_ids) - labelled == set()
     server_log = stderr_path.read_text()
