@@ -30,18 +30,6 @@ GC_VARIANT = (
     "second slotgate whose process imported litellm and called `gc.freeze()` before serving: "
     "a what-if for moving start-up state out of the collector's reach (slotgate now does this "
     "itself at the end of start-up, router/http/heap.py).")
-FIXES = (
-    "Fixes between the two runs (PERF): the app freezes its start-up heap out of the garbage "
-    "collector's reach once start-up and litellm's background import are done (router/http/heap.py); "
-    "uvicorn's access log is off by default (`access_log` setting); the decision signature is "
-    "hashed once per request and canonical JSON goes through orjson (same bytes); the decision "
-    "log serialises each record once with orjson, keeps bytes in its index, and writes Redis "
-    "behind the request in batches (the JSONL line is still written before the reply). Both "
-    "runs are `--quick` on the same shared 2-core machine at different times and loads, so "
-    "compare each run's ratios first; single figures move with the load. The 'after' column is "
-    "the latest run of each command, which since round 2 also measures that round's changes "
-    "(single-flight escalation, slow-path deadlines, monitoring hooks, the slimmer decision "
-    "index); `bench/ab.py` below is the controlled before/after of the PERF fixes alone.")
 CACHE_SETUP = (
     "{n} distinct decisions are sent once to fill the cache, then read again and again (every "
     "read a hit), through slotgate with a private redis-server and through slotgate with the "
@@ -189,9 +177,8 @@ def cache_section(r: dict[str, Any]) -> str:
                     "`total_reads_processed` deltas (a pipeline is one), less the snapshots' "
                     "own. On the request path: the cache's own calls (one MGET per read; on a "
                     "miss also one SET pipeline), told apart by key in a MONITOR of the run "
-                    "(before 2026-12-03 they were inferred from command totals, which counted "
-                    "the decision log's per-decision key and restart marker as cache SETs: the "
-                    "1.9 of the run before was 1.0); the decision log's EXISTS + SET + XADD are "
+                    "(command totals would count the decision log's per-decision key and "
+                    "restart marker as cache SETs); the decision log's EXISTS + SET + XADD are "
                     "written behind the reply, batched (the rest of the round trips). Target: "
                     "one round trip for a hit."))
     out.append(table(["reads", "decisions", "round trips on the request path",
@@ -203,47 +190,6 @@ def cache_section(r: dict[str, Any]) -> str:
     if r.get("profile"):
         out.append(profile_section(r["profile"], what="Redis cache hits at concurrency 32"))
     return "".join(out)
-
-
-def before_after_section(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """Headline figures of the committed runs before the hot-path fixes beside the latest."""
-    rows = []
-    for name in ("overhead.json", "cache.json"):
-        if name not in before or name not in after:
-            continue
-        old, new = before[name]["headline"], after[name]["headline"]
-        rows.append([f"{name[:-5]}: load average (1 min) at start",
-                     before[name]["machine"]["loadavg_at_start"][0],
-                     after[name]["machine"]["loadavg_at_start"][0]])
-        rows += [[f"{name[:-5]}: {k}", old.get(k), new.get(k)]
-                 for k in dict.fromkeys([*old, *new]) if not k.startswith("gc_frozen")]
-    if not rows:
-        return ""
-    commands = "; ".join(f"`{before[n]['command']}` then `{after[n]['command']}`"
-                         for n in ("overhead.json", "cache.json") if n in before and n in after)
-    return ("## Before and after the hot-path fixes\n\n" + para(FIXES) + para(f"Commands: {commands}.")
-            + para("Before, the decision log's XADD + SET pipeline ran on the request path, so "
-                   "its `redis_round_trips_per_decision` (2.0 for a hit) counted both round "
-                   "trips a hit waited for; after, that key counts the request path only and "
-                   "`..._total` adds the write-behind batches.")
-            + table(["figure", "before", "after"], rows))
-
-
-def ab_section(r: dict[str, Any]) -> str:
-    """bench/ab.py: two commits' slotgate under the same decision load, interleaved."""
-    h = r["headline"]
-    rows = [[f"concurrency {conc}", side, v["n"], v["p50_ms"], v["p90_ms"], v["p99_ms"],
-             v["requests_per_s"]]
-            for conc, res in r["by_concurrency"].items() for side, v in res.items()]
-    return ("### Same run, side by side (`bench/ab.py`)\n\n" + para(f"Command: `{r['command']}`")
-            + machine(r)
-            + para(f"slotgate as of `{h['before_rev']}` (before the fixes) and `{h['after_rev']}` "
-                   "(after), both started at once, warm, and sent the decision load of "
-                   "`bench/overhead.py` (no upstream call) in alternating rounds (ABBA). Latency "
-                   "here is the whole request as the client sees it, not added over direct. "
-                   f"Throughput after/before: {fmt(h['c1_rps_after_over_before'])}x at "
-                   f"concurrency 1, {fmt(h['c32_rps_after_over_before'])}x at 32.")
-            + table(["load", "side", "n", "p50 ms", "p90 ms", "p99 ms", "req/s"], rows))
 
 
 def other_section(name: str, r: dict[str, Any]) -> str:
@@ -316,12 +262,6 @@ def render(results_dir: Path) -> str:
                   "runs each benchmark the README cites at a small size and checks what it "
                   "reports (tests/bench); `make bench-smoke` adds every `--quick` run.")]
     found = {p.name: json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))}
-    # bench/results/before/: the runs committed before the PERF fixes, kept for the comparison.
-    before = {p.name: json.loads(p.read_text())
-              for p in sorted((results_dir / "before").glob("*.json"))}
-    parts.append(before_after_section(before, found))
-    if "ab.json" in found:
-        parts.append(ab_section(found.pop("ab.json")))
     if "overhead.json" in found:
         parts.append(overhead_section(found.pop("overhead.json")))
     if "cache.json" in found:
