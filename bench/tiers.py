@@ -20,7 +20,7 @@ Usage: python -m bench.tiers [--draws 100] [--labelled 4000] [--targets 0.90,0.9
 [--data F.csv --text-column text --label-column label] [--quick] [--out JSON]
 The last stdout line is the JSON written to bench/results/tiers.json; a run on other data,
 tiers, costs or pool (--data, --fast, --slow, --costs, --pool, --quick) writes
-var/bench/tiers/tiers.json instead, unless --out says where.
+bench/results/local/tiers.json instead (not tracked), unless --out says where.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from bench.guarantee import ROOT, default_data, read_pool
+from bench.common import ROOT, result_path
+from bench.guarantee import default_data, read_pool
 
 KINDS = ("tfidf", "wordllama", "minilm")
 # ms per decision: one-row predict_proba medians measured on this machine (wordllama 0.19,
@@ -230,7 +231,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     local = (args.quick or args.data is not None or args.pool is not None
              or args.costs is not None or args.fast != "wordllama,tfidf" or args.slow != "minilm")
     if args.out is None:
-        args.out = WORK / "tiers.json" if local else ROOT / "bench/results/tiers.json"
+        args.out = result_path("tiers.json", recorded=not local)
     args.data = args.data or default_data()
     if args.quick:
         args.draws, args.pool = min(args.draws, 10), args.pool or 3000

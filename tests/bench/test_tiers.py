@@ -102,10 +102,10 @@ def test_a_run_on_any_labelled_csv_prints_and_writes_the_report(
 
 def test_a_local_run_never_writes_the_committed_result() -> None:
     args = tiers.parse_args(["--quick"])
-    assert args.out == tiers.WORK / "tiers.json"
+    assert args.out == tiers.result_path("tiers.json", recorded=False)
     for other in (["--data", "x.csv"], ["--pool", "3000"], ["--slow", "tfidf"],
                   ["--costs", "slow=100"]):
-        assert tiers.parse_args(other).out == tiers.WORK / "tiers.json"
+        assert tiers.parse_args(other).out == tiers.result_path("tiers.json", recorded=False)
     assert tiers.parse_args([]).out == tiers.ROOT / "bench/results/tiers.json"
 
 
