@@ -171,8 +171,8 @@ def slotgate_threshold(scored: Scored, *, target: float, delta: float) -> float 
 
 def plain_fixed_sequence_threshold(scored: Scored, *, target: float, delta: float
                                    ) -> float | None:
-    """The search before issue 19: one fixed-sequence walk over every distinct confidence from
-    the top, which stops at the first failure."""
+    """The single-walk search (``starts=1``): one fixed-sequence walk over every distinct
+    confidence from the top, which stops at the first failure."""
     from calibration.risk import guaranteed_threshold
 
     return guaranteed_threshold(scored.tune_confidence, scored.tune_correct,
@@ -234,7 +234,7 @@ def outcome(scored: Scored, threshold: float | None, target: float) -> dict[str,
 METHODS: dict[str, tuple[str, Callable[..., float | None]]] = {
     "split": ("split", slotgate_threshold),
     "cross-fitted": ("cross-fitted", slotgate_threshold),
-    "cross-fitted, plain fixed sequence (before)": (
+    "cross-fitted, plain fixed sequence (one walk)": (
         "cross-fitted", plain_fixed_sequence_threshold),
     "naive (split rows)": ("split", naive_threshold),
     "cross-fitted, fold-0 model serves (diagnostic)": ("fold-0", slotgate_threshold),

@@ -1,8 +1,7 @@
 """Peak memory of ``slotgate monitor --plot`` and ``slotgate export-log`` on a large decision log:
-both stream the log (issue 18: 917 and 837 MiB on a 200 MiB log before), so their peak RSS must
-stay under 300 MiB whatever the log's size. The log has the demo's shape (77 options, their raw
-probabilities, a message), every other decision has feedback, a tenth an audit; the policy is
-tuned by ``slotgate tune`` on synthetic labelled reads.
+both stream the log, so their peak RSS must stay under 300 MiB whatever the log's size. The log
+has the demo's shape (77 options, their raw probabilities, a message), every other decision has
+feedback, a tenth an audit; the policy is tuned by ``slotgate tune`` on synthetic labelled reads.
 
 Run: python -m bench.log_memory [--mib 200] [--quick]  ->  bench/results/log_memory.json
 """

@@ -72,7 +72,7 @@ def _candidates(confidence: NDArray[np.float64], correct: NDArray[np.bool_]
 # The search's defaults (docs/calibration.md, "The threshold search"): STARTS walks, each from
 # its own start (the highest candidate, then 1/STARTS, 2/STARTS ... of the rows further down),
 # each at level delta / STARTS, over candidates GRID_STEP of the rows apart. Chosen on BANKING77
-# re-draws (bench.guarantee): at 0.98 one early error no longer ends the search.
+# re-draws (bench.guarantee): at 0.98 one early error does not end the search.
 STARTS = 3
 GRID_STEP = 0.01
 
@@ -103,10 +103,10 @@ def guaranteed_threshold(confidence: ArrayLike, correct: ArrayLike, *, target_ac
     however many candidates are walked and whether or not accuracy is monotone in the threshold
     (fixed-sequence testing, Bauer 1991, with its multi-start and fallback forms; MAPIE's
     ``FWERFixedSequenceTesting`` has the same multi-start). Going on past a failure at the full
-    level would NOT be valid. With m = 1, k = 0 and no grid it is the plain walk this replaced,
-    which one early error ends: at 0.98 most candidates near the top accept few rows, so one
-    wrong answer among the most confident rows ended it (issue 19: coverage 0.013 where the
-    bound held to 91% of the rows). A walk started further down is past that region.
+    level would NOT be valid. With m = 1, k = 0 and no grid it is the plain single walk, which
+    one early error ends: at 0.98 most candidates near the top accept few rows, so one wrong
+    answer among the most confident rows ends it (on one held-out intent draw: coverage 0.013
+    where the bound holds to 91% of the rows). A walk started further down is past that region.
     The argument is exact for the accuracy expected on rows with these confidences and
     approximate (to sampling noise in where the grid falls) for new rows. Assumed: new answers
     come from the same source as the tuning rows (exchangeable). ``tests/calibration/

@@ -1,4 +1,4 @@
-"""Every command block of README.md runs as written (issue 13, item 9). Blocks are extracted
+"""Every command block of README.md runs as written. Blocks are extracted
 generically and each gets the runner its kind needs; a block of a kind with no runner fails the
 test, so a new README block cannot go unchecked.
 

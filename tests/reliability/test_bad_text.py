@@ -1,5 +1,5 @@
-"""Bad text reaches neither a 5xx nor a dropped reply (issue 13, item 7), and decision bodies
-with fields a decision cannot answer are honoured or refused clearly (item 8). A live server,
+"""Bad text reaches neither a 5xx nor a dropped reply, and decision bodies
+with fields a decision cannot answer are honoured or refused clearly. A live server,
 the real slow path (litellm) on the stand-in LLM, httpx and the OpenAI SDK as clients."""
 
 from __future__ import annotations

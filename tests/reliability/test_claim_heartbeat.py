@@ -1,17 +1,15 @@
 """The claim holder's heartbeat (router/routing/escalation.py) ends when its escalation is done,
 even when the Redis call it is making at that moment swallows the cancellation.
 
-Found behind the 900 KB memory test's 504 (tests/reliability/test_memory.py, CI 2026-12-03;
-reproduced on this 2-core machine under two CPU hogs in 6 runs of 11 of its redis variant, with
-or without its in-process variant before it; in none of 6 unloaded runs): the stand-in answered the first escalation in 15 ms, the answer
-was cached, and the request still got a 504 at slow.timeout_s = 30 s. The router's tasks at the
-stall: ``Escalation._ask`` waiting in ``await asyncio.gather(heartbeat)`` after
-``heartbeat.cancel()``, the heartbeat ``cancelling`` yet back in its ``asyncio.sleep``: the
-renew in flight when the cancel came (``RedisCache.renew``, redis-py 8.1) returned True with the
-task's ``cancelling()`` at 1, i.e. the CancelledError never reached ``_renew``, whose ``while
-True`` went on renewing the claim every second. Any escalation through Redis whose slow call ends
-while a renew is on the wire (every ``claim_ttl_s / 3`` = 1 s; a long call or a first call
-waiting for litellm's import makes several) hung so, and kept its claim alive for the others.
+The case: a renew in flight when the cancel comes (``RedisCache.renew``, redis-py 8.1) can
+return True with the task's ``cancelling()`` at 1, i.e. the CancelledError never reaches
+``_renew``. A ``while True`` renew loop then goes on renewing the claim every second, back in its
+``asyncio.sleep``, while ``Escalation._ask`` waits in ``await asyncio.gather(heartbeat)`` after
+``heartbeat.cancel()``: the answer is cached, yet the request gets a 504 at slow.timeout_s, and
+the claim stays alive for the others. Any escalation through Redis whose slow call ends while a
+renew is on the wire (every ``claim_ttl_s / 3`` = 1 s; a long call or a first call waiting for
+litellm's import makes several) is exposed; under CPU load the 900 KB memory test
+(tests/reliability/test_memory.py, redis variant) meets it.
 """
 
 from __future__ import annotations
@@ -80,8 +78,9 @@ class AnswersDuringARenew:
 
 
 async def test_an_escalation_ends_when_its_heartbeats_renew_swallows_the_cancel() -> None:
-    """Before: the answer was held until slow.timeout_s (here 5 s: SlowPathTimeout), the
-    heartbeat renewing the claim all the while."""
+    """The answer comes as soon as the slow call ends, and the heartbeat stops renewing; a
+    heartbeat that missed its cancel would hold the answer until slow.timeout_s (here 5 s:
+    SlowPathTimeout), renewing the claim all the while."""
     cache = RenewSwallowsCancel()
     settings = Settings(slow={"model": "openai/standin", "timeout_s": 5},
                         cache={"claim_ttl_s": 0.03})  # a renew every 10 ms

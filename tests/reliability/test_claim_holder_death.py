@@ -1,9 +1,9 @@
-"""Single flight across replicas when the claim holder dies (issue 20, item 3): two real
+"""Single flight across replicas when the claim holder dies: two real
 `slotgate serve` processes on one private Redis. Replica A claims a question and calls a slow
 model that never answers; replica B's identical escalations wait on A's claim; A is SIGKILLed.
-Before: the claim lived as long as the slow deadline (30 s) and B's waiters ran into it (504).
-Now the claim is short (cache.claim_ttl_s, 3 s) and renewed by its holder's heartbeat: it lapses
-within 3 s of A's death, one of B's waiters claims it and calls, and all are answered."""
+The claim is short (cache.claim_ttl_s, 3 s) and renewed by its holder's heartbeat: it lapses
+within 3 s of A's death, one of B's waiters claims it and calls, and all are answered. A claim
+that lived as long as the slow deadline (30 s) would run B's waiters into a 504."""
 
 from __future__ import annotations
 

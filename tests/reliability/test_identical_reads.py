@@ -1,7 +1,8 @@
 """Identical fast reads at once (traffic that repeats itself in bursts: a popular message, a
 client's retries): one backend read, measured on a live server over loopback with a fast backend
 that counts its reads and takes 1 s each (or fails after 1 s), so the whole burst arrives while
-the first is in flight. Before routing/shared_reads.py, every one of them missed the read cache and was read."""
+the first is in flight. routing/shared_reads.py shares the one read: without it, every one of
+them would miss the read cache and be read."""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
-"""Issue 18.7: `AttributeError: partially initialized module 'httpx' has no attribute 'URL'` in
-`python -m bench.drift --quick` (2 runs in 4). litellm's background import ran while the
-benchmark's client threads imported the same packages, and CPython hands a thread another
-thread's half-initialised module when their imports cross (router/routing/litellm_import.py).
+"""litellm's background import and a client's first requests import the same packages at once
+without `AttributeError: partially initialized module 'httpx' has no attribute 'URL'` (the error
+`python -m bench.drift --quick` shows without the guard). CPython hands a thread another
+thread's half-initialised module when their imports cross; router/routing/litellm_import.py
+keeps them from crossing.
 
 The probe is a fresh interpreter (litellm not yet imported) that starts slotgate with a slow
 model and sends concurrent first requests at once, through the OpenAI SDK and httpx
 (tests/reliability/import_race_probe.py). Every request must succeed, and no thread may reach a
-module the warm-up thread is still initialising: without the fix the client threads meet it in
+module the warm-up thread is still initialising: without the guard the client threads meet it in
 `openai` in every run (the crossing the failure needs), so one run shows it; the AttributeError
-itself comes only when the crossing closes a cycle, which the fix rules out by construction."""
+itself comes only when the crossing closes a cycle, which the guard rules out by construction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's no-API-key recipe, exactly as written (issue 13, item 2): SLOTGATE_SLOW_MODEL=
+"""The README's no-API-key recipe, exactly as written: SLOTGATE_SLOW_MODEL=
 openai/standin and SLOTGATE_SLOW_API_BASE pointing at the stand-in LLM, no key anywhere, real
 litellm, the OpenAI SDK as the client. And /readyz tells the truth: a slow model litellm has no
 credentials for is reported as unavailable, and escalations say why."""
@@ -33,8 +33,9 @@ def escalation_available(url: str, *, settles_within_s: float = 60) -> bool:
 def test_the_readme_recipe_works_without_a_key(monkeypatch: pytest.MonkeyPatch,
                                                fresh_standin: StandinHandle,
                                                tmp_path: Path) -> None:
-    """Before: every escalation and passthrough was a 503 'Missing credentials' from litellm,
-    while /readyz said escalation was available."""
+    """Escalations and passthroughs are answered through the stand-in with no key set: litellm
+    must not turn them into 503 'Missing credentials' while /readyz says escalation is
+    available."""
     for name in ("OPENAI_API_KEY", "SLOTGATE_SLOW__API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLOTGATE_SLOW_MODEL", "openai/standin")
@@ -60,8 +61,9 @@ def test_the_readme_recipe_works_without_a_key(monkeypatch: pytest.MonkeyPatch,
 
 def test_readyz_says_so_when_the_slow_model_has_no_credentials(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
-    """Before: /readyz said escalation_available: true and every escalation was a 503 about
-    missing credentials."""
+    """A slow model litellm has no credentials for: /readyz reports escalation as unavailable
+    rather than escalation_available: true with every escalation a 503 about missing
+    credentials."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     settings = Settings(slow={"model": "openai/gpt-4o-mini"},
                         log={"decision_log_path": tmp_path / "d.jsonl"},

@@ -1,8 +1,8 @@
-"""Memory bounded whatever the message size (issue 13, item 1): `slotgate serve` (a real
+"""Memory bounded whatever the message size: `slotgate serve` (a real
 subprocess under uvicorn) with the TF-IDF fast tier gets 150 decisions on one ~900 KB message
 through the OpenAI SDK (1 slow call, 149 cache hits); its resident memory is read from /proc.
-Before the fix: +493 MiB for these 150 (481 -> 974 MiB), and the TF-IDF read of the message
-timed out on every call and kept running."""
+Unbounded, the TF-IDF read of the whole message would time out on every call and keep running
+in its thread, each holding hundreds of MB of n-grams."""
 
 from __future__ import annotations
 
@@ -68,10 +68,10 @@ def serve(config: dict[str, Any], tmp_path: Path) -> Iterator[tuple[str, int]]:
 def test_150_decisions_on_a_900_kb_message_stay_within_100_mib(
         store: str, banking77_model: TrainedModel, fresh_standin: StandinHandle,
         redis_url: str, tmp_path: Path) -> None:
-    """On the session's stand-in again. Its redis variant's 504 (CI, 2026-12-03: the first slow
-    call "unanswered" for 26 s) was the router's, not the stand-in's: the stand-in answered in
-    15 ms, and the escalation then waited on its claim heartbeat, whose cancellation a Redis
-    renew in flight had swallowed (tests/reliability/test_claim_heartbeat.py says how)."""
+    """On the shared stand-in. A 504 here on the redis variant is the router's, not the
+    stand-in's: the stand-in answers in milliseconds, and an escalation whose claim heartbeat
+    misses its cancellation in a Redis renew waits on it
+    (tests/reliability/test_claim_heartbeat.py covers that case)."""
     model_path, labels = banking77_model.path, banking77_model.labels
     config = {
         "fast": {"kind": "sklearn", "model_path": str(model_path), "timeout_s": FAST_TIMEOUT_S},
@@ -143,9 +143,10 @@ class CountingPipeline:
 def test_a_huge_message_is_read_bounded_and_no_read_outlives_its_request(
         banking77_model: TrainedModel, fresh_standin: StandinHandle,
         tmp_path: Path) -> None:
-    """Before: each read of the whole 900 KB message passed the fast timeout, the decision was
-    escalated, and the read kept running in its thread after the reply had gone out, holding
-    hundreds of MB of n-grams while the next one started."""
+    """Each read is bounded and none outlives its reply: an unbounded read of the whole 900 KB
+    message passes the fast timeout, the decision is escalated, and the read keeps running in
+    its thread after the reply has gone out, holding hundreds of MB of n-grams while the next
+    one starts."""
     model_path, labels = banking77_model.path, banking77_model.labels
     model = load_text_model(model_path)
     counting = CountingPipeline(model.pipeline)
@@ -155,8 +156,8 @@ def test_a_huge_message_is_read_bounded_and_no_read_outlives_its_request(
     results: list[httpx.Response] = []
     still_running = []
     with LiveServer(settings, backend=backend) as server:
-        # litellm's background import must be over first: on a cold 2-core machine it took 2.8 s,
-        # past this test's 2 s slow timeout, and the first decision was a 504 (CI, 2026-12-03)
+        # litellm's background import must be over first: on a cold 2-core machine it takes
+        # ~2.8 s, past this test's 2 s slow timeout, which would make the first decision a 504
         server.wait_for_slow_path()
         for i in range(3):  # distinct heads: three reads, no cache hit
             results.append(server.post("/v1/chat/completions",

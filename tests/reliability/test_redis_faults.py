@@ -1,6 +1,6 @@
 """Fault matrix, Redis: a real redis-server (private, on its own port) is stopped mid-run while a
 client keeps sending decisions, then restarted on the same port; or hung (SIGSTOP). No request
-fails, /readyz stays 200 and says Redis is down (issue 20: a 503 would take every replica out of
+fails, /readyz stays 200 and says Redis is down (a 503 would take every replica out of
 its load balancer over a cache), cache hits resume by themselves, and every decision and
 feedback label that got a 2xx is in the JSONL decision log (Redis here keeps nothing on disk)."""
 

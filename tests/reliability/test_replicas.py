@@ -1,4 +1,4 @@
-"""Replicas that agree (issue 13, item 3): two live slotgate apps (real uvicorn on loopback,
+"""Replicas that agree: two live slotgate apps (real uvicorn on loopback,
 each with its own decision log file) on one private Redis. Identical escalations on both make
 one slow call (litellm to the stand-in LLM), the rate limit is shared, feedback
 sent to replica B finds a decision made on A, a decision made on A while Redis was down is
@@ -62,7 +62,8 @@ def feedback_until(server: LiveServer, decision_id: str, label: str, *,
 def test_identical_escalations_on_two_replicas_make_one_slow_call(
     redis: RedisServer, tmp_path: Path, fresh_standin: StandinHandle
 ) -> None:
-    """Before: single-flight was per process, so each replica made its own call (2 here)."""
+    """Single flight spans replicas through Redis: per process, each replica would make its
+    own call (2 here)."""
     with replica("a", redis.url, tmp_path, fresh_standin) as a, \
             replica("b", redis.url, tmp_path, fresh_standin) as b:
         for server in (a, b):
@@ -83,7 +84,8 @@ def test_identical_escalations_on_two_replicas_make_one_slow_call(
 
 
 def test_the_rate_limit_is_shared_by_the_replicas(redis: RedisServer, tmp_path: Path) -> None:
-    """Before: each process had its own bucket, so two replicas let 6 of these 6 through."""
+    """The bucket lives in Redis: with a bucket per process, two replicas would let 6 of these
+    6 through."""
     limit = {"rate_limit_rps": 0.2, "rate_limit_burst": 3}
     with replica("a", redis.url, tmp_path, **limit) as a, \
             replica("b", redis.url, tmp_path, **limit) as b:

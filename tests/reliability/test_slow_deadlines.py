@@ -1,4 +1,4 @@
-"""One slow call per question, and deadlines that hold (issue 13, items 4 and 5), measured on a
+"""One slow call per question, and deadlines that hold, measured on a
 live server with the real slow path (litellm) on the stand-in LLM, which counts its calls.
 
 - 50 concurrent identical escalations: the stand-in sees at most 2 calls (one is expected).

@@ -1,4 +1,4 @@
-"""The first seconds of a real `slotgate serve` process (issue 13, item 6): litellm is imported
+"""The first seconds of a real `slotgate serve` process: litellm is imported
 in the background then, and neither an escalation nor a shutdown in that window may hurt. A
 fresh interpreter per test (litellm not yet imported), the stand-in LLM as the slow model."""
 

@@ -1,5 +1,5 @@
-"""standins/harness.py: a stand-in stops at once (its serving thread used to notice shutdown only
-every 0.5 s, socketserver's default poll, paid by every test that used one)."""
+"""standins/harness.py: a stand-in stops at once (with socketserver's default poll, its serving
+thread notices shutdown only every 0.5 s, paid by every test that uses one)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """A wait for a slow-call slot that runs out with its deadline on a lagging event loop (a loaded
 machine): the escalation's backstops, a little past the deadline, expire in the same turn as the
-wait's own timeout, and the outermost one used to end the wait. The request never reached the
-slow model, so it must still be the queue's refusal (429 + Retry-After, counted as rejected), not
-a slow-model timeout (504). Found by tests/reliability/test_slow_deadlines.py under load: with 4
-busy processes beside it, 31 of 200 requests got 504 from 16 slots."""
+wait's own timeout, and the wait must be what ends, not the outermost backstop. The request never
+reached the slow model, so it is the queue's refusal (429 + Retry-After, counted as rejected), not
+a slow-model timeout (504). tests/reliability/test_slow_deadlines.py meets this under load: with 4
+busy processes beside it and 16 slots, a backstop ending the wait gives 31 of 200 requests a
+504."""
 
 from __future__ import annotations
 

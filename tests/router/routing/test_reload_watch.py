@@ -1,4 +1,4 @@
-"""The policy reload boundary (issue 20, item 1): a wrong-typed file through the watch or SIGHUP
+"""The policy reload boundary: a wrong-typed file through the watch or SIGHUP
 is refused with one ERROR line naming the file and the field, the watch lives on and loads the
 next valid file; a Kubernetes ConfigMap's ``..data`` symlink swap reloads every time; reloads are
 counted by result; a ``policy.shadow`` a file overrides is logged."""
@@ -52,7 +52,8 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 async def test_a_wrong_typed_file_is_refused_once_and_the_watch_loads_the_next(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Before: the TypeError ended the watch task without a line; the next file never loaded."""
+    """A TypeError in a file is logged once and the watch task survives it: a watch that died
+    without a line would never load the next file."""
     path = write_policy(tmp_path / "p.json", shadow=False, threshold=0.9)
     registry = PolicyRegistry.load(PolicySettings(files=[path]), backend_fingerprint=FINGERPRINT)
     first, metrics = policy_id(registry), Metrics()
@@ -115,8 +116,8 @@ def configmap_revision(mount: Path, revision: int, *, threshold: float) -> None:
 
 
 async def test_every_configmap_symlink_swap_reloads(tmp_path: Path) -> None:
-    """Before: the watch resolved the path once, watched that revision folder, which the first
-    swap deleted; the second swap was never seen."""
+    """The watch follows the ``..data`` symlink, not the revision folder it resolves to: the
+    first swap deletes that folder, so a watch on it would never see the second swap."""
     mount = tmp_path / "config"
     mount.mkdir()
     configmap_revision(mount, 0, threshold=0.9)
@@ -135,7 +136,7 @@ async def test_every_configmap_symlink_swap_reloads(tmp_path: Path) -> None:
 async def test_a_file_overriding_policy_shadow_is_logged(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """SLOTGATE_POLICY__SHADOW=true and a file saying "shadow": false: the file wins (it is what
-    moves a policy to routing, live), and now a WARNING says so at start-up and at reloads."""
+    moves a policy to routing, live), and a WARNING says so at start-up and at reloads."""
     path = write_policy(tmp_path / "p.json", shadow=False)
     settings = PolicySettings.model_validate({"files": [path], "shadow": True})
     registry = PolicyRegistry.load(settings, backend_fingerprint=FINGERPRINT)

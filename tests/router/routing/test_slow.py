@@ -205,9 +205,9 @@ async def test_a_passthrough_that_never_gets_a_slot_is_refused_at_its_deadline(
     streamed: bool,
 ) -> None:
     """slow.timeout_s is one budget for the wait for a slot and the call, for passthrough as for
-    escalations: a passthrough that waits past it behind a held slot gets the queue's 429 (before:
-    a non-streamed one got 504 when the call's backstop fired mid-wait; a streamed one waited,
-    unbounded, for the slot)."""
+    escalations: a passthrough that waits past it behind a held slot gets the queue's 429, streamed
+    or not: neither a 504 from the call's backstop firing mid-wait nor an unbounded wait for the
+    slot."""
     gate = asyncio.Event()
     rejected: list[int] = []
     limit = ConcurrencyLimit("slow path", capacity=1, max_waiting=10,

@@ -1,4 +1,4 @@
-"""Decisions no loaded policy covers (issue 19.1): they follow ``policy.unscoped``, never carry a
+"""Decisions no loaded policy covers: they follow ``policy.unscoped``, never carry a
 guarantee and never reach a policy (so no policy's watch sees them). Real service, MockBackend,
 MemoryCache and a tuned-file policy; a recording slow path and log."""
 
@@ -200,9 +200,9 @@ async def test_no_policy_watch_is_told_of_an_unscoped_decision(mode: UnscopedMod
 
 
 async def test_escalate_makes_no_fast_read_of_an_unscoped_decision() -> None:
-    """Before: every decision was read first, so an unscoped one under ``escalate`` cost a fast
-    read (a GPU or HTTP call) whose answer nothing used. Now only the in-scope one is read; the
-    unscoped one is still routed, counted and logged, its reply with no raw probability."""
+    """Only the in-scope decision is read: under ``escalate`` nothing would route on an unscoped
+    one's fast read (a GPU or HTTP call), so it is not made. The unscoped one is still routed,
+    counted and logged, its reply with no raw probability."""
     reads = CountingReads()
     service, _, slow, log = setup("escalate", reads=reads)
     unscoped, scoped = await service.route([question(INTENTS[:2]), question(INTENTS)],

@@ -98,8 +98,9 @@ async def closed_loop(coalescer: Coalescer[int, int], callers: int, rounds: int)
 
 def test_closed_loop_callers_are_not_kept_waiting_for_the_window() -> None:
     """8 clients under a max_batch of 64 and a 30 s window: after the first batch each batch
-    waits for the 8 callers the last one answered, not for 64 items or the window (before: 30 s
-    a batch, the old rule; bench/host_path.py measured the 2 ms default costing 2 ms a batch)."""
+    waits for the 8 callers the last one answered, not for 64 items or the window (waiting for
+    the window would cost 30 s a batch here; bench/host_path.py measured the 2 ms default window
+    costing 2 ms a batch)."""
     run = Recorder(delay_s=0.01)
 
     async def scenario() -> None:
@@ -163,8 +164,8 @@ def by_tens(n: int) -> int:
 
 def test_a_batch_holds_one_group_the_oldest_requests_first() -> None:
     """Three questions' requests arrive together: each batch reads one question, in the order of
-    their oldest requests, and a question's requests keep their order (before: one batch of all,
-    which the reader reads as three reads back to back that every caller waits for)."""
+    their oldest requests, and a question's requests keep their order (one batch of all
+    would be three reads back to back for the reader, which every caller waits for)."""
     run = Recorder()
     calls = [[10], [20], [11], [30], [21], [12], [31, 32]]
     with ThreadPoolExecutor(1) as pool:
