@@ -106,7 +106,8 @@ def test_a_local_run_never_writes_the_committed_result() -> None:
     for other in (["--data", "x.csv"], ["--pool", "3000"], ["--slow", "tfidf"],
                   ["--costs", "slow=100"]):
         assert tiers.parse_args(other).out == tiers.result_path("tiers.json", recorded=False)
-    assert tiers.parse_args([]).out == tiers.ROOT / "bench/results/tiers.json"
+    assert tiers.parse_args([]).out == tiers.result_path("tiers.json", recorded=True)
+    assert args.out.parent.name == "local" and tiers.parse_args([]).out.parent != args.out.parent
 
 
 @pytest.mark.parametrize(("argv", "message"), [
