@@ -11,7 +11,7 @@ import numpy as np
 
 from bench.guarantee_methods import METHODS
 
-# slotgate's method against MAPIE's, both on the cross-fitted rows: the comparison 19.5 asks for.
+# slotgate's method against MAPIE's, both on the same cross-fitted rows.
 OURS, THEIRS = "cross-fitted", "MAPIE (cross-fitted rows)"
 
 

@@ -120,10 +120,9 @@ class PolicySettings(Section):
     default: str | None = None  # name of the policy used when none matches the signature
     # The rule for decisions no tuned policy covers and no default names:
     fallback_threshold: float = Field(0.9, ge=0, le=1)
-    # What a decision no loaded policy covers (its options, or question name, were never tuned
-    # on) gets: "escalate", "shadow", "unverified" or "threshold" (the fallback threshold above);
-    # see policies/scope.py. Unset: "threshold" when fallback_threshold is set (configurations
-    # written before scopes), else "escalate".
+    # What a decision no loaded policy covers (its question was never tuned on) gets:
+    # "escalate", "shadow", "unverified" or "threshold" (the fallback threshold above); see
+    # policies/scope.py. Unset: "threshold" when fallback_threshold is set, else "escalate".
     unscoped: UnscopedMode | None = None
     allow_fingerprint_mismatch: bool = False
     # Shadow mode for every decision whose policy file does not say otherwise (its own
