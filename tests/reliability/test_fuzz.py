@@ -55,7 +55,7 @@ def check(method: str, path: str, response: requests.Response) -> None:
 def test_schema_fuzz_every_route(server: LiveServer) -> None:
     # schemathesis is imported above, at collection, while no other thread runs: pytest parses
     # its modules to rewrite them, and a parse meeting another thread's used to fail here
-    # (router/ast_guard.py).
+    # (router/parse_lock.py).
     schema = schemathesis.openapi.from_dict(server.app.openapi())
     operations = [result.ok() for result in schema.get_all_operations()]
     counts: Counter[str] = Counter()
