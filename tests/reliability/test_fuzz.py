@@ -54,8 +54,8 @@ def check(method: str, path: str, response: requests.Response) -> None:
 @pytest.mark.long
 def test_schema_fuzz_every_route(server: LiveServer) -> None:
     # schemathesis is imported above, at collection, while no other thread runs: pytest parses
-    # its modules to rewrite them, and a parse meeting another thread's used to fail here
-    # (router/parse_lock.py).
+    # its modules to rewrite them, and a parse meeting another thread's fails without the
+    # parse lock.
     schema = schemathesis.openapi.from_dict(server.app.openapi())
     operations = [result.ok() for result in schema.get_all_operations()]
     counts: Counter[str] = Counter()
