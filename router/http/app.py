@@ -29,10 +29,10 @@ from router.errors import (
     TooManyRequests,
 )
 from router.http.admission import AdmissionGuard
-from router.http.startup_freeze import freeze_after_warm_up, freeze_heap
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
 from router.http.ratelimit import make_rate_limit
+from router.http.startup_freeze import freeze_after_warm_up, freeze_heap
 from router.http.state import AppState
 from router.http.systemone.routes import make_router as systemone_routes
 from router.routing.backpressure import ConcurrencyLimit
