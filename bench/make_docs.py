@@ -29,7 +29,7 @@ GC_VARIANT = (
     "`slotgate_decision_gc_frozen` (with `--gc-freeze-variant`) is the same decision through a "
     "second slotgate whose process imported litellm and called `gc.freeze()` before serving: "
     "a what-if for moving start-up state out of the collector's reach (slotgate now does this "
-    "itself at the end of start-up, router/http/heap.py).")
+    "itself at the end of start-up, router/http/startup_freeze.py).")
 CACHE_SETUP = (
     "{n} distinct decisions are sent once to fill the cache, then read again and again (every "
     "read a hit), through slotgate with a private redis-server and through slotgate with the "

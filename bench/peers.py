@@ -171,8 +171,8 @@ def litellm_proxy(upstream_url: str, workdir: Path, *, master_key: str,
 def slotgate_server(settings: dict[str, Any], workdir: Path) -> Server:
     """`slotgate serve` with ``settings`` (a Settings dict; host and port are filled in). The
     server also records its garbage-collector pauses (read_gc_stats); with a slow model it
-    counts as started once it has frozen its start-up heap (router/http/heap.py), after litellm's
-    background import."""
+    counts as started once it has frozen its start-up heap (router/http/startup_freeze.py), after
+    litellm's background import."""
     import yaml
 
     port = free_port()

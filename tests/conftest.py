@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from router import ast_guard
+from router import parse_lock
 from standins.llm import StandinHandle, start_standin
 
 ROOT = Path(__file__).resolve().parent.parent
-# Before any test runs: parses on several threads must not meet (router/ast_guard.py says why).
-ast_guard.install()
+# Before any test runs: parses on several threads must not meet (router/parse_lock.py says why).
+parse_lock.install()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -14,9 +14,13 @@ import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from router.store.alarm_board import RedisAlarmBoard
+    from router.store.records import AlarmRecord
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="Policy alarms: list them, clear them (docs/monitoring.md).")
@@ -30,13 +34,13 @@ RedisOption = Annotated[str | None, typer.Option(
 DETAIL = "cleared by an operator (slotgate alarms clear)"
 
 
-def standing(log: Path, policy: str | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+def standing(log: Path, policy: str | None = None) -> dict[tuple[str, str], AlarmRecord]:
     """(policy id, kind) -> the alarm record standing in ``log``: the first of its kind since
     the policy's last clear, as the proxy re-arms them at start-up."""
     from router.store.log_join import alarms
     from router.store.log_reader import read_log
 
-    held: dict[tuple[str, str], dict[str, Any]] = {}
+    held: dict[tuple[str, str], AlarmRecord] = {}
     cleared: dict[str, float] = {}
     for record in alarms(read_log(log, quiet=True)):
         if policy is not None and record.policy_id != policy:
@@ -44,14 +48,14 @@ def standing(log: Path, policy: str | None = None) -> dict[tuple[str, str], dict
         if record.kind == "clear":
             cleared[record.policy_id] = max(cleared.get(record.policy_id, 0.0), record.time)
             for key in [k for k in held if k[0] == record.policy_id]:
-                if held[key]["time"] <= record.time:
+                if held[key].time <= record.time:
                     del held[key]
         elif record.time > cleared.get(record.policy_id, 0.0):
-            held.setdefault((record.policy_id, record.kind), record.model_dump())
+            held.setdefault((record.policy_id, record.kind), record)
     return held
 
 
-async def _shared(redis_url: str, policy: str | None) -> list[dict[str, Any]]:
+async def _shared(redis_url: str, policy: str | None) -> list[AlarmRecord]:
     """The alarms standing in Redis (clears left out), of ``policy`` or of every policy."""
     from router.store.alarm_board import RedisAlarmBoard
 
@@ -61,18 +65,17 @@ async def _shared(redis_url: str, policy: str | None) -> list[dict[str, Any]]:
         records = await board.read(ids) if ids else []
         if records is None:
             _no_redis(redis_url, "did not answer")
-        return [r for r in records if r["kind"] != "clear"]
+        return [r for r in records if r.kind != "clear"]
     finally:
         await board.aclose()
 
 
-async def _shared_ids(board: Any, redis_url: str) -> set[str]:
+async def _shared_ids(board: RedisAlarmBoard, redis_url: str) -> set[str]:
     """The policy ids Redis holds alarm or clear records of; exits 2 when Redis fails."""
-    from router.store.alarm_board import KEY_PREFIX
     from router.store.redis_client import redis_errors
 
     try:
-        return {record["policy_id"] for record in await _scan_records(board.client, KEY_PREFIX)}
+        return await board.policy_ids()
     except redis_errors() as exc:
         _no_redis(redis_url, f"did not answer ({type(exc).__name__}: {exc})")
 
@@ -81,20 +84,6 @@ def _no_redis(redis_url: str, what: str) -> NoReturn:
     from router.cli.common import fail
 
     fail(f"--redis-url: Redis at {redis_url} {what}")
-
-
-async def _scan_records(client: Any, prefix: str) -> list[dict[str, Any]]:
-    """Every readable record under the alarm prefix (ids are hashed in keys: read them back)."""
-    records = []
-    async for key in client.scan_iter(match=prefix + "*", count=500):
-        blob = await client.get(key)
-        try:
-            record = json.loads(blob) if blob is not None else None
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("policy_id"), str):
-            records.append(record)
-    return records
 
 
 @app.command(name="list")
@@ -112,9 +101,10 @@ def list_alarms(
 
     if policy is not None:
         policy = policy_id(policy)
-    rows = [{**record, "source": "log"} for record in standing(log, policy).values()]
+    rows = [{**record.model_dump(), "source": "log"} for record in standing(log, policy).values()]
     if redis_url is not None:
-        rows += [{**r, "source": "redis"} for r in asyncio.run(_shared(redis_url, policy))]
+        rows += [{**r.model_dump(), "source": "redis"}
+                 for r in asyncio.run(_shared(redis_url, policy))]
     if as_json:
         typer.echo(json.dumps({"alarms": rows}))
         return
@@ -148,10 +138,11 @@ def clear(
     at = time.time()
     held = standing(log, policy) if log.is_file() else {}
     if log.parent.is_dir():
-        record = {"type": "alarm", "policy_id": policy, "kind": "clear", "decision": 0,
-                  "time": at, "detail": DETAIL}
-        with log.open("a", encoding="utf-8") as f:  # one short O_APPEND write: whole or absent
-            f.write(json.dumps(record) + "\n")
+        from router.store.records import AlarmRecord, encode
+
+        record = AlarmRecord(policy_id=policy, kind="clear", decision=0, time=at, detail=DETAIL)
+        with log.open("ab") as f:  # one short O_APPEND write: whole or absent
+            f.write(encode(record) + b"\n")
     where = f"logged in {log}"
     if redis_url is not None:
         asyncio.run(_clear_shared(redis_url, policy, at))

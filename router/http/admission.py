@@ -1,6 +1,6 @@
 """The ASGI gate in front of every route: client API keys (sha256 hashes, constant-time compare,
 per-key cache namespace), an optional per-key rate limit, the request body size limit and its
-JSON nesting limit (router/http/text.py), all checked before any route parses the body."""
+JSON nesting limit (router/http/text_guard.py), all checked before any route parses the body."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.errors import InvalidRequest, PayloadTooLarge, SlotgateError, Unauthorized
 from router.http.ratelimit import TokenBuckets
-from router.http.text import depth_message, too_deep_field
+from router.http.text_guard import depth_message, too_deep_field
 
 ErrorSender = Callable[[Scope, Send, SlotgateError], Any]  # async (scope, send, exc) -> None
 StatusCounter = Callable[[str, int], None]  # (path, status) -> None, for metrics

@@ -29,10 +29,10 @@ from router.errors import (
     TooManyRequests,
 )
 from router.http.admission import AdmissionGuard
-from router.http.heap import freeze_after_warm_up, freeze_heap
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
 from router.http.ratelimit import make_rate_limit
+from router.http.startup_freeze import freeze_after_warm_up, freeze_heap
 from router.http.state import AppState
 from router.http.systemone.routes import make_router as systemone_routes
 from router.routing.backpressure import ConcurrencyLimit
@@ -92,8 +92,8 @@ def create_app(
                     NO_SLOW_MODEL,
                     "the fast answer marked 'unverified'" if settings.slow.serve_unverified_on_failure
                     else "a 503 error saying so")
-            # Start-up state out of the garbage collector's reach (router/http/heap.py says why),
-            # now and again once the slow path's background import of litellm is done.
+            # Start-up state out of the garbage collector's reach (router/http/startup_freeze.py
+            # says why), now and again once the slow path's background import of litellm is done.
             freeze_heap()
             warmed_up = getattr(service.slow, "warmed_up", None)
             refreeze = asyncio.create_task(freeze_after_warm_up(warmed_up)) if isinstance(

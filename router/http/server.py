@@ -31,15 +31,15 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
     ConfigError naming the setting or file (the CLI prints it and exits 2)."""
     import uvicorn
 
-    from router import ast_guard
+    from router import parse_lock
     from router.backends.factory import build_backend
     from router.http.app import create_app
     from router.http.startup import check_decision_log
     from router.routing.registry import PolicyRegistry
 
     # First: from here on several threads may format tracebacks or compile Triton kernels at
-    # once, and CPython 3.11's AST construction is not safe across threads (router/ast_guard.py).
-    ast_guard.install()
+    # once, and CPython 3.11's AST construction is not safe across threads (router/parse_lock.py).
+    parse_lock.install()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     chosen = default_config(config)
     try:

@@ -28,16 +28,15 @@ from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, checkpoint_path
 from router.monitoring.fingerprint import input_key
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
 from router.routing.ports import Label, Observation
+from router.store.records import AlarmRecord
 
 if TYPE_CHECKING:
     from router.settings import Settings
     from router.store.metrics import Metrics
 
 logger = logging.getLogger("slotgate.monitoring")
-EventSink = Callable[[dict[str, Any]], Awaitable[None]]
+EventSink = Callable[[AlarmRecord | dict[str, Any]], Awaitable[None]]
 SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
-ALARM_KINDS = ("drift", "accuracy")
-CLEAR = "clear"  # an alarm record of this kind is an operator's clear (it wins over older ones)
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 # Served fast answers whose input key is remembered, so a label of one counts once per input.
 _INPUT_MEMORY = 20_000  # about 4.5 MiB at most (tracemalloc, 42-character decision ids)
@@ -47,14 +46,15 @@ class AlarmBoard(Protocol):
     """Where replicas share alarm and clear records. Never raises: ``read`` answers None while
     the store fails (so nothing is taken for lost), and skips a damaged record, its key only."""
 
-    async def post(self, record: dict[str, Any]) -> None: ...
+    async def post(self, record: AlarmRecord) -> None: ...
 
-    async def read(self, policy_ids: Sequence[str]) -> list[dict[str, Any]] | None: ...
+    async def read(self, policy_ids: Sequence[str]) -> list[AlarmRecord] | None: ...
 
 
-def alarm_record(alarm: Alarm, **extra: Any) -> dict[str, Any]:
-    return {"type": "alarm", "policy_id": alarm.policy_id, "kind": alarm.kind,
-            "decision": alarm.decision, "time": alarm.time, "detail": alarm.detail, **extra}
+def alarm_record(alarm: Alarm, *, on_alarm: str | None = None,
+                 shared: bool = False) -> AlarmRecord:
+    return AlarmRecord(policy_id=alarm.policy_id, kind=alarm.kind, decision=alarm.decision,
+                       time=alarm.time, detail=alarm.detail, on_alarm=on_alarm, shared=shared)
 
 
 class Monitor:
@@ -205,19 +205,19 @@ class Monitor:
 
     # -- alarms: raised, restored, shared, cleared ------------------------------------------
 
-    def restore(self, records: Iterable[dict[str, Any]]) -> int:
+    def restore(self, records: Iterable[AlarmRecord]) -> int:
         """Re-arm the alarms a decision log holds for policies loaded now, in log order: a clear
         record wins over the alarms before it. Returns how many alarms stand afterwards."""
         before = sum(len(w.alarms) for w in self.watches.values())
         for record in records:
-            watch = self.watches.get(str(record.get("policy_id")))
+            watch = self.watches.get(record.policy_id)
             if watch is None:
                 continue
-            kind = record.get("kind")
-            if kind == CLEAR:
-                watch.clear(float(record["time"]))
-            elif kind in ALARM_KINDS:
-                watch.restore(_alarm(watch.policy_id, record))
+            alarm = _alarm(record)
+            if alarm is None:
+                watch.clear(record.time)
+            else:
+                watch.restore(alarm)
         self.export()
         return sum(len(w.alarms) for w in self.watches.values()) - before
 
@@ -227,8 +227,8 @@ class Monitor:
         logger.warning("ALARM %s on policy %s%s: %s; %s", alarm.kind, alarm.policy_id,
                        " (raised on another replica)" if shared else "", alarm.detail,
                        _action(watch))
-        record = alarm_record(alarm, on_alarm=watch.settings.on_alarm)
-        self._emit(record | {"shared": True} if shared else record)
+        record = alarm_record(alarm, on_alarm=watch.settings.on_alarm, shared=shared)
+        self._emit(record)
         if self._board is not None and not shared:
             self._spawn(self._board.post(record))
         self.export()
@@ -244,9 +244,7 @@ class Monitor:
         logger.warning("policy %s: alarms cleared by an operator%s (%s); its decisions are "
                        "routed by the policy again", policy_id, " on another replica" if shared
                        else "", ", ".join(had) or "none standing here")
-        self._emit({"type": "alarm", "policy_id": policy_id, "kind": CLEAR,
-                    "decision": watch.n_decisions, "time": at, "shared": shared,
-                    "detail": "cleared by an operator (slotgate alarms clear)"})
+        self._emit(_clear_record(policy_id, at, watch.n_decisions, shared=shared))
         self.export()
         return True
 
@@ -268,20 +266,20 @@ class Monitor:
         if records is None:  # the board is failing: take nothing for lost
             return 0
         for record in records:
-            if record["kind"] == CLEAR:
-                self.clear(record["policy_id"], float(record["time"]), shared=True)
+            if record.kind == "clear":
+                self.clear(record.policy_id, record.time, shared=True)
         latched = 0
         present = set()
         for record in records:
-            watch = self.watches.get(record["policy_id"])
-            if watch is None or record["kind"] not in ALARM_KINDS:
+            watch = self.watches.get(record.policy_id)
+            alarm = _alarm(record)
+            if watch is None or alarm is None:
                 continue
-            present.add((watch.policy_id, record["kind"]))
-            alarm = _alarm(watch.policy_id, record)
+            present.add((watch.policy_id, alarm.kind))
             if watch.restore(alarm):
                 self.alarmed(alarm, shared=True)
                 latched += 1
-        shared_clears = {r["policy_id"]: float(r["time"]) for r in records if r["kind"] == CLEAR}
+        shared_clears = {r.policy_id: r.time for r in records if r.kind == "clear"}
         for watch in self.watches.values():
             for kind, alarm in watch.alarms.items():
                 if (watch.policy_id, kind) not in present:
@@ -395,7 +393,7 @@ class Monitor:
             self._labelled.popitem(last=False)
         return True
 
-    def _emit(self, record: dict[str, Any]) -> None:
+    def _emit(self, record: AlarmRecord | dict[str, Any]) -> None:
         if self._events is not None:
             self._spawn(self._write(record))
 
@@ -408,7 +406,7 @@ class Monitor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _write(self, record: dict[str, Any]) -> None:
+    async def _write(self, record: AlarmRecord | dict[str, Any]) -> None:
         assert self._events is not None
         try:
             await self._events(record)
@@ -433,9 +431,10 @@ def _watch_resets(metrics: Metrics) -> Counter:
     return counter
 
 
-def _clear_record(policy_id: str, at: float, decision: int) -> dict[str, Any]:
-    return {"type": "alarm", "policy_id": policy_id, "kind": CLEAR, "decision": decision,
-            "time": at, "detail": "cleared by an operator (slotgate alarms clear)"}
+def _clear_record(policy_id: str, at: float, decision: int, *,
+                  shared: bool = False) -> AlarmRecord:
+    return AlarmRecord(policy_id=policy_id, kind="clear", decision=decision, time=at,
+                       detail="cleared by an operator (slotgate alarms clear)", shared=shared)
 
 
 def _remember(memory: OrderedDict[str, str], key: str, value: str, limit: int) -> None:
@@ -445,9 +444,11 @@ def _remember(memory: OrderedDict[str, str], key: str, value: str, limit: int) -
         memory.popitem(last=False)
 
 
-def _alarm(policy_id: str, record: dict[str, Any]) -> Alarm:
-    return Alarm(policy_id, record["kind"], int(record["decision"]), float(record["time"]),
-                 str(record["detail"]))
+def _alarm(record: AlarmRecord) -> Alarm | None:
+    """The alarm a record raised; None for an operator's clear."""
+    if record.kind == "clear":
+        return None
+    return Alarm(record.policy_id, record.kind, record.decision, record.time, record.detail)
 
 
 def _action(watch: PolicyWatch) -> str:
@@ -495,7 +496,7 @@ def restore_from_log(monitor: Monitor, path: Path) -> int:
     if not monitor.watches:
         return 0
     # quiet: the decision log warned of damaged lines once already, rebuilding its index
-    restored = monitor.restore(a.model_dump() for a in alarms(read_log(path, quiet=True)))
+    restored = monitor.restore(alarms(read_log(path, quiet=True)))
     if restored:
         logger.warning("%d policy alarm(s) restored from %s: those policies stay in alarm "
                        "until cleared (`slotgate alarms clear`) or re-tuned", restored, path)

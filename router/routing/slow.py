@@ -132,7 +132,7 @@ class SlowPath:
                     if k.endswith(("_API_KEY", "_KEY", "_TOKEN", "_SECRET")) and len(v) >= 8]
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
         # Set once litellm is imported and warm (or never will be here): the app freezes the
-        # start-up heap after it (router/http/heap.py).
+        # start-up heap after it (router/http/startup_freeze.py).
         self.warmed_up = threading.Event()
         self._credentials: dict[str, Credentials] = {}  # by model, checked once each
         if settings.model and completion is None and "litellm" not in sys.modules:

@@ -4,26 +4,28 @@ latches the alarms it has not raised itself, applies an operator's clear, and po
 alarm it holds that Redis lost (a restart with an empty store, an expired key).
 
 Keys: ``slotgate:v1:alarm:{sha256 of the policy id}:{kind}`` for ``drift`` and ``accuracy`` (the
-first alarm of a kind kept, ``SET NX``) and ``...:clear`` (the latest clear, overwritten), JSON,
-expiring with the cache's TTL. Ids are hashed so no text reaches a key. A re-tuned policy has a
+first alarm of a kind kept, ``SET NX``) and ``...:clear`` (the latest clear, overwritten), each an
+``AlarmRecord``'s JSON (router/store/records.py) expiring with the cache's TTL. Ids are hashed so no text reaches a key. A re-tuned policy has a
 new id, so its replicas start clean. Redis failing costs the sharing only (logged once a
 minute); a damaged record costs its own key only (logged once a minute), never the others'."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
-import orjson
+from pydantic import ValidationError
 
+from router.store.records import AlarmRecord, AlarmRecordKind, encode
 from router.store.redis_client import redis_client, redis_errors
 
 logger = logging.getLogger(__name__)
 KEY_PREFIX = "slotgate:v1:alarm:"
-KINDS = ("drift", "accuracy", "clear")
+KINDS: tuple[AlarmRecordKind, ...] = get_args(AlarmRecordKind)
 LOG_INTERVAL_S = 60.0
 
 
@@ -31,14 +33,20 @@ def alarm_key(policy_id: str, kind: str) -> str:
     return f"{KEY_PREFIX}{hashlib.sha256(policy_id.encode()).hexdigest()}:{kind}"
 
 
-def valid_record(record: Any, policy_id: str, kind: str) -> bool:
-    """A record this version can act on, stored under its own policy's and kind's key."""
-    return (isinstance(record, dict) and record.get("policy_id") == policy_id
-            and record.get("kind") == kind
-            and isinstance(record.get("decision"), int) and not isinstance(
-                record.get("decision"), bool)
-            and isinstance(record.get("time"), int | float)
-            and isinstance(record.get("detail"), str))
+def parse_record(blob: bytes, key: str) -> AlarmRecord:
+    """The alarm record stored under ``key``: one strict parse (no string for a number, no
+    boolean for a decision count), and it must be the record of the policy and kind its key
+    names. Raises ValueError naming the field that is wrong."""
+    try:
+        record = AlarmRecord.model_validate_json(blob, strict=True)
+    except ValidationError as exc:
+        raise ValueError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}"
+                                   for e in exc.errors())) from exc
+    if alarm_key(record.policy_id, record.kind) != key:
+        if not key.endswith(f":{record.kind}"):
+            raise ValueError(f"kind: {record.kind!r} is not the kind its key names")
+        raise ValueError(f"policy_id: {record.policy_id!r} is not the policy its key names")
+    return record
 
 
 class RedisAlarmBoard:
@@ -47,51 +55,57 @@ class RedisAlarmBoard:
         self.client: Any = redis_client(url, timeout_s=timeout_s)
         self._last_log: dict[str, float] = {}
 
-    async def post(self, record: dict[str, Any]) -> None:
-        """Share an alarm record (``policy_id``, ``kind``, ``decision``, ``time``, ``detail``);
-        a clear record replaces the one before it, an alarm only fills an empty key."""
-        kind = str(record["kind"])
+    async def post(self, record: AlarmRecord) -> None:
+        """Share an alarm record: a clear record replaces the one before it, an alarm only
+        fills an empty key."""
         try:
-            await self.client.set(alarm_key(str(record["policy_id"]), kind),
-                                  orjson.dumps(record), nx=kind != "clear", ex=self.ttl_s)
+            await self.client.set(alarm_key(record.policy_id, record.kind), encode(record),
+                                  nx=record.kind != "clear", ex=self.ttl_s)
         except redis_errors() as exc:
             self._failed("post", exc)
 
     async def clear(self, policy_id: str, at: float, detail: str) -> None:
         """An operator's clear: the clear record, and the alarms it supersedes deleted, in one
         transaction. Raises the client's error (the CLI says so; nothing is half done)."""
-        record = {"type": "alarm", "policy_id": policy_id, "kind": "clear", "decision": 0,
-                  "time": at, "detail": detail}
+        record = AlarmRecord(policy_id=policy_id, kind="clear", decision=0, time=at,
+                             detail=detail)
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(alarm_key(policy_id, "clear"), orjson.dumps(record), ex=self.ttl_s)
+            pipe.set(alarm_key(policy_id, "clear"), encode(record), ex=self.ttl_s)
             pipe.delete(alarm_key(policy_id, "drift"), alarm_key(policy_id, "accuracy"))
             await pipe.execute()
 
-    async def read(self, policy_ids: Sequence[str]) -> list[dict[str, Any]] | None:
+    async def read(self, policy_ids: Sequence[str]) -> list[AlarmRecord] | None:
         """The shared records of these policies, clears included; None while Redis fails."""
         if not policy_ids:
             return []
-        wanted = [(p, kind) for p in policy_ids for kind in KINDS]
+        keys = [alarm_key(p, kind) for p in policy_ids for kind in KINDS]
         try:
-            blobs = await self.client.mget([alarm_key(p, kind) for p, kind in wanted])
+            blobs = await self.client.mget(keys)
         except redis_errors() as exc:
             self._failed("read", exc)
             return None
         records = []
-        for (policy_id, kind), blob in zip(wanted, blobs, strict=True):
+        for key, blob in zip(keys, blobs, strict=True):
             if blob is None:
                 continue
             try:
-                record = orjson.loads(blob)
-            except orjson.JSONDecodeError:
-                record = None
-            if valid_record(record, policy_id, kind):
-                records.append(record)
-            else:  # not ours, or damaged: never trusted, and never in the way of the others
-                self._log_once("damaged", "shared policy alarms: damaged record under %s skipped "
-                               "(the other policies' records still count)",
-                               alarm_key(policy_id, kind))
+                records.append(parse_record(blob, key))
+            except ValueError as exc:  # never trusted, and never in the way of the others
+                self._log_once("damaged", "shared policy alarms: damaged record under %s "
+                               "skipped (%s); the other policies' records still count", key, exc)
         return records
+
+    async def policy_ids(self) -> set[str]:
+        """The policy ids of every readable record on the board (ids are hashed in keys: read
+        them back). Raises the client's error."""
+        ids = set()
+        async for key in self.client.scan_iter(match=KEY_PREFIX + "*", count=500):
+            blob = await self.client.get(key)
+            if blob is None:
+                continue
+            with contextlib.suppress(ValueError):  # a damaged record names no id to trust
+                ids.add(parse_record(blob, key.decode()).policy_id)
+        return ids
 
     async def aclose(self) -> None:
         await self.client.aclose()

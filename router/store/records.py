@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 # What a decision id may be: the service writes uuid4 hex, feedback ids are checked to 128.
 DecisionId = Annotated[str, Field(min_length=1)]
+# What an alarm record says: an alarm of one of the two kinds, or an operator's clear of them.
+AlarmRecordKind = Literal["drift", "accuracy", "clear"]
 FAST_ROUTES = ("fast", "cache")  # where a fast answer reached the caller (cache: a cached read)
 
 
@@ -120,7 +122,7 @@ class AlarmRecord(_Record):
 
     type: Literal["alarm"] = "alarm"
     policy_id: str
-    kind: str
+    kind: AlarmRecordKind
     decision: int
     time: float
     detail: str

@@ -79,7 +79,8 @@ def test_an_early_escalation_does_not_block_healthz(
           f"polled {len(healthz_s)} times, max {max(healthz_s):.3f} s")
     # Blocked by the import, /healthz would wait about as long as the escalation itself. Brief
     # pauses remain (the start-up heap is collected and frozen once litellm is in: ~0.25 s of
-    # CPU, router/http/heap.py), longer on a loaded machine, where the import is slower too.
+    # CPU, router/http/startup_freeze.py), longer on a loaded machine, where the import is slower
+    # too.
     assert max(healthz_s) < max(1.0, escalation_s / 4)
 
 

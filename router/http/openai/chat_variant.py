@@ -26,7 +26,7 @@ from router.http.systemone.wire import (
     SystemOneRequest,
     parse_request,
 )
-from router.http.text import depth_message, too_deep_field
+from router.http.text_guard import depth_message, too_deep_field
 from router.routing.stages import StagedOutcome
 
 SCHEMA_KEYS = ("instructions", "samples", "ask", *ENGINE_KNOBS)

@@ -22,7 +22,7 @@ from router.http.openai.wire import (
     routing_headers,
 )
 from router.http.state import app_state, namespace
-from router.http.text import lone_surrogate_field, surrogate_message
+from router.http.text_guard import lone_surrogate_field, surrogate_message
 from router.routing.ports import Label, SlowModel
 from router.routing.stages import answer_stages
 
@@ -115,8 +115,8 @@ def make_router() -> APIRouter:
 
 
 async def _refuse_lone_surrogates(request: Request) -> None:
-    """400 naming the field before any of it is hashed, logged or forwarded (router/http/text.py).
-    ``request.json()`` is the body FastAPI already parsed (Starlette caches it)."""
+    """400 naming the field before any of it is hashed, logged or forwarded
+    (router/http/text_guard.py). ``request.json()`` is the body FastAPI already parsed (Starlette caches it)."""
     field = lone_surrogate_field(await request.json())
     if field is not None:
         raise InvalidRequest(surrogate_message(field), field=field)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.types import Decision, DecisionRequest, Option, Turn, summary_route
 from router.errors import Forbidden, InvalidRequest
-from router.http.text import header_safe
+from router.http.text_guard import header_safe
 
 Shape = Literal["enum", "object", "choice"]
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for json_schema.name

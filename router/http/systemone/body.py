@@ -9,7 +9,7 @@ from email.parser import BytesParser
 from typing import Any
 
 from router.http.systemone.wire import InvalidBody, SystemOneError
-from router.http.text import lone_surrogate_field, surrogate_message
+from router.http.text_guard import lone_surrogate_field, surrogate_message
 
 
 def decode_body(body: bytes, *, content_type: str | None) -> Any:

@@ -25,7 +25,9 @@ from router.routing.ports import Label, Observation
 from router.routing.registry import PolicyRegistry
 from router.routing.reload import reload_now
 from router.settings import PolicySettings
+from router.store.decision_log import as_event
 from router.store.metrics import Metrics
+from router.store.records import AlarmRecord, AuditRecord
 from tests.router.monitoring.conftest import (
     DOUBTFUL,
     OPTIONS,
@@ -36,11 +38,17 @@ from tests.router.monitoring.conftest import (
 
 
 class Events:
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
+    """The decision log's event sink: each record as the log stores it (``as_event``)."""
 
-    async def __call__(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
+    def __init__(self) -> None:
+        self.records: list[AuditRecord | AlarmRecord] = []
+
+    async def __call__(self, record: AlarmRecord | dict[str, Any]) -> None:
+        self.records.append(as_event(record))
+
+    @property
+    def alarms(self) -> list[AlarmRecord]:
+        return [r for r in self.records if isinstance(r, AlarmRecord)]
 
 
 def scores(p: float) -> OptionScores:
@@ -83,14 +91,14 @@ async def test_escalate_all_gates_on_a_drift_alarm_logged_exported_and_restored(
     assert not decide(monitor, policy, 0.98, "sure")
     assert "drift alarm" in str(monitor.gate(policy.policy_id))
     await asyncio.sleep(0)  # the alarm record is written by a task
-    [alarm] = [r for r in events.records if r["type"] == "alarm"]
-    assert alarm["policy_id"] == policy.policy_id and alarm["kind"] == "drift"
+    [alarm] = events.alarms
+    assert alarm.policy_id == policy.policy_id and alarm.kind == "drift"
     text = metrics.render().decode()
     assert f'slotgate_policy_alarm{{kind="drift",policy="{policy.policy_id}"}} 1.0' in text
     # a restart with the same policy re-arms the alarm from the log; a re-tuned one starts clean
     again = Monitor()
     again.watch(policy)
-    assert again.restore(events.records) == 1 and again.gate(policy.policy_id) is not None
+    assert again.restore(events.alarms) == 1 and again.gate(policy.policy_id) is not None
     retuned = watched_policy(data_hash="1" * 64, on_alarm="escalate_all")
     again.watch(retuned)
     assert again.gate(retuned.policy_id) is None
@@ -160,14 +168,14 @@ async def test_a_clear_stops_the_action_is_logged_and_wins_at_restore() -> None:
     assert monitor.gate(policy.policy_id) is None
     assert decide(monitor, policy, 0.98, "after the clear")  # the reset test does not re-fire
     await asyncio.sleep(0)
-    kinds = [r["kind"] for r in events.records if r["type"] == "alarm"]
+    kinds = [r.kind for r in events.alarms]
     assert kinds == ["drift", "clear"]
     restarted = Monitor()
     restarted.watch(policy)
-    assert restarted.restore(events.records) == 0 and restarted.gate(policy.policy_id) is None
+    assert restarted.restore(events.alarms) == 0 and restarted.gate(policy.policy_id) is None
     # an alarm raised after the clear is re-armed again
-    later = {**events.records[0], "time": alarm_time + 2.0}
-    assert restarted.restore([*events.records, later]) == 1
+    later = events.alarms[0].model_copy(update={"time": alarm_time + 2.0})
+    assert restarted.restore([*events.alarms, later]) == 1
 
 
 def test_alert_only_keeps_serving_and_no_summary_means_no_drift_test(
@@ -205,8 +213,8 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
     decide(monitor, policy, 0.98, 0)  # the same input again: not audited twice
     await monitor.audits.join()
     assert sorted(asked) == ["q0", "q2", "q3", "q4"]
-    audits = {r["decision_id"]: r for r in events.records if r["type"] == "audit"}
-    assert audits["d0"]["correct"] and not audits["d2"]["correct"] and "d3" not in audits
+    audits = {r.decision_id: r for r in events.records if isinstance(r, AuditRecord)}
+    assert audits["d0"].correct and not audits["d2"].correct and "d3" not in audits
     watch = monitor.watches[pid]
     assert watch.accuracy.n == 3 and watch.accuracy.bounds().mean == pytest.approx(2 / 3)
     counts = monitor.audits.counts

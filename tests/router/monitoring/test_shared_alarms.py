@@ -17,6 +17,7 @@ import redis
 
 from router.monitoring.monitor import Monitor
 from router.store.alarm_board import RedisAlarmBoard, alarm_key
+from router.store.records import AlarmRecord
 from tests.conftest import RedisServer
 from tests.router.monitoring.conftest import watched_policy
 from tests.router.monitoring.test_monitor import Events, decide, drive_into_drift
@@ -46,13 +47,13 @@ async def test_an_alarm_on_one_replica_acts_on_the_other_and_a_clear_on_both(
         await until(lambda: b.watches[pid].alarm is not None)
         assert not decide(b, policy, 0.98, "sure") and "drift alarm" in str(b.gate(pid))
         assert b.watches[pid].alarm == a.watches[pid].alarm  # the same alarm, not B's own
-        await until(lambda: any(r["type"] == "alarm" for r in events_b.records))
-        [record] = [r for r in events_b.records if r["type"] == "alarm"]
-        assert record["shared"] is True and record["policy_id"] == pid
+        await until(lambda: bool(events_b.alarms))
+        [record] = events_b.alarms
+        assert record.shared is True and record.policy_id == pid
         assert await b.sync_alarms() == 0  # latched once
         restarted = Monitor()  # B restarted: its log re-arms the shared alarm
         restarted.watch(policy)
-        assert restarted.restore(events_b.records) == 1 and restarted.gate(pid) is not None
+        assert restarted.restore(events_b.alarms) == 1 and restarted.gate(pid) is not None
 
         # the operator clears it (what `slotgate alarms clear --redis-url` does): both replicas
         await boards[2].clear(pid, time.time(), "test clear")
@@ -61,11 +62,10 @@ async def test_an_alarm_on_one_replica_acts_on_the_other_and_a_clear_on_both(
         await asyncio.sleep(0.2)  # a few more syncs: nobody re-posts the cleared alarm
         assert a.gate(pid) is None and b.gate(pid) is None
         for events in (events_a, events_b):  # logged by each replica: a restart stays clear
-            await until(lambda events=events: any(r.get("kind") == "clear"
-                                                  for r in events.records))
+            await until(lambda events=events: any(r.kind == "clear" for r in events.alarms))
             again = Monitor()
             again.watch(policy)
-            assert again.restore(events.records) == 0 and again.gate(pid) is None
+            assert again.restore(events.alarms) == 0 and again.gate(pid) is None
         retuned = watched_policy(data_hash="1" * 64)  # a new policy id: clean on every replica
         b.watch(retuned)
         assert b.gate(retuned.policy_id) is None and await b.sync_alarms() == 0
@@ -106,9 +106,9 @@ async def test_a_damaged_record_costs_its_own_key_only_and_is_logged_once(
     board = RedisAlarmBoard(redis_url, ttl_s=60)
     monitor = Monitor()
     try:
-        first = {"policy_id": "p", "kind": "drift", "decision": 10, "time": 1.0, "detail": "d"}
+        first = AlarmRecord(policy_id="p", kind="drift", decision=10, time=1.0, detail="d")
         await board.post(first)
-        await board.post({**first, "decision": 20})  # the first alarm of a kind is kept
+        await board.post(first.model_copy(update={"decision": 20}))  # the first one is kept
         assert await board.read(["p", "q"]) == [first]
         client = redis.Redis.from_url(redis_url)
         client.set(alarm_key(bad.policy_id, "drift"), b'{"policy_id": 7, "kind": "drift"}')
@@ -126,6 +126,7 @@ async def test_a_damaged_record_costs_its_own_key_only_and_is_logged_once(
         assert monitor.watches[bad.policy_id].alarm is None
         damaged = [r for r in caplog.records if "damaged record" in r.getMessage()]
         assert len(damaged) == 1
+        assert "policy_id: Input should be a valid string" in damaged[0].getMessage()
     finally:
         await monitor.aclose()
         await board.aclose()
@@ -134,8 +135,8 @@ async def test_a_damaged_record_costs_its_own_key_only_and_is_logged_once(
 async def test_a_dead_redis_shares_nothing_and_raises_nothing(tmp_path: Path) -> None:
     board = RedisAlarmBoard(RedisServer(tmp_path).url, ttl_s=60)  # never started
     try:
-        await board.post({"policy_id": "p", "kind": "drift", "decision": 1, "time": 1.0,
-                          "detail": "d"})
+        await board.post(AlarmRecord(policy_id="p", kind="drift", decision=1, time=1.0,
+                                     detail="d"))
         assert await board.read(["p"]) is None
     finally:
         await board.aclose()

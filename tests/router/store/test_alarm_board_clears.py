@@ -11,6 +11,7 @@ import redis
 
 from router.monitoring.monitor import Monitor
 from router.store.alarm_board import RedisAlarmBoard
+from router.store.records import AlarmRecord
 from tests.router.monitoring.conftest import watched_policy
 
 NEVER_S = 3600.0  # the background sync never runs within a test: rounds are called directly
@@ -19,8 +20,8 @@ NEVER_S = 3600.0  # the background sync never runs within a test: rounds are cal
 async def test_a_clear_outlives_a_redis_restart(redis_url: str) -> None:
     policy = watched_policy(on_alarm="escalate_all")
     pid = policy.policy_id
-    raised = {"type": "alarm", "policy_id": pid, "kind": "drift", "decision": 5,
-              "time": time.time() - 60, "detail": "drift test"}
+    raised = AlarmRecord(policy_id=pid, kind="drift", decision=5, time=time.time() - 60,
+                         detail="drift test")
     boards = [RedisAlarmBoard(redis_url, ttl_s=600) for _ in range(4)]
     a, b, c = Monitor(), Monitor(), Monitor()
     try:

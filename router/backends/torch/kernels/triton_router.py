@@ -1,7 +1,7 @@
 """A DiffusionGemma MoE router's tail as one Triton kernel (CUDA; on the CPU under Triton's
 interpreter, for the tests): softmax, top-k, renormalisation and per-expert scale of the expert
 scores, where transformers' router runs a softmax kernel, torch.topk's gather and sort kernels and
-the renormalise/gather kernels (bench.gpu_read's profile block). ``route`` is the router module's forward with that tail, for pieces.ffn_half_fused.
+the renormalise/gather kernels (bench.gpu_read's profile block). ``route`` is the router module's forward with that tail, for layer_ops.ffn_half_fused.
 """
 
 from __future__ import annotations

@@ -1,2 +1,3 @@
-"""The DiffusionGemma one-pass read (onepass.py), the per-layer functions it calls (pieces.py,
-joint.py, compiled.py) and the kernel choice that fixes them once, at construction (choice.py)."""
+"""The DiffusionGemma one-pass read (onepass.py), the per-layer functions it calls
+(layer_ops.py, joint_streams.py, compiled.py) and the kernel choice that fixes them once, at
+construction (choice.py)."""

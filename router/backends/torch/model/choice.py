@@ -1,5 +1,5 @@
 """Which kernels a DiffusionGemma read runs: chosen once, when its reader is built, into a frozen
-``KernelChoice``, and turned into the fixed ``Pieces`` of its ``OnePass`` (as vLLM's CustomOp
+``KernelChoice``, and turned into the fixed ``LayerOps`` of its ``OnePass`` (as vLLM's CustomOp
 picks its native or CUDA forward once, at construction). Nothing is swapped while serving: a
 compiled read that fails at warm-up is served by a second reader built with ``choice.eager()``.
 
@@ -42,7 +42,7 @@ from router.backends.torch.kernels.split_kv import (
     split_attend,
     split_problem,
 )
-from router.backends.torch.model.pieces import EAGER, Pieces, ffn_half_fused, ffn_half_rows
+from router.backends.torch.model.layer_ops import EAGER, LayerOps, ffn_half_fused, ffn_half_rows
 from router.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
     items (default SPLIT_KV_ITEMS; 0: off) where the kernels read chunks right
     (``split_kv.split_problem``)."""
     from router.backends.torch.kernels.row_ops import triton_problem
-    from router.backends.torch.model.joint import weights_shared
+    from router.backends.torch.model.joint_streams import weights_shared
 
     if not weights_shared(model, attention=False):  # one pass needs tied encoder/decoder weights
         return TWO_PASS
@@ -219,29 +219,29 @@ def default_choice(model: Any, *, fast_kernels: bool | None = None, compiled: bo
                         split_kv_items=split_items)
 
 
-def build_pieces(choice: KernelChoice) -> Pieces:
-    """The ``Pieces`` of ``choice`` (the two-pass choice has none: its read is transformers')."""
+def build_layer_ops(choice: KernelChoice) -> LayerOps:
+    """The ``LayerOps`` of ``choice`` (the two-pass choice has none: its read is transformers')."""
     from router.backends.torch.kernels.row_ops import row_ops
 
     ops = row_ops(choice.triton)
-    pieces = replace(EAGER, attend=attend_by_dim(choice.attention))
+    layer_ops = replace(EAGER, attend=attend_by_dim(choice.attention))
     if choice.causal_own:
-        pieces = replace(pieces, attend_causal=causal_by_dim(choice.attention),
-                         no_causal_dims=no_causal_dims(choice.attention))
+        layer_ops = replace(layer_ops, attend_causal=causal_by_dim(choice.attention),
+                            no_causal_dims=no_causal_dims(choice.attention))
     if choice.rows_moe:
-        pieces = replace(pieces, ffn=partial(ffn_half_rows, ops=ops))
+        layer_ops = replace(layer_ops, ffn=partial(ffn_half_rows, ops=ops))
     if choice.fused_moe:
-        pieces = replace(pieces, ffn=ffn_half_fused)
+        layer_ops = replace(layer_ops, ffn=ffn_half_fused)
     if choice.merge_op:
-        pieces = replace(pieces, merge=ops.merge, merge3=ops.merge3)
+        layer_ops = replace(layer_ops, merge=ops.merge, merge3=ops.merge3)
     if choice.prefix_splits > 1:
-        pieces = replace(pieces, attend_prefix=split_attend(pieces.attend, choice.prefix_splits,
-                                                            ops.merge_chunks))
+        layer_ops = replace(layer_ops, attend_prefix=split_attend(
+            layer_ops.attend, choice.prefix_splits, ops.merge_chunks))
     if not choice.compiled:
-        return pieces
-    from router.backends.torch.model.compiled import compile_pieces
+        return layer_ops
+    from router.backends.torch.model.compiled import compile_layer_ops
 
-    return compile_pieces(pieces, backend=choice.compile_backend, merge_op=choice.merge_op)
+    return compile_layer_ops(layer_ops, backend=choice.compile_backend, merge_op=choice.merge_op)
 
 
 @functools.cache

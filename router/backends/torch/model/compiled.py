@@ -1,7 +1,7 @@
-"""Compiled pieces of the one-pass read (onepass.py, pieces.py): RMSNorm as one kernel, the q/k/v
+"""Compiled pieces of the one-pass read (onepass.py, layer_ops.py): RMSNorm as one kernel, the q/k/v
 half of attention (per stream, and over a merged q/k/v weight for ``joint_streams``), the
 log-sum-exp merge, the band softmax of the prefix read and the feed-forward half of a layer. Each is a
-torch.compile of the eager function it replaces, in a new ``Pieces`` that one ``OnePass`` is built
+torch.compile of the eager function it replaces, in a new ``LayerOps`` that one ``OnePass`` is built
 with (transformers is not patched, no piece is swapped afterwards).
 
 Why these: they hold no KV cache and take the layer as an argument, so one compiled graph
@@ -14,8 +14,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from router.backends.torch.model.joint import ffn_joint
-from router.backends.torch.model.pieces import Pieces, ffn_step
+from router.backends.torch.model.joint_streams import ffn_joint
+from router.backends.torch.model.layer_ops import LayerOps, ffn_step
 
 RECOMPILE_LIMIT = 64  # norms see 2-D to 4-D inputs with and without a scale: more than dynamo's 8
 
@@ -37,7 +37,8 @@ def rms_eps(norm: Any) -> float:
     return float(norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps)
 
 
-def compile_pieces(eager: Pieces, *, backend: str = "inductor", merge_op: bool = False) -> Pieces:
+def compile_layer_ops(eager: LayerOps, *, backend: str = "inductor",
+                      merge_op: bool = False) -> LayerOps:
     """``eager`` with its norm, q/k/v, merge, band softmax and feed-forward halves compiled, the
     feed-forward half with its streams' concatenation and scaling around it (``ffn_step``;
     ``ffn_joint`` for ``joint_streams``), so they fuse into its first and last kernels. Compiling

@@ -15,8 +15,8 @@ Semantics are the model's single unpadded read (tested against transformers' two
 sliding layers' encoder queries see keys within the window; the decoder's sliding layers see the
 last ``window - 1`` prompt tokens (what the DynamicCache keeps) and the whole canvas.
 
-The per-layer functions it calls (norms, q/k/v, feed-forward half) are a ``Pieces`` (pieces.py),
-fixed when it is built; the joint streams' helpers are joint.py's.
+The per-layer functions it calls (norms, q/k/v, feed-forward half) are a ``LayerOps``
+(layer_ops.py), fixed when it is built; the joint streams' helpers are joint_streams.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from router.backends.torch.kernels.attention import (
 )
 from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.model.inputs import OnePassBatch, PrefixKV
-from router.backends.torch.model.joint import (
+from router.backends.torch.model.joint_streams import (
     QkvStreams,
     ffn_joint,
     joined,
@@ -44,25 +44,25 @@ from router.backends.torch.model.joint import (
     qkv_joint,
     weights_shared,
 )
-from router.backends.torch.model.pieces import EAGER, Pieces, ffn_step
+from router.backends.torch.model.layer_ops import EAGER, LayerOps, ffn_step
 
 
 class OnePass(Frozen):
-    """The one-pass read of a tied DiffusionGemma with ``pieces`` (each computes what its eager
+    """The one-pass read of a tied DiffusionGemma with ``ops`` (each computes what its eager
     default does). ``band`` names the layer kinds whose shared prefix is read with ``attend_band``
-    under a position band instead of ``pieces.attend`` under a dense bias (the same visibility).
+    under a position band instead of ``ops.attend`` under a dense bias (the same visibility).
     The last layer computes only what the read uses (``last_layer``); the same result, less work.
-    ``joint_streams`` (joint.py): each layer's hidden state is both streams' rows end to end,
-    normed and projected to q/k/v by one product over a merged copy of the (tied) q/k/v weights
+    ``joint_streams`` (joint_streams.py): each layer's hidden state is both streams' rows end to
+    end, normed and projected to q/k/v by one product over a merged copy of the (tied) q/k/v weights
     (``qkv_weights``, made here: the model's parameters are untouched; it follows them only on
     the device they are on now), and their attention outputs projected by one o_proj call; the
     same result, each weight read once (needs tied attention weights: ConfigError otherwise).
     In batches of one canvas row an item, the canvases read their prompt rests' keys where they
     lie and their own canvas unmasked (``in_place``, ``canvas_own``), no per-row copy; the same
-    result. (The prompt rests' causal read is a piece: ``pieces.attend_causal``, ``causal_own``.)
+    result. (The prompt rests' causal read is one of them: ``ops.attend_causal``, ``causal_own``.)
     Immutable once built: the kernels are chosen before (choice.py), never swapped while serving."""
 
-    def __init__(self, model: Any, pieces: Pieces = EAGER, band: Iterable[str] = (),
+    def __init__(self, model: Any, ops: LayerOps = EAGER, band: Iterable[str] = (),
                  joint_streams: bool = True,
                  qkv_weights: tuple[tuple[Any, Any], ...] | None = None) -> None:
         self.model = model
@@ -71,7 +71,7 @@ class OnePass(Frozen):
         self.config = self.encoder.config
         self.window = int(self.config.sliding_window or 0)
         self.softcap = self.config.final_logit_softcapping
-        self.pieces = pieces
+        self.ops = ops
         self.band = frozenset(band)
         if joint_streams and not weights_shared(model, attention=True):
             from router.errors import ConfigError
@@ -113,17 +113,17 @@ class OnePass(Frozen):
                                                                   enc_h.shape[:2], dec_h.shape[:2])
                 q_e, q_d = q_e.contiguous(), q_d.contiguous()
             else:
-                q_e, k_e, v_e = self.pieces.qkv(enc.self_attn,
-                                                self.pieces.norm(enc.input_layernorm, enc_h),
+                q_e, k_e, v_e = self.ops.qkv(enc.self_attn,
+                                                self.ops.norm(enc.input_layernorm, enc_h),
                                                 *enc_pe[kind])
-                q_d, k_d, v_d = self.pieces.qkv(dec.self_attn,
-                                                self.pieces.norm(dec.input_layernorm, dec_h),
+                q_d, k_d, v_d = self.ops.qkv(dec.self_attn,
+                                                self.ops.norm(dec.input_layernorm, dec_h),
                                                 *dec_pe[kind])
             n_heads, n_kv = q_e.shape[1], k_e.shape[1]
             if self.causal_own(kind, width):
-                out_e, lse_e = self.pieces.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
+                out_e, lse_e = self.ops.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
             else:
-                out_e, lse_e = self.pieces.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
+                out_e, lse_e = self.ops.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
             out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind,
                                               merged=prefix is None)
             if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
@@ -134,7 +134,7 @@ class OnePass(Frozen):
                                                 (lse_e, lse_d), masks[("prefix", kind)])
             scalars = (enc.layer_scalar, dec.layer_scalar)
             if joint is not None:
-                step = self.pieces.ffn_joint or partial(ffn_joint, self.pieces.ffn)
+                step = self.ops.ffn_joint or partial(ffn_joint, self.ops.ffn)
                 n_enc = enc_h.shape[0] * enc_h.shape[1]
                 rows = step(enc, o_proj_joint(enc.self_attn, out_e, out_d), joint[0], scalars,
                             n_enc)
@@ -142,10 +142,10 @@ class OnePass(Frozen):
                 joint = (rows, joint[1])
                 continue
             attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
-            if self.pieces.ffn_step is not None:
-                enc_h, dec_h = self.pieces.ffn_step(enc, attn, (enc_h, dec_h), scalars)
+            if self.ops.ffn_step is not None:
+                enc_h, dec_h = self.ops.ffn_step(enc, attn, (enc_h, dec_h), scalars)
             else:
-                enc_h, dec_h = ffn_step(self.pieces.ffn, enc, attn, (enc_h, dec_h), scalars)
+                enc_h, dec_h = ffn_step(self.ops.ffn, enc, attn, (enc_h, dec_h), scalars)
         (enc, dec), index = layers[-1], len(layers) - 1
         at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), prefix,
                                   batch, masks, joint)
@@ -239,18 +239,18 @@ class OnePass(Frozen):
                   dec_rows: tuple[int, int]) -> QkvStreams:
         """``joint.qkv_joint`` of layer ``index`` with this read's norm and merged q/k/v weights."""
         return qkv_joint(self.encoder.layers[index], self.qkv_weights[index], rows, rotary,
-                         enc_rows, dec_rows, norm=self.pieces.norm, qkv=self.pieces.qkv_merged)
+                         enc_rows, dec_rows, norm=self.ops.norm, qkv=self.ops.qkv_merged)
 
     def causal_own(self, kind: str, width: int) -> bool:
         """Whether layer ``kind``'s prompt rests (``width`` tokens) read their own keys by
-        ``pieces.attend_causal``: exact when the window does not bind within a prompt rest (a real
+        ``ops.attend_causal``: exact when the window does not bind within a prompt rest (a real
         query's causal keys are then exactly its visible ones; a padding query also sees padding
         keys, and nothing reads its output but its own next layer) and the kind's kernel has a
         causal form. Decided per call from static shapes, so a captured graph holds one path."""
-        if self.pieces.attend_causal is None:
+        if self.ops.attend_causal is None:
             return False
         index = self.kinds().index(kind)
-        if int(self.config.per_layer_config[index].head_dim) in self.pieces.no_causal_dims:
+        if int(self.config.per_layer_config[index].head_dim) in self.ops.no_causal_dims:
             return False
         return kind != "sliding_attention" or self.window <= 0 or width <= self.window
 
@@ -264,8 +264,8 @@ class OnePass(Frozen):
         if self.in_place(batch):
             return self.canvas_own(query, enc_kv, dec_kv,
                                    masks[("slot_rest" if slot else "dec_rest", kind)], merged=merged)
-        rows_k, rows_v = self.pieces.rows_kv(*enc_kv, *dec_kv, batch.row_item)
-        return self.pieces.attend(fold_groups(query, dec_kv[0].shape[1]), rows_k, rows_v,
+        rows_k, rows_v = self.ops.rows_kv(*enc_kv, *dec_kv, batch.row_item)
+        return self.ops.attend(fold_groups(query, dec_kv[0].shape[1]), rows_k, rows_v,
                                   masks[("slot" if slot else "dec", kind)])
 
     def in_place(self, batch: OnePassBatch) -> bool:
@@ -285,10 +285,10 @@ class OnePass(Frozen):
         ``with_prefix`` merges with the prefix part in one three-part merge (no merged copy)."""
         n_kv = dec_kv[0].shape[1]
         folded = fold_groups(query, n_kv)
-        out_c, lse_c = self.pieces.attend(folded, *dec_kv, None)
-        out_r, lse_r = self.pieces.attend(folded, *enc_kv, rest_mask)
+        out_c, lse_c = self.ops.attend(folded, *dec_kv, None)
+        out_r, lse_r = self.ops.attend(folded, *enc_kv, rest_mask)
         if merged:
-            return self.pieces.merge_parts(out_r, lse_r, out_c, lse_c)
+            return self.ops.merge_parts(out_r, lse_r, out_c, lse_c)
         return (out_r, out_c), (lse_r, lse_c)
 
     def with_prefix(self, prefix: PrefixKV, index: int, queries: Sequence[Any],
@@ -304,20 +304,20 @@ class OnePass(Frozen):
         folded = fold_groups(head_major(tuple(queries)).unsqueeze(0), n_kv)
         if isinstance(mask, Band):
             out_p, lse_p = attend_band(folded, prefix.keys[index], prefix.values[index], mask,
-                                       self.pieces.band_softmax)
+                                       self.ops.band_softmax)
         else:
-            attend = self.pieces.attend_prefix or self.pieces.attend
+            attend = self.ops.attend_prefix or self.ops.attend
             out_p, lse_p = attend(folded, prefix.keys[index], prefix.values[index], mask)
         g, offset, merged = n_heads // n_kv, 0, []
         for out, lse, q in zip(outs, lses, queries, strict=True):
             part = {"items": q.shape[0], "rows": q.shape[2], "offset": offset}
             prefix_part = (group_view(out_p, g, **part), group_view(lse_p, g, **part))
             if isinstance(out, tuple):  # two own-key parts (canvas_own): one three-part merge
-                merged.append(self.pieces.merge3(group_view(out[0], g), group_view(lse[0], g),
+                merged.append(self.ops.merge3(group_view(out[0], g), group_view(lse[0], g),
                                                  group_view(out[1], g), group_view(lse[1], g),
                                                  *prefix_part))
             else:
-                merged.append(self.pieces.merge(group_view(out, g), group_view(lse, g), *prefix_part))
+                merged.append(self.ops.merge(group_view(out, g), group_view(lse, g), *prefix_part))
             offset += q.shape[0] * q.shape[2]
         return merged
 
@@ -339,11 +339,11 @@ class OnePass(Frozen):
             (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
                                                             enc_h.shape[:2], dec_h.shape[:2])
         else:
-            _, k_e, v_e = self.pieces.qkv(enc.self_attn,
-                                          self.pieces.norm(enc.input_layernorm, enc_h),
+            _, k_e, v_e = self.ops.qkv(enc.self_attn,
+                                          self.ops.norm(enc.input_layernorm, enc_h),
                                           *enc_pe[kind])
-            q_d, k_d, v_d = self.pieces.qkv(dec.self_attn,
-                                            self.pieces.norm(dec.input_layernorm, dec_h),
+            q_d, k_d, v_d = self.ops.qkv(dec.self_attn,
+                                            self.ops.norm(dec.input_layernorm, dec_h),
                                             *dec_pe[kind])
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
@@ -356,7 +356,7 @@ class OnePass(Frozen):
             (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
                                       masks[("prefix_slot", kind)])
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
-        return self.pieces.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
+        return self.ops.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
 
     def prefix_kv(self, cache: Any, prefix_len: int) -> PrefixKV:
         """Views of a transformers DynamicCache holding an encoded prefix (no copy)."""

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from router.backends.base import DRAW_SEED_STRIDE
-from router.backends.torch.model.choice import KernelChoice, build_pieces, default_choice
+from router.backends.torch.model.choice import KernelChoice, build_layer_ops, default_choice
 from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.model.inputs import OnePassBatch
-from router.backends.torch.model.joint import weights_shared
+from router.backends.torch.model.joint_streams import weights_shared
 from router.backends.torch.model.onepass import OnePass, at_slots, slot_read
 from router.backends.torch.serve.graphs import GraphSet, GraphShapes
 from router.backends.torch.serve.kv_cache import cache_kwarg, fork_cache, select_cache_rows
@@ -84,7 +84,7 @@ class DiffusionSlotReader(Frozen):
                               field="fused_pass")
         # the eager read of few items (below: ``passes``, one per distinct read-level choice)
         single = self.choice.for_read(1)
-        self.onepass = (OnePass(model, build_pieces(single), single.band, single.joint_streams,
+        self.onepass = (OnePass(model, build_layer_ops(single), single.band, single.joint_streams,
                                 qkv_weights or None)
                         if self.choice.fused_pass else None)
         if graphs is not None and self.onepass is None:
@@ -108,7 +108,7 @@ class DiffusionSlotReader(Frozen):
         wanted += [self.choice.for_read(n) for n in self.choice.read_thresholds()]
         for choice in wanted:
             if choice not in out:
-                out[choice] = OnePass(self.model, build_pieces(choice), choice.band,
+                out[choice] = OnePass(self.model, build_layer_ops(choice), choice.band,
                                       choice.joint_streams, self.onepass.qkv_weights or None)
         return out
 

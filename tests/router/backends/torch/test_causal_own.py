@@ -28,7 +28,7 @@ from router.backends.torch.kernels.attention import (
     fold_groups,
     no_causal_dims,
 )
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_pieces
+from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_layer_ops
 from router.backends.torch.model.inputs import PrefixKV
 from router.backends.torch.model.onepass import OnePass
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
@@ -98,7 +98,7 @@ def test_causal_own_reads_what_the_two_pass_read_reads(window: int) -> None:
     # the sliding layers read causally only where the window holds a whole prompt rest
     assert onepass.causal_own("sliding_attention", WIDTH) is (WIDTH <= window)
     assert onepass.causal_own("full_attention", WIDTH)
-    off = OnePass(model, build_pieces(KernelChoice(causal_own=False)))
+    off = OnePass(model, build_layer_ops(KernelChoice(causal_own=False)))
     assert not off.causal_own("full_attention", WIDTH)
 
 
@@ -113,8 +113,8 @@ def test_the_causal_path_is_the_one_read() -> None:
 
         return attend_math(fold_groups(q, k.shape[1]), k, v, None)
 
-    pieces = replace(build_pieces(KernelChoice()), attend_causal=everything)
-    onepass = OnePass(model, pieces)
+    ops = replace(build_layer_ops(KernelChoice()), attend_causal=everything)
+    onepass = OnePass(model, ops)
     reader = DiffusionSlotReader(model, choice=KernelChoice())
     batch = reader.prepare_onepass(ITEMS, prefix_len=len(PREFIX), device=torch.device("cpu"))
     prefix = onepass.prefix_kv(reader.prefix_cache(PREFIX), len(PREFIX))
@@ -219,7 +219,7 @@ def test_the_in_place_path_is_the_one_read() -> None:
 
         return merge_grouped(*canvas_and_prefix)
 
-    broken = OnePass(model, replace(build_pieces(KernelChoice()), merge3=canvas_only))
+    broken = OnePass(model, replace(build_layer_ops(KernelChoice()), merge3=canvas_only))
     with torch.inference_mode():
         got, _, _ = broken(prefix, batch)
         right, _, _ = onepass(prefix, batch)

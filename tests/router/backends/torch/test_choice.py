@@ -15,7 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_pieces, default_choice
+from router.backends.torch.model.choice import (
+    TWO_PASS,
+    KernelChoice,
+    build_layer_ops,
+    default_choice,
+)
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
 from router.backends.torch.serve.reader import SlotItem
@@ -201,13 +206,13 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
     assert reader.choice == default_choice(model) == KernelChoice(attention=((16, "math"), (32, "math")))
     assert reader.onepass is not None
     for target, name in ((reader, "graphs"), (reader, "choice"), (reader, "use_prefix_cache"),
-                         (reader.onepass, "pieces"), (reader.onepass, "band")):
+                         (reader.onepass, "ops"), (reader.onepass, "band")):
         with pytest.raises(AttributeError, match="immutable"):
             setattr(target, name, None)
     compiled = one_pass(**{**DEFAULT, "compiled": True})
     eager = replace(compiled, compiled=False)
     assert compiled.eager() == eager
-    assert build_pieces(compiled).ffn_step is not None and build_pieces(eager).ffn_step is None
+    assert build_layer_ops(compiled).ffn_step is not None and build_layer_ops(eager).ffn_step is None
     assert {f.name for f in fields(KernelChoice)} >= set(SWITCHES)
 
 

@@ -86,8 +86,8 @@ def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_sc
 
 
 def test_one_projection_over_both_streams_equals_one_per_stream() -> None:
-    from router.backends.torch.model.joint import joined
-    from router.backends.torch.model.pieces import qkv_half
+    from router.backends.torch.model.joint_streams import joined
+    from router.backends.torch.model.layer_ops import qkv_half
 
     model = tiny_model(window=8)
     onepass = OnePass(model)
@@ -129,8 +129,8 @@ def with_attention_biases(model: Any) -> Any:
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_merged_qkv_product_equals_the_three_projections(bias: bool) -> None:
-    from router.backends.torch.model.joint import merged_qkv_weights, qkv_merged
-    from router.backends.torch.model.pieces import qkv_half
+    from router.backends.torch.model.joint_streams import merged_qkv_weights, qkv_merged
+    from router.backends.torch.model.layer_ops import qkv_half
 
     model = tiny_model(window=8)
     if bias:
@@ -157,7 +157,7 @@ def test_merged_qkv_product_equals_the_three_projections(bias: bool) -> None:
 
 
 def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
-    from router.backends.torch.model.pieces import qkv_half
+    from router.backends.torch.model.layer_ops import qkv_half
 
     model = tiny_model(window=8)
     before = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
@@ -331,8 +331,8 @@ def test_reads_no_bucket_holds_run_eagerly(model: Any) -> None:
 
 
 def test_ffn_step_and_rows_kv_equal_their_parts() -> None:
-    from router.backends.torch.model.joint import ffn_joint
-    from router.backends.torch.model.pieces import ffn_step, rows_kv
+    from router.backends.torch.model.joint_streams import ffn_joint
+    from router.backends.torch.model.layer_ops import ffn_step, rows_kv
 
     gen = torch.Generator().manual_seed(3)
     enc_attn, enc_h = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)

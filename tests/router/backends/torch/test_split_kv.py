@@ -24,7 +24,7 @@ with interpreted_imports():
     from router.backends.torch.kernels.attention import attend_math, to_bias
     from router.backends.torch.kernels.row_ops import TORCH_OPS, TRITON_OPS
     from router.backends.torch.kernels.split_kv import attend_split, merge_chunks, split_problem
-    from router.backends.torch.model.choice import KernelChoice, build_pieces
+    from router.backends.torch.model.choice import KernelChoice, build_layer_ops
     from router.backends.torch.serve.diffusion import DiffusionSlotReader
     from router.errors import ConfigError
     from tests.router.backends.torch.test_choice import BANDS, LONG, SHAPES, two_pass_reads
@@ -168,8 +168,8 @@ def test_the_switches_are_checked_naming_them_and_limit_reads_by_item_count() ->
     assert [choice.for_read(n).prefix_splits for n in (1, 2, 3, 8)] == [4, 4, 1, 1]
     assert choice.for_read(1).split_kv_items == 0 and choice.read_thresholds() == (1, 3, 5)
     assert KernelChoice(prefix_splits=4).for_read(32).prefix_splits == 4  # no limit
-    assert build_pieces(KernelChoice()).attend_prefix is None
-    assert build_pieces(KernelChoice(prefix_splits=4)).attend_prefix is not None
+    assert build_layer_ops(KernelChoice()).attend_prefix is None
+    assert build_layer_ops(KernelChoice(prefix_splits=4)).attend_prefix is not None
     assert KernelChoice(prefix_splits=4, split_kv_items=1).summary()["prefix_splits"] == 4
 
 

@@ -21,7 +21,7 @@ with interpreted_imports():
     pytest.importorskip("triton")
     from router.backends.torch.kernels import triton_router
     from router.backends.torch.kernels.triton_router import route, route_top_k, route_top_k_torch
-    from router.backends.torch.model import pieces
+    from router.backends.torch.model import layer_ops
     from router.backends.torch.model.choice import _fused_moe_disagreement
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
@@ -170,8 +170,8 @@ def test_the_fused_feed_forward_half_routes_through_the_kernel(monkeypatch: Any)
     gen = torch.Generator().manual_seed(6)
     attn_out, residual = (torch.randn((2, 9, layer.hidden_size), generator=gen) for _ in range(2))
     with torch.inference_mode():
-        got = pieces.ffn_half_fused(layer, attn_out, residual)
-        want = pieces.ffn_half(layer, attn_out, residual)
+        got = layer_ops.ffn_half_fused(layer, attn_out, residual)
+        want = layer_ops.ffn_half(layer, attn_out, residual)
     assert calls == [18]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

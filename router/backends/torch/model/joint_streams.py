@@ -65,8 +65,8 @@ def merged_qkv_weights(attn: Any) -> tuple[Any, Any]:
 
 def qkv_merged(attn: Any, weight: Any, bias: Any, hidden: Any, cos: Any,
                sin: Any) -> tuple[Any, Any, Any]:
-    """``pieces.qkv_half`` with q, k (and v) as ONE product over ``merged_qkv_weights``' ``weight``
-    and ``bias``, split by output columns, then normed and rotated exactly as ``qkv_half`` does."""
+    """``layer_ops.qkv_half`` with q, k (and v) as ONE product over ``merged_qkv_weights``'
+    ``weight`` and ``bias``, split by output columns, then normed and rotated exactly as ``qkv_half`` does."""
     from torch.nn.functional import linear
     from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
 
@@ -118,7 +118,7 @@ def o_proj_joint(attn: Any, out_e: Any, out_d: Any) -> Any:
 
 def ffn_joint(ffn: Any, layer: Any, attn: Any, hidden: Any, scalars: tuple[Any, Any],
               n_enc: int) -> Any:
-    """``pieces.ffn_step`` over a hidden state kept as both streams' rows end to end, (T, E) with
+    """``layer_ops.ffn_step`` over a hidden state kept as both streams' rows end to end, (T, E) with
     the encoder's ``n_enc`` first (``joined``); ``attn``: both streams' attention outputs the
     same way (T, E), from one o_proj call (``o_proj_joint``). Returns the next hidden state, each
     stream's rows scaled by its layer's ``layer_scalar``. Why: the next layer's norm and q/k/v

@@ -17,14 +17,14 @@ Who parses on several threads at once:
 - the test process: pytest's assertion rewriter parses every module of its plugins'
   distributions imported lazily during a test, while live servers' threads format tracebacks.
   That is why tests/reliability/test_fuzz.py once failed in a full run (importing
-  schemathesis) and passed alone. Reproduced deterministically in tests/test_ast_guard.py.
+  schemathesis) and passed alone. Reproduced deterministically in tests/test_parse_lock.py.
 
 Not covered: ``compile(..., ast.PyCF_ONLY_AST)`` called directly builds ASTs without
 ``ast.parse``; nothing in the proxy's own code does.
 
 The lock is re-entrant (a finalizer on the same thread may parse) and waits at most
 ``WAIT_S``: a finalizer that blocks on a lock held by a thread waiting here would otherwise
-deadlock; past the wait it parses unguarded, as before. Uncontended, it costs one lock
+deadlock; past the wait it parses unguarded, as without the lock. Uncontended, it costs one lock
 acquisition per parse.
 """
 

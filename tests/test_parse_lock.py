@@ -1,4 +1,4 @@
-"""router/ast_guard.py: two threads parsing at once, the second one let in by a finalizer that a
+"""router/parse_lock.py: two threads parsing at once, the second one let in by a finalizer that a
 garbage collection runs in the middle of the first one's AST construction (forced here: a
 collection on every allocation, one cyclic object with a finalizer waiting to be collected).
 Unguarded, CPython 3.11 fails the first parse with "AST constructor recursion depth mismatch"
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from router import ast_guard
+from router import parse_lock
 from router.errors import ConfigError
 from router.http import server
 
@@ -59,7 +59,7 @@ def parse_while_another_thread_parses(parse: Parse) -> list[BaseException]:
 
 
 def test_the_guard_is_installed_for_the_whole_session() -> None:
-    assert ast.parse is ast_guard.guarded_parse
+    assert ast.parse is parse_lock.guarded_parse
 
 
 def test_the_proxy_installs_the_guard_before_anything_else(monkeypatch: pytest.MonkeyPatch,
@@ -67,10 +67,10 @@ def test_the_proxy_installs_the_guard_before_anything_else(monkeypatch: pytest.M
     """``slotgate serve``'s process parses on several threads too (tracebacks logged at once,
     Triton compiling in the torch worker's warm-up): it installs the guard first, before its
     settings are read, so even a start-up that fails is guarded."""
-    monkeypatch.setattr(ast, "parse", ast_guard._unguarded)  # as in a fresh process
+    monkeypatch.setattr(ast, "parse", parse_lock._unguarded)  # as in a fresh process
     with pytest.raises(ConfigError, match="file not found"):
         server.serve(config=tmp_path / "missing.yaml")
-    assert ast.parse is ast_guard.guarded_parse
+    assert ast.parse is parse_lock.guarded_parse
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -80,7 +80,7 @@ def test_concurrent_parses_through_the_guard_succeed(round_: int) -> None:
 
 def test_unguarded_concurrent_parses_fail_on_this_python() -> None:
     """The defect the guard exists for (gone on a Python whose AST construction is safe)."""
-    errors = parse_while_another_thread_parses(ast_guard._unguarded)
+    errors = parse_while_another_thread_parses(parse_lock._unguarded)
     if not errors:
         pytest.skip("this Python builds ASTs safely across threads")
     assert "AST constructor recursion depth mismatch" in str(errors[0])

@@ -1,4 +1,4 @@
-"""The functions a one-pass read calls per layer (``Pieces``), and their eager defaults: the
+"""The functions a one-pass read calls per layer (``LayerOps``), and their eager defaults: the
 norms, the q/k/v half, the feed-forward half over both streams and the rows' own keys. choice.py
 swaps in compiled and kernel versions that compute the same (compiled.py, row_ops.py, triton_moe.py).
 """
@@ -17,7 +17,7 @@ from router.backends.torch.kernels.attention import (
     merge_grouped3,
     merge_parts,
 )
-from router.backends.torch.model.joint import qkv_merged
+from router.backends.torch.model.joint_streams import qkv_merged
 
 if TYPE_CHECKING:
     from router.backends.torch.kernels.row_ops import RowOps
@@ -117,8 +117,8 @@ def rms_norm(norm: Any, hidden: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class Pieces:
-    """The functions one ``OnePass`` calls, fixed when it is built (choice.py ``build_pieces``):
+class LayerOps:
+    """The functions one ``OnePass`` calls, fixed when it is built (choice.py ``build_layer_ops``):
     the eager defaults, or compiled / kernel versions that compute the same (compiled.py, row_ops.py)."""
 
     norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
@@ -147,5 +147,5 @@ class Pieces:
     attend_prefix: Attend | None = None
 
 
-EAGER = Pieces(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
+EAGER = LayerOps(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
                merge=merge_grouped, attend=attend_math, band_softmax=band_softmax)

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from router.backends.mock import MockBackend
 from router.http.app import create_app
-from router.http.heap import freeze_after_warm_up
+from router.http.startup_freeze import freeze_after_warm_up
 from router.settings import Settings
 
 
