@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibration.monitoring import (
-    DROP_STAKES,
+    DETECTOR_STAKES,
     AccuracySequence,
     AccuracyShortfallTest,
+    ConfidenceDropDetector,
     ConfidenceDropTest,
 )
 
@@ -32,12 +33,17 @@ DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_
 # about accuracy either.
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
-STATE_VERSION = 1  # of ``PolicyWatch.state()``
-# The traffic test's stakes, by what its trip costs. Under audit_then_escalate a trip buys audits
-# only, so it may trip on weaker evidence: stakes up to 0.5 (bench.watch: the ladder leaves 17.9%
-# of novel_25's wrong answers, not 23.5%; bursts of one intent trip it in 13 of 20 replays, which
-# costs audits). Under escalate_all a trip escalates: the drift test's small stakes (1 of 20).
-EAGER_STAKES = (0.0, 0.2, 0.5)
+STATE_VERSION = 2  # of ``PolicyWatch.state()``
+# The change detectors (drift, traffic) alarm at an average run length to a false alarm of
+# HORIZON / (alarm_alpha / 2) ranked inputs: a false alarm within the first HORIZON inputs a
+# detector ranks has probability at most alarm_alpha / 2 (100,000 and 0.025 at alpha 0.05).
+FALSE_ALARM_HORIZON = 2_500
+# The traffic detector's stakes, by what its trip costs. Under audit_then_escalate a trip buys
+# audits only, so it bets up to 1 as well; under escalate_all a trip escalates, so it bets at
+# most 0.5 (a burst of 40 rows of one unsure intent at rank 0.1 then multiplies it by e^8 at
+# most, below log(arl) = 11.5).
+EAGER_STAKES = DETECTOR_STAKES
+TRAFFIC_STAKES = (0.1, 0.25, 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +175,21 @@ class PolicyWatch:
         self._start_traffic()
 
     def _start_traffic(self) -> None:
-        self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
-            self.settings.reference, alpha=self.settings.alarm_alpha / 2.0,
-            seed=self.settings.seed + 1, stakes=self.traffic_stakes))
+        self.traffic = (None if self.settings.reference is None else ConfidenceDropDetector(
+            self.settings.reference, arl=self.detector_arl, seed=self.settings.seed + 1,
+            stakes=self.traffic_stakes))
         self.traffic_tripped_at: int | None = None  # the decision count when it tripped
 
     @property
     def traffic_stakes(self) -> tuple[float, ...]:
         """The traffic test's stakes under the current ``on_alarm`` (``EAGER_STAKES``)."""
-        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else DROP_STAKES
+        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else TRAFFIC_STAKES
+
+    @property
+    def detector_arl(self) -> float:
+        """The drift and traffic detectors' alarm level: their average run length to a false
+        alarm, in ranked inputs (``FALSE_ALARM_HORIZON``)."""
+        return FALSE_ALARM_HORIZON / (self.settings.alarm_alpha / 2.0)
 
     @property
     def policy_id(self) -> str:

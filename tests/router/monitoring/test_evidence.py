@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from calibration.monitoring import DROP_STAKES
+from router.monitoring.watch import TRAFFIC_STAKES as DROP_STAKES
 from router.http.state import app_state
 from router.monitoring.checkpoint import checkpoint_path
 from router.monitoring.monitor import Monitor
@@ -89,7 +89,8 @@ async def test_a_live_re_tune_drops_the_old_watch_its_gauges_and_its_checkpoint(
     registry = PolicyRegistry.load(PolicySettings(files=[file]),
                                    backend_fingerprint=old.backend_fingerprint, monitor=monitor)
     for n in range(400):
-        if not decide(monitor, old, DOUBTFUL, f"d {spelled(n)}"):
+        decide(monitor, old, DOUBTFUL, f"d {spelled(n)}")
+        if monitor.watches[old.policy_id].alarm is not None:
             break
     assert f'slotgate_policy_alarm{{kind="drift",policy="{old.policy_id}"}} 1.0' in (
         metrics.render().decode())
