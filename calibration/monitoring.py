@@ -1,11 +1,13 @@
-"""Watching a tuned policy in production, one decision at a time: a label-free drift test (a
-conformal test martingale on the fast tier's confidence) and an anytime-valid confidence sequence
-for accepted accuracy from whatever labels arrive (audits, feedback).
+"""Watching a tuned policy in production, one decision at a time: label-free drift tests (conformal
+test martingales on the fast tier's confidence, and a change detector on the same rank
+p-values) and an anytime-valid confidence sequence for accepted accuracy from whatever labels
+arrive (audits, feedback).
 
-Both are valid at every moment, so they can be looked at after each decision without inflating
-their error rates: by Ville's inequality the drift martingale ever reaches ``1 / alpha`` with
-probability at most ``alpha`` while decisions look like the tuning rows, and the accuracy
-sequence ever excludes the true accepted accuracy with probability at most ``alpha``.
+All are valid at every moment, so they can be looked at after each decision without inflating
+their error rates: by Ville's inequality a test martingale ever reaches ``1 / alpha`` with
+probability at most ``alpha`` while decisions look like the tuning rows, the accuracy sequence
+ever excludes the true accepted accuracy with probability at most ``alpha``, and the change
+detector's average run length to a false alarm is at least its ``arl``.
 """
 
 from __future__ import annotations
@@ -457,25 +459,6 @@ class AccuracyShortfallTest(_JumperBet):
             raise ValueError(f"fractions must be in [0, 1), got {fractions!r}")
         largest = 1.0 / (1.0 - target) if target < 1.0 else 1e6  # target 1: any error counts
         super().__init__(tuple(f * largest for f in fractions), alpha=alpha, jump=jump)
-        self.target = target
-
-    def update(self, correct: bool) -> bool:
-        """Take one label; True when the alarm is (already or newly) raised."""
-        self._bet(self.target - (1.0 if correct else 0.0))
-        return self.alarm
-
-
-class AccuracyShortfallDetector(_ShiryaevRoberts):
-    """``AccuracyShortfallTest``'s bets on labels of accepted answers, as a Shiryaev-Roberts
-    e-detector mixture: a run of right answers before accuracy falls costs it nothing."""
-
-    def __init__(self, target: float, *, arl: float,
-                 fractions: tuple[float, ...] = SHORTFALL_FRACTIONS[1:]) -> None:
-        check_fraction(target, name="target", low_open=True)
-        if not fractions or any(not 0.0 <= f < 1.0 for f in fractions):
-            raise ValueError(f"fractions must be in [0, 1), got {fractions!r}")
-        largest = 1.0 / (1.0 - target) if target < 1.0 else 1e6
-        super().__init__(tuple(f * largest for f in fractions), arl=arl)
         self.target = target
 
     def update(self, correct: bool) -> bool:

@@ -1,7 +1,8 @@
 """One tuned policy watched in production: its one-sided drift martingale on accepted decisions'
-confidences (label-free), its accuracy test (trusted labels), the live accept share, the alarms
-they raise and the action those alarms call for (``on_alarm``). No I/O: the Monitor feeds it,
-checkpoints its evidence (``state``/``resume``) and decides what to log, share and export."""
+confidences (label-free), its traffic detector on every decision's (buys audits), its accuracy
+test (trusted labels), the live accept share, the alarms they raise and the action those alarms
+call for (``on_alarm``). No I/O: the Monitor feeds it, checkpoints its evidence
+(``state``/``resume``) and decides what to log, share and export."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
 STATE_VERSION = 2  # of ``PolicyWatch.state()``
-# The change detectors (drift, traffic) alarm at an average run length to a false alarm of
-# HORIZON / (alarm_alpha / 2) ranked inputs: a false alarm within the first HORIZON inputs a
-# detector ranks has probability at most alarm_alpha / 2 (100,000 and 0.025 at alpha 0.05).
+# The traffic detector trips at an average run length to a false trip of
+# FALSE_ALARM_HORIZON / (alarm_alpha / 2) ranked inputs: a false trip within the first
+# FALSE_ALARM_HORIZON inputs it ranks has probability at most alarm_alpha / 2 (100,000 and
+# 0.025 at alpha 0.05). The alarms (drift, accuracy) stay test martingales: as detectors, bursts
+# of one intent raised them (bench.watch, docs/monitoring.md).
 FALSE_ALARM_HORIZON = 2_500
 # The traffic detector's stakes, by what its trip costs. Under audit_then_escalate a trip buys
 # audits only, so it bets up to 1 as well; under escalate_all a trip escalates, so it bets at
@@ -134,8 +137,9 @@ class PolicyWatch:
     unsure messages) is no evidence against the promise and cannot raise it; a novel class
     still does, through its answers that clear the bar less surely than the tuning rows did.
 
-    The traffic test ranks every decision against every tuning row; it is no alarm (unsure
-    traffic, a client's included, trips it) and buys audits.
+    The traffic test ranks every decision against every tuning row, bet by a change detector
+    (average run length to a false trip ``detector_arl``); it is no alarm (unsure traffic, a
+    client's included, trips it) and buys audits.
 
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
     on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
@@ -187,8 +191,8 @@ class PolicyWatch:
 
     @property
     def detector_arl(self) -> float:
-        """The drift and traffic detectors' alarm level: their average run length to a false
-        alarm, in ranked inputs (``FALSE_ALARM_HORIZON``)."""
+        """The traffic detector's trip level: its average run length to a false trip, in ranked
+        inputs (``FALSE_ALARM_HORIZON``)."""
         return FALSE_ALARM_HORIZON / (self.settings.alarm_alpha / 2.0)
 
     @property
@@ -210,8 +214,8 @@ class PolicyWatch:
 
     @property
     def traffic_tripped(self) -> bool:
-        """Traffic as a whole is less sure than the tuning rows (the traffic test reached
-        ``2 / alarm_alpha``; latched until an operator's clear)."""
+        """Traffic as a whole is less sure than the tuning rows (the traffic detector reached
+        ``detector_arl``; latched until an operator's clear)."""
         return self.traffic is not None and self.traffic.alarm
 
     @property
