@@ -42,9 +42,11 @@ STATE_VERSION = 2  # of ``PolicyWatch.state()``
 # of one intent raised them (bench.watch, docs/monitoring.md).
 FALSE_ALARM_HORIZON = 2_500
 # The traffic detector's stakes, by what its trip costs. Under audit_then_escalate a trip buys
-# audits only, so it bets up to 1 as well; under escalate_all a trip escalates, so it bets at
-# most 0.5 (a burst of 40 rows of one unsure intent at rank 0.1 then multiplies it by e^8 at
-# most, below log(arl) = 11.5).
+# audits only, so it bets up to 1 (bench.watch: bursts of one intent trip it in 17 of 20
+# replays, which costs audits). Under escalate_all a trip escalates, so it bets at most 0.5:
+# bench.drift's escalation at 205 rows (13% of the wrong answers left), where stakes up to 0.2
+# gave 369.5 rows (27%); the price: bursts of one intent escalate in 11 of 20 replays, against
+# 1 of 20 with stakes up to 0.2 (docs/monitoring.md).
 EAGER_STAKES = DETECTOR_STAKES
 TRAFFIC_STAKES = (0.1, 0.25, 0.5)
 
