@@ -372,8 +372,8 @@ class _ShiryaevRoberts:
             self.alarm_at = self.n
 
 
-# The drift detector's stakes (bench.watch and bench.drift measured them against the
-# jumper's 0.1/0.2): small ones for a slight drop that lasts, 1 for a sharp one.
+# The detector's default stakes: small ones for a slight drop that lasts, 1 for a sharp one
+# (the traffic test's under audit_then_escalate, router/monitoring/watch.py).
 DETECTOR_STAKES = (0.1, 0.25, 0.5, 1.0)
 
 

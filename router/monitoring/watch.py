@@ -347,7 +347,9 @@ class PolicyWatch:
             "reference_accept_share": self.settings.reference_accept_share,
             "drift_test": self.drift is not None,
             "drift_log_martingale": None if self.drift is None else self.drift.log_value,
-            "traffic_log_martingale": None if self.traffic is None else self.traffic.log_value,
+            # the traffic detector's log statistic (None before it ranked a decision)
+            "traffic_log_martingale": (None if self.traffic is None or self.traffic.n == 0
+                                       else self.traffic.log_value),
             "traffic_tripped_at": self.traffic_tripped_at,
             "labels": bounds.n,
             "accuracy": bounds.mean,
