@@ -7,7 +7,8 @@ same; one confident question repeated 1,000 times in 3,000 rows; one popular que
 traffic; test rows in blocks of one intent (bursts of 40); only the 30 intents the model reads
 best (by its out-of-fold accuracy); one unsure message behind a "Ticket #NNNNNN:" prefix (a new
 id each time) at 20% of traffic; a campaign of distinct messages the policy never accepts at 50%
-of traffic. Harmful streams: rare intents becoming common (bench.drift's
+of traffic (each under the ladder and under ``escalate_all``, which escalates on the traffic
+test's trip). Harmful streams: rare intents becoming common (bench.drift's
 data); intents the model never learnt at 25% and at 5% of traffic; the novel share rising
 linearly from 0 to 50% over 5,000 rows. Each replay feeds the proxy's PolicyWatch row by row
 (texts keyed by the proxy's fingerprint, ``router.monitoring.fingerprint.normalised``: a
@@ -313,7 +314,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
 
 def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, Any]:
     rng = np.random.default_rng(sum(map(ord, scenario.name)))  # seeded per scenario
-    actions = ACTIONS if scenario.kind == "harmful" else ("audit_then_escalate",)
+    actions = ACTIONS if scenario.kind == "harmful" else ("audit_then_escalate", "escalate_all")
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in actions}
     mapie_rows: list[int | None] = []
     wrong_no_action: list[int] = []
@@ -342,6 +343,9 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
             "traffic_trip_rate": finite(mean([r["traffic_row"] is not None for r in first]), 4),
             "false_escalation_rate_audit_then_escalate": finite(
                 mean([r["escalated_from"] is not None for r in ladder]), 4),
+            # escalate_all escalates on the traffic test's trip: a benign stream's cost
+            "false_escalation_rate_escalate_all": finite(
+                mean([r["escalated_from"] is not None for r in runs["escalate_all"]]), 4),
             "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
             "accepted_accuracy": finite(mean(accepted_accuracy), 4),
             "slow_calls_audit_then_escalate": finite(mean([r["slow_all"] for r in ladder]), 1),

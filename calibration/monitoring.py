@@ -1,11 +1,13 @@
-"""Watching a tuned policy in production, one decision at a time: a label-free drift test (a
-conformal test martingale on the fast tier's confidence) and an anytime-valid confidence sequence
-for accepted accuracy from whatever labels arrive (audits, feedback).
+"""Watching a tuned policy in production, one decision at a time: label-free drift tests (conformal
+test martingales on the fast tier's confidence, and a change detector on the same rank
+p-values) and an anytime-valid confidence sequence for accepted accuracy from whatever labels
+arrive (audits, feedback).
 
-Both are valid at every moment, so they can be looked at after each decision without inflating
-their error rates: by Ville's inequality the drift martingale ever reaches ``1 / alpha`` with
-probability at most ``alpha`` while decisions look like the tuning rows, and the accuracy
-sequence ever excludes the true accepted accuracy with probability at most ``alpha``.
+All are valid at every moment, so they can be looked at after each decision without inflating
+their error rates: by Ville's inequality a test martingale ever reaches ``1 / alpha`` with
+probability at most ``alpha`` while decisions look like the tuning rows, the accuracy sequence
+ever excludes the true accepted accuracy with probability at most ``alpha``, and the change
+detector's average run length to a false alarm is at least its ``arl``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -193,38 +195,23 @@ class _JumperBet:
             self.alarm_at = self.n
 
 
-class ConfidenceDropTest(_JumperBet):
-    """A one-sided conformal test martingale: it grows only when new confidences rank *below*
-    the reference's (accepted decisions less sure, more decisions under the bar, novel inputs
-    the model has no confident answer for). Confidences that rank higher (a sharper served model,
-    confident repeated traffic) lose its bets, so they can never raise it.
+class _RankedConfidences:
+    """The rank p-values the one-sided tests bet on: each new confidence ranked, ties at random
+    (seeded), against the reference confidences and every earlier one, in plain Python with a
+    Fenwick tree (a few microseconds per update on the request path; numpy sums cost ~100)."""
 
-    Guarantee (Ville's inequality): while decisions are exchangeable with the reference rows, the
-    rank p-values are independent and uniform, each bet has conditional mean 1 and the alarm
-    ever fires with probability at most ``alpha``. The same bound holds when each new confidence
-    is, given the past, stochastically at least as large as a draw from the ranked set: its
-    p-value is then stochastically at least uniform and every bet has conditional mean at most 1
-    (a supermartingale). ``tests/calibration/test_confidence_drop.py`` checks both by simulation.
+    n: int
+    alarm_at: int | None
 
-    The p-values are ``ConformalDriftTest``'s (randomised ranks on the 1e-4 grid, every earlier
-    decision ranked too); the experts and the jumper mixing are the simple jumper of Vovk et al.
-    (2005, section 7.1) restricted to one side. MAPIE has no one-sided variant, hence written
-    here, in plain Python with a Fenwick tree for the ranks: one update costs a few microseconds
-    on the request path (the two-sided class's numpy sums cost ~100).
-    """
+    if TYPE_CHECKING:
+        def _bet(self, edge: float) -> None: ...
 
-    def __init__(self, reference: ArrayLike, *, alpha: float = 0.025, jump: float = 0.01,
-                 seed: int = 0, stakes: tuple[float, ...] = DROP_STAKES) -> None:
-        check_fraction(alpha, name="alpha", low_open=True, high_open=True)
-        check_fraction(jump, name="jump", low_open=True, high_open=True)
-        if not stakes or any(not 0.0 <= s <= 2.0 for s in stakes):
-            raise ValueError(f"stakes must be in [0, 2] (a bet stays >= 0), got {stakes!r}")
+    def _rank_reference(self, reference: ArrayLike, seed: int) -> None:
         ref = np.asarray(reference, dtype=np.float64).ravel()
         if ref.size == 0:
             raise ValueError("reference is empty: the drift test needs the tuning confidences")
         if not np.all((ref >= 0.0) & (ref <= 1.0)):
             raise ValueError("reference has values outside [0, 1]")
-        super().__init__(tuple(float(s) for s in stakes), alpha=alpha, jump=jump)
         counts = np.bincount(np.clip(np.rint(ref * GRID), 0, GRID).astype(np.int64),
                              minlength=GRID + 1)
         self._counts = [int(c) for c in counts]
@@ -251,21 +238,19 @@ class ConfidenceDropTest(_JumperBet):
         self._ranked[b] = self._ranked.get(b, 0) + 1
         _add(self._tree, b)
         self._total += 1
-        return self.alarm
+        return self.alarm_at is not None
 
     def bet(self, p_value: float) -> None:
-        """One step of the one-sided jumper on a p-value in [0, 1]."""
+        """One step on a p-value in [0, 1]: only p-values below 1/2 win."""
         self._bet(0.5 - p_value)
 
-    def state(self) -> dict[str, Any]:
-        """The wealth and the confidences ranked since the reference (sparse: bin -> count)."""
-        return super().state() | {"ranked": {str(b): c for b, c in self._ranked.items()}}
+    def _ranked_state(self) -> dict[str, Any]:
+        return {"ranked": {str(b): c for b, c in self._ranked.items()}}
 
-    def resume(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` on the same reference: the confidences ranked before are
-        ranked against again, and the tie-breaking stream is re-seeded for the new process
-        (any independent uniform draw keeps the p-values exact)."""
-        super().resume(state)
+    def _resume_ranked(self, state: dict[str, Any]) -> None:
+        """Rank against the confidences ranked before (``state["ranked"]``) again, and re-seed
+        the tie-breaking stream for the new process (any independent uniform draw keeps the
+        p-values exact)."""
         for key, count in dict(state["ranked"]).items():
             b, c = int(key), int(count)
             if not 0 <= b <= GRID or c < 1:
@@ -275,6 +260,148 @@ class ConfidenceDropTest(_JumperBet):
             self._total += c
         self._tree = _fenwick(self._counts)
         self._random = random.Random(f"{self._seed}:{self.n}")
+
+
+def _check_stakes(stakes: tuple[float, ...]) -> tuple[float, ...]:
+    if not stakes or any(not 0.0 <= s <= 2.0 for s in stakes):
+        raise ValueError(f"stakes must be in [0, 2] (a bet stays >= 0), got {stakes!r}")
+    return tuple(float(s) for s in stakes)
+
+
+class ConfidenceDropTest(_JumperBet, _RankedConfidences):
+    """A one-sided conformal test martingale: it grows only when new confidences rank *below*
+    the reference's (accepted decisions less sure, more decisions under the bar, novel inputs
+    the model has no confident answer for). Confidences that rank higher (a sharper served model,
+    confident repeated traffic) lose its bets, so they can never raise it.
+
+    Guarantee (Ville's inequality): while decisions are exchangeable with the reference rows, the
+    rank p-values are independent and uniform, each bet has conditional mean 1 and the alarm
+    ever fires with probability at most ``alpha``. The same bound holds when each new confidence
+    is, given the past, stochastically at least as large as a draw from the ranked set: its
+    p-value is then stochastically at least uniform and every bet has conditional mean at most 1
+    (a supermartingale). ``tests/calibration/test_confidence_drop.py`` checks both by simulation.
+
+    The experts and the jumper mixing are the simple jumper of Vovk et al. (2005, section 7.1)
+    restricted to one side; MAPIE has no one-sided variant, hence written here.
+    ``ConfidenceDropDetector`` bets the same p-values as a change detector.
+    """
+
+    def __init__(self, reference: ArrayLike, *, alpha: float = 0.025, jump: float = 0.01,
+                 seed: int = 0, stakes: tuple[float, ...] = DROP_STAKES) -> None:
+        check_fraction(alpha, name="alpha", low_open=True, high_open=True)
+        check_fraction(jump, name="jump", low_open=True, high_open=True)
+        _JumperBet.__init__(self, _check_stakes(stakes), alpha=alpha, jump=jump)
+        self._rank_reference(reference, seed)
+
+    def state(self) -> dict[str, Any]:
+        """The wealth and the confidences ranked since the reference (sparse: bin -> count)."""
+        return _JumperBet.state(self) | self._ranked_state()
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` on the same reference."""
+        _JumperBet.resume(self, state)
+        self._resume_ranked(state)
+
+
+class _ShiryaevRoberts:
+    """A mixture of Shiryaev-Roberts e-detectors (Shin, Ramdas & Rinaldo 2024, "E-detectors"),
+    one per stake: ``R_t = (R_{t-1} + 1) * (1 + stake * edge_t)`` from ``R_0 = 0``, i.e. the sum,
+    over every possible change point, of a test martingale started there. Each step's bet has
+    conditional mean at most 1 under the null, so ``R_t - t`` is a supermartingale, and so is
+    the mean over stakes; the alarm (the mean reached ``arl``) then has an average run length to
+    a false alarm of at least ``arl`` steps, and by Ville's inequality applied to
+    ``R_t + n - t`` a false alarm within the first ``n`` steps has probability at most
+    ``n / arl``. Evidence before a change costs nothing after it: the martingale started at the
+    change point is one term of the sum, at wealth 1 (a test martingale that lost must first
+    earn its losses back)."""
+
+    def __init__(self, stakes: tuple[float, ...], *, arl: float) -> None:
+        if not arl > 1.0 or math.isinf(arl):
+            raise ValueError(f"arl must be a finite number above 1, got {arl!r}")
+        self.arl = arl
+        self._stakes = stakes
+        self._values = [0.0] * len(stakes)  # R per stake, divided by e^_log_scale
+        self._log_scale = 0.0
+        self._threshold = math.log(arl)
+        self.n = 0
+        self.alarm_at: int | None = None
+
+    @property
+    def threshold(self) -> float:
+        """Natural log of ``arl``: the level ``log_value`` alarms at."""
+        return self._threshold
+
+    @property
+    def log_value(self) -> float:
+        """Natural log of the detector's mean statistic (-inf before the first step)."""
+        total = sum(self._values)
+        return self._log_scale + math.log(total / len(self._values)) if total > 0 else -math.inf
+
+    @property
+    def alarm(self) -> bool:
+        return self.alarm_at is not None
+
+    def state(self) -> dict[str, Any]:
+        """The evidence so far, as plain JSON values (``resume`` takes it back)."""
+        return {"detector": list(self._values), "log_scale": self._log_scale, "n": self.n,
+                "alarm_at": self.alarm_at}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (this object's ``state()`` of an earlier process, same
+        stakes and arl): the run-length guarantee holds over the whole stream."""
+        values = [float(v) for v in state["detector"]]
+        if len(values) != len(self._stakes) or any(not v >= 0.0 for v in values):
+            raise ValueError(f"detector: {len(self._stakes)} non-negative values expected, "
+                             f"got {state['detector']!r}")
+        self._values = values
+        self._log_scale = float(state["log_scale"])
+        self.n = int(state["n"])
+        self.alarm_at = None if state["alarm_at"] is None else int(state["alarm_at"])
+
+    def _bet(self, edge: float) -> None:
+        """One step: every stake's statistic plus one new start, times its bet."""
+        fresh = math.exp(-self._log_scale)  # a martingale started now, on the kept scale
+        self._values = [(v + fresh) * max(0.0, 1.0 + s * edge)
+                        for v, s in zip(self._values, self._stakes, strict=True)]
+        scale = max(self._values)
+        if scale > 1e100:  # keep floats finite over unbounded streams
+            self._values = [v / scale for v in self._values]
+            self._log_scale += math.log(scale)
+        self.n += 1
+        if self.alarm_at is None and self.log_value >= self._threshold:
+            self.alarm_at = self.n
+
+
+# The detector's default stakes: small ones for a slight drop that lasts, 1 for a sharp one
+# (the traffic test's under audit_then_escalate, router/monitoring/watch.py).
+DETECTOR_STAKES = (0.1, 0.25, 0.5, 1.0)
+
+
+class ConfidenceDropDetector(_ShiryaevRoberts, _RankedConfidences):
+    """A one-sided change detector on confidences: ``ConfidenceDropTest``'s rank p-values, bet
+    by a Shiryaev-Roberts e-detector mixture. Confidences ranking below the reference's raise
+    it; surer ones lose its bets.
+
+    Guarantee: while decisions are exchangeable with the reference rows (or surer, given the
+    past), every bet has conditional mean at most 1, so the average run length to a false
+    alarm is at least ``arl`` ranked decisions and a false alarm within the first ``n`` has
+    probability at most ``n / arl``. Unlike the test martingale's "probability of ever", this
+    bound grows with the stream: a watch picks ``arl`` for the horizon it must stay quiet over.
+    """
+
+    def __init__(self, reference: ArrayLike, *, arl: float, seed: int = 0,
+                 stakes: tuple[float, ...] = DETECTOR_STAKES) -> None:
+        _ShiryaevRoberts.__init__(self, _check_stakes(stakes), arl=arl)
+        self._rank_reference(reference, seed)
+
+    def state(self) -> dict[str, Any]:
+        """The detector and the confidences ranked since the reference (sparse: bin -> count)."""
+        return _ShiryaevRoberts.state(self) | self._ranked_state()
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` on the same reference."""
+        _ShiryaevRoberts.resume(self, state)
+        self._resume_ranked(state)
 
 
 def _fenwick(counts: list[int]) -> list[int]:

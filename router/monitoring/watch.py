@@ -1,7 +1,8 @@
 """One tuned policy watched in production: its one-sided drift martingale on accepted decisions'
-confidences (label-free), its accuracy test (trusted labels), the live accept share, the alarms
-they raise and the action those alarms call for (``on_alarm``). No I/O: the Monitor feeds it,
-checkpoints its evidence (``state``/``resume``) and decides what to log, share and export."""
+confidences (label-free), its traffic detector on every decision's (buys audits), its accuracy
+test (trusted labels), the live accept share, the alarms they raise and the action those alarms
+call for (``on_alarm``). No I/O: the Monitor feeds it, checkpoints its evidence
+(``state``/``resume``) and decides what to log, share and export."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibration.monitoring import (
-    DROP_STAKES,
+    DETECTOR_STAKES,
     AccuracySequence,
     AccuracyShortfallTest,
+    ConfidenceDropDetector,
     ConfidenceDropTest,
 )
 
@@ -32,12 +34,21 @@ DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_
 # about accuracy either.
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
-STATE_VERSION = 1  # of ``PolicyWatch.state()``
-# The traffic test's stakes, by what its trip costs. Under audit_then_escalate a trip buys audits
-# only, so it may trip on weaker evidence: stakes up to 0.5 (bench.watch: the ladder leaves 17.9%
-# of novel_25's wrong answers, not 23.5%; bursts of one intent trip it in 13 of 20 replays, which
-# costs audits). Under escalate_all a trip escalates: the drift test's small stakes (1 of 20).
-EAGER_STAKES = (0.0, 0.2, 0.5)
+STATE_VERSION = 2  # of ``PolicyWatch.state()``
+# The traffic detector trips at an average run length to a false trip of
+# FALSE_ALARM_HORIZON / (alarm_alpha / 2) ranked inputs: a false trip within the first
+# FALSE_ALARM_HORIZON inputs it ranks has probability at most alarm_alpha / 2 (100,000 and
+# 0.025 at alpha 0.05). The alarms (drift, accuracy) stay test martingales: as detectors, bursts
+# of one intent raised them (bench.watch, docs/monitoring.md).
+FALSE_ALARM_HORIZON = 2_500
+# The traffic detector's stakes, by what its trip costs. Under audit_then_escalate a trip buys
+# audits only, so it bets up to 1 (bench.watch: bursts of one intent trip it in 17 of 20
+# replays, which costs audits). Under escalate_all a trip escalates, so it bets at most 0.5:
+# bench.drift's escalation at 205 rows (13% of the wrong answers left), where stakes up to 0.2
+# gave 369.5 rows (27%); the price: bursts of one intent escalate in 11 of 20 replays, against
+# 1 of 20 with stakes up to 0.2 (docs/monitoring.md).
+EAGER_STAKES = DETECTOR_STAKES
+TRAFFIC_STAKES = (0.1, 0.25, 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +139,9 @@ class PolicyWatch:
     unsure messages) is no evidence against the promise and cannot raise it; a novel class
     still does, through its answers that clear the bar less surely than the tuning rows did.
 
-    The traffic test ranks every decision against every tuning row; it is no alarm (unsure
-    traffic, a client's included, trips it) and buys audits.
+    The traffic test ranks every decision against every tuning row, bet by a change detector
+    (average run length to a false trip ``detector_arl``); it is no alarm (unsure traffic, a
+    client's included, trips it) and buys audits.
 
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
     on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
@@ -169,15 +181,21 @@ class PolicyWatch:
         self._start_traffic()
 
     def _start_traffic(self) -> None:
-        self.traffic = (None if self.settings.reference is None else ConfidenceDropTest(
-            self.settings.reference, alpha=self.settings.alarm_alpha / 2.0,
-            seed=self.settings.seed + 1, stakes=self.traffic_stakes))
+        self.traffic = (None if self.settings.reference is None else ConfidenceDropDetector(
+            self.settings.reference, arl=self.detector_arl, seed=self.settings.seed + 1,
+            stakes=self.traffic_stakes))
         self.traffic_tripped_at: int | None = None  # the decision count when it tripped
 
     @property
     def traffic_stakes(self) -> tuple[float, ...]:
         """The traffic test's stakes under the current ``on_alarm`` (``EAGER_STAKES``)."""
-        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else DROP_STAKES
+        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else TRAFFIC_STAKES
+
+    @property
+    def detector_arl(self) -> float:
+        """The traffic detector's trip level: its average run length to a false trip, in ranked
+        inputs (``FALSE_ALARM_HORIZON``)."""
+        return FALSE_ALARM_HORIZON / (self.settings.alarm_alpha / 2.0)
 
     @property
     def policy_id(self) -> str:
@@ -198,8 +216,8 @@ class PolicyWatch:
 
     @property
     def traffic_tripped(self) -> bool:
-        """Traffic as a whole is less sure than the tuning rows (the traffic test reached
-        ``2 / alarm_alpha``; latched until an operator's clear)."""
+        """Traffic as a whole is less sure than the tuning rows (the traffic detector reached
+        ``detector_arl``; latched until an operator's clear)."""
         return self.traffic is not None and self.traffic.alarm
 
     @property
@@ -329,7 +347,9 @@ class PolicyWatch:
             "reference_accept_share": self.settings.reference_accept_share,
             "drift_test": self.drift is not None,
             "drift_log_martingale": None if self.drift is None else self.drift.log_value,
-            "traffic_log_martingale": None if self.traffic is None else self.traffic.log_value,
+            # the traffic detector's log statistic (None before it ranked a decision)
+            "traffic_log_martingale": (None if self.traffic is None or self.traffic.n == 0
+                                       else self.traffic.log_value),
             "traffic_tripped_at": self.traffic_tripped_at,
             "labels": bounds.n,
             "accuracy": bounds.mean,

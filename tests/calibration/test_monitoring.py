@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from calibration.monitoring import AccuracySequence, ConformalDriftTest, reference_summary
+from calibration.monitoring import (
+    AccuracySequence,
+    ConfidenceDropDetector,
+    ConfidenceDropTest,
+    ConformalDriftTest,
+    reference_summary,
+)
 
 
 def test_martingale_equals_mapies_jumper_on_the_same_p_values() -> None:
@@ -113,3 +119,68 @@ def test_accuracy_sequence_falls_below_a_missed_target() -> None:
         n += 1
         assert n < 500
     assert sequence.upper < 0.95 and sequence.bounds().n == n
+
+
+def test_detector_is_the_sum_of_test_martingales_started_at_every_step() -> None:
+    stakes = (0.1, 0.5, 1.0)
+    p_values = np.random.default_rng(7).uniform(0, 0.8, size=60)
+    detector = ConfidenceDropDetector([0.5], arl=1e6, stakes=stakes)
+    for t, p in enumerate(p_values, start=1):
+        detector.bet(float(p))
+        bets = 1.0 + np.outer(0.5 - p_values[:t], stakes)  # (t, stakes)
+        started = [np.prod(bets[k:], axis=0) for k in range(t)]  # a martingale from each step
+        expected = float(np.mean(np.sum(started, axis=0)))
+        assert detector.log_value == pytest.approx(np.log(expected), rel=1e-9)
+
+
+def test_detector_false_alarms_within_n_steps_stay_under_n_over_arl() -> None:
+    rng = np.random.default_rng(8)
+    reference = rng.beta(6, 1, size=500)
+    alarms = 0
+    for seed in range(200):  # exchangeable: n / arl = 400 / 8,000 = 0.05
+        detector = ConfidenceDropDetector(reference, arl=8_000.0, seed=seed)
+        alarms += any(detector.update(float(c)) for c in rng.beta(6, 1, size=400))
+    assert alarms / 200 <= 0.1  # <= 0.05 in expectation; 0.1 leaves room for noise
+
+
+def test_detector_ignores_surer_confidences_and_forgets_a_long_clean_prefix() -> None:
+    rng = np.random.default_rng(9)
+    reference = rng.beta(6, 1, size=1000)
+    detector = ConfidenceDropDetector(reference, arl=1e5)
+    for _ in range(3000):  # the same confident value, over and over
+        detector.update(0.999)
+    assert not detector.alarm and detector.log_value < detector.threshold / 2
+    detector_delays, martingale_delays = [], []
+    for seed in range(8):  # 3,000 clean rows, then 30% of confidences from a lower distribution
+        clean = rng.beta(6, 1, size=3000)
+        shifted = np.where(rng.random(3000) < 0.3, rng.beta(2, 2, size=3000),
+                           rng.beta(6, 1, size=3000))
+        for make, delays in ((lambda s: ConfidenceDropDetector(reference, arl=1e5, seed=s),
+                              detector_delays),
+                             (lambda s: ConfidenceDropTest(reference, alpha=0.025, seed=s),
+                              martingale_delays)):
+            test = make(seed)
+            assert not any(test.update(float(c)) for c in clean)
+            delays.append(next((i for i, c in enumerate(shifted) if test.update(float(c))), 3000))
+    assert max(detector_delays) < 3000
+    assert np.median(detector_delays) < np.median(martingale_delays)
+
+
+def test_detector_resumes_where_it_stopped() -> None:
+    p_values = np.random.default_rng(10).uniform(0, 0.9, size=200)
+    whole = ConfidenceDropDetector([0.5], arl=1e4)
+    first = ConfidenceDropDetector([0.5], arl=1e4)
+    for p in p_values:
+        whole.bet(float(p))
+    for p in p_values[:120]:
+        first.bet(float(p))
+    second = ConfidenceDropDetector([0.5], arl=1e4)
+    second.resume(first.state())
+    for p in p_values[120:]:
+        second.bet(float(p))
+    assert second.log_value == pytest.approx(whole.log_value, rel=1e-12)
+    assert second.alarm_at == whole.alarm_at and second.n == 200
+    with pytest.raises(ValueError, match="detector"):
+        second.resume({**first.state(), "detector": [1.0]})
+    with pytest.raises(ValueError, match="arl"):
+        ConfidenceDropDetector([0.5], arl=1.0)

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from calibration.monitoring import DROP_STAKES
 from router.http.state import app_state
 from router.monitoring.checkpoint import checkpoint_path
 from router.monitoring.monitor import Monitor
-from router.monitoring.watch import EAGER_STAKES, PolicyWatch, WatchSettings
+from router.monitoring.watch import EAGER_STAKES, TRAFFIC_STAKES, PolicyWatch, WatchSettings
 from router.routing.registry import PolicyRegistry
 from router.routing.reload import reload_now
 from router.settings import PolicySettings
@@ -89,7 +88,8 @@ async def test_a_live_re_tune_drops_the_old_watch_its_gauges_and_its_checkpoint(
     registry = PolicyRegistry.load(PolicySettings(files=[file]),
                                    backend_fingerprint=old.backend_fingerprint, monitor=monitor)
     for n in range(400):
-        if not decide(monitor, old, DOUBTFUL, f"d {spelled(n)}"):
+        decide(monitor, old, DOUBTFUL, f"d {spelled(n)}")
+        if monitor.watches[old.policy_id].alarm is not None:
             break
     assert f'slotgate_policy_alarm{{kind="drift",policy="{old.policy_id}"}} 1.0' in (
         metrics.render().decode())
@@ -112,7 +112,7 @@ def test_the_traffic_test_follows_on_alarm_and_takes_no_evidence_bet_at_other_st
     assert eager.traffic.n == 10
     state = eager.state()
     eager.update_settings(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
-    assert eager.traffic_stakes == DROP_STAKES and eager.traffic.n == 0  # a reload's new action
+    assert eager.traffic_stakes == TRAFFIC_STAKES and eager.traffic.n == 0  # a reload's new action
     assert eager.drift is not None and eager.drift.n == 10  # the alarms' evidence runs on
     cautious = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
     assert cautious.resume(state) and cautious.n_decisions == 10
