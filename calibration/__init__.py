@@ -39,8 +39,8 @@ from calibration.risk import (
 )
 
 __all__ = [
-    "CascadeThresholds",
     "Calibrator",
+    "CascadeThresholds",
     "HistogramBinning",
     "IdentityCalibrator",
     "IsotonicCalibrator",
