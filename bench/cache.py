@@ -125,15 +125,22 @@ class CommandLog:
         await self._client.aclose()
 
     def cache_round_trips(self) -> int:
-        """The cache's reads (one MGET or GET each) plus its write pipelines (SETs from one
-        connection within a millisecond are one pipeline)."""
-        reads = sum(1 for _, _, words in self.commands
-                    if words[0].upper() in ("MGET", "GET") and len(words) > 1
-                    and CACHE_KEY.match(words[1].strip('"')))
-        writes = {(client, round(at * 1000)) for client, at, words in self.commands
-                  if words[0].upper() == "SET" and len(words) > 1
-                  and CACHE_KEY.match(words[1].strip('"'))}
-        return reads + len(writes)
+        """The cache's reads (one MGET or GET each) plus its write pipelines. A pipeline holds its
+        connection while its commands go out back to back, so one connection's unbroken run of
+        cache SETs is one pipeline (not a time window: two pipelines can land within a
+        millisecond of each other)."""
+        reads = writes = 0
+        last_was_set: dict[str, bool] = {}
+        for client, _, words in self.commands:
+            cache_set = (words[0].upper() == "SET" and len(words) > 1
+                         and bool(CACHE_KEY.match(words[1].strip('"'))))
+            if cache_set and not last_was_set.get(client, False):
+                writes += 1
+            last_was_set[client] = cache_set
+            if (words[0].upper() in ("MGET", "GET") and len(words) > 1
+                    and CACHE_KEY.match(words[1].strip('"'))):
+                reads += 1
+        return reads + writes
 
 
 async def round_trips(sg_url: str, redis_url: str, api_key: str, n: int) -> dict[str, Any]:

@@ -31,3 +31,18 @@ async def test_a_hit_costs_one_round_trip_and_a_miss_two(bench_peers: Peers) -> 
     assert miss["routes"] == {"fast": N}  # the mock read is sure of its answer
     assert miss["request_path_round_trips_per_decision"] == 2.0  # MGET, then the SET pipeline
     assert common.decision_body(0) == hit_body(0)  # hits re-send the warmed states
+
+
+def test_a_connections_unbroken_run_of_cache_sets_is_one_pipeline() -> None:
+    """Pipelines are told apart by what the connection sent between them, not by the clock:
+    two decisions' SETs 0.9 ms apart are two round trips, one pipeline's two SETs are one."""
+    from bench.cache import CommandLog
+
+    key = "slotgate:v1:ns:read:" + "a" * 64
+    log = CommandLog.__new__(CommandLog)
+    log.commands = [
+        ("c1", 1.0000, ["MGET", key]), ("c1", 1.0002, ["SET", key]), ("c1", 1.0003, ["SET", key]),
+        ("c2", 1.0004, ["XADD", "slotgate:v1:log"]),
+        ("c1", 1.0006, ["MGET", key]), ("c1", 1.0009, ["SET", key]),
+    ]
+    assert log.cache_round_trips() == 4  # two MGETs, two pipelines

@@ -81,22 +81,18 @@ def mock_case() -> Case:
 
 
 def trained_artifacts(source: Path, folder: Path, kind: str) -> tuple[Path, Path]:
-    """Two artifacts of one model saved with different metadata, so their files, hence
-    fingerprints, differ. TF-IDF: the session's BANKING77 model, re-saved; embeddings: a small
-    model trained here (10 messages per intent), once per session."""
-    from router.backends.sklearn import load_text_model, save_text_model, train_text_model
+    """Two models of one kind fit on different rows (10 messages per intent, two seeds), so what
+    they compute, hence their fingerprints, differ (a model re-saved with other metadata keeps
+    its fingerprint: test_model_digest.py). Trained once per session."""
+    from router.backends.sklearn import save_text_model, train_text_model
 
     paths = (folder / f"{kind}-a.joblib", folder / f"{kind}-b.joblib")
     if all(p.exists() for p in paths):
         return paths
-    if kind == "tfidf":
-        model = load_text_model(source)
-        pipeline, n_train = model.pipeline, int(model.meta["n_train"])
-    else:
-        texts, labels = read_train(source / "train.csv", 10, seed=0)
-        pipeline, n_train = train_text_model(texts, labels, kind=kind), len(texts)
-    for tag, path in zip("ab", paths):
-        save_text_model(path, pipeline, kind=kind, n_train=n_train, data_hash=tag * 64)
+    for seed, path in enumerate(paths):
+        texts, labels = read_train(source / "train.csv", 10, seed=seed)
+        pipeline = train_text_model(texts, labels, kind=kind)
+        save_text_model(path, pipeline, kind=kind, n_train=len(texts), data_hash=str(seed) * 64)
     return paths
 
 
@@ -219,9 +215,7 @@ async def case(request: pytest.FixtureRequest, banking77_dir: Path,
         kind = "tfidf" if name == "sklearn" else "wordllama"
         folder = tmp_path_factory.getbasetemp() / "contract-models"
         folder.mkdir(exist_ok=True)
-        source = (request.getfixturevalue("banking77_model").path if kind == "tfidf"
-                  else banking77_dir)
-        built = text_model_case(kind, source, folder)
+        built = text_model_case(kind, banking77_dir, folder)
     elif name == "systemone":
         built = systemone_case(request.getfixturevalue("systemone_url"))
     elif name == "vllm":
