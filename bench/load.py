@@ -145,7 +145,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(1.0)  # let the server finish what the clients abandoned
             rss_end = rss_kib(pid)
             log_path = workdir / "decisions.jsonl"
-            decisions_logged = sum(1 for _ in log_path.open()) if log_path.exists() else 0
+            decisions_logged = 0
+            if log_path.exists():
+                with log_path.open() as lines:
+                    decisions_logged = sum(1 for _ in lines)
     n_ok = tally.statuses["200"]
     shed = tally.statuses["429"]  # our own backpressure: expected under overload, reported
     unexpected = sum(tally.statuses.values()) - n_ok - shed
