@@ -1,6 +1,9 @@
 """The one way labels meet decisions, for every reader of the log (export-log, monitor, the
 replay): a human label (``/v1/feedback``) wins over an audit label (the slow model's answer);
-among labels of one source the latest by time wins, a tie going to the one read later. A
+among labels of one source the latest by time wins, a tie going to the one read later. Human
+labels of keys without the "trusted" role are left out unless asked for (``untrusted``): a
+client's wrong labels must not re-tune a policy or judge its replayed accuracy. A label is one
+per decision, however often it was posted. A
 decision id seen twice (a log appended twice, at-least-once delivery to Redis) counts once:
 its first record."""
 
@@ -17,17 +20,28 @@ LabelSource = Literal["human", "slow"]
 
 class LabelJoin:
     """The labels of a log by decision id (``add`` every record; decisions are ignored). Holds
-    two short strings per labelled decision, never the decisions themselves."""
+    two short strings per labelled decision, never the decisions themselves. ``untrusted``:
+    how many decisions an untrusted key labelled (left out, or with ``untrusted=True`` joined)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, untrusted: bool = False) -> None:
         self._human: dict[str, tuple[float, str]] = {}
         self._audit: dict[str, tuple[float, str]] = {}
+        self._with_untrusted = untrusted
+        self._untrusted: set[str] = set()
 
     def add(self, record: AnyRecord) -> None:
         if isinstance(record, FeedbackRecord):
+            if not record.trusted:
+                self._untrusted.add(record.decision_id)
+                if not self._with_untrusted:
+                    return
             _keep_latest(self._human, record.decision_id, record.time, record.label)
         elif isinstance(record, AuditRecord):
             _keep_latest(self._audit, record.decision_id, record.time, record.label)
+
+    @property
+    def untrusted(self) -> int:
+        return len(self._untrusted)
 
     def human(self, decision_id: str) -> str | None:
         found = self._human.get(decision_id)
