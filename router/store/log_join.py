@@ -2,8 +2,8 @@
 replay): a human label (``/v1/feedback``) wins over an audit label (the slow model's answer);
 among labels of one source the latest by time wins, a tie going to the one read later. Human
 labels of keys without the "trusted" role are left out unless asked for (``untrusted``): a
-client's wrong labels must not re-tune a policy or judge its replayed accuracy. A label is one
-per decision, however often it was posted. A
+client's wrong labels must not re-tune a policy or judge its replayed accuracy; joined, a
+trusted label still beats them. A decision has one label, however often it was posted. A
 decision id seen twice (a log appended twice, at-least-once delivery to Redis) counts once:
 its first record."""
 
@@ -25,6 +25,7 @@ class LabelJoin:
 
     def __init__(self, *, untrusted: bool = False) -> None:
         self._human: dict[str, tuple[float, str]] = {}
+        self._client: dict[str, tuple[float, str]] = {}  # untrusted keys' labels, when joined
         self._audit: dict[str, tuple[float, str]] = {}
         self._with_untrusted = untrusted
         self._untrusted: set[str] = set()
@@ -33,8 +34,9 @@ class LabelJoin:
         if isinstance(record, FeedbackRecord):
             if not record.trusted:
                 self._untrusted.add(record.decision_id)
-                if not self._with_untrusted:
-                    return
+                if self._with_untrusted:
+                    _keep_latest(self._client, record.decision_id, record.time, record.label)
+                return
             _keep_latest(self._human, record.decision_id, record.time, record.label)
         elif isinstance(record, AuditRecord):
             _keep_latest(self._audit, record.decision_id, record.time, record.label)
@@ -44,7 +46,7 @@ class LabelJoin:
         return len(self._untrusted)
 
     def human(self, decision_id: str) -> str | None:
-        found = self._human.get(decision_id)
+        found = self._human.get(decision_id) or self._client.get(decision_id)
         return None if found is None else found[1]
 
     def audit(self, decision_id: str) -> str | None:
@@ -61,7 +63,7 @@ class LabelJoin:
         return None if audit is None else (audit, "slow")
 
     def __len__(self) -> int:
-        return len(self._human.keys() | self._audit.keys())
+        return len(self._human.keys() | self._client.keys() | self._audit.keys())
 
 
 def distinct_decisions(records: Iterable[AnyRecord]) -> Iterator[DecisionRecord]:

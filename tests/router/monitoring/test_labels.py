@@ -25,7 +25,7 @@ from router.monitoring.replay import replay_log
 from router.settings import Settings, load_settings
 from router.store.log_join import LabelJoin
 from router.store.log_reader import parse_record
-from router.store.records import FeedbackRecord
+from router.store.records import AuditRecord, FeedbackRecord
 from standins.llm import StandinHandle
 from tests.live import LiveServer
 from tests.router.monitoring.conftest import watched_policy
@@ -164,4 +164,7 @@ def test_a_feedback_record_without_the_trusted_field_counts_as_trusted() -> None
     everyone = LabelJoin(untrusted=True)
     everyone.add(old)
     everyone.add(FeedbackRecord(decision_id="d0", label="b", time=2.0, trusted=False))
-    assert everyone.label("d0") == ("b", "human")  # the latest label of a person wins
+    assert everyone.label("d0") == ("a", "human")  # joined, a trusted label still wins
+    everyone.add(FeedbackRecord(decision_id="d1", label="b", time=2.0, trusted=False))
+    everyone.add(AuditRecord(decision_id="d1", label="a", time=3.0))
+    assert everyone.label("d1") == ("b", "human") and len(everyone) == 2
