@@ -30,6 +30,10 @@ def export_log(
     audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
                                                "audit (the slow model's answer); a human label "
                                                "wins.")] = False,
+    untrusted_labels: Annotated[bool, typer.Option(
+        help="Also export the labels of API keys without the `trusted` feedback role "
+             "(feedback.roles); by default only trusted keys' labels re-tune a policy.")]
+        = False,
     reference: Annotated[str, typer.Option(help="human: labels are /v1/feedback only; slow: "
                                            "where none, the slow model's answer (shadow mode, "
                                            "audits, escalations); `tune` on it promises "
@@ -70,6 +74,7 @@ def export_log(
         n = export_predictions(sources, out, signature=signature,
                                default=default[0] if default else None,
                                labelled_only=labelled_only, audit_labels=audit_labels,
+                               untrusted_labels=untrusted_labels,
                                redis_stream=(redis_url, stream) if redis_url else None,
                                reference_slow=reference == "slow", tally=tally, chosen=chosen)
     except PredictionsError as exc:
@@ -84,6 +89,11 @@ def export_log(
     typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
                f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
                f"{tally['unlabelled']} none")
+    if tally["untrusted"]:
+        typer.echo(f"including {tally['untrusted']} untrusted label(s) (keys without the "
+                   "trusted feedback role)" if untrusted_labels else
+                   f"{tally['untrusted']} untrusted label(s) left out (--untrusted-labels "
+                   "includes them)")
 
 
 def default_policy(settings: Settings) -> tuple[str, str] | None:

@@ -5,7 +5,8 @@ sequence at each label, alarms, and accepted accuracy per answer.
 The log is streamed twice (labels and alarms first, then the decisions in order), so memory
 holds the labels and the series, never the records. Each decision is judged by the policy's
 own rule (``verdict_on``: per-option bars, margins and the budget as served); labels are joined
-by ``router.store.log_join`` and count, as live, for decisions whose fast answer was served."""
+by ``router.store.log_join`` and count, as live, for decisions whose fast answer was served,
+and, as live, only audits and trusted keys' labels (a client's labels judge nothing)."""
 
 from __future__ import annotations
 

@@ -63,8 +63,8 @@ class DecisionLog(ABC):
         file, not in memory."""
 
     @abstractmethod
-    async def add_feedback(self, decision_id: str, label: str) -> None:
-        """Store the true answer of a logged decision."""
+    async def add_feedback(self, decision_id: str, label: str, *, trusted: bool) -> None:
+        """Store the true answer of a logged decision, and whether its labeller is trusted."""
 
     async def add_event(self, record: EventRecord | dict[str, Any]) -> None:
         """Store an audit or alarm record (never returned by ``get``)."""
@@ -116,11 +116,11 @@ class JsonlDecisionLog(DecisionLog):
     async def get(self, decision_id: str) -> DecisionView | None:
         return self.index.get(decision_id)
 
-    async def add_feedback(self, decision_id: str, label: str) -> None:
-        await self.add_feedback_encoded(decision_id, label)
+    async def add_feedback(self, decision_id: str, label: str, *, trusted: bool) -> None:
+        await self.add_feedback_encoded(decision_id, label, trusted=trusted)
 
-    async def add_feedback_encoded(self, decision_id: str, label: str) -> bytes:
-        data = encode(FeedbackRecord(decision_id=decision_id, label=label))
+    async def add_feedback_encoded(self, decision_id: str, label: str, *, trusted: bool) -> bytes:
+        data = encode(FeedbackRecord(decision_id=decision_id, label=label, trusted=trusted))
         if not await self._write(data, "feedback"):
             raise LogUnavailable(f"the decision log cannot store the label now ({self._failing}); "
                                  "send it again later", field="label")

@@ -1,6 +1,9 @@
 """The one way labels meet decisions, for every reader of the log (export-log, monitor, the
 replay): a human label (``/v1/feedback``) wins over an audit label (the slow model's answer);
-among labels of one source the latest by time wins, a tie going to the one read later. A
+among labels of one source the latest by time wins, a tie going to the one read later. Human
+labels of keys without the "trusted" role are left out unless asked for (``untrusted``): a
+client's wrong labels must not re-tune a policy or judge its replayed accuracy; joined, a
+trusted label still beats them. A decision has one label, however often it was posted. A
 decision id seen twice (a log appended twice, at-least-once delivery to Redis) counts once:
 its first record."""
 
@@ -17,20 +20,33 @@ LabelSource = Literal["human", "slow"]
 
 class LabelJoin:
     """The labels of a log by decision id (``add`` every record; decisions are ignored). Holds
-    two short strings per labelled decision, never the decisions themselves."""
+    two short strings per labelled decision, never the decisions themselves. ``untrusted``:
+    how many decisions an untrusted key labelled (left out, or with ``untrusted=True`` joined)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, untrusted: bool = False) -> None:
         self._human: dict[str, tuple[float, str]] = {}
+        self._client: dict[str, tuple[float, str]] = {}  # untrusted keys' labels, when joined
         self._audit: dict[str, tuple[float, str]] = {}
+        self._with_untrusted = untrusted
+        self._untrusted: set[str] = set()
 
     def add(self, record: AnyRecord) -> None:
         if isinstance(record, FeedbackRecord):
+            if not record.trusted:
+                self._untrusted.add(record.decision_id)
+                if self._with_untrusted:
+                    _keep_latest(self._client, record.decision_id, record.time, record.label)
+                return
             _keep_latest(self._human, record.decision_id, record.time, record.label)
         elif isinstance(record, AuditRecord):
             _keep_latest(self._audit, record.decision_id, record.time, record.label)
 
+    @property
+    def untrusted(self) -> int:
+        return len(self._untrusted)
+
     def human(self, decision_id: str) -> str | None:
-        found = self._human.get(decision_id)
+        found = self._human.get(decision_id) or self._client.get(decision_id)
         return None if found is None else found[1]
 
     def audit(self, decision_id: str) -> str | None:
@@ -47,7 +63,7 @@ class LabelJoin:
         return None if audit is None else (audit, "slow")
 
     def __len__(self) -> int:
-        return len(self._human.keys() | self._audit.keys())
+        return len(self._human.keys() | self._client.keys() | self._audit.keys())
 
 
 def distinct_decisions(records: Iterable[AnyRecord]) -> Iterator[DecisionRecord]:

@@ -97,12 +97,17 @@ _DECISION_DEFAULTS: dict[str, Any] = {
 
 
 class FeedbackRecord(_Record):
-    """A human label (``POST /v1/feedback``) for a logged decision."""
+    """A human label (``POST /v1/feedback``) for a logged decision. ``trusted``: the labeller's
+    key had the "trusted" role (``feedback.roles``); re-tuning and the replay read only trusted
+    labels unless asked (``export-log --untrusted-labels``)."""
 
     type: Literal["feedback"] = "feedback"
     decision_id: DecisionId
     label: str
     time: float = Field(default_factory=time.time)
+    # A record without the field was written when every label fed the alarm and the export:
+    # it reads as trusted, as it was then.
+    trusted: bool = True
 
 
 class AuditRecord(_Record):

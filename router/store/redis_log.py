@@ -149,8 +149,8 @@ class RedisStreamDecisionLog(DecisionLog):
     def failing(self) -> str | None:
         return self.jsonl.failing
 
-    async def add_feedback(self, decision_id: str, label: str) -> None:
-        data = await self.jsonl.add_feedback_encoded(decision_id, label)
+    async def add_feedback(self, decision_id: str, label: str, *, trusted: bool) -> None:
+        data = await self.jsonl.add_feedback_encoded(decision_id, label, trusted=trusted)
         self._enqueue(data)
 
     async def add_event(self, record: EventRecord | dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 def export_predictions(source: Settings | Path | str | Sequence[Path | str], out_path: Path | str,
                        *, signature: str | None = None, default: str | None = None,
                        labelled_only: bool = False, audit_labels: bool = False,
+                       untrusted_labels: bool = False,
                        redis_stream: tuple[str, str] | None = None, reference_slow: bool = False,
                        tally: dict[str, int] | None = None,
                        chosen: dict[str, str] | None = None) -> int:
@@ -33,7 +34,9 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     ``router.store.log_join`` (a human label wins, then the latest by time); a decision id
     repeated (a log appended twice, at-least-once delivery) counts once. With
     ``audit_labels``, a decision with no feedback takes its audit's label (the slow model's
-    answer): a policy tuned on those promises agreement with the slow model. ``redis_stream``
+    answer): a policy tuned on those promises agreement with the slow model. Labels posted with
+    a key without the "trusted" role (``feedback.roles``) are left out unless
+    ``untrusted_labels``: a client's wrong labels must not re-tune the policy. ``redis_stream``
     (url, stream name) adds the records of the Redis stream every replica writes to (what it
     still holds: see docs/reliability.md on Redis restarts). The logs are streamed twice
     (labels first, then the rows): memory holds labels and ids, never the records.
@@ -51,7 +54,8 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     no feedback takes the slow model's answer as its label: its audit's, else the answer it was
     served when that came from the slow model (shadow mode, or an escalation). Rows say where
     their label came from (``reference``: "human" | "slow"); ``tally`` receives the counts
-    (human, slow, unlabelled). No reference label at all is bad input (field 'label'), and
+    (human, slow, unlabelled, and "untrusted": the decisions an untrusted key labelled, left
+    out or joined). No reference label at all is bad input (field 'label'), and
     nothing is written. Escalations alone are labelled only below the threshold, a biased
     sample; a shadow-mode log labels every decision."""
     if isinstance(source, str | Path):
@@ -65,7 +69,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     def records(*, quiet: bool = False) -> Iterator[AnyRecord]:
         return read_logs(paths, redis_stream=redis_stream, quiet=quiet)
 
-    labels = LabelJoin()
+    labels = LabelJoin(untrusted=untrusted_labels)
     questions: dict[str, _Question] = {}  # named scope -> what the log holds of it, first seen
     seen: set[str] = set()
     for record in records():
@@ -126,7 +130,7 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     written = [0]
     write_predictions(Path(out_path), rows())
     if tally is not None:
-        tally.update(counts)
+        tally.update(counts, untrusted=labels.untrusted)
     return written[0]
 
 

@@ -120,15 +120,15 @@ def test_feedback_on_another_replica_and_export_of_both_logs(redis: RedisServer,
               "Redis came back empty")
 
     logs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
-    runner = CliRunner()
+    runner = CliRunner()  # the replicas have no API keys: every label is an untrusted client's
     for log in logs:  # each file alone: A's decisions without labels, B's labels alone
         out = tmp_path / f"{log.stem}-only.jsonl"
         result = runner.invoke(cli, ["export-log", "--log", str(log), "--out", str(out),
-                                     "--labelled-only"])
+                                     "--labelled-only", "--untrusted-labels"])
         assert result.exit_code == 0 and "wrote 0 predictions" in result.output, result.output
     out = tmp_path / "both.jsonl"
     result = runner.invoke(cli, ["export-log", "--log", str(logs[0]), "--log", str(logs[1]),
-                                 "--out", str(out), "--labelled-only"])
+                                 "--out", str(out), "--labelled-only", "--untrusted-labels"])
     assert result.exit_code == 0, result.output
     preds = read_predictions(out)
     labels = dict(zip(preds.ids, preds.labels))
@@ -140,7 +140,7 @@ def test_feedback_on_another_replica_and_export_of_both_logs(redis: RedisServer,
     # so the decision made before it (its record went with the restart) is not there.
     via_redis = tmp_path / "redis.jsonl"
     result = runner.invoke(cli, ["export-log", "--redis-url", redis.url, "--out", str(via_redis),
-                                 "--labelled-only"])
+                                 "--labelled-only", "--untrusted-labels"])
     assert result.exit_code == 0, result.output
     preds = read_predictions(via_redis)
     assert dict(zip(preds.ids, preds.labels)) == {during_id: "card_arrival"}

@@ -87,7 +87,7 @@ def make_router() -> APIRouter:
             raise InvalidRequest(
                 f"label: {body.label!r} is not one of the decision's {len(decision.options)} "
                 "options", field="label")
-        await state.feedback.add_feedback(body.decision_id, body.label)
+        await state.feedback.add_feedback(body.decision_id, body.label, trusted=role == "trusted")
         monitor = state.service.monitor
         # Only a trusted key's label is evidence for the accuracy alarm (the observer port);
         # any other is logged and exported, and can switch no policy to the slow model.

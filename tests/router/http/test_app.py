@@ -225,6 +225,7 @@ def test_feedback_round_trip(app: Server, tmp_path: Path) -> None:
         unknown = http.post("/v1/feedback", json={"decision_id": "nope", "label": "lost_card"})
         bad_label = http.post("/v1/feedback", json={"decision_id": decision_id, "label": "zzz"})
     assert ok.status_code == 200 and ok.json()["correct"] is False
+    assert ok.json()["trusted"] is False  # no API keys: every caller has the default role
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "decision_id"
     assert bad_label.status_code == 400 and bad_label.json()["error"]["param"] == "label"
     # The label reaches the recalibration input: the decision log exported as predictions.
@@ -232,7 +233,8 @@ def test_feedback_round_trip(app: Server, tmp_path: Path) -> None:
     [record] = [r for r in read_records(log_path) if r["decision_id"] == decision_id
                 and r.get("type") == "decision"]
     out = tmp_path / "preds.jsonl"
-    export_predictions(log_path, out, signature=record["signature"], labelled_only=True)
+    export_predictions(log_path, out, signature=record["signature"], labelled_only=True,
+                       untrusted_labels=True)
     preds = read_predictions(out)
     assert preds.ids == [decision_id] and preds.options == tuple(INTENTS)
     assert preds.y_true.tolist() == [INTENTS.index("lost_card")]

@@ -14,11 +14,18 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from policies.file import load_policy
 from router.backends.mock import MockBackend
+from router.cli.app import app as cli
 from router.errors import ConfigError
 from router.http.state import app_state
+from router.monitoring.replay import replay_log
 from router.settings import Settings, load_settings
+from router.store.log_join import LabelJoin
+from router.store.log_reader import parse_record
+from router.store.records import AuditRecord, FeedbackRecord
 from standins.llm import StandinHandle
 from tests.live import LiveServer
 from tests.router.monitoring.conftest import watched_policy
@@ -105,3 +112,59 @@ def test_a_role_for_something_that_is_not_a_key_hash_is_refused_naming_the_field
     settings = load_settings(feedback={"roles": {HASHES[CLIENT].upper(): "trusted"}})
     assert settings.feedback.role_of(f"key-{HASHES[CLIENT][:16]}") == "trusted"
     assert settings.feedback.role_of("default") == "logged"
+
+
+def test_export_log_and_monitor_read_only_trusted_labels_unless_asked(
+        tmp_path: Path, standin: StandinHandle, redis_url: str) -> None:
+    """Two keys label through real HTTP: the trusted key's label is exported and replayed, the
+    logged key's is in the log but poisons neither re-tuning nor the replayed accuracy, unless
+    ``export-log --untrusted-labels`` asks for it; a label posted twice is one row's label."""
+    server, policy_id = start(tmp_path, standin, redis_url, "a.jsonl")
+    with server:
+        mine = ask(server, TRUSTED, "my card has not arrived yet")["decision_id"]
+        theirs = ask(server, CLIENT, "my card was stolen")["decision_id"]
+        assert label(server, TRUSTED, mine, "a").json()["trusted"] is True
+        for _ in range(2):  # the same wrong label posted twice
+            assert label(server, CLIENT, theirs, "b").json()["trusted"] is False
+    log = tmp_path / "a.jsonl"
+    logged = [r for r in map(json.loads, log.read_text().splitlines())
+              if r.get("type") == "feedback"]
+    assert [(r["decision_id"], r["trusted"]) for r in logged] == [
+        (mine, True), (theirs, False), (theirs, False)]
+
+    out = tmp_path / "trusted.jsonl"
+    result = CliRunner().invoke(cli, ["export-log", "--log", str(log), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {r["id"]: r["label"] for r in map(json.loads, out.read_text().splitlines())} == {
+        mine: "a", theirs: None}
+    assert "1 human" in result.output
+    assert "1 untrusted label(s) left out (--untrusted-labels includes them)" in result.output
+
+    everything = tmp_path / "all.jsonl"
+    result = CliRunner().invoke(cli, ["export-log", "--log", str(log), "--out", str(everything),
+                                      "--untrusted-labels"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in everything.read_text().splitlines()]
+    assert {r["id"]: r["label"] for r in rows} == {mine: "a", theirs: "b"}
+    assert "2 human" in result.output and "including 1 untrusted" in result.output
+
+    [series] = replay_log(log, [load_policy(tmp_path / "policy.json")])
+    assert series.policy_id == policy_id
+    assert [correct for _, correct, *_ in series.labels] == [True]  # the trusted label only
+
+
+def test_a_feedback_record_without_the_trusted_field_counts_as_trusted() -> None:
+    """Logs written before labels had roles: every label then fed the alarm and the export."""
+    old = parse_record(b'{"type": "feedback", "decision_id": "d0", "label": "a", "time": 1.0}')
+    assert isinstance(old, FeedbackRecord) and old.trusted is True
+    labels = LabelJoin()
+    labels.add(old)
+    labels.add(FeedbackRecord(decision_id="d0", label="b", time=2.0, trusted=False))
+    assert labels.label("d0") == ("a", "human") and labels.untrusted == 1
+    everyone = LabelJoin(untrusted=True)
+    everyone.add(old)
+    everyone.add(FeedbackRecord(decision_id="d0", label="b", time=2.0, trusted=False))
+    assert everyone.label("d0") == ("a", "human")  # joined, a trusted label still wins
+    everyone.add(FeedbackRecord(decision_id="d1", label="b", time=2.0, trusted=False))
+    everyone.add(AuditRecord(decision_id="d1", label="a", time=3.0))
+    assert everyone.label("d1") == ("b", "human") and len(everyone) == 2

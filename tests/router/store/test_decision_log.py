@@ -45,7 +45,7 @@ async def test_jsonl_round_trip_and_index_survives_a_restart(tmp_path: Path) -> 
     log = JsonlDecisionLog(path)
     for i in range(3):
         await log.append(record(i))
-    await log.add_feedback("d1", "card_arrival")
+    await log.add_feedback("d1", "card_arrival", trusted=True)
     assert await log.get("d2") == view("d2")
     assert await log.get("nope") is None
     await log.aclose()
@@ -124,7 +124,7 @@ async def test_redis_stream_round_trip_and_jsonl_copy(redis_url: str, tmp_path: 
     log = RedisStreamDecisionLog(redis_url, "slotgate:v1:log", jsonl=tmp_path / "d.jsonl",
                                  ttl_s=600)
     await log.append(record(0))
-    await log.add_feedback("d0", "card_arrival")
+    await log.add_feedback("d0", "card_arrival", trusted=True)
     await log.aclose()
     client = redis.Redis.from_url(redis_url)
     entries = client.xrange("slotgate:v1:log")
@@ -182,7 +182,7 @@ async def test_redis_down_loses_nothing_and_raises_nothing(tmp_path: Path) -> No
         await log.append(record(0))
         server.stop()
         await log.append(record(1))
-        await log.add_feedback("d1", "lost_card")
+        await log.add_feedback("d1", "lost_card", trusted=True)
         assert (await log.get("d1")).decision_id == "d1"  # type: ignore[union-attr]
         await log.flush()  # Redis is written behind the request: send the queue now
         assert log.redis_errors >= 2
@@ -242,7 +242,7 @@ async def test_decisions_made_while_redis_was_down_reach_it_later(tmp_path: Path
         assert await log.flush()
         server.stop()
         await log.append(record(1))
-        await log.add_feedback("d1", "card_arrival")
+        await log.add_feedback("d1", "card_arrival", trusted=True)
         await asyncio.sleep(0.3)  # the flusher tries, fails and keeps them
         assert log.redis_errors >= 3 and log.n_pending == 3  # 2 stream entries, 1 key
         server.start()  # back, and empty: d0's key was lost with the restart

@@ -121,7 +121,7 @@ async def test_a_label_the_log_cannot_take_is_refused() -> None:
     await log.append(record(0))  # answered: the decision is only counted
     assert log.index.get("d0") is not None  # and feedback can still find it in memory
     with pytest.raises(LogUnavailable) as refused:
-        await log.add_feedback("d0", "lost_card")
+        await log.add_feedback("d0", "lost_card", trusted=True)
     assert refused.value.status_code == 503 and refused.value.field == "label"
     assert unlogged == ["decision", "feedback"]
     await log.aclose()

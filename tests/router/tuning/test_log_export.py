@@ -33,7 +33,7 @@ def write_log(path: Path, n: int) -> None:
             await log.append({"decision_id": f"d{i}", "options": OPTIONS, "proba": [p, 1 - p],
                               "signature": "sig", "fingerprint": "fp", "text": f"t{i}"})
             if i % 2 == 0:
-                await log.add_feedback(f"d{i}", "yes" if rng.random() < p else "no")
+                await log.add_feedback(f"d{i}", "yes" if rng.random() < p else "no", trusted=True)
         await log.aclose()
 
     asyncio.run(fill())
@@ -136,9 +136,9 @@ async def test_export_joins_feedback_into_predictions(tmp_path: Path) -> None:
     await log.append(logged(1, proba=[0.1, 0.8, 0.1]))
     await log.append(logged(2))
     await log.append(logged(3) | {"proba": None, "route": "slow"})  # no fast read: left out
-    await log.add_feedback("d0", "card_arrival")
-    await log.add_feedback("d0", "exchange_rate")  # a correction: the latest label wins
-    await log.add_feedback("d1", "card_arrival")
+    await log.add_feedback("d0", "card_arrival", trusted=True)
+    await log.add_feedback("d0", "exchange_rate", trusted=True)  # a correction: the latest label wins
+    await log.add_feedback("d1", "card_arrival", trusted=True)
     await log.aclose()
     out = tmp_path / "out" / "preds.jsonl"
     settings = Settings(log=LogSettings(decision_log_path=path))
@@ -221,7 +221,7 @@ async def test_the_redis_stream_is_read_whole_in_chunks(redis_url: str, tmp_path
     for i in range(5):
         await log.append({"decision_id": f"d{i}", "options": OPTIONS, "proba": [0.6, 0.4],
                           "signature": "sig", "answer": "yes"})
-    await log.add_feedback("d3", "no")
+    await log.add_feedback("d3", "no", trusted=True)
     assert await log.flush()
     await log.aclose()
     records = list(read_stream(redis_url, "s", chunk=2))

@@ -59,7 +59,7 @@ class MemoryLog:
     async def get(self, decision_id: str) -> dict[str, Any] | None:
         return next((r for r in self.records if r.get("decision_id") == decision_id), None)
 
-    async def add_feedback(self, decision_id: str, label: str) -> None:
+    async def add_feedback(self, decision_id: str, label: str, *, trusted: bool) -> None:
         return None
 
     async def aclose(self) -> None:
