@@ -20,7 +20,7 @@ from calibration.risk import (
     fixed_sequence_walks,
     walk_candidates,
 )
-from calibration.validation import check_fraction
+from calibration.validation import check_confidence, check_fraction
 
 # Candidate thresholds of a tier that later tiers follow: the confidences at which it alone
 # accepts 1/LEVELS, 2/LEVELS ... of the rows. The last tier read takes every distinct confidence.
@@ -328,12 +328,7 @@ def _check_confidence_2d(confidence: ArrayLike, name: str = "confidence"
     array = np.asarray(confidence, dtype=np.float64)
     if array.ndim != 2 or array.shape[1] < 1:
         raise ValueError(f"{name} must be 2-D (n_samples, n_tiers), got shape {array.shape}")
-    if array.shape[0] == 0:
-        raise ValueError(f"{name} is empty: at least one row is needed")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} has non-finite values (nan or inf)")
-    if np.any(array < 0.0) or np.any(array > 1.0):
-        raise ValueError(f"{name} has values outside [0, 1]")
+    check_confidence(array.ravel(), name=name)  # non-empty, finite, in [0, 1]
     return array
 
 

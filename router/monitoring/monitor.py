@@ -27,7 +27,7 @@ from router.monitoring.audits import AuditJob, AuditQueue
 from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, checkpoint_path
 from router.monitoring.fingerprint import input_key
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
-from router.routing.ports import Label, Observation
+from router.routing.ports import Label, Observation, SlowModel
 from router.store.records import AlarmRecord
 
 if TYPE_CHECKING:
@@ -461,7 +461,7 @@ def _action(watch: PolicyWatch) -> str:
 
 
 def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
-                 slow: Any) -> Monitor:
+                 slow: SlowModel | None) -> Monitor:
     """The app's monitor: alarms and audit labels go to the decision log, audits to the slow
     path (when one is configured), alarms recorded in the log before a restart are re-armed
     once the policies are loaded (``restore_from_log``)."""
@@ -471,10 +471,8 @@ def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
             from router.errors import NoSlowModel
 
             raise NoSlowModel("audit")
-        # SlowPath.audit: outside the clients' slots (the audit workers are the audits' budget);
-        # a slow model without it (a test's) answers through ask.
-        ask = getattr(slow, "audit", slow.ask)
-        return str((await ask(request)).answer)
+        # Outside the clients' slots: the audit workers are the audits' budget.
+        return str((await slow.audit(request)).answer)
 
     return Monitor(metrics=metrics, events=getattr(decision_log, "add_event", None),
                    answer=answer, audit_capacity=settings.monitoring.audit_queue,

@@ -4,7 +4,6 @@ the same JSON, with every tier and target, and never over the committed result."
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from bench import tiers
+from tests.bench.test_guarantee import own_csv
 
 
 def test_outcome_counts_accepted_answers_of_every_tier() -> None:
@@ -63,25 +63,9 @@ def test_summary_compares_the_cascade_with_the_cheapest_single_tier() -> None:
                                      "against 80.0%")
 
 
-def own_csv(banking77_dir: Path, path: Path, *, intents: int = 5, per_intent: int = 120) -> Path:
-    """A user's labelled CSV with its own column names: BANKING77 rows of a few intents."""
-    with (banking77_dir / "train.csv").open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    kept: dict[str, list[str]] = {}
-    for row in rows:
-        texts = kept.setdefault(row["category"], [])
-        if len(texts) < per_intent:
-            texts.append(row["text"])
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["utterance", "intent"])
-        writer.writerows((text, name) for name in sorted(kept)[:intents] for text in kept[name])
-    return path
-
-
 def test_a_run_on_any_labelled_csv_prints_and_writes_the_report(
         tmp_path: Path, banking77_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = own_csv(banking77_dir, tmp_path / "mine.csv")
+    data = own_csv(banking77_dir, tmp_path / "mine.csv", intents=5, per_intent=120)
     out = tmp_path / "tiers.json"
     tiers.main(["--data", str(data), "--text-column", "utterance", "--label-column", "intent",
                 "--fast", "tfidf,wordllama", "--slow", "wordllama", "--draws", "3",

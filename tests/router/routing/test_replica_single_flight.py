@@ -39,6 +39,7 @@ class GatedSlow:
         if self.fail:
             raise SlowPathUnavailable("this replica's slow model is down")
         return SlowAnswer("c", "gated", 1.0, 1)
+    audit = ask  # one budget: audits and escalations alike
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ class RecordingSlow:
         if self.fail is not None:
             raise self.fail
         return SlowAnswer(request.option_names[-1])
+    audit = ask  # one budget: audits and escalations alike
 
 
 @dataclass
@@ -208,6 +209,7 @@ async def test_a_failing_question_cancels_the_others_escalations() -> None:
                 self.cancelled = True
                 raise
             return SlowAnswer(request.option_names[0])
+        audit = ask  # one budget: audits and escalations alike
 
     slow = HalfBroken()
     service, _, log, _ = make_service(slow_path=slow)  # type: ignore[arg-type]

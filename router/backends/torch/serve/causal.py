@@ -11,10 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.serve.kv_cache import cache_kwarg, fork_cache
 from router.backends.torch.serve.prefix_lru import PrefixLRU
-from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
+from router.backends.torch.serve.reader import EagerReader, SlotItem, SlotRead
 
 
 def label_read(logits: Any, items: Sequence[SlotItem]) -> list[SlotRead]:
@@ -42,7 +41,7 @@ def softcapped(model: Any, logits: Any) -> Any:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
-class CausalSlotReader(Frozen):
+class CausalSlotReader(EagerReader):
     """Next-token read after ``prefix_ids + suffix_ids`` (the suffix ends with the answer prefix)."""
 
     def __init__(self, model: Any, *, pad_id: int = 0, prefix_cache_entries: int = 8,
@@ -54,13 +53,6 @@ class CausalSlotReader(Frozen):
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model.get_decoder().forward)
         self._seal()
-
-    compiled = False  # eager reads; nothing to warm up
-    needs_warm_up = False
-    batch_sizes: tuple[int, ...] = ()  # no padding to graph buckets
-
-    def warm_up(self, sample: SlotItem) -> SlotReader:
-        return self
 
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
         import torch

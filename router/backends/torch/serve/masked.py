@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.serve.causal import label_read
-from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader
+from router.backends.torch.serve.reader import EagerReader, SlotItem, SlotRead
 
 
-class MaskedSlotReader(Frozen):
+class MaskedSlotReader(EagerReader):
     """Fills the ``[MASK]`` in ``prefix_ids + suffix_ids`` (the last mask token is the slot)."""
 
     def __init__(self, model: Any, *, mask_id: int, pad_id: int = 0) -> None:
@@ -20,13 +19,6 @@ class MaskedSlotReader(Frozen):
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
         self._seal()
-
-    compiled = False  # eager reads; nothing to warm up
-    needs_warm_up = False
-    batch_sizes: tuple[int, ...] = ()  # no padding to graph buckets
-
-    def warm_up(self, sample: SlotItem) -> SlotReader:
-        return self
 
     def read(self, items: Sequence[SlotItem]) -> list[SlotRead]:
         import torch

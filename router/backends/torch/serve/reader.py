@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Self
 
 import numpy as np
+
+from router.backends.torch.model.frozen import Frozen
 
 if TYPE_CHECKING:
     import torch
@@ -66,3 +68,15 @@ class SlotReader(Protocol):
         """The reader to serve with, made ready on ``sample``: this one, or (when compiling or
         capturing fails) an eager twin over the same model; never this one changed."""
         ...
+
+
+class EagerReader(Frozen):
+    """A reader over transformers' eager forward: nothing compiled, nothing to warm up, no
+    padding to graph buckets (the causal and masked readers)."""
+
+    compiled = False
+    needs_warm_up = False
+    batch_sizes: tuple[int, ...] = ()
+
+    def warm_up(self, sample: SlotItem) -> Self:
+        return self

@@ -44,6 +44,7 @@ class RecordingSlow:
     async def ask(self, request: DecisionRequest) -> SlowAnswer:
         self.asked.append(request.question_id)
         return SlowAnswer(request.option_names[-1], "stand-in", 1.0, 1)
+    audit = ask  # one budget: audits and escalations alike
 
     async def aclose(self) -> None:
         return None

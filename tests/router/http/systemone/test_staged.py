@@ -55,6 +55,7 @@ class ScriptedSlow:
         self.asked.append(request.question_id)
         answer = self.answers.get(request.question_id, request.option_names[0])
         return SlowAnswer(answer, "scripted", 1.0, 1)
+    audit = ask  # one budget: audits and escalations alike
 
     async def aclose(self) -> None:
         return None
