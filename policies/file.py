@@ -18,6 +18,7 @@ from policies.specs import (
     OpenUnit,
     RuleSpec,
     TargetAccuracy,
+    ThresholdRuleSpec,
     Unit,
     guaranteed_threshold_of,
 )
@@ -45,7 +46,7 @@ OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference",
                                "audit_boost"})
 # Fields added after version 1, hashed only when set: older files keep their ids.
-LATER_FIELDS = ("options", "per_answer_floor", "question")
+LATER_FIELDS = ("options", "per_answer_floor", "question", "cascade")
 
 
 class PolicyFileError(ValueError):
@@ -90,6 +91,51 @@ class QuestionRecord(BaseModel):
     def question(self) -> Question:
         return Question.asked(self.id, instructions=self.instructions, context=self.context,
                               kind=self.kind)
+
+
+class TierSpec(BaseModel):
+    """One fast tier of a cascade: the backend it was tuned on (its ``name`` in the settings,
+    ``fast.name`` for the first, and its fingerprint), its calibrator and threshold (None: the
+    tier is not read), the cost each read of it was given at tuning, and the share of the
+    threshold rows it answered."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    backend_fingerprint: str = "unknown"
+    calibrator: CalibratorSpec
+    threshold: Unit | None
+    cost: float = Field(ge=0)
+    coverage: Unit
+
+
+class CascadeSpec(BaseModel):
+    """The fast tiers of a cascade policy, in the order they read (``calibration.cascade``):
+    a decision goes to the first tier read, each accepts when its calibrated top probability is
+    >= its threshold, and what none accepts goes to the slow model. The file's ``bound``,
+    ``coverage`` and ``reference`` are the whole cascade's; its ``calibrator``, ``rule`` and
+    ``backend_fingerprint`` are the first tier's (what a one-tier reader sees).
+    ``slow_coverage``: the share of threshold rows no tier accepted; ``expected_cost``: the mean
+    cost of a decision on them (every tier read plus the slow model when it escalates);
+    ``max_slow_share``: the cap tuning kept the slow share under (``slow_share_bound``: its upper
+    bound at 1 - delta / 2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tiers: list[TierSpec] = Field(min_length=2)
+    slow_cost: float = Field(ge=0)
+    slow_coverage: Unit
+    expected_cost: float = Field(ge=0)
+    max_slow_share: Unit | None = None
+    slow_share_bound: float | None = None
+
+    @field_validator("tiers")
+    @classmethod
+    def _distinct_names(cls, value: list[TierSpec]) -> list[TierSpec]:
+        names = [tier.name for tier in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be distinct, got {names}")
+        return value
 
 
 class PolicyFile(BaseModel):
@@ -159,6 +205,8 @@ class PolicyFile(BaseModel):
     options: list[str] | None = None
     per_answer_floor: TargetAccuracy | None = None
     question: QuestionRecord | None = None
+    # Several fast tiers under one guarantee (None: one fast tier, the calibrator and the rule).
+    cascade: CascadeSpec | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("version")
@@ -215,6 +263,27 @@ class PolicyFile(BaseModel):
             raise ValueError(f"field 'signature' is {self.signature!r}, but the question "
                              f"{self.question.id!r} over the recorded options hashes to "
                              f"{expected!r}; re-tune rather than edit either")
+        return self
+
+    @model_validator(mode="after")
+    def _cascade_starts_with_the_file(self) -> PolicyFile:
+        """A cascade's first tier is what the file's top level says (calibrator, threshold rule,
+        fingerprint): a one-tier reader of the file sees the first tier, not another."""
+        if self.cascade is None:
+            return self
+        first = self.cascade.tiers[0]
+        rule = self.rule
+        if not isinstance(rule, ThresholdRuleSpec) or rule.per_option:
+            raise ValueError("field 'rule': a cascade's rule is its first tier's single "
+                             "threshold (no budget, margin or per-answer bars)")
+        for field, top, tier in (("calibrator", self.calibrator, first.calibrator),
+                                 ("threshold", rule.threshold, first.threshold),
+                                 ("backend_fingerprint", self.backend_fingerprint,
+                                  first.backend_fingerprint)):
+            if top != tier:
+                raise ValueError(f"field 'cascade.tiers.0.{field}' must equal the file's "
+                                 f"{'rule threshold' if field == 'threshold' else field} "
+                                 "(the first tier is the file's top level)")
         return self
 
     @property

@@ -37,12 +37,13 @@ if TYPE_CHECKING:
     from policies.scope import Question
 
 FloatArray = NDArray[np.float64]
-__all__ = ["GuaranteedPolicy", "TuneOptions", "answer_confidence", "split_rows"]
+__all__ = ["GuaranteeOptions", "GuaranteedPolicy", "TuneOptions", "answer_confidence",
+           "split_rows"]
 
 
-class TuneOptions(BaseModel):
-    """The tuning parameters, validated once at ``fit``; a bad value names its field (the CLI
-    turns the field into its flag)."""
+class GuaranteeOptions(BaseModel):
+    """The parameters every guaranteed policy is tuned with (one tier or a cascade), validated
+    once at ``fit``; a bad value names its field (the CLI turns the field into its flag)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -51,9 +52,6 @@ class TuneOptions(BaseModel):
     delta: OpenUnit = 0.05
     calibration_fraction: OpenUnit = 0.5
     seed: int = 0
-    max_escalation: Unit | None = None
-    budget_window: int = Field(default=1000, ge=1)
-    per_answer_floor: TargetAccuracy | None = None
 
     @field_validator("calibrator")
     @classmethod
@@ -62,6 +60,14 @@ class TuneOptions(BaseModel):
         if value not in kinds:
             raise ValueError(f"must be one of {', '.join(sorted(kinds))}, got {value!r}")
         return value
+
+
+class TuneOptions(GuaranteeOptions):
+    """A one-tier policy's parameters: an escalation budget and per-answer bars besides."""
+
+    max_escalation: Unit | None = None
+    budget_window: int = Field(default=1000, ge=1)
+    per_answer_floor: TargetAccuracy | None = None
 
 
 class GuaranteedPolicy:
