@@ -153,6 +153,25 @@ class Verdict:
     reason: str  # short, for logs and the response ("above threshold", "margin 0.03 < 0.10", ...)
 
 
+@dataclass(frozen=True, slots=True)
+class TierRead:
+    """One fast tier's read of a decision under a cascade policy, as every surface shows it: the
+    tier's answer, its calibrated probability, the threshold it was held to (None: no
+    threshold passed for it at tuning), whether the tier accepted it, and whether the read came
+    from the read cache."""
+
+    tier: str
+    answer: str
+    probability: float
+    threshold: float | None
+    accepted: bool
+    cached: bool
+
+    def facts(self) -> dict[str, Any]:
+        return {"tier": self.tier, "answer": self.answer, "probability": self.probability,
+                "threshold": self.threshold, "accepted": self.accepted, "cached": self.cached}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """The router's answer to one DecisionRequest (built by keyword: its fields are many and
@@ -177,11 +196,16 @@ class Decision:
     # accepted answers, "accuracy" or "agreement_with_slow" (None: an untuned fallback).
     shadow: bool = False
     guarantee: str | None = None
+    # Under a cascade policy: the fast tier whose answer was served (None: the slow model's or
+    # none), and every tier read for the decision, in order (None: one fast tier, not shown).
+    tier: str | None = None
+    tiers: tuple[TierRead, ...] | None = None
 
     def facts(self) -> dict[str, Any]:
         """The decision as the flat JSON object every surface shows and the decision log keeps
-        (all fields but the per-option ``probabilities``; latency rounded to the microsecond)."""
-        return {
+        (all fields but the per-option ``probabilities``; latency rounded to the microsecond);
+        a cascade's decision adds ``tier`` and ``tiers``."""
+        facts: dict[str, Any] = {
             "decision_id": self.decision_id,
             "question_id": self.question_id,
             "answer": self.answer,
@@ -196,6 +220,10 @@ class Decision:
             "shadow": self.shadow,
             "guarantee": self.guarantee,
         }
+        if self.tiers is not None:
+            facts["tier"] = self.tier
+            facts["tiers"] = [read.facts() for read in self.tiers]
+        return facts
 
 
 def summary_route(decisions: Iterable[Decision]) -> Route:

@@ -48,6 +48,9 @@ class FastBackendSettings(Section):
     """Which fast backend to build and its options: ``options`` is validated against the options
     model of ``kind`` (router/backends/options.py) when settings load."""
 
+    # The tier's name in cascade policy files (``slotgate tune --tier NAME=COST``); the first
+    # tier's is this one, later tiers' are in ``tiers``.
+    name: str = Field("fast", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     kind: BackendKind = "sklearn"
     model_path: Path | None = None  # sklearn/embedding artifact, or a local model folder
     url: str | None = None  # systemone / vllm server
@@ -73,6 +76,13 @@ class FastBackendSettings(Section):
         if not isinstance(options, model):
             raise TypeError(f"fast.options are {type(options).__name__}, not {model.__name__}")
         return options
+
+
+class TierSettings(FastBackendSettings):
+    """A fast tier read after the first (``fast``) when a cascade policy's earlier tiers turn a
+    decision down: a fast backend section with a name of its own (docs/cascade.md)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class SlowPathSettings(Section):
@@ -221,6 +231,9 @@ class Settings(BaseSettings):
     # longest (router/http/connections.py). None: the open-file limit less 128.
     max_connections: int | None = Field(None, ge=2)
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
+    # Later fast tiers, in the order a cascade policy reads them after ``fast`` (empty: one
+    # fast tier; a one-tier policy never reads these).
+    tiers: list[TierSettings] = Field(default_factory=list)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
@@ -237,6 +250,19 @@ class Settings(BaseSettings):
             if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
                 raise ValueError("api_key_hashes must be sha256 hex digests (64 hex characters)")
         return [h.lower() for h in value]
+
+    @field_validator("tiers")
+    @classmethod
+    def _distinct_tier_names(cls, value: list[TierSettings], info: ValidationInfo
+                             ) -> list[TierSettings]:
+        fast = info.data.get("fast")
+        names = ([fast.name] if isinstance(fast, FastBackendSettings) else []) + [
+            t.name for t in value]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"tier name {name!r} is used twice (fast.name and tiers[].name "
+                                 "must be distinct)")
+        return value
 
     def model_post_init(self, context: Any, /) -> None:
         if self.slow_model and not self.slow.model:

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Protocol
 
@@ -53,15 +53,18 @@ def create_app(
     settings: Settings,
     *,
     backend: FastBackend | None = None,
+    tiers: Mapping[str, FastBackend] | None = None,
     slow: SlowModel | None = None,
     cache: ReadCache | None = None,
     decision_log: DecisionLogPart | None = None,
     close_backend: bool = False,
 ) -> FastAPI:
     """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
-    are and left open at shutdown; parts the app builds itself, it closes. ``close_backend``: the
-    backend passed in is the app's to close (``slotgate serve`` builds it before uvicorn starts,
-    so that a bad model file is one message and exit 2, not a lifespan traceback)."""
+    are and left open at shutdown; parts the app builds itself, it closes. ``tiers``: the later
+    fast tiers' backends by name (default: built from ``settings.tiers``). ``close_backend``:
+    the backends passed in are the app's to close (``slotgate serve`` builds them before
+    uvicorn starts, so that a bad model file is one message and exit 2, not a lifespan
+    traceback)."""
     state = AppState(settings=settings, metrics=Metrics(),
                      decision_log_path=settings.log.decision_log_path if decision_log is None
                      else None)
@@ -71,11 +74,13 @@ def create_app(
         async with AsyncExitStack() as stack:
             if backend is not None and close_backend:
                 stack.push_async_callback(backend.aclose)
+                for later in (tiers or {}).values():
+                    stack.push_async_callback(later.aclose)
             if rate_limit is not None:
                 stack.push_async_callback(rate_limit.aclose)
             service, feedback = await _build_service(
-                settings, stack, backend=backend, slow=slow, cache=cache, decision_log=decision_log,
-                metrics=state.metrics)
+                settings, stack, backend=backend, tiers=tiers, slow=slow, cache=cache,
+                decision_log=decision_log, metrics=state.metrics)
             state.started(service, feedback)
             from router.routing.reload import live_reload  # SIGHUP and policy file changes
 
@@ -130,8 +135,8 @@ def create_app(
 
 async def _build_service(
     settings: Settings, stack: AsyncExitStack, *, backend: FastBackend | None,
-    slow: SlowModel | None, cache: ReadCache | None, decision_log: DecisionLogPart | None,
-    metrics: Metrics,
+    tiers: Mapping[str, FastBackend] | None, slow: SlowModel | None, cache: ReadCache | None,
+    decision_log: DecisionLogPart | None, metrics: Metrics,
 ) -> tuple[RoutingService, FeedbackStore]:
     from router.routing.registry import PolicyRegistry
 
@@ -155,6 +160,13 @@ async def _build_service(
 
         backend = build_backend(settings.fast)
         stack.push_async_callback(backend.aclose)
+    if tiers is None:
+        from router.backends.factory import build_backend
+
+        tiers = {}
+        for tier in settings.tiers:
+            tiers[tier.name] = build_backend(tier)
+            stack.push_async_callback(tiers[tier.name].aclose)
     if slow is None:
         from router.routing.slow import SlowPath  # litellm itself is imported lazily
 
@@ -178,11 +190,14 @@ async def _build_service(
             stack.push_async_callback(board.aclose)  # after the monitor stops reading it
             monitor.share(board, interval_s=settings.monitoring.alarm_sync_s)
         stack.push_async_callback(monitor.aclose)  # audits finish before the slow path closes
-    registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
-                                   monitor=monitor)
+    registry = PolicyRegistry.load(
+        settings.policy, backend_fingerprint=backend.fingerprint, monitor=monitor,
+        tiers=[(settings.fast.name, backend.fingerprint)]
+        + [(name, later.fingerprint) for name, later in tiers.items()])
     if monitor is not None:
         restore_from_log(monitor, settings.log.decision_log_path)
-    service = RoutingService(backend=backend, cache=cache, registry=registry, slow=slow,
+    service = RoutingService(backend=backend, tiers=tiers, cache=cache, registry=registry,
+                             slow=slow,
                              log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
     return service, decision_log
 

@@ -46,19 +46,24 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         settings = load_settings(chosen, **overrides)
         check_decision_log(settings.log.decision_log_path)
         backend = build_backend(settings.fast)
-        PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint)
+        tiers = {tier.name: build_backend(tier) for tier in settings.tiers}
+        PolicyRegistry.load(
+            settings.policy, backend_fingerprint=backend.fingerprint,
+            tiers=[(settings.fast.name, backend.fingerprint)]
+            + [(name, later.fingerprint) for name, later in tiers.items()])
     except ConfigError as exc:
         if chosen is None:  # the defaults alone serve nothing: say where a config was looked for
             exc.message = (f"no slotgate.yaml found in {Path.cwd()} and no --config given "
                            f"(the settings are the defaults and SLOTGATE_* variables): {exc.message}")
         raise
     configure_logging()
-    log.info("fast backend %s, slow model %s, cache %s, policies %s",
-             settings.fast.kind, settings.slow.model or "NONE (escalation unavailable)",
+    log.info("fast backend %s%s, slow model %s, cache %s, policies %s",
+             settings.fast.kind, "".join(f", then tier {t.name} ({t.kind})" for t in settings.tiers),
+             settings.slow.model or "NONE (escalation unavailable)",
              "redis" if settings.cache.redis_url else "in-process",
              [str(p) for p in settings.policy.files] or "none (fallback threshold only)")
     uvicorn.run(
-        create_app(settings, backend=backend, close_backend=True),
+        create_app(settings, backend=backend, tiers=tiers, close_backend=True),
         host=settings.host,
         port=settings.port,
         loop="uvloop" if _installed("uvloop") else "asyncio",

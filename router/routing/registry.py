@@ -89,7 +89,8 @@ class PolicyRegistry:
         # one loaded from settings follows ``policy.unscoped``, "escalate" unless configured.
         self.shadow_all = shadow
         self.unscoped: UnscopedMode = unscoped
-        self._source: tuple[PolicySettings, str, DecisionObserver | None] | None = None
+        self._source: tuple[PolicySettings, str, DecisionObserver | None,
+                            tuple[tuple[str, str], ...]] | None = None
         self._by_name: dict[str, LoadedPolicy] = {}
         self._by_signature: dict[tuple[str, str], LoadedPolicy] = {}
         for policy in policies:
@@ -121,11 +122,15 @@ class PolicyRegistry:
 
     @classmethod
     def load(cls, settings: PolicySettings, *, backend_fingerprint: str,
-             monitor: DecisionObserver | None = None) -> PolicyRegistry:
+             monitor: DecisionObserver | None = None,
+             tiers: Sequence[tuple[str, str]] = ()) -> PolicyRegistry:
         """Load ``settings.files``; refuse a policy tuned for another backend fingerprint unless
         ``allow_fingerprint_mismatch``: its thresholds would mean nothing for this backend.
-        With a ``monitor``, every loaded policy is watched in production (its ``decide``
-        stays pure: the service reports to the monitor, ``gate`` asks it)."""
+        ``tiers``: (name, fingerprint) of every configured fast tier in order, the first
+        (``fast``) included; a cascade policy's tiers must be among them, in that order (see
+        ``check_cascade``). With a ``monitor``, every loaded policy is watched in production
+        (its ``decide`` stays pure: the service reports to the monitor, ``gate`` asks it)."""
+        from policies.cascade import CascadePolicy
         from policies.file import load_policy  # policies stays importable without the router
         from policies.guaranteed import GuaranteedPolicy
 
@@ -147,12 +152,18 @@ class PolicyRegistry:
                     f"{policy_file.backend_fingerprint}, but the configured fast backend has "
                     f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
                     "policy.allow_fingerprint_mismatch: true to serve it anyway")
-            loaded.append(LoadedPolicy(policy_file, GuaranteedPolicy.from_file(policy_file),
-                                       path))
+            runtime: RuntimePolicy
+            if policy_file.cascade is not None:
+                check_cascade(policy_file, path, tiers or [("fast", backend_fingerprint)],
+                              allow_mismatch=settings.allow_fingerprint_mismatch)
+                runtime = CascadePolicy.from_file(policy_file)
+            else:
+                runtime = GuaranteedPolicy.from_file(policy_file)
+            loaded.append(LoadedPolicy(policy_file, runtime, path))
         registry = cls(loaded, default=settings.default,
                        fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
                        unscoped=settings.unscoped_mode)
-        registry._source = (settings, backend_fingerprint, monitor)
+        registry._source = (settings, backend_fingerprint, monitor, tuple(tiers))
         if monitor is not None:  # after all loaded: a refused reload changes no watch
             for policy in loaded:
                 monitor.watch(policy.file)
@@ -165,9 +176,10 @@ class PolicyRegistry:
         policies loaded before keep serving. False when nothing was swapped."""
         if self._source is None:
             return False
-        settings, fingerprint, monitor = self._source
+        settings, fingerprint, monitor, tiers = self._source
         try:
-            fresh = PolicyRegistry.load(settings, backend_fingerprint=fingerprint, monitor=monitor)
+            fresh = PolicyRegistry.load(settings, backend_fingerprint=fingerprint, monitor=monitor,
+                                        tiers=tiers)
         except ConfigError as exc:
             log.error("policy reload refused, the loaded policies keep serving: %s", exc.message)
             return False
@@ -224,3 +236,36 @@ class PolicyRegistry:
     def loaded(self) -> list[LoadedPolicy]:
         """The policies serving now, by name (for /readyz and the start-up log)."""
         return [self._by_name[name] for name in sorted(self._by_name)]
+
+
+def check_cascade(file: PolicyFile, path: Path, tiers: Sequence[tuple[str, str]], *,
+                  allow_mismatch: bool) -> None:
+    """A cascade policy serves only over the tiers it was tuned on: its first tier is the
+    configured first (``fast.name``), every later one a configured tier (``tiers[].name``) in
+    the configured order, each with the fingerprint it was tuned on (unless
+    ``policy.allow_fingerprint_mismatch``). Raises ConfigError naming the file and the tier."""
+    assert file.cascade is not None
+    configured = dict(tiers)
+    order = [name for name, _ in tiers]
+    where = f"policy file {path} ({file.name!r})"
+    names = [tier.name for tier in file.cascade.tiers]
+    if names[0] != order[0]:
+        raise ConfigError(f"{where}: field 'cascade.tiers': its first tier is {names[0]!r}, "
+                          f"but the configured first tier (fast.name) is {order[0]!r}",
+                          field="cascade.tiers")
+    for tier in file.cascade.tiers:
+        if tier.name not in configured:
+            raise ConfigError(
+                f"{where}: field 'cascade.tiers': tier {tier.name!r} is not configured "
+                f"(configured: {', '.join(order)}); add it under `tiers:` in the settings",
+                field="cascade.tiers")
+        if configured[tier.name] != tier.backend_fingerprint and not allow_mismatch:
+            raise ConfigError(
+                f"{where}: tier {tier.name!r} was tuned for backend fingerprint "
+                f"{tier.backend_fingerprint}, but the configured tier has "
+                f"{configured[tier.name]}; re-tune it on this backend's predictions, or set "
+                "policy.allow_fingerprint_mismatch: true", field="cascade.tiers")
+    positions = [order.index(name) for name in names]
+    if positions != sorted(positions):
+        raise ConfigError(f"{where}: field 'cascade.tiers': the tiers {names} are not in the "
+                          f"configured order {order}", field="cascade.tiers")

@@ -19,14 +19,16 @@ import dataclasses
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
 
+from policies.cascade import CascadePolicy
 from policies.rules import EscalationWindow
 from policies.scope import describe
-from policies.types import Decision, DecisionRequest, OptionScores, Route
+from policies.types import Decision, DecisionRequest, OptionScores, Route, TierRead, Verdict
 from router.backends.base import FastBackend
 from router.errors import (
     BackendError,
@@ -57,6 +59,43 @@ _T = TypeVar("_T")
 _S = TypeVar("_S", bound=OptionScores | None)
 
 
+@dataclass(frozen=True, slots=True)
+class FastTier:
+    """A fast backend the service reads, under its own concurrency cap: the first (``fast``)
+    or a later tier of a cascade (``tiers``)."""
+
+    name: str
+    backend: FastBackend
+    limit: ConcurrencyLimit
+
+
+@dataclass(slots=True)
+class _Climb:
+    """One decision's way up a cascade policy's tiers (``RoutingService._climb``): the tiers
+    that read it (index, read, verdict, calibrated probabilities) and the last read, which the
+    plan routes on (its verdict None when the read failed: the decision escalates)."""
+
+    policy: CascadePolicy
+    shadow: bool
+    read: FastRead = field(default_factory=lambda: NOT_READ)
+    verdict: Verdict | None = None
+    calibrated: list[float] | None = None
+    steps: list[tuple[int, FastRead, Verdict]] = field(default_factory=list)
+
+    def evidence(self) -> tuple[TierRead, ...]:
+        tiers = self.policy.tiers_
+        out = []
+        for k, read, verdict in self.steps:
+            assert read.scores is not None  # judged
+            out.append(TierRead(tiers[k].name, read.scores.options[verdict.index],
+                                verdict.probability, verdict.threshold, verdict.accept,
+                                read.cached))
+        return tuple(out)
+
+    @property
+    def tier(self) -> str | None:
+        """The tier whose verdict the plan acts on (the last read); None when none judged."""
+        return self.policy.tiers_[self.steps[-1][0]].name if self.steps else None
 
 
 class RoutingService:
@@ -67,6 +106,7 @@ class RoutingService:
         self,
         *,
         backend: FastBackend,
+        tiers: Mapping[str, FastBackend] | None = None,
         cache: ReadCache,
         registry: PolicyRegistry,
         slow: SlowModel | None,
@@ -83,9 +123,18 @@ class RoutingService:
         self.log = log
         self.metrics = metrics
         self.settings = settings
-        self._fast_limit = ConcurrencyLimit(
+        first = FastTier(settings.fast.name, backend, ConcurrencyLimit(
             f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
-            max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name))
+            max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name)))
+        # Every fast tier by name, in the order a cascade reads them: ``fast``, then ``tiers``.
+        self.tiers: dict[str, FastTier] = {first.name: first}
+        capacities = {t.name: t.max_concurrency for t in settings.tiers}
+        for name, later in (tiers or {}).items():
+            self.tiers[name] = FastTier(name, later, ConcurrencyLimit(
+                f"fast tier {name} ({later.name})", capacity=capacities.get(name, 64),
+                max_waiting=settings.max_queue,
+                on_reject=lambda later=later: metrics.queue_rejected(later.name)))
+        self._first = first
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
         self.shared_reads = SharedReads()  # identical fast reads at once: one backend read
         # The budget windows of the policies that have one: state of running a policy, kept
@@ -125,6 +174,7 @@ class RoutingService:
             elif len(reads) != len(requests):
                 raise ValueError(f"{len(reads)} reads given for {len(requests)} requests")
             reads = list(reads)  # a read made late (``read_later``) is logged in its place
+            climbs = await self._climb(requests, reads, policies, namespace=namespace)
 
             def read_later(i: int) -> Callable[[], Awaitable[FastRead]]:
                 async def read() -> FastRead:
@@ -135,9 +185,9 @@ class RoutingService:
 
             decisions = await _all_or_none([
                 self._route(request, read, policy, namespace=namespace, started=started,
-                            read_later=read_later(i))
-                for i, (request, read, policy) in enumerate(zip(requests, reads, policies,
-                                                                strict=True))
+                            read_later=read_later(i), climb=climb)
+                for i, (request, read, policy, climb) in enumerate(zip(
+                    requests, reads, policies, climbs, strict=True))
             ])
             await asyncio.gather(*(
                 self.log.append(_record(request, read, decision, namespace, fingerprint))
@@ -173,16 +223,68 @@ class RoutingService:
         model whatever the read says, so none is made: no backend call, no read-cache lookup
         (``slow.serve_unverified_on_failure`` reads it only when the slow path fails)."""
         registry = self.registry
+        if isinstance(policy, CascadePolicy):  # its first tier is read unless tuned off
+            return policy.next_tier(-1) in (0, None)
         return policy is not None or registry.unscoped != "escalate" or registry.shadow_all
+
+    async def _climb(
+        self, requests: Sequence[DecisionRequest], reads: Sequence[FastRead],
+        policies: Sequence[RuntimePolicy | None], *, namespace: str,
+    ) -> list[_Climb | None]:
+        """The way up each cascade policy's tiers (None for a one-tier decision): a tier judges
+        its read with its calibrator and threshold; a decision it turns down is read by the
+        policy's next tier read, each tier once for all the decisions waiting on it (in the
+        configured order, which the registry checked every cascade follows). A failed read
+        stops the climb: the decision escalates, as a one-tier decision's failed read does."""
+        climbs: list[_Climb | None] = [None] * len(requests)
+        waiting: dict[str, list[int]] = {}
+
+        def judge(i: int, k: int, read: FastRead) -> None:
+            climb = climbs[i]
+            assert climb is not None
+            climb.read = read
+            scores = judged_scores(read, shadow=climb.shadow)
+            if scores is None:
+                climb.verdict = climb.calibrated = None
+                return
+            climb.verdict, climb.calibrated = climb.policy.decide_tier(k, scores)
+            climb.steps.append((k, read, climb.verdict))
+            following = None if climb.verdict.accept else climb.policy.next_tier(k)
+            if following is not None:
+                waiting.setdefault(climb.policy.tiers_[following].name, []).append(i)
+
+        for i, policy in enumerate(policies):
+            if isinstance(policy, CascadePolicy):
+                climbs[i] = _Climb(policy, shadow=self.registry.mode(policy)[0])
+                first = policy.next_tier(-1)
+                if first in (0, None):  # None: no tier passed; the first judges (escalates)
+                    judge(i, 0, reads[i])
+                else:
+                    waiting.setdefault(policy.tiers_[first].name, []).append(i)
+        for name, tier in self.tiers.items():
+            indices = waiting.pop(name, [])
+            if not indices:
+                continue
+            tier_reads = await self._fast_reads(
+                [requests[i] for i in indices], namespace=namespace,
+                fingerprint=tier.backend.fingerprint, tier=tier)
+            for i, read in zip(indices, tier_reads, strict=True):
+                climb = climbs[i]
+                assert climb is not None
+                judge(i, next(k for k, t in enumerate(climb.policy.tiers_) if t.name == name),
+                      read)
+        return climbs
 
     async def _fast_reads(
         self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str,
-        needed: Sequence[bool] | None = None,
+        needed: Sequence[bool] | None = None, tier: FastTier | None = None,
     ) -> list[FastRead]:
-        """The reads of ``requests``, those ``needed`` (default: all) through the read cache and
-        the backend; the others are ``NOT_READ``. A backend that reads jointly reads the whole
-        batch when any question needs it (its answers depend on their co-questions)."""
-        backend = self.backend
+        """The reads of ``requests`` by ``tier`` (default: the first), those ``needed``
+        (default: all) through the read cache and the backend; the others are ``NOT_READ``. A
+        backend that reads jointly reads the whole batch when any question needs it (its
+        answers depend on their co-questions)."""
+        tier = tier or self._first
+        backend = tier.backend
         if needed is not None and not all(needed):
             if not any(needed):
                 return [NOT_READ] * len(requests)
@@ -191,13 +293,13 @@ class RoutingService:
                 reads = [NOT_READ] * len(requests)
                 for i, read in zip(wanted, await self._fast_reads(
                         [requests[i] for i in wanted], namespace=namespace,
-                        fingerprint=fingerprint), strict=True):
+                        fingerprint=fingerprint, tier=tier), strict=True):
                     reads[i] = read
                 return reads
         keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
                 for r in requests]
         if backend.reads_jointly:  # a joint read's answers depend on each other: read all again
-            return await self.read_through_cache(requests, keys, backend.read)
+            return await self.read_through_cache(requests, keys, backend.read, tier=tier)
         blobs = await self.look_up(keys)
         reads = [FastRead(decode_scores(blob, request), cached=True)
                  for blob, request in zip(blobs, requests)]
@@ -206,8 +308,12 @@ class RoutingService:
         if not misses:
             return reads
         # a read another decision is making now (the same key) is waited for, not made again
-        outcomes = await self.shared_reads.read([keys[i] for i in misses], [requests[i] for i in misses],
-                                                self._read_backend, self._store_reads)
+        async def read_backend(wanted: list[DecisionRequest]) -> list[OptionScores]:
+            return await self.read_upstream(wanted, backend.read, tier=tier)
+
+        outcomes = await self.shared_reads.read([keys[i] for i in misses],
+                                                [requests[i] for i in misses], read_backend,
+                                                self._store_reads)
         counted: set[int] = set()  # one failed backend call counts once
         for i, outcome in zip(misses, outcomes, strict=True):
             if outcome.error is None:
@@ -222,6 +328,7 @@ class RoutingService:
     async def read_through_cache(
         self, requests: Sequence[DecisionRequest], keys: Sequence[str],
         read: Callable[[list[DecisionRequest]], Awaitable[Sequence[OptionScores | None]]],
+        *, tier: FastTier | None = None,
     ) -> list[FastRead]:
         """The reads of ``requests`` that depend on each other (a joint read, a staged body read
         by its server), under ``keys``: all from the read cache, or, when any is missing, all
@@ -236,7 +343,7 @@ class RoutingService:
         if len(hits) == len(cached):
             return hits
         try:
-            fresh = await self.read_upstream(requests, read)
+            fresh = await self.read_upstream(requests, read, tier=tier)
         except BackendError as exc:
             failure = self.read_failed(exc)
             return [FastRead(None, cached=False, failure=failure) for _ in requests]
@@ -265,27 +372,29 @@ class RoutingService:
     def _bounded_all(self, requests: Sequence[DecisionRequest]) -> list[DecisionRequest]:
         return [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
 
-    async def _read_backend(self, requests: list[DecisionRequest]) -> list[OptionScores]:
-        return await self.read_upstream(requests, self.backend.read)
-
     async def read_upstream(
         self, requests: Sequence[DecisionRequest],
         read: Callable[[list[DecisionRequest]], Awaitable[Sequence[_S]]],
+        *, tier: FastTier | None = None,
     ) -> list[_S]:
-        """``read`` (a backend call) of ``requests`` as every fast read is made: states cut to
-        ``fast.max_input_chars``, under the concurrency cap and timeout, the answers checked
-        against the options asked (None: a question the backend's server skipped). Raises
-        ``BackendError``; ``read_failed`` counts it."""
+        """``read`` (a call of ``tier``'s backend, default the first's) of ``requests`` as
+        every fast read is made: states cut to ``fast.max_input_chars``, under the tier's
+        concurrency cap and the timeout, the answers checked against the options asked (None:
+        a question the backend's server skipped). Raises ``BackendError``; ``read_failed``
+        counts it."""
         bounded = self._bounded_all(requests)
-        scores = list(await self._timed_read(lambda: read(bounded)))
+        limit = (tier or self._first).limit
+        scores = list(await self._timed_read(lambda: read(bounded), limit))
         _check_options(scores, requests)
         return scores
 
-    async def _timed_read(self, read: Callable[[], Awaitable[_T]]) -> _T:
-        """One backend call under the concurrency cap; the wait queue is bounded (429 beyond it)
-        and the timeout covers the read only, so queueing shows up as 429s, not as escalations."""
+    async def _timed_read(self, read: Callable[[], Awaitable[_T]], limit: ConcurrencyLimit
+                          ) -> _T:
+        """One backend call under a tier's concurrency cap; the wait queue is bounded (429
+        beyond it) and the timeout covers the read only, so queueing shows up as 429s, not as
+        escalations."""
         timeout_s = self.settings.fast.timeout_s
-        async with self._fast_limit.acquire():
+        async with limit.acquire():
             t0 = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout_s):
@@ -304,13 +413,17 @@ class RoutingService:
         namespace: str,
         started: float,
         read_later: Callable[[], Awaitable[FastRead]],
+        climb: _Climb | None = None,
     ) -> Decision:
-        """One decision: the policy's verdict on the read, the plan, its execution."""
+        """One decision: the policy's verdict on the read (a cascade's: the last tier's on its
+        read), the plan, its execution."""
         registry = self.registry
         shadow, guarantee = (registry.shadow_all, None) if policy is None else registry.mode(policy)
         scores = judged_scores(read, shadow=shadow)
         verdict = calibrated = None
-        if policy is not None and scores is not None:
+        if climb is not None:
+            read, verdict, calibrated = climb.read, climb.verdict, climb.calibrated
+        elif policy is not None and scores is not None:
             window = self._window(policy)
             verdict, calibrated = policy.decide(
                 scores, escalations=0 if window is None else window.escalations)
@@ -326,7 +439,7 @@ class RoutingService:
         decision = await self._execute(
             request, read, the_plan, calibrated, namespace=namespace, started=started,
             read_later=read_later, policy_id=UNSCOPED_POLICY_ID if policy is None
-            else policy.policy_id, guarantee=guarantee)
+            else policy.policy_id, guarantee=guarantee, climb=climb)
         if self.monitor is not None and calibrated is not None:
             # The observer port: once per decision a policy judged, never waits.
             assert read.scores is not None
@@ -349,6 +462,7 @@ class RoutingService:
         self, request: DecisionRequest, read: FastRead, the_plan: Plan,
         calibrated: list[float] | None, *, namespace: str, started: float,
         read_later: Callable[[], Awaitable[FastRead]], policy_id: str, guarantee: str | None,
+        climb: _Climb | None = None,
     ) -> Decision:
         """Carry out ``the_plan``: serve the fast answer, or ask the slow path and, when it
         fails, refuse or serve the fast answer unverified, as planned."""
@@ -391,7 +505,9 @@ class RoutingService:
             threshold=None if verdict is None else verdict.threshold, policy_id=policy_id,
             latency_ms=_ms(started), probabilities=probabilities, note=note,
             escalated=escalates and route in ("slow", "cache"), shadow=action == "shadow",
-            guarantee=guarantee)
+            guarantee=guarantee,
+            tier=climb.tier if climb is not None and action == "fast" else None,
+            tiers=None if climb is None else climb.evidence())
 
 
 def _explained(exc: SlowPathError, error_note: str | None, failure: str | None) -> SlowPathError:

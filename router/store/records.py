@@ -47,6 +47,9 @@ class DecisionRecord(_Record):
     note: str | None = None
     shadow: bool = False
     guarantee: str | None = None
+    # A cascade's decision: the tier that answered and every tier read (``TierRead.facts``).
+    tier: str | None = None
+    tiers: list[dict[str, Any]] | None = None
     signature: str | None = None
     fingerprint: str | None = None
     options: list[str] = Field(default_factory=list)
