@@ -249,6 +249,7 @@ class RoutingService:
                 return
             climb.verdict, climb.calibrated = climb.policy.decide_tier(k, scores)
             climb.steps.append((k, read, climb.verdict))
+            self.metrics.tier_read(climb.policy.tiers_[k].name, accepted=climb.verdict.accept)
             following = None if climb.verdict.accept else climb.policy.next_tier(k)
             if following is not None:
                 waiting.setdefault(climb.policy.tiers_[following].name, []).append(i)

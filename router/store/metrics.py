@@ -71,6 +71,11 @@ class Metrics:
             "slotgate_unlogged_records",
             "Records the decision log file could not take (a full disk): decisions were still "
             "answered, labels refused with 503", ["kind"], registry=r)
+        self._tier_reads = Counter(
+            "slotgate_tier_reads",
+            "Reads a cascade policy judged, by fast tier and whether the tier accepted the "
+            "answer (a tier's accepted share: its coverage of what reached it)",
+            ["tier", "accepted"], registry=r)
         self._queue_rejections = Counter(
             "slotgate_queue_rejections", "Requests refused with 429 because a queue was full",
             ["backend"], registry=r)
@@ -162,6 +167,9 @@ class Metrics:
 
     def backend_error(self, kind: str) -> None:
         self._backend_errors.labels(kind=kind).inc()
+
+    def tier_read(self, tier: str, *, accepted: bool) -> None:
+        self._tier_reads.labels(tier=tier, accepted=str(accepted).lower()).inc()
 
     def queue_rejected(self, backend: str) -> None:
         self._queue_rejections.labels(backend=backend).inc()

@@ -112,6 +112,9 @@ async def test_each_tier_reads_only_what_the_tiers_before_it_turned_down(tmp_pat
     logged = {r["decision_id"]: r for r in log.records}
     assert logged[medium.decision_id]["tier"] == "deep"
     assert [t["accepted"] for t in logged[hard.decision_id]["tiers"]] == [False, False]
+    shown = service.metrics.render()
+    assert b'slotgate_tier_reads_total{accepted="true",tier="deep"} 1.0' in shown
+    assert b'slotgate_tier_reads_total{accepted="false",tier="fast"} 2.0' in shown
 
 
 async def test_later_tier_reads_are_cached_under_that_tiers_fingerprint(tmp_path: Path) -> None:

@@ -1,0 +1,64 @@
+"""A cascade policy through both wires, the surfaces unchanged: the OpenAI SDK's json_schema call
+and System One's choice question are answered by the first tier that accepts, or by the slow
+model, and the reply's facts name the tier that answered and every tier read."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from router.backends.mock import MockBackend
+from router.http.app import create_app
+from router.settings import Settings
+from tests.router.routing.test_cascade import OPTIONS, cascade_file, cheap, deep
+from tests.router.routing.test_service import RecordingSlow
+
+SCHEMA = {"name": "intent", "description": "Which intent?",
+          "schema": {"type": "string", "enum": list(OPTIONS)}}
+
+
+@pytest.fixture
+async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(tiers=[{"name": "deep", "kind": "mock"}],
+                        policy={"files": [cascade_file(tmp_path)]},
+                        log={"decision_log_path": tmp_path / "log.jsonl"})
+    app = create_app(settings, backend=MockBackend(cheap, label="cheap"),
+                     tiers={"deep": MockBackend(deep, label="deep")}, slow=RecordingSlow())
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        yield client
+
+
+async def ask_openai(http: httpx.AsyncClient, text: str) -> tuple[str, dict[str, Any]]:
+    sdk = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
+    reply = await sdk.chat.completions.with_raw_response.create(
+        model="any", messages=[{"role": "user", "content": text}],
+        response_format={"type": "json_schema", "json_schema": SCHEMA})  # type: ignore[typeddict-item]
+    body = reply.http_response.json()
+    return body["choices"][0]["message"]["content"], body["slotgate"]
+
+
+async def test_openai_replies_name_the_tier_that_answered(http: httpx.AsyncClient) -> None:
+    answer, facts = await ask_openai(http, "a medium question")
+    assert answer == '"b"' and (facts["route"], facts["tier"]) == ("fast", "deep")
+    assert [(t["tier"], t["accepted"]) for t in facts["tiers"]] == [("fast", False),
+                                                                    ("deep", True)]
+    assert facts["guarantee"] == "accuracy" and facts["threshold"] == 0.8
+    answer, facts = await ask_openai(http, "a hard question")
+    assert answer == '"c"' and (facts["route"], facts["tier"]) == ("slow", None)
+
+
+async def test_system_one_routes_name_the_tier_that_answered(http: httpx.AsyncClient) -> None:
+    reply = await http.post("/v1/systemone", json={"state": "an easy one", "questions": {
+        "intent": {"type": "choice", "instructions": "Which intent?",
+                   "criteria": dict.fromkeys(OPTIONS)}}})
+    assert reply.status_code == 200, reply.text
+    facts = reply.json()["diagnostics"]["routes"]["intent"]
+    assert (facts["route"], facts["tier"], [t["tier"] for t in facts["tiers"]]) == (
+        "fast", "fast", ["fast"])
+    assert reply.json()["answers"]["intent"]["choice"] == "a"
