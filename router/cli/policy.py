@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 def tune(
     preds_files: Annotated[list[Path], typer.Option(
-        "--preds", help="Labelled predictions JSONL. Repeat it for a cascade of fast tiers: one file per "
+        "--preds", metavar="<path>", help="Labelled predictions JSONL. Repeat it for a cascade of fast tiers: one file per "
              "tier, in the order they read (cheapest first), the same rows in the same order "
              "(ids, labels and texts are checked row by row). A cascade splits the rows like "
              "--preds of `predict`; out-of-fold files of `train --cv --oof-out` are fine there, "
@@ -96,7 +96,7 @@ def tune(
     context: QuestionContext = "",
     question_kind: QuestionKindFlag = "choice",
     tier: Annotated[list[str] | None, typer.Option(
-        help="A cascade's tier as NAME=COST, one per --preds and in their order: NAME is the "
+        metavar="<name=cost>", help="A cascade's tier as NAME=COST, one per --preds and in their order: NAME is the "
              "tier's name in the settings (the first tier is fast.name, default \"fast\"; "
              "the others tiers[].name), COST what one read of it costs (any unit, the same as "
              "--slow-cost's).")] = None,
@@ -445,7 +445,7 @@ def check_model(data: Predictions, model: Path | None, *, question: Question | N
 
 def evaluate(
     preds_files: Annotated[list[Path], typer.Option(
-        "--preds", help="Labelled predictions JSONL. For a cascade policy, one file per tier "
+        "--preds", metavar="<path>", help="Labelled predictions JSONL. For a cascade policy, one file per tier "
                         "in the policy's tier order, the same rows in the same order.")],
     policy: Annotated[str, typer.Option(help="Policy JSON from `slotgate tune`, or the id or "
                                          "name of a policy ./slotgate.yaml loads.")],
