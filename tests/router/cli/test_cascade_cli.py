@@ -215,3 +215,22 @@ def test_a_one_tier_policy_takes_one_preds(tmp_path: Path) -> None:
     result = invoke("eval", "--policy", tmp_path / "one.json", "--preds", a, "--preds", b)
     assert result.exit_code == 2 and "has one fast tier: pass one --preds" in result.stderr
     assert invoke("eval", "--policy", tmp_path / "one.json", "--preds", a).exit_code == 0
+
+
+def test_labels_from_the_slow_model_make_the_promise_agreement_and_leave_shadow(
+        tmp_path: Path) -> None:
+    a, b = two_files(tmp_path, reference="slow")
+    assert tune_cascade(tmp_path, a, b, "--max-slow-share", 0.5).exit_code == 0
+    policy = load_policy(tmp_path / "cascade.json")
+    assert policy.guarantee == "agreement_with_slow" and policy.shadow is False
+    assert policy.cascade is not None and policy.cascade.max_slow_share == 0.5
+    assert policy.cascade.slow_share_bound is not None
+
+
+def test_files_of_different_questions_are_refused(tmp_path: Path) -> None:
+    a, b = two_files(tmp_path, n=60)
+    rows = [{**json.loads(line), "question": {"id": "topic"}}
+            for line in b.read_text().splitlines()]
+    write_jsonl(b, rows)
+    result = tune_cascade(tmp_path, a, b)
+    assert result.exit_code == 2 and "the files answer different questions" in result.stderr
