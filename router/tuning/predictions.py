@@ -20,7 +20,7 @@ import io
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ class Predictions:
     folds: list[int | None]
     references: list[str | None]
     question: Question | None = None  # the question every row answers, when they record one
+    texts: list[Any] = field(default_factory=list)  # each row's "text" as written (None: none)
 
     @property
     def labelled(self) -> npt.NDArray[np.bool_]:
@@ -255,6 +256,7 @@ def read_predictions(path: Path) -> Predictions:
     signatures: list[str | None] = []
     folds: list[int | None] = []
     references: list[str | None] = []
+    texts: list[Any] = []
     question: Question | None = None
     for row, obj in enumerate(records, start=1):
         options, proba = _check_row(path, row, obj)
@@ -273,6 +275,7 @@ def read_predictions(path: Path) -> Predictions:
         signatures.append(obj.get("signature"))
         folds.append(obj.get("fold"))
         references.append(obj.get("reference"))
+        texts.append(obj.get("text"))
     if len(set(ids)) != len(ids):
         raise PredictionsError(path, None, "id", "ids are not unique")
     assert first is not None
@@ -283,7 +286,7 @@ def read_predictions(path: Path) -> Predictions:
         path=path, ids=ids, options=tuple(first), proba=np.asarray(probas, dtype=np.float64),
         labels=labels, y_true=y_true, fingerprints=fingerprints, signatures=signatures,
         data_hash=hashlib.sha256(data).hexdigest(), folds=folds, references=references,
-        question=question,
+        question=question, texts=texts,
     )
 
 
