@@ -180,8 +180,9 @@ class CascadePolicy:
         return policy
 
     def to_file(self, *, name: str, data_hash: str, question: Question | None = None,
-                logged_signature: str | None = None, shadow: bool | None = None,
-                audit_rate: float = 0.0, alarm_alpha: float = 0.05, **watch: Any) -> PolicyFile:
+                logged_signature: str | None = None, guarantee: str = "accuracy",
+                shadow: bool | None = None, audit_rate: float = 0.0, alarm_alpha: float = 0.05,
+                **watch: Any) -> PolicyFile:
         """The policy file of this fitted cascade, scoped to ``question`` (or to the one logged
         question the rows came from): the first tier at the top level, every tier in
         ``cascade``, the joint bound and coverage, and the drift reference of the deciding
@@ -207,7 +208,8 @@ class CascadePolicy:
             "target_accuracy": params.target_accuracy, "delta": params.delta,
             "bound": fitted.bound_, "coverage": coverage, "n_tune": self.n_tune_,
             "n_calibration": self.n_calibration_, "seed": params.seed, "data_hash": data_hash,
-            "tuning": "split", "shadow": shadow, "audit_rate": audit_rate,
+            "tuning": "split", "guarantee": guarantee, "shadow": shadow,
+            "audit_rate": audit_rate,
             "alarm_alpha": alarm_alpha, **watch, "reference": reference,
             "options": list(self.options_),
             "question": None if question is None else question.as_dict(),

@@ -277,13 +277,10 @@ def tune_cascade(files: list[Path], *, out: Path, tiers: list[str] | None,
     policy = fitter.to_file(
         name=name or out.stem, data_hash=data_hash_of(data), question=the_question,
         logged_signature=None if the_question is not None else the_signature,
+        # Labels that are the slow model's answers: the promise is agreement with it.
+        guarantee="agreement_with_slow" if n_slow else "accuracy",
         shadow=False if shadow is None and n_slow else shadow,
         audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
-    if n_slow:  # labels that are the slow model's answers: the promise is agreement with it
-        from policies.file import PolicyFile
-
-        policy = PolicyFile.model_validate({**policy.model_dump(),
-                                            "guarantee": "agreement_with_slow"})
     policy.write(out)
     show_cascade(policy, fitter, out=out, n_slow=n_slow, n_labelled=int(rows.sum()))
 

@@ -66,7 +66,11 @@ def make_router() -> APIRouter:
                 "escalation_available": available, "escalation": escalation,
                 "policies": [{"name": p.name, "policy_id": p.runtime.policy_id,
                               "shadow": service.registry.mode(p.runtime)[0],
-                              "path": None if p.path is None else str(p.path)}
+                              "path": None if p.path is None else str(p.path),
+                              # a cascade's tiers in reading order (None: one fast tier)
+                              "tiers": None if p.file.cascade is None else [
+                                  {"name": t.name, "threshold": t.threshold}
+                                  for t in p.file.cascade.tiers]}
                              for p in service.registry.loaded()]}
         return JSONResponse(body, status_code=200 if ready else 503)
 

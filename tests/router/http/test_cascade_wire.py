@@ -62,3 +62,9 @@ async def test_system_one_routes_name_the_tier_that_answered(http: httpx.AsyncCl
     assert (facts["route"], facts["tier"], [t["tier"] for t in facts["tiers"]]) == (
         "fast", "fast", ["fast"])
     assert reply.json()["answers"]["intent"]["choice"] == "a"
+
+
+async def test_readyz_lists_the_cascades_tiers_in_reading_order(http: httpx.AsyncClient) -> None:
+    [policy] = (await http.get("/readyz")).json()["policies"]
+    assert policy["tiers"] == [{"name": "fast", "threshold": 0.9},
+                               {"name": "deep", "threshold": 0.8}]
