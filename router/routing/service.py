@@ -50,7 +50,7 @@ from router.routing.ports import (
 )
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.routing.shared_reads import SharedReads
-from router.settings import Settings
+from router.settings import FastBackendSettings, Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
 from router.store.records import DecisionRecord
@@ -61,12 +61,13 @@ _S = TypeVar("_S", bound=OptionScores | None)
 
 @dataclass(frozen=True, slots=True)
 class FastTier:
-    """A fast backend the service reads, under its own concurrency cap: the first (``fast``)
-    or a later tier of a cascade (``tiers``)."""
+    """A fast backend the service reads, under its own concurrency cap, timeout and input cut
+    (``settings``): the first (``fast``) or a later tier of a cascade (``tiers``)."""
 
     name: str
     backend: FastBackend
     limit: ConcurrencyLimit
+    settings: FastBackendSettings
 
 
 @dataclass(slots=True)
@@ -125,15 +126,19 @@ class RoutingService:
         self.settings = settings
         first = FastTier(settings.fast.name, backend, ConcurrencyLimit(
             f"fast backend ({backend.name})", capacity=settings.fast.max_concurrency,
-            max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name)))
+            max_waiting=settings.max_queue, on_reject=lambda: metrics.queue_rejected(backend.name)),
+            settings.fast)
         # Every fast tier by name, in the order a cascade reads them: ``fast``, then ``tiers``.
         self.tiers: dict[str, FastTier] = {first.name: first}
-        capacities = {t.name: t.max_concurrency for t in settings.tiers}
+        configured = {t.name: t for t in settings.tiers}
         for name, later in (tiers or {}).items():
+            if name not in configured:
+                raise ValueError(f"tier {name!r} has a backend but no settings (tiers[].name)")
             self.tiers[name] = FastTier(name, later, ConcurrencyLimit(
-                f"fast tier {name} ({later.name})", capacity=capacities.get(name, 64),
+                f"fast tier {name} ({later.name})", capacity=configured[name].max_concurrency,
                 max_waiting=settings.max_queue,
-                on_reject=lambda later=later: metrics.queue_rejected(later.name)))
+                on_reject=lambda later=later: metrics.queue_rejected(later.name)),
+                configured[name])
         self._first = first
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
         self.shared_reads = SharedReads()  # identical fast reads at once: one backend read
@@ -370,8 +375,6 @@ class RoutingService:
             self.metrics.backend_error(kind)
         return f"fast backend failed ({kind}: {exc.message})"
 
-    def _bounded_all(self, requests: Sequence[DecisionRequest]) -> list[DecisionRequest]:
-        return [_bounded(r, self.settings.fast.max_input_chars) for r in requests]
 
     async def read_upstream(
         self, requests: Sequence[DecisionRequest],
@@ -379,23 +382,22 @@ class RoutingService:
         *, tier: FastTier | None = None,
     ) -> list[_S]:
         """``read`` (a call of ``tier``'s backend, default the first's) of ``requests`` as
-        every fast read is made: states cut to ``fast.max_input_chars``, under the tier's
+        every fast read is made: states cut to its ``max_input_chars``, under the tier's
         concurrency cap and the timeout, the answers checked against the options asked (None:
         a question the backend's server skipped). Raises ``BackendError``; ``read_failed``
         counts it."""
-        bounded = self._bounded_all(requests)
-        limit = (tier or self._first).limit
-        scores = list(await self._timed_read(lambda: read(bounded), limit))
+        tier = tier or self._first
+        bounded = [_bounded(r, tier.settings.max_input_chars) for r in requests]
+        scores = list(await self._timed_read(lambda: read(bounded), tier))
         _check_options(scores, requests)
         return scores
 
-    async def _timed_read(self, read: Callable[[], Awaitable[_T]], limit: ConcurrencyLimit
-                          ) -> _T:
-        """One backend call under a tier's concurrency cap; the wait queue is bounded (429
-        beyond it) and the timeout covers the read only, so queueing shows up as 429s, not as
-        escalations."""
-        timeout_s = self.settings.fast.timeout_s
-        async with limit.acquire():
+    async def _timed_read(self, read: Callable[[], Awaitable[_T]], tier: FastTier) -> _T:
+        """One backend call under a tier's concurrency cap and timeout; the wait queue is
+        bounded (429 beyond it) and the timeout covers the read only, so queueing shows up as
+        429s, not as escalations."""
+        timeout_s = tier.settings.timeout_s
+        async with tier.limit.acquire():
             t0 = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout_s):
