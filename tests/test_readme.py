@@ -10,6 +10,8 @@ test, so a new README block cannot go unchecked.
   changed (8080 may be taken on a shared machine).
 - ``make`` blocks run with ``make -n`` (dry run: the targets and their commands resolve): really
   running ``make test`` would run this test again, and ``make serve`` installs into .venv.
+- ``yaml`` blocks are settings: each loads as ``slotgate.yaml`` in the folder the CLI blocks ran
+  in, and the fast tiers and policy files it names load as ``slotgate serve`` loads them.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Block:
             if self.commands and all(c == "make" for c in self.commands):
                 return "make"
             return "unknown shell: " + ", ".join(sorted(set(self.commands)))
+        if self.lang == "yaml":
+            return "settings"
         if self.lang == "" and not any(
                 line.split()[:1] in (["slotgate"], ["make"], ["python"]) for line in
                 self.text.splitlines()):
@@ -83,7 +87,7 @@ def blocks_of(kind: str) -> list[Block]:
 
 def test_every_readme_block_has_a_runner() -> None:
     kinds = {b.kind for b in readme_blocks()}
-    assert kinds <= {"slotgate", "python", "make", "text"}, kinds
+    assert kinds <= {"slotgate", "python", "make", "settings", "text"}, kinds
     assert {"slotgate", "python", "make"} <= kinds  # the extractor still finds them
 
 
@@ -203,3 +207,34 @@ def test_make_blocks_resolve() -> None:
         result = subprocess.run(["bash", "-e", "-c", script], cwd=ROOT, env=environment(),
                                 capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, (block.heading, block.text, result.stderr[-2000:])
+
+
+@pytest.mark.long
+def test_settings_blocks_load_with_what_the_cli_blocks_wrote(
+    workdir: Path, tmp_path: Path,
+    slotgate_runs: list[tuple[Block, subprocess.CompletedProcess[str]]],
+) -> None:
+    """A settings block, read where the README's commands ran, loads; its
+    fast tiers are built and its policy files load against them (a cascade's tiers checked by
+    name, order and fingerprint), as ``slotgate serve`` does before it starts."""
+    from router.backends.factory import build_backend
+    from router.routing.registry import PolicyRegistry
+    from router.settings import load_settings
+
+    test_slotgate_blocks_run_as_written(slotgate_runs)
+    blocks = blocks_of("settings")
+    assert blocks
+    cwd = Path.cwd()
+    os.chdir(workdir)  # the block's relative paths are the CLI blocks' (run in workdir)
+    try:
+        for block in blocks:
+            (tmp_path / "slotgate.yaml").write_text(block.text, encoding="utf-8")
+            settings = load_settings(tmp_path / "slotgate.yaml")
+            first = build_backend(settings.fast)
+            tiers = [(settings.fast.name, first.fingerprint)] + [
+                (tier.name, build_backend(tier).fingerprint) for tier in settings.tiers]
+            registry = PolicyRegistry.load(settings.policy, backend_fingerprint=first.fingerprint,
+                                           tiers=tiers)
+            assert registry.loaded(), block.text
+    finally:
+        os.chdir(cwd)
