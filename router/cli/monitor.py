@@ -31,6 +31,7 @@ def monitor(
     from router.monitoring.replay import LogError, replay_log
 
     policies = [read_policy(p)[1] for p in policy]
+    files = {p.policy_id: p for p in policies}
     if plot is not None:
         check_out(plot, "--plot")
     try:
@@ -62,11 +63,36 @@ def monitor(
             ("decisions not replayed (read does not fit) / damaged log lines",
              f"{s.unfit} / {s.damaged_lines}"),
         ])
+        cascade = files[s.policy_id].cascade
+        if cascade is not None:
+            show_table(f"tiers of {s.policy_id}: answered share, live / tuning rows", [
+                row for tier in cascade.tiers for row in tier_rows(tier, s)])
         if s.per_answer:
             show_table(f"accepted accuracy per answer, worst first (95% Clopper-Pearson; "
                        f"{len(s.per_answer)} answers)", s.per_answer_rows())
     if plot is not None:
         typer.echo(f"wrote {plot}")
+
+
+def tier_rows(tier: Any, series: Series) -> list[tuple[str, str]]:
+    """A cascade tier's rows: how many decisions it read and answered, its answered share live
+    against the tuning rows', and the labels of its answers (the promise is on all tiers'
+    answers together; one tier's accuracy may sit under the target by design)."""
+    from calibration.metrics import proportion_ci
+
+    tally = series.tiers.get(tier.name)
+    n = len(series.accepted)
+    read, answered = (0, 0) if tally is None else (tally.read, tally.answered)
+    rows = [(f"{tier.name}: read / answered",
+             f"{read} / {answered} (threshold {fmt(tier.threshold)})"),
+            (f"{tier.name}: answered share, live / tuning rows",
+             f"{fmt(answered / n if n else None)} / {fmt(tier.coverage)}")]
+    if tally is not None and tally.labelled:
+        low, high = proportion_ci(tally.correct, tally.labelled)
+        rows.append((f"{tier.name}: labelled accuracy of its answers",
+                     f"{fmt(tally.correct / tally.labelled)} [{fmt(low)}, {fmt(high)}] "
+                     f"({tally.correct}/{tally.labelled})"))
+    return rows
 
 
 def fmt(value: Any) -> str:

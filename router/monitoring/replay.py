@@ -39,6 +39,17 @@ class LogError(ValueError):
 
 
 @dataclass
+class TierTally:
+    """One tier of a cascade in a replayed log: the decisions it read, those it answered (its
+    answer served), and the labels of those answers."""
+
+    read: int = 0
+    answered: int = 0
+    labelled: int = 0
+    correct: int = 0
+
+
+@dataclass
 class Series:
     """One policy's replay. ``labels`` rows: (decision index, correct, lower, upper).
     ``unfit``: decisions of this policy whose logged read its calibrator cannot take (another
@@ -55,6 +66,9 @@ class Series:
     logged_alarms: list[dict[str, Any]] = field(default_factory=list)  # raised by the proxy
     state: dict[str, Any] = field(default_factory=dict)
     per_answer: list[AnswerAccuracy] = field(default_factory=list)  # worst first
+    # A cascade's tiers (docs/cascade.md), by name in reading order: decisions each read and
+    # answered, and the labels of its answers (labelled, correct); empty for one fast tier.
+    tiers: dict[str, TierTally] = field(default_factory=dict)
     unfit: int = 0
     damaged_lines: int = 0  # of the whole log
 
@@ -62,6 +76,7 @@ class Series:
         """What ``slotgate monitor --json`` prints of this policy."""
         return {**self.state, "alarms": self.alarms, "logged_alarms": self.logged_alarms,
                 "per_answer": [row.as_dict() for row in self.per_answer],
+                "tiers": {name: vars(tally) for name, tally in self.tiers.items()},
                 "unfit_decisions": self.unfit, "damaged_lines": self.damaged_lines}
 
     def per_answer_rows(self, *, limit: int = 20) -> list[tuple[str, str]]:
@@ -120,6 +135,9 @@ class _Judge:
                 calibrated[i] = row
         judged: list[tuple[Verdict, float] | None] = []
         for record, row in zip(records, calibrated, strict=True):
+            if record.tiers is not None:
+                judged.append(cascade_verdict(record))
+                continue
             if row is None or record.proba is None:
                 judged.append(None)
                 continue
@@ -132,6 +150,20 @@ class _Judge:
                 window.record(verdict)
             judged.append((verdict, float(row[top])))
         return judged
+
+
+def cascade_verdict(record: DecisionRecord) -> tuple[Verdict, float] | None:
+    """A cascade's verdict on a logged decision: its last tier's, as the proxy logged it (the
+    log's ``proba`` is the first tier's read only, so the later tiers' reads cannot be judged
+    again), and that tier's calibrated probability, the confidence its drift test watched.
+    None when the record's tiers are damaged or empty (counted as unfit)."""
+    try:
+        last = (record.tiers or [])[-1]
+        return (Verdict(bool(last["accepted"]), record.options.index(last["answer"]),
+                        float(last["probability"]), last["threshold"],
+                        f"tier {last['tier']}'s logged verdict"), float(last["probability"]))
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
 
 
 class _Replay:
@@ -166,6 +198,8 @@ class _Replay:
         watch, series, i = self.watch, self.series, len(self.series.accepted)
         raised = watch.observe(confidence, accepted=verdict.accept)
         series.accepted.append(verdict.accept)
+        for read in record.tiers or ():
+            series.tiers.setdefault(str(read["tier"]), TierTally()).read += 1
         if watch.drift is not None:
             series.drift.append(watch.drift.log_value)
         joined = labels.label(record.decision_id)
@@ -174,6 +208,12 @@ class _Replay:
             raised = watch.label(correct) or raised
             series.labels.append((i, correct, watch.accuracy.lower, watch.accuracy.upper))
             self.tally.add(record.answer, correct)
+            if record.tier is not None:
+                tally = series.tiers.setdefault(record.tier, TierTally())
+                tally.labelled += 1
+                tally.correct += correct
+        if record.tier is not None and record.served_fast:
+            series.tiers.setdefault(record.tier, TierTally()).answered += 1
         if raised is not None:
             series.alarms.append({"decision": i, "kind": raised.kind, "detail": raised.detail})
 
@@ -197,7 +237,7 @@ def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
         labels.add(record)
         if isinstance(record, AlarmRecord):
             logged.setdefault(record.policy_id, []).append(record.model_dump())
-        elif (isinstance(record, DecisionRecord) and record.proba is not None
+        elif (isinstance(record, DecisionRecord) and judged(record)
               and record.decision_id not in seen):
             seen.add(record.decision_id)
             made[str(record.policy_id)] = made.get(str(record.policy_id), 0) + 1
@@ -214,6 +254,12 @@ def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
                        f"{known}", field="policy_id")
     for decision in distinct_decisions(read_log(log_path, quiet=True)):
         replay = replays.get(str(decision.policy_id))
-        if replay is not None and decision.proba is not None:
+        if replay is not None and judged(decision):
             replay.add(decision, labels)
     return [replay.finish(labels) for replay in replays.values()]
+
+
+def judged(record: DecisionRecord) -> bool:
+    """Whether a policy judged the decision: it has a fast read (``proba``), or a cascade's
+    tiers read it (the first tier may not have)."""
+    return record.proba is not None or bool(record.tiers)
