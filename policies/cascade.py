@@ -78,6 +78,7 @@ class CascadePolicy:
 
     policy_id = "unsaved"
     file_: PolicyFile | None = None
+    options_: tuple[str, ...] | None
 
     def __init__(self, **params: Any) -> None:
         self.params = params
@@ -195,6 +196,7 @@ class CascadePolicy:
             raise ValueError("a policy file is scoped to one question: pass question or "
                              "logged_signature (exactly one)")
         params, fitted, first = self.params_, self.thresholds_, self.tiers_[0]
+        assert self.options_ is not None  # set by fit
         coverage = 1.0 - fitted.coverage_by_tier_[-1]
         reference = reference_summary(self.confidence_, threshold=None, seed=params.seed)
         reference["accept_share"] = coverage

@@ -89,9 +89,9 @@ def tier_rows(tier: Any, series: Series) -> list[tuple[str, str]]:
              f"{fmt(answered / n if n else None)} / {fmt(tier.coverage)}")]
     if tally is not None and tally.labelled:
         low, high = proportion_ci(tally.correct, tally.labelled)
-        rows.append((f"{tier.name}: labelled accuracy of its answers",
-                     f"{fmt(tally.correct / tally.labelled)} [{fmt(low)}, {fmt(high)}] "
-                     f"({tally.correct}/{tally.labelled})"))
+        shown = (f"{fmt(tally.correct / tally.labelled)} [{fmt(low)}, {fmt(high)}] "
+                 f"({tally.correct}/{tally.labelled})")
+        rows.append((f"{tier.name}: labelled accuracy of its answers", shown))
     return rows
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import time
 import uuid
 import weakref
@@ -137,7 +138,7 @@ class RoutingService:
             self.tiers[name] = FastTier(name, later, ConcurrencyLimit(
                 f"fast tier {name} ({later.name})", capacity=configured[name].max_concurrency,
                 max_waiting=settings.max_queue,
-                on_reject=lambda later=later: metrics.queue_rejected(later.name)),
+                on_reject=functools.partial(metrics.queue_rejected, later.name)),
                 configured[name])
         self._first = first
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
