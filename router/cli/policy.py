@@ -490,17 +490,8 @@ def evaluate(
     if fingerprint != tuned.backend_fingerprint:
         mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
                           f"tuned for {tuned.backend_fingerprint}")
-    tuned_for = None if tuned.question is None else tuned.question.question()
-    if tuned_for is not None and data.question is not None and data.question != tuned_for:
-        mismatches.append(f"{preds} answers question {data.question.describe()}, the policy "
-                          f"{policy} was tuned for {tuned_for.describe()}")
-    if tuned.options is not None and tuple(tuned.options) != data.options:
-        mismatches.append(f"{preds} has options {_preview(data.options)}, the policy {policy} was "
-                          f"tuned on {_preview(tuned.options)}")
-    if mismatches and not allow_mismatch:
-        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
-    for line in mismatches:
-        typer.echo(f"warning: {line}", err=True)
+    mismatches += question_mismatches(preds, data, tuned, policy=policy, options=True)
+    refuse_mismatches(mismatches, allow=allow_mismatch)
     mask = data.scored
     runtime = GuaranteedPolicy.from_file(tuned)
     try:
@@ -552,24 +543,16 @@ def evaluate_cascade_cli(files: list[Path], tuned: PolicyFile, *, policy: str, a
     except PredictionsError as exc:
         fail(str(exc))
     mismatches = []
-    tuned_for = None if tuned.question is None else tuned.question.question()
     for path, read, tier in zip(files, data, cascade.tiers, strict=True):
         fingerprint = single(read.fingerprints, "fingerprint", path) or "unknown"
         if fingerprint != tier.backend_fingerprint:
             mismatches.append(f"{path} has backend fingerprint {fingerprint}, tier "
                               f"{tier.name!r} of the policy {policy} was tuned for "
                               f"{tier.backend_fingerprint}")
-        if tuned_for is not None and read.question is not None and read.question != tuned_for:
-            mismatches.append(f"{path} answers question {read.question.describe()}, the "
-                              f"policy {policy} was tuned for {tuned_for.describe()}")
+        mismatches += question_mismatches(path, read, tuned, policy=policy,
+                                          options=path == files[0])
+    refuse_mismatches(mismatches, allow=allow_mismatch)
     first = data[0]
-    if tuned.options is not None and tuple(tuned.options) != first.options:
-        mismatches.append(f"{files[0]} has options {_preview(first.options)}, the policy "
-                          f"{policy} was tuned on {_preview(tuned.options)}")
-    if mismatches and not allow_mismatch:
-        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
-    for line in mismatches:
-        typer.echo(f"warning: {line}", err=True)
     mask = first.scored
     metrics = evaluate_cascade(CascadePolicy.from_file(tuned), first.options,
                                [read.proba[mask] for read in data], first.y_true[mask])
@@ -603,6 +586,29 @@ def evaluate_cascade_cli(files: list[Path], tuned: PolicyFile, *, policy: str, a
         ("expected cost per decision", f"{metrics['expected_cost']:.4g}"),
     ]
     show_table(f"{tuned.policy_id} on {len(files)} tiers' predictions (95% intervals)", rows)
+
+
+def question_mismatches(path: Path, data: Predictions, tuned: PolicyFile, *, policy: str,
+                        options: bool) -> list[str]:
+    """How predictions ``data`` read from ``path`` differ from what the policy was tuned on: the
+    question (and, with ``options``, the option names)."""
+    found = []
+    tuned_for = None if tuned.question is None else tuned.question.question()
+    if tuned_for is not None and data.question is not None and data.question != tuned_for:
+        found.append(f"{path} answers question {data.question.describe()}, the policy "
+                     f"{policy} was tuned for {tuned_for.describe()}")
+    if options and tuned.options is not None and tuple(tuned.options) != data.options:
+        found.append(f"{path} has options {_preview(data.options)}, the policy {policy} was "
+                     f"tuned on {_preview(tuned.options)}")
+    return found
+
+
+def refuse_mismatches(mismatches: list[str], *, allow: bool) -> None:
+    """Exit 2 on any mismatch, unless ``--allow-mismatch``: then each is a warning."""
+    if mismatches and not allow:
+        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
+    for line in mismatches:
+        typer.echo(f"warning: {line}", err=True)
 
 
 def show_per_answer(table: list[dict[str, Any]], *, limit: int, floor: float | None) -> None:
