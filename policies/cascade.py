@@ -71,9 +71,11 @@ class CascadePolicy:
 
     ``fit`` learns ``params_``, ``options_`` (the option names), ``tiers_`` (``Tier``, in order),
     ``thresholds_`` (the fitted ``CascadeThresholds``: bound, coverage by tier, expected cost),
-    ``slow_cost_``, ``n_calibration_``, ``n_tune_`` and ``confidence_`` (the confidence that
-    decided each threshold row: the answering tier's, or the last read tier's when it escalated:
-    what the drift watch compares live decisions with). ``from_file`` gives ``params_``,
+    ``slow_cost_``, ``n_calibration_``, ``n_tune_``, ``tier_confidence_`` (every tier's
+    calibrated top probability on each threshold row), ``answered_`` (the tier that answered
+    each, ``len(tiers_)`` for the slow model) and ``confidence_`` (the confidence that decided
+    each threshold row: the answering tier's, or the last read tier's when it escalated: what
+    the drift watch compares live decisions with). ``from_file`` gives ``params_``,
     ``options_``, ``tiers_`` and ``file_``. ``policy_id``: the file's id, "unsaved" before."""
 
     policy_id = "unsaved"
@@ -128,8 +130,8 @@ class CascadePolicy:
                                                     strict=True))
         self.slow_cost_ = float(slow_cost)
         self.n_calibration_, self.n_tune_ = len(cal), len(tune)
-        self.confidence_ = _deciding(conf, self.thresholds_.route(conf),
-                                     [t.read for t in self.tiers_])
+        self.tier_confidence_, self.answered_ = conf, self.thresholds_.route(conf)
+        self.confidence_ = _deciding(conf, self.answered_, [t.read for t in self.tiers_])
         return self
 
     def decide_tier(self, k: int, scores: OptionScores) -> tuple[Verdict, list[float]]:
@@ -218,9 +220,10 @@ class CascadePolicy:
             "cascade": {
                 "tiers": [{"name": t.name, "backend_fingerprint": t.backend_fingerprint,
                            "calibrator": t.calibrator.to_dict(), "threshold": t.threshold,
-                           "cost": t.cost, "coverage": share}
-                          for t, share in zip(self.tiers_, fitted.coverage_by_tier_,
-                                              strict=False)],
+                           "cost": t.cost, "coverage": share,
+                           "reference": self._tier_reference(k)}
+                          for k, (t, share) in enumerate(zip(
+                              self.tiers_, fitted.coverage_by_tier_, strict=False))],
                 "slow_cost": self.slow_cost_, "slow_coverage": fitted.coverage_by_tier_[-1],
                 "expected_cost": fitted.expected_cost_,
                 "max_slow_share": params.max_slow_share,
@@ -228,6 +231,20 @@ class CascadePolicy:
                                      else fitted.slow_share_bound_),
             },
         })
+
+
+    def _tier_reference(self, k: int) -> dict[str, Any] | None:
+        """Tier ``k``'s drift reference: its confidences on the threshold rows it read (those
+        the earlier tiers turned down) and the share of them it accepted; None when it is not
+        read or read no row."""
+        from calibration.monitoring import reference_summary
+
+        tier = self.tiers_[k]
+        reached = self.answered_ >= k
+        if tier.threshold is None or not reached.any():
+            return None
+        return reference_summary(self.tier_confidence_[reached, k], threshold=tier.threshold,
+                                 seed=self.params_.seed)
 
 
 def _confidence(reads: Sequence[NDArray[np.float64]], calibrators: Sequence[Calibrator],

@@ -96,8 +96,8 @@ class QuestionRecord(BaseModel):
 class TierSpec(BaseModel):
     """One fast tier of a cascade: the backend it was tuned on (its ``name`` in the settings,
     ``fast.name`` for the first, and its fingerprint), its calibrator and threshold (None: the
-    tier is not read), the cost each read of it was given at tuning, and the share of the
-    threshold rows it answered."""
+    tier is not read), the cost each read of it was given at tuning, the share of the
+    threshold rows it answered, and its drift reference."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -107,6 +107,9 @@ class TierSpec(BaseModel):
     threshold: Unit | None
     cost: float = Field(ge=0)
     coverage: Unit
+    # Its confidences on the threshold rows it read, and the share it accepted: what a replay
+    # compares its live reads with (``slotgate monitor``); None when it is not read.
+    reference: ReferenceSummary | None = None
 
 
 class CascadeSpec(BaseModel):
@@ -305,6 +308,8 @@ class PolicyFile(BaseModel):
         exclude = {"created_at", "shadow", "id_layout", *MONITORING_FIELDS}
         exclude.update(name for name in LATER_FIELDS if getattr(self, name) is None)
         content = self.model_dump(mode="json", exclude=exclude)
+        for tier in (content.get("cascade") or {}).get("tiers", ()):
+            tier.pop("reference", None)  # a tier's drift reference is monitoring, as the file's
         content.update(version=1, threshold=self.threshold)  # the "v1" layout, the only one
         return f"{self.name}@{canonical_hash(content)[:12]}"
 
