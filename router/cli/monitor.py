@@ -87,6 +87,14 @@ def tier_rows(tier: Any, series: Series) -> list[tuple[str, str]]:
              f"{read} / {answered} (threshold {fmt(tier.threshold)})"),
             (f"{tier.name}: answered share, live / tuning rows",
              f"{fmt(answered / n if n else None)} / {fmt(tier.coverage)}")]
+    if tally is not None and tally.drift is not None:
+        rows.append((f"{tier.name}: drift of its accepted reads (log) / alarm at",
+                     f"{fmt(tally.drift)} / {fmt(series.drift_threshold)}" + (
+                         "" if tally.drift_alarm is None
+                         else f"; passed at decision {tally.drift_alarm + 1}")))
+        rows.append((f"{tier.name}: traffic test on all its reads",
+                     "quiet" if tally.traffic_tripped_at is None
+                     else f"tripped at decision {tally.traffic_tripped_at + 1}"))
     if tally is not None and tally.labelled:
         low, high = proportion_ci(tally.correct, tally.labelled)
         shown = (f"{fmt(tally.correct / tally.labelled)} [{fmt(low)}, {fmt(high)}] "

@@ -41,12 +41,20 @@ class LogError(ValueError):
 @dataclass
 class TierTally:
     """One tier of a cascade in a replayed log: the decisions it read, those it answered (its
-    answer served), and the labels of those answers."""
+    answer served), the labels of those answers, and its own watch on its reads against the
+    tier's reference, as a policy's (docs/monitoring.md): ``drift``, the drift test's log
+    martingale on the answers it accepted, and ``drift_alarm``, the decision at which it first
+    alarmed; ``traffic_tripped_at``, the decision at which the traffic test on all its reads
+    first tripped (None: never; all three None when the file has no reference for the tier).
+    Shown, never acted on: the proxy's alarms are the whole cascade's."""
 
     read: int = 0
     answered: int = 0
     labelled: int = 0
     correct: int = 0
+    drift: float | None = None
+    drift_alarm: int | None = None
+    traffic_tripped_at: int | None = None
 
 
 @dataclass
@@ -172,6 +180,14 @@ class _Replay:
     def __init__(self, policy: Any, logged_alarms: list[dict[str, Any]], damaged: int) -> None:
         self.judge = _Judge(GuaranteedPolicy.from_file(policy))
         self.watch = PolicyWatch(WatchSettings.of(policy))
+        # A cascade's tiers, each watched on its own reads for drift (label-free, shown only).
+        self.tier_watches = {} if policy.cascade is None else {
+            tier.name: PolicyWatch(WatchSettings(
+                policy_id=f"{policy.policy_id}/{tier.name}",
+                target_accuracy=policy.target_accuracy, on_alarm="alert_only",
+                alarm_alpha=policy.alarm_alpha, reference=tuple(tier.reference.confidence),
+                reference_accept_share=tier.reference.accept_share, seed=policy.seed))
+            for tier in policy.cascade.tiers if tier.reference is not None}
         drift = self.watch.drift
         self.series = Series(policy.policy_id, policy.target_accuracy,
                              self.watch.settings.reference_accept_share,
@@ -199,7 +215,17 @@ class _Replay:
         raised = watch.observe(confidence, accepted=verdict.accept)
         series.accepted.append(verdict.accept)
         for read in record.tiers or ():
-            series.tiers.setdefault(str(read["tier"]), TierTally()).read += 1
+            tally = series.tiers.setdefault(str(read["tier"]), TierTally())
+            tally.read += 1
+            tier_watch = self.tier_watches.get(str(read["tier"]))
+            if tier_watch is not None and tier_watch.drift is not None:
+                tier_raised = tier_watch.observe(float(read["probability"]),
+                                                 accepted=bool(read["accepted"]))
+                tally.drift = tier_watch.drift.log_value
+                if tier_raised is not None and tally.drift_alarm is None:
+                    tally.drift_alarm = i
+                if tier_watch.traffic_tripped and tally.traffic_tripped_at is None:
+                    tally.traffic_tripped_at = i
         if watch.drift is not None:
             series.drift.append(watch.drift.log_value)
         joined = labels.label(record.decision_id)

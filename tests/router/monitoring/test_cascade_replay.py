@@ -28,10 +28,50 @@ async def test_monitor_replays_a_cascade_log_per_tier(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     [state] = json.loads(result.stdout)["policies"]
     assert (state["decisions"], state["accepted"], state["labels"]) == (6, 5, 5)
+    no_drift_test = {"drift": None, "drift_alarm": None, "traffic_tripped_at": None}  # the file has no tier references
     assert state["tiers"] == {
-        "fast": {"read": 6, "answered": 2, "labelled": 2, "correct": 2},
-        "deep": {"read": 4, "answered": 3, "labelled": 3, "correct": 0}}
+        "fast": {"read": 6, "answered": 2, "labelled": 2, "correct": 2, **no_drift_test},
+        "deep": {"read": 4, "answered": 3, "labelled": 3, "correct": 0, **no_drift_test}}
     table = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
                                      str(tmp_path / "intents.json")])
     assert "deep: labelled accuracy of its answers" in table.stdout
     assert load_policy(tmp_path / "intents.json").policy_id == state["policy_id"]
+
+
+async def test_a_tier_whose_reads_drift_from_its_reference_is_shown_passing(
+        tmp_path: Path) -> None:
+    """Each tier's own watch, on its reads against its reference: the deep tier was tuned on
+    confident reads and now only sees unsure ones, which it never accepts (the drift test, on
+    accepted answers, has nothing to rank; the traffic test on all reads trips)."""
+    sure = {"n": 200, "accept_share": 0.9,
+            "confidence": sorted(0.8 + 0.2 * i / 199 for i in range(200))}
+    service, log, _, _ = make(tmp_path, references={"deep": sure})
+    decisions = await service.route([request(f"hard {i}") for i in range(150)], namespace="t")
+    assert all(d.route == "slow" for d in decisions)
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in log.records))
+    result = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
+                                      str(tmp_path / "intents.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    [state] = json.loads(result.stdout)["policies"]
+    deep, fast = state["tiers"]["deep"], state["tiers"]["fast"]
+    assert deep["read"] == 150 and deep["traffic_tripped_at"] is not None
+    assert deep["drift_alarm"] is None
+    assert fast["traffic_tripped_at"] is None and fast["drift"] is None  # no reference
+
+
+async def test_a_tier_whose_accepted_reads_drift_below_its_reference_alarms_in_the_replay(
+        tmp_path: Path) -> None:
+    """The deep tier was tuned on answers it accepted at 0.95 to 1.0; it now accepts at 0.9."""
+    surer = {"n": 200, "accept_share": 1.0,
+             "confidence": sorted(0.95 + 0.05 * i / 199 for i in range(200))}
+    service, log, _, _ = make(tmp_path, references={"deep": surer})
+    decisions = await service.route([request(f"medium {i}") for i in range(150)], namespace="t")
+    assert all(d.tier == "deep" for d in decisions)
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in log.records))
+    result = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
+                                      str(tmp_path / "intents.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    deep = json.loads(result.stdout)["policies"][0]["tiers"]["deep"]
+    assert deep["drift_alarm"] is not None and deep["drift"] > 0

@@ -44,11 +44,13 @@ def deep(req: DecisionRequest) -> list[float]:
 
 def cascade_file(tmp_path: Path, *, thresholds: tuple[float | None, float | None] = (0.9, 0.8),
                  names: tuple[str, str] = ("fast", "deep"),
-                 fingerprints: tuple[str, str] | None = None) -> Path:
+                 fingerprints: tuple[str, str] | None = None,
+                 references: dict[str, Any] | None = None) -> Path:
     prints = fingerprints or (MockBackend(cheap, label="cheap").fingerprint,
                               MockBackend(deep, label="deep").fingerprint)
     tiers = [{"name": name, "backend_fingerprint": fp, "calibrator": IDENTITY,
-              "threshold": t, "cost": cost, "coverage": 0.4}
+              "threshold": t, "cost": cost, "coverage": 0.4,
+              "reference": (references or {}).get(name)}
              for name, fp, t, cost in zip(names, prints, thresholds, (0.2, 1.4), strict=True)]
     file = PolicyFile.model_validate({
         "name": "intents", "signature": scope_signature(OPTIONS, QUESTION),
