@@ -148,7 +148,7 @@ def parse_options(kind: str, raw: Any) -> BackendOptions:
             + ("not an option of this backend" if err["type"] == "extra_forbidden" else err["msg"])
             for err in exc.errors()
         )
-        raise ValueError(f"fast.options for the {kind} backend: {problems} "
+        raise ValueError(f"options for the {kind} backend: {problems} "
                          f"(it takes {sorted(model.model_fields)})") from None
 
 

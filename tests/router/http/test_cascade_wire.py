@@ -68,3 +68,26 @@ async def test_readyz_lists_the_cascades_tiers_in_reading_order(http: httpx.Asyn
     [policy] = (await http.get("/readyz")).json()["policies"]
     assert policy["tiers"] == [{"name": "fast", "threshold": 0.9},
                                {"name": "deep", "threshold": 0.8}]
+
+
+async def test_a_torch_tier_reads_what_the_first_tier_turned_down(tmp_path: Path) -> None:
+    """The GPU tier as the CPU runs it (a tiny diffusion model, a real tokenizer) behind a
+    classical first tier: a decision the first tier turns down is read by the torch backend
+    and answered from its read (threshold 0: the tier accepts any read)."""
+    from tests.router.http.test_app_fast_backend import torch_backend
+
+    first, torch_tier = MockBackend(cheap, label="cheap"), torch_backend(failing_warm_up=False)
+    path = cascade_file(tmp_path, thresholds=(0.9, 0.0), names=("fast", "gpu"),
+                        fingerprints=(first.fingerprint, torch_tier.fingerprint))
+    settings = Settings(tiers=[{"name": "gpu", "kind": "torch", "options": {
+        "kind": "diffusion", "turn_close_id": 2}}], policy={"files": [path]},
+                        log={"decision_log_path": tmp_path / "log.jsonl"})
+    app = create_app(settings, backend=first, tiers={"gpu": torch_tier}, slow=RecordingSlow())
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        _, easy = await ask_openai(client, "an easy one")
+        answer, hard = await ask_openai(client, "a hard one")
+    assert (easy["tier"], [t["tier"] for t in easy["tiers"]]) == ("fast", ["fast"])
+    assert (hard["route"], hard["tier"]) == ("fast", "gpu")
+    [_, gpu] = hard["tiers"]
+    assert gpu["accepted"] and answer == f'"{gpu["answer"]}"' and 0 < gpu["probability"] <= 1
