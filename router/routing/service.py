@@ -21,7 +21,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -29,7 +28,7 @@ import orjson
 from policies.cascade import CascadePolicy
 from policies.rules import EscalationWindow
 from policies.scope import describe
-from policies.types import Decision, DecisionRequest, OptionScores, Route, TierRead, Verdict
+from policies.types import Decision, DecisionRequest, OptionScores, Route
 from router.backends.base import FastBackend
 from router.errors import (
     BackendError,
@@ -51,53 +50,14 @@ from router.routing.ports import (
 )
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.routing.shared_reads import SharedReads
-from router.settings import FastBackendSettings, Settings
+from router.routing.tiers import Climb, FastTier
+from router.settings import Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
 from router.store.records import DecisionRecord
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound=OptionScores | None)
-
-
-@dataclass(frozen=True, slots=True)
-class FastTier:
-    """A fast backend the service reads, under its own concurrency cap, timeout and input cut
-    (``settings``): the first (``fast``) or a later tier of a cascade (``tiers``)."""
-
-    name: str
-    backend: FastBackend
-    limit: ConcurrencyLimit
-    settings: FastBackendSettings
-
-
-@dataclass(slots=True)
-class _Climb:
-    """One decision's way up a cascade policy's tiers (``RoutingService._climb``): the tiers
-    that read it (index, read, verdict, calibrated probabilities) and the last read, which the
-    plan routes on (its verdict None when the read failed: the decision escalates)."""
-
-    policy: CascadePolicy
-    shadow: bool
-    read: FastRead = field(default_factory=lambda: NOT_READ)
-    verdict: Verdict | None = None
-    calibrated: list[float] | None = None
-    steps: list[tuple[int, FastRead, Verdict]] = field(default_factory=list)
-
-    def evidence(self) -> tuple[TierRead, ...]:
-        tiers = self.policy.tiers_
-        out = []
-        for k, read, verdict in self.steps:
-            assert read.scores is not None  # judged
-            out.append(TierRead(tiers[k].name, read.scores.options[verdict.index],
-                                verdict.probability, verdict.threshold, verdict.accept,
-                                read.cached))
-        return tuple(out)
-
-    @property
-    def tier(self) -> str | None:
-        """The tier whose verdict the plan acts on (the last read); None when none judged."""
-        return self.policy.tiers_[self.steps[-1][0]].name if self.steps else None
 
 
 class RoutingService:
@@ -236,13 +196,13 @@ class RoutingService:
     async def _climb(
         self, requests: Sequence[DecisionRequest], reads: Sequence[FastRead],
         policies: Sequence[RuntimePolicy | None], *, namespace: str,
-    ) -> list[_Climb | None]:
+    ) -> list[Climb | None]:
         """The way up each cascade policy's tiers (None for a one-tier decision): a tier judges
         its read with its calibrator and threshold; a decision it turns down is read by the
         policy's next tier read, each tier once for all the decisions waiting on it (in the
         configured order, which the registry checked every cascade follows). A failed read
         stops the climb: the decision escalates, as a one-tier decision's failed read does."""
-        climbs: list[_Climb | None] = [None] * len(requests)
+        climbs: list[Climb | None] = [None] * len(requests)
         waiting: dict[str, list[int]] = {}
 
         def judge(i: int, k: int, read: FastRead) -> None:
@@ -262,7 +222,7 @@ class RoutingService:
 
         for i, policy in enumerate(policies):
             if isinstance(policy, CascadePolicy):
-                climbs[i] = _Climb(policy, shadow=self.registry.mode(policy)[0])
+                climbs[i] = Climb(policy, shadow=self.registry.mode(policy)[0])
                 first = policy.next_tier(-1)
                 if first in (0, None):  # None: no tier passed; the first judges (escalates)
                     judge(i, 0, reads[i])
@@ -417,7 +377,7 @@ class RoutingService:
         namespace: str,
         started: float,
         read_later: Callable[[], Awaitable[FastRead]],
-        climb: _Climb | None = None,
+        climb: Climb | None = None,
     ) -> Decision:
         """One decision: the policy's verdict on the read (a cascade's: the last tier's on its
         read), the plan, its execution."""
@@ -466,7 +426,7 @@ class RoutingService:
         self, request: DecisionRequest, read: FastRead, the_plan: Plan,
         calibrated: list[float] | None, *, namespace: str, started: float,
         read_later: Callable[[], Awaitable[FastRead]], policy_id: str, guarantee: str | None,
-        climb: _Climb | None = None,
+        climb: Climb | None = None,
     ) -> Decision:
         """Carry out ``the_plan``: serve the fast answer, or ask the slow path and, when it
         fails, refuse or serve the fast answer unverified, as planned."""
