@@ -1,7 +1,7 @@
 """A three-tier cascade in the proxy, end to end on BANKING77: `slotgate serve`'s app under
 uvicorn with wordllama (the first fast tier), TF-IDF (the second) and the stand-in LLM behind
-litellm (MiniLM embeddings + logistic regression) as the slow model; N test messages sent through
-the OpenAI SDK.
+litellm (MiniLM embeddings + logistic regression, ``--slow-kind``) as the slow model; N test
+messages sent through the OpenAI SDK.
 
     python -m bench.tiers_live [--n 500] [--data DIR] [--work var/tiers-live] [--out JSON]
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.perf_counter()
     policy = build_artifacts(data, work, target=args.target_accuracy, seed=args.seed,
-                             reuse=args.reuse_artifacts)
+                             reuse=args.reuse_artifacts, slow_kind=args.slow_kind)
     sample = sample_messages(data / "test.csv", n=args.n, seed=args.seed)
     write_csv(work / "sample.csv", sample)
     for name, kind in FAST_TIERS.items():
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from router.settings import Settings
     from standins.llm import last_user_text, start_standin
 
-    standin = start_standin(model_path=work / "minilm.joblib")
+    standin = start_standin(model_path=work / f"slow-{args.slow_kind}.joblib")
     settings = Settings(
         fast={"name": "embedding", "kind": "sklearn", "model_path": work / "wordllama.joblib",
               "timeout_s": 5.0},
@@ -134,11 +134,13 @@ def summary(rows: list[dict[str, Any]], predicted: dict[str, Any], *, asked: lis
     }
 
 
-def build_artifacts(data: Path, work: Path, *, target: float, seed: int, reuse: bool) -> Path:
-    """Both fast tiers trained on train.csv with their out-of-fold reads, the stand-in's MiniLM
-    model, and the cascade policy tuned on the out-of-fold reads of both tiers."""
+def build_artifacts(data: Path, work: Path, *, target: float, seed: int, reuse: bool,
+                    slow_kind: str) -> Path:
+    """Both fast tiers trained on train.csv with their out-of-fold reads, the stand-in's model
+    (``slow_kind``), and the cascade policy tuned on the out-of-fold reads of both tiers."""
     policy = work / "cascade.json"
-    models = [work / f"{kind}.joblib" for kind in (*FAST_TIERS.values(), "minilm")]
+    models = [*(work / f"{kind}.joblib" for kind in FAST_TIERS.values()),
+              work / f"slow-{slow_kind}.joblib"]
     if reuse and policy.is_file() and all(m.is_file() for m in models):
         return policy
     common = ("--question", "intent", "--data", data / "train.csv", "--label-column", "category",
@@ -146,7 +148,7 @@ def build_artifacts(data: Path, work: Path, *, target: float, seed: int, reuse: 
     for name, kind in FAST_TIERS.items():
         slotgate("train", *common, "--kind", kind, "--cv", 5, "--oof-out",
                  work / f"oof-{name}.jsonl", "--out", work / f"{kind}.joblib")
-    slotgate("train", *common, "--kind", "minilm", "--out", work / "minilm.joblib")
+    slotgate("train", *common, "--kind", slow_kind, "--out", work / f"slow-{slow_kind}.joblib")
     slotgate("tune", *preds_flags(work, "oof"),
              *[flag for name in FAST_TIERS for flag in ("--tier", f"{name}={COSTS[name]}")],
              "--slow-cost", COSTS["slow"], "--target-accuracy", target, "--seed", seed,
@@ -169,6 +171,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-accuracy", type=float, default=0.95)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slow-kind", choices=("minilm", "wordllama", "tfidf"),
+                        default="minilm", help="the stand-in LLM's model (`train --kind`)")
     parser.add_argument("--reuse-artifacts", action="store_true",
                         help="reuse the models and policy already in --work")
     return parser.parse_args(argv)
