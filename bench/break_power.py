@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def run_seed(accuracy: float) -> int:
-    return int(round(accuracy * 100_000))
+    return round(accuracy * 100_000)
 
 
 if __name__ == "__main__":

@@ -411,7 +411,7 @@ class Bet:
             return 1.0 + self.stake * (0.5 - p)
         if self.kind == "power":
             k = self.shape
-            return 1.0 + self.stake * (k * max(p, 1e-9) ** (k - 1.0) - 1.0)
+            return 1.0 + self.stake * (k * math.pow(max(p, 1e-9), k - 1.0) - 1.0)
         return 1.0 + self.stake * ((1.0 / self.shape if p < self.shape else 0.0) - 1.0)
 
 
@@ -423,14 +423,10 @@ def linear_bets(stakes: tuple[float, ...]) -> tuple[Bet, ...]:
 # lasts, 1 for a sharp one.
 DETECTOR_STAKES = (0.1, 0.25, 0.5, 1.0)
 # The traffic detector's bets (router/monitoring/watch.py): three power bets (k = 0.7) and three
-# on a p-value under 0.1. A novel class brings p-values near 0 (BANKING77, 10 intents the model
-# never learnt: 31% of their ranks under 0.05, 74% under 0.2), where these win several times
-# what the linear bet wins; traffic that is ordinary but bursty (rows in blocks of one intent)
-# brings few ranks that low, so these lose there where the linear bets won. At 25% novel
-# traffic the best power bet grows the wealth by 0.042 per decision, the best linear one by
-# 0.022 (bench.watch's rows, fixed reference); bench.watch: the trip comes at a median of
-# 173.5 rows against 328 with linear stakes up to 1, and bursts trip it in 1 of 20 replays
-# against 17 of 20.
+# on a p-value under 0.1. A novel class brings rank p-values near 0 (most of a never-learnt
+# intent's confidences rank under 0.2), where these win several times what a linear bet wins;
+# ordinary traffic that comes in bursts (rows in blocks of one intent) brings few ranks that
+# low, and there these lose where linear bets won (bench.watch, docs/monitoring.md).
 TRAFFIC_BETS = (Bet("power", 0.2, 0.7), Bet("power", 0.4, 0.7), Bet("power", 0.8, 0.7),
                 Bet("below", 0.03, 0.1), Bet("below", 0.06, 0.1), Bet("below", 0.12, 0.1))
 

@@ -10,8 +10,8 @@ import pytest
 from scipy.stats import kstest
 
 from calibration.monitoring import (
-    AccuracySequence,
     TRAFFIC_BETS,
+    AccuracySequence,
     Bet,
     ConfidenceDropDetector,
     ConfidenceDropTest,
