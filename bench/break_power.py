@@ -3,7 +3,7 @@ decisions it takes: a table of audit rate x accepted accuracy -> median decision
 accuracy alarm, the share of runs that reach it within the horizon, and the false-alarm rate
 where the promise holds (accepted accuracy at the target and above it).
 
-The alarm is the proxy's own accuracy test (``PolicyWatch.shortfall``: alpha = alarm_alpha / 2),
+The alarm is the proxy's own accuracy test (``PolicyWatch.shortfall``: alpha = alarm_alpha / 4),
 fed 0/1 labels of accepted answers that are right with probability ``accuracy``. A label is
 an audit of an accepted decision: with the policy accepting a share ``accept_share`` of the
 decisions and auditing a share ``audit rate`` of those, the decisions up to the n-th label are
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"target {args.target}, accept share {args.accept_share}",
                 ["accepted accuracy", *(f"audit rate {r:g}" for r in AUDIT_RATES)], table_rows)
     result = {"target": args.target, "alarm_alpha": args.alarm_alpha,
-              "test_alpha": args.alarm_alpha / 2, "accept_share": args.accept_share,
+              "test_alpha": args.alarm_alpha / 4, "accept_share": args.accept_share,
               "runs": args.runs, "horizon": args.horizon, "cells": cells}
     out = args.out or RESULTS_DIR / "break_power.json"
     payload = {"machine": machine_info(), **result}
