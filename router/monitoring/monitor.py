@@ -182,7 +182,8 @@ class Monitor:
         if watch.traffic_tripped and not tripped:
             logger.warning("policy %s: its traffic is less sure than its tuning rows at decision "
                            "%d (not an alarm: unsure traffic puts no wrong answer in front of "
-                           "anyone); %s", watch.policy_id, watch.n_decisions,
+                           "anyone); %s; accuracy is tested on the labels from here on too",
+                           watch.policy_id, watch.n_decisions,
                            _action(watch) if watch.escalate_all else
                            f"audit rate raised to {watch.audit_rate:g}"
                            if watch.audit_rate > watch.settings.audit_rate else "no action")

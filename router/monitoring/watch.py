@@ -141,8 +141,9 @@ class PolicyWatch:
     still does, through its answers that clear the bar less surely than the tuning rows did.
 
     The traffic test ranks every decision against every tuning row, bet by a change detector
-    (average run length to a false trip ``detector_arl``); it is no alarm (unsure traffic, a
-    client's included, trips it) and buys audits.
+    (average run length to a false trip ``detector_arl``, ``TRAFFIC_BETS``); it is no alarm
+    (unsure traffic, a client's included, trips it): it buys audits and starts
+    ``suspect_shortfall``.
 
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
     on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
