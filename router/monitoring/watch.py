@@ -147,8 +147,8 @@ class PolicyWatch:
 
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
     on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
-    accuracy alarm says the promise is broken, or while a drift alarm stands and audits cannot
-    be had; ``escalate_all`` escalates on either alarm or the trip; ``alert_only`` never acts."""
+    accuracy alarm says the promise is broken, or while traffic is suspect (either of those)
+    and audits cannot be had; ``escalate_all`` escalates on either alarm or the trip; ``alert_only`` never acts."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
@@ -158,8 +158,9 @@ class PolicyWatch:
         self.n_decisions = 0
         self.n_counted = 0  # distinct inputs (identical inputs once per window)
         self.n_accepted = 0
-        # Audits could not be had (queue full, slow model failing) while a drift alarm stands:
-        # under audit_then_escalate the policy's accepted decisions escalate until they can.
+        # Audits could not be had (queue full, slow model failing) while traffic is suspect (a
+        # drift alarm stands or the traffic detector tripped): under audit_then_escalate the
+        # policy's accepted decisions escalate until they can.
         self.audits_short = False
         self.suspect_from: int | None = None  # the decision count when suspect_shortfall started
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
@@ -217,7 +218,13 @@ class PolicyWatch:
         if on_alarm == "escalate_all":  # the most cautious: unsure traffic is reason enough
             return bool(self.alarms) or self.traffic_tripped
         return on_alarm == "audit_then_escalate" and (
-            "accuracy" in self.alarms or (self.audits_short and "drift" in self.alarms))
+            "accuracy" in self.alarms or (self.audits_short and self.suspect))
+
+    @property
+    def suspect(self) -> bool:
+        """Traffic is suspect: a drift alarm stands or the traffic detector tripped. Under
+        ``audit_then_escalate`` its audits are then the evidence the ladder waits for."""
+        return "drift" in self.alarms or self.traffic_tripped
 
     @property
     def traffic_tripped(self) -> bool:
@@ -343,10 +350,10 @@ class PolicyWatch:
         stale = [kind for kind, alarm in self.alarms.items() if alarm.time <= at]
         for kind in stale:
             del self.alarms[kind]
-        if "drift" not in self.alarms:
-            self.audits_short = False
         if stale or self._tripped():
             self._start_tests()
+        if not self.suspect:
+            self.audits_short = False
         return bool(stale)
 
     def snapshot(self) -> dict[str, Any]:
