@@ -148,7 +148,8 @@ class PolicyWatch:
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
     on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
     accuracy alarm says the promise is broken, or while traffic is suspect (either of those)
-    and audits cannot be had; ``escalate_all`` escalates on either alarm or the trip; ``alert_only`` never acts."""
+    and audits cannot be had; ``escalate_all`` escalates on either alarm or the trip;
+    ``alert_only`` never acts."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
