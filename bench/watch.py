@@ -363,7 +363,8 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         "detected_share": finite(mean([d <= n_post for d in delays]), 4),
         "alarm_kinds": kinds(runs["alert_only"]),
         "escalation_delay_median_audit_then_escalate": float(np.median(escalation)),
-        # the ladder's traffic test (its stakes follow on_alarm: watch.EAGER_STAKES)
+        # the traffic detector's trip (label-free; under the ladder it buys audits and starts
+        # the accuracy test that counts labels from the trip on)
         "traffic_trip_delay_median": float(np.median(
             [delay(r["traffic_row"], shift_at, n_post) for r in runs["audit_then_escalate"]])),
         "mapie_detection_delay_median": float(np.median(
@@ -399,10 +400,13 @@ def results_table(results: dict[str, dict[str, Any]]) -> None:
     for name, r in results.items():
         if r["kind"] == "benign":
             rows.append((name, "benign", f"{r['false_alarm_rate']:.3f}",
+                         f"trip rate {r['traffic_trip_rate']:.2f}",
                          f"{r['mapie_false_alarm_rate']:.3f}", f"{r['accepted_accuracy']:.3f}",
                          "-", "-"))
         else:
             rows.append((name, "harmful", f"delay {r['detection_delay_median']:g}",
+                         (f"{r['traffic_trip_delay_median']:g} / "
+                          f"{r['escalation_delay_median_audit_then_escalate']:g}"),
                          f"delay {r['mapie_detection_delay_median']:g}",
                          f"{r['accepted_accuracy_after_shift_no_action']:.3f}",
                          (f"{r['wrong_accepted_after_shift_no_action']:g} / "
@@ -413,7 +417,7 @@ def results_table(results: dict[str, dict[str, Any]]) -> None:
                          f"{r['slow_calls_after_shift_escalate_all']:g}")))
     print_table("watch: false alarms on benign streams, detection and action on harmful ones", [
         "scenario", "kind", "slotgate: false-alarm rate / median delay",
-        "MAPIE RiskMonitoring", "accepted accuracy (after the shift, no action)",
+        "traffic trip / ladder escalation, median rows", "MAPIE RiskMonitoring", "accepted accuracy (after the shift, no action)",
         "wrong accepted: none / ladder / escalate_all",
         "slow calls: none / ladder / escalate_all"], rows)
 

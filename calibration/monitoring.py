@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -305,22 +305,22 @@ class ConfidenceDropTest(_JumperBet, _RankedConfidences):
 
 class _ShiryaevRoberts:
     """A mixture of Shiryaev-Roberts e-detectors (Shin, Ramdas & Rinaldo 2024, "E-detectors"),
-    one per stake: ``R_t = (R_{t-1} + 1) * (1 + stake * edge_t)`` from ``R_0 = 0``, i.e. the sum,
+    one per bet: ``R_t = (R_{t-1} + 1) * bet_t`` from ``R_0 = 0``, i.e. the sum,
     over every possible change point, of a test martingale started there. Each step's bet has
     conditional mean at most 1 under the null, so ``R_t - t`` is a supermartingale, and so is
-    the mean over stakes; the alarm (the mean reached ``arl``) then has an average run length to
+    the mean over bets; the alarm (the mean reached ``arl``) then has an average run length to
     a false alarm of at least ``arl`` steps, and by Ville's inequality applied to
     ``R_t + n - t`` a false alarm within the first ``n`` steps has probability at most
     ``n / arl``. Evidence before a change costs nothing after it: the martingale started at the
     change point is one term of the sum, at wealth 1 (a test martingale that lost must first
     earn its losses back)."""
 
-    def __init__(self, stakes: tuple[float, ...], *, arl: float) -> None:
+    def __init__(self, bets: tuple[Bet, ...], *, arl: float) -> None:
         if not arl > 1.0 or math.isinf(arl):
             raise ValueError(f"arl must be a finite number above 1, got {arl!r}")
         self.arl = arl
-        self._stakes = stakes
-        self._values = [0.0] * len(stakes)  # R per stake, divided by e^_log_scale
+        self._bets = bets
+        self._values = [0.0] * len(bets)  # R per bet, divided by e^_log_scale
         self._log_scale = 0.0
         self._threshold = math.log(arl)
         self.n = 0
@@ -350,19 +350,20 @@ class _ShiryaevRoberts:
         """Continue from ``state`` (this object's ``state()`` of an earlier process, same
         stakes and arl): the run-length guarantee holds over the whole stream."""
         values = [float(v) for v in state["detector"]]
-        if len(values) != len(self._stakes) or any(not v >= 0.0 for v in values):
-            raise ValueError(f"detector: {len(self._stakes)} non-negative values expected, "
+        if len(values) != len(self._bets) or any(not v >= 0.0 for v in values):
+            raise ValueError(f"detector: {len(self._bets)} non-negative values expected, "
                              f"got {state['detector']!r}")
         self._values = values
         self._log_scale = float(state["log_scale"])
         self.n = int(state["n"])
         self.alarm_at = None if state["alarm_at"] is None else int(state["alarm_at"])
 
-    def _bet(self, edge: float) -> None:
-        """One step: every stake's statistic plus one new start, times its bet."""
+    def bet(self, p_value: float) -> None:
+        """One step on a rank p-value in [0, 1]: every expert's statistic plus one new start,
+        times its bet on ``p_value``."""
         fresh = math.exp(-self._log_scale)  # a martingale started now, on the kept scale
-        self._values = [(v + fresh) * max(0.0, 1.0 + s * edge)
-                        for v, s in zip(self._values, self._stakes, strict=True)]
+        self._values = [(v + fresh) * b.factor(p_value)
+                        for v, b in zip(self._values, self._bets, strict=True)]
         scale = max(self._values)
         if scale > 1e100:  # keep floats finite over unbounded streams
             self._values = [v / scale for v in self._values]
@@ -372,15 +373,68 @@ class _ShiryaevRoberts:
             self.alarm_at = self.n
 
 
-# The detector's default stakes: small ones for a slight drop that lasts, 1 for a sharp one
-# (the traffic test's under audit_then_escalate, router/monitoring/watch.py).
+@dataclass(frozen=True)
+class Bet:
+    """One expert of the change detector: it multiplies its wealth by
+    ``1 + stake * (e(p) - 1)`` on a rank p-value ``p``, where ``e`` is non-increasing and
+    integrates to 1 over [0, 1], so the bet has mean 1 on a uniform p-value and at most 1 on a
+    stochastically larger one (only low p-values win):
+
+    - ``linear``: ``e(p) = 3/2 - p`` (the bet ``1 + stake (1/2 - p)``), stake in [0, 2];
+    - ``power``: ``e(p) = k p^(k - 1)`` with ``k = shape`` in (0, 1), stake in [0, 1/(1 - k)]:
+      wins most on the lowest p-values, the ones a novel class brings (the p-value is floored
+      at 1e-9, which only lowers ``e``);
+    - ``below``: ``e(p) = 1{p < q} / q`` with ``q = shape`` in (0, 1), stake in [0, 1].
+    """
+
+    kind: Literal["linear", "power", "below"]
+    stake: float
+    shape: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind == "linear":
+            high = 2.0
+        elif self.kind in ("power", "below"):
+            if not 0.0 < self.shape < 1.0:
+                raise ValueError(f"shape of a {self.kind} bet must be in (0, 1), "
+                                 f"got {self.shape!r}")
+            high = 1.0 / (1.0 - self.shape) if self.kind == "power" else 1.0
+        else:
+            raise ValueError(f"kind must be linear, power or below, got {self.kind!r}")
+        if not 0.0 <= self.stake <= high:
+            raise ValueError(f"stake of a {self.kind} bet must be in [0, {high:g}] (a bet "
+                             f"stays >= 0), got {self.stake!r}")
+
+    def factor(self, p: float) -> float:
+        """What the wealth is multiplied by on the p-value ``p``."""
+        if self.kind == "linear":
+            return 1.0 + self.stake * (0.5 - p)
+        if self.kind == "power":
+            k = self.shape
+            return 1.0 + self.stake * (k * math.pow(max(p, 1e-9), k - 1.0) - 1.0)
+        return 1.0 + self.stake * ((1.0 / self.shape if p < self.shape else 0.0) - 1.0)
+
+
+def linear_bets(stakes: tuple[float, ...]) -> tuple[Bet, ...]:
+    return tuple(Bet("linear", float(s)) for s in _check_stakes(stakes))
+
+
+# The detector's default stakes when it bets linearly: small ones for a slight drop that
+# lasts, 1 for a sharp one.
 DETECTOR_STAKES = (0.1, 0.25, 0.5, 1.0)
+# The traffic detector's bets (router/monitoring/watch.py): three power bets (k = 0.7) and three
+# on a p-value under 0.1. A novel class brings rank p-values near 0 (most of a never-learnt
+# intent's confidences rank under 0.2), where these win several times what a linear bet wins;
+# ordinary traffic that comes in bursts (rows in blocks of one intent) brings few ranks that
+# low, and there these lose where linear bets won (bench.watch, docs/monitoring.md).
+TRAFFIC_BETS = (Bet("power", 0.2, 0.7), Bet("power", 0.4, 0.7), Bet("power", 0.8, 0.7),
+                Bet("below", 0.03, 0.1), Bet("below", 0.06, 0.1), Bet("below", 0.12, 0.1))
 
 
 class ConfidenceDropDetector(_ShiryaevRoberts, _RankedConfidences):
     """A one-sided change detector on confidences: ``ConfidenceDropTest``'s rank p-values, bet
-    by a Shiryaev-Roberts e-detector mixture. Confidences ranking below the reference's raise
-    it; surer ones lose its bets.
+    by a Shiryaev-Roberts e-detector mixture (linear ``stakes``, or the given ``bets``).
+    Confidences ranking below the reference's raise it; surer ones lose its bets.
 
     Guarantee: while decisions are exchangeable with the reference rows (or surer, given the
     past), every bet has conditional mean at most 1, so the average run length to a false
@@ -390,8 +444,11 @@ class ConfidenceDropDetector(_ShiryaevRoberts, _RankedConfidences):
     """
 
     def __init__(self, reference: ArrayLike, *, arl: float, seed: int = 0,
-                 stakes: tuple[float, ...] = DETECTOR_STAKES) -> None:
-        _ShiryaevRoberts.__init__(self, _check_stakes(stakes), arl=arl)
+                 stakes: tuple[float, ...] = DETECTOR_STAKES,
+                 bets: tuple[Bet, ...] | None = None) -> None:
+        if bets is not None and (not bets or not all(isinstance(b, Bet) for b in bets)):
+            raise ValueError(f"bets must be a non-empty tuple of Bet, got {bets!r}")
+        _ShiryaevRoberts.__init__(self, linear_bets(stakes) if bets is None else bets, arl=arl)
         self._rank_reference(reference, seed)
 
     def state(self) -> dict[str, Any]:

@@ -156,14 +156,16 @@ class Monitor:
         if watch is None or not watch.escalate_all:
             return None
         alarm = watch.alarm
+        if watch.settings.on_alarm == "audit_then_escalate" and (
+                alarm is None or alarm.kind == "drift"):
+            why = "drift alarm" if alarm is not None else "traffic less sure than the tuning rows"
+            return (f"{why} and too few audits (queue full or slow model failing): every decision "
+                    "escalates until audits keep up again, an operator clears the policy "
+                    "(`slotgate alarms clear`) or a re-tuned policy is loaded")
         if alarm is None:  # escalate_all on the traffic test's trip
             return ("traffic less sure than the tuning rows (on_alarm: escalate_all): every "
                     "decision escalates until an operator clears the policy (`slotgate alarms "
                     "clear`) or a re-tuned policy is loaded")
-        if alarm.kind == "drift" and watch.settings.on_alarm == "audit_then_escalate":
-            return ("drift alarm and too few audits (queue full or slow model failing): every "
-                    "decision escalates until audits keep up again, the alarm is cleared "
-                    "(`slotgate alarms clear`) or a re-tuned policy is loaded")
         return (f"{alarm.kind} alarm: every decision escalates until the alarm is cleared "
                 "(`slotgate alarms clear`) or a re-tuned policy is loaded")
 
@@ -182,7 +184,8 @@ class Monitor:
         if watch.traffic_tripped and not tripped:
             logger.warning("policy %s: its traffic is less sure than its tuning rows at decision "
                            "%d (not an alarm: unsure traffic puts no wrong answer in front of "
-                           "anyone); %s", watch.policy_id, watch.n_decisions,
+                           "anyone); %s; accuracy is tested on the labels from here on too",
+                           watch.policy_id, watch.n_decisions,
                            _action(watch) if watch.escalate_all else
                            f"audit rate raised to {watch.audit_rate:g}"
                            if watch.audit_rate > watch.settings.audit_rate else "no action")
@@ -366,21 +369,21 @@ class Monitor:
             self.alarmed(alarm)
 
     def _audit_counted(self, policy_id: str, result: str) -> None:
-        """An audit done, dropped or failed. Under ``audit_then_escalate`` with a drift alarm
-        standing, audits are the evidence: one that could not be had switches the policy to
-        escalating (logged, in the gate's reason) until the audit queue is at most a quarter
-        full, so no accepted answer goes unaudited and unescalated while the promise is in
-        doubt."""
+        """An audit done, dropped or failed. Under ``audit_then_escalate`` while traffic is
+        suspect (a drift alarm stands or the traffic detector tripped), audits are the evidence:
+        one that could not be had switches the policy to escalating (logged, in the gate's
+        reason) until the audit queue is at most a quarter full, so no accepted answer goes
+        unaudited and unescalated while the promise is in doubt."""
         if self.metrics is not None:
             self.metrics.audit(policy_id, result)
         watch = self.watches.get(policy_id)
         if (result != "done" and watch is not None and not watch.audits_short
-                and "drift" in watch.alarms
-                and watch.settings.on_alarm == "audit_then_escalate"):
+                and watch.suspect and watch.settings.on_alarm == "audit_then_escalate"):
             watch.audits_short = True
-            logger.warning("policy %s: an audit was %s while its drift alarm stands: its "
-                           "accepted decisions escalate until audits keep up again",
-                           policy_id, result)
+            logger.warning("policy %s: an audit was %s while %s: its accepted decisions "
+                           "escalate until audits keep up again", policy_id, result,
+                           "its drift alarm stands" if "drift" in watch.alarms
+                           else "its traffic detector has tripped")
             self.export()
 
     def _first_label(self, decision_id: str, source: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibration.monitoring import (
-    DETECTOR_STAKES,
+    TRAFFIC_BETS,
     AccuracySequence,
     AccuracyShortfallTest,
     ConfidenceDropDetector,
@@ -34,21 +34,14 @@ DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_
 # about accuracy either.
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
-STATE_VERSION = 2  # of ``PolicyWatch.state()``
+STATE_VERSION = 3  # of ``PolicyWatch.state()``
 # The traffic detector trips at an average run length to a false trip of
 # FALSE_ALARM_HORIZON / (alarm_alpha / 2) ranked inputs: a false trip within the first
 # FALSE_ALARM_HORIZON inputs it ranks has probability at most alarm_alpha / 2 (100,000 and
-# 0.025 at alpha 0.05). The alarms (drift, accuracy) stay test martingales: as detectors, bursts
-# of one intent raised them (bench.watch, docs/monitoring.md).
+# 0.025 at alpha 0.05). It bets ``calibration.monitoring.TRAFFIC_BETS`` under every action.
+# The alarms (drift, accuracy) stay test martingales: as detectors, bursts of one intent
+# raised them (bench.watch, docs/monitoring.md).
 FALSE_ALARM_HORIZON = 2_500
-# The traffic detector's stakes, by what its trip costs. Under audit_then_escalate a trip buys
-# audits only, so it bets up to 1 (bench.watch: bursts of one intent trip it in 17 of 20
-# replays, which costs audits). Under escalate_all a trip escalates, so it bets at most 0.5:
-# bench.drift's escalation at 205 rows (13% of the wrong answers left), where stakes up to 0.2
-# gave 369.5 rows (27%); the price: bursts of one intent escalate in 11 of 20 replays, against
-# 1 of 20 with stakes up to 0.2 (docs/monitoring.md).
-EAGER_STAKES = DETECTOR_STAKES
-TRAFFIC_STAKES = (0.1, 0.25, 0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +126,14 @@ class PolicyWatch:
     false alarm with probability at most ``alarm_alpha`` while traffic looks like the tuning
     rows (or is surer than them) and the policy keeps its promise.
 
+    The accuracy alarm's half is split again between two betting tests on the same labels
+    (``alarm_alpha / 4`` each, a union bound): ``shortfall``, on every label since the watch
+    started, and ``suspect_shortfall``, started afresh at the first moment the traffic detector
+    trips or the drift alarm is raised (a stopping time, so it is a test martingale from
+    there). The second owes nothing to the right answers labelled before the shift, which the
+    first must earn back: the label-free tests say when to start counting, the labels still
+    decide.
+
     The drift test ranks only accepted decisions, against the tuning rows the policy accepted:
     what the promise covers. Decisions under the bar escalate and put no wrong fast answer in
     front of anyone, so unsure traffic (a burst of one hard question, a campaign of distinct
@@ -140,13 +141,15 @@ class PolicyWatch:
     still does, through its answers that clear the bar less surely than the tuning rows did.
 
     The traffic test ranks every decision against every tuning row, bet by a change detector
-    (average run length to a false trip ``detector_arl``); it is no alarm (unsure traffic, a
-    client's included, trips it) and buys audits.
+    (average run length to a false trip ``detector_arl``, ``TRAFFIC_BETS``); it is no alarm
+    (unsure traffic, a client's included, trips it): it buys audits and starts
+    ``suspect_shortfall``.
 
     The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
     on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
-    accuracy alarm says the promise is broken, or while a drift alarm stands and audits cannot
-    be had; ``escalate_all`` escalates on either alarm or the trip; ``alert_only`` never acts."""
+    accuracy alarm says the promise is broken, or while traffic is suspect (either of those)
+    and audits cannot be had; ``escalate_all`` escalates on either alarm or the trip;
+    ``alert_only`` never acts."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
@@ -156,9 +159,11 @@ class PolicyWatch:
         self.n_decisions = 0
         self.n_counted = 0  # distinct inputs (identical inputs once per window)
         self.n_accepted = 0
-        # Audits could not be had (queue full, slow model failing) while a drift alarm stands:
-        # under audit_then_escalate the policy's accepted decisions escalate until they can.
+        # Audits could not be had (queue full, slow model failing) while traffic is suspect (a
+        # drift alarm stands or the traffic detector tripped): under audit_then_escalate the
+        # policy's accepted decisions escalate until they can.
         self.audits_short = False
+        self.suspect_from: int | None = None  # the decision count when suspect_shortfall started
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
         self._seen: OrderedDict[str, float] = OrderedDict()
         self._labelled: OrderedDict[str, float] = OrderedDict()  # inputs already labelled
@@ -174,22 +179,24 @@ class PolicyWatch:
         self.drift = (None if reference is None else
                       ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
         self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
-        self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half)
+        self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half / 2.0)
+        self.suspect_shortfall: AccuracyShortfallTest | None = None  # see the class docstring
+        self.suspect_from = None
         # Every decision against every tuning row: unsure traffic, accepted or not. Not an
         # alarm (a client's unsure messages can trip it): it buys audits (escalate_all:
         # escalates), which is how a novel class mostly under the bar reaches the accuracy alarm.
-        self._start_traffic()
-
-    def _start_traffic(self) -> None:
         self.traffic = (None if self.settings.reference is None else ConfidenceDropDetector(
             self.settings.reference, arl=self.detector_arl, seed=self.settings.seed + 1,
-            stakes=self.traffic_stakes))
+            bets=TRAFFIC_BETS))
         self.traffic_tripped_at: int | None = None  # the decision count when it tripped
 
-    @property
-    def traffic_stakes(self) -> tuple[float, ...]:
-        """The traffic test's stakes under the current ``on_alarm`` (``EAGER_STAKES``)."""
-        return EAGER_STAKES if self.settings.on_alarm == "audit_then_escalate" else TRAFFIC_STAKES
+    def _suspect(self) -> None:
+        """The traffic detector tripped or the drift alarm was raised: start the accuracy test
+        that counts labels from now on (once; an operator's clear restarts every test)."""
+        if self.suspect_shortfall is None:
+            self.suspect_shortfall = AccuracyShortfallTest(
+                self.settings.target_accuracy, alpha=self.settings.alarm_alpha / 4.0)
+            self.suspect_from = self.n_decisions
 
     @property
     def detector_arl(self) -> float:
@@ -212,7 +219,13 @@ class PolicyWatch:
         if on_alarm == "escalate_all":  # the most cautious: unsure traffic is reason enough
             return bool(self.alarms) or self.traffic_tripped
         return on_alarm == "audit_then_escalate" and (
-            "accuracy" in self.alarms or (self.audits_short and "drift" in self.alarms))
+            "accuracy" in self.alarms or (self.audits_short and self.suspect))
+
+    @property
+    def suspect(self) -> bool:
+        """Traffic is suspect: a drift alarm stands or the traffic detector tripped. Under
+        ``audit_then_escalate`` its audits are then the evidence the ladder waits for."""
+        return "drift" in self.alarms or self.traffic_tripped
 
     @property
     def traffic_tripped(self) -> bool:
@@ -243,10 +256,7 @@ class PolicyWatch:
         if settings.basis != self.settings.basis:
             raise ValueError(f"policy {self.policy_id}: another watch basis "
                              f"({', '.join(settings.basis_changes(self.settings))}): rebuild it")
-        stakes = self.traffic_stakes
         self.settings = settings
-        if self.traffic_stakes != stakes:  # another on_alarm: the traffic test starts afresh
-            self._start_traffic()
 
     def rebuilt(self, settings: WatchSettings) -> PolicyWatch:
         """A fresh watch of the same policy on another ``basis`` (a reloaded file whose drift
@@ -280,10 +290,12 @@ class PolicyWatch:
         if self.traffic is not None and self.traffic.update(min(1.0, max(0.0, confidence))) and (
                 self.traffic_tripped_at is None):
             self.traffic_tripped_at = self.n_decisions
+            self._suspect()
         if self.drift is None or not accepted:
             return True, None
         # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
         if self.drift.update(min(1.0, max(0.0, confidence))) and "drift" not in self.alarms:
+            self._suspect()
             return True, self._raise("drift", (
                 f"the confidence-drop martingale reached {self.drift.log_value:.2f} (log) >= "
                 f"log(1/{self.drift.alpha:g}) after {self.drift.n} distinct accepted inputs"))
@@ -305,11 +317,19 @@ class PolicyWatch:
             return None
         self.accuracy.update(correct)
         target = self.settings.target_accuracy
-        if self.shortfall.update(correct) and "accuracy" not in self.alarms:
+        whole = self.shortfall.update(correct)
+        suspect = self.suspect_shortfall
+        since = suspect is not None and suspect.update(correct)
+        if (whole or since) and "accuracy" not in self.alarms:
+            test = self.shortfall if whole else suspect
+            assert test is not None
+            scope = ("" if whole else f" since the traffic turned suspect at decision "
+                     f"{self.suspect_from}")
             return self._raise("accuracy", (
                 f"accepted accuracy is below the target {target}: the betting test's wealth "
-                f"reached {self.shortfall.log_value:.2f} (log) >= log(1/{self.shortfall.alpha:g})"
-                f" after {self.shortfall.n} labels ({self.accuracy.bounds().mean:.3f} right)"))
+                f"reached {test.log_value:.2f} (log) >= log(1/{test.alpha:g}) after "
+                f"{test.n} labels{scope} ({self.accuracy.bounds().mean:.3f} of all labels "
+                "right)"))
         return None
 
     def restore(self, alarm: Alarm) -> bool:
@@ -318,6 +338,8 @@ class PolicyWatch:
         if alarm.kind in self.alarms or alarm.time <= self.cleared_at:
             return False
         self.alarms[alarm.kind] = alarm
+        if alarm.kind == "drift":
+            self._suspect()
         return True
 
     def clear(self, at: float) -> bool:
@@ -329,10 +351,10 @@ class PolicyWatch:
         stale = [kind for kind, alarm in self.alarms.items() if alarm.time <= at]
         for kind in stale:
             del self.alarms[kind]
-        if "drift" not in self.alarms:
-            self.audits_short = False
         if stale or self._tripped():
             self._start_tests()
+        if not self.suspect:
+            self.audits_short = False
         return bool(stale)
 
     def snapshot(self) -> dict[str, Any]:
@@ -351,6 +373,8 @@ class PolicyWatch:
             "traffic_log_martingale": (None if self.traffic is None or self.traffic.n == 0
                                        else self.traffic.log_value),
             "traffic_tripped_at": self.traffic_tripped_at,
+            "suspect_from": self.suspect_from,
+            "suspect_labels": None if self.suspect_shortfall is None else self.suspect_shortfall.n,
             "labels": bounds.n,
             "accuracy": bounds.mean,
             "accuracy_lower": bounds.lower,
@@ -375,8 +399,10 @@ class PolicyWatch:
                 "cleared_at": None if math.isinf(self.cleared_at) else self.cleared_at,
                 "drift": None if self.drift is None else self.drift.state(),
                 "traffic": None if self.traffic is None else self.traffic.state(),
-                "traffic_stakes": list(self.traffic_stakes),
                 "traffic_tripped_at": self.traffic_tripped_at,
+                "suspect_from": self.suspect_from,
+                "suspect_shortfall": (None if self.suspect_shortfall is None
+                                      else self.suspect_shortfall.state()),
                 "shortfall": self.shortfall.state(), "accuracy": self.accuracy.state()}
 
     def resume(self, state: dict[str, Any]) -> bool:
@@ -393,10 +419,14 @@ class PolicyWatch:
         try:
             if self.drift is not None:
                 self.drift.resume(state["drift"])
-            if self.traffic is not None and state.get("traffic_stakes") == list(
-                    self.traffic_stakes):  # else (on_alarm changed) it starts afresh
+            if self.traffic is not None:
                 self.traffic.resume(state["traffic"])
-                self.traffic_tripped_at = state.get("traffic_tripped_at")
+                self.traffic_tripped_at = state["traffic_tripped_at"]
+            if state["suspect_shortfall"] is not None:
+                self._suspect()
+                assert self.suspect_shortfall is not None
+                self.suspect_shortfall.resume(state["suspect_shortfall"])
+                self.suspect_from = int(state["suspect_from"])
             self.shortfall.resume(state["shortfall"])
             self.accuracy.resume(state["accuracy"])
             self.n_decisions = int(state["decisions"])
@@ -411,7 +441,7 @@ class PolicyWatch:
 
     def _tripped(self) -> bool:
         return ((self.drift is not None and self.drift.alarm) or self.traffic_tripped
-                or self.shortfall.alarm)
+                or self.shortfall.alarm or self.suspect_shortfall is not None)
 
     def _window(self, now: float | None) -> tuple[float, float]:
         return (time.time() if now is None else now), self._dedupe_window_s

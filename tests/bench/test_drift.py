@@ -47,13 +47,11 @@ def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> Non
     result = main(["--quick", "--data", str(banking77_dir), "--work", str(tmp_path),
                    "--out", str(tmp_path / "drift.json")])
     assert result["replays"] >= 100 and result["false_alarm_rate"] <= 0.05
-    assert result["detection_delay_median"] <= 2000
     assert result["accepted_accuracy_after_shift_no_action"] < result["target"]
-    # One live run (escalate_all after the alarm). The one-sided watch never alarms on a sharper
-    # served model or repeated confident traffic, and detects this shift later for it, so about
-    # 28% of the wrong answers get through (21% in the full run).
+    # escalate_all escalates at the traffic detector's trip (no alarm is needed for it)
+    assert result["escalation_delay_median"] <= 200 and result["false_escalation_rate"] <= 0.05
+    # One live run: at most a quarter of the wrong answers served after the shift get through.
     assert (result["wrong_accepted_after_shift_with_action"]
-            <= 0.35 * result["wrong_accepted_after_shift_no_action"])
-    assert result["mapie_detection_delay_median"] >= result["detection_delay_median"]
-    assert result["live_alarm"] is not None and result["live_all_answers_valid"]
+            <= 0.25 * result["wrong_accepted_after_shift_no_action"])
+    assert result["live_traffic_trip_delay"] is not None and result["live_all_answers_valid"]
     assert (tmp_path / "drift.json").is_file()

@@ -133,5 +133,6 @@ def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> Non
             assert scenario["false_alarm_rate"] <= 0.1, name  # 20 replays: 0.05 +- noise
     novel = result["novel_25"]
     assert novel["detection_delay_median"] <= 2000
+    assert novel["traffic_trip_delay_median"] <= 200  # the label-free detection
     assert (novel["wrong_accepted_after_shift_with_audit_then_escalate"]
-            <= 0.25 * novel["wrong_accepted_after_shift_no_action"])
+            <= 0.15 * novel["wrong_accepted_after_shift_no_action"])

@@ -10,7 +10,9 @@ import pytest
 from scipy.stats import kstest
 
 from calibration.monitoring import (
+    TRAFFIC_BETS,
     AccuracySequence,
+    Bet,
     ConfidenceDropDetector,
     ConfidenceDropTest,
     ConformalDriftTest,
@@ -184,3 +186,40 @@ def test_detector_resumes_where_it_stopped() -> None:
         second.resume({**first.state(), "detector": [1.0]})
     with pytest.raises(ValueError, match="arl"):
         ConfidenceDropDetector([0.5], arl=1.0)
+
+
+def test_every_traffic_bet_has_mean_one_on_uniform_p_values_and_at_most_one_on_larger() -> None:
+    grid = (np.arange(40_000) + 0.5) / 40_000  # midpoints: the integral over [0, 1]
+    for bet in TRAFFIC_BETS:
+        factors = np.array([bet.factor(float(p)) for p in grid])
+        assert factors.min() >= 0.0
+        assert factors.mean() == pytest.approx(1.0, abs=2e-3)  # the floor at 1e-9 lowers it
+        assert np.array([bet.factor(float(p)) for p in np.sqrt(grid)]).mean() < 1.0  # surer
+
+
+def test_bets_outside_their_range_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="stake of a power bet"):
+        Bet("power", 3.5, 0.7)  # 1 + 3.5 (0.7 - 1) < 0 at p = 1
+    with pytest.raises(ValueError, match="shape of a below bet"):
+        Bet("below", 0.1, 1.0)
+    with pytest.raises(ValueError, match="kind"):
+        Bet("square", 0.1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bets"):
+        ConfidenceDropDetector([0.5], arl=10.0, bets=())
+
+
+def test_power_bets_trip_sooner_than_linear_ones_on_a_few_very_low_ranks() -> None:
+    """A quarter of the confidences far below the reference (a class the model never learnt),
+    the rest like it: the traffic bets trip sooner than linear stakes up to 1."""
+    rng = np.random.default_rng(11)
+    reference = rng.beta(6, 1, size=1000)
+    delays: dict[str, list[int]] = {"power": [], "linear": []}
+    for seed in range(6):
+        stream = np.where(rng.random(2000) < 0.25, rng.beta(1, 6, size=2000),
+                          rng.beta(6, 1, size=2000))
+        for name, bets in (("power", TRAFFIC_BETS), ("linear", None)):
+            detector = ConfidenceDropDetector(reference, arl=1e5, seed=seed, bets=bets)
+            delays[name].append(next((i for i, c in enumerate(stream)
+                                      if detector.update(float(c))), 2000))
+    assert max(delays["power"]) < 2000
+    assert np.median(delays["power"]) < np.median(delays["linear"])

@@ -1,8 +1,8 @@
 """What the watch does not take for harm, and what it never lets slide: templated messages (ids,
 names, timestamps) are one input; a campaign of distinct unsure messages the policy never
 accepts raises no alarm (it buys audits; under escalate_all it escalates until cleared) while
-accepted answers less sure than the tuning rows do; under a drift alarm, audits that cannot be
-had make the ladder escalate, and it says so."""
+accepted answers less sure than the tuning rows do; under a drift alarm or after the traffic
+detector's trip, audits that cannot be had make the ladder escalate, and it says so."""
 
 from __future__ import annotations
 
@@ -85,6 +85,37 @@ async def test_missing_audits_under_a_drift_alarm_escalate_until_they_keep_up() 
     release.set()
     await monitor.audits.join()
     assert decide(monitor, policy, DOUBTFUL, "the queue drained") and not watch.audits_short
+    await monitor.aclose()
+
+
+async def test_missing_audits_after_a_traffic_trip_escalate_until_they_keep_up() -> None:
+    """No drift alarm: the traffic detector's trip alone makes audits the evidence."""
+    release = asyncio.Event()
+
+    async def stuck(request: DecisionRequest) -> str:
+        await release.wait()
+        return "a"
+
+    monitor = Monitor(answer=stuck, audit_capacity=2, audit_workers=1)
+    policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.0, audit_boost=1.0)
+    monitor.watch(policy)
+    pid = policy.policy_id
+    watch = monitor.watches[pid]
+    for i in range(2000):  # distinct unsure messages, none accepted: nothing to audit yet
+        decide(monitor, policy, 0.55, f"campaign {spelled(i)}")
+        if watch.traffic_tripped:
+            break
+    assert watch.traffic_tripped and not watch.alarms and not watch.audits_short
+    assert monitor.gate(pid) is None
+    for i in range(4):  # accepted answers, each audited: the stuck queue fills
+        decide(monitor, policy, 0.98, f"sure {spelled(i)}")
+        await asyncio.sleep(0)
+    assert monitor.audits.counts.dropped >= 1 and watch.audits_short
+    assert "traffic less sure than the tuning rows and too few audits" in str(monitor.gate(pid))
+    assert not decide(monitor, policy, 0.98, "escalated, not served unaudited")
+    release.set()
+    await monitor.audits.join()
+    assert decide(monitor, policy, 0.98, "the queue drained") and not watch.audits_short
     await monitor.aclose()
 
 

@@ -2,7 +2,8 @@
 50 decisions still reach the drift alarm (the checkpoint beside the decision log carries the
 wealth and the ranked confidences), a checkpoint taken on another drift reference is not
 resumed, a live server picks up where it stopped, and a live re-tune drops the old policy's
-watch, its gauges and its checkpoint; the traffic test's stakes follow ``on_alarm``."""
+watch, its gauges and its checkpoint; the accuracy test started when traffic turned suspect
+resumes too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from router.http.state import app_state
 from router.monitoring.checkpoint import checkpoint_path
 from router.monitoring.monitor import Monitor
-from router.monitoring.watch import EAGER_STAKES, TRAFFIC_STAKES, PolicyWatch, WatchSettings
+from router.monitoring.watch import PolicyWatch, WatchSettings
 from router.routing.registry import PolicyRegistry
 from router.routing.reload import reload_now
 from router.settings import PolicySettings
@@ -104,16 +105,25 @@ async def test_a_live_re_tune_drops_the_old_watch_its_gauges_and_its_checkpoint(
     assert list(json.loads((tmp_path / "watch.json").read_text())) == [retuned.policy_id]
 
 
-def test_the_traffic_test_follows_on_alarm_and_takes_no_evidence_bet_at_other_stakes() -> None:
-    eager = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="audit_then_escalate")))
+def test_the_traffic_test_runs_on_through_an_on_alarm_reload_and_its_suspect_test_resumes(
+) -> None:
+    watch = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="audit_then_escalate")))
     for i in range(10):
-        eager.take(0.9, accepted=True, key=str(i), now=0.0)
-    assert eager.traffic_stakes == EAGER_STAKES and eager.traffic is not None
-    assert eager.traffic.n == 10
-    state = eager.state()
-    eager.update_settings(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
-    assert eager.traffic_stakes == TRAFFIC_STAKES and eager.traffic.n == 0  # a reload's new action
-    assert eager.drift is not None and eager.drift.n == 10  # the alarms' evidence runs on
-    cautious = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
-    assert cautious.resume(state) and cautious.n_decisions == 10
-    assert cautious.traffic is not None and cautious.traffic.n == 0
+        watch.take(0.9, accepted=True, key=str(i), now=0.0)
+    watch.update_settings(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
+    assert watch.traffic is not None and watch.traffic.n == 10  # one detector for every action
+    assert watch.suspect_shortfall is None
+    for i in range(10, 400):  # unsure traffic trips the detector: the suspect test starts
+        watch.take(0.05, accepted=False, key=str(i), now=0.0)
+        if watch.traffic_tripped:
+            break
+    assert watch.traffic_tripped and watch.suspect_from == watch.traffic_tripped_at
+    for _ in range(3):
+        watch.label(False)
+    assert watch.suspect_shortfall is not None and watch.suspect_shortfall.n == 3
+    resumed = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
+    assert resumed.resume(json.loads(json.dumps(watch.state())))
+    assert resumed.suspect_from == watch.suspect_from and resumed.suspect_shortfall is not None
+    assert resumed.suspect_shortfall.log_value == pytest.approx(
+        watch.suspect_shortfall.log_value)
+    assert resumed.traffic is not None and resumed.traffic.n == watch.traffic.n

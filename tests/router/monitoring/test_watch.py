@@ -63,3 +63,25 @@ def test_a_clear_restarts_both_tests_and_refuses_older_alarms() -> None:
     assert watch.drift is not None and not watch.drift.alarm and watch.accuracy.n == 0
     assert not watch.restore(old)  # raised before the clear: stays cleared
     assert not watch.clear(old.time)  # an older clear changes nothing
+
+
+def test_after_a_trip_the_suspect_test_alarms_on_fewer_labels_than_the_whole_stream_test() -> None:
+    """Both accuracy tests bet at alarm_alpha / 4; the one started at the traffic trip owes
+    nothing to the right answers labelled before it, which the whole-stream test must earn
+    back."""
+    watch = PolicyWatch(WatchSettings.of(watched_policy()))
+    assert watch.shortfall.alpha == pytest.approx(watch.settings.alarm_alpha / 4)
+    for i in range(300):  # a clean prefix: 99% right
+        assert watch.label(i % 100 != 0) is None
+    assert watch.suspect_shortfall is None
+    watch._suspect()  # what a traffic trip or a drift alarm does
+    assert watch.suspect_shortfall is not None
+    assert watch.suspect_shortfall.alpha == pytest.approx(watch.settings.alarm_alpha / 4)
+    alarm = None
+    for i in range(400):  # then 80% right against a 95% promise
+        alarm = watch.label(i % 5 != 0)
+        if alarm is not None:
+            break
+    assert alarm is not None and "since the traffic turned suspect" in alarm.detail
+    assert not watch.shortfall.alarm  # the whole-stream test is still paying its prefix back
+    assert watch.suspect_shortfall.n < 120
