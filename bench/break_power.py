@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, finite, machine_info, print_table, write_json
+from bench.common import RESULTS_DIR, finite, machine_info, print_table, save_json
 
 ACCURACIES = (0.96, 0.95, 0.945, 0.94, 0.93, 0.92, 0.90)
 AUDIT_RATES = (0.1, 0.25, 0.5, 0.75, 1.0)
@@ -105,11 +105,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               "runs": args.runs, "horizon": args.horizon, "cells": cells}
     out = args.out or RESULTS_DIR / "break_power.json"
     payload = {"machine": machine_info(), **result}
-    if out.parent == RESULTS_DIR:
-        write_json(out.name, payload)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(payload, indent=2) + "\n")
+    save_json(out, payload)
     print(json.dumps(result))
     return result
 

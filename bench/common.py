@@ -24,6 +24,7 @@ RESULTS_DIR = Path(os.environ.get("SLOTGATE_BENCH_RESULTS") or ROOT / "bench" / 
 # Results of runs that back no documented figure (a user's --data, a --quick smoke run): git
 # ignores this folder, so such a run never overwrites a tracked result.
 LOCAL_RESULTS_DIR = RESULTS_DIR / "local"
+RECORDED_DIR = RESULTS_DIR  # bench/results/ itself, whatever a test redirects RESULTS_DIR to
 
 
 def default_data_dir() -> Path:
@@ -263,6 +264,16 @@ def write_json(name: str, payload: dict[str, Any], *, recorded: bool = True) -> 
     out = result_path(name, recorded=recorded)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    return out
+
+
+def save_json(out: Path, payload: dict[str, Any]) -> Path:
+    """``payload`` as JSON at ``out`` (a benchmark's --out, or its default under bench/results/,
+    which goes through ``write_json``: a test that redirects ``RESULTS_DIR`` redirects it)."""
+    if out.parent in (RECORDED_DIR, RESULTS_DIR):
+        return write_json(out.name, payload)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
     return out
 
 

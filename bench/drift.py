@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench import common
-from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, write_json
+from bench.common import ROOT, finite, machine_info, print_table, save_json
 from bench.drift_data import Scored, build, score, split
 from bench.drift_live import live_run
 
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "drift.json", recorded=common.is_default_data(args.data)))  # else bench/results/local/
     payload = {"machine": machine_info(), "quick": args.quick, **result}
     if out is not None:
-        out = write_json(out.name, payload) if out.parent == RESULTS_DIR else _write(out, payload)
+        out = save_json(out, payload)
     print(json.dumps(result))
     return result
 
@@ -229,12 +229,6 @@ def delay(alarm_row: int | None, n_pre: int, n_post: int) -> float:
 def accepted_accuracy(rows: Scored, index: NDArray[np.int64]) -> float:
     accepted = rows.accepted[index]
     return float(rows.correct[index][accepted].mean()) if accepted.any() else float("nan")
-
-
-def _write(path: Path, payload: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
 
 
 if __name__ == "__main__":

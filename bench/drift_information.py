@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, write_json
+from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, save_json
 
 BINS = 40
 SHARES = (0.025, 0.05, 0.1, 0.25)
@@ -98,11 +98,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ])
     out = args.out or RESULTS_DIR / "drift_information.json"
     payload = {"machine": machine_info(), **result}
-    if out.parent == RESULTS_DIR:
-        write_json(out.name, payload)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(payload, indent=2) + "\n")
+    save_json(out, payload)
     print(json.dumps(result))
     return result
 

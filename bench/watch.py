@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench import common
-from bench.common import RESULTS_DIR, ROOT, finite, machine_info, print_table, write_json
+from bench.common import ROOT, finite, machine_info, print_table, save_json
 from bench.drift import concat, delay, mapie_alarm_row, shifted_order
 from bench.drift_data import Scored
 from bench.watch_data import Built, novel_split, read_csv, score, split_tuned, write_csv
@@ -74,11 +74,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = args.out or (None if args.quick else common.result_path(
         "watch.json", recorded=common.is_default_data(args.data)))  # else bench/results/local/
     if out is not None:
-        if out.parent == RESULTS_DIR:
-            write_json(out.name, payload)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(payload, indent=2) + "\n")
+        save_json(out, payload)
     print(f"the watch's cost per decision (Monitor.decided, input key included): {cost} us")
     print(json.dumps({"scenarios": results}))
     return results
