@@ -64,7 +64,9 @@ def test_unsure_messages_never_accepted_buy_audits_only_and_a_novel_class_still_
     assert drive_into_drift(monitor, policy) < 200  # accepted answers less sure than tuning
 
 
-async def test_missing_audits_under_a_drift_alarm_escalate_until_they_keep_up() -> None:
+def stuck_audits() -> tuple[Monitor, PolicyFile, asyncio.Event]:
+    """A monitor whose audits wait until the event is set (a queue of 2, one worker), watching a
+    policy under audit_then_escalate that audits every accepted decision once in doubt."""
     release = asyncio.Event()
 
     async def stuck(request: DecisionRequest) -> str:
@@ -74,6 +76,11 @@ async def test_missing_audits_under_a_drift_alarm_escalate_until_they_keep_up() 
     monitor = Monitor(answer=stuck, audit_capacity=2, audit_workers=1)
     policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.0, audit_boost=1.0)
     monitor.watch(policy)
+    return monitor, policy, release
+
+
+async def test_missing_audits_under_a_drift_alarm_escalate_until_they_keep_up() -> None:
+    monitor, policy, release = stuck_audits()
     pid = policy.policy_id
     watch = monitor.watches[pid]
     drive_into_drift(monitor, policy)  # the traffic test trips first: every accepted is audited
@@ -90,15 +97,7 @@ async def test_missing_audits_under_a_drift_alarm_escalate_until_they_keep_up() 
 
 async def test_missing_audits_after_a_traffic_trip_escalate_until_they_keep_up() -> None:
     """No drift alarm: the traffic detector's trip alone makes audits the evidence."""
-    release = asyncio.Event()
-
-    async def stuck(request: DecisionRequest) -> str:
-        await release.wait()
-        return "a"
-
-    monitor = Monitor(answer=stuck, audit_capacity=2, audit_workers=1)
-    policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.0, audit_boost=1.0)
-    monitor.watch(policy)
+    monitor, policy, release = stuck_audits()
     pid = policy.policy_id
     watch = monitor.watches[pid]
     for i in range(2000):  # distinct unsure messages, none accepted: nothing to audit yet

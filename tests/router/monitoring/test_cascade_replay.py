@@ -6,12 +6,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
 from policies.file import load_policy
 from router.cli.app import app
 from tests.router.routing.test_cascade import make, request
+
+
+def replayed(tmp_path: Path, lines: list[Any]) -> dict[str, Any]:
+    """`slotgate monitor --json` on a log of ``lines`` for the cascade in ``tmp_path``: the
+    policy's state."""
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
+                                      str(tmp_path / "intents.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    [state] = json.loads(result.stdout)["policies"]
+    return dict(state)
 
 
 async def test_monitor_replays_a_cascade_log_per_tier(tmp_path: Path) -> None:
@@ -21,19 +34,14 @@ async def test_monitor_replays_a_cascade_log_per_tier(tmp_path: Path) -> None:
     audits = [{"type": "audit", "decision_id": d.decision_id, "policy_id": d.policy_id,
                "label": "a" if d.tier == "fast" else "c"}  # every 'deep' answer ('b') is wrong
               for d in decisions if d.tier is not None]
-    path = tmp_path / "log.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in [*log.records, *audits]))
-    result = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
-                                      str(tmp_path / "intents.json"), "--json"])
-    assert result.exit_code == 0, result.output
-    [state] = json.loads(result.stdout)["policies"]
+    state = replayed(tmp_path, [*log.records, *audits])
     assert (state["decisions"], state["accepted"], state["labels"]) == (6, 5, 5)
     no_drift_test = {"drift": None, "drift_alarm": None, "traffic_tripped_at": None}  # the file has no tier references
     assert state["tiers"] == {
         "fast": {"read": 6, "answered": 2, "labelled": 2, "correct": 2, **no_drift_test},
         "deep": {"read": 4, "answered": 3, "labelled": 3, "correct": 0, **no_drift_test}}
-    table = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
-                                     str(tmp_path / "intents.json")])
+    table = CliRunner().invoke(app, ["monitor", "--log", str(tmp_path / "log.jsonl"),
+                                     "--policy", str(tmp_path / "intents.json")])
     assert "deep: labelled accuracy of its answers" in table.stdout
     assert load_policy(tmp_path / "intents.json").policy_id == state["policy_id"]
 
@@ -48,12 +56,7 @@ async def test_a_tier_whose_reads_drift_from_its_reference_is_shown_passing(
     service, log, _, _ = make(tmp_path, references={"deep": sure})
     decisions = await service.route([request(f"hard {i}") for i in range(150)], namespace="t")
     assert all(d.route == "slow" for d in decisions)
-    path = tmp_path / "log.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in log.records))
-    result = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
-                                      str(tmp_path / "intents.json"), "--json"])
-    assert result.exit_code == 0, result.output
-    [state] = json.loads(result.stdout)["policies"]
+    state = replayed(tmp_path, log.records)
     deep, fast = state["tiers"]["deep"], state["tiers"]["fast"]
     assert deep["read"] == 150 and deep["traffic_tripped_at"] is not None
     assert deep["drift_alarm"] is None
@@ -68,10 +71,5 @@ async def test_a_tier_whose_accepted_reads_drift_below_its_reference_alarms_in_t
     service, log, _, _ = make(tmp_path, references={"deep": surer})
     decisions = await service.route([request(f"medium {i}") for i in range(150)], namespace="t")
     assert all(d.tier == "deep" for d in decisions)
-    path = tmp_path / "log.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in log.records))
-    result = CliRunner().invoke(app, ["monitor", "--log", str(path), "--policy",
-                                      str(tmp_path / "intents.json"), "--json"])
-    assert result.exit_code == 0, result.output
-    deep = json.loads(result.stdout)["policies"][0]["tiers"]["deep"]
+    deep = replayed(tmp_path, log.records)["tiers"]["deep"]
     assert deep["drift_alarm"] is not None and deep["drift"] > 0
