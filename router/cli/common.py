@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
+    from policies.file import PolicyFile
     from policies.scope import Question
     from router.tuning.predictions import Predictions
 
@@ -171,3 +172,42 @@ def question_of(question: str | None, *, instructions: str = "", context: str = 
                               kind=kind)  # type: ignore[arg-type]  # checked above
     except ValueError as exc:
         fail(f"--question: {exc}")
+
+
+def tuned_question(data: Predictions, named: Question | None) -> Question | None:
+    """The question a policy tuned on ``data`` answers: the one its rows record, or the one the
+    flags name; both, they must agree."""
+    recorded = data.question
+    if named is not None and recorded is not None and named != recorded:
+        fail(f"--question: {data.path} answers question {recorded.describe()}, not "
+             f"{named.describe()}; a policy is tuned on rows of its own question")
+    return named or recorded
+
+
+def question_mismatches(path: Path, data: Predictions, tuned: PolicyFile, *, policy: str,
+                        options: bool) -> list[str]:
+    """How predictions ``data`` read from ``path`` differ from what the policy was tuned on: the
+    question (and, with ``options``, the option names)."""
+    found = []
+    tuned_for = None if tuned.question is None else tuned.question.question()
+    if tuned_for is not None and data.question is not None and data.question != tuned_for:
+        found.append(f"{path} answers question {data.question.describe()}, the policy "
+                     f"{policy} was tuned for {tuned_for.describe()}")
+    if options and tuned.options is not None and tuple(tuned.options) != data.options:
+        found.append(f"{path} has options {options_preview(data.options)}, the policy {policy} was "
+                     f"tuned on {options_preview(tuned.options)}")
+    return found
+
+
+def refuse_mismatches(mismatches: list[str], *, allow: bool) -> None:
+    """Exit 2 on any mismatch, unless ``--allow-mismatch``: then each is a warning."""
+    if mismatches and not allow:
+        fail("; ".join(mismatches) + " (pass --allow-mismatch to evaluate anyway)")
+    for line in mismatches:
+        typer.echo(f"warning: {line}", err=True)
+
+
+def options_preview(options: Any) -> str:
+    names = list(options)
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"[{shown}] ({len(names)})"
