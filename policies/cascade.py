@@ -12,7 +12,7 @@ accurate with probability at least 1 - delta). docs/cascade.md has the proof ske
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
@@ -60,6 +60,10 @@ class Tier:
     threshold: float | None
     backend_fingerprint: str
     cost: float
+    rule: ThresholdRule = field(init=False)  # its threshold as a rule, built once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rule", ThresholdRule(self.threshold))
 
     @property
     def read(self) -> bool:
@@ -140,9 +144,15 @@ class CascadePolicy:
         tier = self.tiers_[k]
         calibrated = [float(p) for p in tier.calibrator.transform(
             np.asarray([scores.proba], dtype=np.float64))[0]]
-        verdict = ThresholdRule(tier.threshold).verdict(scores.options, calibrated,
-                                                        scores.top_index)
+        verdict = tier.rule.verdict(scores.options, calibrated, scores.top_index)
         return verdict, calibrated
+
+    def tier_index(self, name: str) -> int:
+        """The position of the tier named ``name`` (ValueError when the cascade has none)."""
+        for k, tier in enumerate(self.tiers_):
+            if tier.name == name:
+                return k
+        raise ValueError(f"cascade {self.policy_id!r} has no tier {name!r}")
 
     def decide(self, scores: OptionScores, *, escalations: int = 0
                ) -> tuple[Verdict, list[float]]:

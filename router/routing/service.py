@@ -50,7 +50,7 @@ from router.routing.ports import (
 )
 from router.routing.registry import PolicyRegistry, RuntimePolicy
 from router.routing.shared_reads import SharedReads
-from router.routing.tiers import Climb, FastTier
+from router.routing.tiers import Climb, FastTier, climb
 from router.settings import Settings
 from router.store.cache import read_key
 from router.store.metrics import Metrics
@@ -140,7 +140,13 @@ class RoutingService:
             elif len(reads) != len(requests):
                 raise ValueError(f"{len(reads)} reads given for {len(requests)} requests")
             reads = list(reads)  # a read made late (``read_later``) is logged in its place
-            climbs = await self._climb(requests, reads, policies, namespace=namespace)
+            climbs = await climb(
+                requests, reads, policies, tiers=self.tiers,
+                shadow=lambda policy: self.registry.mode(policy)[0],
+                read=lambda wanted, tier: self._fast_reads(
+                    wanted, namespace=namespace, fingerprint=tier.backend.fingerprint,
+                    tier=tier),
+                judged=self.metrics.tier_read)
 
             def read_later(i: int) -> Callable[[], Awaitable[FastRead]]:
                 async def read() -> FastRead:
@@ -192,55 +198,6 @@ class RoutingService:
         if isinstance(policy, CascadePolicy):  # its first tier is read unless tuned off
             return policy.next_tier(-1) in (0, None)
         return policy is not None or registry.unscoped != "escalate" or registry.shadow_all
-
-    async def _climb(
-        self, requests: Sequence[DecisionRequest], reads: Sequence[FastRead],
-        policies: Sequence[RuntimePolicy | None], *, namespace: str,
-    ) -> list[Climb | None]:
-        """The way up each cascade policy's tiers (None for a one-tier decision): a tier judges
-        its read with its calibrator and threshold; a decision it turns down is read by the
-        policy's next tier read, each tier once for all the decisions waiting on it (in the
-        configured order, which the registry checked every cascade follows). A failed read
-        stops the climb: the decision escalates, as a one-tier decision's failed read does."""
-        climbs: list[Climb | None] = [None] * len(requests)
-        waiting: dict[str, list[int]] = {}
-
-        def judge(i: int, k: int, read: FastRead) -> None:
-            climb = climbs[i]
-            assert climb is not None
-            climb.read = read
-            scores = judged_scores(read, shadow=climb.shadow)
-            if scores is None:
-                climb.verdict = climb.calibrated = None
-                return
-            climb.verdict, climb.calibrated = climb.policy.decide_tier(k, scores)
-            climb.steps.append((k, read, climb.verdict))
-            self.metrics.tier_read(climb.policy.tiers_[k].name, accepted=climb.verdict.accept)
-            following = None if climb.verdict.accept else climb.policy.next_tier(k)
-            if following is not None:
-                waiting.setdefault(climb.policy.tiers_[following].name, []).append(i)
-
-        for i, policy in enumerate(policies):
-            if isinstance(policy, CascadePolicy):
-                climbs[i] = Climb(policy, shadow=self.registry.mode(policy)[0])
-                first = policy.next_tier(-1)
-                if first in (0, None):  # None: no tier passed; the first judges (escalates)
-                    judge(i, 0, reads[i])
-                else:
-                    waiting.setdefault(policy.tiers_[first].name, []).append(i)
-        for name, tier in self.tiers.items():
-            indices = waiting.pop(name, [])
-            if not indices:
-                continue
-            tier_reads = await self._fast_reads(
-                [requests[i] for i in indices], namespace=namespace,
-                fingerprint=tier.backend.fingerprint, tier=tier)
-            for i, read in zip(indices, tier_reads, strict=True):
-                climb = climbs[i]
-                assert climb is not None
-                judge(i, next(k for k, t in enumerate(climb.policy.tiers_) if t.name == name),
-                      read)
-        return climbs
 
     async def _fast_reads(
         self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str,
