@@ -5,7 +5,6 @@ The wire stops here: what the routing service needs of a chat goes into ``Decisi
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,11 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.types import Decision, DecisionRequest, Option, Turn, summary_route
 from router.errors import Forbidden, InvalidRequest
+from router.http.openai.questions import (
+    Shape,
+    enum_kind,
+    find_questions,
+    split_conversation,
+)
 from router.http.text_guard import header_safe
 
-Shape = Literal["enum", "object", "choice"]
-_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for json_schema.name
-_FORMAT = "response_format.json_schema"
 # Body fields that would let a client pick the upstream or its credentials (``extra_body`` would
 # smuggle any of them): refused on every request, decision or passthrough, with a 403 naming it.
 CREDENTIAL_FIELDS = frozenset({
@@ -110,7 +112,7 @@ def plan_decisions(
     or asks for something a decision reply cannot honour (``logprobs``)."""
     if _forces_tool_call(body):
         return None  # its answer is a tool call, not one of the options: the slow model's job
-    found = _find_questions(body, max_questions=max_questions)
+    found = find_questions(body, max_questions=max_questions)
     if found is None:
         return None
     shape, questions = found
@@ -118,28 +120,26 @@ def plan_decisions(
         raise InvalidRequest("n: a decision request has exactly one answer; send n=1", field="n")
     _refuse_logprobs(body)
     turns = _turns(body.messages)
-    context, state = _split_turns(turns)
+    context, state = split_conversation(turns)
     policy = body.slotgate.policy if body.slotgate else None
     # vLLM's choice lists are strings only; a json_schema enum may also be a set of integers.
-    integers = frozenset(qid for qid, _, values, _ in questions
-                         if shape != "choice" and _enum_kind(values) == "integer")
+    integers = frozenset(q.question_id for q in questions
+                         if shape != "choice" and enum_kind(q.values) == "integer")
     requests = [
         DecisionRequest(
-            question_id=qid,
-            instructions=instructions,
-            options=tuple(Option(_option(v, field=f"{where}.{i}", integer=qid in integers))
-                          for i, v in enumerate(_enum(values, where=where, max_options=max_options))),
+            question_id=q.question_id,
+            instructions=q.instructions,
+            options=tuple(
+                Option(_option(v, field=f"{q.where}.{i}", integer=q.question_id in integers))
+                for i, v in enumerate(_enum(q.values, where=q.where, max_options=max_options))),
             state=state,
             context=context,
             policy=policy,
             turns=turns,
         )
-        for qid, instructions, values, where in questions
+        for q in questions
     ]
     return DecisionPlan(shape=shape, requests=requests, integer_questions=integers)
-
-
-_Question = tuple[str, str, Any, str]  # (question_id, instructions, enum values, field path)
 
 
 def _forces_tool_call(body: ChatCompletionRequest) -> bool:
@@ -160,82 +160,6 @@ def _refuse_logprobs(body: ChatCompletionRequest) -> None:
                 "is in the reply's 'slotgate' field (probability, raw_probability). Drop "
                 f"{name}, or drop response_format to pass the request to the slow model",
                 field=name)
-
-
-def _find_questions(
-    body: ChatCompletionRequest, *, max_questions: int
-) -> tuple[Shape, list[_Question]] | None:
-    choice = body.guided_choice
-    where = "guided_choice"
-    if choice is None and body.structured_outputs and "choice" in body.structured_outputs:
-        choice, where = body.structured_outputs["choice"], "structured_outputs.choice"
-    if choice is not None:
-        return "choice", [("choice", "", choice, where)]
-    fmt = body.response_format
-    if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
-        return None
-    spec = fmt.json_schema
-    schema = spec.schema_ or {}
-    if "enum" in schema:
-        if _enum_kind(schema["enum"]) is None:
-            return None  # null, booleans, floats or a mix: not a finite set we decide
-        _check_id(spec.name, field=f"{_FORMAT}.name", schema_name=True)
-        instructions = str(schema.get("description") or spec.description or spec.name)
-        return "enum", [(spec.name, instructions, schema["enum"], f"{_FORMAT}.schema.enum")]
-    properties = schema.get("properties")
-    if schema.get("type") != "object" or not isinstance(properties, dict) or not properties:
-        return None
-    properties = {name: _resolve(schema, prop) for name, prop in properties.items()}
-    if not all(isinstance(p, dict) and "enum" in p and _enum_kind(p["enum"]) is not None
-               for p in properties.values()):
-        return None  # structured output of another kind: the slow model's job, unchanged
-    if len(properties) > max_questions:
-        raise InvalidRequest(
-            f"{_FORMAT}.schema.properties: at most {max_questions} questions per request, "
-            f"got {len(properties)}", field=f"{_FORMAT}.schema.properties")
-    questions = []
-    for name, prop in properties.items():
-        where = f"{_FORMAT}.schema.properties.{name}"
-        _check_id(name, field=where)
-        instructions = str(prop.get("description") or prop.get("title") or name)
-        questions.append((name, instructions, prop["enum"], f"{where}.enum"))
-    return "object", questions
-
-
-def _enum_kind(values: Any) -> Literal["string", "integer"] | None:
-    """What a json_schema enum is a set of: strings, integers, or (None) anything else, which
-    is passed through. Not a list at all is "string", so that _enum names the field."""
-    if not isinstance(values, list) or all(isinstance(v, str) for v in values):
-        return "string"
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return "integer"
-    return None
-
-
-def _resolve(root: dict[str, Any], prop: Any) -> Any:
-    """A property with its local ``$ref`` (``#/$defs/X``, as the OpenAI SDK writes an Enum field
-    of a pydantic model) replaced by the definition; sibling keys (a description) win."""
-    if not isinstance(prop, dict) or not isinstance(prop.get("$ref"), str):
-        return prop
-    *parents, name = prop["$ref"].removeprefix("#/").split("/")
-    if not prop["$ref"].startswith("#/") or len(parents) != 1:
-        return prop
-    definitions = root.get(parents[0])
-    target = definitions.get(name) if isinstance(definitions, dict) else None
-    if not isinstance(target, dict):
-        return prop
-    return {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
-
-
-def _check_id(question_id: str, *, field: str, schema_name: bool = False) -> None:
-    # ':' and newlines would blur the decision log and anything else built from ids.
-    valid = bool(question_id.strip()) and not any(c in question_id for c in ":\r\n")
-    if schema_name:
-        valid = valid and _SCHEMA_NAME.fullmatch(question_id) is not None
-    if not valid:
-        rule = "letters, digits, '_' and '-', 1 to 64" if schema_name else "non-empty, no ':' or newline"
-        raise InvalidRequest(f"{field}: {question_id!r} is not a valid question id ({rule})",
-                             field=field)
 
 
 def _enum(values: Any, *, where: str, max_options: int) -> list[Any]:
@@ -263,22 +187,6 @@ def _option(value: Any, *, field: str, integer: bool) -> str:
 
 def _turns(messages: Sequence[ChatMessage]) -> tuple[Turn, ...]:
     return tuple((m.role, _text(m, field=f"messages.{i}.content")) for i, m in enumerate(messages))
-
-
-def _split_turns(conversation: Sequence[Turn]) -> tuple[str, str]:
-    """(context, state): system/developer messages are the context, the rest is the state. A lone
-    user message is its own text, so a classifier trained on raw texts reads what it was trained on."""
-    context = [text for role, text in conversation if role in ("system", "developer")]
-    turns = [(role, text) for role, text in conversation if role not in ("system", "developer")]
-    if not turns or not any(text.strip() for _, text in turns):
-        raise InvalidRequest(
-            "messages: a decision needs at least one non-system message with text (the state)",
-            field="messages")
-    if len(turns) == 1 and turns[0][0] == "user":
-        state = turns[0][1]
-    else:
-        state = "\n".join(f"{role}: {text}" for role, text in turns)
-    return "\n\n".join(context), state
 
 
 def _text(message: ChatMessage, *, field: str) -> str:

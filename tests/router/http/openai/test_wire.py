@@ -52,8 +52,9 @@ def test_object_of_enums_is_one_question_per_property() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "triage", "schema": schema}}
     p = plan(body(response_format=fmt))
     assert p.shape == "object"
+    # The object's name is part of what each property asks.
     assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
-        ("intent", "Which intent?", ("a", "b")), ("urgent", "urgent", ("yes", "no"))]
+        ("intent", "triage\nWhich intent?", ("a", "b")), ("urgent", "triage", ("yes", "no"))]
 
 
 @pytest.mark.parametrize("fields", [
@@ -141,11 +142,11 @@ def test_property_names_with_colon_or_newline_are_refused() -> None:
         plan(body(response_format=fmt))
 
 
-def test_multi_turn_state_names_the_roles() -> None:
+def test_the_state_is_the_last_user_message_and_earlier_turns_are_context() -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                 {"role": "user", "content": [{"type": "text", "text": "card lost"}]}]
     [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
-    assert r.state == "user: hi\nassistant: hello\nuser: card lost"
+    assert (r.context, r.state) == ("user: hi\nassistant: hello", "card lost")
 
 
 def test_the_conversation_travels_in_the_request_as_turns() -> None:
@@ -155,7 +156,7 @@ def test_the_conversation_travels_in_the_request_as_turns() -> None:
                 {"role": "user", "content": [{"type": "text", "text": "card lost"}]}]
     [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
     assert r.turns == (("system", "Banking."), ("user", "hi"), ("user", "card lost"))
-    assert (r.context, r.state) == ("Banking.", "user: hi\nuser: card lost")
+    assert (r.context, r.state) == ("Banking.\n\nuser: hi", "card lost")
     without = dataclasses.replace(r, turns=())
     assert without == r and hash(without) == hash(r) and without.signature() == r.signature()
 
@@ -219,7 +220,7 @@ def test_sdk_pydantic_schema_with_an_enum_definition_is_resolved() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "Triage", "schema": schema}}
     p = plan(body(response_format=fmt))
     assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
-        ("intent", "intent", ("a", "b")), ("urgent", "Urgent?", ("yes", "no"))]
+        ("intent", "Triage", ("a", "b")), ("urgent", "Triage\nUrgent?", ("yes", "no"))]
 
 
 @pytest.mark.parametrize("ref", ["#/$defs/Missing", "#/$defs", "#/a/b/c", "http://x/y", "#/$defs/U"])
