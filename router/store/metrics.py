@@ -120,6 +120,12 @@ class Metrics:
             "slotgate_fast_backend_prefix_cache", "Static-prefix cache lookups of the fast "
             "backend's reader by result (hit|miss: a miss encodes a question's prefix again); "
             "brought up to date when /readyz or /metrics is read", ["result"], registry=r)
+        self._near_misses = Counter(
+            "slotgate_question_near_miss",
+            "Unscoped decisions whose question differs from a loaded policy's in one field only "
+            "(id, instructions, context, kind or options): a question that may have lost its "
+            "policy by a small change, by policy and field", ["policy", "field"], registry=r)
+        self._near_miss_seen: set[tuple[str, str]] = set()
         self._prefix_seen = {"hit": 0, "miss": 0}
         self._n_decisions = 0
         self._n_escalated = 0
@@ -170,6 +176,14 @@ class Metrics:
 
     def tier_read(self, tier: str, *, accepted: bool) -> None:
         self._tier_reads.labels(tier=tier, accepted=str(accepted).lower()).inc()
+
+    def question_near_miss(self, policy_id: str, field: str) -> bool:
+        """Count one near miss; True the first time this process counts it for that policy and
+        field (the caller logs it then, once)."""
+        self._near_misses.labels(policy=policy_id, field=field).inc()
+        first = (policy_id, field) not in self._near_miss_seen
+        self._near_miss_seen.add((policy_id, field))
+        return first
 
     def queue_rejected(self, backend: str) -> None:
         self._queue_rejections.labels(backend=backend).inc()

@@ -17,7 +17,7 @@ from typing import Any
 
 from policies.types import Decision
 from router.errors import InvalidRequest
-from router.http.openai.wire import ChatCompletionRequest
+from router.http.openai.request import ChatCompletionRequest
 from router.http.systemone.answers import calibrated_distribution, diagnostics
 from router.http.systemone.wire import (
     ENGINE_KNOBS,

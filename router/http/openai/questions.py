@@ -7,14 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from policies.scope import question_text
 from policies.types import Turn
 from router.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from router.http.openai.wire import ChatCompletionRequest, JsonSchemaFormat
+from router.http.openai.request import ChatCompletionRequest, JsonSchemaFormat
 
 Shape = Literal["enum", "object", "choice"]
 FORMAT = "response_format.json_schema"

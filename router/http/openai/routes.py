@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.types import summary_route
 from router.errors import Forbidden, InvalidRequest, NoSlowModel, UnprocessableRequest
+from router.http.near_miss import count_near_misses
 from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
     ChatCompletionRequest,
@@ -59,6 +60,8 @@ def make_router() -> APIRouter:
             return await _passthrough(state.slow, body)
         decisions = await state.service.route(plan.requests, namespace=namespace(request))
         state.metrics.request(surface="openai_decision", route=summary_route(decisions))
+        count_near_misses(plan.requests, decisions, registry=state.service.registry,
+                          metrics=state.metrics)
         reply = render_reply(body, plan, decisions)
         headers = routing_headers(reply["slotgate"])
         if body.stream:

@@ -103,8 +103,9 @@ async def test_each_policy_guarantees_its_own_question(client: httpx.AsyncClient
     # The README's first example: the 77 intents under the schema named "intent".
     guaranteed_by(await openai(client, {"name": "intent", "schema": {
         "type": "string", "enum": intents}}), "banking77")
-    # The same question as an object property, and as a System One choice with no text.
-    guaranteed_by(await openai(client, {"name": "reply", "schema": {
+    # The same question as an object property (an object named by the question, whose name
+    # adds no word), and as a System One choice with no text.
+    guaranteed_by(await openai(client, {"name": "intent", "schema": {
         "type": "object", "properties": {"intent": {"type": "string", "enum": intents}}}}),
         "banking77")
     guaranteed_by(await systemone(client, {"type": "choice", "criteria": dict.fromkeys(intents)},

@@ -1,0 +1,49 @@
+"""Near misses: an unscoped decision whose question differs from a loaded policy's in one field
+only (``policies.scope.near_miss``) is counted per policy and field in ``/metrics``
+(``slotgate_question_near_miss_total``) and logged once per policy and field per process,
+saying what differs: the same question that lost its policy to a small change shows up there."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from policies.scope import Scope, near_miss
+from policies.types import Decision, DecisionRequest
+from router.routing.plan import UNSCOPED_POLICY_ID
+from router.routing.registry import PolicyRegistry
+from router.store.metrics import Metrics
+
+log = logging.getLogger("slotgate")
+
+
+def tuned_scopes(registry: PolicyRegistry) -> dict[str, Scope]:
+    """The scope of every loaded policy that records its question, by policy id (a policy tuned
+    on one logged request records none and is matched exactly, never nearly)."""
+    scopes = {}
+    for loaded in registry.loaded():
+        file = loaded.file
+        if file.question is not None and file.options:
+            scopes[file.policy_id] = Scope(file.question.question(), frozenset(file.options))
+    return scopes
+
+
+def count_near_misses(requests: Sequence[DecisionRequest], decisions: Sequence[Decision], *,
+                      registry: PolicyRegistry, metrics: Metrics) -> None:
+    """Count (and log, once per policy and field) each unscoped decision of ``requests`` that
+    nearly matches a loaded policy."""
+    unscoped = [r for r, d in zip(requests, decisions, strict=True)
+                if d.policy_id == UNSCOPED_POLICY_ID]
+    if not unscoped:
+        return
+    tuned = tuned_scopes(registry)
+    for request in unscoped:
+        found = near_miss(Scope.of(request), tuned)
+        if found is None:
+            continue
+        policy_id, field, detail = found
+        if metrics.question_near_miss(policy_id, field):
+            log.warning("question %r is unscoped but differs from policy %s's question in %s "
+                        "only (%s); if it is the same question, re-tune the policy on it "
+                        "(docs/calibration.md, \"Scope\")", request.question_id, policy_id,
+                        field, detail)
