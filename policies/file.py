@@ -12,7 +12,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from calibration.artifacts import atomic_path
-from policies.scope import SCOPE_PREFIX, Question, question_recorded, scope_signature
+from policies.scope import (
+    SCOPE_PREFIX,
+    Question,
+    question_recorded,
+    scope_signature,
+    verbatim_signature,
+)
 from policies.specs import (
     CalibratorSpec,
     OpenUnit,
@@ -262,11 +268,16 @@ class PolicyFile(BaseModel):
             expected = scope_signature(self.options, self.question.question())
         except ValueError as exc:
             raise ValueError(f"field 'question': {exc}") from exc
-        if self.signature != expected:
-            raise ValueError(f"field 'signature' is {self.signature!r}, but the question "
-                             f"{self.question.id!r} over the recorded options hashes to "
-                             f"{expected!r}; re-tune rather than edit either")
-        return self
+        if self.signature == expected:
+            return self
+        if self.signature == verbatim_signature(self.options, self.question.model_dump()):
+            raise ValueError("field 'signature' hashes the question's texts as written, from "
+                             "before question texts were held in canonical form; re-sign it "
+                             "with `slotgate migrate --policy FILE` (docs/calibration.md, "
+                             "\"Scope\")")
+        raise ValueError(f"field 'signature' is {self.signature!r}, but the question "
+                         f"{self.question.id!r} over the recorded options hashes to "
+                         f"{expected!r}; re-tune rather than edit either")
 
     @model_validator(mode="after")
     def _cascade_starts_with_the_file(self) -> PolicyFile:

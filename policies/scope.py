@@ -151,6 +151,25 @@ _SCOPES: dict[tuple[str, str], str] = {}
 _SCOPES_MAX = 4096
 
 
+def unrecorded_signature(options: Sequence[str], question_id: str | None) -> str:
+    """A ``scope-v1`` signature as files written before questions were recorded hold it: the
+    option set, and the question id when the tuning rows named one."""
+    return UNRECORDED_PREFIX + canonical_hash({"options": sorted(options),
+                                               "question": question_id})
+
+
+def verbatim_signature(options: Sequence[str], question: Mapping[str, str]) -> str:
+    """A ``scope-v2`` signature as files written before question texts were canonical hold it:
+    ``question``'s texts as given (instructions that were exactly the id, or blank, as none)."""
+    instructions = question.get("instructions", "")
+    recorded = {"id": question["id"], "context": question.get("context", ""),
+                "kind": question.get("kind", "choice"),
+                "instructions": "" if instructions.strip() in ("", question["id"])
+                else instructions}
+    return SCOPE_PREFIX + canonical_hash({"options": sorted([name, None] for name in options),
+                                          "question": recorded})
+
+
 def question_recorded(signature: str | None) -> bool:
     """Whether a policy file's ``signature`` pins down the question it was tuned on: a scope of
     a recorded question, or one logged request's own signature (rows exported from the decision

@@ -1,6 +1,6 @@
 """The ``slotgate`` command line, assembled: one module per command group in ``router/cli/``
-(models: train, predict; compare; policy: tune, eval; logs: export-log; monitor; serve; alarms:
-list, clear), each
+(models: train, predict; compare; policy: tune, eval; logs: export-log; monitor; migrate; serve;
+alarms: list, clear), each
 importing its heavy dependencies inside the command so that ``slotgate --help`` starts fast.
 
 Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
@@ -26,6 +26,7 @@ import typer
 from router.cli.alarms import app as alarms_app
 from router.cli.compare import compare
 from router.cli.logs import export_log
+from router.cli.migrate import migrate
 from router.cli.models import predict, train
 from router.cli.monitor import monitor
 from router.cli.policy import evaluate, tune
@@ -59,4 +60,5 @@ app.command()(compare)
 app.command(name="export-log")(export_log)
 app.command()(serve)
 app.command()(monitor)
+app.command()(migrate)
 app.add_typer(alarms_app, name="alarms")  # a command group of its own: list, clear

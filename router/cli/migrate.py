@@ -1,0 +1,173 @@
+"""``slotgate migrate``: a policy file written by an earlier slotgate, made one this slotgate
+serves, without re-tuning, when nothing but how it was recorded changed: its backend fingerprint
+(text models were fingerprinted by their file's bytes, now by what they compute), its question
+(files written before questions were recorded; the question is named here, as ``tune
+--question`` names it) or its scope signature (question texts hashed as written, now in canonical
+form). Each change is checked before it is made: the policy must have been tuned on this very
+model file, and a named question must be one the old scope allows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from router.cli.common import (
+    QuestionContext,
+    QuestionId,
+    QuestionKindFlag,
+    QuestionText,
+    check_out,
+    fail,
+    question_of,
+)
+
+if TYPE_CHECKING:
+    from policies.scope import Question
+    from router.backends.sklearn import TextModel
+
+
+def migrate(
+    policy: Annotated[Path, typer.Option(
+        "--policy", help="The policy file to migrate (written by any earlier slotgate).")],
+    model: Annotated[Path | None, typer.Option(
+        "--model", help="The text model (joblib) the policy was tuned on: its fingerprint is "
+                        "re-computed the current way once the file is shown to be that model's; "
+                        "its recorded question names the policy's when --question does not.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Where to write the migrated policy (default: over --policy).")] = None,
+    question: QuestionId = None,
+    instructions: QuestionText = "",
+    context: QuestionContext = "",
+    question_kind: QuestionKindFlag = "choice",
+) -> None:
+    """Re-sign an older policy file for this slotgate (fingerprint, question, scope), checking
+    each change; exits 2, naming what to do instead, when the policy cannot be migrated."""
+    from pydantic import ValidationError
+
+    from policies.file import PolicyFile, first_error
+
+    named = question_of(question, instructions=instructions, context=context, kind=question_kind)
+    target = out or policy
+    check_out(target, "--out")
+    data = _read(policy)
+    if data.get("cascade") is not None:
+        fail(f"--policy: {policy} is a cascade policy: re-tune it (`slotgate tune` with its "
+             "tiers' predictions); migrate re-signs one-tier policies")
+    text_model = _load_model(model) if model is not None else None
+    changes = [_fingerprint(data, text_model, policy)]
+    changes.append(_scope(data, named or _model_question(text_model), policy))
+    try:
+        migrated = PolicyFile.model_validate({**data, "version": 4})
+    except ValidationError as exc:
+        field, message = first_error(exc)
+        fail(f"--policy: {policy}: field {field!r}: {message}")
+    done = [change for change in changes if change]
+    if not done:
+        typer.echo(f"{policy}: {migrated.policy_id}: nothing to migrate, it is current")
+        return
+    migrated.write(target)
+    typer.echo(f"{target}: {migrated.policy_id}: " + "; ".join(done))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fail(f"--policy: {path}: not a readable JSON file: {exc}")
+    if not isinstance(data, dict) or data.get("format") != "slotgate/policy":
+        fail(f"--policy: {path}: not a slotgate policy file (field 'format')")
+    return data
+
+
+def _load_model(path: Path) -> TextModel:
+    from router.backends.sklearn import load_text_model
+    from router.errors import ConfigError
+
+    try:
+        return load_text_model(path)
+    except ConfigError as exc:
+        fail(f"--model: {exc.message}")
+
+
+def _model_question(model: TextModel | None) -> Question | None:
+    return None if model is None else model.question
+
+
+def _fingerprint(data: dict[str, Any], model: TextModel | None, path: Path) -> str:
+    """Re-sign the backend fingerprint when the file's is ``model``'s under the scheme that
+    fingerprinted a text model by its file's sha256; "" when nothing changed."""
+    import hashlib
+
+    from router.backends.base import fingerprint_of
+    from router.backends.sklearn import SklearnBackend
+
+    if model is None:
+        return ""
+    current = SklearnBackend(model=model).fingerprint
+    recorded = data.get("backend_fingerprint")
+    if recorded == current:
+        return ""
+    by_bytes = fingerprint_of({"backend": "sklearn", "kind": model.kind, "model_sha256":
+                               hashlib.sha256(model.path.read_bytes()).hexdigest()})
+    if recorded != by_bytes:
+        fail(f"--model: {path} was tuned for backend fingerprint {recorded}, which is not "
+             f"{model.path}'s (now {current}, by its file's bytes {by_bytes}): it was tuned on "
+             "another model; re-tune it on this model's predictions (`slotgate predict`, then "
+             "`slotgate tune`)")
+    data["backend_fingerprint"] = current
+    return f"backend fingerprint {recorded} -> {current} (the same model file)"
+
+
+def _scope(data: dict[str, Any], named: Question | None, path: Path) -> str:
+    """Record the question and re-sign the scope, when the file's scope is an older form of it;
+    "" when it is current."""
+    from policies.scope import (
+        UNRECORDED_PREFIX,
+        scope_signature,
+        unrecorded_signature,
+        verbatim_signature,
+    )
+
+    options, signature, recorded = data.get("options"), data.get("signature"), data.get("question")
+    if recorded is not None:
+        if named is not None and named != _as_question(recorded):
+            fail(f"--question: {path} records the question {_as_question(recorded).describe()}; "
+                 f"it answers no other (named: {named.describe()})")
+        question = _as_question(recorded)
+        if not options or signature == scope_signature(options, question) or (
+                signature != verbatim_signature(options, recorded)):
+            return ""  # current, or refused on load with its own reason
+    elif signature is None or signature.startswith(UNRECORDED_PREFIX):
+        if not options:
+            fail(f"--policy: {path} records neither its question nor its options: re-tune it")
+        question = _named(named, path)
+        allowed = {unrecorded_signature(options, None), unrecorded_signature(options, question.id)}
+        if signature is not None and signature not in allowed:
+            fail(f"--question: {path} was tuned on a question other than {question.id!r} over "
+                 "its options (its scope-v1 signature says so); name that question")
+    else:
+        # One logged request's exact signature (current as it is), or a scope with no question
+        # (refused on load with its own reason).
+        return ""
+    data.update(question=question.as_dict(), signature=scope_signature(options, question))
+    before = "unrecorded" if recorded is None else "hashed as written"
+    return f"question {question.describe()} ({before} -> {data['signature'][:21]}...)"
+
+
+def _named(named: Question | None, path: Path) -> Question:
+    if named is None:
+        fail(f"--question: {path} was written before questions were recorded: name the "
+             "question it was tuned for (--question, and --instructions, --context, "
+             "--question-kind where it has them; docs/calibration.md, \"Scope\"), or pass the "
+             "--model it was tuned on when that model records it")
+    return named
+
+
+def _as_question(recorded: dict[str, Any]) -> Question:
+    from policies.scope import Question
+
+    return Question.asked(recorded["id"], instructions=recorded.get("instructions", ""),
+                          context=recorded.get("context", ""), kind=recorded.get("kind", "choice"))
