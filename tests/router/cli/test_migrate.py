@@ -120,3 +120,29 @@ def test_a_hand_edited_question_is_not_re_signed(tmp_path: Path) -> None:
     result = invoke("--policy", policy)
     assert result.exit_code == 2 and "field 'signature'" in result.stderr
     assert "re-tune" in result.stderr
+
+
+def test_a_policy_tuned_with_context_on_logged_rows_covers_any_option_order(
+        tmp_path: Path) -> None:
+    """Rows exported from the decision log carry the logged order (yes, no, maybe) and that
+    request's signature; tuned naming the question and its context, the policy's scope is the
+    question over the option set, so every order and layout of that context is covered."""
+    from tests.router.cli.test_tune_command import OPTIONS, synthetic_rows, write_jsonl
+
+    preds = write_jsonl(tmp_path / "logged.jsonl",
+                        synthetic_rows(1200, signature="a" * 64, fingerprint="fp"))
+    out = tmp_path / "policy.json"
+    result = CliRunner().invoke(app, ["tune", "--preds", str(preds), "--target-accuracy", "0.8",
+                                      "--question", "answer", "--context", CONTEXT,
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    served = PolicyRegistry.load(PolicySettings(files=[out]), backend_fingerprint="fp")
+    [loaded] = served.loaded()
+    for options in (OPTIONS, OPTIONS[::-1], sorted(OPTIONS)):
+        for system in ((CONTEXT,), (CONTEXT.replace("\n", "\r\n") + "\n",),
+                       tuple(CONTEXT.split("\n"))):
+            turns = tuple(("system", text) for text in system) + (("user", "hm"),)
+            context, state = split_conversation(turns)
+            asked = DecisionRequest("answer", "answer", tuple(Option(o) for o in options), state,
+                                    context=context)
+            assert served.lookup(asked, fingerprint="fp") is loaded.runtime, (options, system)
