@@ -139,13 +139,16 @@ QuestionId = Annotated[str | None, typer.Option(
          "object schema; \"choice\" for vLLM choice lists), or the System One question id.")]
 QuestionText = Annotated[str, typer.Option(
     "--instructions",
-    help="The question's text: the schema's or property's description, or the System One "
-         "question's instructions (default: none, a question asked by its id alone, as a "
-         "schema with no description is).")]
+    help="The question's text: every name, title and description on the path to the answer "
+         "that does not just spell the id (an object schema's name, the schema's and the "
+         "property's titles and descriptions, outermost first), or the System One question's "
+         "instructions; any whitespace between words (default: none, a question asked by its "
+         "id alone, as a schema with no description is).")]
 QuestionContext = Annotated[str, typer.Option(
     "--context",
-    help="What precedes every question of a request: the chat request's system message(s), "
-         "or the System One body's top-level instructions (default: none).")]
+    help="What precedes every question of a request: the chat request's system message(s) "
+         "and turns before the last user message (as 'role: text' lines), or the System One "
+         "body's top-level instructions; any whitespace between words (default: none).")]
 QuestionKindFlag = Annotated[str, typer.Option(
     "--question-kind", help="choice (every OpenAI question) | noul | score (System One).")]
 
