@@ -58,7 +58,8 @@ def migrate(
              "tiers' predictions); migrate re-signs one-tier policies")
     text_model = _load_model(model) if model is not None else None
     changes = [_fingerprint(data, text_model, policy)]
-    changes.append(_scope(data, named or _model_question(text_model), policy))
+    changes.append(_scope(data, named or _model_question(text_model), policy,
+                          sent=(instructions, context)))
     try:
         migrated = PolicyFile.model_validate({**data, "version": 4})
     except ValidationError as exc:
@@ -121,40 +122,78 @@ def _fingerprint(data: dict[str, Any], model: TextModel | None, path: Path) -> s
     return f"backend fingerprint {recorded} -> {current} (the same model file)"
 
 
-def _scope(data: dict[str, Any], named: Question | None, path: Path) -> str:
-    """Record the question and re-sign the scope, when the file's scope is an older form of it;
-    "" when it is current."""
-    from policies.scope import (
-        UNRECORDED_PREFIX,
-        scope_signature,
-        unrecorded_signature,
-        verbatim_signature,
-    )
+def _scope(data: dict[str, Any], named: Question | None, path: Path, *,
+           sent: tuple[str, str] = ("", "")) -> str:
+    """Record the question and re-sign the scope, when the file's scope is an older form of it
+    (or one logged request's exact signature, when a question is named for it: ``sent`` is its
+    instructions and context as the flags give them, as a client sent them); "" when there is
+    nothing to do."""
+    from policies.scope import SCOPE_PREFIX, UNRECORDED_PREFIX, scope_signature
 
     options, signature, recorded = data.get("options"), data.get("signature"), data.get("question")
     if recorded is not None:
-        if named is not None and named != _as_question(recorded):
-            fail(f"--question: {path} records the question {_as_question(recorded).describe()}; "
-                 f"it answers no other (named: {named.describe()})")
-        question = _as_question(recorded)
-        if not options or signature == scope_signature(options, question) or (
-                signature != verbatim_signature(options, recorded)):
-            return ""  # current, or refused on load with its own reason
+        question, before = _recorded(recorded, options, signature, named, path), "hashed as written"
     elif signature is None or signature.startswith(UNRECORDED_PREFIX):
-        if not options:
-            fail(f"--policy: {path} records neither its question nor its options: re-tune it")
-        question = _named(named, path)
-        allowed = {unrecorded_signature(options, None), unrecorded_signature(options, question.id)}
-        if signature is not None and signature not in allowed:
-            fail(f"--question: {path} was tuned on a question other than {question.id!r} over "
-                 "its options (its scope-v1 signature says so); name that question")
+        question, before = _unrecorded(options, signature, named, path), "unrecorded"
+    elif named is not None and not signature.startswith(SCOPE_PREFIX):
+        question = _logged(options, signature, named, path, sent=sent)
+        before = "one logged option order"
     else:
-        # One logged request's exact signature (current as it is), or a scope with no question
-        # (refused on load with its own reason).
+        return ""  # one logged request's exact signature, served as it is
+    if question is None:
         return ""
-    data.update(question=question.as_dict(), signature=scope_signature(options, question))
-    before = "unrecorded" if recorded is None else "hashed as written"
+    data.update(question=question.as_dict(), signature=scope_signature(options or [], question))
     return f"question {question.describe()} ({before} -> {data['signature'][:21]}...)"
+
+
+def _recorded(recorded: dict[str, Any], options: list[str] | None, signature: str | None,
+              named: Question | None, path: Path) -> Question | None:
+    """The recorded question when the file hashed its texts as written; None when current (or
+    refused on load with its own reason: a hand-edited question is not re-signed)."""
+    from policies.scope import scope_signature, verbatim_signature
+
+    question = _as_question(recorded)
+    if named is not None and named != question:
+        fail(f"--question: {path} records the question {question.describe()}; it answers no "
+             f"other (named: {named.describe()})")
+    if not options or signature == scope_signature(options, question):
+        return None
+    return question if signature == verbatim_signature(options, recorded) else None
+
+
+def _unrecorded(options: list[str] | None, signature: str | None, named: Question | None,
+                path: Path) -> Question:
+    """The named question for a file written before questions were recorded, checked against
+    its ``scope-v1`` signature (an option set, and the id when the rows named one)."""
+    from policies.scope import unrecorded_signature
+
+    if not options:
+        fail(f"--policy: {path} records neither its question nor its options: re-tune it")
+    question = _named(named, path)
+    allowed = {unrecorded_signature(options, None), unrecorded_signature(options, question.id)}
+    if signature is not None and signature not in allowed:
+        fail(f"--question: {path} was tuned on a question other than {question.id!r} over its "
+             "options (its scope-v1 signature says so); name that question")
+    return question
+
+
+def _logged(options: list[str] | None, signature: str, named: Question, path: Path, *,
+            sent: tuple[str, str]) -> Question:
+    """The named question for a policy tuned on rows exported from the decision log, whose
+    signature is one logged request's (its options in that order): checked by asking the named
+    question over the recorded options, in their order, as the wire builds it."""
+    from policies.types import DecisionRequest, Option
+
+    ordered = tuple(Option(name) for name in options or ())
+    instructions, context = sent
+    # A question with no text is read as its id on a schema, as "" on a choice list.
+    texts = {instructions, instructions or named.id}
+    if not any(DecisionRequest(named.id, text, ordered, "", context=context, kind=named.kind)
+               .signature() == signature for text in texts):
+        fail(f"--question: {path} was tuned on one logged question, and {named.describe()} over "
+             f"its {len(ordered)} options in their logged order is not it (the --context and "
+             "--instructions must be as the client sent them); name that question")
+    return named
 
 
 def _named(named: Question | None, path: Path) -> Question:

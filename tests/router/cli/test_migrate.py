@@ -146,3 +146,35 @@ def test_a_policy_tuned_with_context_on_logged_rows_covers_any_option_order(
             asked = DecisionRequest("answer", "answer", tuple(Option(o) for o in options), state,
                                     context=context)
             assert served.lookup(asked, fingerprint="fp") is loaded.runtime, (options, system)
+
+
+def test_a_policy_of_one_logged_option_order_is_migrated_to_its_question(
+        tmp_path: Path) -> None:
+    """Tuned on rows exported from the decision log with no question named, a policy answers
+    that one logged request's signature: its options in the logged order only. Naming the
+    question that signature hashes (checked) scopes it to the question over the option set."""
+    from tests.router.cli.test_tune_command import OPTIONS, synthetic_rows, write_jsonl
+
+    def asked(options: list[str]) -> DecisionRequest:
+        context, state = split_conversation((("system", CONTEXT), ("user", "hm")))
+        return DecisionRequest("answer", "answer", tuple(Option(o) for o in options), state,
+                               context=context)
+
+    logged = asked(OPTIONS).signature()
+    preds = write_jsonl(tmp_path / "logged.jsonl",
+                        synthetic_rows(1200, signature=logged, fingerprint="fp"))
+    policy = tmp_path / "policy.json"
+    tuned = CliRunner().invoke(app, ["tune", "--preds", str(preds), "--target-accuracy", "0.8",
+                                     "--out", str(policy)])
+    assert tuned.exit_code == 0, tuned.output
+
+    def covers(options: list[str]) -> bool:
+        served = PolicyRegistry.load(PolicySettings(files=[policy]), backend_fingerprint="fp")
+        return served.lookup(asked(options), fingerprint="fp") is not None
+
+    assert covers(OPTIONS) and not covers(OPTIONS[::-1])
+    wrong = invoke("--policy", policy, "--question", "answer", "--context", "Another prompt.")
+    assert wrong.exit_code == 2 and "logged order" in wrong.stderr
+    result = invoke("--policy", policy, "--question", "answer", "--context", CONTEXT)
+    assert result.exit_code == 0 and "one logged option order" in result.stdout, result.output
+    assert covers(OPTIONS) and covers(OPTIONS[::-1]) and covers(sorted(OPTIONS))
