@@ -149,6 +149,23 @@ def test_the_state_is_the_last_user_message_and_earlier_turns_are_context() -> N
     assert (r.context, r.state) == ("user: hi\nassistant: hello", "card lost")
 
 
+@pytest.mark.parametrize("messages", [
+    [{"role": "system", "content": "Banking."}],
+    [{"role": "user", "content": "  \n"}, {"role": "assistant", "content": "card lost"}],
+])
+def test_a_decision_without_user_text_is_refused_naming_messages(
+        messages: list[dict[str, Any]]) -> None:
+    with pytest.raises(InvalidRequest, match="messages: a decision needs a user message") as info:
+        plan(body(guided_choice=["a", "b"], messages=messages))
+    assert info.value.field == "messages"
+
+
+def test_turns_after_the_last_user_message_are_context_too() -> None:
+    messages = [{"role": "user", "content": "card lost"}, {"role": "assistant", "content": "When?"}]
+    [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
+    assert (r.context, r.state) == ("assistant: When?", "card lost")
+
+
 def test_the_conversation_travels_in_the_request_as_turns() -> None:
     """What the slow path shows the slow model: every message as (role, text), system included;
     it is the same input as context and state, so it takes no part in equality."""
