@@ -369,6 +369,8 @@ def _reads_of(proba: ArrayLike | Sequence[ArrayLike], tiers: Sequence[TierCost] 
     unnamed tier when none are given) and the labels' ``n_rows``."""
     if tiers is None:
         array = np.asarray(proba, dtype=np.float64)
+        if array.ndim == 3 and len(array) == 1:  # one tier's reads, given as a list of one
+            array = array[0]
         if array.ndim != 2:
             raise ValueError(f"proba must be 2-D (n_samples, n_options), got shape {array.shape}")
         reads, tiers = [array], [TierCost("", 0.0)]

@@ -12,7 +12,7 @@ import pytest
 from policies.policy import Policy, Step, Tier
 from policies.rules import EscalationWindow, ThresholdRule
 from policies.scope import Question, UnscopedMode
-from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
+from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
 from router.routing.ports import Label, Observation
