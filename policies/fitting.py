@@ -1,6 +1,7 @@
 """How ``Policy.fit`` learns, for one tier and for several: the calibrators, the guaranteed
 threshold(s) and the evidence over the threshold rows, written into the policy's fitted
-attributes (the ones ending in ``_``; ``policies.policy.Policy`` lists them).
+attributes (the ones ending in ``_``; ``policies.policy.Policy`` lists them; typed ``Any``
+here, since the policy module imports this one).
 
 One tier, two ways to keep the threshold's rows unseen by the calibrator. Without ``folds`` the
 labelled rows are split with a fixed seed: one part fits the calibrator, the other chooses the
@@ -19,7 +20,7 @@ walks give the joint guarantee: the answers every tier accepts are together at l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,14 +32,13 @@ from policies.rules import BudgetRule, Rule, ThresholdRule
 
 if TYPE_CHECKING:
     from calibration.base import Calibrator
-    from policies.options import PolicyOptions
-    from policies.policy import Policy, TierCost
+    from policies.options import PolicyOptions, TierCost
 
 FloatArray = NDArray[np.float64]
 __all__ = ["answer_confidence", "fit_cascade", "fit_one_tier", "split_rows"]
 
 
-def fit_one_tier(policy: Policy, proba: FloatArray, labels: NDArray[np.int64],
+def fit_one_tier(policy: Any, proba: FloatArray, labels: NDArray[np.int64],
                  params: PolicyOptions, folds: NDArray[np.int64] | None) -> Rule:
     """A calibrator and its guaranteed rule (returned), fit on one tier's reads; the evidence
     over the threshold rows goes into ``policy``'s fitted attributes."""
@@ -64,7 +64,7 @@ def fit_one_tier(policy: Policy, proba: FloatArray, labels: NDArray[np.int64],
     return _choose(policy, params)
 
 
-def _choose(policy: Policy, params: PolicyOptions) -> Rule:
+def _choose(policy: Any, params: PolicyOptions) -> Rule:
     """The guaranteed threshold on the calibrated threshold rows, and the rule around it."""
     assert policy.options_ is not None
     options = policy.options_
@@ -100,7 +100,7 @@ def _choose(policy: Policy, params: PolicyOptions) -> Rule:
     return rule
 
 
-def fit_cascade(policy: Policy, reads: Sequence[FloatArray], labels: NDArray[np.int64],
+def fit_cascade(policy: Any, reads: Sequence[FloatArray], labels: NDArray[np.int64],
                 params: PolicyOptions, tiers: Sequence[TierCost], slow_cost: float
                 ) -> tuple[list[Calibrator], list[float | None]]:
     """Each tier's calibrator and the jointly chosen thresholds (returned, in tier order); the

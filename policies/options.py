@@ -4,12 +4,23 @@ tiers; the fields only one shape uses are refused for the other, naming the fiel
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from calibration.calibrators import calibrator_kinds
 from policies.specs import OpenUnit, TargetAccuracy, Unit
 
-__all__ = ["PolicyOptions"]
+__all__ = ["PolicyOptions", "TierCost"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierCost:
+    """A fast tier as tuning sees it: its name (as the settings name the tier) and what one
+    read of it costs (any unit, the slow model's cost in the same)."""
+
+    name: str
+    cost: float
 
 
 class PolicyOptions(BaseModel):

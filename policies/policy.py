@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from policies.options import PolicyOptions
+from policies.options import PolicyOptions, TierCost
 from policies.rules import BudgetRule, EscalationWindow, Rule, ThresholdRule
 from policies.types import OptionScores, Verdict
 
@@ -32,15 +32,6 @@ if TYPE_CHECKING:
 
 FloatArray = NDArray[np.float64]
 __all__ = ["Judged", "Policy", "Step", "Tier", "TierCost"]
-
-
-@dataclass(frozen=True, slots=True)
-class TierCost:
-    """A fast tier as tuning sees it: its name (as the settings name the tier) and what one
-    read of it costs (any unit, the slow model's cost in the same)."""
-
-    name: str
-    cost: float
 
 
 @dataclass(frozen=True, slots=True)

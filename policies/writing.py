@@ -1,5 +1,6 @@
-"""A fitted ``Policy`` as its policy file (``policies.file.PolicyFile``): one tier's file, or a
-cascade's (the first tier at the top level, every tier in ``cascade``). Serialisation only:
+"""A fitted ``policies.policy.Policy`` (typed ``Any`` here: that module imports this one) as
+its policy file (``policies.file.PolicyFile``): one tier's file, or a cascade's (the first tier
+at the top level, every tier in ``cascade``). Serialisation only:
 what the file means is ``PolicyFile``'s, what it runs as is ``Policy.from_file``'s."""
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ from policies.rules import ThresholdRule
 
 if TYPE_CHECKING:
     from policies.file import PolicyFile
-    from policies.policy import Policy
 
 __all__ = ["policy_file"]
 
 
-def policy_file(policy: Policy, *, signature: str, content: dict[str, Any]) -> PolicyFile:
+def policy_file(policy: Any, *, signature: str, content: dict[str, Any]) -> PolicyFile:
     """The file of a fitted ``policy`` scoped to ``signature``; ``content``: the fields the
     caller decides (name, data hash, question, guarantee, mode and monitoring settings)."""
     from policies.file import PolicyFile
@@ -24,7 +24,7 @@ def policy_file(policy: Policy, *, signature: str, content: dict[str, Any]) -> P
     return PolicyFile.model_validate({"signature": signature, **content, **fitted})
 
 
-def _one_tier_fields(policy: Policy) -> dict[str, Any]:
+def _one_tier_fields(policy: Any) -> dict[str, Any]:
     from calibration.monitoring import reference_summary
 
     params, tier = policy.params_, policy.tiers_[0]
@@ -46,7 +46,7 @@ def _one_tier_fields(policy: Policy) -> dict[str, Any]:
     }
 
 
-def _cascade_fields(policy: Policy) -> dict[str, Any]:
+def _cascade_fields(policy: Any) -> dict[str, Any]:
     from calibration.monitoring import reference_summary
 
     params, fitted, first = policy.params_, policy.thresholds_, policy.tiers_[0]
@@ -77,7 +77,7 @@ def _cascade_fields(policy: Policy) -> dict[str, Any]:
     }
 
 
-def _tier_reference(policy: Policy, k: int) -> dict[str, Any] | None:
+def _tier_reference(policy: Any, k: int) -> dict[str, Any] | None:
     """Tier ``k``'s drift reference: its confidences on the threshold rows it read (those the
     earlier tiers turned down) and the share of them it accepted; None when it is not read or
     read no row."""
