@@ -168,7 +168,8 @@ async def test_shadow_mode_still_judges_and_logs_a_stale_read(standin: SystemOne
         body = await ask(client, STAGED)
     urgent = body["diagnostics"]["routes"]["urgent"]
     assert urgent["shadow"] and urgent["route"] == "slow"
-    assert urgent["raw_probability"] is not None and urgent["note"].startswith("shadow mode")
+    assert urgent["raw_probability"] is not None and urgent["note"].startswith("unscoped: ")
+    assert "logged to tune on" in urgent["note"]
     [record] = [r for r in log.records if r.get("question_id") == "urgent"]
     assert record["proba"] is not None
 
