@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from router.cli.help import PlainHelp
+
 if TYPE_CHECKING:
     from router.store.alarm_board import RedisAlarmBoard
     from router.store.records import AlarmRecord
@@ -86,7 +88,7 @@ def _no_redis(redis_url: str, what: str) -> NoReturn:
     fail(f"--redis-url: Redis at {redis_url} {what}")
 
 
-@app.command(name="list")
+@app.command(name="list", cls=PlainHelp)
 def list_alarms(
     log: LogOption = Path("var/decisions.jsonl"),
     policy: Annotated[str | None, typer.Option(help="Only this policy: its id, or its policy "
@@ -117,7 +119,7 @@ def list_alarms(
         for r in rows])
 
 
-@app.command()
+@app.command(cls=PlainHelp)
 def clear(
     policy: Annotated[str, typer.Option(help="The policy: its id (as `alarms list` and the "
                                         "/metrics labels show it), or its policy file, or the "
