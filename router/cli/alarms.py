@@ -3,9 +3,9 @@ standing in a decision log (an operator's clear wins over the alarms before it) 
 ``--redis-url``, those the fleet shares; ``clear`` writes a clear record to the log (so a restart
 does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis.
 ``--policy`` is an id, a policy file or a configured policy's name (``policy_ref.py``), as in
-`eval` and `monitor`. A policy id neither the log nor Redis knows is refused (exit 2, naming the
-known ones), and a Redis that does not answer is one line and exit 2, within the client's short
-timeouts."""
+`eval` and `monitor`. A policy id neither the log nor Redis knows is refused by both commands
+(exit 2, naming the known ones), and a Redis that does not answer is one line and exit 2, within
+the client's short timeouts."""
 
 from __future__ import annotations
 
@@ -103,6 +103,7 @@ def list_alarms(
 
     if policy is not None:
         policy = policy_id(policy)
+        _check_known(policy, log, redis_url)
     rows = [{**record.model_dump(), "source": "log"} for record in standing(log, policy).values()]
     if redis_url is not None:
         rows += [{**r.model_dump(), "source": "redis"}
