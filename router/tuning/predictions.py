@@ -164,8 +164,8 @@ def read_texts(
             raise PredictionsError(path, row, text_column, "empty or not a string")
         ids.append(str(record[id_column]) if id_column else str(record.get("id") or row))
         texts.append(text)
-        labels.append(None if label_column is None else _label(
-            path, row, record[label_column], label_column, required=require_labels))
+        labels.append(_label(path, row, None if label_column is None else record[label_column],
+                             label_column, required=require_labels))
     if len(set(ids)) != len(ids):
         raise PredictionsError(path, None, id_column or "id", "ids are not unique")
     return LabelledTexts(ids, texts, labels)
@@ -191,7 +191,8 @@ def _text_records(path: Path, columns: list[str]) -> list[dict[str, Any]]:
     return records
 
 
-def _label(path: Path, row: int, label: Any, column: str, *, required: bool) -> str | None:
+def _label(path: Path, row: int, label: Any, column: str | None, *,
+           required: bool) -> str | None:
     """A row's label: a string, or a JSONL class id (an int, named by the number); empty is
     None, refused when ``required``."""
     if isinstance(label, int) and not isinstance(label, bool):
