@@ -3,6 +3,7 @@ variables, which win) and passed down. Fitted artifacts (models, policies) are f
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -34,6 +35,10 @@ from router.backends.options import BackendOptions, parse_options
 from router.errors import ConfigError
 
 ENV_PREFIX = "SLOTGATE_"
+# SLOTGATE_* variables that name no setting on purpose: read by the Makefile, the tests, the
+# benchmarks and compose.yaml (the tokenizer folder it mounts), never by the settings.
+NOT_SETTINGS = frozenset({"SLOTGATE_DATA_DIR", "SLOTGATE_TOKENIZER_DIR",
+                          "SLOTGATE_BENCH_RESULTS", "SLOTGATE_TEST_CACHE"})
 # Cache namespaces become part of Redis keys (router/store/cache.py): no ':' or spaces.
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torch"]
@@ -319,6 +324,7 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
             yaml.safe_load(config.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"--config {config}: not valid YAML: {exc}", field="config") from exc
+    _refuse_unknown_variables()
     try:
         settings = (Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
                     if config is not None else Settings(**overrides))
@@ -332,6 +338,34 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
             "`tiers:` alone can list every tier in read order (%s)",
             ", ".join(t.name for t in settings.all_tiers))
     return settings
+
+
+def _refuse_unknown_variables() -> None:
+    """A ``SLOTGATE_*`` variable whose top-level name is no setting is a ConfigError naming it
+    (pydantic-settings would ignore it), as an unknown key inside a section is refused."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    for variable in sorted(os.environ):
+        name = variable.upper()
+        if (not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS
+                or name.split("__")[0] in known):
+            continue
+        close = difflib.get_close_matches(name, _variable_names(), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"environment variable {variable}: no setting is named so{hint}; "
+                          f"settings are {ENV_PREFIX}<NAME>, and {ENV_PREFIX}<SECTION>__<KEY> "
+                          "inside a section", field="environment")
+
+
+def _variable_names() -> list[str]:
+    """The variables that set each setting and each key of a section."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        names.append(ENV_PREFIX + name.upper())
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            names += [f"{ENV_PREFIX}{name.upper()}__{key.upper()}"
+                      for key in section.model_fields]
+    return names
 
 
 def _describe(exc: ValidationError, config: Path | None, overrides: dict[str, Any]) -> str:
