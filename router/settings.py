@@ -201,6 +201,9 @@ class LogSettings(Section):
     # when configured): bounded by entries and by bytes, whatever the messages' size.
     max_index: int = Field(100_000, ge=1)
     max_index_bytes: int = Field(32 * 2**20, ge=1024)
+    # Records answered while the log's file cannot take them (a full disk), kept in memory and
+    # written in order when it can; beyond this many bytes they are dropped and counted.
+    spool_bytes: int = Field(16 * 2**20, ge=0)
 
 
 class Settings(BaseSettings):
