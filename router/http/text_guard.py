@@ -4,7 +4,8 @@ A JSON body may carry a lone UTF-16 surrogate (``"\\ud800"``): Python decodes it
 that no UTF-8 encoder accepts, so hashing, logging or forwarding it fails deep inside (a 500, or a
 503 blamed on the upstream). It is refused once, here, as a 400 naming the field. Header values
 built from text we do not control (an upstream's error message) lose CR, LF and other control
-characters, which would otherwise split the header or make the server drop the response.
+characters, which would otherwise split the header or make the server drop the response; a list
+of ids goes out whole or not at all.
 JSON nested deeper than ``MAX_JSON_DEPTH`` that slotgate must parse is refused before any parser
 recurses into it: Python's ``json`` gives up near 1,000 levels with a RecursionError, pydantic's
 serializer near 255. ``holds_array`` tells, without parsing, whether JSON text is such (a System
@@ -119,6 +120,15 @@ def header_safe(text: str) -> str:
     if len(text) > MAX_HEADER_CHARS:
         text = text[:MAX_HEADER_CHARS - 3] + "..."
     return _NOT_HEADER_SAFE.sub(lambda m: " " if m.group() in "\r\n\t" else "?", text)
+
+
+def header_whole(text: str) -> str | None:
+    """``text`` as a header value when it is one as it stands (visible ASCII, at most
+    ``MAX_HEADER_CHARS``), else None: for lists of ids, where a cut or altered value would name
+    ids that do not exist, so the header is left out and the body carries them all."""
+    if len(text) > MAX_HEADER_CHARS or _NOT_HEADER_SAFE.search(text):
+        return None
+    return text
 
 
 def _decoded(token: str) -> str | None:

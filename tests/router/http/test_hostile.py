@@ -148,3 +148,25 @@ def test_note_header_stays_small_with_huge_options(
     note = reply.headers["x-slotgate-note"]
     assert len(note) == 1024 and note.endswith("...")
     assert reply.json()["slotgate"]["note"].startswith(note[:-3])
+
+
+def test_decision_id_header_is_whole_or_absent(http: httpx.Client) -> None:
+    """Every id in ``x-slotgate-decision-id`` is a whole id: past 1,024 characters (40 ids of
+    32 hex characters) the header is left out, and the body carries them all."""
+    for n_questions, in_header in ((20, True), (40, False)):
+        schema = {"type": "object",
+                  "properties": {f"q{i}": {"type": "string", "enum": ["yes", "no"]}
+                                 for i in range(n_questions)}}
+        body = {"model": "any", "messages": [{"role": "user", "content": "sure"}],
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "many", "schema": schema}}}
+        reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        facts = reply.json()["slotgate"]
+        ids = [d["decision_id"] for d in facts["decisions"]]
+        assert len(ids) == n_questions and facts["decision_id"] == ",".join(ids)
+        if in_header:
+            assert reply.headers["x-slotgate-decision-id"] == facts["decision_id"]
+        else:
+            assert "x-slotgate-decision-id" not in reply.headers
+        assert reply.headers["x-slotgate-route"] == "fast"
