@@ -95,6 +95,10 @@ class SlowPathSettings(Section):
     # corrective retry (504 past it); a stream's wait and start, not the whole stream.
     timeout_s: float = Field(30.0, gt=0)
     max_concurrency: int = Field(32, ge=1)
+    # The largest request sent to the slow model; a larger one is a 413 naming this setting,
+    # before any call. 1 MiB: the default body limit of nginx and of aiohttp servers, which often
+    # front a model server. A decision's options go to the slow model twice (prompt and schema).
+    max_request_bytes: int = Field(2**20, ge=1024)
     # Models a passthrough request may name; empty = only ``model`` itself.
     allowed_models: list[str] = Field(default_factory=list)
     # Names a passthrough request may use for "the configured slow model": the README's clients
