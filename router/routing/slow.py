@@ -383,9 +383,9 @@ class SlowPath:
                 f"model {model!r} names no provider litellm can route (use a litellm model "
                 "string such as 'openai/<name>')", field="model")
         if getattr(exc, "status_code", None) == 413:  # the slow model's server: over its limit
-            return PayloadTooLarge(_too_large_message(
-                "was refused as too large by the slow model's server", self.settings.max_request_bytes),
-                field="body")
+            refused = "was refused as too large by the slow model's server"
+            return PayloadTooLarge(_too_large_message(refused, self.settings.max_request_bytes),
+                                   field="body")
         if isinstance(exc, litellm.RateLimitError):
             return SlowPathRateLimited(f"slow model rate limited: {detail}",
                                        retry_after_s=_retry_after_s(exc))
