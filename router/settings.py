@@ -103,6 +103,10 @@ class SlowPathSettings(Section):
     # corrective retry (504 past it); a stream's wait and start, not the whole stream.
     timeout_s: float = Field(30.0, gt=0)
     max_concurrency: int = Field(32, ge=1)
+    # The largest request sent to the slow model; a larger one is a 413 naming this setting,
+    # before any call. 1 MiB: the default body limit of nginx and of aiohttp servers, which often
+    # front a model server. A decision's options go to the slow model twice (prompt and schema).
+    max_request_bytes: int = Field(2**20, ge=1024)
     # Models a passthrough request may name; empty = only ``model`` itself.
     allowed_models: list[str] = Field(default_factory=list)
     # Names a passthrough request may use for "the configured slow model": the README's clients
@@ -209,6 +213,9 @@ class LogSettings(Section):
     # when configured): bounded by entries and by bytes, whatever the messages' size.
     max_index: int = Field(100_000, ge=1)
     max_index_bytes: int = Field(32 * 2**20, ge=1024)
+    # Records answered while the log's file cannot take them (a full disk), kept in memory and
+    # written in order when it can; beyond this many bytes they are dropped and counted.
+    spool_bytes: int = Field(16 * 2**20, ge=0)
 
 
 class Settings(BaseSettings):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.types import Decision, DecisionRequest, Option, Turn, summary_route
 from router.errors import Forbidden, InvalidRequest
-from router.http.text_guard import header_safe
+from router.http.text_guard import header_safe, header_whole
 
 Shape = Literal["enum", "object", "choice"]
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for json_schema.name
@@ -354,14 +354,17 @@ def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
 
 
 def routing_headers(facts: dict[str, Any]) -> dict[str, str]:
-    """``x-slotgate-*`` response headers carrying the summary of ``routing_facts``."""
+    """``x-slotgate-*`` response headers carrying the summary of ``routing_facts``. The id lists
+    (``policy_id``, ``decision_id``) are whole or absent (``header_whole``); the note may be cut."""
     headers = {}
     for key in ("route", "probability", "raw_probability", "threshold", "policy_id",
                 "decision_id", "latency_ms", "note"):
         value = facts.get(key)
         if value is not None:
             text = f"{value:.6g}" if isinstance(value, float) else str(value)
-            headers[f"x-slotgate-{key.replace('_', '-')}"] = header_safe(text)
+            header = header_whole(text) if key.endswith("_id") else header_safe(text)
+            if header is not None:
+                headers[f"x-slotgate-{key.replace('_', '-')}"] = header
     return headers
 
 
