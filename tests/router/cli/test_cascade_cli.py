@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from policies.policy import Policy
 from policies.file import load_policy
+from policies.policy import Policy
 from router.cli.app import app
 
 OPTIONS = ["yes", "no", "maybe"]
