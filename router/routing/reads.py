@@ -175,6 +175,8 @@ class FastReads:
                     return await read()
             except TimeoutError as exc:
                 raise BackendTimeout(f"the fast read took longer than {timeout_s} s") from exc
+            except ValueError as exc:  # a read OptionScores refused: NaN, outside [0, 1], ...
+                raise BackendMalformed(f"the fast backend's read is invalid: {exc}") from exc
             finally:
                 self.metrics.stage("fast", time.perf_counter() - t0)
 
