@@ -282,7 +282,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
     labelled: list[int] = []
     wrong_after = slow_after = slow_all = 0
     for position, i in enumerate(order):
-        gated = watch.escalate_all
+        gated = watch.gate.escalate
         if gated and escalated_from is None:
             escalated_from = position
         accepted = bool(rows.accepted[i])

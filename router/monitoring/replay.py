@@ -245,7 +245,7 @@ class _Replay:
 
     def finish(self, labels: LabelJoin) -> Series:
         self.flush(labels)
-        self.series.state = self.watch.snapshot()
+        self.series.state = self.watch.report()
         self.series.per_answer = self.tally.table()
         return self.series
 

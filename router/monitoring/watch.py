@@ -13,7 +13,7 @@ import struct
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from calibration.monitoring import (
     TRAFFIC_BETS,
@@ -22,9 +22,8 @@ from calibration.monitoring import (
     ConfidenceDropDetector,
     ConfidenceDropTest,
 )
+from router.monitoring.ladder import AlarmKind, Gate, OnAlarm, WatchSnapshot, ladder
 
-AlarmKind = Literal["drift", "accuracy"]
-OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 ACCEPT_WINDOW = 1000  # decisions behind the live accept share
 DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_escalate)
 # Identical inputs (``router.monitoring.fingerprint``: templated ids and names folded) count once
@@ -145,11 +144,8 @@ class PolicyWatch:
     (unsure traffic, a client's included, trips it): it buys audits and starts
     ``suspect_shortfall``.
 
-    The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
-    on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
-    accuracy alarm says the promise is broken, or while traffic is suspect (either of those)
-    and audits cannot be had; ``escalate_all`` escalates on either alarm or the trip;
-    ``alert_only`` never acts."""
+    What the alarms do (``on_alarm``) is ``router.monitoring.ladder.ladder`` of ``snapshot()``
+    (``gate``)."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
@@ -161,7 +157,8 @@ class PolicyWatch:
         self.n_accepted = 0
         # Audits could not be had (queue full, slow model failing) while traffic is suspect (a
         # drift alarm stands or the traffic detector tripped): under audit_then_escalate the
-        # policy's accepted decisions escalate until they can.
+        # policy's accepted decisions escalate until the audit queue drains (the Monitor sets
+        # and clears it as audits leave the queue).
         self.audits_short = False
         self.suspect_from: int | None = None  # the decision count when suspect_shortfall started
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
@@ -213,13 +210,18 @@ class PolicyWatch:
         """The gravest standing alarm (accuracy before drift), None when there is none."""
         return self.alarms.get("accuracy") or self.alarms.get("drift")
 
+    def snapshot(self) -> WatchSnapshot:
+        """The facts the ladder acts on (``router.monitoring.ladder``)."""
+        settings = self.settings
+        return WatchSnapshot(
+            policy_id=self.policy_id, on_alarm=settings.on_alarm, alarms=frozenset(self.alarms),
+            traffic_tripped=self.traffic_tripped, audits_short=self.audits_short,
+            audit_rate=settings.audit_rate, audit_boost=settings.audit_boost)
+
     @property
-    def escalate_all(self) -> bool:
-        on_alarm = self.settings.on_alarm
-        if on_alarm == "escalate_all":  # the most cautious: unsure traffic is reason enough
-            return bool(self.alarms) or self.traffic_tripped
-        return on_alarm == "audit_then_escalate" and (
-            "accuracy" in self.alarms or (self.audits_short and self.suspect))
+    def gate(self) -> Gate:
+        """What the ladder does with this policy's decisions now."""
+        return ladder(self.snapshot())
 
     @property
     def suspect(self) -> bool:
@@ -235,14 +237,8 @@ class PolicyWatch:
 
     @property
     def audit_rate(self) -> float:
-        """The audit rate now: the file's, or ``audit_boost`` while the traffic test has
-        tripped (unless ``alert_only``) or, under ``audit_then_escalate``, a drift alarm
-        stands."""
-        rate, on_alarm = self.settings.audit_rate, self.settings.on_alarm
-        if (on_alarm != "alert_only" and self.traffic_tripped) or (
-                on_alarm == "audit_then_escalate" and "drift" in self.alarms):
-            return max(rate, self.settings.audit_boost)
-        return rate
+        """The audit rate now, as the ladder sets it (``ladder``)."""
+        return self.gate.audit_rate
 
     @property
     def accept_share(self) -> float | None:
@@ -357,9 +353,11 @@ class PolicyWatch:
             self.audits_short = False
         return bool(stale)
 
-    def snapshot(self) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
+        """The watch's state for the gauges, the replay's series and ``slotgate monitor``."""
         bounds = self.accuracy.bounds()
         alarm = self.alarm
+        gate = self.gate
         return {
             "policy_id": self.policy_id,
             "decisions": self.n_decisions,
@@ -384,8 +382,8 @@ class PolicyWatch:
             "alarms": sorted(self.alarms),
             "alarm_detail": None if alarm is None else alarm.detail,
             "on_alarm": self.settings.on_alarm,
-            "audit_rate": self.audit_rate,
-            "escalating": self.escalate_all,
+            "audit_rate": gate.audit_rate,
+            "escalating": gate.escalate,
         }
 
     def state(self) -> dict[str, Any]:
