@@ -13,8 +13,8 @@ import time
 from policies.file import PolicyFile
 from policies.guaranteed import GuaranteedPolicy
 from policies.types import DecisionRequest, Option
-from router.monitoring.fingerprint import input_key, normalised
 from router.errors import SlowPathTimeout
+from router.monitoring.fingerprint import input_key, normalised
 from router.monitoring.ladder import WatchSnapshot
 from router.monitoring.monitor import Monitor
 from router.routing.ports import Observation
