@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import Counter
 
 from policies.types import DecisionRequest
-from router.monitoring import checkpoint
 from router.monitoring.audits import AuditJob, AuditQueue
-from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, checkpoint_path
+from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, Checkpoints, checkpoint_path
 from router.monitoring.fingerprint import input_key
 from router.monitoring.ladder import WatchSnapshot, ladder
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
@@ -74,8 +73,7 @@ class Monitor:
                                  workers=audit_workers, on_count=self._audit_counted)
         self._labelled: OrderedDict[str, str] = OrderedDict()
         self._inputs: OrderedDict[str, str] = OrderedDict()  # served fast: decision id -> key
-        self._checkpoints: asyncio.Task[None] | None = None
-        self._checkpoint_path: Path | None = None
+        self._checkpoints: Checkpoints | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._board: AlarmBoard | None = None
         self._sync: asyncio.Task[None] | None = None
@@ -304,8 +302,7 @@ class Monitor:
 
     async def aclose(self) -> None:
         if self._checkpoints is not None:
-            self._checkpoints.cancel()
-            await asyncio.gather(self._checkpoints, return_exceptions=True)
+            await self._checkpoints.stop()
         if self._sync is not None:
             self._stop.set()
             try:  # a round in flight ends within the board's timeouts
@@ -316,28 +313,21 @@ class Monitor:
         await self.audits.aclose()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.write_checkpoint()  # after the last audits' labels
+        if self._checkpoints is not None:  # after the last audits' labels
+            self._checkpoints.close()
+            self._checkpoints = None
 
     # -- evidence that outlives the process ------------------------------------------------
 
     def keep_checkpoints(self, path: Path, *, every_s: float = CHECKPOINT_EVERY_S) -> int:
-        """Resume each watch from the checkpoint at ``path``, then write one there every
-        ``every_s`` seconds and at shutdown (a task of the running loop). Returns how many
-        watches resumed."""
-        self._checkpoint_path = path
-        resumed = checkpoint.resume(path, self.watches)
+        """Claim the checkpoint at ``path`` (``CheckpointInUse`` when another process holds
+        it), resume each watch from it, then write one there every ``every_s`` seconds and at
+        shutdown (a task of the running loop). Returns how many watches resumed."""
+        self._checkpoints = Checkpoints.open(path, self.watches)
+        resumed = self._checkpoints.resume()
         self.export()
-        self._checkpoints = asyncio.get_running_loop().create_task(self._checkpoint_every(every_s))
+        self._checkpoints.start(every_s)
         return resumed
-
-    def write_checkpoint(self) -> None:
-        if self._checkpoint_path is not None:
-            checkpoint.write(self._checkpoint_path, self.watches)
-
-    async def _checkpoint_every(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            self.write_checkpoint()
 
     async def _audit_answer(self, job: AuditJob) -> str:
         assert self._answer is not None
