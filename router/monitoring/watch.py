@@ -342,16 +342,17 @@ class PolicyWatch:
                 or (state.get("traffic") is None) != (self.traffic is None)):
             return False
         counts = _resumed_counts(state)
+        cleared_at = field(state, "cleared_at")
+        if cleared_at is not None:
+            cleared_at = number_value(cleared_at, "cleared_at", high=time.time() + CLOCK_SKEW_S)
         try:
             self._resume_tests(state, counts)
         except DamagedState:  # nothing half-taken
             self._start_tests()
             raise
         self.n_decisions, self.n_counted, self.n_accepted = counts
-        cleared_at = state["cleared_at"]
         if cleared_at is not None:
-            self.cleared_at = max(self.cleared_at, number_value(
-                cleared_at, "cleared_at", high=time.time() + CLOCK_SKEW_S))
+            self.cleared_at = max(self.cleared_at, cleared_at)
         return True
 
     def _resume_tests(self, state: dict[str, Any], counts: tuple[int, int, int]) -> None:

@@ -4,17 +4,21 @@ detector sums test martingales started at every step and stays under its run-len
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from calibration.monitoring import (
     TRAFFIC_BETS,
     AccuracySequence,
+    AccuracyShortfallTest,
     Bet,
     ConfidenceDropDetector,
     ConfidenceDropTest,
     reference_summary,
 )
+from calibration.state import DamagedState
 
 
 def test_a_reference_outside_0_1_is_refused() -> None:
@@ -129,6 +133,31 @@ def test_detector_resumes_where_it_stopped() -> None:
         second.resume({**first.state(), "detector": [1.0]})
     with pytest.raises(ValueError, match="arl"):
         ConfidenceDropDetector([0.5], arl=1.0)
+
+
+def test_rescaled_wealths_resume_and_unreachable_ones_are_refused() -> None:
+    """Long runs rescale the wealth (its log kept apart): such a state resumes exactly, while
+    one its bets could not have reached is refused naming the field."""
+    shortfall = AccuracyShortfallTest(0.95, alpha=0.0125)
+    for _ in range(30_000):  # right answers: the wealth shrinks past 1e-100
+        shortfall.update(True)
+    detector = ConfidenceDropDetector([0.5] * 10, arl=1e4, bets=TRAFFIC_BETS)
+    for _ in range(200):  # the lowest ranks: the detector grows past 1e100
+        detector.bet(0.0)
+    assert shortfall.state()["log_scale"] < 0 < detector.state()["log_scale"]
+    for test, again in ((shortfall, AccuracyShortfallTest(0.95, alpha=0.0125)),
+                        (detector, ConfidenceDropDetector([0.5] * 10, arl=1e4, bets=TRAFFIC_BETS))):
+        state = json.loads(json.dumps(test.state(), allow_nan=False))
+        again.resume(state)
+        assert again.state() == test.state() and again.log_value == test.log_value
+    fresh = AccuracyShortfallTest(0.95, alpha=0.0125)
+    with pytest.raises(DamagedState, match="log_scale"):  # 10 bets cannot reach e^100
+        fresh.resume({**fresh.state(), "n": 10, "log_scale": 100.0, "alarm_at": 1})
+    with pytest.raises(DamagedState, match="alarm_at"):  # past the alarm level, no alarm
+        fresh.resume({**fresh.state(), "n": 100, "log_scale": 8.0})
+    with pytest.raises(DamagedState, match="log_scale"):  # an untripped detector's scale
+        again.resume({**detector.state(), "alarm_at": None})
+    assert fresh.n == 0 and fresh.log_value == 0.0  # nothing taken
 
 
 def test_every_traffic_bet_has_mean_one_on_uniform_p_values_and_at_most_one_on_larger() -> None:
