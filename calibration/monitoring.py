@@ -33,9 +33,9 @@ from calibration.state import DamagedState, count, field, number
 from calibration.validation import check_fraction
 
 # The change detector's bets are defined beside its wealth process (``calibration.betting``).
-__all__ = ["DETECTOR_STAKES", "TRAFFIC_BETS", "AccuracySequence", "AccuracyShortfallTest", "Bet",
-           "Bounds", "ConfidenceDropDetector", "ConfidenceDropTest", "linear_bets",
-           "reference_summary"]
+__all__ = ["DETECTOR_STAKES", "DROP_STAKES", "GRID", "REFERENCE_MAX_ROWS", "SHORTFALL_FRACTIONS",
+           "TRAFFIC_BETS", "AccuracySequence", "AccuracyShortfallTest", "Bet", "Bounds",
+           "ConfidenceDropDetector", "ConfidenceDropTest", "linear_bets", "reference_summary"]
 
 # Confidences are ranked on a grid of 1e-4: ties are broken at random, which keeps the rank
 # p-value exactly uniform under the null, and a fixed grid keeps the state O(1) in memory.

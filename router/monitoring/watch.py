@@ -24,6 +24,10 @@ from calibration.state import DamagedState, count, field, number_value, optional
 from router.monitoring.ladder import AlarmKind, Gate, WatchSnapshot, ladder
 from router.monitoring.watch_settings import Alarm, WatchSettings
 
+# Alarm and WatchSettings (``watch_settings``) are a watch's vocabulary, imported from here too.
+__all__ = ["ACCEPT_WINDOW", "CLOCK_SKEW_S", "DEDUPE_MAX_KEYS", "DEDUPE_WINDOW_S",
+           "FALSE_ALARM_HORIZON", "STATE_VERSION", "Alarm", "PolicyWatch", "WatchSettings"]
+
 ACCEPT_WINDOW = 1000  # decisions behind the live accept share
 # Identical inputs (``router.monitoring.fingerprint``: templated ids and names folded) count once
 # per window: one day, or the last 65,536 distinct inputs per policy (a few MiB), whichever

@@ -26,7 +26,11 @@ DRIFT_SHORT = "drift alarm" + SHORT
 TRAFFIC_SHORT = "traffic less sure than the tuning rows" + SHORT
 
 # on_alarm, tripped, drift, accuracy, audits short -> reason (None: served), audit rate
-LADDER: list[tuple[OnAlarm, int, int, int, int, str | None, float]] = [
+Row = tuple[OnAlarm, int, int, int, int, str | None, float]
+ALERT_ONLY: list[Row] = [("alert_only", tripped, drift, accuracy, short, None, BASE)
+                         for tripped, drift, accuracy, short
+                         in itertools.product((0, 1), repeat=4)]
+LADDER: list[Row] = [
     ("audit_then_escalate", 0, 0, 0, 0, None, BASE),
     ("audit_then_escalate", 0, 0, 0, 1, None, BASE),  # short but not suspect: nothing to wait for
     ("audit_then_escalate", 0, 0, 1, 0, ACCURACY, BASE),
@@ -59,8 +63,7 @@ LADDER: list[tuple[OnAlarm, int, int, int, int, str | None, float]] = [
     ("escalate_all", 1, 1, 0, 1, DRIFT, BOOST),
     ("escalate_all", 1, 1, 1, 0, ACCURACY, BOOST),
     ("escalate_all", 1, 1, 1, 1, ACCURACY, BOOST),
-    *(("alert_only", *case, None, BASE)  # type: ignore[misc]
-      for case in itertools.product((0, 1), repeat=4)),
+    *ALERT_ONLY,
 ]
 
 
