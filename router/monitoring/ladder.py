@@ -5,12 +5,12 @@ monitor ask it, the monitor logs and exports what it says."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 AlarmKind = Literal["drift", "accuracy"]
 OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
+_ON_ALARMS, _KINDS = get_args(OnAlarm), frozenset(get_args(AlarmKind))
 
 # The gate's reasons, as a reply, a log line and a test read them.
 _UNTIL_AUDITS = ("every decision escalates until audits keep up again, an operator clears the "
@@ -36,16 +36,13 @@ class WatchSnapshot:
     audit_boost: float = 0.0  # the rate while traffic is suspect (see ``ladder``)
 
     def __post_init__(self) -> None:
-        if self.on_alarm not in get_args(OnAlarm):
-            raise ValueError(f"on_alarm must be one of {', '.join(get_args(OnAlarm))}, "
+        if self.on_alarm not in _ON_ALARMS:
+            raise ValueError(f"on_alarm must be one of {', '.join(_ON_ALARMS)}, "
                              f"got {self.on_alarm!r}")
-        unknown = set(self.alarms) - set(get_args(AlarmKind))
-        if unknown:
-            raise ValueError(f"alarms must be drift or accuracy, got {sorted(unknown)!r}")
-        for name in ("audit_rate", "audit_boost"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0) or math.isnan(value):
-                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        if not self.alarms <= _KINDS:
+            raise ValueError(f"alarms must be drift or accuracy, got {sorted(self.alarms)!r}")
+        _check_rate("audit_rate", self.audit_rate)
+        _check_rate("audit_boost", self.audit_boost)
 
     @property
     def suspect(self) -> bool:
@@ -74,8 +71,12 @@ class Gate:
         if self.escalate != (self.reason is not None):
             raise ValueError(f"reason must be given exactly when escalate is true, got "
                              f"escalate={self.escalate!r} and reason={self.reason!r}")
-        if not 0.0 <= self.audit_rate <= 1.0:
-            raise ValueError(f"audit_rate must be in [0, 1], got {self.audit_rate!r}")
+        _check_rate("audit_rate", self.audit_rate)
+
+
+def _check_rate(name: str, value: object) -> None:
+    if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):  # NaN fails the range
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
 
 def ladder(snapshot: WatchSnapshot) -> Gate:
