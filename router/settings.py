@@ -3,6 +3,7 @@ variables, which win) and passed down. Fitted artifacts (models, policies) are f
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -13,10 +14,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -230,9 +233,11 @@ class Settings(BaseSettings):
     # Open connections `slotgate serve` keeps; past it a new one closes the connection idle
     # longest (router/http/connections.py). None: the open-file limit less 128.
     max_connections: int | None = Field(None, ge=2)
+    # The fast tiers in the order a policy reads them. Written once, as ``tiers:`` naming every
+    # tier (the first is read first; ``fast:`` left out). The form with the first tier under
+    # ``fast:`` and the later ones under ``tiers:`` is read too, and said once at start-up. Once
+    # loaded, ``fast`` is the first tier and ``tiers`` the later ones (``all_tiers``: every one).
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
-    # Later fast tiers, in the order a cascade policy reads them after ``fast`` (empty: one
-    # fast tier; a one-tier policy never reads these).
     tiers: list[TierSettings] = Field(default_factory=list)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
@@ -242,6 +247,7 @@ class Settings(BaseSettings):
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
+    _split_tier_form: bool = PrivateAttr(default=False)
 
     @field_validator("api_key_hashes")
     @classmethod
@@ -251,18 +257,33 @@ class Settings(BaseSettings):
                 raise ValueError("api_key_hashes must be sha256 hex digests (64 hex characters)")
         return [h.lower() for h in value]
 
-    @field_validator("tiers")
-    @classmethod
-    def _distinct_tier_names(cls, value: list[TierSettings], info: ValidationInfo
-                             ) -> list[TierSettings]:
-        fast = info.data.get("fast")
-        names = ([fast.name] if isinstance(fast, FastBackendSettings) else []) + [
-            t.name for t in value]
+    @model_validator(mode="after")
+    def _tiers_in_order(self) -> Settings:
+        """Every tier named once, in order: ``tiers`` alone lists them all (its first becomes
+        ``fast``); ``fast`` with ``tiers`` is the first and the later ones. Names distinct."""
+        if "fast" not in self.model_fields_set and self.tiers:
+            first, *later = self.tiers
+            object.__setattr__(self, "fast", first)
+            object.__setattr__(self, "tiers", later)
+        elif self.tiers:
+            self._split_tier_form = True
+        names = [tier.name for tier in self.all_tiers]
         for i, name in enumerate(names):
             if name in names[:i]:
-                raise ValueError(f"tier name {name!r} is used twice (fast.name and tiers[].name "
+                raise ValueError(f"tiers: tier name {name!r} is used twice (every tier's name "
                                  "must be distinct)")
-        return value
+        return self
+
+    @property
+    def all_tiers(self) -> list[FastBackendSettings]:
+        """Every fast tier in the order a policy reads them, the first first."""
+        return [self.fast, *self.tiers]
+
+    @property
+    def split_tier_form(self) -> bool:
+        """Whether the tiers were written with the first under ``fast:`` and the later ones
+        under ``tiers:`` (read, and said once at start-up)."""
+        return self._split_tier_form
 
     def model_post_init(self, context: Any, /) -> None:
         if self.slow_model and not self.slow.model:
@@ -299,13 +320,18 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"--config {config}: not valid YAML: {exc}", field="config") from exc
     try:
-        if config is not None:
-            return Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
-        return Settings(**overrides)
+        settings = (Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
+                    if config is not None else Settings(**overrides))
     except SettingsError as exc:  # a SLOTGATE_* value pydantic-settings could not even parse
         raise ConfigError(f"environment: {exc}", field="environment") from exc
     except ValidationError as exc:
         raise ConfigError(_describe(exc, config, overrides), field="settings") from exc
+    if settings.split_tier_form:
+        logging.getLogger("slotgate").warning(
+            "settings: the first fast tier is under `fast:` and the later ones under `tiers:`; "
+            "`tiers:` alone can list every tier in read order (%s)",
+            ", ".join(t.name for t in settings.all_tiers))
+    return settings
 
 
 def _describe(exc: ValidationError, config: Path | None, overrides: dict[str, Any]) -> str:

@@ -114,7 +114,7 @@ def write_report(folder: Path, proba_before: Any, proba_after: Any, y_true: Any,
                  threshold: float | None, target_accuracy: float, title: str) -> None:
     """The reliability diagram and the risk-coverage plot (threshold marked) as PNGs."""
     from calibration.plots import reliability_diagram, risk_coverage_plot
-    from policies.guaranteed import answer_confidence
+    from policies.fitting import answer_confidence
 
     folder.mkdir(parents=True, exist_ok=True)
     answers, confidence = answer_confidence(proba_before, proba_after)

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from policies.cascade import CascadePolicy
+from policies.policy import Policy
 from policies.rules import EscalationWindow
 from policies.scope import describe
 from policies.types import Decision, DecisionRequest, OptionScores, Route
@@ -38,7 +38,15 @@ from router.errors import (
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
-from router.routing.plan import UNSCOPED_POLICY_ID, Mode, Plan, Scope, judged_scores, plan
+from router.routing.plan import (
+    UNSCOPED_POLICY_ID,
+    Mode,
+    Plan,
+    Scope,
+    judged_scores,
+    plan,
+    reads_first_tier,
+)
 from router.routing.ports import (
     NOT_READ,
     DecisionObserver,
@@ -48,7 +56,7 @@ from router.routing.ports import (
     ReadCache,
     SlowModel,
 )
-from router.routing.registry import PolicyRegistry, RuntimePolicy
+from router.routing.registry import PolicyRegistry
 from router.routing.shared_reads import SharedReads
 from router.routing.tiers import Climb, FastTier, climb
 from router.settings import Settings
@@ -105,7 +113,7 @@ class RoutingService:
         self.shared_reads = SharedReads()  # identical fast reads at once: one backend read
         # The budget windows of the policies that have one: state of running a policy, kept
         # here so that a policy's ``decide`` stays pure.
-        self._windows: weakref.WeakKeyDictionary[RuntimePolicy, EscalationWindow | None] = (
+        self._windows: weakref.WeakKeyDictionary[Policy, EscalationWindow | None] = (
             weakref.WeakKeyDictionary())
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -118,7 +126,7 @@ class RoutingService:
     async def route(
         self, requests: Sequence[DecisionRequest], *, namespace: str,
         reads: Sequence[FastRead] | None = None,
-        policies: Sequence[RuntimePolicy | None] | None = None,
+        policies: Sequence[Policy | None] | None = None,
     ) -> list[Decision]:
         """One Decision per request, in order; every one is in the decision log when this returns.
         ``reads``: the requests' fast reads, already made (a staged read); else they are read.
@@ -142,7 +150,7 @@ class RoutingService:
             reads = list(reads)  # a read made late (``read_later``) is logged in its place
             climbs = await climb(
                 requests, reads, policies, tiers=self.tiers,
-                shadow=lambda policy: self.registry.mode(policy)[0],
+                shadow=lambda policy: self.registry.mode(policy)[0], window=self._window,
                 read=lambda wanted, tier: self._fast_reads(
                     wanted, namespace=namespace, fingerprint=tier.backend.fingerprint,
                     tier=tier),
@@ -157,13 +165,14 @@ class RoutingService:
 
             decisions = await _all_or_none([
                 self._route(request, read, policy, namespace=namespace, started=started,
-                            read_later=read_later(i), climb=climb)
-                for i, (request, read, policy, climb) in enumerate(zip(
+                            read_later=read_later(i), climb=way)
+                for i, (request, read, policy, way) in enumerate(zip(
                     requests, reads, policies, climbs, strict=True))
             ])
             await asyncio.gather(*(
-                self.log.append(_record(request, read, decision, namespace, fingerprint))
-                for request, read, decision in zip(requests, reads, decisions, strict=True)
+                self.log.append(_record(request, read, decision, namespace, fingerprint, way))
+                for request, read, decision, way in zip(requests, reads, decisions, climbs,
+                                                        strict=True)
             ))
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
@@ -181,23 +190,19 @@ class RoutingService:
             return False
         return True
 
-    def lookup(self, requests: Sequence[DecisionRequest]) -> list[RuntimePolicy | None]:
+    def lookup(self, requests: Sequence[DecisionRequest]) -> list[Policy | None]:
         """The policy of each request (``PolicyRegistry.lookup``; None: unscoped). Done before
         any read: an unknown policy name is the caller's error (``InvalidRequest``)."""
         fingerprint = self.backend.fingerprint
         return [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
 
-    def reads_fast(self, policy: RuntimePolicy | None) -> bool:
-        """Whether routing a decision that ``registry.lookup`` gave ``policy`` uses a fast read:
-        every decision a policy (or the ``threshold`` fallback) judges does, and so does an
-        unscoped one under ``policy.unscoped`` ``shadow`` (or ``policy.shadow``, which logs it)
-        and ``unverified`` (which serves it). An unscoped one under ``escalate`` goes to the slow
-        model whatever the read says, so none is made: no backend call, no read-cache lookup
-        (``slow.serve_unverified_on_failure`` reads it only when the slow path fails)."""
+    def reads_fast(self, policy: Policy | None) -> bool:
+        """Whether routing a decision that ``registry.lookup`` gave ``policy`` uses the first
+        tier's read (``plan.reads_first_tier``, the read plan)."""
         registry = self.registry
-        if isinstance(policy, CascadePolicy):  # its first tier is read unless tuned off
-            return policy.next_tier(-1) in (0, None)
-        return policy is not None or registry.unscoped != "escalate" or registry.shadow_all
+        return reads_first_tier(policy, Mode(
+            shadow=registry.shadow_all, unscoped=registry.unscoped,
+            serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure))
 
     async def _fast_reads(
         self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str,
@@ -329,39 +334,34 @@ class RoutingService:
         self,
         request: DecisionRequest,
         read: FastRead,
-        policy: RuntimePolicy | None,
+        policy: Policy | None,
         *,
         namespace: str,
         started: float,
         read_later: Callable[[], Awaitable[FastRead]],
         climb: Climb | None = None,
     ) -> Decision:
-        """One decision: the policy's verdict on the read (a cascade's: the last tier's on its
-        read), the plan, its execution."""
+        """One decision: its climb's last step (the policy's verdict on the last read), the
+        plan, its execution."""
         registry = self.registry
         shadow, guarantee = (registry.shadow_all, None) if policy is None else registry.mode(policy)
-        scores = judged_scores(read, shadow=shadow)
-        verdict = calibrated = None
         if climb is not None:
-            read, verdict, calibrated = climb.read, climb.verdict, climb.calibrated
-        elif policy is not None and scores is not None:
-            window = self._window(policy)
-            verdict, calibrated = policy.decide(
-                scores, escalations=0 if window is None else window.escalations)
-            if window is not None:
-                window.record(verdict)
+            read = climb.read
         the_plan = plan(
-            read, verdict,
+            read, None if climb is None else climb.verdict,
             Mode(shadow=shadow, unscoped=registry.unscoped,
-                 serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure),
+                 serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure,
+                 fallback_threshold=registry.fallback_threshold),
             None if policy is None else registry.gate(policy),
             Scope(covered=policy is not None,
-                  question="" if policy is not None else describe(request)))
+                  question="" if policy is not None else describe(request)),
+            calibrated=None if climb is None else climb.calibrated)
         decision = await self._execute(
-            request, read, the_plan, calibrated, namespace=namespace, started=started,
+            request, read, the_plan, namespace=namespace, started=started,
             read_later=read_later, policy_id=UNSCOPED_POLICY_ID if policy is None
             else policy.policy_id, guarantee=guarantee, climb=climb)
-        if self.monitor is not None and calibrated is not None:
+        calibrated = the_plan.calibrated
+        if self.monitor is not None and policy is not None and calibrated is not None:
             # The observer port: once per decision a policy judged, never waits.
             assert read.scores is not None
             self.monitor.decided(Observation(
@@ -370,7 +370,7 @@ class RoutingService:
                 served_fast=the_plan.action == "fast"))
         return decision
 
-    def _window(self, policy: RuntimePolicy) -> EscalationWindow | None:
+    def _window(self, policy: Policy) -> EscalationWindow | None:
         """The escalation window of a budgeted policy, owned here (one per loaded policy
         object: a reloaded policy starts a fresh one)."""
         try:
@@ -380,8 +380,8 @@ class RoutingService:
             return window
 
     async def _execute(
-        self, request: DecisionRequest, read: FastRead, the_plan: Plan,
-        calibrated: list[float] | None, *, namespace: str, started: float,
+        self, request: DecisionRequest, read: FastRead, the_plan: Plan, *, namespace: str,
+        started: float,
         read_later: Callable[[], Awaitable[FastRead]], policy_id: str, guarantee: str | None,
         climb: Climb | None = None,
     ) -> Decision:
@@ -412,7 +412,7 @@ class RoutingService:
                 answer, route = scores.options[scores.top_index], "unverified"
                 note = f"{exc.message}; {the_plan.fallback_note}"
         self.metrics.decision(route=route, escalated=escalates)
-        verdict = the_plan.verdict
+        verdict, calibrated = the_plan.verdict, the_plan.calibrated
         raw = calibrated_p = probabilities = None
         if scores is not None and answer in scores.options:
             index = scores.options.index(answer)
@@ -505,7 +505,8 @@ def _ms(started: float) -> float:
 
 
 def _record(
-    request: DecisionRequest, read: FastRead, decision: Decision, namespace: str, fingerprint: str
+    request: DecisionRequest, read: FastRead, decision: Decision, namespace: str,
+    fingerprint: str, climb: Climb | None,
 ) -> DecisionRecord:
     return DecisionRecord.trusted(
         **decision.facts(),
@@ -518,4 +519,5 @@ def _record(
         proba=list(read.scores.proba) if read.scores is not None and (
             read.failure is None or decision.shadow) else None,
         text=request.state,
+        tier_proba=None if climb is None else climb.tier_reads(),
     )

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from policies.policy import Policy
 from policies.types import Decision, DecisionRequest, OptionScores, StagedQuestion
 from router.errors import InvalidRequest
 from router.routing.ports import FastRead
-from router.routing.registry import RuntimePolicy
 from router.routing.service import RoutingService
 from router.store.cache import read_key
 
@@ -130,14 +130,14 @@ async def answer_stages(service: RoutingService, questions: Sequence[StagedQuest
     """``run_stages`` through the routing service, in the caller's cache namespace. Each
     question's policy is looked up once, for the whole body; a policy name the registry refuses
     is raised when its question is asked (a skipped question asks nothing)."""
-    looked_up: dict[str, RuntimePolicy | None | InvalidRequest] = {}
+    looked_up: dict[str, Policy | None | InvalidRequest] = {}
     for question in questions:
         try:
             [looked_up[question.request.question_id]] = service.lookup([question.request])
         except InvalidRequest as exc:
             looked_up[question.request.question_id] = exc
 
-    def policy_of(request: DecisionRequest) -> RuntimePolicy | None:
+    def policy_of(request: DecisionRequest) -> Policy | None:
         found = looked_up[request.question_id]
         if isinstance(found, InvalidRequest):
             raise found

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from policies.file import PolicyFile
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.types import DecisionRequest, Option
 from router.errors import SlowPathTimeout
 from router.monitoring.fingerprint import input_key, normalised
@@ -28,7 +28,7 @@ def asked(text: str) -> DecisionRequest:
 
 def observe(monitor: Monitor, policy: PolicyFile, p: float, text: str) -> None:
     """One decision on ``text`` exactly as written (``decide`` spells digits out)."""
-    verdict, calibrated = GuaranteedPolicy.from_file(policy).decide(scores(p))
+    verdict, calibrated = Policy.from_file(policy).decide(scores(p))
     monitor.decided(Observation(asked(text), text, policy.policy_id, calibrated[0],
                                 verdict.accept, "a", verdict.accept))
 
