@@ -407,16 +407,17 @@ def _resumed_counts(state: dict[str, Any]) -> tuple[int, int, int]:
 
 def _section(name: str, resume: Callable[[dict[str, Any]], None], state: dict[str, Any]) -> None:
     """``resume(state[name])``, its damage reported under ``name.``."""
+    section = field(state, name)
     try:
-        resume(field(state, name))
+        resume(section)
     except DamagedState as exc:
         raise DamagedState(f"{name}.{exc}") from exc
 
 
 def _at_most(name: str, value: int, most: int) -> None:
     if value > most:
-        raise DamagedState(f"{name} must be at most {most} (the decisions it could have "
-                           f"counted), got {value}")
+        raise DamagedState(f"{name} must be at most {most} (what it could have counted), "
+                           f"got {value}")
 
 
 def _first_sight(seen: OrderedDict[str, float], key: str, window: tuple[float, float],
