@@ -31,6 +31,15 @@ def checkpoint_path(decision_log_path: Path) -> Path:
     return decision_log_path.with_name(decision_log_path.name + ".watch.json")
 
 
+def check_unclaimed(decision_log_path: Path) -> None:
+    """Raise ``CheckpointInUse`` when another process holds the checkpoint beside this
+    decision log: for a start-up check before the server starts (the lock is let go at once;
+    ``Checkpoints.open`` takes it for good)."""
+    handle = _claim(checkpoint_path(decision_log_path))
+    if handle is not None:
+        handle.close()
+
+
 def resume(path: Path, watches: Mapping[str, PolicyWatch]) -> int:
     """Resume each watch from its entry at ``path``. An entry gathered on another basis or
     format is not taken; a damaged file or entry is discarded with one warning naming the

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from router.errors import ConfigError
-from router.monitoring.checkpoint import CheckpointInUse
+from router.monitoring.checkpoint import CheckpointInUse, check_unclaimed
 from router.monitoring.monitor import Monitor
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from tests.router.monitoring.conftest import DOUBTFUL, watched_policy
@@ -179,6 +179,9 @@ async def test_a_second_process_cannot_share_a_checkpoint(tmp_path: Path) -> Non
         second.keep_checkpoints(path)
     assert isinstance(refused.value, ConfigError) and str(path) in refused.value.message
     assert refused.value.field == "log.decision_log_path"
+    with pytest.raises(CheckpointInUse):  # the check a server makes before it starts
+        check_unclaimed(tmp_path / "decisions.jsonl")
     await first.aclose()  # its lock goes with it: the next process may take over
+    check_unclaimed(tmp_path / "decisions.jsonl")
     assert second.keep_checkpoints(path) == 1
     await second.aclose()
