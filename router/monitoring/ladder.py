@@ -16,7 +16,7 @@ _ON_ALARMS, _KINDS = get_args(OnAlarm), frozenset(get_args(AlarmKind))
 _UNTIL_AUDITS = ("every decision escalates until audits keep up again, an operator clears the "
                  "policy (`slotgate alarms clear`) or a re-tuned policy is loaded")
 _TOO_FEW_AUDITS = "and too few audits (queue full or slow model failing): " + _UNTIL_AUDITS
-TRAFFIC = "traffic less sure than the tuning rows"
+_TRAFFIC = "traffic less sure than the tuning rows"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +39,9 @@ class WatchSnapshot:
         if self.on_alarm not in _ON_ALARMS:
             raise ValueError(f"on_alarm must be one of {', '.join(_ON_ALARMS)}, "
                              f"got {self.on_alarm!r}")
-        if not self.alarms <= _KINDS:
-            raise ValueError(f"alarms must be drift or accuracy, got {sorted(self.alarms)!r}")
+        if not (isinstance(self.alarms, frozenset) and self.alarms <= _KINDS):
+            raise ValueError(f"alarms must be a frozenset of drift and accuracy, got "
+                             f"{self.alarms!r}")
         _check_rate("audit_rate", self.audit_rate)
         _check_rate("audit_boost", self.audit_boost)
 
@@ -96,7 +97,7 @@ def _escalation(snapshot: WatchSnapshot) -> tuple[bool, str | None]:
         if gravest is not None:
             return True, _alarm_reason(gravest)
         if snapshot.traffic_tripped:
-            return True, (f"{TRAFFIC} (on_alarm: escalate_all): every decision escalates until "
+            return True, (f"{_TRAFFIC} (on_alarm: escalate_all): every decision escalates until "
                           "an operator clears the policy (`slotgate alarms clear`) or a "
                           "re-tuned policy is loaded")
         return False, None
@@ -104,7 +105,7 @@ def _escalation(snapshot: WatchSnapshot) -> tuple[bool, str | None]:
         if gravest == "accuracy":
             return True, _alarm_reason(gravest)
         if snapshot.audits_short and snapshot.suspect:
-            why = "drift alarm" if gravest == "drift" else TRAFFIC
+            why = "drift alarm" if gravest == "drift" else _TRAFFIC
             return True, f"{why} {_TOO_FEW_AUDITS}"
     return False, None
 

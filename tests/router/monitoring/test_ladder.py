@@ -100,7 +100,8 @@ def test_the_boost_never_lowers_the_files_audit_rate() -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("on_alarm", "escalate"), ("alarms", frozenset({"clear"})), ("audit_rate", 1.5),
+    ("on_alarm", "escalate"), ("alarms", frozenset({"clear"})), ("alarms", ["drift"]),
+    ("audit_rate", 1.5),
     ("audit_boost", -0.1), ("audit_rate", float("nan")), ("audit_boost", "0.5")])
 def test_a_bad_snapshot_is_refused_naming_the_field(field: str, value: Any) -> None:
     fields = {"on_alarm": "audit_then_escalate", field: value}
