@@ -274,7 +274,7 @@ class _Replay:
             logger.warning("policy %s: %d cascade decisions were logged without every tier's "
                            "read; their logged verdicts are replayed, not judged again",
                            self.series.policy_id, self.judge.logged_verdicts)
-        self.series.state = self.watch.snapshot()
+        self.series.state = self.watch.report()
         self.series.per_answer = self.tally.table()
         return self.series
 
