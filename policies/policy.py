@@ -327,12 +327,14 @@ class Policy:
     def to_file(self, *, name: str, data_hash: str, question: Question | None = None,
                 logged_signature: str | None = None, backend_fingerprint: str | None = None,
                 guarantee: str = "accuracy", shadow: bool | None = None,
-                audit_rate: float = 0.0, alarm_alpha: float = 0.05, **watch: Any) -> PolicyFile:
+                audit_rate: float = 0.0, alarm_alpha: float = 0.05,
+                signing_key: bytes | None = None, **watch: Any) -> PolicyFile:
         """The policy file of this fitted policy, scoped to ``question`` over its options (or,
         tuned on rows exported from the decision log, to that ``logged_signature``; one of the
         two), with the monitoring settings given here (``watch``: further monitoring fields,
-        ``on_alarm``, ``audit_boost``; left out, the file's defaults). ``backend_fingerprint``
-        replaces a one-tier policy's fitted one."""
+        ``on_alarm``, ``audit_boost``; left out, the file's defaults), sealed with its digest
+        (and signed, given ``signing_key``). ``backend_fingerprint`` replaces a one-tier
+        policy's fitted one."""
         from policies.scope import scope_signature
         from policies.writing import policy_file
 
@@ -347,7 +349,7 @@ class Policy:
         return policy_file(self, signature=signature, content={
             "name": name, "data_hash": data_hash, "guarantee": guarantee, "shadow": shadow,
             "audit_rate": audit_rate, "alarm_alpha": alarm_alpha, **watch,
-            "question": None if question is None else question.as_dict()})
+            "question": None if question is None else question.as_dict()}).sealed(signing_key)
 
 
 def _with_fingerprint(tier: Tier, fingerprint: str) -> Tier:

@@ -154,6 +154,17 @@ class PolicySettings(Section):
     # Reload the policy files when they change on disk (SIGHUP always reloads); an invalid
     # new file is refused with a log line naming it and the loaded policies keep serving.
     watch: bool = True
+    # A file whose content no longer matches its digest (edited after tuning), or unsigned
+    # under ``signing_key``: "refuse" it (naming the file), or serve it "unguaranteed" (its
+    # decisions carry no guarantee).
+    on_edited: Literal["refuse", "unguaranteed"] = "refuse"
+    # Signed policies: `slotgate tune` signs with this key (SLOTGATE_POLICY__SIGNING_KEY) and
+    # the router serves only files signed with it.
+    signing_key: SecretStr | None = None
+
+    @property
+    def signing_key_bytes(self) -> bytes | None:
+        return None if self.signing_key is None else self.signing_key.get_secret_value().encode()
 
     @property
     def unscoped_mode(self) -> UnscopedMode:

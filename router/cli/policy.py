@@ -150,7 +150,7 @@ def tune(
             question, instructions=instructions, context=context, kind=question_kind),
         tiers=tier_costs(tier, n_files=len(preds_files)) if len(preds_files) > 1 else None,
         slow_cost=slow_cost, shadow=shadow, audit_rate=audit_rate, alarm_alpha=alarm_alpha,
-        watch=watch, model=model, cv=cv)
+        watch=watch, model=model, cv=cv, signing_key=signing_key_of_environment())
     check_out(out, "--out")
     if report is not None:
         check_folder(report, "--report")
@@ -168,6 +168,15 @@ def tune(
                            f"of {preds_files[0].name} (target {target_accuracy}, delta {delta})")
     show = show_tuned if len(data) == 1 else show_cascade
     show(tuned.file, tuned.fitted, out=out, n_slow=tuned.n_slow, n_labelled=tuned.n_labelled)
+
+
+def signing_key_of_environment() -> bytes | None:
+    """The key that signs tuned files: the server's ``policy.signing_key``, from the variable
+    that sets it (SLOTGATE_POLICY__SIGNING_KEY); None: files are sealed, not signed."""
+    import os
+
+    key = os.environ.get("SLOTGATE_POLICY__SIGNING_KEY")
+    return key.encode() if key else None
 
 
 def check_shape_flags(given: dict[str, Any], *, n_files: int, others: tuple[str, ...]) -> None:

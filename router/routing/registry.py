@@ -36,6 +36,9 @@ class LoadedPolicy:
     file: PolicyFile
     runtime: Policy
     path: Path | None = None
+    # Why the file is served without its guarantee (edited after tuning or unsigned, under
+    # ``policy.on_edited: unguaranteed``); None: its guarantee stands.
+    unguaranteed: str | None = None
 
     @property
     def name(self) -> str:
@@ -96,7 +99,8 @@ class PolicyRegistry:
         self._default = self._by_name[default] if default else None
         self.fallback_threshold = fallback_threshold
         self._modes = {p.runtime.policy_id: (
-            self.shadow_all if p.file.shadow is None else p.file.shadow, p.file.guarantee)
+            self.shadow_all if p.file.shadow is None else p.file.shadow,
+            None if p.unguaranteed else p.file.guarantee)
             for p in policies}
 
     @classmethod
@@ -109,7 +113,6 @@ class PolicyRegistry:
         (``fast``) included; a cascade policy's tiers must be among them, in that order (see
         ``check_cascade``). With a ``monitor``, every loaded policy is watched in production
         (its ``decide`` stays pure: the service reports to the monitor, ``gate`` asks it)."""
-        from policies.file import load_policy  # policies stays importable without the router
 
         loaded = []
         for path in settings.files:
@@ -118,21 +121,7 @@ class PolicyRegistry:
                 # loaded once `slotgate tune` writes it (live reload).
                 log.warning("policy file %s not found yet: shadow mode until it is tuned", path)
                 continue
-            try:
-                policy_file = load_policy(path)
-            except Exception as exc:  # any failure to read a file refuses it, naming the file
-                raise ConfigError(f"policy file {path}: {exc}") from exc
-            if (policy_file.backend_fingerprint != backend_fingerprint
-                    and not settings.allow_fingerprint_mismatch):
-                raise ConfigError(
-                    f"policy file {path} ({policy_file.name!r}) was tuned for backend fingerprint "
-                    f"{policy_file.backend_fingerprint}, but the configured fast backend has "
-                    f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
-                    "policy.allow_fingerprint_mismatch: true to serve it anyway")
-            if policy_file.cascade is not None:
-                check_cascade(policy_file, path, tiers or [("fast", backend_fingerprint)],
-                              allow_mismatch=settings.allow_fingerprint_mismatch)
-            loaded.append(LoadedPolicy(policy_file, Policy.from_file(policy_file), path))
+            loaded.append(_checked(path, settings, backend_fingerprint, tiers))
         registry = cls(loaded, default=settings.default,
                        fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
                        unscoped=settings.unscoped_mode)
@@ -206,6 +195,43 @@ class PolicyRegistry:
     def loaded(self) -> list[LoadedPolicy]:
         """The policies serving now, by name (for /readyz and the start-up log)."""
         return [self._by_name[name] for name in sorted(self._by_name)]
+
+
+def _checked(path: Path, settings: PolicySettings, backend_fingerprint: str,
+             tiers: Sequence[tuple[str, str]]) -> LoadedPolicy:
+    """One policy file, read and checked before it is trusted: readable and valid, tuned for
+    the configured tiers' fingerprints, and sealed as tuning wrote it (``digest``, ``hmac``).
+    Raises ConfigError naming the file and the field."""
+    from policies.file import load_policy  # policies stays importable without the router
+
+    try:
+        policy_file = load_policy(path)
+    except Exception as exc:  # any failure to read a file refuses it, naming the file
+        raise ConfigError(f"policy file {path}: {exc}") from exc
+    if (policy_file.backend_fingerprint != backend_fingerprint
+            and not settings.allow_fingerprint_mismatch):
+        raise ConfigError(
+            f"policy file {path} ({policy_file.name!r}) was tuned for backend fingerprint "
+            f"{policy_file.backend_fingerprint}, but the configured fast backend has "
+            f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
+            "policy.allow_fingerprint_mismatch: true to serve it anyway")
+    if policy_file.cascade is not None:
+        check_cascade(policy_file, path, tiers or [("fast", backend_fingerprint)],
+                      allow_mismatch=settings.allow_fingerprint_mismatch)
+    problem = policy_file.integrity_problem(settings.signing_key_bytes)
+    if problem is not None and settings.on_edited == "refuse":
+        raise ConfigError(
+            f"policy file {path} ({policy_file.name!r}): field 'digest': {problem}; re-tune it "
+            "(`slotgate tune`), or set policy.on_edited: unguaranteed to serve it without its "
+            "guarantee", field="digest")
+    if problem is not None:
+        log.warning("policy file %s (%r) is served WITHOUT its guarantee: %s "
+                    "(policy.on_edited: unguaranteed)", path, policy_file.name, problem)
+    elif policy_file.digest is None:
+        log.warning("policy file %s (%r) has no digest (written before policy files carried "
+                    "one): an edit to it cannot be told; re-tune it to seal it", path,
+                    policy_file.name)
+    return LoadedPolicy(policy_file, Policy.from_file(policy_file), path, unguaranteed=problem)
 
 
 def check_cascade(file: PolicyFile, path: Path, tiers: Sequence[tuple[str, str]], *,

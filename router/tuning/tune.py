@@ -40,7 +40,8 @@ class TuneRequest:
     """What ``slotgate tune`` was asked: ``params`` (``PolicyOptions`` fields), the tiers'
     names and costs (several files only), the question (None: the rows' own), the file's name,
     mode and monitoring fields (``watch``: ``on_alarm``, ``audit_boost``; left out, the file's
-    defaults), and, one tier only, the model of an out-of-fold file and ``cv``."""
+    defaults), one tier only, the model of an out-of-fold file and ``cv``, and the key that
+    signs the file (``policy.signing_key``; None: sealed with its digest only)."""
 
     params: dict[str, Any]
     name: str
@@ -53,6 +54,7 @@ class TuneRequest:
     watch: dict[str, Any] = field(default_factory=dict)
     model: Path | None = None
     cv: int | None = None
+    signing_key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,8 @@ def tune_policy(data: list[Predictions], request: TuneRequest) -> Tuned:
         guarantee="agreement_with_slow" if n_slow else "accuracy",
         # Tuned on a shadow log: the policy exists to leave shadow mode, so it says so.
         shadow=False if request.shadow is None and n_slow else request.shadow,
-        audit_rate=request.audit_rate, alarm_alpha=request.alarm_alpha, **request.watch)
+        audit_rate=request.audit_rate, alarm_alpha=request.alarm_alpha,
+        signing_key=request.signing_key, **request.watch)
     return Tuned(policy, fitter, n_slow, int(first.labelled.sum()))
 
 
