@@ -27,13 +27,14 @@ from bench.drift import delay
 from bench.drift_data import Scored
 from bench.watch import build_scenarios
 from bench.watch import parse_args as watch_args
-from calibration.monitoring import SHORTFALL_FRACTIONS, _JumperBet
+from calibration.betting import JumperBet
+from calibration.monitoring import SHORTFALL_FRACTIONS
 
 SCENARIOS = ("crossfit_random", "split_random", "intent_blocks", "rare_shift", "novel_25",
              "slow_drift")
 
 
-class WeightedShortfallTest(_JumperBet):
+class WeightedShortfallTest(JumperBet):
     """The betting accuracy test on every accepted decision, labelled or not: the error of
     decision i is estimated by ``Z = audited * wrong / pi`` (``pi`` its draw probability), and
     each decision bets ``1 + lam (Z - (1 - target))``. ``E[Z | past]`` is the error rate, so

@@ -144,11 +144,11 @@ def accept_mask(policy_file: Path, proba: NDArray[np.float64], options: tuple[st
                 ) -> tuple[NDArray[np.bool_], NDArray[np.float64], dict[str, Any]]:
     """Run the tuned policy row by row, as the router does: accepted?, confidence, policy facts."""
     from policies.file import load_policy
-    from policies.guaranteed import GuaranteedPolicy
+    from policies.policy import Policy
     from policies.types import OptionScores
 
     tuned = load_policy(policy_file)
-    runtime = GuaranteedPolicy.from_file(tuned)
+    runtime = Policy.from_file(tuned)
     accepted = np.zeros(len(proba), dtype=bool)
     confidence = np.zeros(len(proba))
     for i, row in enumerate(proba):

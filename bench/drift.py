@@ -191,11 +191,11 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
         watch.observe(float(rows.confidence[i]), accepted=accepted)
         if accepted and watch.wants_audit():
             labelled.append(position)
-            if not watch.escalate_all:  # escalated decisions are not audited
+            if not watch.gate.escalate:  # escalated decisions are not audited
                 watch.label(bool(rows.correct[i]))
         if alarm_row is None and watch.alarm is not None:
             alarm_row = position
-        if escalated_row is None and watch.escalate_all:
+        if escalated_row is None and watch.gate.escalate:
             escalated_row = position
     return {"alarm_row": alarm_row, "labelled": labelled, "escalated_row": escalated_row,
             "alarm_kind": None if watch.alarm is None else watch.alarm.kind}

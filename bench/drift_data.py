@@ -91,7 +91,7 @@ def build(work: Path, parts: Split, *, target: float, delta: float, audit_rate: 
           seed: int) -> tuple[Path, Path]:
     """The TF-IDF fast model (fit rows) and its policy (tune rows, as ``slotgate tune`` does,
     with the tuning-rows summary and ``audit_rate``). Returns (model path, policy path)."""
-    from policies.guaranteed import GuaranteedPolicy
+    from policies.policy import Policy
     from policies.scope import Question
     from policies.types import canonical_hash
     from router.backends.sklearn import SklearnBackend, save_text_model, train_text_model
@@ -108,7 +108,7 @@ def build(work: Path, parts: Split, *, target: float, delta: float, audit_rate: 
     backend = SklearnBackend(model_path)
     proba = _proba(backend, parts.options, parts.tune.texts)
     y_true = np.array([parts.options.index(label) for label in parts.tune.labels])
-    fitted = GuaranteedPolicy(calibrator="temperature", target_accuracy=target, delta=delta,
+    fitted = Policy(calibrator="temperature", target_accuracy=target, delta=delta,
                               seed=seed).fit(proba, y_true, options=parts.options)
     fitted.to_file(name="banking77-drift", backend_fingerprint=backend.fingerprint,
                    question=intent,
@@ -121,12 +121,12 @@ def score(model_path: Path, policy: Any, options: list[str], rows: Rows) -> Scor
     """What the proxy's fast tier does with ``rows`` under ``policy`` (a PolicyFile): the fast
     answer (the raw argmax), its calibrated confidence, the policy's own verdict (its bars, per
     answer too) and whether it is right (a label the model never learnt is wrong)."""
-    from policies.guaranteed import GuaranteedPolicy
+    from policies.policy import Policy
     from policies.types import OptionScores
     from router.backends.sklearn import SklearnBackend
 
     proba = _proba(SklearnBackend(model_path), options, rows.texts)
-    runtime = GuaranteedPolicy.from_file(policy)
+    runtime = Policy.from_file(policy)
     answers = []
     confidence = np.empty(len(rows))
     accepted = np.empty(len(rows), dtype=bool)

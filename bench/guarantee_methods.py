@@ -64,7 +64,7 @@ def fit_lr(features: Any, labels: NDArray[np.int64], n_classes: int, seed: int) 
 
 
 def answers_of(proba: FloatArray, calibrated: FloatArray) -> tuple[NDArray[np.int64], FloatArray]:
-    from policies.guaranteed import answer_confidence
+    from policies.fitting import answer_confidence
 
     return answer_confidence(proba, calibrated)
 
@@ -73,9 +73,9 @@ def split_scores(x: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.int64
                  held: NDArray[np.int64], *, n_classes: int, calibrator: str, seed: int,
                  holdout: float = 0.3) -> Scored:
     """Today's path: the model fits 70% of the labelled rows; of the other 30%, half fit the
-    calibrator and half choose the threshold (``GuaranteedPolicy.fit``'s split)."""
+    calibrator and half choose the threshold (``Policy.fit``'s split)."""
     from calibration.calibrators import make_calibrator
-    from policies.guaranteed import split_rows
+    from policies.fitting import split_rows
 
     cut = round((1.0 - holdout) * len(labelled))
     fit_rows, tune_rows = labelled[:cut], labelled[cut:]
@@ -143,7 +143,7 @@ def oof_draw(oof: FloatArray, y: NDArray[np.int64], labelled: NDArray[np.int64],
     fit the calibrator, the other half choose the threshold)."""
     from calibration.calibrators import make_calibrator
     from calibration.crossfit import crossfit_calibrated, stratified_folds
-    from policies.guaranteed import split_rows
+    from policies.fitting import split_rows
 
     y_lab = y[labelled]
     folds = stratified_folds(y_lab.tolist(), n_folds=n_folds, seed=seed)

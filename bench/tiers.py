@@ -97,7 +97,7 @@ def one_draw(reads: dict[str, NDArray[Any]], y: NDArray[np.int64], *, fast: list
     from bench.guarantee_methods import Scored, mapie_threshold
     from calibration.calibrators import make_calibrator
     from calibration.cascade import CascadeThresholds
-    from policies.guaranteed import answer_confidence
+    from policies.fitting import answer_confidence
 
     order = np.random.default_rng(seed).permutation(len(y))
     cal, tune, held = order[:labelled // 2], order[labelled // 2:labelled], order[labelled:]

@@ -282,7 +282,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
     labelled: list[int] = []
     wrong_after = slow_after = slow_all = 0
     for position, i in enumerate(order):
-        gated = watch.escalate_all
+        gated = watch.gate.escalate
         if gated and escalated_from is None:
             escalated_from = position
         accepted = bool(rows.accepted[i])
@@ -330,30 +330,42 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         wrong_no_action.append(int((served & ~scenario.rows.correct[window]).sum()))
     result: dict[str, Any] = {"kind": scenario.kind, "note": scenario.note, "replays": replays,
                               "rows": n_rows}
-    first = runs[actions[0]]
     if scenario.kind == "benign":
-        ladder = runs["audit_then_escalate"]
-        result |= {
-            "false_alarm_rate": finite(mean([r["alarm_row"] is not None for r in first]), 4),
-            "false_alarm_kinds": kinds(first),
-            "traffic_trip_rate": finite(mean([r["traffic_row"] is not None for r in first]), 4),
-            "false_escalation_rate_audit_then_escalate": finite(
-                mean([r["escalated_from"] is not None for r in ladder]), 4),
-            # escalate_all escalates on the traffic test's trip: a benign stream's cost
-            "false_escalation_rate_escalate_all": finite(
-                mean([r["escalated_from"] is not None for r in runs["escalate_all"]]), 4),
-            "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
-            "accepted_accuracy": finite(mean(accepted_accuracy), 4),
-            "slow_calls_audit_then_escalate": finite(mean([r["slow_all"] for r in ladder]), 1),
-        }
-        return result
+        return result | benign_result(runs, mapie_rows, accepted_accuracy)
     assert shift_at is not None
+    return result | harmful_result(runs, mapie_rows, accepted_accuracy, wrong_no_action,
+                                   n_rows=n_rows, shift_at=shift_at, target=target)
+
+
+def benign_result(runs: dict[str, list[dict[str, Any]]], mapie_rows: list[int | None],
+                  accepted_accuracy: list[float]) -> dict[str, Any]:
+    """What a benign scenario's replays cost: false alarms, trips and escalations."""
+    ladder = runs["audit_then_escalate"]  # whose audit labels the MAPIE peer was fed
+    return {
+        "false_alarm_rate": finite(mean([r["alarm_row"] is not None for r in ladder]), 4),
+        "false_alarm_kinds": kinds(ladder),
+        "traffic_trip_rate": finite(mean([r["traffic_row"] is not None for r in ladder]), 4),
+        "false_escalation_rate_audit_then_escalate": finite(
+            mean([r["escalated_from"] is not None for r in ladder]), 4),
+        # escalate_all escalates on the traffic test's trip: a benign stream's cost
+        "false_escalation_rate_escalate_all": finite(
+            mean([r["escalated_from"] is not None for r in runs["escalate_all"]]), 4),
+        "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
+        "accepted_accuracy": finite(mean(accepted_accuracy), 4),
+        "slow_calls_audit_then_escalate": finite(mean([r["slow_all"] for r in ladder]), 1),
+    }
+
+
+def harmful_result(runs: dict[str, list[dict[str, Any]]], mapie_rows: list[int | None],
+                   accepted_accuracy: list[float], wrong_no_action: list[int], *, n_rows: int,
+                   shift_at: int, target: float) -> dict[str, Any]:
+    """How fast a harmful scenario's shift is caught, and the wrong answers each action let by."""
     n_post = n_rows - shift_at
     delays = [delay(r["alarm_row"], shift_at, n_post) for r in runs["alert_only"]]
     escalation = [delay(r["escalated_from"], shift_at, n_post)
                   for r in runs["audit_then_escalate"]]
     no_action = float(np.mean(wrong_no_action))
-    result |= {
+    result: dict[str, Any] = {
         "shift_at_row": shift_at,
         "detection_delay_median": float(np.median(delays)),
         "detected_share": finite(mean([d <= n_post for d in delays]), 4),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,14 +22,25 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     one), removed when it fails. The one atomic versioned-file write of every artifact."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".tmp")
-    os.close(handle)
+    temporary = _new_file_beside(target)
     try:
-        yield Path(temporary)
+        yield temporary
         os.replace(temporary, target)
     finally:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
+
+
+def _new_file_beside(target: Path) -> Path:
+    """A new empty file in ``target``'s folder, made with the mode any new file gets (0666 less
+    the umask): a server running as another user must be able to read what tuning wrote, and
+    ``tempfile.mkstemp`` makes its files 0600."""
+    while True:
+        temporary = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:  # another writer's temporary: draw another name
+            continue
+        return temporary
 
 
 def write_json_artifact(path: str | os.PathLike[str], kind: str, payload: dict[str, Any]) -> Path:

@@ -15,20 +15,32 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from calibration.betting import (
+    DETECTOR_STAKES,
+    TRAFFIC_BETS,
+    Bet,
+    JumperBet,
+    ShiryaevRoberts,
+    check_stakes,
+    linear_bets,
+)
+from calibration.state import DamagedState, count, field, number
 from calibration.validation import check_fraction
+
+# The change detector's bets are defined beside its wealth process (``calibration.betting``).
+__all__ = ["DETECTOR_STAKES", "DROP_STAKES", "GRID", "REFERENCE_MAX_ROWS", "SHORTFALL_FRACTIONS",
+           "TRAFFIC_BETS", "AccuracySequence", "AccuracyShortfallTest", "Bet", "Bounds",
+           "ConfidenceDropDetector", "ConfidenceDropTest", "linear_bets", "reference_summary"]
 
 # Confidences are ranked on a grid of 1e-4: ties are broken at random, which keeps the rank
 # p-value exactly uniform under the null, and a fixed grid keeps the state O(1) in memory.
 GRID = 10_000
 REFERENCE_MAX_ROWS = 5_000
-# The simple jumper martingale's experts bet 1 + eps * (p - 1/2) with eps in {-1, 0, 1}
-# (Vovk, Gammerman & Shafer 2005, section 7.1), as MAPIE's OnlineMartingaleTest does.
-_EPSILONS = np.array([-1.0, 0.0, 1.0])
 
 
 def reference_summary(confidence: ArrayLike, *, threshold: float | None, seed: int = 0,
@@ -52,147 +64,12 @@ def _bin(confidence: float) -> int:
     return min(GRID, max(0, round(confidence * GRID)))
 
 
-class ConformalDriftTest:
-    """A conformal test martingale on confidences: each new confidence gets a rank p-value
-    against the reference confidences and every earlier one (ties at random, seeded), and a
-    jumper betting martingale on those p-values grows when confidences depart from the
-    reference's distribution (either way). Under exchangeability the p-values are independent
-    and uniform, so ``alarm`` (the martingale reached ``1 / alpha``, latched) has false-alarm
-    probability at most ``alpha`` over an unbounded stream.
-
-    Written here rather than calling MAPIE's ``OnlineMartingaleTest``: that class keeps every
-    p-value and martingale value in growing lists and ranks each score against a list of all
-    earlier ones, while a router needs O(1) memory per policy; ``tests/calibration`` checks that
-    the martingale here equals MAPIE's ``update_simple_jumper_martingale`` on the same p-values.
-    """
-
-    def __init__(self, reference: ArrayLike, *, alpha: float = 0.025, jump: float = 0.01,
-                 seed: int = 0) -> None:
-        check_fraction(alpha, name="alpha", low_open=True, high_open=True)
-        check_fraction(jump, name="jump", low_open=True, high_open=True)
-        ref = np.asarray(reference, dtype=np.float64).ravel()
-        if ref.size == 0:
-            raise ValueError("reference is empty: the drift test needs the tuning confidences")
-        if not np.all((ref >= 0.0) & (ref <= 1.0)):
-            raise ValueError("reference has values outside [0, 1]")
-        self.alpha = alpha
-        self.jump = jump
-        self._counts = np.bincount(np.clip(np.rint(ref * GRID), 0, GRID).astype(np.int64),
-                                   minlength=GRID + 1)
-        self._total = int(ref.size)
-        self._rng = np.random.default_rng(seed)
-        self._log_scale = 0.0  # the wealths are kept rescaled; the martingale is their sum times e^this
-        self._wealth = np.full(3, 1.0 / 3.0)
-        self.n = 0  # decisions seen
-        self.alarm_at: int | None = None  # the decision (1-based) at which the alarm was raised
-
-    @property
-    def log_value(self) -> float:
-        """Natural log of the martingale's current value (it starts at 0)."""
-        return self._log_scale + math.log(float(self._wealth.sum()))
-
-    @property
-    def alarm(self) -> bool:
-        return self.alarm_at is not None
-
-    def p_value(self, confidence: float) -> float:
-        """The randomised rank of ``confidence`` among everything seen so far: small when it is
-        lower than usual. Does not record it (``update`` does)."""
-        b = _bin(confidence)
-        below = int(self._counts[:b].sum())
-        tied = int(self._counts[b])
-        return (below + float(self._rng.uniform()) * (tied + 1)) / (self._total + 1)
-
-    def update(self, confidence: float) -> bool:
-        """Take one decision's confidence; True when the alarm is (already or newly) raised."""
-        if not 0.0 <= confidence <= 1.0 or math.isnan(confidence):
-            raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
-        self.bet(self.p_value(confidence))
-        self._counts[_bin(confidence)] += 1
-        self._total += 1
-        return self.alarm
-
-    def bet(self, p_value: float) -> None:
-        """One step of the jumper martingale on a p-value in [0, 1]."""
-        total = float(self._wealth.sum())
-        mixed = (1.0 - self.jump) * self._wealth + (self.jump / 3.0) * total
-        self._wealth = mixed * (1.0 + _EPSILONS * (p_value - 0.5))
-        self._settle()
-
-    def _settle(self) -> None:
-        """Rescale the wealths and check the alarm after one bet."""
-        scale = float(self._wealth.sum())
-        if scale > 1e100 or scale < 1e-100:  # keep floats finite over unbounded streams
-            self._wealth /= scale
-            self._log_scale += math.log(scale)
-        self.n += 1
-        if self.alarm_at is None and self.log_value >= math.log(1.0 / self.alpha):
-            self.alarm_at = self.n
-
-
 # The one-sided test's experts bet 1 + lam * (1/2 - p): only p-values below 1/2 (confidences
 # lower than the reference's) win. lam = 0 is the idle expert the jumper's mixing draws on after a
 # long benign stretch. Small stakes on purpose: with lam <= 0.2 a block of 40 rows of one unsure
 # intent (mean rank 0.2) multiplies the wealth by about e^2.3, below the alarm level e^3.7
 # (bench.watch "intent_blocks": 0.25 gave 5 false alarms in 100 replays, 0.2 gave 2 in 100).
 DROP_STAKES = (0.0, 0.1, 0.2)
-
-
-class _JumperBet:
-    """A mixture of bets at fixed ``stakes`` with fixed-share jumps between them (the simple
-    jumper of Vovk et al. 2005, section 7.1): the wealth and the alarm that
-    ``ConfidenceDropTest`` and ``AccuracyShortfallTest`` share; each says what a step bets on."""
-
-    def __init__(self, stakes: tuple[float, ...], *, alpha: float, jump: float) -> None:
-        self.alpha = alpha
-        self.jump = jump
-        self._stakes = stakes
-        self._wealth = [1.0 / len(stakes)] * len(stakes)
-        self._log_scale = 0.0
-        self._threshold = math.log(1.0 / alpha)
-        self.n = 0
-        self.alarm_at: int | None = None
-
-    @property
-    def log_value(self) -> float:
-        """Natural log of the martingale's current value (it starts at 0)."""
-        return self._log_scale + math.log(sum(self._wealth))
-
-    @property
-    def alarm(self) -> bool:
-        return self.alarm_at is not None
-
-    def state(self) -> dict[str, Any]:
-        """The evidence so far, as plain JSON values (``resume`` takes it back)."""
-        return {"wealth": list(self._wealth), "log_scale": self._log_scale, "n": self.n,
-                "alarm_at": self.alarm_at}
-
-    def resume(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (this object's ``state()`` of an earlier process, same
-        stakes): the wealth goes on compounding where it stopped, so Ville's bound still holds
-        over the whole stream."""
-        wealth = [float(w) for w in state["wealth"]]
-        if len(wealth) != len(self._stakes) or any(not w >= 0.0 for w in wealth):
-            raise ValueError(f"wealth: {len(self._stakes)} non-negative values expected, "
-                             f"got {state['wealth']!r}")
-        self._wealth = wealth
-        self._log_scale = float(state["log_scale"])
-        self.n = int(state["n"])
-        self.alarm_at = None if state["alarm_at"] is None else int(state["alarm_at"])
-
-    def _bet(self, edge: float) -> None:
-        """One step: each expert's wealth times ``1 + stake * edge``, after the jumps."""
-        share = self.jump / len(self._wealth) * sum(self._wealth)
-        keep = 1.0 - self.jump
-        self._wealth = [max(0.0, (keep * w + share) * (1.0 + s * edge))
-                        for w, s in zip(self._wealth, self._stakes, strict=True)]
-        scale = sum(self._wealth)
-        if scale > 1e100 or scale < 1e-100:  # keep floats finite over unbounded streams
-            self._wealth = [w / scale for w in self._wealth]
-            self._log_scale += math.log(scale)
-        self.n += 1
-        if self.alarm_at is None and self.log_value >= self._threshold:
-            self.alarm_at = self.n
 
 
 class _RankedConfidences:
@@ -247,14 +124,27 @@ class _RankedConfidences:
     def _ranked_state(self) -> dict[str, Any]:
         return {"ranked": {str(b): c for b, c in self._ranked.items()}}
 
-    def _resume_ranked(self, state: dict[str, Any]) -> None:
-        """Rank against the confidences ranked before (``state["ranked"]``) again, and re-seed
-        the tie-breaking stream for the new process (any independent uniform draw keeps the
-        p-values exact)."""
-        for key, count in dict(state["ranked"]).items():
-            b, c = int(key), int(count)
-            if not 0 <= b <= GRID or c < 1:
-                raise ValueError(f"ranked: bin {key!r} with count {count!r} is out of range")
+    def _parse_ranked(self, state: dict[str, Any]) -> dict[int, int]:
+        """The confidences ranked before (``state["ranked"]``: bin -> count, at most ``n`` of
+        them), checked; nothing is taken yet (``_take_ranked``)."""
+        ranked = field(state, "ranked")
+        if not isinstance(ranked, dict):
+            raise DamagedState(f"ranked must be an object of bin -> count, got {ranked!r}")
+        parsed: dict[int, int] = {}
+        for key in ranked:
+            b = int(key) if isinstance(key, str) and key.isdigit() else -1
+            if not 0 <= b <= GRID or b in parsed:
+                raise DamagedState(f"ranked: bin {key!r} is not a bin in [0, {GRID}]")
+            parsed[b] = count(ranked, key, low=1)
+        if sum(parsed.values()) > count(state, "n"):
+            raise DamagedState(f"ranked: {sum(parsed.values())} confidences, more than the "
+                                f"{state['n']} ranked (n)")
+        return parsed
+
+    def _take_ranked(self, ranked: dict[int, int]) -> None:
+        """Rank against the confidences ranked before again, and re-seed the tie-breaking
+        stream for the new process (any independent uniform draw keeps the p-values exact)."""
+        for b, c in ranked.items():
             self._counts[b] += c
             self._ranked[b] = self._ranked.get(b, 0) + c
             self._total += c
@@ -262,13 +152,7 @@ class _RankedConfidences:
         self._random = random.Random(f"{self._seed}:{self.n}")
 
 
-def _check_stakes(stakes: tuple[float, ...]) -> tuple[float, ...]:
-    if not stakes or any(not 0.0 <= s <= 2.0 for s in stakes):
-        raise ValueError(f"stakes must be in [0, 2] (a bet stays >= 0), got {stakes!r}")
-    return tuple(float(s) for s in stakes)
-
-
-class ConfidenceDropTest(_JumperBet, _RankedConfidences):
+class ConfidenceDropTest(JumperBet, _RankedConfidences):
     """A one-sided conformal test martingale: it grows only when new confidences rank *below*
     the reference's (accepted decisions less sure, more decisions under the bar, novel inputs
     the model has no confident answer for). Confidences that rank higher (a sharper served model,
@@ -290,148 +174,22 @@ class ConfidenceDropTest(_JumperBet, _RankedConfidences):
                  seed: int = 0, stakes: tuple[float, ...] = DROP_STAKES) -> None:
         check_fraction(alpha, name="alpha", low_open=True, high_open=True)
         check_fraction(jump, name="jump", low_open=True, high_open=True)
-        _JumperBet.__init__(self, _check_stakes(stakes), alpha=alpha, jump=jump)
+        JumperBet.__init__(self, check_stakes(stakes), alpha=alpha, jump=jump,
+                           edges=(-0.5, 0.5))  # the edge 1/2 - p of a p-value in [0, 1]
         self._rank_reference(reference, seed)
 
     def state(self) -> dict[str, Any]:
         """The wealth and the confidences ranked since the reference (sparse: bin -> count)."""
-        return _JumperBet.state(self) | self._ranked_state()
+        return JumperBet.state(self) | self._ranked_state()
 
     def resume(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` on the same reference."""
-        _JumperBet.resume(self, state)
-        self._resume_ranked(state)
+        ranked = self._parse_ranked(state)
+        JumperBet.resume(self, state)
+        self._take_ranked(ranked)
 
 
-class _ShiryaevRoberts:
-    """A mixture of Shiryaev-Roberts e-detectors (Shin, Ramdas & Rinaldo 2024, "E-detectors"),
-    one per bet: ``R_t = (R_{t-1} + 1) * bet_t`` from ``R_0 = 0``, i.e. the sum,
-    over every possible change point, of a test martingale started there. Each step's bet has
-    conditional mean at most 1 under the null, so ``R_t - t`` is a supermartingale, and so is
-    the mean over bets; the alarm (the mean reached ``arl``) then has an average run length to
-    a false alarm of at least ``arl`` steps, and by Ville's inequality applied to
-    ``R_t + n - t`` a false alarm within the first ``n`` steps has probability at most
-    ``n / arl``. Evidence before a change costs nothing after it: the martingale started at the
-    change point is one term of the sum, at wealth 1 (a test martingale that lost must first
-    earn its losses back)."""
-
-    def __init__(self, bets: tuple[Bet, ...], *, arl: float) -> None:
-        if not arl > 1.0 or math.isinf(arl):
-            raise ValueError(f"arl must be a finite number above 1, got {arl!r}")
-        self.arl = arl
-        self._bets = bets
-        self._values = [0.0] * len(bets)  # R per bet, divided by e^_log_scale
-        self._log_scale = 0.0
-        self._threshold = math.log(arl)
-        self.n = 0
-        self.alarm_at: int | None = None
-
-    @property
-    def threshold(self) -> float:
-        """Natural log of ``arl``: the level ``log_value`` alarms at."""
-        return self._threshold
-
-    @property
-    def log_value(self) -> float:
-        """Natural log of the detector's mean statistic (-inf before the first step)."""
-        total = sum(self._values)
-        return self._log_scale + math.log(total / len(self._values)) if total > 0 else -math.inf
-
-    @property
-    def alarm(self) -> bool:
-        return self.alarm_at is not None
-
-    def state(self) -> dict[str, Any]:
-        """The evidence so far, as plain JSON values (``resume`` takes it back)."""
-        return {"detector": list(self._values), "log_scale": self._log_scale, "n": self.n,
-                "alarm_at": self.alarm_at}
-
-    def resume(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (this object's ``state()`` of an earlier process, same
-        stakes and arl): the run-length guarantee holds over the whole stream."""
-        values = [float(v) for v in state["detector"]]
-        if len(values) != len(self._bets) or any(not v >= 0.0 for v in values):
-            raise ValueError(f"detector: {len(self._bets)} non-negative values expected, "
-                             f"got {state['detector']!r}")
-        self._values = values
-        self._log_scale = float(state["log_scale"])
-        self.n = int(state["n"])
-        self.alarm_at = None if state["alarm_at"] is None else int(state["alarm_at"])
-
-    def bet(self, p_value: float) -> None:
-        """One step on a rank p-value in [0, 1]: every expert's statistic plus one new start,
-        times its bet on ``p_value``."""
-        fresh = math.exp(-self._log_scale)  # a martingale started now, on the kept scale
-        self._values = [(v + fresh) * b.factor(p_value)
-                        for v, b in zip(self._values, self._bets, strict=True)]
-        scale = max(self._values)
-        if scale > 1e100:  # keep floats finite over unbounded streams
-            self._values = [v / scale for v in self._values]
-            self._log_scale += math.log(scale)
-        self.n += 1
-        if self.alarm_at is None and self.log_value >= self._threshold:
-            self.alarm_at = self.n
-
-
-@dataclass(frozen=True)
-class Bet:
-    """One expert of the change detector: it multiplies its wealth by
-    ``1 + stake * (e(p) - 1)`` on a rank p-value ``p``, where ``e`` is non-increasing and
-    integrates to 1 over [0, 1], so the bet has mean 1 on a uniform p-value and at most 1 on a
-    stochastically larger one (only low p-values win):
-
-    - ``linear``: ``e(p) = 3/2 - p`` (the bet ``1 + stake (1/2 - p)``), stake in [0, 2];
-    - ``power``: ``e(p) = k p^(k - 1)`` with ``k = shape`` in (0, 1), stake in [0, 1/(1 - k)]:
-      wins most on the lowest p-values, the ones a novel class brings (the p-value is floored
-      at 1e-9, which only lowers ``e``);
-    - ``below``: ``e(p) = 1{p < q} / q`` with ``q = shape`` in (0, 1), stake in [0, 1].
-    """
-
-    kind: Literal["linear", "power", "below"]
-    stake: float
-    shape: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind == "linear":
-            high = 2.0
-        elif self.kind in ("power", "below"):
-            if not 0.0 < self.shape < 1.0:
-                raise ValueError(f"shape of a {self.kind} bet must be in (0, 1), "
-                                 f"got {self.shape!r}")
-            high = 1.0 / (1.0 - self.shape) if self.kind == "power" else 1.0
-        else:
-            raise ValueError(f"kind must be linear, power or below, got {self.kind!r}")
-        if not 0.0 <= self.stake <= high:
-            raise ValueError(f"stake of a {self.kind} bet must be in [0, {high:g}] (a bet "
-                             f"stays >= 0), got {self.stake!r}")
-
-    def factor(self, p: float) -> float:
-        """What the wealth is multiplied by on the p-value ``p``."""
-        if self.kind == "linear":
-            return 1.0 + self.stake * (0.5 - p)
-        if self.kind == "power":
-            k = self.shape
-            return 1.0 + self.stake * (k * math.pow(max(p, 1e-9), k - 1.0) - 1.0)
-        return 1.0 + self.stake * ((1.0 / self.shape if p < self.shape else 0.0) - 1.0)
-
-
-def linear_bets(stakes: tuple[float, ...]) -> tuple[Bet, ...]:
-    return tuple(Bet("linear", float(s)) for s in _check_stakes(stakes))
-
-
-# The detector's default stakes when it bets linearly: small ones for a slight drop that
-# lasts, 1 for a sharp one.
-DETECTOR_STAKES = (0.1, 0.25, 0.5, 1.0)
-# The traffic detector's bets (router/monitoring/watch.py): three power bets (k = 0.7) and three
-# on a p-value under 0.1. A novel class brings rank p-values near 0 (most of a never-learnt
-# intent's confidences rank under 0.2), where these win several times what a linear bet wins;
-# ordinary traffic that comes in bursts (rows in blocks of one intent) brings few ranks that
-# low, and there these lose where linear bets won (bench.watch, docs/monitoring.md).
-TRAFFIC_BETS = (Bet("power", 0.2, 0.7), Bet("power", 0.4, 0.7), Bet("power", 0.8, 0.7),
-                Bet("below", 0.03, 0.1), Bet("below", 0.06, 0.1), Bet("below", 0.12, 0.1))
-
-
-class ConfidenceDropDetector(_ShiryaevRoberts, _RankedConfidences):
+class ConfidenceDropDetector(ShiryaevRoberts, _RankedConfidences):
     """A one-sided change detector on confidences: ``ConfidenceDropTest``'s rank p-values, bet
     by a Shiryaev-Roberts e-detector mixture (linear ``stakes``, or the given ``bets``).
     Confidences ranking below the reference's raise it; surer ones lose its bets.
@@ -448,17 +206,18 @@ class ConfidenceDropDetector(_ShiryaevRoberts, _RankedConfidences):
                  bets: tuple[Bet, ...] | None = None) -> None:
         if bets is not None and (not bets or not all(isinstance(b, Bet) for b in bets)):
             raise ValueError(f"bets must be a non-empty tuple of Bet, got {bets!r}")
-        _ShiryaevRoberts.__init__(self, linear_bets(stakes) if bets is None else bets, arl=arl)
+        ShiryaevRoberts.__init__(self, linear_bets(stakes) if bets is None else bets, arl=arl)
         self._rank_reference(reference, seed)
 
     def state(self) -> dict[str, Any]:
         """The detector and the confidences ranked since the reference (sparse: bin -> count)."""
-        return _ShiryaevRoberts.state(self) | self._ranked_state()
+        return ShiryaevRoberts.state(self) | self._ranked_state()
 
     def resume(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` on the same reference."""
-        _ShiryaevRoberts.resume(self, state)
-        self._resume_ranked(state)
+        ranked = self._parse_ranked(state)
+        ShiryaevRoberts.resume(self, state)
+        self._take_ranked(ranked)
 
 
 def _fenwick(counts: list[int]) -> list[int]:
@@ -494,7 +253,7 @@ def _add(tree: list[int], index: int) -> None:
 SHORTFALL_FRACTIONS = (0.0, 0.025, 0.05, 0.1, 0.2)
 
 
-class AccuracyShortfallTest(_JumperBet):
+class AccuracyShortfallTest(JumperBet):
     """A one-sided test by betting (Waudby-Smith & Ramdas 2023) that accepted accuracy is at least
     ``target``, from 0/1 labels of accepted answers: each label bets ``1 + lam (target - x)``,
     which wins on a wrong answer and loses a little on a right one. While accuracy is at least
@@ -515,7 +274,8 @@ class AccuracyShortfallTest(_JumperBet):
         if not fractions or any(not 0.0 <= f < 1.0 for f in fractions):
             raise ValueError(f"fractions must be in [0, 1), got {fractions!r}")
         largest = 1.0 / (1.0 - target) if target < 1.0 else 1e6  # target 1: any error counts
-        super().__init__(tuple(f * largest for f in fractions), alpha=alpha, jump=jump)
+        super().__init__(tuple(f * largest for f in fractions), alpha=alpha, jump=jump,
+                         edges=(target - 1.0, target))  # target - x, x a 0/1 label
         self.target = target
 
     def update(self, correct: bool) -> bool:
@@ -582,9 +342,16 @@ class AccuracySequence:
                 "lower": self.lower, "upper": self.upper}
 
     def resume(self, state: dict[str, Any]) -> None:
-        self.n, self._sum = int(state["n"]), float(state["sum"])
-        self._variance = float(state["variance"])
-        self.lower, self.upper = float(state["lower"]), float(state["upper"])
+        """Continue from ``state()`` of an earlier process; a value out of its range (a sum
+        of more 0/1 labels than were counted, a bound outside [0, 1]) is refused naming the
+        field, and nothing is taken."""
+        n = count(state, "n")
+        total = number(state, "sum", low=0.0, high=n)
+        variance = number(state, "variance", low=0.0, high=n)  # each term is at most 1
+        lower, upper = number(state, "lower", low=0.0, high=1.0), number(
+            state, "upper", low=0.0, high=1.0)
+        self.n, self._sum, self._variance, self.lower, self.upper = (
+            n, total, variance, lower, upper)
 
     def below(self, target: float) -> bool:
         """True once the whole sequence lies under ``target``: accuracy is below the promise."""

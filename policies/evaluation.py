@@ -1,5 +1,7 @@
-"""Evaluating a tuned policy on fresh labelled reads, as the router would apply it: accuracy,
-accepted accuracy (overall and per answer), coverage, ECE, each with a 95% interval."""
+"""Evaluating a tuned policy on fresh labelled reads as the router would apply it (its
+``judge``), for one tier or several: accepted accuracy (overall and per answer), coverage and
+the slow model's share, each with a 95% interval; one tier adds its accuracy and ECE before and
+after calibration, several add each tier's share and the mean cost of a decision."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from policies.guaranteed import GuaranteedPolicy
+    from policies.policy import Judged, Policy
 
 FloatArray = NDArray[np.float64]
 # ``y_true`` of a row whose label is none of the options (``predict --allow-novel-labels``):
@@ -18,55 +20,91 @@ FloatArray = NDArray[np.float64]
 NOVEL_LABEL = -2
 
 
-def evaluate(policy: GuaranteedPolicy, options: tuple[str, ...], proba: FloatArray,
+def evaluate(policy: Policy, options: tuple[str, ...], proba: FloatArray | Sequence[FloatArray],
              y_true: NDArray[np.int64], *, n_resamples: int = 300, seed: int = 0
              ) -> dict[str, Any]:
-    """Apply a policy row by row to labelled reads; metrics with 95% intervals
-    (Clopper-Pearson for proportions, bootstrap for ECE) and ``per_answer``, worst first."""
-    from calibration.metrics import bootstrap_ci, ece, proportion_ci
-    from policies.types import OptionScores
-
-    accepted = np.zeros(len(y_true), dtype=bool)
-    calibrated = np.empty_like(proba)
-    window = policy.escalation_window()  # the rows are a stream, as the router would see them
-    for i, row in enumerate(proba):
-        verdict, calibrated[i] = policy.decide(OptionScores(options, tuple(float(p) for p in row)),
-                                               escalations=0 if window is None else window.escalations)
-        if window is not None:
-            window.record(verdict)
-        accepted[i] = verdict.accept
-    answers = proba.argmax(axis=1)
+    """Apply a policy to labelled reads (``proba``: one (n_rows, n_options) array per tier, in
+    its tier order; one array for a one-tier policy) and measure it, intervals Clopper-Pearson
+    for proportions and bootstrap for ECE; ``per_answer`` worst first."""
+    probas = [proba] if isinstance(proba, np.ndarray) else list(proba)
+    judged = policy.judge(probas)
+    rows = np.arange(len(y_true))
+    answers = judged.answers[rows, judged.deciding]
+    accepted = ~judged.escalated
     correct = answers == y_true
-    # Top-label ECE needs only whether the argmax was right: a novel row stands in as "another
-    # option", so it counts wrong there too, without an index the calibration metrics refuse.
-    scored = np.where(y_true == NOVEL_LABEL, (answers + 1) % proba.shape[1], y_true)
     n, n_accepted = len(y_true), int(accepted.sum())
-    n_correct, n_accepted_correct = int(correct.sum()), int(correct[accepted].sum())
-
-    def interval(k: int, m: int) -> list[float]:
-        return list(proportion_ci(k, m))
-
-    ece_before, ece_after = ece(proba, scored), ece(calibrated, scored)
-    return {
+    n_accepted_correct = int(correct[accepted].sum())
+    metrics = {
         "n": n,
         "n_accepted": n_accepted,
         "n_novel": int((y_true == NOVEL_LABEL).sum()),
-        "accuracy": n_correct / n,
-        "accuracy_ci": interval(n_correct, n),
         "accepted_accuracy": n_accepted_correct / n_accepted if n_accepted else None,
-        "accepted_accuracy_ci": interval(n_accepted_correct, n_accepted),
+        "accepted_accuracy_ci": _interval(n_accepted_correct, n_accepted),
         "coverage": n_accepted / n,
-        "coverage_ci": interval(n_accepted, n),
+        "coverage_ci": _interval(n_accepted, n),
         "escalation_rate": 1.0 - n_accepted / n,
-        "escalation_rate_ci": interval(n - n_accepted, n),
-        "ece_before": ece_before,
+        "escalation_rate_ci": _interval(n - n_accepted, n),
+    }
+    if len(policy.tiers_) == 1:
+        metrics.update(_one_tier(probas[0], judged.calibrated[0], answers, correct, y_true,
+                                 n_resamples=n_resamples, seed=seed))
+    else:
+        metrics.update(_tiers(policy, probas, judged, correct, y_true))
+    metrics["per_answer"] = per_answer(options, answers, accepted, correct)
+    return metrics
+
+
+def _interval(k: int, m: int) -> list[float]:
+    from calibration.metrics import proportion_ci
+
+    return list(proportion_ci(k, m))
+
+
+def _one_tier(proba: FloatArray, calibrated: FloatArray, answers: NDArray[np.int64],
+              correct: NDArray[np.bool_], y_true: NDArray[np.int64], *, n_resamples: int,
+              seed: int) -> dict[str, Any]:
+    """The tier's accuracy on every row and its ECE before and after calibration."""
+    from calibration.metrics import bootstrap_ci, ece
+
+    # Top-label ECE needs only whether the argmax was right: a novel row stands in as "another
+    # option", so it counts wrong there too, without an index the calibration metrics refuse.
+    scored = np.where(y_true == NOVEL_LABEL, (answers + 1) % proba.shape[1], y_true)
+    n, n_correct = len(y_true), int(correct.sum())
+    return {
+        "accuracy": n_correct / n,
+        "accuracy_ci": _interval(n_correct, n),
+        "ece_before": ece(proba, scored),
         "ece_before_ci": list(bootstrap_ci(ece, proba, scored, n_resamples=n_resamples,
                                            seed=seed)),
-        "ece_after": ece_after,
+        "ece_after": ece(calibrated, scored),
         "ece_after_ci": list(bootstrap_ci(ece, calibrated, scored, n_resamples=n_resamples,
                                           seed=seed)),
-        "per_answer": per_answer(options, answers, accepted, correct),
     }
+
+
+def _tiers(policy: Policy, probas: Sequence[FloatArray], judged: Judged,
+           correct: NDArray[np.bool_], y_true: NDArray[np.int64]) -> dict[str, Any]:
+    """Per tier: the share it answered, the accuracy of its accepted answers and of its answers
+    on every row; the slow model's cost and the mean cost of a decision (every tier read, plus
+    the slow model's cost when no tier accepts)."""
+    n = len(y_true)
+    per_tier = []
+    for k, tier in enumerate(policy.tiers_):
+        mine = judged.answered == k
+        n_mine, n_mine_right = int(mine.sum()), int(correct[mine].sum())
+        raw_right = int((np.asarray(probas[k]).argmax(axis=1) == y_true).sum())
+        per_tier.append({
+            "name": tier.name, "backend_fingerprint": tier.backend_fingerprint,
+            "threshold": tier.threshold, "cost": tier.cost,
+            "n_read": int(judged.read[:, k].sum()) if tier.read else 0,
+            "n_answered": n_mine,
+            "answered_share": n_mine / n, "answered_share_ci": _interval(n_mine, n),
+            "accepted_accuracy": n_mine_right / n_mine if n_mine else None,
+            "accepted_accuracy_ci": _interval(n_mine_right, n_mine),
+            "accuracy": raw_right / n, "accuracy_ci": _interval(raw_right, n),
+        })
+    return {"slow_cost": policy.slow_cost_, "expected_cost": float(judged.cost.mean()),
+            "tiers": per_tier}
 
 
 def per_answer(options: Sequence[str], answers: NDArray[np.int64], accepted: NDArray[np.bool_],

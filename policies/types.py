@@ -112,7 +112,9 @@ class StagedQuestion:
 class OptionScores:
     """A fast backend's read: one probability per option, in the request's option order.
 
-    ``proba`` sums to 1 (backends normalise). ``raw`` carries backend diagnostics worth logging
+    ``proba`` sums to 1 (backends normalise), each value a finite number in [0, 1]: anything
+    else raises ValueError, which the routing service turns into a failed read (escalated,
+    counted, never accepted, never cached). ``raw`` carries backend diagnostics worth logging
     (entropy, label mass, draws); it never influences routing.
     """
 
@@ -125,6 +127,10 @@ class OptionScores:
             raise ValueError(
                 f"proba has {len(self.proba)} values for {len(self.options)} options"
             )
+        bad = next((p for p in self.proba if not -1e-9 <= float(p) <= 1.0 + 1e-9), None)
+        if bad is not None:  # NaN fails every comparison, so it lands here too
+            raise ValueError(f"proba holds {bad!r}: every probability must be a finite number "
+                             "in [0, 1]")
         total = math.fsum(self.proba)
         if not math.isclose(total, 1.0, abs_tol=1e-4):
             raise ValueError(f"proba sums to {total:.6f}, not 1")

@@ -3,6 +3,8 @@ variables, which win) and passed down. Fitted artifacts (models, policies) are f
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 from pathlib import Path
@@ -13,10 +15,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -31,6 +35,10 @@ from router.backends.options import BackendOptions, parse_options
 from router.errors import ConfigError
 
 ENV_PREFIX = "SLOTGATE_"
+# SLOTGATE_* variables that name no setting on purpose: read by the Makefile, the tests, the
+# benchmarks and compose.yaml (the tokenizer folder it mounts), never by the settings.
+NOT_SETTINGS = frozenset({"SLOTGATE_DATA_DIR", "SLOTGATE_TOKENIZER_DIR",
+                          "SLOTGATE_BENCH_RESULTS", "SLOTGATE_TEST_CACHE"})
 # Cache namespaces become part of Redis keys (router/store/cache.py): no ':' or spaces.
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 BackendKind = Literal["mock", "sklearn", "embedding", "systemone", "vllm", "torch"]
@@ -95,6 +103,10 @@ class SlowPathSettings(Section):
     # corrective retry (504 past it); a stream's wait and start, not the whole stream.
     timeout_s: float = Field(30.0, gt=0)
     max_concurrency: int = Field(32, ge=1)
+    # The largest request sent to the slow model; a larger one is a 413 naming this setting,
+    # before any call. 1 MiB: the default body limit of nginx and of aiohttp servers, which often
+    # front a model server. A decision's options go to the slow model twice (prompt and schema).
+    max_request_bytes: int = Field(2**20, ge=1024)
     # Models a passthrough request may name; empty = only ``model`` itself.
     allowed_models: list[str] = Field(default_factory=list)
     # Names a passthrough request may use for "the configured slow model": the README's clients
@@ -142,6 +154,17 @@ class PolicySettings(Section):
     # Reload the policy files when they change on disk (SIGHUP always reloads); an invalid
     # new file is refused with a log line naming it and the loaded policies keep serving.
     watch: bool = True
+    # A file whose content no longer matches its digest (edited after tuning), or unsigned
+    # under ``signing_key``: "refuse" it (naming the file), or serve it "unguaranteed" (its
+    # decisions carry no guarantee).
+    on_edited: Literal["refuse", "unguaranteed"] = "refuse"
+    # Signed policies: `slotgate tune` signs with this key (SLOTGATE_POLICY__SIGNING_KEY) and
+    # the router serves only files signed with it.
+    signing_key: SecretStr | None = None
+
+    @property
+    def signing_key_bytes(self) -> bytes | None:
+        return None if self.signing_key is None else self.signing_key.get_secret_value().encode()
 
     @property
     def unscoped_mode(self) -> UnscopedMode:
@@ -201,6 +224,9 @@ class LogSettings(Section):
     # when configured): bounded by entries and by bytes, whatever the messages' size.
     max_index: int = Field(100_000, ge=1)
     max_index_bytes: int = Field(32 * 2**20, ge=1024)
+    # Records answered while the log's file cannot take them (a full disk), kept in memory and
+    # written in order when it can; beyond this many bytes they are dropped and counted.
+    spool_bytes: int = Field(16 * 2**20, ge=0)
 
 
 class Settings(BaseSettings):
@@ -230,9 +256,11 @@ class Settings(BaseSettings):
     # Open connections `slotgate serve` keeps; past it a new one closes the connection idle
     # longest (router/http/connections.py). None: the open-file limit less 128.
     max_connections: int | None = Field(None, ge=2)
+    # The fast tiers in the order a policy reads them. Written once, as ``tiers:`` naming every
+    # tier (the first is read first; ``fast:`` left out). The form with the first tier under
+    # ``fast:`` and the later ones under ``tiers:`` is read too, and said once at start-up. Once
+    # loaded, ``fast`` is the first tier and ``tiers`` the later ones (``all_tiers``: every one).
     fast: FastBackendSettings = Field(default_factory=FastBackendSettings)
-    # Later fast tiers, in the order a cascade policy reads them after ``fast`` (empty: one
-    # fast tier; a one-tier policy never reads these).
     tiers: list[TierSettings] = Field(default_factory=list)
     slow: SlowPathSettings = Field(default_factory=SlowPathSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
@@ -242,6 +270,7 @@ class Settings(BaseSettings):
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
+    _split_tier_form: bool = PrivateAttr(default=False)
 
     @field_validator("api_key_hashes")
     @classmethod
@@ -251,18 +280,33 @@ class Settings(BaseSettings):
                 raise ValueError("api_key_hashes must be sha256 hex digests (64 hex characters)")
         return [h.lower() for h in value]
 
-    @field_validator("tiers")
-    @classmethod
-    def _distinct_tier_names(cls, value: list[TierSettings], info: ValidationInfo
-                             ) -> list[TierSettings]:
-        fast = info.data.get("fast")
-        names = ([fast.name] if isinstance(fast, FastBackendSettings) else []) + [
-            t.name for t in value]
+    @model_validator(mode="after")
+    def _tiers_in_order(self) -> Settings:
+        """Every tier named once, in order: ``tiers`` alone lists them all (its first becomes
+        ``fast``); ``fast`` with ``tiers`` is the first and the later ones. Names distinct."""
+        if "fast" not in self.model_fields_set and self.tiers:
+            first, *later = self.tiers
+            object.__setattr__(self, "fast", first)
+            object.__setattr__(self, "tiers", later)
+        elif self.tiers:
+            self._split_tier_form = True
+        names = [tier.name for tier in self.all_tiers]
         for i, name in enumerate(names):
             if name in names[:i]:
-                raise ValueError(f"tier name {name!r} is used twice (fast.name and tiers[].name "
+                raise ValueError(f"tiers: tier name {name!r} is used twice (every tier's name "
                                  "must be distinct)")
-        return value
+        return self
+
+    @property
+    def all_tiers(self) -> list[FastBackendSettings]:
+        """Every fast tier in the order a policy reads them, the first first."""
+        return [self.fast, *self.tiers]
+
+    @property
+    def split_tier_form(self) -> bool:
+        """Whether the tiers were written with the first under ``fast:`` and the later ones
+        under ``tiers:`` (read, and said once at start-up)."""
+        return self._split_tier_form
 
     def model_post_init(self, context: Any, /) -> None:
         if self.slow_model and not self.slow.model:
@@ -298,14 +342,48 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
             yaml.safe_load(config.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"--config {config}: not valid YAML: {exc}", field="config") from exc
+    _refuse_unknown_variables()
     try:
-        if config is not None:
-            return Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
-        return Settings(**overrides)
+        settings = (Settings(_yaml_file=config, **overrides)  # type: ignore[call-arg]
+                    if config is not None else Settings(**overrides))
     except SettingsError as exc:  # a SLOTGATE_* value pydantic-settings could not even parse
         raise ConfigError(f"environment: {exc}", field="environment") from exc
     except ValidationError as exc:
         raise ConfigError(_describe(exc, config, overrides), field="settings") from exc
+    if settings.split_tier_form:
+        logging.getLogger("slotgate").warning(
+            "settings: the first fast tier is under `fast:` and the later ones under `tiers:`; "
+            "`tiers:` alone can list every tier in read order (%s)",
+            ", ".join(t.name for t in settings.all_tiers))
+    return settings
+
+
+def _refuse_unknown_variables() -> None:
+    """A ``SLOTGATE_*`` variable whose top-level name is no setting is a ConfigError naming it
+    (pydantic-settings would ignore it), as an unknown key inside a section is refused."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    for variable in sorted(os.environ):
+        name = variable.upper()
+        if (not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS
+                or name.split("__")[0] in known):
+            continue
+        close = difflib.get_close_matches(name, _variable_names(), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"environment variable {variable}: no setting is named so{hint}; "
+                          f"settings are {ENV_PREFIX}<NAME>, and {ENV_PREFIX}<SECTION>__<KEY> "
+                          "inside a section", field="environment")
+
+
+def _variable_names() -> list[str]:
+    """The variables that set each setting and each key of a section."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        names.append(ENV_PREFIX + name.upper())
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            names += [f"{ENV_PREFIX}{name.upper()}__{key.upper()}"
+                      for key in section.model_fields]
+    return names
 
 
 def _describe(exc: ValidationError, config: Path | None, overrides: dict[str, Any]) -> str:

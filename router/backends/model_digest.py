@@ -23,25 +23,42 @@ def fitted_digest(estimator: Any) -> str:
 
 
 def _feed(digest: Any, value: Any) -> None:
-    from scipy import sparse
-    from sklearn.base import BaseEstimator
+    """Feed one value, tagged by its kind so that values of different kinds never feed the same
+    bytes. The kinds are tried in this order, which decides ties: a numpy float is a float, a
+    class is a type before it is callable."""
+    if not (_feed_scalar(digest, value) or _feed_array(digest, value)
+            or _feed_collection(digest, value) or _feed_code(digest, value)):
+        raise TypeError(f"cannot digest a fitted model holding {type(value).__qualname__}")
 
-    def tag(kind: bytes, size: int = 0) -> None:
-        digest.update(kind + struct.pack("<q", size))
 
+def _tag(digest: Any, kind: bytes, size: int = 0) -> None:
+    digest.update(kind + struct.pack("<q", size))
+
+
+def _feed_scalar(digest: Any, value: Any) -> bool:
+    """None, a number (numpy's float and int subclasses included: by repr), text or bytes."""
     if value is None or isinstance(value, bool | int | float | complex):
-        text = repr(value).encode()
-        tag(b"n", len(text))
-        digest.update(text)
+        data = repr(value).encode()
+        kind = b"n"
     elif isinstance(value, str):
         data = value.encode("utf-8", "surrogatepass")
-        tag(b"s", len(data))
-        digest.update(data)
+        kind = b"s"
     elif isinstance(value, bytes):
-        tag(b"b", len(value))
-        digest.update(value)
-    elif isinstance(value, np.ndarray):
-        tag(b"a", value.ndim)
+        data, kind = value, b"b"
+    else:
+        return False
+    _tag(digest, kind, len(data))
+    digest.update(data)
+    return True
+
+
+def _feed_array(digest: Any, value: Any) -> bool:
+    """A numpy array (dtype, shape, then bytes, or each item of an object array), a numpy
+    scalar (as a 0-d array) or a scipy sparse matrix (as CSR with sorted indices)."""
+    from scipy import sparse
+
+    if isinstance(value, np.ndarray):
+        _tag(digest, b"a", value.ndim)
         _feed(digest, [value.dtype.str, list(value.shape)])
         if value.dtype.hasobject:
             for item in value.ravel():
@@ -53,22 +70,39 @@ def _feed(digest: Any, value: Any) -> None:
     elif sparse.issparse(value):
         csr = sparse.csr_matrix(value, copy=True)
         csr.sort_indices()
-        tag(b"m")
+        _tag(digest, b"m")
         _feed(digest, [list(csr.shape), csr.data, csr.indices, csr.indptr])
-    elif isinstance(value, dict):
-        tag(b"d", len(value))
+    else:
+        return False
+    return True
+
+
+def _feed_collection(digest: Any, value: Any) -> bool:
+    """A dict or set in sorted order (by repr), a list or tuple in its own."""
+    if isinstance(value, dict):
+        _tag(digest, b"d", len(value))
         for key in sorted(value, key=repr):
             _feed(digest, key)
             _feed(digest, value[key])
     elif isinstance(value, set | frozenset):
-        tag(b"t", len(value))
+        _tag(digest, b"t", len(value))
         for item in sorted(value, key=repr):
             _feed(digest, item)
     elif isinstance(value, list | tuple):
-        tag(b"l", len(value))
+        _tag(digest, b"l", len(value))
         for item in value:
             _feed(digest, item)
-    elif isinstance(value, type):
+    else:
+        return False
+    return True
+
+
+def _feed_code(digest: Any, value: Any) -> bool:
+    """A class or callable by its qualified name; an estimator by its class, its parameters and
+    its fitted state (``fitted_digest``)."""
+    from sklearn.base import BaseEstimator
+
+    if isinstance(value, type):
         _feed(digest, f"type:{value.__module__}.{value.__qualname__}")
     elif isinstance(value, BaseEstimator):
         kind = type(value)
@@ -81,4 +115,5 @@ def _feed(digest: Any, value: Any) -> None:
         _feed(digest, f"callable:{getattr(value, '__module__', '')}."
                       f"{getattr(value, '__qualname__', type(value).__qualname__)}")
     else:
-        raise TypeError(f"cannot digest a fitted model holding {type(value).__qualname__}")
+        return False
+    return True

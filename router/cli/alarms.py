@@ -3,9 +3,9 @@ standing in a decision log (an operator's clear wins over the alarms before it) 
 ``--redis-url``, those the fleet shares; ``clear`` writes a clear record to the log (so a restart
 does not re-arm the alarm) and, with ``--redis-url``, posts it to every replica through Redis.
 ``--policy`` is an id, a policy file or a configured policy's name (``policy_ref.py``), as in
-`eval` and `monitor`. A policy id neither the log nor Redis knows is refused (exit 2, naming the
-known ones), and a Redis that does not answer is one line and exit 2, within the client's short
-timeouts."""
+`eval` and `monitor`. A policy id neither the log nor Redis knows is refused by both commands
+(exit 2, naming the known ones), and a Redis that does not answer is one line and exit 2, within
+the client's short timeouts."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+from router.cli.help import PlainHelp
 
 if TYPE_CHECKING:
     from router.store.alarm_board import RedisAlarmBoard
@@ -86,7 +88,7 @@ def _no_redis(redis_url: str, what: str) -> NoReturn:
     fail(f"--redis-url: Redis at {redis_url} {what}")
 
 
-@app.command(name="list")
+@app.command(name="list", cls=PlainHelp)
 def list_alarms(
     log: LogOption = Path("var/decisions.jsonl"),
     policy: Annotated[str | None, typer.Option(help="Only this policy: its id, or its policy "
@@ -101,6 +103,7 @@ def list_alarms(
 
     if policy is not None:
         policy = policy_id(policy)
+        _check_known(policy, log, redis_url)
     rows = [{**record.model_dump(), "source": "log"} for record in standing(log, policy).values()]
     if redis_url is not None:
         rows += [{**r.model_dump(), "source": "redis"}
@@ -117,7 +120,7 @@ def list_alarms(
         for r in rows])
 
 
-@app.command()
+@app.command(cls=PlainHelp)
 def clear(
     policy: Annotated[str, typer.Option(help="The policy: its id (as `alarms list` and the "
                                         "/metrics labels show it), or its policy file, or the "

@@ -25,6 +25,7 @@ import typer
 
 from router.cli.alarms import app as alarms_app
 from router.cli.compare import compare
+from router.cli.help import PlainHelp
 from router.cli.logs import export_log
 from router.cli.migrate import migrate
 from router.cli.models import predict, train
@@ -52,13 +53,13 @@ def _main(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
 ) -> None:
     """slotgate: confidence routing for LLM decision calls."""
-app.command()(train)
-app.command()(predict)
-app.command()(tune)
-app.command(name="eval")(evaluate)
-app.command()(compare)
-app.command(name="export-log")(export_log)
-app.command()(serve)
-app.command()(monitor)
-app.command()(migrate)
+app.command(cls=PlainHelp)(train)
+app.command(cls=PlainHelp)(predict)
+app.command(cls=PlainHelp)(tune)
+app.command(name="eval", cls=PlainHelp)(evaluate)
+app.command(cls=PlainHelp)(compare)
+app.command(name="export-log", cls=PlainHelp)(export_log)
+app.command(cls=PlainHelp)(serve)
+app.command(cls=PlainHelp)(monitor)
+app.command(cls=PlainHelp)(migrate)
 app.add_typer(alarms_app, name="alarms")  # a command group of its own: list, clear

@@ -4,6 +4,9 @@ its flag), output checks, progress bars, tables, report plots and reading predic
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -68,12 +71,31 @@ def check_folder(path: Path, what: str) -> None:
         fail(f"{what} {path}: folder {ancestor} is not writable")
 
 
-def progress() -> Any:
+@contextmanager
+def progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A report of long work's progress, ``report(what, done, total)`` (router.tuning's
+    ``Progress``): a bar on stderr when it is a terminal; else, where a bar would draw nothing
+    (a redirect, a CI log), one line per report with the seconds since the start."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    console = Console(stderr=True)
+    started = time.monotonic()
+    if not console.is_terminal:
+        yield lambda what, done, total: typer.echo(
+            f"{what}: {done}/{total} ({time.monotonic() - started:.1f} s)", err=True)
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def report(what: str, done: int, total: int) -> None:
+        if what not in tasks:
+            tasks[what] = bar.add_task(what, total=total)
+        bar.update(tasks[what], completed=done)
+
+    with bar:
+        yield report
 
 
 def single(values: list[str | None], what: str, path: Path) -> str | None:
@@ -114,7 +136,7 @@ def write_report(folder: Path, proba_before: Any, proba_after: Any, y_true: Any,
                  threshold: float | None, target_accuracy: float, title: str) -> None:
     """The reliability diagram and the risk-coverage plot (threshold marked) as PNGs."""
     from calibration.plots import reliability_diagram, risk_coverage_plot
-    from policies.guaranteed import answer_confidence
+    from policies.fitting import answer_confidence
 
     folder.mkdir(parents=True, exist_ok=True)
     answers, confidence = answer_confidence(proba_before, proba_after)
@@ -133,10 +155,10 @@ def fmt(value: float | None, ci: list[float] | None = None) -> str:
 
 # The question a model or policy is for (``policies.scope.Question``), named the same way by
 # ``train``, ``predict`` and ``tune``.
-QuestionId = Annotated[str | None, typer.Option(
-    "--question",
-    help="The question's id: the OpenAI json_schema name (an enum schema) or property name (an "
-         "object schema; \"choice\" for vLLM choice lists), or the System One question id.")]
+QUESTION_HELP = ("The question's id: the OpenAI json_schema name (an enum schema) or property "
+                 "name (an object schema; \"choice\" for vLLM choice lists), or the System One "
+                 "question id.")
+QuestionId = Annotated[str | None, typer.Option("--question", help=QUESTION_HELP)]
 QuestionText = Annotated[str, typer.Option(
     "--instructions",
     help="The question's text: every name, title and description on the path to the answer "

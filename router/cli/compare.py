@@ -12,8 +12,8 @@ from router.cli.common import fail, load_preds, show_table
 
 
 def compare(
-    a: Annotated[Path, typer.Argument(help="Predictions JSONL of model A.")],
-    b: Annotated[Path, typer.Argument(help="Predictions JSONL of model B.")],
+    a: Annotated[Path, typer.Argument(metavar="A", help="Predictions JSONL of model A.")],
+    b: Annotated[Path, typer.Argument(metavar="B", help="Predictions JSONL of model B.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Compare two prediction files row by row: discordant pairs, exact McNemar p."""

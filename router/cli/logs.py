@@ -23,9 +23,9 @@ def export_log(
              "replicas: feedback sent to one replica for a decision made on another is in the "
              "other's log.")] = None,
     signature: Annotated[str | None, typer.Option(
-        help="The question to export: a policy file's `signature` (scope-v1:...) or a logged "
-             "decision's. Default: the log's one question; of several, the one the configured "
-             "default policy answers.")] = None,
+        help="The question to export: a policy file's `signature` (scope-v2: and 64 hex "
+             "digits) or a logged decision's (64 hex digits). Default: the log's one question; "
+             "of several, the one the configured default policy answers.")] = None,
     labelled_only: Annotated[bool, typer.Option(help="Only decisions with feedback.")] = False,
     audit_labels: Annotated[bool, typer.Option(help="Label decisions without feedback by their "
                                                "audit (the slow model's answer); a human label "
@@ -47,29 +47,17 @@ def export_log(
     """Join the decision log with its feedback labels into a predictions file."""
     from redis.exceptions import RedisError
 
-    from router.errors import ConfigError
-    from router.http.server import default_config
-    from router.settings import load_settings
-    from router.tuning.log_export import export_predictions
+    from router.tuning.log_export import default_policy, export_predictions
     from router.tuning.predictions import PredictionsError
 
     if reference not in ("human", "slow"):
         fail(f"--reference must be human or slow, got {reference!r}")
     check_out(out, "--out")
-    try:  # the same settings `serve` reads: --config, else ./slotgate.yaml, then SLOTGATE_*
-        settings = load_settings(default_config(config))
-    except ConfigError as exc:
-        if not log and not redis_url:
-            fail(exc.message)
-        settings = None
-    sources = log if log else [] if redis_url or settings is None else [
-        settings.log.decision_log_path]
-    for source in sources:
-        if not source.is_file():
-            fail(f"decision log {source}: file not found")
+    settings = _settings(config, needed=not log and not redis_url)
+    sources = _sources(log, settings, redis=redis_url is not None)
+    default = None if signature is not None or settings is None else default_policy(settings)
     tally: dict[str, int] = {}
     chosen: dict[str, str] = {}
-    default = None if signature is not None or settings is None else default_policy(settings)
     try:
         n = export_predictions(sources, out, signature=signature,
                                default=default[0] if default else None,
@@ -81,11 +69,48 @@ def export_log(
         fail(exc.message)
     except (RedisError, OSError) as exc:
         fail(f"--redis-url: cannot read stream {stream!r}: {exc}")
+    names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
+    _print_summary(n, names, out, tally=tally, chosen=chosen,
+                   default_name=default[1] if default else None,
+                   untrusted_labels=untrusted_labels)
+
+
+def _settings(config: Path | None, *, needed: bool) -> Settings | None:
+    """The settings `serve` reads (--config, else ./slotgate.yaml, then SLOTGATE_*); a problem
+    with them exits 2 when they are ``needed`` (no --log, no --redis-url), else they are None."""
+    from router.errors import ConfigError
+    from router.http.server import default_config
+    from router.settings import load_settings
+
+    try:
+        return load_settings(default_config(config))
+    except ConfigError as exc:
+        if needed:
+            fail(exc.message)
+        return None
+
+
+def _sources(log: list[Path] | None, settings: Settings | None, *, redis: bool) -> list[Path]:
+    """The decision logs to read: --log, else (with no --redis-url) the configured one; each
+    must be a file."""
+    sources = log if log else [] if redis or settings is None else [
+        settings.log.decision_log_path]
+    for source in sources:
+        if not source.is_file():
+            fail(f"decision log {source}: file not found")
+    return sources
+
+
+def _print_summary(n: int, names: list[str], out: Path, *, tally: dict[str, int],
+                   chosen: dict[str, str], default_name: str | None,
+                   untrusted_labels: bool) -> None:
+    """What was exported: the question (when the log holds others), the rows and their labels'
+    sources, and the untrusted labels joined or left out."""
     if chosen.get("others"):
         typer.echo(f"exported the question {chosen['signature']}"
-                   + (f" (the default policy {default[1]!r} answers it)" if default else "")
+                   + (f" (the default policy {default_name!r} answers it)" if default_name
+                      else "")
                    + f"; the log also holds (export one with --signature): {chosen['others']}")
-    names = [*map(str, sources), *([f"redis stream {stream}"] if redis_url else [])]
     typer.echo(f"wrote {n} predictions from {', '.join(names)} to {out}: labels "
                f"{tally['human']} human (/v1/feedback), {tally['slow']} the slow model's, "
                f"{tally['unlabelled']} none")
@@ -94,20 +119,3 @@ def export_log(
                    "trusted feedback role)" if untrusted_labels else
                    f"{tally['untrusted']} untrusted label(s) left out (--untrusted-labels "
                    "includes them)")
-
-
-def default_policy(settings: Settings) -> tuple[str, str] | None:
-    """The signature of the question the configured default policy answers, and its name
-    (``policy.default``, else the one policy file); None when there is none to read."""
-    from policies.file import PolicyFileError, load_policy
-
-    files = settings.policy.files
-    for path in files:
-        try:
-            policy = load_policy(path)
-        except PolicyFileError:
-            continue  # export reads the log; a missing or bad policy file only loses the default
-        if policy.signature is not None and settings.policy.default in (policy.name, None) and (
-                settings.policy.default is not None or len(files) == 1):
-            return policy.signature, policy.name
-    return None

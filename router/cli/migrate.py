@@ -56,6 +56,7 @@ def migrate(
     if data.get("cascade") is not None:
         fail(f"--policy: {policy} is a cascade policy: re-tune it (`slotgate tune` with its "
              "tiers' predictions); migrate re-signs one-tier policies")
+    sealed, key = _sealed(data, policy)
     text_model = _load_model(model) if model is not None else None
     changes = [_fingerprint(data, text_model, policy)]
     changes.append(_scope(data, named or _model_question(text_model), policy,
@@ -69,8 +70,37 @@ def migrate(
     if not done:
         typer.echo(f"{policy}: {migrated.policy_id}: nothing to migrate, it is current")
         return
-    migrated.write(target)
+    # Sealed as it was: a file tuning sealed is sealed again over what migrate changed (its seal
+    # was checked first); one written before seals stays unsealed (migrate vouches for its
+    # changes, not for the rest).
+    (migrated.sealed(key) if sealed else migrated).write(target)
     typer.echo(f"{target}: {migrated.policy_id}: " + "; ".join(done))
+
+
+def _sealed(data: dict[str, Any], path: Path) -> tuple[bool, bytes | None]:
+    """Whether the file carries a seal (``digest``), and the signing key to seal it again with
+    (``SLOTGATE_POLICY__SIGNING_KEY``, as ``tune`` signs; None: a digest only). A sealed file
+    must be as tuning wrote it (``PolicyFile.integrity_problem``) before anything is changed."""
+    from pydantic import ValidationError
+
+    from policies.file import PolicyFile, first_error
+    from router.cli.policy import signing_key_of_environment
+
+    if data.get("digest") is None:
+        return False, None
+    key = signing_key_of_environment() if data.get("hmac") is not None else None
+    if data.get("hmac") is not None and key is None:
+        fail(f"--policy: {path} is signed (field 'hmac'): set SLOTGATE_POLICY__SIGNING_KEY to the "
+             "server's policy.signing_key to sign it again")
+    try:
+        before = PolicyFile.model_validate(data, context={"scope_unchecked": True})
+    except ValidationError as exc:
+        field, message = first_error(exc)
+        fail(f"--policy: {path}: field {field!r}: {message}")
+    problem = before.integrity_problem(key)
+    if problem is not None:
+        fail(f"--policy: {path}: field 'digest': {problem}; re-tune it (`slotgate tune`)")
+    return True, key
 
 
 def _read(path: Path) -> dict[str, Any]:

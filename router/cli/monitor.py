@@ -21,7 +21,7 @@ def monitor(
                                               "the id or name of one ./slotgate.yaml loads; "
                                               "repeat the option for several.")],
     plot: Annotated[Path | None, typer.Option(help="PNG to write (one row of panels per "
-                                              "policy).")] = None,
+                                              "policy); none without it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Replay a decision log's monitoring: accept share against the tuning rows, audited
@@ -29,6 +29,7 @@ def monitor(
     from router.cli.common import check_out, fail, show_table
     from router.cli.policy_ref import read_policy
     from router.monitoring.replay import LogError, replay_log
+    from router.monitoring.watch import ACCEPT_WINDOW
 
     policies = [read_policy(p)[1] for p in policy]
     files = {p.policy_id: p for p in policies}
@@ -47,7 +48,7 @@ def monitor(
         state = s.state
         show_table(f"monitoring of {s.policy_id} ({log.name})", [
             ("decisions (accepted)", f"{state['decisions']} ({state['accepted']})"),
-            ("accept share: last 1000 / tuning rows",
+            (f"accept share: last {min(state['decisions'], ACCEPT_WINDOW)} / tuning rows",
              f"{fmt(state['accept_share'])} / {fmt(state['reference_accept_share'])}"),
             ("drift martingale (log) / alarm at",
              "no tuning summary: no drift test" if s.drift_threshold is None else
@@ -139,8 +140,9 @@ def write_plot(path: Path, series: list[Series]) -> Path:
         if s.drift:
             drift_ax.plot(x, s.drift, color="tab:purple", label="log martingale")
             assert s.drift_threshold is not None
+            # The drift test holds half the policy's alarm_alpha (the accuracy test the other).
             drift_ax.axhline(s.drift_threshold, color="tab:red", linestyle="--",
-                             label="alarm level log(1/alpha)")
+                             label=f"alarm level log(2/alarm_alpha) = {s.drift_threshold:.2f}")
         drift_ax.set_title("drift martingale" if s.drift else "no tuning summary: no drift test")
         for ax in (share_ax, accuracy_ax, drift_ax):
             for alarm in s.alarms:

@@ -1,7 +1,7 @@
-"""``slotgate tune`` and ``slotgate eval``: a policy file from labelled predictions (split, or
-cross-fitted on out-of-fold reads), and its metrics on fresh labelled predictions. ``tune`` is
-argument parsing around ``GuaranteedPolicy(...).fit(...).to_file(...)``; the ranges of its flags
-are the policy file's own fields (``policies.specs``)."""
+"""``slotgate tune`` and ``slotgate eval``, for one fast tier or several: a policy file from
+labelled predictions, and its metrics on fresh labelled predictions. Each parses its flags,
+calls the library (``router.tuning.tune.tune_policy``, ``policies.evaluation.evaluate``) and
+prints; the ranges of the flags are the policy file's own fields (``policies.specs``)."""
 
 from __future__ import annotations
 
@@ -27,17 +27,12 @@ from router.cli.common import (
     refuse_mismatches,
     show_table,
     single,
-    tuned_question,
     write_report,
 )
 
 if TYPE_CHECKING:
-    import numpy as np
-    from numpy.typing import NDArray
-
     from policies.file import PolicyFile
-    from policies.guaranteed import GuaranteedPolicy
-    from policies.scope import Question
+    from policies.policy import Policy
     from router.tuning.predictions import Predictions
 
 
@@ -128,118 +123,88 @@ def tune(
     least expected cost (docs/cascade.md). A tier may be left unread. --max-escalation,
     --per-answer-floor, --cv, --model and --report are one tier's.
     """
-    from pydantic import ValidationError
+    from router.cli.cascade import show_cascade, tier_costs
+    from router.tuning.tune import (
+        CASCADE_FLAGS,
+        ONE_TIER_FLAGS,
+        TuneError,
+        TuneRequest,
+        tune_policy,
+    )
 
-    from policies.guaranteed import GuaranteedPolicy
-    from router.cli.common import check_policy_fields
-    from router.tuning.predictions import PredictionsError
-
-    if len(preds_files) > 1:
-        for flag, value in (("--max-escalation", max_escalation),
-                            ("--per-answer-floor", per_answer_floor), ("--cv", cv),
-                            ("--model", model), ("--report", report)):
-            if value is not None:
-                fail(f"{flag}: is one tier's; a cascade of {len(preds_files)} --preds takes "
-                     "none")
-        from router.cli.cascade import tune_cascade
-
-        tune_cascade(preds_files, out=out, tiers=tier, slow_cost=slow_cost, name=name,
-                     shadow=shadow, audit_rate=audit_rate, alarm_alpha=alarm_alpha,
-                     watch={"on_alarm": on_alarm, "audit_boost": audit_boost},
-                     question=question_of(question, instructions=instructions,
-                                          context=context, kind=question_kind),
-                     params={"calibrator": calibrator, "target_accuracy": target_accuracy,
-                             "delta": delta, "calibration_fraction": calibration_fraction,
-                             "seed": seed, "max_slow_share": max_slow_share})
-        return
-    cascade_flags: tuple[tuple[str, object], ...] = (
-        ("--tier", tier), ("--slow-cost", slow_cost), ("--max-slow-share", max_slow_share))
-    for flag, given in cascade_flags:
-        if given is not None:
-            fail(f"{flag}: is a cascade's; pass one --preds per tier (got one --preds)")
-    preds = preds_files[0]
-    try:
-        fitter = GuaranteedPolicy(calibrator=calibrator, target_accuracy=target_accuracy,
-                                  delta=delta, calibration_fraction=calibration_fraction,
-                                  seed=seed, max_escalation=max_escalation,
-                                  budget_window=budget_window, per_answer_floor=per_answer_floor)
-        fitter.check_params()
-    except ValidationError as exc:
-        fail_flag(exc)
+    given = {"max_escalation": max_escalation, "per_answer_floor": per_answer_floor, "cv": cv,
+             "model": model, "report": report, "tier": tier, "slow_cost": slow_cost,
+             "max_slow_share": max_slow_share}
+    check_shape_flags(given, n_files=len(preds_files),
+                      others=CASCADE_FLAGS if len(preds_files) == 1 else ONE_TIER_FLAGS)
+    params = {"calibrator": calibrator, "target_accuracy": target_accuracy, "delta": delta,
+              "calibration_fraction": calibration_fraction, "seed": seed,
+              "max_escalation": max_escalation, "budget_window": budget_window,
+              "per_answer_floor": per_answer_floor, "max_slow_share": max_slow_share}
     # Monitoring flags left out take the policy file's defaults.
-    watch = {name: value for name, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost))
+    watch = {key: value for key, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost))
              if value is not None}
-    check_policy_fields(audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
-    named = question_of(question, instructions=instructions, context=context,
-                        kind=question_kind)
+    check_tune_flags(params, audit_rate=audit_rate, alarm_alpha=alarm_alpha, watch=watch)
+    request = TuneRequest(
+        params=params, name=name or out.stem, question=question_of(
+            question, instructions=instructions, context=context, kind=question_kind),
+        tiers=tier_costs(tier, n_files=len(preds_files)) if len(preds_files) > 1 else None,
+        slow_cost=slow_cost, shadow=shadow, audit_rate=audit_rate, alarm_alpha=alarm_alpha,
+        watch=watch, model=model, cv=cv, signing_key=signing_key_of_environment())
     check_out(out, "--out")
     if report is not None:
         check_folder(report, "--report")
-    data = load_preds(preds, labelled=True)
-    if data.n_novel:
-        fail(f"{preds}: field 'label': {data.n_novel} rows are labelled with none of the options "
-             "(novel); a policy is tuned on rows of its own options only")
-    fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
-    logged = single(data.signatures, "signature", preds)  # rows of one logged question
-    asked = tuned_question(data, named)
-    if asked is None and logged is None:
-        fail(f"--question: {preds} records no question and none was named: name the question "
-             "this policy answers (--question, and --instructions, --context, --question-kind "
-             "where it has them), or train with `slotgate train --question ...` "
-             "(docs/calibration.md, \"Scope\")")
+    data = [load_preds(path, labelled=True) for path in preds_files]
     try:
-        rows, folds = tuning_rows(data, model=model, cv=cv, seed=seed, question=asked)
-        fitter.fit(data.proba[rows], data.y_true[rows], options=data.options, folds=folds)
-    except PredictionsError as exc:
+        tuned = tune_policy(data, request)
+    except TuneError as exc:
         fail(str(exc))
-    except ValueError as exc:
-        fail(f"{preds}: {exc}")
-    n_slow = sum(ref == "slow" for ref, known in zip(data.references, data.labelled, strict=True)
-                 if known)
-    policy = fitter.to_file(
-        name=name or out.stem, data_hash=data.data_hash, backend_fingerprint=fingerprint,
-        # The scope (policies.scope): the question, else the one logged question the rows came
-        # from (export-log), exactly as it was asked.
-        question=asked, logged_signature=None if asked is not None else logged,
-        guarantee="agreement_with_slow" if n_slow else "accuracy",
-        # Tuned on a shadow log: the policy exists to leave shadow mode, so it says so.
-        shadow=False if shadow is None and n_slow else shadow,
-        audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
-    policy.write(out)
+    tuned.file.write(out)
     if report is not None:
-        write_report(report, fitter.proba_before_, fitter.proba_after_, fitter.y_true_,
-                     threshold=policy.threshold, target_accuracy=target_accuracy,
-                     title=f"{policy.name}, {calibrator}, {fitter.risk_.n} threshold rows of "
-                           f"{preds.name} (target {target_accuracy}, delta {delta})")
-    show_tuned(policy, fitter, out=out, n_slow=n_slow, n_labelled=int(data.labelled.sum()))
+        fitted = tuned.fitted
+        write_report(report, fitted.proba_before_, fitted.proba_after_, fitted.y_true_,
+                     threshold=tuned.file.threshold, target_accuracy=target_accuracy,
+                     title=f"{tuned.file.name}, {calibrator}, {fitted.risk_.n} threshold rows "
+                           f"of {preds_files[0].name} (target {target_accuracy}, delta {delta})")
+    show = show_tuned if len(data) == 1 else show_cascade
+    show(tuned.file, tuned.fitted, out=out, n_slow=tuned.n_slow, n_labelled=tuned.n_labelled)
 
 
-def tuning_rows(data: Predictions, *, model: Path | None, cv: int | None, seed: int,
-                question: Question | None) -> tuple[Any, NDArray[np.int64] | None]:
-    """The rows to tune on and their folds (None: split): an out-of-fold file's own folds (all
-    its rows, checked against --model), random folds with --cv, else the labelled rows."""
-    from router.tuning.crossfit import check_crossfit_rows
+def signing_key_of_environment() -> bytes | None:
+    """The key that signs tuned files: the server's ``policy.signing_key``, from the variable
+    that sets it (SLOTGATE_POLICY__SIGNING_KEY); None: files are sealed, not signed."""
+    import os
 
-    folds = check_crossfit_rows(data)
-    if folds is not None and cv is not None:
-        fail(f"--cv: {data.path} is already out-of-fold (its rows carry a 'fold')")
-    if folds is not None:
-        check_model(data, model, question=question)
-        return slice(None), folds
-    if model is not None:
-        fail(f"--model goes with an out-of-fold --preds file (rows with a 'fold'); {data.path} "
-             "has none")
-    if cv is not None:
-        from calibration.crossfit import random_folds
-
-        try:
-            folds = random_folds(int(data.labelled.sum()), n_folds=cv, seed=seed)
-        except ValueError as exc:
-            fail(f"--cv: {str(exc).removeprefix('n_folds ')}")
-    return data.labelled, folds
+    key = os.environ.get("SLOTGATE_POLICY__SIGNING_KEY")
+    return key.encode() if key else None
 
 
-def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slow: int,
+def check_shape_flags(given: dict[str, Any], *, n_files: int, others: tuple[str, ...]) -> None:
+    """Refuse the flags of the other shape of policy, naming the flag."""
+    for key in others:
+        if given[key] is not None:
+            flag = "--" + key.replace("_", "-")
+            fail(f"{flag}: is a cascade's; pass one --preds per tier (got one --preds)"
+                 if n_files == 1 else
+                 f"{flag}: is one tier's; a cascade of {n_files} --preds takes none")
+
+
+def check_tune_flags(params: dict[str, Any], *, audit_rate: float, alarm_alpha: float,
+                     watch: dict[str, Any]) -> None:
+    """The options and the policy file's monitoring fields, each refused naming its flag."""
+    from pydantic import ValidationError
+
+    from policies.policy import Policy
+    from router.cli.common import check_policy_fields
+
+    try:
+        Policy(**params).check_params()
+    except ValidationError as exc:
+        fail_flag(exc)
+    check_policy_fields(audit_rate=audit_rate, alarm_alpha=alarm_alpha, **watch)
+
+
+def show_tuned(policy: PolicyFile, fitted: Policy, *, out: Path, n_slow: int,
                n_labelled: int) -> None:
     from calibration.metrics import ece
 
@@ -280,28 +245,6 @@ def show_tuned(policy: PolicyFile, fitted: GuaranteedPolicy, *, out: Path, n_slo
             "'budget exhausted' (those answers are outside the guarantee)", err=True)
 
 
-def check_model(data: Predictions, model: Path | None, *, question: Question | None) -> None:
-    """An out-of-fold file must come with the model trained with it, and match its rows and
-    the question (a policy must not cover a question its model refuses to read)."""
-    from router.backends.sklearn import SklearnBackend
-    from router.errors import ConfigError
-    from router.tuning.crossfit import check_matches_model
-
-    if model is None:
-        fail(f"{data.path}: rows carry a 'fold' (out-of-fold reads): pass --model, the model "
-             "`train --cv` saved with them, so they can be checked against its training rows")
-    try:
-        backend = SklearnBackend(model)
-    except ConfigError as exc:
-        fail(f"--model: {exc}")
-    check_matches_model(data, backend.model.meta, model_name=str(model),
-                        model_fingerprint=backend.fingerprint)
-    trained_for = backend.model.question
-    if trained_for is not None and question is not None and trained_for != question:
-        fail(f"--model: {model} was trained for question {trained_for.describe()}, not "
-             f"{question.describe()}; it reads no other question")
-
-
 def evaluate(
     preds_files: Annotated[list[Path], typer.Option(
         "--preds", metavar="<path>", help="Labelled predictions JSONL. For a cascade policy, one file per tier "
@@ -329,52 +272,83 @@ def evaluate(
     cost when no tier accepts).
     """
     from policies.evaluation import evaluate as evaluate_policy
-    from policies.guaranteed import GuaranteedPolicy
+    from policies.policy import Policy
+    from router.cli.cascade import show_cascade_metrics
     from router.cli.policy_ref import read_policy
 
     if report is not None:
         check_folder(report, "--report")
     _, tuned = read_policy(policy)
-    if tuned.cascade is not None:
-        if report is not None:
-            fail("--report: the plots are one tier's; a cascade policy has none")
-        from router.cli.cascade import evaluate_cascade_cli
-
-        evaluate_cascade_cli(preds_files, tuned, policy=policy, as_json=as_json,
-                             allow_mismatch=allow_mismatch)
-        return
-    if len(preds_files) != 1:
-        fail(f"--preds: policy {policy} has one fast tier: pass one --preds (got "
-             f"{len(preds_files)})")
-    preds = preds_files[0]
-    data = load_preds(preds, labelled=True)
-    fingerprint = single(data.fingerprints, "fingerprint", preds) or "unknown"
-    # A policy's threshold means something only for the backend and question it was tuned on.
-    mismatches = []
-    if fingerprint != tuned.backend_fingerprint:
-        mismatches.append(f"{preds} has backend fingerprint {fingerprint}, the policy {policy} was "
-                          f"tuned for {tuned.backend_fingerprint}")
-    mismatches += question_mismatches(preds, data, tuned, policy=policy, options=True)
-    refuse_mismatches(mismatches, allow=allow_mismatch)
-    mask = data.scored
-    runtime = GuaranteedPolicy.from_file(tuned)
+    runtime = Policy.from_file(tuned)
+    data = eval_inputs(preds_files, tuned, runtime, policy=policy, report=report,
+                       allow_mismatch=allow_mismatch)
+    first = data[0]
+    mask = first.scored
     try:
-        metrics = evaluate_policy(runtime, data.options, data.proba[mask], data.y_true[mask])
+        metrics = evaluate_policy(runtime, first.options, [read.proba[mask] for read in data],
+                                  first.y_true[mask])
     except ValueError as exc:
-        fail(f"{preds}: {exc}")
-    metrics = {"policy": tuned.policy_id, "threshold": tuned.threshold,
+        fail(f"{preds_files[0]}: {exc}")
+    one_tier = len(runtime.tiers_) == 1
+    metrics = {"policy": tuned.policy_id,
+               **({"threshold": tuned.threshold} if one_tier else {}),
                "target_accuracy": tuned.target_accuracy, "delta": tuned.delta,
                "n_unlabelled": int((~mask).sum()), **metrics}
     if report is not None:  # the plots need an option index: rows of the policy's options
-        before = data.proba[data.labelled]
-        write_report(report, before, runtime.calibrator_.transform(before),
-                     data.y_true[data.labelled], threshold=tuned.threshold,
+        before = first.proba[first.labelled]
+        write_report(report, before, runtime.tiers_[0].calibrator.transform(before),
+                     first.y_true[first.labelled], threshold=tuned.threshold,
                      target_accuracy=tuned.target_accuracy,
-                     title=f"{tuned.name} on {preds.name} ({metrics['n']} rows)")
+                     title=f"{tuned.name} on {preds_files[0].name} ({metrics['n']} rows)")
     if as_json:
         typer.echo(json.dumps(metrics))
-        return
-    show_table(f"{tuned.policy_id} on {preds} (95% intervals)", [
+    elif one_tier:
+        show_metrics(metrics, tuned, where=str(preds_files[0]), answers=answers)
+    else:
+        show_cascade_metrics(metrics, tuned, n_files=len(preds_files))
+
+
+def eval_inputs(files: list[Path], tuned: PolicyFile, runtime: Policy, *, policy: str,
+                report: Path | None, allow_mismatch: bool) -> list[Predictions]:
+    """One labelled predictions file per tier of the policy, the same rows, each from the
+    backend and of the question its tier was tuned on (else refused, unless allowed)."""
+    from router.tuning.cascade import check_same_rows
+    from router.tuning.predictions import PredictionsError
+
+    tiers = runtime.tiers_
+    if len(tiers) > 1 and report is not None:
+        fail("--report: the plots are one tier's; a cascade policy has none")
+    if len(files) != len(tiers):
+        fail(f"--preds: policy {policy} has one fast tier: pass one --preds (got {len(files)})"
+             if len(tiers) == 1 else
+             f"--preds: policy {policy} is a cascade of {len(tiers)} tiers ("
+             + ", ".join(t.name for t in tiers)
+             + f"): pass one --preds per tier, in that order (got {len(files)})")
+    data = [load_preds(path, labelled=True) for path in files]
+    try:
+        check_same_rows(data)
+    except PredictionsError as exc:
+        fail(str(exc))
+    # A policy's threshold means something only for the backend and question it was tuned on.
+    mismatches = []
+    for path, read, tier in zip(files, data, tiers, strict=True):
+        fingerprint = single(read.fingerprints, "fingerprint", path) or "unknown"
+        if fingerprint != tier.backend_fingerprint:
+            mismatches.append(
+                f"{path} has backend fingerprint {fingerprint}, "
+                + (f"the policy {policy}" if len(tiers) == 1 else
+                   f"tier {tier.name!r} of the policy {policy}")
+                + f" was tuned for {tier.backend_fingerprint}")
+        mismatches += question_mismatches(path, read, tuned, policy=policy,
+                                          options=path == files[0])
+    refuse_mismatches(mismatches, allow=allow_mismatch)
+    return data
+
+
+def show_metrics(metrics: dict[str, Any], tuned: PolicyFile, *, where: str, answers: int
+                 ) -> None:
+    """One tier's evaluation as a table, then accepted accuracy per answer."""
+    show_table(f"{tuned.policy_id} on {where} (95% intervals)", [
         ("rows (labelled)", str(metrics["n"])
          + (f", {metrics['n_novel']} of them novel (counted wrong)" if metrics["n_novel"] else "")),
         ("accuracy (all rows)", fmt(metrics["accuracy"], metrics["accuracy_ci"])),

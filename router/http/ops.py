@@ -2,9 +2,12 @@
 (``/metrics``).
 
 Readiness is "this replica can answer decisions": the fast backend answers and the decision log
-is writable (its file's permissions, and whether its last write went through: a full disk shows
-only when a write fails; ``decision_log`` in the body then says why). What the fast backend serves with (its kernels, and any fallback to slower ones:
-``fast_backend``, ``slotgate_fast_backend_fallbacks``) is reported, never a readiness condition.
+is writable (its file's permissions, and the log's own account of its writes: a full disk shows
+only when a write fails, so while it fails each probe has the log try again, at most once a
+second, and a replica out of rotation sees the space come back; ``decision_log`` in the body then
+says why, and how much is kept in memory meanwhile). What the fast backend serves with (its
+kernels, and any fallback to slower ones: ``fast_backend``, ``slotgate_fast_backend_fallbacks``)
+is reported, never a readiness condition.
 Redis is a cache: while it is down or hung decisions are still answered (uncached),
 so it is reported (body, ``slotgate_redis_up``, a log line when it changes) but takes the replica
 out only with ``cache.required: true``; otherwise a Redis outage would take every replica of a
@@ -40,12 +43,16 @@ def make_router() -> APIRouter:
         checks: dict[str, bool] = {"fast_backend": bool(await service.backend.ready())}
         body: dict[str, Any] = {}
         if state.decision_log_path is not None:  # None: a log injected by a test
-            # The log's own account of its last write: os.access cannot see a full disk.
-            failing = getattr(state.feedback, "failing", None)
+            # The log's own account of its writes: os.access cannot see a full disk.
+            recheck = getattr(state.feedback, "recheck", None)
+            failing = await recheck() if recheck is not None else getattr(
+                state.feedback, "failing", None)
             checks["decision_log"] = failing is None and decision_log_writable(
                 state.decision_log_path)
             if failing is not None:
-                body["decision_log"] = {"failing": failing}
+                records, size = getattr(state.feedback, "spooled", (0, 0))
+                body["decision_log"] = {"failing": failing, "spooled_records": records,
+                                        "spooled_bytes": size}
         required = sorted(checks)
         serving = _fast_backend_seen(state)
         if serving:  # reported, never a readiness condition: a fallback still serves

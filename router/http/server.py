@@ -35,6 +35,7 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
     from router.backends.factory import build_backend
     from router.http.app import create_app
     from router.http.startup import check_decision_log
+    from router.monitoring.checkpoint import check_unclaimed
     from router.routing.registry import PolicyRegistry
 
     # First: from here on several threads may format tracebacks or compile Triton kernels at
@@ -45,6 +46,7 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
     try:
         settings = load_settings(chosen, **overrides)
         check_decision_log(settings.log.decision_log_path)
+        check_unclaimed(settings.log.decision_log_path)  # one replica per checkpoint
         backend = build_backend(settings.fast)
         tiers = {tier.name: build_backend(tier) for tier in settings.tiers}
         PolicyRegistry.load(

@@ -4,12 +4,16 @@ A JSON body may carry a lone UTF-16 surrogate (``"\\ud800"``): Python decodes it
 that no UTF-8 encoder accepts, so hashing, logging or forwarding it fails deep inside (a 500, or a
 503 blamed on the upstream). It is refused once, here, as a 400 naming the field. Header values
 built from text we do not control (an upstream's error message) lose CR, LF and other control
-characters, which would otherwise split the header or make the server drop the response.
-JSON nested deeper than ``MAX_JSON_DEPTH`` is refused before any parser recurses into it: Python's
-``json`` gives up near 1,000 levels with a RecursionError, pydantic's serializer near 255."""
+characters, which would otherwise split the header or make the server drop the response; a list
+of ids goes out whole or not at all.
+JSON nested deeper than ``MAX_JSON_DEPTH`` that slotgate must parse is refused before any parser
+recurses into it: Python's ``json`` gives up near 1,000 levels with a RecursionError, pydantic's
+serializer near 255. ``holds_array`` tells, without parsing, whether JSON text is such (a System
+One schema in a chat message) or a document slotgate only forwards."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -17,6 +21,8 @@ import orjson
 
 _NOT_HEADER_SAFE = re.compile(r"[^\x20-\x7e]")  # visible ASCII and space only (RFC 9110 field-vchar)
 MAX_JSON_DEPTH = 128  # levels of arrays and objects in a body, or in JSON text a field carries
+# A JSON string (escapes included) or one of the punctuation marks that give JSON its structure.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}:,]')
 MAX_HEADER_CHARS = 1024  # a header value built from client text is cut here (ending "...")
 
 
@@ -71,6 +77,33 @@ def too_deep_field(body: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> str | Non
     return None
 
 
+def holds_array(text: str, key: str) -> bool:
+    """Whether the JSON text ``text`` is an object whose ``key`` holds an array, read from its
+    top-level tokens in linear time without parsing any value: nesting at any depth costs
+    nothing (``text`` need not be valid JSON; what is not an object is False)."""
+    stripped = text.lstrip()
+    if not stripped.startswith("{"):
+        return False
+    depth, previous, name = 0, "", None
+    for match in _JSON_TOKEN.finditer(stripped):
+        token = match.group()
+        if depth == 1:
+            if token == ":" and previous.startswith('"'):
+                name = previous
+            elif name is not None:  # the first token of the value after "name":
+                if token == "[" and _decoded(name) == key:
+                    return True
+                name = None
+            previous = token
+        if token in ("{", "["):
+            depth += 1
+        elif token in ("}", "]"):
+            depth -= 1
+            if depth <= 0:
+                return False
+    return False
+
+
 def depth_message(field: str) -> str:
     return f"{field}: JSON nested more than {MAX_JSON_DEPTH} levels deep"
 
@@ -87,6 +120,23 @@ def header_safe(text: str) -> str:
     if len(text) > MAX_HEADER_CHARS:
         text = text[:MAX_HEADER_CHARS - 3] + "..."
     return _NOT_HEADER_SAFE.sub(lambda m: " " if m.group() in "\r\n\t" else "?", text)
+
+
+def header_whole(text: str) -> str | None:
+    """``text`` as a header value when it is one as it stands (visible ASCII, at most
+    ``MAX_HEADER_CHARS``), else None: for lists of ids, where a cut or altered value would name
+    ids that do not exist, so the header is left out and the body carries them all."""
+    if len(text) > MAX_HEADER_CHARS or _NOT_HEADER_SAFE.search(text):
+        return None
+    return text
+
+
+def _decoded(token: str) -> str | None:
+    """A JSON string token's text; None for one that is not valid JSON (a bad escape)."""
+    try:
+        return str(json.loads(token))
+    except ValueError:
+        return None
 
 
 def _utf8(text: str) -> bool:

@@ -1,19 +1,29 @@
-"""The watches' evidence on disk, beside the decision log, so it outlives the process: read
-once at start-up (each watch resumes what it can), written atomically every few seconds and at
-shutdown (``Monitor.keep_checkpoints``)."""
+"""The watches' evidence on disk, beside the decision log, so it outlives the process: claimed
+by one process at a time, read once at start-up (each watch resumes what passes its checks),
+written atomically every few seconds and at shutdown (``Monitor.keep_checkpoints``)."""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
+from calibration.state import DamagedState
+from router.errors import ConfigError
 from router.monitoring.watch import PolicyWatch
 
 logger = logging.getLogger("slotgate.monitoring")
 CHECKPOINT_EVERY_S = 10.0  # how often each watch's evidence is written
+
+
+class CheckpointInUse(ConfigError):
+    """Another process keeps its watches' evidence in this checkpoint: two replicas must not
+    share one (each one's writes would silently replace the other's evidence)."""
 
 
 def checkpoint_path(decision_log_path: Path) -> Path:
@@ -21,13 +31,25 @@ def checkpoint_path(decision_log_path: Path) -> Path:
     return decision_log_path.with_name(decision_log_path.name + ".watch.json")
 
 
+def check_unclaimed(decision_log_path: Path) -> None:
+    """Raise ``CheckpointInUse`` when another process holds the checkpoint beside this
+    decision log: for a start-up check before the server starts (the lock is let go at once;
+    ``Checkpoints.open`` takes it for good)."""
+    handle = _claim(checkpoint_path(decision_log_path))
+    if handle is not None:
+        handle.close()
+
+
 def resume(path: Path, watches: Mapping[str, PolicyWatch]) -> int:
-    """Resume each watch from its entry at ``path``; one gathered on another basis, or
-    damaged, is skipped (logged) and that watch starts afresh. Returns how many resumed."""
+    """Resume each watch from its entry at ``path``. An entry gathered on another basis or
+    format is not taken; a damaged file or entry is discarded with one warning naming the
+    file, the policy and the field. Either way those watches start afresh. Returns how many
+    resumed."""
     try:
         states = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError) as exc:
-        logger.warning("watch checkpoint %s unreadable, the watches start afresh: %s", path, exc)
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        logger.warning("watch checkpoint %s unreadable, the watches start afresh: %s", path,
+                       str(exc)[:200])
         return 0
     if not isinstance(states, dict):
         logger.warning("watch checkpoint %s is not a JSON object: the watches start afresh", path)
@@ -35,22 +57,92 @@ def resume(path: Path, watches: Mapping[str, PolicyWatch]) -> int:
     resumed = 0
     for policy_id, watch in watches.items():
         state = states.get(policy_id)
-        if not isinstance(state, dict):
+        if state is None:
             continue
         try:
+            if not isinstance(state, dict):
+                raise DamagedState(f"the entry must be a JSON object, got {type(state).__name__}")
             resumed += watch.resume(state)
-        except ValueError as exc:
-            logger.warning("%s (%s): that watch starts afresh", exc, path)
+        except DamagedState as exc:
+            logger.warning("watch checkpoint %s: policy %s: %s; that watch starts afresh", path,
+                           policy_id, exc)
     return resumed
 
 
 def write(path: Path, watches: Mapping[str, PolicyWatch]) -> None:
     """Every watch's evidence to ``path``, atomically (a temporary file, then a rename: a crash
-    mid-write leaves the previous checkpoint). A retired policy's watch is no longer in it."""
+    mid-write leaves the previous checkpoint; a failed write leaves no temporary file). A
+    retired policy's watch is no longer in it."""
     states = {policy_id: watch.state() for policy_id, watch in watches.items()}
     temporary = path.with_name(path.name + ".tmp")
     try:
         temporary.write_text(json.dumps(states, allow_nan=False), encoding="utf-8")
         os.replace(temporary, path)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a non-finite number, never written
         logger.warning("watch checkpoint not written to %s: %s", path, exc)
+        temporary.unlink(missing_ok=True)
+
+
+class Checkpoints:
+    """One process's checkpoint: ``open`` claims it (an exclusive lock on ``<path>.lock``,
+    held until ``close``: a second process pointed at the same decision log is refused with
+    ``CheckpointInUse``), then ``resume``, ``start`` (a write every ``every_s``), ``stop`` and
+    ``close`` (the last write, then the lock goes)."""
+
+    def __init__(self, path: Path, watches: Mapping[str, PolicyWatch],
+                 lock: IO[str] | None) -> None:
+        self.path = path
+        self._watches = watches
+        self._lock = lock
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def open(cls, path: Path, watches: Mapping[str, PolicyWatch]) -> Checkpoints:
+        return cls(path, watches, _claim(path))
+
+    def resume(self) -> int:
+        return resume(self.path, self._watches)
+
+    def write(self) -> None:
+        write(self.path, self._watches)
+
+    def start(self, every_s: float) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._every(every_s))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def close(self) -> None:
+        self.write()
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases its lock
+            self._lock = None
+
+    async def _every(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.write()
+
+
+def _claim(path: Path) -> IO[str] | None:
+    """The lock on ``path`` for this process; None (warned) where no lock file can be made:
+    nothing can be written beside it then either."""
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        handle = lock_path.open("a", encoding="utf-8")
+    except OSError as exc:
+        logger.warning("watch checkpoint %s: no lock file (%s): it is not guarded against a "
+                       "second replica", path, exc)
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        raise CheckpointInUse(
+            f"watch checkpoint {path} is held by another slotgate process ({lock_path} is "
+            "locked): replicas must not share a decision log and its checkpoint; give each its "
+            "own log.decision_log_path", field="log.decision_log_path") from exc
+    return handle

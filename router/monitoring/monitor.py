@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import Counter
 
 from policies.types import DecisionRequest
-from router.monitoring import checkpoint
 from router.monitoring.audits import AuditJob, AuditQueue
-from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, checkpoint_path
+from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, Checkpoints, checkpoint_path
 from router.monitoring.fingerprint import input_key
+from router.monitoring.ladder import WatchSnapshot, ladder
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
 from router.routing.ports import Label, Observation, SlowModel
 from router.store.records import AlarmRecord
@@ -73,8 +73,7 @@ class Monitor:
                                  workers=audit_workers, on_count=self._audit_counted)
         self._labelled: OrderedDict[str, str] = OrderedDict()
         self._inputs: OrderedDict[str, str] = OrderedDict()  # served fast: decision id -> key
-        self._checkpoints: asyncio.Task[None] | None = None
-        self._checkpoint_path: Path | None = None
+        self._checkpoints: Checkpoints | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._board: AlarmBoard | None = None
         self._sync: asyncio.Task[None] | None = None
@@ -146,28 +145,16 @@ class Monitor:
         self.export()
 
     def gate(self, policy_id: str) -> str | None:
+        """Why every decision ``policy_id`` would accept escalates now (``on_alarm``,
+        ``router.monitoring.ladder``); None while its verdicts stand or it is not watched.
+        Changes nothing: it only reads the watch."""
+        snapshot = self.snapshot(policy_id)
+        return None if snapshot is None else ladder(snapshot).reason
+
+    def snapshot(self, policy_id: str) -> WatchSnapshot | None:
+        """The facts the ladder acts on for ``policy_id`` (None when it is not watched)."""
         watch = self.watches.get(policy_id)
-        if watch is not None and watch.audits_short and (
-                self.audits.pending <= self.audits.capacity // 4):
-            watch.audits_short = False  # the ladder gets its labels again
-            logger.warning("policy %s: audits keep up again; its accepted decisions are served "
-                           "and audited", watch.policy_id)
-            self.export()
-        if watch is None or not watch.escalate_all:
-            return None
-        alarm = watch.alarm
-        if watch.settings.on_alarm == "audit_then_escalate" and (
-                alarm is None or alarm.kind == "drift"):
-            why = "drift alarm" if alarm is not None else "traffic less sure than the tuning rows"
-            return (f"{why} and too few audits (queue full or slow model failing): every decision "
-                    "escalates until audits keep up again, an operator clears the policy "
-                    "(`slotgate alarms clear`) or a re-tuned policy is loaded")
-        if alarm is None:  # escalate_all on the traffic test's trip
-            return ("traffic less sure than the tuning rows (on_alarm: escalate_all): every "
-                    "decision escalates until an operator clears the policy (`slotgate alarms "
-                    "clear`) or a re-tuned policy is loaded")
-        return (f"{alarm.kind} alarm: every decision escalates until the alarm is cleared "
-                "(`slotgate alarms clear`) or a re-tuned policy is loaded")
+        return None if watch is None else watch.snapshot()
 
     def decided(self, observation: Observation) -> None:
         """One decision with a fast read: the watch takes it (identical inputs once per window)
@@ -186,7 +173,7 @@ class Monitor:
                            "%d (not an alarm: unsure traffic puts no wrong answer in front of "
                            "anyone); %s; accuracy is tested on the labels from here on too",
                            watch.policy_id, watch.n_decisions,
-                           _action(watch) if watch.escalate_all else
+                           _action(watch) if watch.gate.escalate else
                            f"audit rate raised to {watch.audit_rate:g}"
                            if watch.audit_rate > watch.settings.audit_rate else "no action")
             self.export()
@@ -304,18 +291,18 @@ class Monitor:
 
     # -- state, export, shutdown ------------------------------------------------------------
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        return [watch.snapshot() for watch in self.watches.values()]
+    def reports(self) -> list[dict[str, Any]]:
+        """Every watch's ``PolicyWatch.report``, for the gauges."""
+        return [watch.report() for watch in self.watches.values()]
 
     def export(self) -> None:
         if self.metrics is not None:
-            for state in self.snapshot():
+            for state in self.reports():
                 self.metrics.policy_state(state)
 
     async def aclose(self) -> None:
         if self._checkpoints is not None:
-            self._checkpoints.cancel()
-            await asyncio.gather(self._checkpoints, return_exceptions=True)
+            await self._checkpoints.stop()
         if self._sync is not None:
             self._stop.set()
             try:  # a round in flight ends within the board's timeouts
@@ -326,28 +313,21 @@ class Monitor:
         await self.audits.aclose()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.write_checkpoint()  # after the last audits' labels
+        if self._checkpoints is not None:  # after the last audits' labels
+            self._checkpoints.close()
+            self._checkpoints = None
 
     # -- evidence that outlives the process ------------------------------------------------
 
     def keep_checkpoints(self, path: Path, *, every_s: float = CHECKPOINT_EVERY_S) -> int:
-        """Resume each watch from the checkpoint at ``path``, then write one there every
-        ``every_s`` seconds and at shutdown (a task of the running loop). Returns how many
-        watches resumed."""
-        self._checkpoint_path = path
-        resumed = checkpoint.resume(path, self.watches)
+        """Claim the checkpoint at ``path`` (``CheckpointInUse`` when another process holds
+        it), resume each watch from it, then write one there every ``every_s`` seconds and at
+        shutdown (a task of the running loop). Returns how many watches resumed."""
+        self._checkpoints = Checkpoints.open(path, self.watches)
+        resumed = self._checkpoints.resume()
         self.export()
-        self._checkpoints = asyncio.get_running_loop().create_task(self._checkpoint_every(every_s))
+        self._checkpoints.start(every_s)
         return resumed
-
-    def write_checkpoint(self) -> None:
-        if self._checkpoint_path is not None:
-            checkpoint.write(self._checkpoint_path, self.watches)
-
-    async def _checkpoint_every(self, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            self.write_checkpoint()
 
     async def _audit_answer(self, job: AuditJob) -> str:
         assert self._answer is not None
@@ -369,21 +349,33 @@ class Monitor:
             self.alarmed(alarm)
 
     def _audit_counted(self, policy_id: str, result: str) -> None:
-        """An audit done, dropped or failed. Under ``audit_then_escalate`` while traffic is
-        suspect (a drift alarm stands or the traffic detector tripped), audits are the evidence:
-        one that could not be had switches the policy to escalating (logged, in the gate's
-        reason) until the audit queue is at most a quarter full, so no accepted answer goes
-        unaudited and unescalated while the promise is in doubt."""
+        """An audit done, dropped or failed: the events that start and end a shortage of
+        audits. Under ``audit_then_escalate`` while traffic is suspect (a drift alarm stands or
+        the traffic detector tripped), audits are the evidence: one dropped or failed while the
+        queue is more than a quarter full switches the policy to escalating (logged, in the
+        gate's reason), and an audit leaving a queue at most a quarter full switches it back,
+        so no accepted answer goes unaudited and unescalated while the promise is in doubt. A
+        failure with the queue at most a quarter full changes nothing: the next accepted
+        decision is drawn for an audit again, and escalating to a slow model that is failing
+        would buy no evidence."""
         if self.metrics is not None:
             self.metrics.audit(policy_id, result)
         watch = self.watches.get(policy_id)
-        if (result != "done" and watch is not None and not watch.audits_short
-                and watch.suspect and watch.settings.on_alarm == "audit_then_escalate"):
+        if watch is None:
+            return
+        backlog = self.audits.pending > self.audits.capacity // 4
+        if (result != "done" and backlog and not watch.audits_short and watch.suspect
+                and watch.settings.on_alarm == "audit_then_escalate"):
             watch.audits_short = True
             logger.warning("policy %s: an audit was %s while %s: its accepted decisions "
                            "escalate until audits keep up again", policy_id, result,
                            "its drift alarm stands" if "drift" in watch.alarms
                            else "its traffic detector has tripped")
+            self.export()
+        elif watch.audits_short and not backlog:
+            watch.audits_short = False  # the ladder gets its labels again
+            logger.warning("policy %s: audits keep up again; its accepted decisions are served "
+                           "and audited", policy_id)
             self.export()
 
     def _first_label(self, decision_id: str, source: str) -> bool:
@@ -455,7 +447,7 @@ def _alarm(record: AlarmRecord) -> Alarm | None:
 
 
 def _action(watch: PolicyWatch) -> str:
-    if watch.escalate_all:
+    if watch.gate.escalate:
         return "escalating every decision it would accept until cleared or re-tuned"
     if watch.settings.on_alarm == "audit_then_escalate":
         return (f"audit rate raised to {watch.audit_rate:g}; its accepted decisions escalate "

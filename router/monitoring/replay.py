@@ -4,7 +4,9 @@ sequence at each label, alarms, and accepted accuracy per answer.
 
 The log is streamed twice (labels and alarms first, then the decisions in order), so memory
 holds the labels and the series, never the records. Each decision is judged by the policy's
-own rule (``verdict_on``: per-option bars, margins and the budget as served); labels are joined
+own steps (``verdict_on``: per-option bars, margins and the budget as served; a cascade's
+decision climbs its tiers again on the tiers' logged reads, or, logged without them, its logged
+verdict is replayed and counted in ``logged_verdicts``); labels are joined
 by ``router.store.log_join`` and count, as live, for decisions whose fast answer was served,
 and, as live, only audits and trusted keys' labels (a client's labels judge nothing)."""
 
@@ -18,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from calibration.per_answer import AnswerAccuracy, PerAnswerTally
-from policies.guaranteed import GuaranteedPolicy
-from policies.types import Verdict
+from policies.policy import Policy
+from policies.types import OptionScores, Verdict
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from router.store.log_join import LabelJoin, distinct_decisions
 from router.store.log_reader import ReadCounts, read_log
@@ -79,13 +81,16 @@ class Series:
     tiers: dict[str, TierTally] = field(default_factory=dict)
     unfit: int = 0
     damaged_lines: int = 0  # of the whole log
+    # A cascade's decisions logged without every tier's read: their logged verdicts replayed.
+    logged_verdicts: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """What ``slotgate monitor --json`` prints of this policy."""
         return {**self.state, "alarms": self.alarms, "logged_alarms": self.logged_alarms,
                 "per_answer": [row.as_dict() for row in self.per_answer],
                 "tiers": {name: vars(tally) for name, tally in self.tiers.items()},
-                "unfit_decisions": self.unfit, "damaged_lines": self.damaged_lines}
+                "unfit_decisions": self.unfit, "damaged_lines": self.damaged_lines,
+                "logged_verdicts": self.logged_verdicts}
 
     def per_answer_rows(self, *, limit: int = 20) -> list[tuple[str, str]]:
         """The per-answer table's rows, worst first: (answer, accuracy [bounds] (n labelled))."""
@@ -107,7 +112,7 @@ class Series:
         return np.asarray((sums - lagged) / window, dtype=np.float64)
 
 
-def verdict_on(runtime: GuaranteedPolicy, record: DecisionRecord) -> tuple[Verdict, float] | None:
+def verdict_on(runtime: Policy, record: DecisionRecord) -> tuple[Verdict, float] | None:
     """The policy's own verdict on one logged fast read (its rule, stateful rules advancing),
     and the confidence its drift test watches: the calibrated probability of the raw argmax, as
     served. None when the record has no read or the read does not fit the policy."""
@@ -123,9 +128,10 @@ class _Judge:
     judged one by one in log order by the policy's rule, so a budget's window advances as it
     did when served."""
 
-    def __init__(self, runtime: GuaranteedPolicy) -> None:
+    def __init__(self, runtime: Policy) -> None:
         self.runtime = runtime
         self.window = runtime.escalation_window()  # a budget's, advanced in log order
+        self.logged_verdicts = 0  # cascade decisions logged without their tiers' reads
 
     def judge(self, records: list[DecisionRecord]) -> list[tuple[Verdict, float] | None]:
         calibrated: list[np.ndarray[Any, np.dtype[np.float64]] | None] = [None] * len(records)
@@ -136,7 +142,7 @@ class _Judge:
         for rows in by_width.values():
             raw = np.asarray([records[i].proba for i in rows], dtype=np.float64)
             try:
-                out = self.runtime.calibrator_.transform(raw)
+                out = self.runtime.tiers_[0].calibrator.transform(raw)
             except (ValueError, IndexError):  # another option count than it was fit on
                 continue
             for i, row in zip(rows, out, strict=True):
@@ -144,14 +150,14 @@ class _Judge:
         judged: list[tuple[Verdict, float] | None] = []
         for record, row in zip(records, calibrated, strict=True):
             if record.tiers is not None:
-                judged.append(cascade_verdict(record))
+                judged.append(self.climb(record))
                 continue
             if row is None or record.proba is None:
                 judged.append(None)
                 continue
             top = int(np.argmax(record.proba))  # the raw argmax: the answer served
             window = self.window
-            verdict = self.runtime.rule_.verdict(
+            verdict = self.runtime.tiers_[0].rule.verdict(
                 record.options, row.tolist(), top,
                 escalations=0 if window is None else window.escalations)
             if window is not None:
@@ -159,11 +165,29 @@ class _Judge:
             judged.append((verdict, float(row[top])))
         return judged
 
+    def climb(self, record: DecisionRecord) -> tuple[Verdict, float] | None:
+        """A cascade decision judged again: the policy's steps up its tiers on the tiers'
+        logged reads; the logged verdict when the log lacks a read the climb needs."""
+        reads, runtime = record.tier_proba or {}, self.runtime
+        k = runtime.next_tier(-1)
+        if k is None:
+            k = 0
+        while k is not None:
+            proba = reads.get(runtime.tiers_[k].name)
+            if proba is None or len(proba) != len(record.options):
+                self.logged_verdicts += 1
+                return cascade_verdict(record)
+            step = runtime.step(k, OptionScores(tuple(record.options), tuple(proba)))
+            if step.climb is None:
+                return step.verdict, step.verdict.probability
+            k = step.climb
+        return None
+
 
 def cascade_verdict(record: DecisionRecord) -> tuple[Verdict, float] | None:
-    """A cascade's verdict on a logged decision: its last tier's, as the proxy logged it (the
-    log's ``proba`` is the first tier's read only, so the later tiers' reads cannot be judged
-    again), and that tier's calibrated probability, the confidence its drift test watched.
+    """A cascade's verdict on a logged decision: its last tier's, as the proxy logged it (for a
+    decision logged without its tiers' reads, which cannot be judged again), and that tier's
+    calibrated probability, the confidence its drift test watched.
     None when the record's tiers are damaged or empty (counted as unfit)."""
     try:
         last = (record.tiers or [])[-1]
@@ -178,7 +202,7 @@ class _Replay:
     """One policy's state while the log streams past."""
 
     def __init__(self, policy: Any, logged_alarms: list[dict[str, Any]], damaged: int) -> None:
-        self.judge = _Judge(GuaranteedPolicy.from_file(policy))
+        self.judge = _Judge(Policy.from_file(policy))
         self.watch = PolicyWatch(WatchSettings.of(policy))
         # A cascade's tiers, each watched on its own reads for drift (label-free, shown only).
         self.tier_watches = {} if policy.cascade is None else {
@@ -245,7 +269,12 @@ class _Replay:
 
     def finish(self, labels: LabelJoin) -> Series:
         self.flush(labels)
-        self.series.state = self.watch.snapshot()
+        self.series.logged_verdicts = self.judge.logged_verdicts
+        if self.judge.logged_verdicts:
+            logger.warning("policy %s: %d cascade decisions were logged without every tier's "
+                           "read; their logged verdicts are replayed, not judged again",
+                           self.series.policy_id, self.judge.logged_verdicts)
+        self.series.state = self.watch.report()
         self.series.per_answer = self.tally.table()
         return self.series
 

@@ -6,14 +6,12 @@ call for (``on_alarm``). No I/O: the Monitor feeds it, checkpoints its evidence
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
-import struct
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 from calibration.monitoring import (
     TRAFFIC_BETS,
@@ -22,11 +20,15 @@ from calibration.monitoring import (
     ConfidenceDropDetector,
     ConfidenceDropTest,
 )
+from calibration.state import DamagedState, count, field, number_value, optional_count
+from router.monitoring.ladder import AlarmKind, Gate, WatchSnapshot, ladder
+from router.monitoring.watch_settings import Alarm, WatchSettings
 
-AlarmKind = Literal["drift", "accuracy"]
-OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
+# Alarm and WatchSettings (``watch_settings``) are a watch's vocabulary, imported from here too.
+__all__ = ["ACCEPT_WINDOW", "CLOCK_SKEW_S", "DEDUPE_MAX_KEYS", "DEDUPE_WINDOW_S",
+           "FALSE_ALARM_HORIZON", "STATE_VERSION", "Alarm", "PolicyWatch", "WatchSettings"]
+
 ACCEPT_WINDOW = 1000  # decisions behind the live accept share
-DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_escalate)
 # Identical inputs (``router.monitoring.fingerprint``: templated ids and names folded) count once
 # per window: one day, or the last 65,536 distinct inputs per policy (a few MiB), whichever
 # forgets first. A repeat inside it is the same read of the same question (the read cache serves
@@ -35,6 +37,9 @@ DEFAULT_AUDIT_BOOST = 0.75  # audit rate while a drift alarm stands (audit_then_
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
 STATE_VERSION = 3  # of ``PolicyWatch.state()``
+# An operator's clear saved with a time this far ahead of the clock is damage, not skew: a
+# clear in the future would silence every alarm raised until then.
+CLOCK_SKEW_S = 3600.0
 # The traffic detector trips at an average run length to a false trip of
 # FALSE_ALARM_HORIZON / (alarm_alpha / 2) ranked inputs: a false trip within the first
 # FALSE_ALARM_HORIZON inputs it ranks has probability at most alarm_alpha / 2 (100,000 and
@@ -42,83 +47,6 @@ STATE_VERSION = 3  # of ``PolicyWatch.state()``
 # The alarms (drift, accuracy) stay test martingales: as detectors, bursts of one intent
 # raised them (bench.watch, docs/monitoring.md).
 FALSE_ALARM_HORIZON = 2_500
-
-
-@dataclass(frozen=True, slots=True)
-class Alarm:
-    """Why and when a policy stopped being trusted (latched until cleared or re-tuned)."""
-
-    policy_id: str
-    kind: AlarmKind
-    decision: int  # the policy's decision count when it was raised
-    time: float
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class WatchSettings:
-    """What a policy file says about watching it (``policies.file.PolicyFile``)."""
-
-    policy_id: str
-    target_accuracy: float
-    audit_rate: float = 0.0
-    on_alarm: OnAlarm = "audit_then_escalate"
-    audit_boost: float = DEFAULT_AUDIT_BOOST
-    alarm_alpha: float = 0.05
-    reference: tuple[float, ...] | None = None  # tuning rows' confidences; None: no drift test
-    reference_accept_share: float | None = None
-    seed: int = 0
-
-    @classmethod
-    def of(cls, policy_file: Any) -> WatchSettings:
-        reference = policy_file.reference
-        return cls(policy_id=policy_file.policy_id, target_accuracy=policy_file.target_accuracy,
-                   audit_rate=policy_file.audit_rate, on_alarm=policy_file.on_alarm,
-                   audit_boost=getattr(policy_file, "audit_boost", DEFAULT_AUDIT_BOOST),
-                   alarm_alpha=policy_file.alarm_alpha,
-                   reference=None if reference is None else tuple(reference.confidence),
-                   reference_accept_share=None if reference is None else reference.accept_share,
-                   seed=policy_file.seed)
-
-    @property
-    def basis(self) -> tuple[object, ...]:
-        """What the watch's statistics are measured against: the drift reference (the tuning
-        rows' confidences and accept share), the alarms' alpha, the target and the seed. A
-        reloaded file of the same policy id with another basis needs a fresh watch (its old
-        evidence was gathered against something that no longer holds); the action fields
-        (``on_alarm``, ``audit_rate``, ``audit_boost``) are not part of it."""
-        return (self.reference, self.reference_accept_share, self.alarm_alpha,
-                self.target_accuracy, self.seed)
-
-    @property
-    def reference_id(self) -> str:
-        """A short fingerprint of the drift reference, for logs ("none" without one)."""
-        if self.reference is None:
-            return "none"
-        digest = hashlib.blake2b(digest_size=6)
-        digest.update(struct.pack(f"<{len(self.reference)}d", *self.reference))
-        digest.update(struct.pack("<d", -1.0 if self.reference_accept_share is None
-                                  else self.reference_accept_share))
-        return digest.hexdigest()
-
-    @property
-    def accepted_reference(self) -> tuple[float, ...] | None:
-        """The tuning rows the policy accepted: the top ``reference_accept_share`` of the sorted
-        reference confidences (exact for one global threshold; for per-option thresholds the
-        surest rows stand in for the accepted ones). None when there are none."""
-        if self.reference is None:
-            return None
-        if self.reference_accept_share is None:
-            return self.reference
-        n = round(self.reference_accept_share * len(self.reference))
-        return tuple(sorted(self.reference)[-n:]) if n > 0 else None
-
-    def basis_changes(self, other: WatchSettings) -> list[str]:
-        """The fields of ``basis`` that differ from ``other``'s, by name."""
-        names = ("reference", "reference", "alarm_alpha", "target_accuracy", "seed")
-        return list(dict.fromkeys(name for name, mine, theirs
-                                  in zip(names, self.basis, other.basis, strict=True)
-                                  if mine != theirs))
 
 
 class PolicyWatch:
@@ -145,11 +73,8 @@ class PolicyWatch:
     (unsure traffic, a client's included, trips it): it buys audits and starts
     ``suspect_shortfall``.
 
-    The ladder (``on_alarm``): ``audit_then_escalate`` raises the audit rate to ``audit_boost``
-    on a drift alarm or the traffic test's trip and escalates what the policy accepts once the
-    accuracy alarm says the promise is broken, or while traffic is suspect (either of those)
-    and audits cannot be had; ``escalate_all`` escalates on either alarm or the trip;
-    ``alert_only`` never acts."""
+    What the alarms do (``on_alarm``) is ``router.monitoring.ladder.ladder`` of ``snapshot()``
+    (``gate``)."""
 
     def __init__(self, settings: WatchSettings, *, dedupe_window_s: float = DEDUPE_WINDOW_S,
                  dedupe_max_keys: int = DEDUPE_MAX_KEYS) -> None:
@@ -161,7 +86,8 @@ class PolicyWatch:
         self.n_accepted = 0
         # Audits could not be had (queue full, slow model failing) while traffic is suspect (a
         # drift alarm stands or the traffic detector tripped): under audit_then_escalate the
-        # policy's accepted decisions escalate until they can.
+        # policy's accepted decisions escalate until the audit queue drains (the Monitor sets
+        # and clears it as audits leave the queue).
         self.audits_short = False
         self.suspect_from: int | None = None  # the decision count when suspect_shortfall started
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
@@ -213,13 +139,18 @@ class PolicyWatch:
         """The gravest standing alarm (accuracy before drift), None when there is none."""
         return self.alarms.get("accuracy") or self.alarms.get("drift")
 
+    def snapshot(self) -> WatchSnapshot:
+        """The facts the ladder acts on (``router.monitoring.ladder``)."""
+        settings = self.settings
+        return WatchSnapshot(
+            policy_id=self.policy_id, on_alarm=settings.on_alarm, alarms=frozenset(self.alarms),
+            traffic_tripped=self.traffic_tripped, audits_short=self.audits_short,
+            audit_rate=settings.audit_rate, audit_boost=settings.audit_boost)
+
     @property
-    def escalate_all(self) -> bool:
-        on_alarm = self.settings.on_alarm
-        if on_alarm == "escalate_all":  # the most cautious: unsure traffic is reason enough
-            return bool(self.alarms) or self.traffic_tripped
-        return on_alarm == "audit_then_escalate" and (
-            "accuracy" in self.alarms or (self.audits_short and self.suspect))
+    def gate(self) -> Gate:
+        """What the ladder does with this policy's decisions now."""
+        return ladder(self.snapshot())
 
     @property
     def suspect(self) -> bool:
@@ -235,14 +166,8 @@ class PolicyWatch:
 
     @property
     def audit_rate(self) -> float:
-        """The audit rate now: the file's, or ``audit_boost`` while the traffic test has
-        tripped (unless ``alert_only``) or, under ``audit_then_escalate``, a drift alarm
-        stands."""
-        rate, on_alarm = self.settings.audit_rate, self.settings.on_alarm
-        if (on_alarm != "alert_only" and self.traffic_tripped) or (
-                on_alarm == "audit_then_escalate" and "drift" in self.alarms):
-            return max(rate, self.settings.audit_boost)
-        return rate
+        """The audit rate now, as the ladder sets it (``ladder``)."""
+        return self.gate.audit_rate
 
     @property
     def accept_share(self) -> float | None:
@@ -357,9 +282,11 @@ class PolicyWatch:
             self.audits_short = False
         return bool(stale)
 
-    def snapshot(self) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
+        """The watch's state for the gauges, the replay's series and ``slotgate monitor``."""
         bounds = self.accuracy.bounds()
         alarm = self.alarm
+        gate = self.gate
         return {
             "policy_id": self.policy_id,
             "decisions": self.n_decisions,
@@ -384,8 +311,8 @@ class PolicyWatch:
             "alarms": sorted(self.alarms),
             "alarm_detail": None if alarm is None else alarm.detail,
             "on_alarm": self.settings.on_alarm,
-            "audit_rate": self.audit_rate,
-            "escalating": self.escalate_all,
+            "audit_rate": gate.audit_rate,
+            "escalating": gate.escalate,
         }
 
     def state(self) -> dict[str, Any]:
@@ -407,8 +334,10 @@ class PolicyWatch:
 
     def resume(self, state: dict[str, Any]) -> bool:
         """Continue from a ``state()`` of this policy's watch in an earlier process. False (and
-        nothing taken) when it was gathered on another basis or format; raises ValueError,
-        naming the field, on a damaged one."""
+        nothing taken) when it was gathered on another basis or format; raises
+        ``DamagedState`` naming the field, and takes nothing, on one no run of this watch could
+        have written (a count out of range or out of step with another, a NaN, a wealth past
+        what its bets can reach)."""
         if (state.get("version") != STATE_VERSION
                 or state.get("basis") != self.settings.reference_id
                 or state.get("alpha") != self.settings.alarm_alpha
@@ -416,28 +345,45 @@ class PolicyWatch:
                 or (state.get("drift") is None) != (self.drift is None)
                 or (state.get("traffic") is None) != (self.traffic is None)):
             return False
+        counts = _resumed_counts(state)
+        cleared_at = field(state, "cleared_at")
+        if cleared_at is not None:
+            cleared_at = number_value(cleared_at, "cleared_at", high=time.time() + CLOCK_SKEW_S)
         try:
-            if self.drift is not None:
-                self.drift.resume(state["drift"])
-            if self.traffic is not None:
-                self.traffic.resume(state["traffic"])
-                self.traffic_tripped_at = state["traffic_tripped_at"]
-            if state["suspect_shortfall"] is not None:
-                self._suspect()
-                assert self.suspect_shortfall is not None
-                self.suspect_shortfall.resume(state["suspect_shortfall"])
-                self.suspect_from = int(state["suspect_from"])
-            self.shortfall.resume(state["shortfall"])
-            self.accuracy.resume(state["accuracy"])
-            self.n_decisions = int(state["decisions"])
-            self.n_counted = int(state["counted"])
-            self.n_accepted = int(state["accepted"])
-            if state["cleared_at"] is not None:
-                self.cleared_at = max(self.cleared_at, float(state["cleared_at"]))
-        except (KeyError, TypeError, ValueError) as exc:  # nothing half-taken
+            self._resume_tests(state, counts)
+        except DamagedState:  # nothing half-taken
             self._start_tests()
-            raise ValueError(f"watch state of {self.policy_id}: damaged ({exc!r})") from exc
+            raise
+        self.n_decisions, self.n_counted, self.n_accepted = counts
+        if cleared_at is not None:
+            self.cleared_at = max(self.cleared_at, cleared_at)
         return True
+
+    def _resume_tests(self, state: dict[str, Any], counts: tuple[int, int, int]) -> None:
+        decisions, counted, accepted = counts
+        if self.drift is not None:
+            _section("drift", self.drift.resume, state)
+            _at_most("drift.n", self.drift.n, min(counted, accepted))
+        if self.traffic is not None:
+            _section("traffic", self.traffic.resume, state)
+            _at_most("traffic.n", self.traffic.n, counted)
+            tripped_at = optional_count(state, "traffic_tripped_at", low=1, high=decisions)
+            if (tripped_at is not None) != self.traffic.alarm:
+                raise DamagedState("traffic_tripped_at must be given exactly when the traffic "
+                                   f"detector has tripped, got {tripped_at!r}")
+            self.traffic_tripped_at = tripped_at
+        _section("shortfall", self.shortfall.resume, state)
+        _section("accuracy", self.accuracy.resume, state)
+        if self.accuracy.n != self.shortfall.n:
+            raise DamagedState(f"accuracy.n must equal shortfall.n (every label counts in "
+                               f"both), got {self.accuracy.n} and {self.shortfall.n}")
+        if field(state, "suspect_shortfall") is not None:
+            suspect_from = count(state, "suspect_from", high=decisions)
+            self._suspect()
+            assert self.suspect_shortfall is not None
+            _section("suspect_shortfall", self.suspect_shortfall.resume, state)
+            _at_most("suspect_shortfall.n", self.suspect_shortfall.n, self.shortfall.n)
+            self.suspect_from = suspect_from
 
     def _tripped(self) -> bool:
         return ((self.drift is not None and self.drift.alarm) or self.traffic_tripped
@@ -450,6 +396,28 @@ class PolicyWatch:
         alarm = self.alarms[kind] = Alarm(self.policy_id, kind, self.n_decisions, time.time(),
                                           detail)
         return alarm
+
+
+def _resumed_counts(state: dict[str, Any]) -> tuple[int, int, int]:
+    """The decision counts of a saved watch: decisions, distinct inputs, accepted."""
+    decisions = count(state, "decisions")
+    return decisions, count(state, "counted", high=decisions), count(
+        state, "accepted", high=decisions)
+
+
+def _section(name: str, resume: Callable[[dict[str, Any]], None], state: dict[str, Any]) -> None:
+    """``resume(state[name])``, its damage reported under ``name.``."""
+    section = field(state, name)
+    try:
+        resume(section)
+    except DamagedState as exc:
+        raise DamagedState(f"{name}.{exc}") from exc
+
+
+def _at_most(name: str, value: int, most: int) -> None:
+    if value > most:
+        raise DamagedState(f"{name} must be at most {most} (what it could have counted), "
+                           f"got {value}")
 
 
 def _first_sight(seen: OrderedDict[str, float], key: str, window: tuple[float, float],

@@ -1,17 +1,25 @@
-"""How one decision is routed, decided in one place: ``plan(read, verdict, mode, gate, scope)``
-turns the fast read, the policy's verdict, the routing mode (shadow, ``policy.unscoped``,
-``slow.serve_unverified_on_failure``), an alarm's gate and the decision's scope into a ``Plan``.
-Pure: no I/O, no state; the routing service executes the plan and logs the decision."""
+"""How one decision is routed, decided in one place, from facts. ``reads_first_tier(policy,
+mode)`` is the read plan: whether a decision needs the first tier's read at all.
+``plan(read, verdict, mode, gate, scope)`` turns the fast read, the policy's verdict, the
+routing mode (shadow, ``policy.unscoped`` with its fixed bar, ``slow.serve_unverified_on_failure``),
+an alarm's gate and the decision's scope into a ``Plan``. Precedence, highest first: scope (an
+unscoped decision follows ``policy.unscoped`` alone, no gate applies), a failed or missing read
+(only the slow path can answer), the alarm's gate (it turns an accept into an escalation), shadow
+mode (the slow answer is served, the verdict logged), the policy's verdict. Pure: no I/O, no
+state; the routing service reads, executes the plan and logs the decision."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from policies.scope import UnscopedMode
 from policies.types import OptionScores, Verdict
 from router.routing.ports import FastRead
+
+if TYPE_CHECKING:
+    from policies.policy import Policy
 
 # The policy id an unscoped decision is logged under: the one the untuned fallback always had,
 # so dashboards and log readers keep one name for "no tuned policy decided this".
@@ -30,11 +38,13 @@ Fallback = Literal["refuse", "unverified"]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Mode:
     """The routing mode of one decision. ``shadow``: its policy file's shadow flag, else the
-    server's ``policy.shadow`` (an unscoped decision: the server's)."""
+    server's ``policy.shadow`` (an unscoped decision: the server's); ``fallback_threshold``:
+    the fixed bar on the raw read under ``policy.unscoped: threshold``."""
 
     shadow: bool
     unscoped: UnscopedMode
     serve_unverified_on_failure: bool
+    fallback_threshold: float = 0.9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +62,8 @@ class Plan:
     policy judged a read); ``accepted``: the policy's own verdict before the gate (what its watch
     takes). ``note``: the decision's note once the plan ran as planned; ``fallback_note``
     follows the slow path's error message when the fast answer is served unverified instead;
-    ``error_note`` follows it in the error a refused decision raises (None: unchanged)."""
+    ``error_note`` follows it in the error a refused decision raises (None: unchanged).
+    ``calibrated``: every option's probability as the verdict saw it (None: no verdict)."""
 
     action: Action
     fallback: Fallback = "refuse"
@@ -61,6 +72,19 @@ class Plan:
     note: str | None = None
     fallback_note: str = ""
     error_note: str | None = None
+    calibrated: list[float] | None = None
+
+
+def reads_first_tier(policy: Policy | None, mode: Mode) -> bool:
+    """The read plan: whether routing a decision uses its first tier's read. A policy's
+    decision does unless its first tier is tuned off (a cascade starting higher); an unscoped
+    one under ``policy.unscoped`` ``shadow`` (or server-wide shadow, which logs it),
+    ``unverified`` (which serves it) and ``threshold`` (which judges it). Under ``escalate``
+    the slow model answers whatever the read says, so none is made (only a failed slow path
+    with ``slow.serve_unverified_on_failure`` reads it, late)."""
+    if policy is not None:
+        return policy.reads_first_tier
+    return mode.unscoped != "escalate" or mode.shadow
 
 
 def judged_scores(read: FastRead, *, shadow: bool) -> OptionScores | None:
@@ -71,12 +95,17 @@ def judged_scores(read: FastRead, *, shadow: bool) -> OptionScores | None:
 
 
 def plan(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None,
-         scope: Scope) -> Plan:
+         scope: Scope, calibrated: list[float] | None = None) -> Plan:
     """The plan for one decision. ``verdict``: the covering policy's on ``judged_scores``
-    (None when there are none, or no policy covers the decision); ``gate``: why an alarm on
-    that policy escalates what it accepts (None: its verdicts stand)."""
+    (None when there are none, or no policy covers the decision), with ``calibrated``, the
+    probabilities it saw; ``gate``: why an alarm on that policy escalates what it accepts
+    (None: its verdicts stand)."""
     if not scope.covered:
         return _unscoped(read, mode, scope.question)
+    return dataclasses.replace(_covered(read, verdict, mode, gate), calibrated=calibrated)
+
+
+def _covered(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None) -> Plan:
     fallback: Fallback = "unverified" if mode.serve_unverified_on_failure else "refuse"
     if verdict is None:  # no read to route on: only the slow path can answer
         return Plan(action="shadow" if mode.shadow else "escalate",
@@ -114,6 +143,8 @@ def _unscoped(read: FastRead, mode: Mode, question: str) -> Plan:
     if mode.unscoped == "unverified" and not shadow and scores is not None:
         return Plan(action="unverified", note=(f"{why}; the fast answer is served unverified "
                                                "(policy.unscoped: unverified)"))
+    if mode.unscoped == "threshold" and not shadow and scores is not None:
+        return _unscoped_threshold(scores, mode, why)
     note = (f"{why}; answered by the slow model "
             f"(policy.unscoped: {'shadow' if shadow else mode.unscoped})")
     if read.skipped:
@@ -129,3 +160,32 @@ def _unscoped(read: FastRead, mode: Mode, question: str) -> Plan:
         # unavailable" would not say that no policy covers a confident read.
         error_note=(f"{why} (policy.unscoped: {mode.unscoped}; 'unverified' serves the fast "
                     "answer marked so)"))
+
+
+def _unscoped_threshold(scores: OptionScores, mode: Mode, why: str) -> Plan:
+    """``policy.unscoped: threshold``: the fast answer when its raw probability clears the
+    fixed bar, else the slow model's, no guarantee either way."""
+    held = _held_to_bar(scores, mode.fallback_threshold)
+    assert held.verdict is not None
+    if held.verdict.accept:
+        return dataclasses.replace(held, note=(
+            f"{why}; the uncalibrated read is held to a fixed bar, no guarantee "
+            f"(policy.unscoped: threshold, {held.verdict.reason})"))
+    return dataclasses.replace(
+        held, note=f"{why}; answered by the slow model (policy.unscoped: threshold, "
+                   f"{held.verdict.reason})",
+        fallback="unverified" if mode.serve_unverified_on_failure else "refuse",
+        fallback_note=f"{why}; the fast answer was not verified",
+        error_note=f"{why} (policy.unscoped: threshold; 'unverified' serves the fast answer "
+                   "marked so)")
+
+
+def _held_to_bar(scores: OptionScores, bar: float) -> Plan:
+    """``policy.unscoped: threshold``: the raw read's top option against a fixed bar; its
+    probabilities are the backend's own, which nothing checked."""
+    index, p = scores.top_index, scores.proba[scores.top_index]
+    accept = p >= bar
+    verdict = Verdict(accept, index, p, bar,
+                      f"p {p:.3f} {'>=' if accept else '<'} threshold {bar:.3f}")
+    return Plan(action="fast" if accept else "escalate", verdict=verdict, accepted=accept,
+                calibrated=list(scores.proba))

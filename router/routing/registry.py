@@ -1,8 +1,9 @@
 """The tuned policies the router serves, looked up per decision: by the name a request asks for,
 else by (scope, backend fingerprint), else the configured default, always within the policy's
 scope (``policies/scope.py``: the question, and options, it was tuned on). A decision no
-policy covers is *unscoped*: ``lookup`` returns None and the service follows ``policy.unscoped``
-(the fallback threshold on the uncalibrated read only under ``unscoped: threshold``). Loaded at
+policy covers is *unscoped*: ``lookup`` returns None and the plan follows ``policy.unscoped``
+(``router.routing.plan``; the fixed bar on the uncalibrated read under ``unscoped:
+threshold``). Every loaded file runs as one ``policies.policy.Policy``, one tier or several. Loaded at
 start-up and again by ``reload`` (SIGHUP or a changed file, ``router/routing/reload.py``): a
 reload swaps everything at once or, when any file is invalid, nothing."""
 
@@ -12,41 +13,19 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from policies.policy import Policy
 from policies.scope import UnscopedMode, request_scope
-from policies.types import DecisionRequest, OptionScores, Verdict
+from policies.types import DecisionRequest
 from router.errors import ConfigError, InvalidRequest
 from router.settings import PolicySettings
 
 if TYPE_CHECKING:
     from policies.file import PolicyFile
-    from policies.rules import EscalationWindow
     from router.routing.ports import DecisionObserver
 
 log = logging.getLogger("slotgate")
-
-
-class RuntimePolicy(Protocol):
-    """What the service needs of a policy (``policies.guaranteed.GuaranteedPolicy`` is one)."""
-
-    policy_id: str
-
-    def decide(self, scores: OptionScores, *, escalations: int = 0
-               ) -> tuple[Verdict, list[float]]: ...
-
-    def escalation_window(self) -> EscalationWindow | None: ...
-
-
-def fallback_policy(*, threshold: float) -> RuntimePolicy:
-    """Identity calibration and one threshold: for decisions no tuned policy covers, under
-    ``policy.unscoped: threshold``. Its confidence is the backend's own, which nothing checked."""
-    from calibration.calibrators import IdentityCalibrator
-    from policies.guaranteed import GuaranteedPolicy
-    from policies.rules import ThresholdRule
-
-    return GuaranteedPolicy.from_parts(IdentityCalibrator(), ThresholdRule(threshold),
-                                       policy_id="fallback")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +34,11 @@ class LoadedPolicy:
     its mode) and the ``runtime`` policy built from that file once."""
 
     file: PolicyFile
-    runtime: RuntimePolicy
+    runtime: Policy
     path: Path | None = None
+    # Why the file is served without its guarantee (edited after tuning or unsigned, under
+    # ``policy.on_edited: unguaranteed``); None: its guarantee stands.
+    unguaranteed: str | None = None
 
     @property
     def name(self) -> str:
@@ -115,9 +97,10 @@ class PolicyRegistry:
                 f"policy.default names {default!r}, but no policy file has that name "
                 f"(loaded: {sorted(self._by_name) or 'none'})")
         self._default = self._by_name[default] if default else None
-        self.fallback = fallback_policy(threshold=fallback_threshold)
+        self.fallback_threshold = fallback_threshold
         self._modes = {p.runtime.policy_id: (
-            self.shadow_all if p.file.shadow is None else p.file.shadow, p.file.guarantee)
+            self.shadow_all if p.file.shadow is None else p.file.shadow,
+            None if p.unguaranteed else p.file.guarantee)
             for p in policies}
 
     @classmethod
@@ -130,9 +113,6 @@ class PolicyRegistry:
         (``fast``) included; a cascade policy's tiers must be among them, in that order (see
         ``check_cascade``). With a ``monitor``, every loaded policy is watched in production
         (its ``decide`` stays pure: the service reports to the monitor, ``gate`` asks it)."""
-        from policies.cascade import CascadePolicy
-        from policies.file import load_policy  # policies stays importable without the router
-        from policies.guaranteed import GuaranteedPolicy
 
         loaded = []
         for path in settings.files:
@@ -141,25 +121,7 @@ class PolicyRegistry:
                 # loaded once `slotgate tune` writes it (live reload).
                 log.warning("policy file %s not found yet: shadow mode until it is tuned", path)
                 continue
-            try:
-                policy_file = load_policy(path)
-            except Exception as exc:  # any failure to read a file refuses it, naming the file
-                raise ConfigError(f"policy file {path}: {exc}") from exc
-            if (policy_file.backend_fingerprint != backend_fingerprint
-                    and not settings.allow_fingerprint_mismatch):
-                raise ConfigError(
-                    f"policy file {path} ({policy_file.name!r}) was tuned for backend fingerprint "
-                    f"{policy_file.backend_fingerprint}, but the configured fast backend has "
-                    f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
-                    "policy.allow_fingerprint_mismatch: true to serve it anyway")
-            runtime: RuntimePolicy
-            if policy_file.cascade is not None:
-                check_cascade(policy_file, path, tiers or [("fast", backend_fingerprint)],
-                              allow_mismatch=settings.allow_fingerprint_mismatch)
-                runtime = CascadePolicy.from_file(policy_file)
-            else:
-                runtime = GuaranteedPolicy.from_file(policy_file)
-            loaded.append(LoadedPolicy(policy_file, runtime, path))
+            loaded.append(_checked(path, settings, backend_fingerprint, tiers))
         registry = cls(loaded, default=settings.default,
                        fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
                        unscoped=settings.unscoped_mode)
@@ -191,13 +153,13 @@ class PolicyRegistry:
         log.info("policies reloaded: %s (was %s)", sorted(after) or "none", sorted(before) or "none")
         return True
 
-    def gate(self, policy: RuntimePolicy) -> str | None:
+    def gate(self, policy: Policy) -> str | None:
         """The alarm gate, beside the mode: why an alarm on this policy escalates what it
         accepts (``on_alarm``, docs/monitoring.md); None while its verdicts stand."""
         monitor = self._source[2] if self._source is not None else None
         return None if monitor is None else monitor.gate(policy.policy_id)
 
-    def mode(self, policy: RuntimePolicy) -> tuple[bool, str | None]:
+    def mode(self, policy: Policy) -> tuple[bool, str | None]:
         """(shadow, guarantee) of a policy ``lookup`` returned: its file's, else the server's."""
         return self._modes.get(policy.policy_id, (self.shadow_all, None))
 
@@ -205,17 +167,17 @@ class PolicyRegistry:
         """The policy files to watch (those configured, loaded or not yet written)."""
         return list(self._source[0].files) if self._source is not None else []
 
-    def lookup(self, request: DecisionRequest, *, fingerprint: str) -> RuntimePolicy | None:
+    def lookup(self, request: DecisionRequest, *, fingerprint: str) -> Policy | None:
         """The policy that decides ``request``, or None when no loaded policy covers it (the
-        service then follows ``self.unscoped``; under "threshold" the fallback is returned).
-        A policy asked for by name that does not cover the request leaves it unscoped too."""
+        plan then follows ``self.unscoped``). A policy asked for by name that does not cover
+        the request leaves it unscoped too."""
         if request.policy is not None:
             named = self._by_name.get(request.policy)
             if named is None:
                 raise InvalidRequest(
                     f"policy: no policy named {request.policy!r} "
                     f"(known: {sorted(self._by_name) or 'none'})", field="policy")
-            return named.runtime if named.covers(request) else self._unscoped()
+            return named.runtime if named.covers(request) else None
         # Most specific first: a file tuned on one logged request (its signature is that
         # request's hash), then the request's question over its options.
         for key in (request.signature(), request_scope(request)):
@@ -225,10 +187,7 @@ class PolicyRegistry:
         default = self._default
         if default is not None and default.covers(request):
             return default.runtime
-        return self._unscoped()
-
-    def _unscoped(self) -> RuntimePolicy | None:
-        return self.fallback if self.unscoped == "threshold" else None
+        return None
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
@@ -236,6 +195,43 @@ class PolicyRegistry:
     def loaded(self) -> list[LoadedPolicy]:
         """The policies serving now, by name (for /readyz and the start-up log)."""
         return [self._by_name[name] for name in sorted(self._by_name)]
+
+
+def _checked(path: Path, settings: PolicySettings, backend_fingerprint: str,
+             tiers: Sequence[tuple[str, str]]) -> LoadedPolicy:
+    """One policy file, read and checked before it is trusted: readable and valid, tuned for
+    the configured tiers' fingerprints, and sealed as tuning wrote it (``digest``, ``hmac``).
+    Raises ConfigError naming the file and the field."""
+    from policies.file import load_policy  # policies stays importable without the router
+
+    try:
+        policy_file = load_policy(path)
+    except Exception as exc:  # any failure to read a file refuses it, naming the file
+        raise ConfigError(f"policy file {path}: {exc}") from exc
+    if (policy_file.backend_fingerprint != backend_fingerprint
+            and not settings.allow_fingerprint_mismatch):
+        raise ConfigError(
+            f"policy file {path} ({policy_file.name!r}) was tuned for backend fingerprint "
+            f"{policy_file.backend_fingerprint}, but the configured fast backend has "
+            f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
+            "policy.allow_fingerprint_mismatch: true to serve it anyway")
+    if policy_file.cascade is not None:
+        check_cascade(policy_file, path, tiers or [("fast", backend_fingerprint)],
+                      allow_mismatch=settings.allow_fingerprint_mismatch)
+    problem = policy_file.integrity_problem(settings.signing_key_bytes)
+    if problem is not None and settings.on_edited == "refuse":
+        raise ConfigError(
+            f"policy file {path} ({policy_file.name!r}): field 'digest': {problem}; re-tune it "
+            "(`slotgate tune`), or set policy.on_edited: unguaranteed to serve it without its "
+            "guarantee", field="digest")
+    if problem is not None:
+        log.warning("policy file %s (%r) is served WITHOUT its guarantee: %s "
+                    "(policy.on_edited: unguaranteed)", path, policy_file.name, problem)
+    elif policy_file.digest is None:
+        log.warning("policy file %s (%r) has no digest (written before policy files carried "
+                    "one): an edit to it cannot be told; re-tune it to seal it", path,
+                    policy_file.name)
+    return LoadedPolicy(policy_file, Policy.from_file(policy_file), path, unguaranteed=problem)
 
 
 def check_cascade(file: PolicyFile, path: Path, tiers: Sequence[tuple[str, str]], *,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import functools
 import time
 import uuid
@@ -23,24 +22,26 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-import orjson
-
-from policies.cascade import CascadePolicy
+from policies.policy import Policy
 from policies.rules import EscalationWindow
 from policies.scope import describe
 from policies.types import Decision, DecisionRequest, OptionScores, Route
 from router.backends.base import FastBackend
 from router.errors import (
-    BackendError,
-    BackendMalformed,
-    BackendTimeout,
     SlowPathError,
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
-from router.routing.plan import UNSCOPED_POLICY_ID, Mode, Plan, Scope, judged_scores, plan
+from router.routing.plan import (
+    UNSCOPED_POLICY_ID,
+    Mode,
+    Plan,
+    Scope,
+    judged_scores,
+    plan,
+    reads_first_tier,
+)
 from router.routing.ports import (
-    NOT_READ,
     DecisionObserver,
     DecisionSink,
     FastRead,
@@ -48,15 +49,13 @@ from router.routing.ports import (
     ReadCache,
     SlowModel,
 )
-from router.routing.registry import PolicyRegistry, RuntimePolicy
-from router.routing.shared_reads import SharedReads
+from router.routing.reads import FastReads
+from router.routing.registry import PolicyRegistry
 from router.routing.tiers import Climb, FastTier, climb
 from router.settings import Settings
-from router.store.cache import read_key
 from router.store.metrics import Metrics
 from router.store.records import DecisionRecord
 
-_T = TypeVar("_T")
 _S = TypeVar("_S", bound=OptionScores | None)
 
 
@@ -102,10 +101,10 @@ class RoutingService:
                 configured[name])
         self._first = first
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
-        self.shared_reads = SharedReads()  # identical fast reads at once: one backend read
+        self.reads = FastReads(first, cache=cache, metrics=metrics)
         # The budget windows of the policies that have one: state of running a policy, kept
         # here so that a policy's ``decide`` stays pure.
-        self._windows: weakref.WeakKeyDictionary[RuntimePolicy, EscalationWindow | None] = (
+        self._windows: weakref.WeakKeyDictionary[Policy, EscalationWindow | None] = (
             weakref.WeakKeyDictionary())
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -118,7 +117,7 @@ class RoutingService:
     async def route(
         self, requests: Sequence[DecisionRequest], *, namespace: str,
         reads: Sequence[FastRead] | None = None,
-        policies: Sequence[RuntimePolicy | None] | None = None,
+        policies: Sequence[Policy | None] | None = None,
     ) -> list[Decision]:
         """One Decision per request, in order; every one is in the decision log when this returns.
         ``reads``: the requests' fast reads, already made (a staged read); else they are read.
@@ -142,7 +141,7 @@ class RoutingService:
             reads = list(reads)  # a read made late (``read_later``) is logged in its place
             climbs = await climb(
                 requests, reads, policies, tiers=self.tiers,
-                shadow=lambda policy: self.registry.mode(policy)[0],
+                shadow=lambda policy: self.registry.mode(policy)[0], window=self._window,
                 read=lambda wanted, tier: self._fast_reads(
                     wanted, namespace=namespace, fingerprint=tier.backend.fingerprint,
                     tier=tier),
@@ -157,13 +156,14 @@ class RoutingService:
 
             decisions = await _all_or_none([
                 self._route(request, read, policy, namespace=namespace, started=started,
-                            read_later=read_later(i), climb=climb)
-                for i, (request, read, policy, climb) in enumerate(zip(
+                            read_later=read_later(i), climb=way)
+                for i, (request, read, policy, way) in enumerate(zip(
                     requests, reads, policies, climbs, strict=True))
             ])
             await asyncio.gather(*(
-                self.log.append(_record(request, read, decision, namespace, fingerprint))
-                for request, read, decision in zip(requests, reads, decisions, strict=True)
+                self.log.append(_record(request, read, decision, namespace, fingerprint, way))
+                for request, read, decision, way in zip(requests, reads, decisions, climbs,
+                                                        strict=True)
             ))
             self.metrics.stage("total", time.perf_counter() - started)
             return list(decisions)
@@ -181,187 +181,73 @@ class RoutingService:
             return False
         return True
 
-    def lookup(self, requests: Sequence[DecisionRequest]) -> list[RuntimePolicy | None]:
+    def lookup(self, requests: Sequence[DecisionRequest]) -> list[Policy | None]:
         """The policy of each request (``PolicyRegistry.lookup``; None: unscoped). Done before
         any read: an unknown policy name is the caller's error (``InvalidRequest``)."""
         fingerprint = self.backend.fingerprint
         return [self.registry.lookup(r, fingerprint=fingerprint) for r in requests]
 
-    def reads_fast(self, policy: RuntimePolicy | None) -> bool:
-        """Whether routing a decision that ``registry.lookup`` gave ``policy`` uses a fast read:
-        every decision a policy (or the ``threshold`` fallback) judges does, and so does an
-        unscoped one under ``policy.unscoped`` ``shadow`` (or ``policy.shadow``, which logs it)
-        and ``unverified`` (which serves it). An unscoped one under ``escalate`` goes to the slow
-        model whatever the read says, so none is made: no backend call, no read-cache lookup
-        (``slow.serve_unverified_on_failure`` reads it only when the slow path fails)."""
+    def reads_fast(self, policy: Policy | None) -> bool:
+        """Whether routing a decision that ``registry.lookup`` gave ``policy`` uses the first
+        tier's read (``plan.reads_first_tier``, the read plan)."""
         registry = self.registry
-        if isinstance(policy, CascadePolicy):  # its first tier is read unless tuned off
-            return policy.next_tier(-1) in (0, None)
-        return policy is not None or registry.unscoped != "escalate" or registry.shadow_all
+        return reads_first_tier(policy, Mode(
+            shadow=registry.shadow_all, unscoped=registry.unscoped,
+            serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure))
 
     async def _fast_reads(
         self, requests: Sequence[DecisionRequest], *, namespace: str, fingerprint: str,
         needed: Sequence[bool] | None = None, tier: FastTier | None = None,
     ) -> list[FastRead]:
-        """The reads of ``requests`` by ``tier`` (default: the first), those ``needed``
-        (default: all) through the read cache and the backend; the others are ``NOT_READ``. A
-        backend that reads jointly reads the whole batch when any question needs it (its
-        answers depend on their co-questions)."""
-        tier = tier or self._first
-        backend = tier.backend
-        if needed is not None and not all(needed):
-            if not any(needed):
-                return [NOT_READ] * len(requests)
-            if not backend.reads_jointly:
-                wanted = [i for i, need in enumerate(needed) if need]
-                reads = [NOT_READ] * len(requests)
-                for i, read in zip(wanted, await self._fast_reads(
-                        [requests[i] for i in wanted], namespace=namespace,
-                        fingerprint=fingerprint, tier=tier), strict=True):
-                    reads[i] = read
-                return reads
-        keys = [read_key(namespace, r, fingerprint, backend.read_inputs(r, requests))
-                for r in requests]
-        if backend.reads_jointly:  # a joint read's answers depend on each other: read all again
-            return await self.read_through_cache(requests, keys, backend.read, tier=tier)
-        blobs = await self.look_up(keys)
-        reads = [FastRead(decode_scores(blob, request), cached=True)
-                 for blob, request in zip(blobs, requests)]
-        misses = [i for i, read in enumerate(reads) if read.scores is None]
-        self.metrics.cache_lookups(store="read", hits=len(reads) - len(misses), misses=len(misses))
-        if not misses:
-            return reads
-        # a read another decision is making now (the same key) is waited for, not made again
-        async def read_backend(wanted: list[DecisionRequest]) -> list[OptionScores]:
-            return await self.read_upstream(wanted, backend.read, tier=tier)
-
-        outcomes = await self.shared_reads.read([keys[i] for i in misses],
-                                                [requests[i] for i in misses], read_backend,
-                                                self._store_reads)
-        counted: set[int] = set()  # one failed backend call counts once
-        for i, outcome in zip(misses, outcomes, strict=True):
-            if outcome.error is None:
-                reads[i] = FastRead(outcome.scores, cached=outcome.shared)
-                continue
-            count = not outcome.shared and id(outcome.error) not in counted
-            counted.add(id(outcome.error))
-            reads[i] = FastRead(None, cached=False, failure=self.read_failed(outcome.error, count=count))
-        self.metrics.reads_shared(sum(outcome.shared for outcome in outcomes))
-        return reads
+        return await self.reads.read(requests, namespace=namespace, fingerprint=fingerprint,
+                                     needed=needed, tier=tier)
 
     async def read_through_cache(
         self, requests: Sequence[DecisionRequest], keys: Sequence[str],
         read: Callable[[list[DecisionRequest]], Awaitable[Sequence[OptionScores | None]]],
-        *, tier: FastTier | None = None,
     ) -> list[FastRead]:
-        """The reads of ``requests`` that depend on each other (a joint read, a staged body read
-        by its server), under ``keys``: all from the read cache, or, when any is missing, all
-        read again by ``read`` (made as ``read_upstream`` makes every backend call) and stored.
-        A read the server skipped (None from ``read``) is cached as a skip: no scores, no
-        failure. A failed read gives every request the failure."""
-        blobs = await self.look_up(keys)
-        cached = [_cached_read(blob, request) for blob, request in zip(blobs, requests,
-                                                                       strict=True)]
-        hits = [c for c in cached if c is not None]
-        self.metrics.cache_lookups(store="read", hits=len(hits), misses=len(cached) - len(hits))
-        if len(hits) == len(cached):
-            return hits
-        try:
-            fresh = await self.read_upstream(requests, read, tier=tier)
-        except BackendError as exc:
-            failure = self.read_failed(exc)
-            return [FastRead(None, cached=False, failure=failure) for _ in requests]
-        await self.cache.set_many([(key, _SKIPPED if scores is None else encode_scores(scores))
-                                   for key, scores in zip(keys, fresh, strict=True)])
-        return [FastRead(scores, cached=False) for scores in fresh]
-
-    async def _store_reads(self, reads: list[tuple[str, OptionScores]]) -> None:
-        await self.cache.set_many([(key, encode_scores(scores)) for key, scores in reads])
-
-    async def look_up(self, keys: Sequence[str]) -> list[bytes | None]:
-        """The read cache's blobs for ``keys`` (None where absent), timed as the cache stage."""
-        t0 = time.perf_counter()
-        blobs = await self.cache.get_many(keys)
-        self.metrics.stage("cache", time.perf_counter() - t0)
-        return blobs
-
-    def read_failed(self, exc: BackendError, *, count: bool = True) -> str:
-        """A failed read, counted (``count``: not again for the decisions that shared it); the
-        text leads the escalations' notes."""
-        kind = type(exc).__name__
-        if count:
-            self.metrics.backend_error(kind)
-        return f"fast backend failed ({kind}: {exc.message})"
-
+        """``FastReads.read_through_cache`` with the first tier (a staged body's joint read)."""
+        return await self.reads.read_through_cache(requests, keys, read)
 
     async def read_upstream(
         self, requests: Sequence[DecisionRequest],
         read: Callable[[list[DecisionRequest]], Awaitable[Sequence[_S]]],
-        *, tier: FastTier | None = None,
     ) -> list[_S]:
-        """``read`` (a call of ``tier``'s backend, default the first's) of ``requests`` as
-        every fast read is made: states cut to its ``max_input_chars``, under the tier's
-        concurrency cap and the timeout, the answers checked against the options asked (None:
-        a question the backend's server skipped). Raises ``BackendError``; ``read_failed``
-        counts it."""
-        tier = tier or self._first
-        bounded = [_bounded(r, tier.settings.max_input_chars) for r in requests]
-        scores = list(await self._timed_read(lambda: read(bounded), tier))
-        _check_options(scores, requests)
-        return scores
-
-    async def _timed_read(self, read: Callable[[], Awaitable[_T]], tier: FastTier) -> _T:
-        """One backend call under a tier's concurrency cap and timeout; the wait queue is
-        bounded (429 beyond it) and the timeout covers the read only, so queueing shows up as
-        429s, not as escalations."""
-        timeout_s = tier.settings.timeout_s
-        async with tier.limit.acquire():
-            t0 = time.perf_counter()
-            try:
-                async with asyncio.timeout(timeout_s):
-                    return await read()
-            except TimeoutError as exc:
-                raise BackendTimeout(f"the fast read took longer than {timeout_s} s") from exc
-            finally:
-                self.metrics.stage("fast", time.perf_counter() - t0)
+        """``FastReads.read_upstream`` with the first tier."""
+        return await self.reads.read_upstream(requests, read)
 
     async def _route(
         self,
         request: DecisionRequest,
         read: FastRead,
-        policy: RuntimePolicy | None,
+        policy: Policy | None,
         *,
         namespace: str,
         started: float,
         read_later: Callable[[], Awaitable[FastRead]],
         climb: Climb | None = None,
     ) -> Decision:
-        """One decision: the policy's verdict on the read (a cascade's: the last tier's on its
-        read), the plan, its execution."""
+        """One decision: its climb's last step (the policy's verdict on the last read), the
+        plan, its execution."""
         registry = self.registry
         shadow, guarantee = (registry.shadow_all, None) if policy is None else registry.mode(policy)
-        scores = judged_scores(read, shadow=shadow)
-        verdict = calibrated = None
         if climb is not None:
-            read, verdict, calibrated = climb.read, climb.verdict, climb.calibrated
-        elif policy is not None and scores is not None:
-            window = self._window(policy)
-            verdict, calibrated = policy.decide(
-                scores, escalations=0 if window is None else window.escalations)
-            if window is not None:
-                window.record(verdict)
+            read = climb.read
         the_plan = plan(
-            read, verdict,
+            read, None if climb is None else climb.verdict,
             Mode(shadow=shadow, unscoped=registry.unscoped,
-                 serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure),
+                 serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure,
+                 fallback_threshold=registry.fallback_threshold),
             None if policy is None else registry.gate(policy),
             Scope(covered=policy is not None,
-                  question="" if policy is not None else describe(request)))
+                  question="" if policy is not None else describe(request)),
+            calibrated=None if climb is None else climb.calibrated)
         decision = await self._execute(
-            request, read, the_plan, calibrated, namespace=namespace, started=started,
+            request, read, the_plan, namespace=namespace, started=started,
             read_later=read_later, policy_id=UNSCOPED_POLICY_ID if policy is None
             else policy.policy_id, guarantee=guarantee, climb=climb)
-        if self.monitor is not None and calibrated is not None:
+        calibrated = the_plan.calibrated
+        if self.monitor is not None and policy is not None and calibrated is not None:
             # The observer port: once per decision a policy judged, never waits.
             assert read.scores is not None
             self.monitor.decided(Observation(
@@ -370,7 +256,7 @@ class RoutingService:
                 served_fast=the_plan.action == "fast"))
         return decision
 
-    def _window(self, policy: RuntimePolicy) -> EscalationWindow | None:
+    def _window(self, policy: Policy) -> EscalationWindow | None:
         """The escalation window of a budgeted policy, owned here (one per loaded policy
         object: a reloaded policy starts a fresh one)."""
         try:
@@ -380,8 +266,8 @@ class RoutingService:
             return window
 
     async def _execute(
-        self, request: DecisionRequest, read: FastRead, the_plan: Plan,
-        calibrated: list[float] | None, *, namespace: str, started: float,
+        self, request: DecisionRequest, read: FastRead, the_plan: Plan, *, namespace: str,
+        started: float,
         read_later: Callable[[], Awaitable[FastRead]], policy_id: str, guarantee: str | None,
         climb: Climb | None = None,
     ) -> Decision:
@@ -412,7 +298,7 @@ class RoutingService:
                 answer, route = scores.options[scores.top_index], "unverified"
                 note = f"{exc.message}; {the_plan.fallback_note}"
         self.metrics.decision(route=route, escalated=escalates)
-        verdict = the_plan.verdict
+        verdict, calibrated = the_plan.verdict, the_plan.calibrated
         raw = calibrated_p = probabilities = None
         if scores is not None and answer in scores.options:
             index = scores.options.index(answer)
@@ -455,57 +341,13 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decis
         raise
 
 
-def _check_options(scores: Sequence[OptionScores | None],
-                   requests: Sequence[DecisionRequest]) -> None:
-    if len(scores) != len(requests) or any(
-        s is not None and s.options != r.option_names for s, r in zip(scores, requests)
-    ):
-        raise BackendMalformed("the fast backend answered other options than were asked")
-
-
-def _bounded(request: DecisionRequest, max_chars: int) -> DecisionRequest:
-    """The request as the fast tier reads it: the head of the state, at most ``max_chars``. A
-    read of a 900 KB message outlives its timeout and, in a thread, keeps running after it."""
-    if len(request.state) <= max_chars:
-        return request
-    return dataclasses.replace(request, state=request.state[:max_chars])
-
-
-def encode_scores(scores: OptionScores) -> bytes:
-    """A read as the read cache keeps it."""
-    return orjson.dumps({"options": scores.options, "proba": scores.proba})
-
-
-# A question the server skipped, in the read cache (the cache holds reads; a skip is one).
-_SKIPPED = b'{"skipped":true}'
-
-
-def _cached_read(blob: bytes | None, request: DecisionRequest) -> FastRead | None:
-    """A cached read (a skip is one), or None when absent or unusable."""
-    if blob == _SKIPPED:
-        return FastRead(None, cached=True)
-    scores = decode_scores(blob, request)
-    return None if scores is None else FastRead(scores, cached=True)
-
-
-def decode_scores(blob: bytes | None, request: DecisionRequest) -> OptionScores | None:
-    """A cached read, or None when absent or unusable (then it is read again, never trusted)."""
-    if blob is None:
-        return None
-    try:
-        payload = orjson.loads(blob)
-        scores = OptionScores(tuple(payload["options"]), tuple(payload["proba"]))
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
-    return scores if scores.options == request.option_names else None
-
-
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
 def _record(
-    request: DecisionRequest, read: FastRead, decision: Decision, namespace: str, fingerprint: str
+    request: DecisionRequest, read: FastRead, decision: Decision, namespace: str,
+    fingerprint: str, climb: Climb | None,
 ) -> DecisionRecord:
     return DecisionRecord.trusted(
         **decision.facts(),
@@ -518,4 +360,5 @@ def _record(
         proba=list(read.scores.proba) if read.scores is not None and (
             read.failure is None or decision.shadow) else None,
         text=request.state,
+        tier_proba=None if climb is None else climb.tier_reads(),
     )

@@ -22,12 +22,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import orjson
+
 from policies.types import DecisionRequest
 from router.errors import (
     NO_SLOW_MODEL,
     Forbidden,
     InvalidRequest,
     NoSlowModel,
+    PayloadTooLarge,
     SlotgateError,
     SlowPathError,
     SlowPathInvalidAnswer,
@@ -319,6 +322,7 @@ class SlowPath:
         """The completion under the timeout (and the concurrency cap unless ``_acquire`` is False).
         ``_caller_model``: the model is the client's pick (passthrough), so a model litellm cannot
         route is the client's error (400 naming ``model``), not a failing upstream (502)."""
+        self._refuse_oversized(kwargs)
         if self._completion is None and not self.warmed_up.is_set():
             await self._warm()
         completion = self._completion or _litellm().acompletion
@@ -351,6 +355,16 @@ class SlowPath:
                     raise refused from None  # the wait for a slot ran out: a 429, not a 504
                 self._raise_translated(exc, caller_model=_caller_model)
 
+    def _refuse_oversized(self, kwargs: dict[str, Any]) -> None:
+        """413 before the call for a request over ``slow.max_request_bytes`` (its JSON, which is
+        what litellm sends): the slow model's server would refuse it, or cut the upload, which
+        reaches us as the slow model being unavailable or failing, not as the request's size."""
+        limit = self.settings.max_request_bytes
+        size = len(orjson.dumps(kwargs, default=str))
+        if size > limit:
+            raise PayloadTooLarge(_too_large_message(f"would be {size} bytes", limit),
+                                  field="body")
+
     def _raise_translated(self, exc: Exception, *, caller_model: bool = False) -> NoReturn:
         error = self._translate(exc, caller_model=caller_model)
         leaked = self._sanitise(f"{exc}{exc!r}") != f"{exc}{exc!r}"
@@ -368,6 +382,10 @@ class SlowPath:
             return InvalidRequest(
                 f"model {model!r} names no provider litellm can route (use a litellm model "
                 "string such as 'openai/<name>')", field="model")
+        if getattr(exc, "status_code", None) == 413:  # the slow model's server: over its limit
+            refused = "was refused as too large by the slow model's server"
+            return PayloadTooLarge(_too_large_message(refused, self.settings.max_request_bytes),
+                                   field="body")
         if isinstance(exc, litellm.RateLimitError):
             return SlowPathRateLimited(f"slow model rate limited: {detail}",
                                        retry_after_s=_retry_after_s(exc))
@@ -382,6 +400,13 @@ class SlowPath:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return _KEY_PATTERNS.sub(lambda m: (m.group(1) or "") + "***", text)
+
+
+def _too_large_message(what: str, limit: int) -> str:
+    return (f"the request to the slow model {what}; slow.max_request_bytes = {limit} (a "
+            "decision's options are sent twice, in the prompt and in the answer schema): send "
+            "fewer or shorter options, or set slow.max_request_bytes to what the slow model's "
+            "server accepts")
 
 
 def _correction(content: str | None, options: Sequence[str]) -> str:

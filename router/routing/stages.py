@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from policies.policy import Policy
 from policies.types import Decision, DecisionRequest, OptionScores, StagedQuestion
 from router.errors import InvalidRequest
 from router.routing.ports import FastRead
-from router.routing.registry import RuntimePolicy
 from router.routing.service import RoutingService
 from router.store.cache import read_key
 
@@ -97,14 +97,7 @@ async def run_stages(questions: Sequence[StagedQuestion], route: RouteStage,
     answers: dict[str, str | None] = {}
     diverged: str | None = None  # the first earlier answer the server continued differently
     for stage in stages:
-        asked: list[StagedQuestion] = []
-        for qid in stage:
-            reason = skip_reason(by_id[qid], answers)
-            if reason is None:
-                asked.append(by_id[qid])
-            else:
-                outcome.skipped[qid] = _noted(reason, outcome.decisions.get(reason["because"]))
-                answers[qid] = None
+        asked = _asked(stage, by_id, answers, outcome)
         if asked:
             requests = [q.request for q in asked]
             if upstream is None:
@@ -117,12 +110,34 @@ async def run_stages(questions: Sequence[StagedQuestion], route: RouteStage,
                 answers[request.question_id] = decision.answer
             outcome.stages.append([r.question_id for r in requests])
         if upstream is not None and diverged is None:
-            diverged = next((_divergence(qid, answers[qid], upstream[qid]) for qid in stage
-                             if upstream[qid].failure is None
-                             and answers[qid] != _server_answer(upstream[qid])), None)
+            diverged = _diverged_in(stage, answers, upstream)
     if upstream is not None and len(outcome.stages) > 1:
         outcome.conditioning = "prefill"
     return outcome
+
+
+def _asked(stage: Sequence[str], by_id: Mapping[str, StagedQuestion],
+           answers: dict[str, str | None], outcome: StagedOutcome) -> list[StagedQuestion]:
+    """The questions of ``stage`` whose ``ask_if`` holds; each other one is skipped (its reason
+    in ``outcome.skipped``, its answer None, so that skips cascade)."""
+    asked: list[StagedQuestion] = []
+    for qid in stage:
+        reason = skip_reason(by_id[qid], answers)
+        if reason is None:
+            asked.append(by_id[qid])
+        else:
+            outcome.skipped[qid] = _noted(reason, outcome.decisions.get(reason["because"]))
+            answers[qid] = None
+    return asked
+
+
+def _diverged_in(stage: Sequence[str], answers: Mapping[str, str | None],
+                 upstream: Mapping[str, FastRead]) -> str | None:
+    """The first answer of ``stage`` given otherwise than the server's read continued it (a
+    failed read continued nothing), said as ``_divergence`` says it; None when all agree."""
+    return next((_divergence(qid, answers[qid], upstream[qid]) for qid in stage
+                 if upstream[qid].failure is None
+                 and answers[qid] != _server_answer(upstream[qid])), None)
 
 
 async def answer_stages(service: RoutingService, questions: Sequence[StagedQuestion], *,
@@ -130,14 +145,14 @@ async def answer_stages(service: RoutingService, questions: Sequence[StagedQuest
     """``run_stages`` through the routing service, in the caller's cache namespace. Each
     question's policy is looked up once, for the whole body; a policy name the registry refuses
     is raised when its question is asked (a skipped question asks nothing)."""
-    looked_up: dict[str, RuntimePolicy | None | InvalidRequest] = {}
+    looked_up: dict[str, Policy | None | InvalidRequest] = {}
     for question in questions:
         try:
             [looked_up[question.request.question_id]] = service.lookup([question.request])
         except InvalidRequest as exc:
             looked_up[question.request.question_id] = exc
 
-    def policy_of(request: DecisionRequest) -> RuntimePolicy | None:
+    def policy_of(request: DecisionRequest) -> Policy | None:
         found = looked_up[request.question_id]
         if isinstance(found, InvalidRequest):
             raise found

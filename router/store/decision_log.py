@@ -10,11 +10,16 @@ later. The JSONL copy means a Redis restart without persistence, an outage or re
 queued at a crash lose nothing, and fail no request.
 
 A file that cannot take a record (a full disk: ENOSPC, EIO) fails no decision either: the
-decision was answered, so it is counted as unlogged (``on_unlogged``), ``failing`` says why (for
-/readyz), and one warning says so when writing stops and one when it works again, never one per
-record. A short write is rolled back (truncated) and, after any failure, a torn last line is ended
-before the next record, so no line is torn or glued to the next. A feedback label the file cannot
-take is refused (``LogUnavailable``, 503): the client can send it again.
+decision was answered, so it and every later decision or event are kept in memory, in order
+(the spool, at most ``spool_bytes``), and written before the next record once the file takes
+writes again; a record beyond the spool is dropped and counted (``on_unlogged``). A process
+that dies with records spooled loses them. ``failing`` says why the file fails (for /readyz);
+``recheck`` tries the file again by itself (the spool, or a one-byte probe beside the log) at
+most every ``recheck_interval_s``, so a replica taken out of rotation sees space come back
+without traffic. One warning says so when writing stops and one when it works again, never one
+per record. A short write is rolled back (truncated) and, after any failure, a torn last line is
+ended before the next record, so no line is torn or glued to the next. A feedback label the file
+cannot take is refused (``LogUnavailable``, 503): the client can send it again.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +50,7 @@ from router.store.records import (
 )
 
 logger = logging.getLogger(__name__)
+DEFAULT_SPOOL_BYTES = 16 * 2**20  # records kept in memory while the file cannot take them
 
 EventRecord = AuditRecord | AlarmRecord
 
@@ -78,23 +85,39 @@ class DecisionLog(ABC):
         """Why the log cannot store records now (for /readyz), or None while it can."""
         return None
 
+    async def recheck(self) -> str | None:
+        """``failing``, after trying the store again where it failed (rate-limited)."""
+        return self.failing
+
+    @property
+    def spooled(self) -> tuple[int, int]:
+        """(records, bytes) answered but not yet stored, kept in memory until the store takes them."""
+        return 0, 0
+
 
 class JsonlDecisionLog(DecisionLog):
     """One JSON object per line. ``get`` is served by a DecisionIndex of recent decisions (rebuilt
     from the file at start-up, damaged lines skipped and counted) holding only what feedback
     needs, bounded by entries and bytes: a 900 KB message costs the index what a 20-byte one
-    does."""
+    does. The spool (the module docstring) holds whole lines, oldest first."""
 
     def __init__(self, path: Path | str, *, fsync_interval_s: float = 1.0,
                  max_index: int = 100_000, max_index_bytes: int = 32 * 2**20,
+                 spool_bytes: int = DEFAULT_SPOOL_BYTES, recheck_interval_s: float = 1.0,
                  on_unlogged: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
         self.fsync_interval_s = fsync_interval_s
+        self.spool_bytes = spool_bytes
+        self.recheck_interval_s = recheck_interval_s
         self.on_unlogged = on_unlogged  # (record kind) -> None, for each record not written
         self._failing: str | None = None
-        self._unlogged = 0  # records not written since writing last failed
+        self._unlogged = 0  # records dropped or refused since writing last failed
+        self._kept = 0  # records spooled since writing last failed
+        self._spool: deque[bytes] = deque()
+        self._spool_size = 0
         self._fd: int | None = None
         self._last_fsync = time.monotonic()
+        self._last_try = 0.0  # monotonic time the file was last tried
         self.index = DecisionIndex(max_entries=max_index, max_bytes=max_index_bytes)
         for record in read_log(self.path):
             if isinstance(record, DecisionRecord):
@@ -121,7 +144,7 @@ class JsonlDecisionLog(DecisionLog):
 
     async def add_feedback_encoded(self, decision_id: str, label: str, *, trusted: bool) -> bytes:
         data = encode(FeedbackRecord(decision_id=decision_id, label=label, trusted=trusted))
-        if not await self._write(data, "feedback"):
+        if not await self._write(data, "feedback", spool=False):
             raise LogUnavailable(f"the decision log cannot store the label now ({self._failing}); "
                                  "send it again later", field="label")
         return data
@@ -136,6 +159,12 @@ class JsonlDecisionLog(DecisionLog):
         return data
 
     async def aclose(self) -> None:
+        if self._spool:
+            try:
+                self._prepare()
+            except OSError as exc:
+                logger.error("decision log %s: %d answered records kept in memory are lost at "
+                             "shutdown: %s", self.path, len(self._spool), exc.strerror or exc)
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
@@ -148,37 +177,94 @@ class JsonlDecisionLog(DecisionLog):
     def failing(self) -> str | None:
         return self._failing
 
-    async def _write(self, data: bytes, kind: str) -> bool:
-        """One record as one line; True when it is in the file. A failure is rolled back,
-        counted and said once (the module docstring), never raised."""
+    @property
+    def spooled(self) -> tuple[int, int]:
+        return len(self._spool), self._spool_size
+
+    async def recheck(self) -> str | None:
+        """While failing, and at most every ``recheck_interval_s``: the spool written, or (with
+        none) a one-byte probe file beside the log; why it still fails, or None."""
+        if self._failing is None or time.monotonic() - self._last_try < self.recheck_interval_s:
+            return self._failing
+        self._last_try = time.monotonic()
         try:
-            if self._fd is None:
-                self._fd = _open_for_append(self.path)
-            elif self._failing is not None:
-                _end_torn_line(self.path, self._fd)
+            probe = not self._spool  # else writing the spool is the test
+            self._prepare()
+            if probe:
+                _probe(self.path)
+        except OSError:
+            return self._failing
+        if await self._synced():
+            self._writing_again()
+        return self._failing
+
+    async def _write(self, data: bytes, kind: str, *, spool: bool = True) -> bool:
+        """One record as one line after any spooled ones; True when it is in the file. A record
+        the file cannot take is spooled (``spool``, within its bound) or counted and dropped (the
+        module docstring); nothing is raised."""
+        line = data + b"\n"
+        self._last_try = time.monotonic()
+        try:
+            fd = self._prepare()
             # One write per record on O_APPEND: lines from concurrent writers never interleave.
-            _write_whole(self._fd, data + b"\n")
-            if time.monotonic() - self._last_fsync >= self.fsync_interval_s:
-                self._last_fsync = time.monotonic()
-                await asyncio.to_thread(os.fsync, self._fd)
+            _write_whole(fd, line)
         except OSError as exc:
-            self._not_written(kind, exc)
+            self._not_written(kind, exc, line if spool else None)
             return False
-        if self._failing is not None:
-            logger.warning("decision log %s: writing again; %d records were not logged",
-                           self.path, self._unlogged)
-            self._failing, self._unlogged = None, 0
+        if await self._synced():
+            self._writing_again()
         return True
 
-    def _not_written(self, kind: str, exc: OSError) -> None:
-        self._unlogged += 1
-        if self.on_unlogged is not None:
-            self.on_unlogged(kind)
+    def _prepare(self) -> int:
+        """The file open, a torn last line ended after a failure, and the spool written to it,
+        oldest first; raises OSError at the first line it cannot write (that line and those after
+        it stay spooled)."""
+        if self._fd is None:
+            self._fd = _open_for_append(self.path)
+        elif self._failing is not None:
+            _end_torn_line(self.path, self._fd)
+        while self._spool:
+            _write_whole(self._fd, self._spool[0])
+            self._spool_size -= len(self._spool.popleft())
+        return self._fd
+
+    async def _synced(self) -> bool:
+        """fsync when one is due; False when it failed (the lines are written; whether they
+        reach the disk is not known, so the log is failing until a later write goes through)."""
+        if self._fd is None or time.monotonic() - self._last_fsync < self.fsync_interval_s:
+            return True
+        self._last_fsync = time.monotonic()
+        try:
+            await asyncio.to_thread(os.fsync, self._fd)
+        except OSError as exc:
+            self._failed(exc)
+            return False
+        return True
+
+    def _not_written(self, kind: str, exc: OSError, line: bytes | None) -> None:
+        if line is not None and self._spool_size + len(line) <= self.spool_bytes:
+            self._spool.append(line)
+            self._spool_size += len(line)
+            self._kept += 1
+        else:
+            self._unlogged += 1
+            if self.on_unlogged is not None:
+                self.on_unlogged(kind)
+        self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
         if self._failing is None:
             self._failing = f"cannot write {self.path}: {exc.strerror or exc}"
-            logger.error("decision log %s: %s; decisions are still answered but not logged "
-                         "(slotgate_unlogged_records_total) and /readyz says so, until it can "
-                         "write again", self.path, exc.strerror or exc)
+            logger.error("decision log %s: %s; decisions are still answered, and kept in memory "
+                         "(up to log.spool_bytes, %d bytes; beyond it they are not logged: "
+                         "slotgate_unlogged_records_total) until it can write again; /readyz says "
+                         "so", self.path, exc.strerror or exc, self.spool_bytes)
+
+    def _writing_again(self) -> None:
+        if self._failing is not None and not self._spool:
+            logger.warning("decision log %s: writing again; %d records kept in memory were "
+                           "written, %d were not logged", self.path, self._kept, self._unlogged)
+            self._failing, self._kept, self._unlogged = None, 0, 0
 
     def _remember(self, record: DecisionRecord, *, unsynced: bool = False) -> None:
         self.index.add(record.decision_id, record.options, record.answer,
@@ -205,6 +291,18 @@ def read_records(path: Path, *, events: bool = False) -> Iterator[dict[str, Any]
     for record in read_log(path):
         if events or not isinstance(record, AlarmRecord):
             yield record.model_dump()
+
+
+def _probe(path: Path) -> None:
+    """One byte written to a scratch file beside the log, then removed: whether the log's
+    filesystem takes a write now, without adding a line to the log."""
+    scratch = path.with_name(f".{path.name}.probe")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        _write_whole(fd, b"\n")
+    finally:
+        os.close(fd)
+        scratch.unlink(missing_ok=True)
 
 
 def _open_for_append(path: Path) -> int:

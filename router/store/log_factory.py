@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 def make_decision_log(settings: Settings, *,
                       on_unlogged: Callable[[str], None] | None = None) -> DecisionLog:
     """The Redis stream (plus JSONL) when a Redis URL is configured, else the JSONL file;
-    ``on_unlogged(kind)`` counts each record the file could not take."""
+    ``on_unlogged(kind)`` counts each record the file could neither take nor spool."""
     jsonl = JsonlDecisionLog(settings.log.decision_log_path, max_index=settings.log.max_index,
-                             max_index_bytes=settings.log.max_index_bytes, on_unlogged=on_unlogged)
+                             max_index_bytes=settings.log.max_index_bytes,
+                             spool_bytes=settings.log.spool_bytes, on_unlogged=on_unlogged)
     if settings.cache.redis_url:
         return RedisStreamDecisionLog(settings.cache.redis_url, settings.log.redis_stream,
                                       jsonl=jsonl, ttl_s=settings.cache.ttl_s)

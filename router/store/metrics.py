@@ -69,8 +69,9 @@ class Metrics:
             ["kind"], registry=r)
         self._unlogged = Counter(
             "slotgate_unlogged_records",
-            "Records the decision log file could not take (a full disk): decisions were still "
-            "answered, labels refused with 503", ["kind"], registry=r)
+            "Records the decision log file could not take (a full disk) and did not keep in "
+            "memory (beyond log.spool_bytes): decisions were still answered, labels refused "
+            "with 503", ["kind"], registry=r)
         self._tier_reads = Counter(
             "slotgate_tier_reads",
             "Reads a cascade policy judged, by fast tier and whether the tier accepted the "
@@ -168,7 +169,7 @@ class Metrics:
         self._cache_errors.inc()
 
     def unlogged(self, kind: str) -> None:
-        """The decision log's ``on_unlogged`` callback: one record of ``kind`` not written."""
+        """The decision log's ``on_unlogged`` callback: one record of ``kind`` dropped or refused."""
         self._unlogged.labels(kind=kind).inc()
 
     def backend_error(self, kind: str) -> None:

@@ -50,6 +50,8 @@ class DecisionRecord(_Record):
     # A cascade's decision: the tier that answered and every tier read (``TierRead.facts``).
     tier: str | None = None
     tiers: list[dict[str, Any]] | None = None
+    # A cascade's decision: each tier's raw read by tier name (``monitor`` judges it again).
+    tier_proba: dict[str, list[float]] | None = None
     signature: str | None = None
     fingerprint: str | None = None
     options: list[str] = Field(default_factory=list)

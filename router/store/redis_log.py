@@ -149,6 +149,13 @@ class RedisStreamDecisionLog(DecisionLog):
     def failing(self) -> str | None:
         return self.jsonl.failing
 
+    async def recheck(self) -> str | None:
+        return await self.jsonl.recheck()
+
+    @property
+    def spooled(self) -> tuple[int, int]:
+        return self.jsonl.spooled
+
     async def add_feedback(self, decision_id: str, label: str, *, trusted: bool) -> None:
         data = await self.jsonl.add_feedback_encoded(decision_id, label, trusted=trusted)
         self._enqueue(data)

@@ -58,21 +58,44 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     out or joined). No reference label at all is bad input (field 'label'), and
     nothing is written. Escalations alone are labelled only below the threshold, a biased
     sample; a shadow-mode log labels every decision."""
-    if isinstance(source, str | Path):
-        paths = [Path(source)]
-    elif isinstance(source, Sequence):
-        paths = [Path(p) for p in source]
-    else:
-        paths = [source.log.decision_log_path]
+    paths = _log_paths(source)
     path: Path | str = paths[0] if paths else f"{redis_stream[1] if redis_stream else '?'}"
 
     def records(*, quiet: bool = False) -> Iterator[AnyRecord]:
         return read_logs(paths, redis_stream=redis_stream, quiet=quiet)
 
     labels = LabelJoin(untrusted=untrusted_labels)
-    questions: dict[str, _Question] = {}  # named scope -> what the log holds of it, first seen
+    questions = _logged_questions(records(), labels)
+    wanted, matching = _chosen_question(questions, path, signature=signature, default=default)
+    row_signature = _row_signature(matching, wanted)
+    if chosen is not None:
+        others = [q for q in questions.values() if q not in matching]
+        chosen.update(signature=row_signature or "", others=_listing(others))
+    rows = _Rows(path, wanted=wanted, signature=row_signature,
+                 label_of=_labeller(labels, audit_labels=audit_labels,
+                                    reference_slow=reference_slow),
+                 labelled_only=labelled_only, reference_slow=reference_slow)
+    # The second pass: damage was warned of once, by the first.
+    write_predictions(Path(out_path), rows.of(distinct_decisions(records(quiet=True))))
+    if tally is not None:
+        tally.update(rows.counts, untrusted=labels.untrusted)
+    return rows.written
+
+
+def _log_paths(source: Settings | Path | str | Sequence[Path | str]) -> list[Path]:
+    if isinstance(source, str | Path):
+        return [Path(source)]
+    if isinstance(source, Sequence):
+        return [Path(p) for p in source]
+    return [source.log.decision_log_path]
+
+
+def _logged_questions(records: Iterable[AnyRecord], labels: LabelJoin) -> dict[str, _Question]:
+    """The first pass over the logs: every record's label into ``labels``, and each question
+    (named scope) the exportable decisions answer, as first seen, counted once per decision."""
+    questions: dict[str, _Question] = {}
     seen: set[str] = set()
-    for record in records():
+    for record in records:
         labels.add(record)
         if (isinstance(record, DecisionRecord) and record.decision_id not in seen
                 and _exportable(record)):
@@ -81,7 +104,15 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
             question = questions.setdefault(scopes[1], _Question(record))
             question.decisions += 1
             question.logged.add(scopes[0])
-    del seen
+    return questions
+
+
+def _chosen_question(questions: dict[str, _Question], path: Path | str, *,
+                     signature: str | None, default: str | None
+                     ) -> tuple[str | None, list[_Question]]:
+    """The signature to export (None: the log's one question) and the logged questions it
+    covers: ``signature``, else with several questions the ``default``'s; bad input (field
+    'signature') when neither chooses among several, or the choice answers none."""
     wanted = signature
     if wanted is None and len(questions) > 1:
         if default is None or not any(q.covers(default) for q in questions.values()):
@@ -93,45 +124,63 @@ def export_predictions(source: Settings | Path | str | Sequence[Path | str], out
     if wanted is not None and questions and not matching:
         raise PredictionsError(path, None, "signature", f"no logged decision answers {wanted}; "
                                f"the log holds: {_listing(questions.values())}")
-    logged = {s for q in matching for s in q.logged
-              if wanted is None or wanted in (s, q.named)}
-    row_signature = next(iter(logged)) if len(logged) == 1 else wanted or (
-        matching[0].named if matching else None)
-    if chosen is not None:
-        others = [q for q in questions.values() if q not in matching]
-        chosen.update(signature=row_signature or "", others=_listing(others))
-    counts = {"human": 0, "slow": 0, "unlabelled": 0}
-    label_of = _labeller(labels, audit_labels=audit_labels, reference_slow=reference_slow)
+    return wanted, matching
 
-    def rows() -> Iterator[dict[str, Any]]:
-        for decision in distinct_decisions(records(quiet=True)):  # damage warned once, above
-            if not _exportable(decision) or (wanted is not None
-                                             and wanted not in record_scopes(decision)):
-                continue
-            label, reference = label_of(decision)
-            counts[reference or "unlabelled"] += 1
-            if label is None and labelled_only:
-                continue
-            row: dict[str, Any] = {"id": decision.decision_id, "options": decision.options,
-                                   "proba": decision.proba, "label": label}
-            if reference_slow and reference is not None:
-                row["reference"] = reference
-            row.update({k: v for k, v in (("signature", row_signature),
-                                          ("fingerprint", decision.fingerprint),
-                                          ("text", decision.text)) if v})
-            written[0] += 1
-            yield row
-        if reference_slow and not counts["human"] + counts["slow"]:  # nothing is renamed in
-            raise PredictionsError(path, None, "label", f"none of the {sum(counts.values())} "
-                                   "decisions has a reference label (no /v1/feedback label, no "
-                                   "audit, no answer from the slow model): run in shadow mode "
-                                   "first")
 
-    written = [0]
-    write_predictions(Path(out_path), rows())
-    if tally is not None:
-        tally.update(counts, untrusted=labels.untrusted)
-    return written[0]
+def _row_signature(matching: list[_Question], wanted: str | None) -> str | None:
+    """The signature the rows carry: the logged requests' own when they share one, else the
+    one asked for, else the named scope of the log's question."""
+    logged = {s for q in matching for s in q.logged if wanted is None or wanted in (s, q.named)}
+    if len(logged) == 1:
+        return next(iter(logged))
+    return wanted or (matching[0].named if matching else None)
+
+
+class _Rows:
+    """The predictions rows of the chosen question's decisions, counting their labels by where
+    they came from (``counts``) and the rows written (``written``)."""
+
+    def __init__(self, path: Path | str, *, wanted: str | None, signature: str | None,
+                 label_of: Callable[[DecisionRecord], tuple[str | None, LabelSource | None]],
+                 labelled_only: bool, reference_slow: bool) -> None:
+        self.path = path
+        self.wanted = wanted
+        self.signature = signature
+        self.label_of = label_of
+        self.labelled_only = labelled_only
+        self.reference_slow = reference_slow
+        self.counts = {"human": 0, "slow": 0, "unlabelled": 0}
+        self.written = 0
+
+    def of(self, decisions: Iterable[DecisionRecord]) -> Iterator[dict[str, Any]]:
+        """One row per exported decision; with the slow reference, no reference label at all is
+        bad input (field 'label'), raised before the file is renamed in."""
+        for decision in decisions:
+            if not _exportable(decision) or (self.wanted is not None
+                                             and self.wanted not in record_scopes(decision)):
+                continue
+            label, reference = self.label_of(decision)
+            self.counts[reference or "unlabelled"] += 1
+            if label is None and self.labelled_only:
+                continue
+            self.written += 1
+            yield self._row(decision, label, reference)
+        if self.reference_slow and not self.counts["human"] + self.counts["slow"]:
+            raise PredictionsError(self.path, None, "label", f"none of the "
+                                   f"{sum(self.counts.values())} decisions has a reference "
+                                   "label (no /v1/feedback label, no audit, no answer from the "
+                                   "slow model): run in shadow mode first")
+
+    def _row(self, decision: DecisionRecord, label: str | None,
+             reference: LabelSource | None) -> dict[str, Any]:
+        row: dict[str, Any] = {"id": decision.decision_id, "options": decision.options,
+                               "proba": decision.proba, "label": label}
+        if self.reference_slow and reference is not None:
+            row["reference"] = reference
+        row.update({k: v for k, v in (("signature", self.signature),
+                                      ("fingerprint", decision.fingerprint),
+                                      ("text", decision.text)) if v})
+        return row
 
 
 def _exportable(decision: DecisionRecord) -> bool:
@@ -194,3 +243,20 @@ def _labeller(labels: LabelJoin, *, audit_labels: bool, reference_slow: bool
         return joined
 
     return label_of
+
+
+def default_policy(settings: Settings) -> tuple[str, str] | None:
+    """The signature of the question the configured default policy answers, and its name
+    (``policy.default``, else the one policy file); None when there is none to read."""
+    from policies.file import PolicyFileError, load_policy
+
+    files = settings.policy.files
+    for path in files:
+        try:
+            policy = load_policy(path)
+        except PolicyFileError:
+            continue  # export reads the log; a missing or bad policy file only loses the default
+        if policy.signature is not None and settings.policy.default in (policy.name, None) and (
+                settings.policy.default is not None or len(files) == 1):
+            return policy.signature, policy.name
+    return None

@@ -152,6 +152,28 @@ def read_texts(
     require_labels: bool = False,
 ) -> LabelledTexts:
     """Texts (and labels, when ``label_column`` is given) from a CSV or JSONL file."""
+    wanted = [c for c in (text_column, label_column, id_column) if c is not None]
+    records = _text_records(path, wanted)
+    ids, texts, labels = [], [], []
+    for row, record in enumerate(records, start=1):
+        for column in wanted:
+            if column not in record:
+                raise PredictionsError(path, row, column, "missing column")
+        text = record[text_column]
+        if not isinstance(text, str) or not text.strip():
+            raise PredictionsError(path, row, text_column, "empty or not a string")
+        ids.append(str(record[id_column]) if id_column else str(record.get("id") or row))
+        texts.append(text)
+        labels.append(_label(path, row, None if label_column is None else record[label_column],
+                             label_column, required=require_labels))
+    if len(set(ids)) != len(ids):
+        raise PredictionsError(path, None, id_column or "id", "ids are not unique")
+    return LabelledTexts(ids, texts, labels)
+
+
+def _text_records(path: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of a CSV or JSONL input file, at least one; a CSV header must hold ``columns``
+    (checked on the header first, so a header-only file still names the missing column)."""
     if not path.is_file():
         raise PredictionsError(path, None, None, "file not found")
     header: list[str] | None = None
@@ -161,35 +183,25 @@ def read_texts(
         header, records = _csv_records(path)
     if not records and not header:
         raise PredictionsError(path, None, None, "file is empty (no header, no rows)")
-    wanted = [c for c in (text_column, label_column, id_column) if c is not None]
-    for column in wanted:
-        # Checked on the header first, so a header-only file still names the missing column.
-        if header is not None and column not in header:
-            raise PredictionsError(path, None, column, f"missing column (columns: {header})")
+    missing = [column for column in columns if header is not None and column not in header]
+    if missing:
+        raise PredictionsError(path, None, missing[0], f"missing column (columns: {header})")
     if not records:
         raise PredictionsError(path, None, None, "file is empty (no data rows)")
-    ids, texts, labels = [], [], []
-    for row, record in enumerate(records, start=1):
-        for column in wanted:
-            if column not in record:
-                raise PredictionsError(path, row, column, "missing column")
-        text = record[text_column]
-        if not isinstance(text, str) or not text.strip():
-            raise PredictionsError(path, row, text_column, "empty or not a string")
-        label = record[label_column] if label_column is not None else None
-        if isinstance(label, int) and not isinstance(label, bool):
-            label = str(label)  # JSONL class ids: the option is named by the number
-        if label is not None and not isinstance(label, str):
-            raise PredictionsError(path, row, label_column, f"label {label!r} is not a string")
-        label = label or None
-        if require_labels and label is None:
-            raise PredictionsError(path, row, label_column, "label is empty")
-        ids.append(str(record[id_column]) if id_column else str(record.get("id") or row))
-        texts.append(text)
-        labels.append(label)
-    if len(set(ids)) != len(ids):
-        raise PredictionsError(path, None, id_column or "id", "ids are not unique")
-    return LabelledTexts(ids, texts, labels)
+    return records
+
+
+def _label(path: Path, row: int, label: Any, column: str | None, *,
+           required: bool) -> str | None:
+    """A row's label: a string, or a JSONL class id (an int, named by the number); empty is
+    None, refused when ``required``."""
+    if isinstance(label, int) and not isinstance(label, bool):
+        label = str(label)
+    if label is not None and not isinstance(label, str):
+        raise PredictionsError(path, row, column, f"label {label!r} is not a string")
+    if required and not label:
+        raise PredictionsError(path, row, column, "label is empty")
+    return label or None
 
 
 def write_predictions(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -200,36 +212,16 @@ def write_predictions(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def _check_row(path: Path, row: int, obj: dict[str, Any]) -> tuple[list[str], list[float]]:
+    """One row's options and probabilities, every field of the format checked (the error names
+    the field)."""
     for key in ("id", "options", "proba", "label"):
         if key not in obj:
             raise PredictionsError(path, row, key, "missing field")
     if not isinstance(obj["id"], str) or not obj["id"]:
         raise PredictionsError(path, row, "id", "must be a non-empty string")
-    options = obj["options"]
-    if not isinstance(options, list) or len(options) < 2 or not all(
-        isinstance(o, str) for o in options
-    ):
-        raise PredictionsError(path, row, "options", "must be a list of at least 2 strings")
-    if len(set(options)) != len(options):
-        raise PredictionsError(path, row, "options", "option names repeat")
-    proba = obj["proba"]
-    if not isinstance(proba, list) or len(proba) != len(options):
-        raise PredictionsError(path, row, "proba", f"must be a list of {len(options)} numbers")
-    for j, p in enumerate(proba):
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise PredictionsError(path, row, "proba", f"value {p!r} at index {j} is outside [0, 1]")
-    total = math.fsum(proba)
-    if abs(total - 1.0) > SUM_TOLERANCE:
-        raise PredictionsError(path, row, "proba", f"sums to {total:.6f}, not 1")
-    label = obj["label"]
-    if label is not None and not isinstance(label, str):
-        raise PredictionsError(path, row, "label", f"{label!r} is not a string")
-    novel = obj.get("novel", False)
-    if not isinstance(novel, bool):
-        raise PredictionsError(path, row, "novel", f"{novel!r} is not true or false")
-    if label is not None and (label in options) == novel:
-        raise PredictionsError(path, row, "label", f"{label!r} is among the options but the row "
-                               "says novel" if novel else f"{label!r} is not among the options")
+    options = _options(path, row, obj["options"])
+    proba = _proba(path, row, obj["proba"], len(options))
+    _check_label(path, row, obj["label"], options, obj.get("novel", False))
     fold = obj.get("fold")
     if fold is not None and (isinstance(fold, bool) or not isinstance(fold, int) or fold < 0):
         raise PredictionsError(path, row, "fold", f"{fold!r} is not a fold number (an int >= 0)")
@@ -237,7 +229,41 @@ def _check_row(path: Path, row: int, obj: dict[str, Any]) -> tuple[list[str], li
     if reference is not None and reference not in REFERENCES:
         raise PredictionsError(path, row, "reference",
                                f"{reference!r} is not one of {', '.join(REFERENCES)}")
-    return options, [float(p) for p in proba]
+    return options, proba
+
+
+def _options(path: Path, row: int, options: Any) -> list[str]:
+    if not isinstance(options, list) or len(options) < 2 or not all(
+        isinstance(o, str) for o in options
+    ):
+        raise PredictionsError(path, row, "options", "must be a list of at least 2 strings")
+    if len(set(options)) != len(options):
+        raise PredictionsError(path, row, "options", "option names repeat")
+    return options
+
+
+def _proba(path: Path, row: int, proba: Any, n_options: int) -> list[float]:
+    """One probability per option, each in [0, 1], summing to 1 within ``SUM_TOLERANCE``."""
+    if not isinstance(proba, list) or len(proba) != n_options:
+        raise PredictionsError(path, row, "proba", f"must be a list of {n_options} numbers")
+    for j, p in enumerate(proba):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise PredictionsError(path, row, "proba", f"value {p!r} at index {j} is outside [0, 1]")
+    total = math.fsum(proba)
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise PredictionsError(path, row, "proba", f"sums to {total:.6f}, not 1")
+    return [float(p) for p in proba]
+
+
+def _check_label(path: Path, row: int, label: Any, options: list[str], novel: Any) -> None:
+    """A label is a string or null; one of the options unless the row says ``novel``."""
+    if label is not None and not isinstance(label, str):
+        raise PredictionsError(path, row, "label", f"{label!r} is not a string")
+    if not isinstance(novel, bool):
+        raise PredictionsError(path, row, "novel", f"{novel!r} is not true or false")
+    if label is not None and (label in options) == novel:
+        raise PredictionsError(path, row, "label", f"{label!r} is among the options but the row "
+                               "says novel" if novel else f"{label!r} is not among the options")
 
 
 def read_predictions(path: Path) -> Predictions:

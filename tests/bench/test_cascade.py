@@ -11,7 +11,7 @@ import pytest
 
 from bench.cascade_frontier import Tier, fixed_policy, frontier_curve, operating_point
 from bench.cascade_live import summarize
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.types import OptionScores
 
 
@@ -57,7 +57,7 @@ def test_operating_point_adds_up(tiers: tuple[Tier, Tier, np.ndarray]) -> None:
 @pytest.mark.parametrize("accept_all", [True, False])
 def test_fixed_policies_accept_or_escalate_everything(tmp_path: Path, accept_all: bool) -> None:
     path = fixed_policy(tmp_path / "p.json", name="end", accept_all=accept_all, fingerprint="fp")
-    runtime = GuaranteedPolicy.from_file(path)
+    runtime = Policy.from_file(path)
     for proba in ((0.999, 0.001), (0.5, 0.5), (0.02, 0.98)):
         verdict, _ = runtime.decide(OptionScores(("a", "b"), proba))
         assert verdict.accept is accept_all

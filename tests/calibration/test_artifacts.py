@@ -59,3 +59,23 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path: Path) -> None:
         raise RuntimeError("the writer failed midway")
     assert target.read_text() == "first"  # the old file, untouched
     assert sorted(p.name for p in target.parent.iterdir()) == ["policy.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_atomic_path_writes_with_the_mode_any_new_file_gets(tmp_path: Path, umask: int) -> None:
+    """0666 less the umask, as ``open`` gives: under the usual 022 a server running as another
+    user can read a tuned policy or model."""
+    import os
+    import stat
+
+    from calibration.artifacts import atomic_path
+
+    before = os.umask(umask)
+    try:
+        with atomic_path(tmp_path / "policy.json") as tmp:
+            tmp.write_text("{}")
+        (tmp_path / "plain.json").write_text("{}")
+    finally:
+        os.umask(before)
+    mode = stat.S_IMODE((tmp_path / "policy.json").stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE((tmp_path / "plain.json").stat().st_mode)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.monitoring import ConfidenceDropTest, ConformalDriftTest
+from calibration.monitoring import ConfidenceDropTest
+from tests.calibration.conformal_drift import ConformalDriftTest
 
 
 def alarm_rate(make: type[ConformalDriftTest], reference: np.ndarray, draw: object,

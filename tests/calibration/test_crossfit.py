@@ -9,7 +9,7 @@ import pytest
 from calibration.calibrators import make_calibrator
 from calibration.crossfit import check_folds, check_n_folds, crossfit_calibrated, stratified_folds
 from policies.evaluation import evaluate
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from tests.policies.test_tuning import overconfident_reads
 
 
@@ -57,11 +57,11 @@ def test_each_row_is_calibrated_by_a_calibrator_fit_outside_its_fold() -> None:
 def test_crossfit_uses_every_row_and_keeps_the_promise_on_fresh_reads() -> None:
     proba, y = overconfident_reads(4000, seed=0)
     folds = stratified_folds(y.tolist(), n_folds=5, seed=0)
-    result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9, delta=0.05).fit(
+    result = Policy(calibrator="temperature", target_accuracy=0.9, delta=0.05).fit(
         proba, y, folds=folds)
     assert result.n_folds_ == 5 and result.risk_.n == 4000 and result.n_calibration_ == 4000
     assert result.risk_.bound >= 0.9
-    split = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9,
+    split = Policy(calibrator="temperature", target_accuracy=0.9,
                              delta=0.05).fit(proba, y)
     assert split.risk_.n == 2000  # the split path spends half the rows on the calibrator
     fresh, y_fresh = overconfident_reads(20000, seed=1)
@@ -77,7 +77,7 @@ def test_crossfit_violation_rate_on_fresh_reads_is_within_delta() -> None:
     for seed in range(60):
         proba, y = overconfident_reads(800, seed=seed + 100)
         folds = stratified_folds(y.tolist(), n_folds=4, seed=seed)
-        result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.85,
+        result = Policy(calibrator="temperature", target_accuracy=0.85,
                                   delta=0.2).fit(proba, y, folds=folds)
         if result.risk_.threshold is None:
             continue

@@ -1,80 +1,27 @@
-"""The production monitors: the drift martingale is MAPIE's jumper on exact conformal p-values, it
-rarely alarms on exchangeable streams and soon after a shift; the accuracy sequence is MAPIE's
-CM-EB bound kept incrementally, covers the truth at every moment and falls below a target the
-stream misses."""
+"""The production monitors: the accuracy sequence is MAPIE's CM-EB bound kept incrementally,
+covers the truth at every moment and falls below a target the stream misses; the change
+detector sums test martingales started at every step and stays under its run-length bound."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from scipy.stats import kstest
 
 from calibration.monitoring import (
     TRAFFIC_BETS,
     AccuracySequence,
+    AccuracyShortfallTest,
     Bet,
     ConfidenceDropDetector,
     ConfidenceDropTest,
-    ConformalDriftTest,
     reference_summary,
 )
+from calibration.state import DamagedState
 
 
-def test_martingale_equals_mapies_jumper_on_the_same_p_values() -> None:
-    from mapie.exchangeability_testing import OnlineMartingaleTest
-
-    rng = np.random.default_rng(0)
-    p_values = np.concatenate([rng.uniform(size=300), rng.uniform(0, 0.3, size=300)])
-    ours = ConformalDriftTest([0.5], alpha=0.05, jump=0.01)
-    theirs = OnlineMartingaleTest(test_level=0.05, jump_size=0.01, warn=False)
-    for p in p_values:
-        ours.bet(float(p))
-        expected = theirs.update_simple_jumper_martingale(float(p))
-        assert ours.log_value == pytest.approx(np.log(expected), rel=1e-9, abs=1e-9)
-    assert ours.alarm and ours.alarm_at is not None
-    first_crossing = 1 + int(np.argmax(np.asarray(theirs.martingale_value_history) >= 20.0))
-    assert ours.alarm_at == first_crossing
-
-
-def test_p_values_are_uniform_when_the_stream_looks_like_the_reference() -> None:
-    rng = np.random.default_rng(1)
-    test = ConformalDriftTest(rng.beta(5, 1, size=500).round(3), seed=1)  # many ties
-    p_values = []
-    for c in rng.beta(5, 1, size=2000).round(3):
-        p_values.append(test.p_value(float(c)))
-        test.update(float(c))
-    assert kstest(p_values, "uniform").pvalue > 0.01
-
-
-def test_false_alarm_rate_stays_near_alpha_and_a_shift_is_caught_fast() -> None:
-    rng = np.random.default_rng(2)
-    reference = rng.beta(6, 1, size=1000)
-    alarms = 0
-    for seed in range(60):
-        test = ConformalDriftTest(reference, alpha=0.05, seed=seed)
-        for c in rng.beta(6, 1, size=1500):
-            test.update(float(c))
-        alarms += test.alarm
-    assert alarms / 60 <= 0.12  # Ville: <= 0.05 in expectation; 0.12 leaves room for noise
-    delays = []
-    for seed in range(10):
-        test = ConformalDriftTest(reference, alpha=0.05, seed=seed)
-        shifted = np.where(rng.random(3000) < 0.3, rng.beta(2, 2, size=3000),
-                           rng.beta(6, 1, size=3000))
-        for i, c in enumerate(shifted):
-            if test.update(float(c)):
-                delays.append(i + 1)
-                break
-    assert len(delays) == 10 and np.median(delays) < 500
-
-
-def test_bad_input_names_the_argument() -> None:
-    with pytest.raises(ValueError, match="alpha"):
-        ConformalDriftTest([0.5], alpha=1.5)
-    with pytest.raises(ValueError, match="reference is empty"):
-        ConformalDriftTest([])
-    with pytest.raises(ValueError, match="confidence must be in"):
-        ConformalDriftTest([0.5]).update(1.2)
+def test_a_reference_outside_0_1_is_refused() -> None:
     with pytest.raises(ValueError, match="outside"):
         reference_summary([0.2, 1.3], threshold=0.5)
 
@@ -186,6 +133,31 @@ def test_detector_resumes_where_it_stopped() -> None:
         second.resume({**first.state(), "detector": [1.0]})
     with pytest.raises(ValueError, match="arl"):
         ConfidenceDropDetector([0.5], arl=1.0)
+
+
+def test_rescaled_wealths_resume_and_unreachable_ones_are_refused() -> None:
+    """Long runs rescale the wealth (its log kept apart): such a state resumes exactly, while
+    one its bets could not have reached is refused naming the field."""
+    shortfall = AccuracyShortfallTest(0.95, alpha=0.0125)
+    for _ in range(30_000):  # right answers: the wealth shrinks past 1e-100
+        shortfall.update(True)
+    detector = ConfidenceDropDetector([0.5] * 10, arl=1e4, bets=TRAFFIC_BETS)
+    for _ in range(200):  # the lowest ranks: the detector grows past 1e100
+        detector.bet(0.0)
+    assert shortfall.state()["log_scale"] < 0 < detector.state()["log_scale"]
+    for test, again in ((shortfall, AccuracyShortfallTest(0.95, alpha=0.0125)),
+                        (detector, ConfidenceDropDetector([0.5] * 10, arl=1e4, bets=TRAFFIC_BETS))):
+        state = json.loads(json.dumps(test.state(), allow_nan=False))
+        again.resume(state)
+        assert again.state() == test.state() and again.log_value == test.log_value
+    fresh = AccuracyShortfallTest(0.95, alpha=0.0125)
+    with pytest.raises(DamagedState, match="log_scale"):  # 10 bets cannot reach e^100
+        fresh.resume({**fresh.state(), "n": 10, "log_scale": 100.0, "alarm_at": 1})
+    with pytest.raises(DamagedState, match="alarm_at"):  # past the alarm level, no alarm
+        fresh.resume({**fresh.state(), "n": 100, "log_scale": 8.0})
+    with pytest.raises(DamagedState, match="log_scale"):  # an untripped detector's scale
+        again.resume({**detector.state(), "alarm_at": None})
+    assert fresh.n == 0 and fresh.log_value == 0.0  # nothing taken
 
 
 def test_every_traffic_bet_has_mean_one_on_uniform_p_values_and_at_most_one_on_larger() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from calibration.calibrators import make_calibrator
 from policies.file import POLICY_VERSION, PolicyFile, PolicyFileError, load_policy
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.rules import ThresholdRule
 from policies.scope import Question, scope_signature
 from policies.types import OptionScores
@@ -40,12 +40,12 @@ def test_round_trip_keeps_every_field_and_the_decisions(tmp_path: Path) -> None:
     assert loaded == policy
     assert loaded.policy_id == policy.policy_id and loaded.policy_id.startswith("intents@")
     scores = OptionScores(("a", "b", "c"), (0.7, 0.2, 0.1))
-    assert GuaranteedPolicy.from_file(loaded).decide(scores) == GuaranteedPolicy.from_file(
+    assert Policy.from_file(loaded).decide(scores) == Policy.from_file(
         policy).decide(scores)
 
 
 def test_decide_answers_the_raw_argmax_with_its_calibrated_probability() -> None:
-    runtime = GuaranteedPolicy.from_file(make_policy())
+    runtime = Policy.from_file(make_policy())
     scores = OptionScores(("a", "b", "c"), (0.5, 0.3, 0.2))
     verdict, calibrated = runtime.decide(scores)
     assert verdict.index == 0
@@ -159,7 +159,7 @@ def test_older_files_are_upgraded_on_load_and_keep_their_id(tmp_path: Path,
     assert stored["version"] == 4 and stored["id_layout"] == "v1"  # how its id is hashed
     assert stored["question"] is None
     assert load_policy(rewritten).policy_id == policy.policy_id
-    runnable = GuaranteedPolicy.from_file(rewritten)
+    runnable = Policy.from_file(rewritten)
     assert runnable.policy_id == policy.policy_id and runnable.file_ == policy
     assert runnable.params_.budget_window == 500 and runnable.params_.max_escalation is None
     window = runnable.escalation_window()
@@ -169,7 +169,7 @@ def test_older_files_are_upgraded_on_load_and_keep_their_id(tmp_path: Path,
 def test_typed_parts_run_without_a_second_build() -> None:
     policy = make_policy()
     assert policy.calibrator.kind == "temperature" and policy.rule.kind == "threshold"
-    runtime = GuaranteedPolicy.from_file(policy)
+    runtime = Policy.from_file(policy)
     assert runtime.rule_.to_dict() == policy.rule.model_dump()
     assert runtime.calibrator_.to_dict() == policy.calibrator.model_dump()
 

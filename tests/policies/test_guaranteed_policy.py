@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from policies.evaluation import evaluate
 from policies.file import load_policy
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.rules import ThresholdRule
 from policies.scope import Question, scope_signature
 from policies.types import OptionScores
@@ -40,7 +40,7 @@ def reads(n: int, seed: int, *, weak: int | None = None
 
 def test_fit_returns_self_with_fitted_attributes_and_one_call_to_the_file(tmp_path: Path) -> None:
     proba, y_true = reads(4000, seed=0)
-    policy = GuaranteedPolicy(target_accuracy=0.9, delta=0.05)
+    policy = Policy(target_accuracy=0.9, delta=0.05)
     assert policy.fit(proba, y_true, options=OPTIONS) is policy
     assert policy.risk_.threshold is not None and policy.risk_.bound >= 0.9
     assert policy.n_calibration_ + policy.risk_.n == 4000 and policy.n_folds_ is None
@@ -55,21 +55,21 @@ def test_fit_returns_self_with_fitted_attributes_and_one_call_to_the_file(tmp_pa
     assert loaded.signature == scope_signature(OPTIONS, question)
     assert loaded.reference is not None and loaded.reference.accept_share == policy.coverage_
     scores = OptionScores(OPTIONS, tuple(float(p) for p in proba[0]))
-    assert GuaranteedPolicy.from_file(loaded).decide(scores) == policy.decide(scores)
-    assert GuaranteedPolicy.from_file(tmp_path / "p.json").policy_id == loaded.policy_id
+    assert Policy.from_file(loaded).decide(scores) == policy.decide(scores)
+    assert Policy.from_file(tmp_path / "p.json").policy_id == loaded.policy_id
 
 
 def test_folds_cross_fit_on_every_row() -> None:
     proba, y_true = reads(3000, seed=1)
     folds = np.arange(3000) % 5
-    policy = GuaranteedPolicy(target_accuracy=0.9).fit(proba, y_true, folds=folds)
+    policy = Policy(target_accuracy=0.9).fit(proba, y_true, folds=folds)
     assert policy.n_folds_ == 5 and policy.risk_.n == 3000 and policy.n_calibration_ == 3000
     assert policy.to_file(name="cf", data_hash="0" * 64,
                           question=Question.asked("intent")).tuning == "cross-fitted"
 
 
 def test_a_policy_file_is_scoped_to_exactly_one_question() -> None:
-    policy = GuaranteedPolicy().fit(*reads(1000, seed=2), options=OPTIONS)
+    policy = Policy().fit(*reads(1000, seed=2), options=OPTIONS)
     for scope in ({}, {"question": Question.asked("intent"), "logged_signature": "f" * 64}):
         with pytest.raises(ValueError, match="exactly one"):
             policy.to_file(name="x", data_hash="0" * 64, **scope)  # type: ignore[arg-type]
@@ -86,15 +86,15 @@ def test_a_policy_file_is_scoped_to_exactly_one_question() -> None:
 def test_bad_parameters_name_their_field(params: dict[str, float], field: str) -> None:
     proba, y_true = reads(400, seed=2)
     with pytest.raises(ValidationError) as info:
-        GuaranteedPolicy(**params).fit(proba, y_true)
+        Policy(**params).fit(proba, y_true)
     assert info.value.errors()[0]["loc"] == (field,)
 
 
 def test_per_answer_floor_holds_each_answer_on_fresh_data() -> None:
     weak = 2
     proba, y_true = reads(8000, seed=3, weak=weak)
-    plain = GuaranteedPolicy(target_accuracy=0.75).fit(proba, y_true, options=OPTIONS)
-    floored = GuaranteedPolicy(target_accuracy=0.75, per_answer_floor=0.8).fit(
+    plain = Policy(target_accuracy=0.75).fit(proba, y_true, options=OPTIONS)
+    floored = Policy(target_accuracy=0.75, per_answer_floor=0.8).fit(
         proba, y_true, options=OPTIONS)
     assert floored.risk_.threshold == plain.risk_.threshold  # the global promise is unchanged
     assert floored.answer_bars_ is not None
@@ -113,7 +113,7 @@ def test_per_answer_floor_holds_each_answer_on_fresh_data() -> None:
 
 def test_per_answer_table_is_worst_first_with_intervals() -> None:
     proba, y_true = reads(3000, seed=5, weak=1)
-    policy = GuaranteedPolicy(target_accuracy=0.85).fit(proba, y_true, options=OPTIONS)
+    policy = Policy(target_accuracy=0.85).fit(proba, y_true, options=OPTIONS)
     table = evaluate(policy, OPTIONS, proba, y_true, n_resamples=20)["per_answer"]
     values = [row["accuracy"] for row in table]
     assert values == sorted(values) and len(values) == len(OPTIONS)

@@ -8,7 +8,8 @@ import pytest
 from numpy.typing import NDArray
 
 from policies.evaluation import evaluate
-from policies.guaranteed import GuaranteedPolicy, split_rows
+from policies.fitting import split_rows
+from policies.policy import Policy
 from policies.rules import BudgetRule, ThresholdRule
 
 
@@ -33,7 +34,7 @@ def test_split_is_seeded_and_disjoint() -> None:
 
 def test_tuned_threshold_meets_its_target_on_fresh_data() -> None:
     proba, y_true = overconfident_reads(4000, seed=0)
-    result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9,
+    result = Policy(calibrator="temperature", target_accuracy=0.9,
                               delta=0.05).fit(proba, y_true)
     assert isinstance(result.rule_, ThresholdRule) and result.risk_.threshold is not None
     assert result.risk_.bound >= 0.9
@@ -48,7 +49,7 @@ def test_tuned_threshold_meets_its_target_on_fresh_data() -> None:
 
 def test_unreachable_target_escalates_everything() -> None:
     proba, y_true = overconfident_reads(300, seed=2)
-    result = GuaranteedPolicy(calibrator="none", target_accuracy=1.0,
+    result = Policy(calibrator="none", target_accuracy=1.0,
                               delta=0.05).fit(proba, y_true)
     assert result.risk_.threshold is None and result.risk_.coverage == 0.0
     assert result.rule_.verdict(("a", "b"), [1.0, 0.0], 0).accept is False
@@ -58,7 +59,7 @@ def test_budget_wraps_the_guaranteed_threshold_and_flags_a_conflict() -> None:
     proba, y_true = overconfident_reads(4000, seed=3)
     # 0.90: at 0.95 only the top 5% of these reads pass, which the three-walk search (each at
     # delta / 3, calibration/risk.py) no longer certifies; the budget conflict is the same.
-    result = GuaranteedPolicy(calibrator="temperature", target_accuracy=0.9, delta=0.05,
+    result = Policy(calibrator="temperature", target_accuracy=0.9, delta=0.05,
                               max_escalation=0.05, budget_window=200).fit(proba, y_true)
     assert isinstance(result.rule_, BudgetRule)
     assert result.rule_.base.to_dict()["threshold"] == result.risk_.threshold

@@ -26,7 +26,7 @@ from router.http.systemone.wire import (
     SystemOneRequest,
     parse_request,
 )
-from router.http.text_guard import depth_message, too_deep_field
+from router.http.text_guard import depth_message, holds_array, too_deep_field
 from router.routing.stages import StagedOutcome
 
 SCHEMA_KEYS = ("instructions", "samples", "ask", *ENGINE_KNOBS)
@@ -164,9 +164,16 @@ def _jev_question(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json_object(text: str, *, field: str) -> dict[str, Any] | None:
+    """The JSON object ``text`` holds, or None. Only a schema (an object holding a ``questions``
+    array) is slotgate's to parse, so only a schema nested past MAX_JSON_DEPTH is refused; other
+    JSON, however deep, makes the body no decision (it passes through unchanged)."""
     try:
         value = _loads(text, field=field)
     except ValueError:
+        return None
+    except InvalidRequest:
+        if holds_array(text, "questions"):
+            raise
         return None
     return value if isinstance(value, dict) else None
 

@@ -27,7 +27,7 @@ from router.http.openai.request import (
     ResponseFormat,
     SlotgateOptions,
 )
-from router.http.text_guard import header_safe
+from router.http.text_guard import header_safe, header_whole
 
 __all__ = ["CREDENTIAL_FIELDS", "ChatCompletionRequest", "ChatMessage", "DecisionPlan",
            "JsonSchemaFormat", "ResponseFormat", "SlotgateOptions", "content_of",
@@ -202,14 +202,17 @@ def routing_facts(decisions: Sequence[Decision]) -> dict[str, Any]:
 
 
 def routing_headers(facts: dict[str, Any]) -> dict[str, str]:
-    """``x-slotgate-*`` response headers carrying the summary of ``routing_facts``."""
+    """``x-slotgate-*`` response headers carrying the summary of ``routing_facts``. The id lists
+    (``policy_id``, ``decision_id``) are whole or absent (``header_whole``); the note may be cut."""
     headers = {}
     for key in ("route", "probability", "raw_probability", "threshold", "policy_id",
                 "decision_id", "latency_ms", "note"):
         value = facts.get(key)
         if value is not None:
             text = f"{value:.6g}" if isinstance(value, float) else str(value)
-            headers[f"x-slotgate-{key.replace('_', '-')}"] = header_safe(text)
+            header = header_whole(text) if key.endswith("_id") else header_safe(text)
+            if header is not None:
+                headers[f"x-slotgate-{key.replace('_', '-')}"] = header
     return headers
 
 

@@ -67,3 +67,17 @@ def test_a_pipeline_holding_what_cannot_be_digested_is_refused(tmp_path: Path) -
     with pytest.raises(ConfigError, match="field 'pipeline': cannot digest") as info:
         load_text_model(path)
     assert info.value.field == "pipeline"
+
+
+def test_the_digest_of_each_kind_of_value_is_pinned() -> None:
+    """A served policy names its model by this digest: the bytes fed for each kind of value
+    (and which kind a value counts as: a numpy float is a float, a class is a type) must not
+    move, or every tuned policy stops matching its model."""
+    import numpy as np
+    from scipy import sparse
+
+    values = [None, True, 3, 2.5, "x", b"y", np.arange(3, dtype=np.int64), np.float64(1.5),
+              sparse.csr_matrix(np.eye(2)), {"b": 1, "a": (1,)}, {2, 1}, int, len]
+    assert fitted_digest(values) == (
+        "9254d85a57987105ff57a17619d89bcf65f18fdf0abeba17a4ad3cac356dc716")
+    assert fitted_digest([np.float64(1.5)]) != fitted_digest([1.5])  # by repr: kept apart

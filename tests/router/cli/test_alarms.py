@@ -56,6 +56,17 @@ def test_clear_of_a_policy_only_redis_knows(tmp_path: Path, redis_url: str) -> N
     assert done.exit_code == 0, done.output
 
 
+def test_list_of_an_unknown_policy_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    log = tmp_path / "decisions.jsonl"
+    log.write_text(alarm("triage@1", "drift", 1.0) + alarm("intent@2", "accuracy", 2.0))
+    result = invoke("alarms", "list", "--policy", "triage@l", "--log", log)
+    one_error_line(result, "--policy", "'triage@l'", "known: intent@2, triage@1")
+    assert "no alarm stands" not in result.output
+    listed = invoke("alarms", "list", "--policy", "triage@1", "--log", log, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [r["policy_id"] for r in json.loads(listed.stdout)["alarms"]] == ["triage@1"]
+
+
 def test_list_with_redis_down_is_one_line(tmp_path: Path) -> None:
     down = f"redis://127.0.0.1:{free_port()}/0"
     result = invoke("alarms", "list", "--log", tmp_path / "d.jsonl", "--redis-url", down)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from policies.cascade import CascadePolicy
 from policies.file import load_policy
+from policies.policy import Policy
 from router.cli.app import app
 
 OPTIONS = ["yes", "no", "maybe"]
@@ -94,7 +94,7 @@ def test_eval_applies_the_cascade_row_by_row_as_its_thresholds_say(tmp_path: Pat
     assert result.exit_code == 0, result.stderr
     metrics = json.loads(result.stdout)
     # The same figures from the policy's calibrators and thresholds, a whole column at a time.
-    policy = CascadePolicy.from_file(load_policy(tmp_path / "cascade.json"))
+    policy = Policy.from_file(load_policy(tmp_path / "cascade.json"))
     reads = [np.array([json.loads(line)["proba"] for line in p.read_text().splitlines()])
              for p in (test_a, test_b)]
     labels = np.array([OPTIONS.index(json.loads(line)["label"])

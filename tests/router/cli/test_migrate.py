@@ -178,3 +178,20 @@ def test_a_policy_of_one_logged_option_order_is_migrated_to_its_question(
     result = invoke("--policy", policy, "--question", "answer", "--context", CONTEXT)
     assert result.exit_code == 0 and "one logged option order" in result.stdout, result.output
     assert covers(OPTIONS) and covers(OPTIONS[::-1]) and covers(sorted(OPTIONS))
+    assert load_policy(policy).digest is not None  # sealed again over what migrate changed
+
+
+def test_a_sealed_file_edited_since_tuning_is_not_migrated(tmp_path: Path) -> None:
+    from tests.router.cli.test_tune_command import synthetic_rows, write_jsonl
+
+    preds = write_jsonl(tmp_path / "p.jsonl",
+                        synthetic_rows(1200, signature="b" * 64, fingerprint="fp"))
+    policy = tmp_path / "policy.json"
+    tuned = CliRunner().invoke(app, ["tune", "--preds", str(preds), "--target-accuracy", "0.8",
+                                     "--out", str(policy)])
+    assert tuned.exit_code == 0, tuned.output
+    data = json.loads(policy.read_text(encoding="utf-8"))
+    data["bound"] = 0.999
+    policy.write_text(json.dumps(data), encoding="utf-8")
+    result = invoke("--policy", policy, "--question", "answer")
+    assert result.exit_code == 2 and "field 'digest'" in result.stderr

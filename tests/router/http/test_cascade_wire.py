@@ -24,7 +24,7 @@ SCHEMA = {"name": "intent", "description": "Which intent?",
 
 @pytest.fixture
 async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(tiers=[{"name": "deep", "kind": "mock"}],
+    settings = Settings(tiers=[{"name": "fast", "kind": "mock"}, {"name": "deep", "kind": "mock"}],
                         policy={"files": [cascade_file(tmp_path)]},
                         log={"decision_log_path": tmp_path / "log.jsonl"})
     app = create_app(settings, backend=MockBackend(cheap, label="cheap"),
@@ -79,7 +79,7 @@ async def test_a_torch_tier_reads_what_the_first_tier_turned_down(tmp_path: Path
     first, torch_tier = MockBackend(cheap, label="cheap"), torch_backend(failing_warm_up=False)
     path = cascade_file(tmp_path, thresholds=(0.9, 0.0), names=("fast", "gpu"),
                         fingerprints=(first.fingerprint, torch_tier.fingerprint))
-    settings = Settings(tiers=[{"name": "gpu", "kind": "torch", "options": {
+    settings = Settings(tiers=[{"name": "fast", "kind": "mock"}, {"name": "gpu", "kind": "torch", "timeout_s": 60, "options": {
         "kind": "diffusion", "turn_close_id": 2}}], policy={"files": [path]},
                         log={"decision_log_path": tmp_path / "log.jsonl"})
     app = create_app(settings, backend=first, tiers={"gpu": torch_tier}, slow=RecordingSlow())
@@ -88,6 +88,6 @@ async def test_a_torch_tier_reads_what_the_first_tier_turned_down(tmp_path: Path
         _, easy = await ask_openai(client, "an easy one")
         answer, hard = await ask_openai(client, "a hard one")
     assert (easy["tier"], [t["tier"] for t in easy["tiers"]]) == ("fast", ["fast"])
-    assert (hard["route"], hard["tier"]) == ("fast", "gpu")
+    assert (hard["route"], hard["tier"]) == ("fast", "gpu"), hard["note"]
     [_, gpu] = hard["tiers"]
     assert gpu["accepted"] and answer == f'"{gpu["answer"]}"' and 0 < gpu["probability"] <= 1

@@ -49,12 +49,33 @@ SCHEMA = json.dumps({"questions": [{"id": "urgent", "type": "noul",
                                     "instructions": "Needs a reply within the hour?"}]})
 
 
-def test_deeply_nested_system_message_is_a_400_naming_it(http: httpx.Client) -> None:
-    reply = http.post("/v1/chat/completions", json=chat_variant(DEEP, '{"text": "hi"}'))
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "messages.0.content"
-    assert "nested more than 128 levels deep" in error["message"]
+def test_deeply_nested_schema_in_the_system_message_is_a_400_naming_it(
+    http: httpx.Client, standin: StandinHandle
+) -> None:
+    for deep_schema in (SCHEMA[:-1] + ', "notes": ' + DEEP + "}",  # past the C parser's 1,024
+                        SCHEMA[:-1] + ', "notes": ' + json.dumps(nested_schema(200)) + "}"):
+        reply = http.post("/v1/chat/completions", json=chat_variant(deep_schema, '{"text": "hi"}'))
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "messages.0.content"
+        assert "nested more than 128 levels deep" in error["message"]
+    assert standin.calls() == []
+
+
+def test_a_deep_json_document_in_the_system_message_passes_through_unchanged(
+    http: httpx.Client, standin: StandinHandle
+) -> None:
+    """Beside a JSON user message, a system message of JSON that is no question schema is no
+    decision: slotgate does not parse it, so its depth is the slow model's business."""
+    documents = [json.dumps(nested_schema(200)), DEEP,
+                 json.dumps({"doc": nested_schema(200), "questions": "not an array"})]
+    for document in documents:
+        body = {"model": "any", **chat_variant(document, '{"text": "hi"}')}
+        reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        assert "slotgate" not in reply.json()  # answered by the slow model, not decided
+    sent = [call["body"]["messages"] for call in standin.calls()]
+    assert sent == [chat_variant(d, '{"text": "hi"}')["messages"] for d in documents]
 
 
 def test_deeply_nested_chat_variant_state_is_a_400_naming_it(http: httpx.Client) -> None:
@@ -127,3 +148,25 @@ def test_note_header_stays_small_with_huge_options(
     note = reply.headers["x-slotgate-note"]
     assert len(note) == 1024 and note.endswith("...")
     assert reply.json()["slotgate"]["note"].startswith(note[:-3])
+
+
+def test_decision_id_header_is_whole_or_absent(http: httpx.Client) -> None:
+    """Every id in ``x-slotgate-decision-id`` is a whole id: past 1,024 characters (40 ids of
+    32 hex characters) the header is left out, and the body carries them all."""
+    for n_questions, in_header in ((20, True), (40, False)):
+        schema = {"type": "object",
+                  "properties": {f"q{i}": {"type": "string", "enum": ["yes", "no"]}
+                                 for i in range(n_questions)}}
+        body = {"model": "any", "messages": [{"role": "user", "content": "sure"}],
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "many", "schema": schema}}}
+        reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        facts = reply.json()["slotgate"]
+        ids = [d["decision_id"] for d in facts["decisions"]]
+        assert len(ids) == n_questions and facts["decision_id"] == ",".join(ids)
+        if in_header:
+            assert reply.headers["x-slotgate-decision-id"] == facts["decision_id"]
+        else:
+            assert "x-slotgate-decision-id" not in reply.headers
+        assert reply.headers["x-slotgate-route"] == "fast"

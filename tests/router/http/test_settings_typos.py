@@ -36,6 +36,33 @@ def test_a_typo_inside_a_section_from_the_environment(monkeypatch: pytest.Monkey
     assert "slow.timout_s" in str(refused.value)
 
 
+@pytest.mark.parametrize("variable, meant", [
+    ("SLOTGATE_PROT", "SLOTGATE_PORT"), ("SLOTGATE_SLOWMODEL", "SLOTGATE_SLOW_MODEL"),
+    ("SLOTGATE_POLICY_FILES", "SLOTGATE_POLICY__FILES"),
+    ("slotgate_cahce__redis_url", "SLOTGATE_CACHE__REDIS_URL"),
+])
+def test_a_misspelt_top_level_variable_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, meant: str
+) -> None:
+    monkeypatch.setenv(variable, "1")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert f"environment variable {variable}: no setting is named so" in str(refused.value)
+    assert f"did you mean {meant}?" in str(refused.value)
+
+
+def test_variables_that_name_no_setting_on_purpose_are_let_through(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for variable in ("SLOTGATE_DATA_DIR", "SLOTGATE_TOKENIZER_DIR", "SLOTGATE_BENCH_RESULTS",
+                     "SLOTGATE_TEST_CACHE"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    monkeypatch.setenv("SLOTGATE_PORT", "9000")
+    monkeypatch.setenv("SLOTGATE_SLOW_MODEL", "m")
+    settings = load_settings()
+    assert settings.port == 9000 and settings.slow.model == "m"
+
+
 def test_serve_outside_the_checkout_says_no_config_was_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

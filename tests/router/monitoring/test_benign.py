@@ -2,7 +2,8 @@
 names, timestamps) are one input; a campaign of distinct unsure messages the policy never
 accepts raises no alarm (it buys audits; under escalate_all it escalates until cleared) while
 accepted answers less sure than the tuning rows do; under a drift alarm or after the traffic
-detector's trip, audits that cannot be had make the ladder escalate, and it says so."""
+detector's trip, audits that cannot be had make the ladder escalate, and it says so, until the audit queue drains
+(not until someone asks: the gate only reads the watch)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import asyncio
 import time
 
 from policies.file import PolicyFile
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.types import DecisionRequest, Option
+from router.errors import SlowPathTimeout
 from router.monitoring.fingerprint import input_key, normalised
+from router.monitoring.ladder import WatchSnapshot
 from router.monitoring.monitor import Monitor
 from router.routing.ports import Observation
 from tests.router.monitoring.conftest import DOUBTFUL, OPTIONS, spelled, watched_policy
@@ -25,7 +28,7 @@ def asked(text: str) -> DecisionRequest:
 
 def observe(monitor: Monitor, policy: PolicyFile, p: float, text: str) -> None:
     """One decision on ``text`` exactly as written (``decide`` spells digits out)."""
-    verdict, calibrated = GuaranteedPolicy.from_file(policy).decide(scores(p))
+    verdict, calibrated = Policy.from_file(policy).decide(scores(p))
     monitor.decided(Observation(asked(text), text, policy.policy_id, calibrated[0],
                                 verdict.accept, "a", verdict.accept))
 
@@ -129,8 +132,56 @@ async def test_under_escalate_all_unsure_traffic_escalates_until_an_operator_cle
         if watch.traffic_tripped:
             break
     assert watch.traffic_tripped and watch.alarm is None  # no alarm: nothing to share or log
-    assert watch.traffic_tripped_at == watch.n_decisions == watch.snapshot()["traffic_tripped_at"]
+    assert watch.traffic_tripped_at == watch.n_decisions == watch.report()["traffic_tripped_at"]
     assert "traffic less sure" in str(monitor.gate(pid))
     assert not decide(monitor, policy, 0.98, "a confident one")
     assert monitor.clear(pid, at=time.time())  # logged: no alarm stood, the tests start afresh
     assert not watch.traffic_tripped and monitor.gate(pid) is None
+
+
+def test_the_gate_only_reads_the_watch() -> None:
+    monitor = Monitor()
+    policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.0, audit_boost=0.5)
+    monitor.watch(policy)
+    pid = policy.policy_id
+    watch = monitor.watches[pid]
+    drive_into_drift(monitor, policy)
+    watch.audits_short = True  # as a dropped audit leaves it; the queue is empty now
+    first = monitor.gate(pid)
+    assert first is not None and first.startswith("drift alarm and too few audits")
+    assert monitor.gate(pid) == first and watch.audits_short  # asking cleared nothing
+    assert monitor.snapshot(pid) == WatchSnapshot(
+        policy_id=pid, on_alarm="audit_then_escalate", alarms=frozenset({"drift"}),
+        traffic_tripped=watch.traffic_tripped, audits_short=True, audit_rate=0.0,
+        audit_boost=0.5)
+    assert monitor.snapshot("unwatched") is None and monitor.gate("unwatched") is None
+
+
+async def test_failed_audits_escalate_only_while_the_queue_is_backed_up() -> None:
+    """A slow model that fails while a backlog of audits waits switches the policy to
+    escalating; the failures drain the queue and switch it back; a failure with the queue
+    near empty changes nothing (the next accepted decision is audited again)."""
+    release = asyncio.Event()
+
+    async def failing(request: DecisionRequest) -> str:
+        await release.wait()
+        raise SlowPathTimeout("the slow model is down")
+
+    monitor = Monitor(answer=failing, audit_capacity=4, audit_workers=1)
+    policy = watched_policy(on_alarm="audit_then_escalate", audit_rate=0.0, audit_boost=1.0)
+    monitor.watch(policy)
+    pid = policy.policy_id
+    watch = monitor.watches[pid]
+    drive_into_drift(monitor, policy)
+    for i in range(8):
+        decide(monitor, policy, 0.98, f"sure {spelled(i)}")
+        await asyncio.sleep(0)
+    assert watch.audits_short and "too few audits" in str(monitor.gate(pid))
+    release.set()
+    await monitor.audits.join()
+    assert not watch.audits_short and monitor.gate(pid) is None
+    failed = monitor.audits.counts.failed
+    assert decide(monitor, policy, 0.98, "after the backlog")  # served and drawn for an audit
+    await monitor.audits.join()
+    assert monitor.audits.counts.failed == failed + 1 and not watch.audits_short
+    await monitor.aclose()

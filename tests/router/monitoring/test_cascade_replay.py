@@ -73,3 +73,24 @@ async def test_a_tier_whose_accepted_reads_drift_below_its_reference_alarms_in_t
     assert all(d.tier == "deep" for d in decisions)
     deep = replayed(tmp_path, log.records)["tiers"]["deep"]
     assert deep["drift_alarm"] is not None and deep["drift"] > 0
+
+
+async def test_a_cascade_log_is_judged_again_from_every_tiers_logged_read(
+        tmp_path: Path) -> None:
+    """The proxy logs each tier's read (``tier_proba``), so the replay climbs the tiers again
+    with the policy's own steps and gets the served verdicts; a log written without those reads
+    replays its logged verdicts instead, and says how many."""
+    service, log, _, _ = make(tmp_path)
+    texts = ["easy 1", "medium 1", "medium 2", "hard 1"]
+    decisions = await service.route([request(t) for t in texts], namespace="t")
+    reads = [record["tier_proba"] for record in log.records]
+    assert [sorted(r) for r in reads] == [["fast"], ["deep", "fast"], ["deep", "fast"],
+                                          ["deep", "fast"]]
+    judged = replayed(tmp_path, log.records)
+    assert judged["logged_verdicts"] == 0
+    assert judged["accepted"] == sum(d.route == "fast" for d in decisions) == 3
+    old = [{key: value for key, value in record.items() if key != "tier_proba"}
+           for record in log.records]
+    replayed_old = replayed(tmp_path, old)
+    assert replayed_old["logged_verdicts"] == 4
+    assert replayed_old["accepted"] == judged["accepted"]

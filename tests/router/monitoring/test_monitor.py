@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from policies.file import PolicyFile, ReferenceSummary
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.types import DecisionRequest, Option, OptionScores
 from router.errors import SlowPathTimeout
 from router.monitoring.monitor import Monitor
@@ -64,7 +64,7 @@ def decide(monitor: Monitor, policy: PolicyFile, p: float, i: int | str = 0, *,
            served: bool = True) -> bool:
     """One decision as the service makes it: the pure policy, the gate, then the observer.
     Returns whether the fast answer was served (accepted and not gated)."""
-    verdict, calibrated = GuaranteedPolicy.from_file(policy).decide(scores(p))
+    verdict, calibrated = Policy.from_file(policy).decide(scores(p))
     gated = monitor.gate(policy.policy_id) is not None
     served_fast = verdict.accept and not gated and served
     monitor.decided(Observation(request(i), f"d{i}", policy.policy_id, calibrated[0],
@@ -271,7 +271,7 @@ def test_a_reload_of_the_same_id_with_another_reference_rebuilds_the_watch_on_it
     for i in range(30):
         decide(monitor, policy, 0.98, f"before {i}")
     # Re-tuned on rows as doubtful as today's traffic, all accepted: same id.
-    doubtful = GuaranteedPolicy.from_file(policy).decide(scores(DOUBTFUL))[1][0]
+    doubtful = Policy.from_file(policy).decide(scores(DOUBTFUL))[1][0]
     rows = np.random.default_rng(1).uniform(doubtful - 0.01, doubtful + 0.01, size=400)
     retuned = policy.model_copy(update={"reference": ReferenceSummary(
         n=400, accept_share=1.0, confidence=sorted(round(float(v), 4) for v in rows))})

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.types import DecisionRequest, Option, OptionScores
 from router.backends.mock import MockBackend
 from router.monitoring.monitor import Monitor
@@ -51,7 +51,7 @@ async def test_one_observer_call_per_decision_and_the_gate_beside_the_mode(
     registry = PolicyRegistry.load(settings.policy, backend_fingerprint=backend.fingerprint,
                                    monitor=monitor)
     runtime: Any = registry.lookup(ask("x"), fingerprint=backend.fingerprint)
-    assert isinstance(runtime, GuaranteedPolicy)  # not wrapped: the watch is not in decide()
+    assert isinstance(runtime, Policy)  # not wrapped: the watch is not in decide()
     runtime.decide(OptionScores(OPTIONS, (0.55, 0.25, 0.2)))
     assert monitor.watches[policy.policy_id].n_decisions == 0  # decide() told nobody
     service = RoutingService(backend=backend, cache=MemoryCache(max_entries=1000, ttl_s=60),

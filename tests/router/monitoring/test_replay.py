@@ -3,7 +3,7 @@ calibrator cannot take) and the running accuracy the plot draws."""
 
 from __future__ import annotations
 
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy
 from policies.rules import ThresholdRule
 from router.monitoring.replay import Series, verdict_on
 from router.store.records import DecisionRecord
@@ -11,7 +11,7 @@ from tests.router.monitoring.conftest import watched_policy
 
 
 def test_verdict_on_asks_the_rule_and_skips_what_does_not_fit() -> None:
-    runtime = GuaranteedPolicy.from_file(
+    runtime = Policy.from_file(
         watched_policy(rule=ThresholdRule(0.8, {"b": 1.0}).to_dict()))
     read = DecisionRecord(decision_id="d", options=["a", "b", "c"], proba=[0.98, 0.01, 0.01])
     judged = verdict_on(runtime, read)

@@ -15,9 +15,9 @@ def test_labels_below_the_target_raise_the_accuracy_alarm() -> None:
         alarm = watch.label(i % 4 != 0) or alarm  # 75% right against a 95% promise
         if alarm:
             break
-    assert alarm is not None and alarm.kind == "accuracy" and watch.escalate_all
+    assert alarm is not None and alarm.kind == "accuracy" and watch.gate.escalate
     # the betting test needs far fewer labels than the empirical-Bernstein interval (gauges)
-    assert watch.shortfall.n < 60 and watch.snapshot()["accuracy_upper"] > 0.95
+    assert watch.shortfall.n < 60 and watch.report()["accuracy_upper"] > 0.95
     kept = PolicyWatch(WatchSettings.of(watched_policy()))
     for i in range(3000):  # 97% right: the promise holds, no alarm
         assert kept.label(i % 100 >= 3) is None

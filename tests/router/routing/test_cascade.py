@@ -81,7 +81,7 @@ def make(tmp_path: Path, **file_options: Any) -> tuple[RoutingService, ListLog, 
                 "deep": MockBackend(counted("deep", deep), label="deep")}
     for name, backend in backends.items():
         backend.calls = calls[name]  # type: ignore[attr-defined]
-    settings = Settings(tiers=[{"name": "deep", "kind": "mock"}])
+    settings = Settings(tiers=[{"name": "fast", "kind": "mock"}, {"name": "deep", "kind": "mock"}])
     registry = PolicyRegistry.load(
         PolicySettings(files=[cascade_file(tmp_path, **file_options)]),
         backend_fingerprint=backends["fast"].fingerprint,
@@ -162,4 +162,22 @@ def test_a_cascade_tuned_on_another_tier_backend_is_refused(tmp_path: Path) -> N
 
 def test_settings_refuse_a_tier_name_used_twice() -> None:
     with pytest.raises(ValueError, match="tier name 'fast' is used twice"):
-        Settings(tiers=[{"name": "fast", "kind": "mock"}])
+        Settings(tiers=[{"name": "fast", "kind": "mock"}, {"name": "fast", "kind": "mock"}])
+    with pytest.raises(ValueError, match="tier name 'fast' is used twice"):
+        Settings(fast={"name": "fast", "kind": "mock"}, tiers=[{"name": "fast", "kind": "mock"}])
+
+
+def test_tiers_alone_list_every_tier_and_the_split_form_is_read_and_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from router.settings import load_settings
+
+    listed = load_settings(tiers=[{"name": "cheap", "kind": "mock"},
+                                  {"name": "deep", "kind": "mock"}])
+    split = load_settings(fast={"name": "cheap", "kind": "mock"},
+                          tiers=[{"name": "deep", "kind": "mock"}])
+    for settings in (listed, split):
+        assert [t.name for t in settings.all_tiers] == ["cheap", "deep"]
+        assert settings.fast.name == "cheap" and [t.name for t in settings.tiers] == ["deep"]
+    assert not listed.split_tier_form and split.split_tier_form
+    said = [r.getMessage() for r in caplog.records if "`tiers:` alone" in r.getMessage()]
+    assert len(said) == 1 and "cheap, deep" in said[0]

@@ -65,7 +65,7 @@ def policy_file(name: str, *, signature: str | None = None, fingerprint: str = F
                       options=None if options is None else list(options), **fields)
 
 
-def test_lookup_order_name_then_signature_then_default_then_fallback() -> None:
+def test_lookup_order_name_then_signature_then_default_then_unscoped() -> None:
     signed = loaded("signed", signature=request().signature())
     registry = PolicyRegistry([signed, loaded("general")], default="general",
                               fallback_threshold=0.8)
@@ -73,8 +73,8 @@ def test_lookup_order_name_then_signature_then_default_then_fallback() -> None:
     assert registry.lookup(request(), fingerprint=FINGERPRINT).policy_id == "signed"
     # The default decides its own question when no lookup by (scope, fingerprint) matched.
     assert registry.lookup(request(), fingerprint="another-backend").policy_id == "general"
-    fallback = registry.lookup(request("Another question?"), fingerprint=FINGERPRINT)
-    assert fallback is registry.fallback and fallback.policy_id == "fallback"
+    # No policy covers it: unscoped, whatever the mode (the plan applies policy.unscoped).
+    assert registry.lookup(request("Another question?"), fingerprint=FINGERPRINT) is None
     assert registry.names() == ["general", "signed"]
 
 
@@ -82,16 +82,8 @@ def test_a_signature_match_needs_the_same_backend_fingerprint() -> None:
     """Thresholds tuned on another backend's reads mean nothing for this one."""
     other = loaded("other-backend", signature=request().signature(), fingerprint="fp-old")
     registry = PolicyRegistry([other])
-    assert registry.lookup(request(), fingerprint=FINGERPRINT) is registry.fallback
+    assert registry.lookup(request(), fingerprint=FINGERPRINT) is None
     assert registry.lookup(request(), fingerprint="fp-old").policy_id == "other-backend"
-
-
-def test_the_fallback_holds_reads_to_its_threshold_on_the_raw_probability() -> None:
-    registry = PolicyRegistry(fallback_threshold=0.8)
-    verdict, calibrated = registry.fallback.decide(OptionScores(("a", "b"), (0.79, 0.21)))
-    assert not verdict.accept and verdict.threshold == 0.8 and calibrated == pytest.approx([0.79, 0.21])
-    verdict, _ = registry.fallback.decide(OptionScores(("a", "b"), (0.81, 0.19)))
-    assert verdict.accept and verdict.index == 0
 
 
 def test_an_unknown_policy_name_is_the_callers_error_naming_the_field() -> None:
@@ -141,7 +133,7 @@ def test_a_default_policy_takes_only_its_own_question_over_its_own_options() -> 
     one_more = intents_request((*INTENTS, "intent_77"))
     assert registry.lookup(one_more, fingerprint="another-backend") is None
     threshold = PolicyRegistry([default], default="banking77", unscoped="threshold")
-    assert threshold.lookup(subset, fingerprint=FINGERPRINT) is threshold.fallback
+    assert threshold.lookup(subset, fingerprint=FINGERPRINT) is None
 
 
 def test_a_policy_asked_for_by_name_outside_its_scope_leaves_the_decision_unscoped() -> None:
@@ -228,7 +220,8 @@ def test_settings_without_unscoped_escalate_unless_they_set_a_fallback_threshold
     assert registry.lookup(three, fingerprint=FINGERPRINT) is None
     kept = PolicyRegistry.load(PolicySettings(files=[path], fallback_threshold=0.7),
                                backend_fingerprint=FINGERPRINT)
-    assert kept.unscoped == "threshold" and kept.lookup(three, fingerprint=FINGERPRINT) is kept.fallback
+    assert kept.unscoped == "threshold" and kept.fallback_threshold == 0.7
+    assert kept.lookup(three, fingerprint=FINGERPRINT) is None
     chosen = PolicySettings(files=[path], fallback_threshold=0.7, unscoped="unverified")
     assert PolicyRegistry.load(chosen, backend_fingerprint=FINGERPRINT).unscoped == "unverified"
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from policies.guaranteed import GuaranteedPolicy
+from policies.policy import Policy, Step, Tier
 from policies.rules import EscalationWindow, ThresholdRule
 from policies.scope import Question, UnscopedMode
-from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion, Verdict
+from policies.types import DecisionRequest, Option, OptionScores, StagedQuestion
 from router.backends.mock import MockBackend
 from router.errors import NoSlowModel
 from router.routing.ports import Label, Observation
@@ -32,17 +32,27 @@ INTENTS = ("card_arrival", "lost_or_stolen_card", "card_linking")
 class Observed:
     """A tuned policy that counts its decisions: what a watched policy reports to its watch."""
 
-    inner: GuaranteedPolicy
+    inner: Policy
     calls: list[OptionScores] = field(default_factory=list)
 
     @property
     def policy_id(self) -> str:
         return self.inner.policy_id
 
-    def decide(self, scores: OptionScores, *, escalations: int = 0
-               ) -> tuple[Verdict, list[float]]:
+    @property
+    def tiers_(self) -> tuple[Tier, ...]:
+        return self.inner.tiers_
+
+    @property
+    def reads_first_tier(self) -> bool:
+        return self.inner.reads_first_tier
+
+    def next_tier(self, after: int) -> int | None:
+        return self.inner.next_tier(after)
+
+    def step(self, k: int, scores: OptionScores, *, escalations: int = 0) -> Step:
         self.calls.append(scores)
-        return self.inner.decide(scores, escalations=escalations)
+        return self.inner.step(k, scores, escalations=escalations)
 
     def escalation_window(self) -> EscalationWindow | None:
         return self.inner.escalation_window()
@@ -109,7 +119,7 @@ def setup(mode: UnscopedMode, *, slow_path: RecordingSlow | None = None,
 
     if backend is None:
         backend = MockBackend(confident if reads is None else reads)
-    policy = Observed(GuaranteedPolicy.from_parts(IdentityCalibrator(), ThresholdRule(0.9),
+    policy = Observed(Policy.from_parts(IdentityCalibrator(), ThresholdRule(0.9),
                                                   policy_id="intents@abc"))
     registry = PolicyRegistry([LoadedPolicy(
         policy_file("intents", fingerprint=backend.fingerprint, options=INTENTS,

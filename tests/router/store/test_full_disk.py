@@ -1,7 +1,9 @@
 """The decision log on a real full filesystem (a 64 KB tmpfs; mounting one needs root, so the
-module is skipped where it cannot): a decision the log cannot take is still answered and counted
-as unlogged, /readyz says the log fails, no line is torn or glued to the next, a label is
-refused with 503, and the failure is said once when it starts and once when it ends."""
+module is skipped where it cannot): a decision the log cannot take is still answered, kept in
+memory within the spool's bound and written when space returns (beyond the bound: counted as
+unlogged), /readyz says the log fails, no line is torn or glued to the next, a label is refused
+with 503, and the failure is said once when it starts and once when it ends.
+tests/router/http/test_log_spool.py covers the same over HTTP with the disk simulated."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import pytest
 
 from router.backends.mock import MockBackend
 from router.errors import LogUnavailable
+from router.http.state import app_state
 from router.settings import Settings
 from router.store.decision_log import JsonlDecisionLog
 from router.store.log_reader import ReadCounts, read_log
+from router.store.records import as_decision, encode
 from tests.live import LiveServer
 from tests.router.store.test_decision_log import record
 
@@ -77,24 +81,32 @@ async def test_a_full_disk_costs_records_never_a_caller(
     disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     unlogged: list[str] = []
-    log = JsonlDecisionLog(disk / "decisions.jsonl", on_unlogged=unlogged.append)
+    # room in memory for two of these records: the rest of what the disk cannot take is dropped
+    line_bytes = len(encode(as_decision(big_record(10)))) + 1  # the longest of the twelve
+    log = JsonlDecisionLog(disk / "decisions.jsonl", on_unlogged=unlogged.append,
+                           spool_bytes=2 * line_bytes)
     with caplog.at_level(logging.WARNING, logger="router.store.decision_log"):
         for i in range(12):  # about twice what the disk has room for
             await log.append(big_record(i))
         assert log.failing is not None and "No space left" in log.failing
         assert unlogged and set(unlogged) == {"decision"}
         written = whole_lines(disk / "decisions.jsonl")
-        assert len(written) + len(unlogged) == 12
+        kept, kept_bytes = log.spooled
+        assert kept == 2 and kept_bytes <= 2 * line_bytes
+        assert len(written) + kept + len(unlogged) == 12
         assert [r["decision_id"] for r in written] == [f"d{i}" for i in range(len(written))]
         free(disk)  # space comes back
         await log.append(big_record(99))
-        assert log.failing is None
-        assert whole_lines(disk / "decisions.jsonl")[-1]["decision_id"] == "d99"
+        assert log.failing is None and log.spooled == (0, 0)
+        after = [r["decision_id"] for r in whole_lines(disk / "decisions.jsonl")]
+        first_kept = len(written)
+        assert after == [r["decision_id"] for r in written] + [
+            f"d{first_kept}", f"d{first_kept + 1}", "d99"]
     await log.aclose()
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2, said  # once when it stopped, once when it wrote again
     assert "not logged" in said[0] and "writing again" in said[1]
-    assert f"{len(unlogged)} records were not logged" in said[1]
+    assert f"2 records kept in memory were written, {len(unlogged)} were not logged" in said[1]
 
 
 async def test_a_torn_tail_is_ended_before_the_next_record(disk: Path) -> None:
@@ -105,12 +117,13 @@ async def test_a_torn_tail_is_ended_before_the_next_record(disk: Path) -> None:
         f.write(b'{"type": "decision", "decision_id": "torn')
     fill(disk)
     await log.append({**record(1), "text": "w" * 8192})  # more than the page left to the log
-    assert log.failing is not None
+    assert log.failing is not None and log.spooled[0] == 1
     free(disk)
     await log.append(record(2))
     lines = path.read_bytes().splitlines()
-    assert [json.loads(line)["decision_id"] for line in (lines[0], lines[-1])] == ["d0", "d2"]
-    assert lines[1].endswith(b"torn") and len(lines) == 3
+    assert [json.loads(line)["decision_id"] for line in (lines[0], *lines[2:])] == [
+        "d0", "d1", "d2"]
+    assert lines[1].endswith(b"torn") and len(lines) == 4
     await log.aclose()
 
 
@@ -118,16 +131,16 @@ async def test_a_label_the_log_cannot_take_is_refused() -> None:
     """/dev/full: every write fails with ENOSPC, the disk that is always full."""
     unlogged: list[str] = []
     log = JsonlDecisionLog("/dev/full", on_unlogged=unlogged.append)
-    await log.append(record(0))  # answered: the decision is only counted
-    assert log.index.get("d0") is not None  # and feedback can still find it in memory
+    await log.append(record(0))  # answered: the decision is kept in memory
+    assert log.index.get("d0") is not None  # and feedback can still find it
     with pytest.raises(LogUnavailable) as refused:
         await log.add_feedback("d0", "lost_card", trusted=True)
     assert refused.value.status_code == 503 and refused.value.field == "label"
-    assert unlogged == ["decision", "feedback"]
+    assert unlogged == ["feedback"] and log.spooled[0] == 1
     await log.aclose()
 
 
-def test_the_proxy_answers_on_a_full_disk_and_readyz_says_the_log_fails(disk: Path) -> None:
+def test_the_proxy_answers_on_a_full_disk_and_readyz_says_when_space_returns(disk: Path) -> None:
     settings = Settings(log={"decision_log_path": disk / "decisions.jsonl"},
                         policy={"fallback_threshold": 0.5})
     backend = MockBackend(lambda request: [0.9] + [0.1 / (len(request.options) - 1)]
@@ -144,11 +157,8 @@ def test_the_proxy_answers_on_a_full_disk_and_readyz_says_the_log_fails(disk: Pa
         assert ready.status_code == 503
         assert ready.json()["checks"]["decision_log"] is False
         assert "No space left" in ready.json()["decision_log"]["failing"]
-        metrics = client.get("/metrics").text
-        [line] = [x for x in metrics.splitlines()
-                  if x.startswith('slotgate_unlogged_records_total{kind="decision"}')]
-        assert float(line.split()[-1]) >= 1
+        assert ready.json()["decision_log"]["spooled_records"] >= 1
         free(disk)
-        assert client.post("/v1/chat/completions", json=body).status_code == 200
-        assert client.get("/readyz").status_code == 200
-    whole_lines(disk / "decisions.jsonl")
+        app_state(server.app).feedback.recheck_interval_s = 0  # type: ignore[attr-defined]
+        assert client.get("/readyz").status_code == 200  # with no decision since
+    assert len(whole_lines(disk / "decisions.jsonl")) == 12

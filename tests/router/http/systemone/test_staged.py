@@ -152,9 +152,10 @@ async def test_a_changed_earlier_answer_escalates_what_continued_it(
     assert slow.asked == ["intent", "urgent"]
     urgent = diagnostics["routes"]["urgent"]
     assert urgent["route"] == "slow" and urgent["raw_probability"] is None
-    assert urgent["note"].startswith(
+    # No tuned policy covers it: unscoped, and the stale read is why the fixed bar judged nothing.
+    assert urgent["note"].startswith("unscoped: ") and (
         "no fast read fits: the server's read continued intent = 'card_arrival', but the "
-        "answer given is 'exchange_rate'")
+        "answer given is 'exchange_rate'") in urgent["note"]
     assert standin.stats.requests == 1
 
 
@@ -167,7 +168,8 @@ async def test_shadow_mode_still_judges_and_logs_a_stale_read(standin: SystemOne
         body = await ask(client, STAGED)
     urgent = body["diagnostics"]["routes"]["urgent"]
     assert urgent["shadow"] and urgent["route"] == "slow"
-    assert urgent["raw_probability"] is not None and urgent["note"].startswith("shadow mode")
+    assert urgent["raw_probability"] is not None and urgent["note"].startswith("unscoped: ")
+    assert "logged to tune on" in urgent["note"]
     [record] = [r for r in log.records if r.get("question_id") == "urgent"]
     assert record["proba"] is not None
 
