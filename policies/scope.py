@@ -188,14 +188,14 @@ def describe(request: DecisionRequest) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Scope:
+class QuestionScope:
     """A question over a set of option names: what a request asks, or what a policy answers."""
 
     question: Question
     options: frozenset[str]
 
     @classmethod
-    def of(cls, request: DecisionRequest) -> Scope:
+    def of(cls, request: DecisionRequest) -> QuestionScope:
         return cls(Question.of(request), frozenset(request.option_names))
 
 
@@ -203,7 +203,8 @@ class Scope:
 SCOPE_FIELDS = ("id", "instructions", "context", "kind", "options")
 
 
-def near_miss(asked: Scope, tuned: Mapping[str, Scope]) -> tuple[str, str, str] | None:
+def near_miss(asked: QuestionScope, tuned: Mapping[str, QuestionScope]
+              ) -> tuple[str, str, str] | None:
     """(policy id, field, what differs) when ``asked`` differs from a tuned scope in exactly one
     field of ``SCOPE_FIELDS``, else None (covered, or far from every policy). The first such
     policy by id: a request is one near miss, however many policies it nearly matches."""
@@ -215,13 +216,13 @@ def near_miss(asked: Scope, tuned: Mapping[str, Scope]) -> tuple[str, str, str] 
     return None
 
 
-def _differing(asked: Scope, tuned: Scope) -> list[str]:
+def _differing(asked: QuestionScope, tuned: QuestionScope) -> list[str]:
     mine, theirs = asked.question.as_dict(), tuned.question.as_dict()
     fields = [name for name in SCOPE_FIELDS[:-1] if mine[name] != theirs[name]]
     return fields + ["options"] * (asked.options != tuned.options)
 
 
-def _difference(asked: Scope, tuned: Scope, field: str) -> str:
+def _difference(asked: QuestionScope, tuned: QuestionScope, field: str) -> str:
     """What differs, for a log line: the two texts (shortened), or the options each lacks."""
     if field == "options":
         extra, missing = sorted(asked.options - tuned.options), sorted(tuned.options - asked.options)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from policies.scope import Scope, near_miss
+from policies.scope import QuestionScope, near_miss
 from policies.types import Decision, DecisionRequest
 from router.routing.plan import UNSCOPED_POLICY_ID
 from router.routing.registry import PolicyRegistry
@@ -17,14 +17,14 @@ from router.store.metrics import Metrics
 log = logging.getLogger("slotgate")
 
 
-def tuned_scopes(registry: PolicyRegistry) -> dict[str, Scope]:
+def tuned_scopes(registry: PolicyRegistry) -> dict[str, QuestionScope]:
     """The scope of every loaded policy that records its question, by policy id (a policy tuned
     on one logged request records none and is matched exactly, never nearly)."""
     scopes = {}
     for loaded in registry.loaded():
         file = loaded.file
         if file.question is not None and file.options:
-            scopes[file.policy_id] = Scope(file.question.question(), frozenset(file.options))
+            scopes[file.policy_id] = QuestionScope(file.question.question(), frozenset(file.options))
     return scopes
 
 
@@ -38,12 +38,12 @@ def count_near_misses(requests: Sequence[DecisionRequest], decisions: Sequence[D
         return
     tuned = tuned_scopes(registry)
     for request in unscoped:
-        found = near_miss(Scope.of(request), tuned)
+        found = near_miss(QuestionScope.of(request), tuned)
         if found is None:
             continue
         policy_id, field, detail = found
         if metrics.question_near_miss(policy_id, field):
             log.warning("question %r is unscoped but differs from policy %s's question in %s "
                         "only (%s); if it is the same question, re-tune the policy on it "
-                        "(docs/calibration.md, \"Scope\")", request.question_id, policy_id,
+                        "(docs/calibration.md, \"QuestionScope\")", request.question_id, policy_id,
                         field, detail)

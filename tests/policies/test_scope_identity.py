@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies.scope import (
     Question,
-    Scope,
+    QuestionScope,
     canonical_text,
     near_miss,
     question_text,
@@ -58,17 +58,17 @@ def request(*, instructions: str = "intent", context: str = "",
 
 
 def test_near_miss_names_the_one_field_that_differs() -> None:
-    tuned = {"intent@1": Scope(Question.asked("intent", context="Banking."),
+    tuned = {"intent@1": QuestionScope(Question.asked("intent", context="Banking."),
                                frozenset(OPTIONS))}
-    assert near_miss(Scope.of(request(context="Banking.")), tuned) is None  # covered
-    assert near_miss(Scope.of(request(context=" Banking.\n")), tuned) is None  # the same
-    policy, field, detail = near_miss(Scope.of(request(context="Travel.")), tuned) or ("", "", "")
+    assert near_miss(QuestionScope.of(request(context="Banking.")), tuned) is None  # covered
+    assert near_miss(QuestionScope.of(request(context=" Banking.\n")), tuned) is None  # the same
+    policy, field, detail = near_miss(QuestionScope.of(request(context="Travel.")), tuned) or ("", "", "")
     assert (policy, field) == ("intent@1", "context") and "'Travel.'" in detail
-    _, field, detail = near_miss(Scope.of(request(context="Banking.", options=OPTIONS[:2])),
+    _, field, detail = near_miss(QuestionScope.of(request(context="Banking.", options=OPTIONS[:2])),
                                  tuned) or ("", "", "")
     assert field == "options" and "pin_blocked" in detail
-    _, field, _ = near_miss(Scope.of(request(context="Banking.", question_id="q",
+    _, field, _ = near_miss(QuestionScope.of(request(context="Banking.", question_id="q",
                                              instructions="q")), tuned) or ("", "", "")
     assert field == "id"
     # Two fields away: not a near miss.
-    assert near_miss(Scope.of(request(context="Travel.", options=OPTIONS[:2])), tuned) is None
+    assert near_miss(QuestionScope.of(request(context="Travel.", options=OPTIONS[:2])), tuned) is None
