@@ -114,9 +114,10 @@ def question_text(question_id: str, parts: Iterable[str | None]) -> str:
 
 
 def _own_text(question_id: str, instructions: str) -> str:
-    """Instructions that say more than the id, canonical; "" for none or for the id spelled."""
-    text = canonical_text(instructions)
-    return "" if spells_id(text, question_id) else text
+    """Instructions as the identity holds them: canonical, without the lines that only spell
+    the id (the id is the question's already); "" for none."""
+    return canonical_text("\n".join(line for line in instructions.splitlines()
+                                    if not spells_id(line, question_id)))
 
 
 def scope_signature(options: Sequence[str | Option], question: Question) -> str:

@@ -22,8 +22,8 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's own rule for jso
 @dataclass(frozen=True, slots=True)
 class AskedQuestion:
     """One question of a chat request: its id, its text as the fast backend reads it
-    (``policies.scope.question_text``, or the schema question's id when it is asked by its id
-    alone; "" for a choice list), its enum values as sent, and the field they came from."""
+    (``policies.scope.question_text``, with the id where the question has no text of its own;
+    "" for a choice list), its enum values as sent, and the field they came from."""
 
     question_id: str
     instructions: str
@@ -98,14 +98,19 @@ def property_question(spec: JsonSchemaFormat, schema: dict[str, Any], name: str,
                       prop: dict[str, Any]) -> AskedQuestion:
     """One property of an object schema: a question named by the property, asked by everything
     from the outside in: the object's ``json_schema`` name (when the client gave one) and
-    description, the schema's title and description, the property's title and description."""
+    description, the schema's title and description, the property's title and description, or
+    its name when it has neither."""
     where = f"{FORMAT}.schema.properties.{name}"
     check_id(name, field=where)
     given_name = spec.name if "name" in spec.model_fields_set else None
+    own = [_text(prop, "title"), _text(prop, "description")]
     text = question_text(name, [given_name, spec.description, _text(schema, "title"),
-                                _text(schema, "description"), _text(prop, "title"),
-                                _text(prop, "description")])
-    return AskedQuestion(name, text or name, prop["enum"], f"{where}.enum")
+                                _text(schema, "description"), *own])
+    # A property with no text of its own is asked by its name, after what the object says:
+    # two such properties of one object must not read (or be cached) as one question.
+    named = "" if question_text(name, own) else name
+    return AskedQuestion(name, "\n".join(filter(None, [text, named])), prop["enum"],
+                         f"{where}.enum")
 
 
 def _text(node: dict[str, Any], key: str) -> str | None:

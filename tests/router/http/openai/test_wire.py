@@ -52,9 +52,10 @@ def test_object_of_enums_is_one_question_per_property() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "triage", "schema": schema}}
     p = plan(body(response_format=fmt))
     assert p.shape == "object"
-    # The object's name is part of what each property asks.
+    # The object's name is part of what each property asks; a property with no text of its
+    # own is asked by its name after it.
     assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
-        ("intent", "triage\nWhich intent?", ("a", "b")), ("urgent", "triage", ("yes", "no"))]
+        ("intent", "triage\nWhich intent?", ("a", "b")), ("urgent", "triage\nurgent", ("yes", "no"))]
 
 
 @pytest.mark.parametrize("fields", [
@@ -160,6 +161,16 @@ def test_a_decision_without_user_text_is_refused_naming_messages(
     assert info.value.field == "messages"
 
 
+def test_properties_without_text_of_their_own_are_read_apart() -> None:
+    """Two yes/no properties of one object with no description differ by their names alone:
+    what the fast backend reads (and the read cache keys on) must differ too."""
+    schema = {"type": "object", "properties": {name: {"type": "string", "enum": ["yes", "no"]}
+                                               for name in ("urgent", "angry")}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "triage", "schema": schema}}
+    urgent, angry = plan(body(response_format=fmt)).requests
+    assert urgent.signature() != angry.signature()
+
+
 def test_turns_after_the_last_user_message_are_context_too() -> None:
     messages = [{"role": "user", "content": "card lost"}, {"role": "assistant", "content": "When?"}]
     [r] = plan(body(guided_choice=["a", "b"], messages=messages)).requests
@@ -237,7 +248,7 @@ def test_sdk_pydantic_schema_with_an_enum_definition_is_resolved() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "Triage", "schema": schema}}
     p = plan(body(response_format=fmt))
     assert [(r.question_id, r.instructions, r.option_names) for r in p.requests] == [
-        ("intent", "Triage", ("a", "b")), ("urgent", "Triage\nUrgent?", ("yes", "no"))]
+        ("intent", "Triage\nintent", ("a", "b")), ("urgent", "Triage\nUrgent?", ("yes", "no"))]
 
 
 @pytest.mark.parametrize("ref", ["#/$defs/Missing", "#/$defs", "#/a/b/c", "http://x/y", "#/$defs/U"])
