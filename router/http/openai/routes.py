@@ -135,11 +135,15 @@ async def _chat_variant(request: Request, body: ChatCompletionRequest,
                            max_options=settings.max_options)
     service, caller = state.service, namespace(request)
     try:
-        outcome = await answer_stages(service, parsed.staged(), namespace=caller)
+        staged = parsed.staged()
+        outcome = await answer_stages(service, staged, namespace=caller)
     except UnprocessableRequest as exc:  # the server answers its chat route's refusals with 400
         raise InvalidRequest(exc.message, field="messages.0.content") from exc
     state.metrics.request(surface="openai_decision",
                           route=summary_route(outcome.decisions.values()))
+    asked = [s.request for s in staged if s.request.question_id in outcome.decisions]
+    count_near_misses(asked, [outcome.decisions[r.question_id] for r in asked],
+                      registry=service.registry, metrics=state.metrics)
     total_ms = (time.perf_counter() - started) * 1e3
     return JSONResponse(render_variant(body, parsed, outcome, total_ms=total_ms,
                                        engine=f"slotgate:{service.backend.name}"))

@@ -192,3 +192,20 @@ def test_a_request_one_field_from_a_policy_is_a_counted_near_miss_logged_once(
     counted = near_misses(running)
     ask(client, enum(["yes", "no"], name="is_french"))
     assert near_misses(running) == counted
+
+
+def test_the_example_servers_chat_variant_counts_near_misses_too(
+        server: tuple[LiveServer, Any]) -> None:
+    """The same question asked through the example server's chat call (a system message
+    holding the questions): one option short of the intent policy is a near miss in options."""
+    import json
+
+    running, client = server
+    questions = {"questions": [{"id": "intent", "type": "choice", "options": INTENTS[1:]}]}
+    before = near_misses(running)
+    client.chat.completions.create(model="any", messages=[
+        {"role": "system", "content": json.dumps(questions)},
+        {"role": "user", "content": json.dumps({"message": MESSAGE})}])
+    after = near_misses(running)
+    [(policy, field)] = [key for key in after if after[key] != before.get(key, 0.0)]
+    assert policy.startswith("intent@") and field == "options"
