@@ -50,9 +50,11 @@ def purge(
         finally:
             await cache.client.aclose()
 
+    from router.store.redis_client import redis_errors
+
     try:
         removed = asyncio.run(run())
-    except Exception as exc:  # a Redis that does not answer: one line, exit 2
+    except redis_errors() as exc:  # a Redis that does not answer: one line, exit 2
         fail(f"cache.redis_url: Redis did not answer ({type(exc).__name__}: {exc})")
     for fp, n in zip(prints, removed, strict=True):
         typer.echo(f"purged {n} cached reads of fingerprint {fp}")
