@@ -179,6 +179,33 @@ class TierRead:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Receipt:
+    """What was promised for one served answer (docs/calibration.md, "The receipt"):
+    ``guarantee`` ("accuracy", "agreement_with_slow", or None) and ``why`` (the promise in
+    words, or why there is none); the policy's ``target_accuracy`` and ``delta``, its file's
+    ``policy_digest``, the ``question`` it covers (its scope signature); who answered
+    (``answered_by``: "fast tier", "fast tier NAME", "fast tier (unverified)", "slow model"); and
+    the policy's ``watch`` ("clear", "suspect": traffic less sure than its tuning rows or a
+    drift alarm, "alarmed": an accuracy alarm; None: not watched). A slow model's answer never
+    carries the fast tier's guarantee."""
+
+    guarantee: str | None
+    why: str
+    answered_by: str
+    target_accuracy: float | None = None
+    delta: float | None = None
+    policy_digest: str | None = None
+    question: str | None = None
+    watch: str | None = None
+
+    def facts(self) -> dict[str, Any]:
+        return {"guarantee": self.guarantee, "why": self.why, "answered_by": self.answered_by,
+                "target_accuracy": self.target_accuracy, "delta": self.delta,
+                "policy_digest": self.policy_digest, "question": self.question,
+                "watch": self.watch}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """The router's answer to one DecisionRequest (built by keyword: its fields are many and
     several are optional floats)."""
@@ -199,13 +226,15 @@ class Decision:
     escalated: bool = False
     # Shadow mode: the fast tier read it and its policy judged it, but the slow model's answer
     # was served regardless (both are logged). ``guarantee``: what the policy promises about
-    # accepted answers, "accuracy" or "agreement_with_slow" (None: an untuned fallback).
+    # this answer, "accuracy" or "agreement_with_slow": set only on an answer its policy
+    # accepted and served from the fast tier (``receipt`` says why, or why there is none).
     shadow: bool = False
     guarantee: str | None = None
     # Under a cascade policy: the fast tier whose answer was served (None: the slow model's or
     # none), and every tier read for the decision, in order (None: one fast tier, not shown).
     tier: str | None = None
     tiers: tuple[TierRead, ...] | None = None
+    receipt: Receipt | None = None
 
     def facts(self) -> dict[str, Any]:
         """The decision as the flat JSON object every surface shows and the decision log keeps
@@ -225,6 +254,7 @@ class Decision:
             "note": self.note,
             "shadow": self.shadow,
             "guarantee": self.guarantee,
+            "receipt": None if self.receipt is None else self.receipt.facts(),
         }
         if self.tiers is not None:
             facts["tier"] = self.tier

@@ -1,6 +1,6 @@
 """The ``slotgate`` command line, assembled: one module per command group in ``router/cli/``
 (models: train, predict; compare; policy: tune, eval; logs: export-log; monitor; migrate; serve;
-alarms: list, clear), each
+alarms: list, clear; cache: purge), each
 importing its heavy dependencies inside the command so that ``slotgate --help`` starts fast.
 
 Bad input exits with code 2 and a message naming the file, row and field, having written nothing:
@@ -24,6 +24,7 @@ from typing import Annotated
 import typer
 
 from router.cli.alarms import app as alarms_app
+from router.cli.cache import app as cache_app
 from router.cli.compare import compare
 from router.cli.help import PlainHelp
 from router.cli.logs import export_log
@@ -63,3 +64,4 @@ app.command(cls=PlainHelp)(serve)
 app.command(cls=PlainHelp)(monitor)
 app.command(cls=PlainHelp)(migrate)
 app.add_typer(alarms_app, name="alarms")  # a command group of its own: list, clear
+app.add_typer(cache_app, name="cache")  # purge

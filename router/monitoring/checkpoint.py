@@ -5,6 +5,7 @@ written atomically every few seconds and at shutdown (``Monitor.keep_checkpoints
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -80,7 +81,8 @@ def write(path: Path, watches: Mapping[str, PolicyWatch]) -> None:
         os.replace(temporary, path)
     except (OSError, ValueError) as exc:  # ValueError: a non-finite number, never written
         logger.warning("watch checkpoint not written to %s: %s", path, exc)
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # its folder may be gone, or a file now
+            temporary.unlink(missing_ok=True)
 
 
 class Checkpoints:
@@ -116,10 +118,12 @@ class Checkpoints:
             self._task = None
 
     def close(self) -> None:
-        self.write()
-        if self._lock is not None:
-            self._lock.close()  # closing the file releases its lock
-            self._lock = None
+        try:
+            self.write()
+        finally:
+            if self._lock is not None:
+                self._lock.close()  # closing the file releases its lock
+                self._lock = None
 
     async def _every(self, every_s: float) -> None:
         while True:

@@ -1,6 +1,8 @@
-"""What makes two decisions the same input for the watch: a fingerprint of the text read and the
-options asked, with what templates vary (numbers, ids, timestamps, e-mail addresses, URLs,
-names) folded to placeholders, so a templated message counts once however its ids change."""
+"""What makes two decisions the same input for the watch, for labels and for drift alike: a
+fingerprint of the text read and the options asked, with case, whitespace and punctuation
+dropped and what templates vary (numbers, ids, timestamps, e-mail addresses, URLs, names)
+folded to placeholders, so a message counts once however its ids, its "!" or its spacing
+change."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ _DIGIT = re.compile(r"\d")
 # and one after a full stop, are not folded)
 _NAME = re.compile(r"(?<=[a-z,] )[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _SPACES = re.compile(r"\s+")
+# punctuation and symbols ("!", "?", "...", quotes, emoji): what a copy varies to pass as new;
+# the placeholders' own brackets are kept
+_PUNCTUATION = re.compile(r"[^\w\s<>]+")
 
 
 def normalised(text: str) -> str:
@@ -34,7 +39,7 @@ def normalised(text: str) -> str:
         text = _URL.sub(" <url> ", text)
     if _DIGIT.search(text):
         text = _NUMBER.sub(" <n> ", _ID.sub(" <id> ", text))
-    text = _NAME.sub(" <name> ", text)
+    text = _PUNCTUATION.sub(" ", _NAME.sub(" <name> ", text))
     return _SPACES.sub(" ", text).strip().lower()
 
 

@@ -151,6 +151,16 @@ class Monitor:
         snapshot = self.snapshot(policy_id)
         return None if snapshot is None else ladder(snapshot).reason
 
+    def watch_state(self, policy_id: str) -> str | None:
+        """The watch in one word, for each decision's receipt: "alarmed" (an accuracy alarm
+        stands), "suspect" (a drift alarm, or traffic less sure than the tuning rows), "clear";
+        None when the policy is not watched."""
+        snapshot = self.snapshot(policy_id)
+        if snapshot is None:
+            return None
+        return ("alarmed" if "accuracy" in snapshot.alarms
+                else "suspect" if snapshot.suspect else "clear")
+
     def snapshot(self, policy_id: str) -> WatchSnapshot | None:
         """The facts the ladder acts on for ``policy_id`` (None when it is not watched)."""
         watch = self.watches.get(policy_id)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from policies.scope import UnscopedMode
-from policies.types import OptionScores, Verdict
+from policies.types import OptionScores, Receipt, Route, Verdict
 from router.routing.ports import FastRead
 
 if TYPE_CHECKING:
@@ -124,6 +124,11 @@ def _covered(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | No
             fallback_note="the fast answer is in shadow mode and was not verified")
     if verdict.accept:
         return Plan(action="fast", verdict=verdict, accepted=accepted)
+    if accepted:  # the policy accepted; the alarm's gate escalates it
+        return Plan(action="escalate", fallback=fallback, verdict=verdict, accepted=accepted,
+                    note=f"the policy accepted the fast answer; escalated: {verdict.reason}",
+                    fallback_note=f"the fast answer was escalated ({verdict.reason}) and was "
+                                  "not verified")
     return Plan(action="escalate", fallback=fallback, verdict=verdict, accepted=accepted,
                 fallback_note=f"the fast answer is below the threshold ({verdict.reason}) "
                               "and was not verified")
@@ -189,3 +194,55 @@ def _held_to_bar(scores: OptionScores, bar: float) -> Plan:
                       f"p {p:.3f} {'>=' if accept else '<'} threshold {bar:.3f}")
     return Plan(action="fast" if accept else "escalate", verdict=verdict, accepted=accept,
                 calibrated=list(scores.proba))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Promise:
+    """What a covering policy promises, as its receipt states it: its file's guarantee (None
+    when the file is served without it, ``unguaranteed`` saying why), target, delta, digest and
+    the question it covers (its scope signature)."""
+
+    policy_id: str
+    guarantee: str | None
+    target_accuracy: float
+    delta: float
+    digest: str | None
+    question: str | None
+    unguaranteed: str | None = None
+
+
+def receipt(the_plan: Plan, route: Route, promise: Promise | None, *, tier: str | None,
+            watch: str | None) -> Receipt:
+    """What was promised for the answer served (``route``) under ``the_plan``: the policy's
+    guarantee only for a fast answer it accepted (and no gate turned down); for every other
+    answer, none, and why."""
+    served_fast = the_plan.action == "fast" and route in ("fast", "cache")
+    answered_by = ("slow model" if route in ("slow", "cache") and not served_fast
+                   else "fast tier (unverified)" if route == "unverified"
+                   else f"fast tier {tier}" if tier else "fast tier")
+    if promise is None:
+        return Receipt(guarantee=None, answered_by=answered_by, why=(
+            "unscoped: no loaded policy covers this question, so nothing is promised"))
+    facts = {"target_accuracy": promise.target_accuracy, "delta": promise.delta,
+             "policy_digest": promise.digest, "question": promise.question, "watch": watch}
+    if served_fast and promise.guarantee is not None:
+        what = ("agree with the slow model" if promise.guarantee == "agreement_with_slow"
+                else "are right")
+        return Receipt(guarantee=promise.guarantee, answered_by=answered_by, why=(
+            f"accepted by policy {promise.policy_id}: at least {promise.target_accuracy:g} of "
+            f"the answers it accepts {what}, with probability {1 - promise.delta:g}"), **facts)
+    return Receipt(guarantee=None, answered_by=answered_by,
+                   why=_why_none(the_plan, route, promise), **facts)
+
+
+def _why_none(the_plan: Plan, route: Route, promise: Promise) -> str:
+    if the_plan.action == "fast":
+        return f"policy {promise.policy_id} is served without its guarantee: {promise.unguaranteed}"
+    if route == "unverified":
+        return "the fast answer is served unverified: no guarantee covers it"
+    covers = "the guarantee covers fast answers the policy accepts, not the slow model's"
+    if the_plan.action == "shadow":
+        return f"shadow mode: the slow model's answer is served; {covers}"
+    if the_plan.accepted and the_plan.verdict is not None:
+        return f"escalated by the policy's alarm ({the_plan.verdict.reason}); {covers}"
+    return f"escalated: {covers}"

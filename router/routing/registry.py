@@ -19,6 +19,7 @@ from policies.policy import Policy
 from policies.scope import UnscopedMode, request_scope
 from policies.types import DecisionRequest
 from router.errors import ConfigError, InvalidRequest
+from router.routing.plan import Promise
 from router.settings import PolicySettings
 
 if TYPE_CHECKING:
@@ -159,6 +160,23 @@ class PolicyRegistry:
         monitor = self._source[2] if self._source is not None else None
         return None if monitor is None else monitor.gate(policy.policy_id)
 
+    def watch_state(self, policy: Policy) -> str | None:
+        """The policy's watch in one word ("clear", "suspect", "alarmed"; None: unwatched)."""
+        monitor = self._source[2] if self._source is not None else None
+        return None if monitor is None else monitor.watch_state(policy.policy_id)
+
+    def promise(self, policy: Policy) -> Promise:
+        """What ``policy`` promises, from its file (a policy built in code: its mode's)."""
+        file = policy.file_
+        guarantee = self.mode(policy)[1]
+        loaded = self._by_name.get(file.name) if file is not None else None
+        return Promise(
+            policy_id=policy.policy_id, guarantee=guarantee,
+            target_accuracy=policy.params_.target_accuracy, delta=policy.params_.delta,
+            digest=None if file is None else file.digest,
+            question=None if file is None else file.signature,
+            unguaranteed=None if loaded is None else loaded.unguaranteed)
+
     def mode(self, policy: Policy) -> tuple[bool, str | None]:
         """(shadow, guarantee) of a policy ``lookup`` returned: its file's, else the server's."""
         return self._modes.get(policy.policy_id, (self.shadow_all, None))
@@ -197,6 +215,10 @@ class PolicyRegistry:
         return [self._by_name[name] for name in sorted(self._by_name)]
 
 
+# The files whose missing digest was said (once per file and process, not at every reload).
+_UNSEALED_SAID: set[Path] = set()
+
+
 def _checked(path: Path, settings: PolicySettings, backend_fingerprint: str,
              tiers: Sequence[tuple[str, str]]) -> LoadedPolicy:
     """One policy file, read and checked before it is trusted: readable and valid, tuned for
@@ -227,7 +249,8 @@ def _checked(path: Path, settings: PolicySettings, backend_fingerprint: str,
     if problem is not None:
         log.warning("policy file %s (%r) is served WITHOUT its guarantee: %s "
                     "(policy.on_edited: unguaranteed)", path, policy_file.name, problem)
-    elif policy_file.digest is None:
+    elif policy_file.digest is None and path not in _UNSEALED_SAID:
+        _UNSEALED_SAID.add(path)
         log.warning("policy file %s (%r) has no digest (written before policy files carried "
                     "one): an edit to it cannot be told; re-tune it to seal it", path,
                     policy_file.name)

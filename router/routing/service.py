@@ -40,6 +40,7 @@ from router.routing.plan import (
     judged_scores,
     plan,
     reads_first_tier,
+    receipt,
 )
 from router.routing.ports import (
     DecisionObserver,
@@ -230,7 +231,7 @@ class RoutingService:
         """One decision: its climb's last step (the policy's verdict on the last read), the
         plan, its execution."""
         registry = self.registry
-        shadow, guarantee = (registry.shadow_all, None) if policy is None else registry.mode(policy)
+        shadow = registry.shadow_all if policy is None else registry.mode(policy)[0]
         if climb is not None:
             read = climb.read
         the_plan = plan(
@@ -244,8 +245,7 @@ class RoutingService:
             calibrated=None if climb is None else climb.calibrated)
         decision = await self._execute(
             request, read, the_plan, namespace=namespace, started=started,
-            read_later=read_later, policy_id=UNSCOPED_POLICY_ID if policy is None
-            else policy.policy_id, guarantee=guarantee, climb=climb)
+            read_later=read_later, policy=policy, climb=climb)
         calibrated = the_plan.calibrated
         if self.monitor is not None and policy is not None and calibrated is not None:
             # The observer port: once per decision a policy judged, never waits.
@@ -267,36 +267,15 @@ class RoutingService:
 
     async def _execute(
         self, request: DecisionRequest, read: FastRead, the_plan: Plan, *, namespace: str,
-        started: float,
-        read_later: Callable[[], Awaitable[FastRead]], policy_id: str, guarantee: str | None,
+        started: float, read_later: Callable[[], Awaitable[FastRead]], policy: Policy | None,
         climb: Climb | None = None,
     ) -> Decision:
         """Carry out ``the_plan``: serve the fast answer, or ask the slow path and, when it
-        fails, refuse or serve the fast answer unverified, as planned."""
-        action, note = the_plan.action, the_plan.note
-        escalates = action in ("escalate", "shadow")
-        scores = judged_scores(read, shadow=action == "shadow")
-        route: Route
-        if not escalates:
-            assert scores is not None  # planned only on a read
-            answer = scores.options[scores.top_index]
-            route = "unverified" if action == "unverified" else "cache" if read.cached else "fast"
-        else:
-            try:
-                answer, from_cache = await self.escalation.answer(request, namespace=namespace)
-                route = "cache" if from_cache else "slow"
-            except SlowPathError as exc:
-                late_failure = None
-                if the_plan.fallback == "unverified":
-                    if read.skipped:  # the fallback the configuration asks for needs it now
-                        read = await read_later()
-                        late_failure = read.failure
-                    scores = judged_scores(read, shadow=action == "shadow")
-                if the_plan.fallback == "refuse" or scores is None:
-                    self.metrics.decision(route="failed", escalated=True)
-                    raise _explained(exc, the_plan.error_note, late_failure) from exc
-                answer, route = scores.options[scores.top_index], "unverified"
-                note = f"{exc.message}; {the_plan.fallback_note}"
+        fails, refuse or serve the fast answer unverified, as planned; then the decision and
+        its receipt."""
+        escalates = the_plan.action in ("escalate", "shadow")
+        answer, route, note, scores = await self._answer(
+            request, read, the_plan, namespace=namespace, read_later=read_later)
         self.metrics.decision(route=route, escalated=escalates)
         verdict, calibrated = the_plan.verdict, the_plan.calibrated
         raw = calibrated_p = probabilities = None
@@ -306,15 +285,47 @@ class RoutingService:
             if calibrated is not None:
                 calibrated_p = calibrated[index]
                 probabilities = dict(zip(scores.options, calibrated, strict=True))
+        tier = climb.tier if climb is not None and the_plan.action == "fast" else None
+        promised = receipt(
+            the_plan, route, None if policy is None else self.registry.promise(policy),
+            tier=tier, watch=None if policy is None else self.registry.watch_state(policy))
         return Decision(
             decision_id=uuid.uuid4().hex, question_id=request.question_id, answer=answer,
             route=route, probability=calibrated_p, raw_probability=raw,
-            threshold=None if verdict is None else verdict.threshold, policy_id=policy_id,
+            threshold=None if verdict is None else verdict.threshold,
+            policy_id=UNSCOPED_POLICY_ID if policy is None else policy.policy_id,
             latency_ms=_ms(started), probabilities=probabilities, note=note,
-            escalated=escalates and route in ("slow", "cache"), shadow=action == "shadow",
-            guarantee=guarantee,
-            tier=climb.tier if climb is not None and action == "fast" else None,
-            tiers=None if climb is None else climb.evidence())
+            escalated=escalates and route in ("slow", "cache"),
+            shadow=the_plan.action == "shadow", guarantee=promised.guarantee, tier=tier,
+            tiers=None if climb is None else climb.evidence(), receipt=promised)
+
+    async def _answer(
+        self, request: DecisionRequest, read: FastRead, the_plan: Plan, *, namespace: str,
+        read_later: Callable[[], Awaitable[FastRead]],
+    ) -> tuple[str, Route, str | None, OptionScores | None]:
+        """The answer served, its route, the note and the scores it came from (None: none)."""
+        action, note = the_plan.action, the_plan.note
+        scores = judged_scores(read, shadow=action == "shadow")
+        if action not in ("escalate", "shadow"):
+            assert scores is not None  # planned only on a read
+            route: Route = ("unverified" if action == "unverified"
+                            else "cache" if read.cached else "fast")
+            return scores.options[scores.top_index], route, note, scores
+        try:
+            answer, from_cache = await self.escalation.answer(request, namespace=namespace)
+            return answer, "cache" if from_cache else "slow", note, scores
+        except SlowPathError as exc:
+            late_failure = None
+            if the_plan.fallback == "unverified":
+                if read.skipped:  # the fallback the configuration asks for needs it now
+                    read = await read_later()
+                    late_failure = read.failure
+                scores = judged_scores(read, shadow=action == "shadow")
+            if the_plan.fallback == "refuse" or scores is None:
+                self.metrics.decision(route="failed", escalated=True)
+                raise _explained(exc, the_plan.error_note, late_failure) from exc
+            return (scores.options[scores.top_index], "unverified",
+                    f"{exc.message}; {the_plan.fallback_note}", scores)
 
 
 def _explained(exc: SlowPathError, error_note: str | None, failure: str | None) -> SlowPathError:

@@ -166,6 +166,19 @@ class RedisCache(Cache):
             return
         self._succeeded()
 
+    async def purge(self, pattern: str, *, batch: int = 500) -> int:
+        """Remove every key matching ``pattern`` (SCAN, then UNLINK in batches: never a KEYS
+        that blocks the server); how many were removed. Raises the Redis error it meets."""
+        removed, keys = 0, []
+        async for key in self.client.scan_iter(match=pattern, count=batch):
+            keys.append(key)
+            if len(keys) >= batch:
+                removed += await self.client.unlink(*keys)
+                keys = []
+        if keys:
+            removed += await self.client.unlink(*keys)
+        return int(removed)
+
     async def ping(self) -> bool:
         try:
             await self.client.ping()
@@ -266,7 +279,18 @@ def read_key(namespace: str, request: DecisionRequest, fingerprint: str,
     if inputs is None:
         inputs = {"signature": request.signature(), "state": request.state,
                   "samples": request.samples, "seed": request.seed}
-    return _key(namespace, "read", {**inputs, "fingerprint": fingerprint})
+    # The tier's fingerprint, hashed, leads the key, so `slotgate cache purge` finds a tier's
+    # reads by pattern (``read_pattern``).
+    return _key(namespace, f"read:{_tier_part(fingerprint)}", {**inputs, "fingerprint": fingerprint})
+
+
+def read_pattern(fingerprint: str) -> str:
+    """A Redis SCAN pattern for every read of the tier with ``fingerprint``, in any namespace."""
+    return f"slotgate:v1:*:read:{_tier_part(fingerprint)}:*"
+
+
+def _tier_part(fingerprint: str) -> str:
+    return canonical_hash(fingerprint)[:16]
 
 
 def slow_key(namespace: str, request: DecisionRequest, model: str) -> str:

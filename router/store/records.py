@@ -52,6 +52,8 @@ class DecisionRecord(_Record):
     tiers: list[dict[str, Any]] | None = None
     # A cascade's decision: each tier's raw read by tier name (``monitor`` judges it again).
     tier_proba: dict[str, list[float]] | None = None
+    # What was promised for the answer served (``Receipt.facts``).
+    receipt: dict[str, Any] | None = None
     signature: str | None = None
     fingerprint: str | None = None
     options: list[str] = Field(default_factory=list)

@@ -176,13 +176,16 @@ async def _chain(first: bytes | None, rest: AsyncIterator[bytes]) -> AsyncIterat
 
 async def _as_events(reply: dict[str, Any], *, include_usage: bool) -> AsyncIterator[bytes]:
     """A decision as a ``chat.completion.chunk`` stream: the whole answer, then the stop, then
-    (``stream_options.include_usage``) OpenAI's usage chunk with no choices."""
+    (``stream_options.include_usage``) OpenAI's usage chunk with no choices. The ``slotgate``
+    block (the receipt with it) rides on the first chunk and again on the last with choices,
+    where a client reading to the end finds it."""
     base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
     content = reply["choices"][0]["message"]["content"]
     first = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": content},
                                  "finish_reason": None}],
                     "slotgate": reply["slotgate"]}
-    last = base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    last = base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                   "slotgate": reply["slotgate"]}
     chunks = [first, last]
     if include_usage:
         chunks.append(base | {"choices": [], "usage": reply["usage"]})

@@ -88,11 +88,20 @@ async def systemone(client: httpx.AsyncClient, question: dict[str, Any], *,
 def guaranteed_by(facts: dict[str, Any], name: str) -> None:
     assert facts["route"] in ("fast", "cache") and facts["guarantee"] == "accuracy", facts
     assert facts["policy_id"].startswith(f"{name}@"), facts
+    # The receipt states the promise behind this answer, on both wires alike.
+    receipt = facts["receipt"]
+    assert receipt["guarantee"] == "accuracy" and receipt["answered_by"] == "fast tier"
+    assert (receipt["target_accuracy"], receipt["delta"]) == (0.95, 0.05)
+    assert receipt["question"].startswith("scope-v2:") and receipt["watch"] == "clear"
+    assert receipt["why"].startswith(f"accepted by policy {name}@")
 
 
 def unscoped(facts: dict[str, Any]) -> None:
     assert facts["policy_id"] == "fallback" and facts["guarantee"] is None, facts
     assert facts["route"] != "fast" and facts["note"].startswith("unscoped"), facts
+    receipt = facts["receipt"]
+    assert receipt["guarantee"] is None and receipt["why"].startswith("unscoped: ")
+    assert receipt["answered_by"] == "fast tier (unverified)"
 
 
 async def test_each_policy_guarantees_its_own_question(client: httpx.AsyncClient,

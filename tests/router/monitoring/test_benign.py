@@ -40,13 +40,22 @@ def test_templated_ids_names_and_timestamps_are_one_input() -> None:
         "Ticket #5: hi, I am Li and my card was declined at 23:59 on 1/2/2026",
     ]
     assert len({input_key(asked(text)) for text in same}) == 1
-    assert normalised(same[0]) == "ticket <n> hi, i am <name> and my card was declined at <n> on <n>"
+    assert normalised(same[0]) == "ticket <n> hi i am <name> and my card was declined at <n> on <n>"
     other = "Ticket #104233: Hi, I am Maria Lopez and my card never arrived"
     assert input_key(asked(other)) != input_key(asked(same[0]))
     ids = ["order A12B-99 ships to bob@example.com", "order ZX-4410-Q ships to amy@mail.org"]
     assert input_key(asked(ids[0])) == input_key(asked(ids[1]))
     assert input_key(asked("my card")) != input_key(
         DecisionRequest("pick", "which?", tuple(Option(o) for o in ("a", "b")), "my card"))
+
+
+def test_copies_that_differ_by_case_spacing_or_punctuation_are_one_input() -> None:
+    """A label on each of several copies of one message counts once: a copy with "!", "?",
+    "...", other spacing or case is the same input (for labels as for drift)."""
+    copies = ["My card has not arrived", "my card has not arrived!", "My card has not arrived?",
+              "My card  has not arrived...", "MY CARD HAS NOT ARRIVED!!!", " my card, has not arrived "]
+    assert len({input_key(asked(text)) for text in copies}) == 1
+    assert input_key(asked("my card has arrived")) != input_key(asked(copies[0]))
 
 
 def test_unsure_messages_never_accepted_buy_audits_only_and_a_novel_class_still_alarms() -> None:

@@ -143,7 +143,8 @@ async def test_a_file_overriding_policy_shadow_is_logged(
     with caplog.at_level(logging.WARNING, logger="slotgate"):
         async with live_reload(registry, watch=False, settings=settings):
             pass
-    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    [line] = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING and "wins over policy.shadow" in r.getMessage()]
     assert "'intents'" in line and "wins over policy.shadow = true" in line
     assert registry.mode(registry.loaded()[0].runtime)[0] is False
     # Not set explicitly (the default), or agreeing: nothing to say.

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from policies.file import PolicyFile
+from policies.options import PolicyOptions
 from policies.policy import Policy, Step, Tier
 from policies.rules import EscalationWindow, ThresholdRule
 from policies.scope import Question, UnscopedMode
@@ -42,6 +44,14 @@ class Observed:
     @property
     def tiers_(self) -> tuple[Tier, ...]:
         return self.inner.tiers_
+
+    @property
+    def file_(self) -> PolicyFile | None:
+        return self.inner.file_
+
+    @property
+    def params_(self) -> PolicyOptions:
+        return self.inner.params_
 
     @property
     def reads_first_tier(self) -> bool:

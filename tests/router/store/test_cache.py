@@ -4,6 +4,7 @@ batch, and Redis stopped and restarted mid-run (misses, never an exception; use 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from redis.asyncio.connection import Connection
 from policies.types import DecisionRequest, Option
 from router.errors import InvalidRequest
 from router.settings import CacheSettings
-from router.store.cache import MemoryCache, RedisCache, make_cache, read_key, slow_key
+from router.store.cache import MemoryCache, RedisCache, make_cache, read_key, read_pattern, slow_key
 from tests.conftest import RedisServer
 
 
@@ -132,7 +133,10 @@ def test_make_cache_picks_by_settings(redis_url: str) -> None:
 def test_keys_are_hashes_of_what_changes_the_answer() -> None:
     key = read_key("tenant-1", request(), "fp1")
     prefix, hexdigest = key.rsplit(":", 1)
-    assert prefix == "slotgate:v1:tenant-1:read" and len(hexdigest) == 64
+    # The tier's hashed fingerprint leads the hash, so one tier's reads can be purged.
+    assert prefix.startswith("slotgate:v1:tenant-1:read:") and len(hexdigest) == 64
+    assert fnmatch.fnmatchcase(key, read_pattern("fp1"))
+    assert not fnmatch.fnmatchcase(key, read_pattern("fp2"))
     assert int(hexdigest, 16) >= 0
     assert read_key("tenant-1", request(), "fp1") == key
     assert read_key("tenant-1", request(), "fp2") != key
