@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from policies.file import PolicyFile
 from policies.scope import QuestionScope, near_miss
 from policies.types import Decision, DecisionRequest
 from router.routing.plan import UNSCOPED_POLICY_ID
@@ -19,13 +20,20 @@ log = logging.getLogger("slotgate")
 
 def tuned_scopes(registry: PolicyRegistry) -> dict[str, QuestionScope]:
     """The scope of every loaded policy that records its question, by policy id (a policy tuned
-    on one logged request records none and is matched exactly, never nearly)."""
-    scopes = {}
-    for loaded in registry.loaded():
-        file = loaded.file
-        if file.question is not None and file.options:
-            scopes[file.policy_id] = QuestionScope(file.question.question(), frozenset(file.options))
+    on one logged request records none and is matched exactly, never nearly). Built once per
+    set of loaded files: a policy's id hashes its whole file, about 0.3 ms a policy."""
+    files = tuple(loaded.file for loaded in registry.loaded())
+    for seen, scopes in _TUNED:
+        if len(seen) == len(files) and all(a is b for a, b in zip(seen, files, strict=True)):
+            return scopes
+    scopes = {file.policy_id: QuestionScope(file.question.question(), frozenset(file.options))
+              for file in files if file.question is not None and file.options}
+    _TUNED[:] = [(files, scopes)]
     return scopes
+
+
+# The last loaded files (held, so no other object takes their ids) and their scopes.
+_TUNED: list[tuple[tuple[PolicyFile, ...], dict[str, QuestionScope]]] = []
 
 
 def count_near_misses(requests: Sequence[DecisionRequest], decisions: Sequence[Decision], *,
