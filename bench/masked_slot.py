@@ -113,7 +113,7 @@ def train(model: Any, examples: list[Example], *, epochs: int, batch_size: int, 
     warm = max(1, steps // 20)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / warm, max(0.0, (steps - step) / (steps - warm))))
+        optimizer, lambda step: min((step + 1) / warm, max(0.0, (steps - step) / max(1, steps - warm))))
     model.train()
     losses, started = [], time.perf_counter()
     for epoch in range(epochs):
