@@ -192,10 +192,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              [str(rows.labels[i]) for i in fit_rows])
     if [e.target for e in examples if e.target not in token_ids]:
         sys.exit("bench.masked_slot: the read did not take the option names as its labels")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     losses = train(model, examples, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                    seed=args.seed, pad_id=tokenizer.pad_token_id)
-    train_s = time.perf_counter() - started
+    train_s, train_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     args.model_out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.model_out)
     tokenizer.save_pretrained(args.model_out)
@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "lr": args.lr, "seed": args.seed, "threads": args.threads,
         "prompt_tokens": {"median": float(np.median(lengths)), "max": int(lengths.max())},
         "epoch_loss": [round(x, 4) for x in losses], "train_s": round(train_s, 1),
+        "train_cpu_s": round(train_cpu_s, 1),
         "machine": machine_info(),
     }
     recorded = is_default_data(args.data_dir) and args.rows is None
