@@ -6,7 +6,7 @@ reads the ``[MASK]`` after ``Answer:`` over the options' label tokens. Here each
 one new token of the vocabulary (its name, matched case-sensitively), initialised as the mean of
 its name's wordpiece embeddings (underscores read as spaces). With the names single tokens, the
 read's ``label_mode="auto"`` reads them in the slot, and the option lines take one position each:
-BANKING77's prompts are 129 tokens at the median (195 at most), inside the model's 512, so the
+BANKING77's prompts are 129 tokens at the median (209 at most), inside the model's 512, so the
 training prompts are the read's own items (``TorchBackend.item``) with nothing changed.
 
 Training: cross-entropy of the slot's full-vocabulary softmax against the answer's token (the
@@ -17,7 +17,7 @@ file format) for ``slotgate predict --torch-kind masked`` and ``slotgate tune`` 
 Usage: python -m bench.masked_slot --model-out var/models/masked-slot [--data-dir D]
 [--holdout 0.2 --holdout-out F.csv] [--epochs 3] [--rows N] [--threads 1] [--seed 0] [--out JSON]
 The last stdout line is the JSON written to bench/results/masked_slot.json (the run on
-BANKING77's own folder with every row), else to bench/results/local/, unless --out says where.
+BANKING77's own folder without --rows), else to bench/results/local/, unless --out says where.
 """
 
 from __future__ import annotations
