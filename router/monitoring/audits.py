@@ -1,6 +1,10 @@
 """Audits: a seeded share of accepted decisions also answered by the slow model after the reply
 has gone out. A bounded queue and a few workers on the event loop; a full queue drops the audit
-(counted), so audits never hold up, slow down or fail a decision. Their slow-model calls run
+(counted), so audits never hold up, slow down or fail a decision. No caller (API key: one
+namespace; a deployment without keys is one caller) holds more than its share of the queue, the
+capacity over the callers seen in the last ``SHARE_WINDOW`` submissions: an audit past it is
+``capped`` (counted), so one key's flood cannot fill the queue and starve the others' audits,
+and a capped audit never reads as audits falling short. Their slow-model calls run
 outside the clients' concurrency cap (``SlowPath.audit``): the workers are the audits' own
 budget, never a slot a client's escalation waits for."""
 
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +20,7 @@ from policies.types import DecisionRequest
 from router.errors import SlotgateError
 
 logger = logging.getLogger(__name__)
+SHARE_WINDOW = 1000  # submissions whose callers set each caller's share of the queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +29,14 @@ class AuditJob:
     decision_id: str
     answer: str  # what the fast tier served
     request: DecisionRequest  # its ``turns`` carry the caller's conversation, when there was one
+    caller: str = ""  # the namespace (API key) whose decision it audits
 
 
 @dataclass(slots=True)
 class AuditCounts:
     done: int = 0
     dropped: int = 0  # the queue was full
+    capped: int = 0  # its caller held its share of the queue already
     failed: int = 0  # the slow model could not answer
     by_policy: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -55,19 +63,41 @@ class AuditQueue:
         self.counts = AuditCounts()
         self._queue: asyncio.Queue[AuditJob] | None = None
         self._workers: list[asyncio.Task[None]] = []
+        self._held: Counter[str] = Counter()  # queued or in work, by caller
+        self._callers: deque[str] = deque()  # the last SHARE_WINDOW submissions' callers
+        self._seen: Counter[str] = Counter()  # ... counted, so a share costs O(1)
 
     def submit(self, job: AuditJob) -> bool:
-        """Queue one audit; False (and counted as dropped) when the queue is full."""
+        """Queue one audit; False when its caller holds its share (counted as capped) or the
+        queue is full (counted as dropped)."""
         if self._queue is None:
             self._queue = asyncio.Queue(self.capacity)
             loop = asyncio.get_running_loop()
             self._workers = [loop.create_task(self._work()) for _ in range(self.n_workers)]
+        self._saw(job.caller)
+        if len(self._seen) > 1 and self._held[job.caller] >= self.share():
+            self._count(job.policy_id, "capped")
+            return False
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
             self._count(job.policy_id, "dropped")
             return False
+        self._held[job.caller] += 1
         return True
+
+    def share(self) -> int:
+        """The most audits one caller may hold: the capacity over the callers seen lately."""
+        return max(1, self.capacity // max(1, len(self._seen)))
+
+    def _saw(self, caller: str) -> None:
+        self._callers.append(caller)
+        self._seen[caller] += 1
+        if len(self._callers) > SHARE_WINDOW:
+            old = self._callers.popleft()
+            self._seen[old] -= 1
+            if not self._seen[old]:
+                del self._seen[old]
 
     @property
     def pending(self) -> int:
@@ -105,6 +135,7 @@ class AuditQueue:
                 except OSError as exc:  # the log could not take the label: the worker goes on
                     logger.warning("audit label of %s not recorded: %s", job.decision_id, exc)
             finally:
+                self._held[job.caller] -= 1
                 self._queue.task_done()
 
     def _count(self, policy_id: str, result: str) -> None:

@@ -192,7 +192,8 @@ class Monitor:
         if (counted and observation.served_fast and observation.answer is not None
                 and self._answer is not None and watch.wants_audit()):
             self.audits.submit(AuditJob(observation.policy_id, observation.decision_id,
-                                        observation.answer, observation.request))
+                                        observation.answer, observation.request,
+                                        caller=observation.caller))
 
     async def labelled(self, label: Label) -> None:
         """A trusted label of a served fast answer, counted once per decision (the first label
@@ -374,7 +375,7 @@ class Monitor:
         if watch is None:
             return
         backlog = self.audits.pending > self.audits.capacity // 4
-        if (result != "done" and backlog and not watch.audits_short and watch.suspect
+        if (result in ("dropped", "failed") and backlog and not watch.audits_short and watch.suspect
                 and watch.settings.on_alarm == "audit_then_escalate"):
             watch.audits_short = True
             logger.warning("policy %s: an audit was %s while %s: its accepted decisions "

@@ -108,6 +108,7 @@ class Observation:
     accepted: bool  # the policy's own verdict, before any alarm gate
     answer: str | None  # what the caller got
     served_fast: bool  # the accepted fast answer reached the caller: what a label measures
+    caller: str = ""  # the caller's namespace (one per API key): its share of audits is capped
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,7 +253,7 @@ class RoutingService:
             self.monitor.decided(Observation(
                 request, decision.decision_id, decision.policy_id,
                 calibrated[read.scores.top_index], the_plan.accepted, decision.answer,
-                served_fast=the_plan.action == "fast"))
+                served_fast=the_plan.action == "fast", caller=namespace))
         return decision
 
     def _window(self, policy: Policy) -> EscalationWindow | None:
