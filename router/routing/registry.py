@@ -88,9 +88,10 @@ class PolicyRegistry:
                 raise ConfigError(
                     f"policy file {policy.path} ({policy.name!r}): field 'question': the file "
                     "does not record the question it was tuned for (written before questions "
-                    "were), so it would answer any question over its options; re-tune it "
-                    "naming the question: `slotgate tune ... --question NAME` "
-                    "(docs/calibration.md, \"Scope\")", field="question")
+                    "were), so it would answer any question over its options; migrate it, "
+                    f"naming the question: `slotgate migrate --policy {policy.path} --model "
+                    "MODEL --question NAME` (docs/calibration.md, \"Scope\")",
+                    field="question")
             self._by_name[policy.name] = policy
             self._by_signature[(scope, policy.file.backend_fingerprint)] = policy
         if default is not None and default not in self._by_name:
@@ -235,7 +236,9 @@ def _checked(path: Path, settings: PolicySettings, backend_fingerprint: str,
         raise ConfigError(
             f"policy file {path} ({policy_file.name!r}) was tuned for backend fingerprint "
             f"{policy_file.backend_fingerprint}, but the configured fast backend has "
-            f"{backend_fingerprint}; re-tune it on this backend's predictions, or set "
+            f"{backend_fingerprint}; tuned by an earlier slotgate on this same model file? "
+            f"`slotgate migrate --policy {path} --model MODEL` re-signs it (it checks); else "
+            "re-tune it on this backend's predictions, or set "
             "policy.allow_fingerprint_mismatch: true to serve it anyway")
     if policy_file.cascade is not None:
         check_cascade(policy_file, path, tiers or [("fast", backend_fingerprint)],

@@ -32,6 +32,7 @@ from router.errors import (
 )
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.escalation import Escalation
+from router.routing.near_miss import count_near_misses
 from router.routing.plan import (
     UNSCOPED_POLICY_ID,
     Mode,
@@ -167,6 +168,8 @@ class RoutingService:
                                                         strict=True)
             ))
             self.metrics.stage("total", time.perf_counter() - started)
+            # An unscoped decision one field away from a tuned question, counted (every surface).
+            count_near_misses(requests, decisions, registry=self.registry, metrics=self.metrics)
             return list(decisions)
         finally:
             self._in_flight -= 1

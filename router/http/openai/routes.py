@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.types import summary_route
 from router.errors import Forbidden, InvalidRequest, NoSlowModel, UnprocessableRequest
-from router.http.near_miss import count_near_misses
 from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
     ChatCompletionRequest,
@@ -60,8 +59,6 @@ def make_router() -> APIRouter:
             return await _passthrough(state.slow, body)
         decisions = await state.service.route(plan.requests, namespace=namespace(request))
         state.metrics.request(surface="openai_decision", route=summary_route(decisions))
-        count_near_misses(plan.requests, decisions, registry=state.service.registry,
-                          metrics=state.metrics)
         reply = render_reply(body, plan, decisions)
         headers = routing_headers(reply["slotgate"])
         if body.stream:
@@ -141,9 +138,6 @@ async def _chat_variant(request: Request, body: ChatCompletionRequest,
         raise InvalidRequest(exc.message, field="messages.0.content") from exc
     state.metrics.request(surface="openai_decision",
                           route=summary_route(outcome.decisions.values()))
-    asked = [s.request for s in staged if s.request.question_id in outcome.decisions]
-    count_near_misses(asked, [outcome.decisions[r.question_id] for r in asked],
-                      registry=service.registry, metrics=state.metrics)
     total_ms = (time.perf_counter() - started) * 1e3
     return JSONResponse(render_variant(body, parsed, outcome, total_ms=total_ms,
                                        engine=f"slotgate:{service.backend.name}"))

@@ -1,7 +1,8 @@
 """Near misses: an unscoped decision whose question differs from a loaded policy's in one field
 only (``policies.scope.near_miss``) is counted per policy and field in ``/metrics``
 (``slotgate_question_near_miss_total``) and logged once per policy and field per process,
-saying what differs: the same question that lost its policy to a small change shows up there."""
+saying what differs: the same question that lost its policy to a small change shows up there.
+The routing service counts after every ``route`` call, so both wires (and staged bodies) do."""
 
 from __future__ import annotations
 
