@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
+from router.backends.torch.model.choice import KernelChoice, default_choice
 from router.backends.torch.options import TorchOptions
 from router.backends.torch.serve import warm_up
 from router.backends.torch.serve.build import make_reader
