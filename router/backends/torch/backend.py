@@ -166,14 +166,15 @@ class TorchBackend(FastBackend):
         from dataclasses import replace
 
         from router.backends.torch.kernels.split_kv import SPLIT_KV_CHUNKS
-        from router.backends.torch.model.ops import device_fallbacks
+        from router.backends.torch.model.ops import OP_BY_SWITCH, device_fallbacks
 
         dtype = next(reader.model.parameters()).dtype
         out = device_fallbacks(choice, reader.device, dtype, ("triton", "fused_moe", "causal_own"))
-        if self.options.split_kv_items != 0 and choice.prefix_splits == 1:
+        if self.options.split_kv_items != 0 and choice.prefix_splits == 1:  # asked for, not served
             chunks = self.options.split_kv_chunks or SPLIT_KV_CHUNKS
-            out += device_fallbacks(replace(choice, prefix_splits=chunks), reader.device, dtype,
-                                    ("prefix_splits",))
+            op = OP_BY_SWITCH["prefix_splits"]
+            problem = op.check(replace(choice, prefix_splits=chunks), reader.device, dtype)
+            out += [op.report(problem)] if problem else []
         return out
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:

@@ -56,6 +56,10 @@ class Op:
             return bool(value)
         return value > 1  # prefix_splits: 1 chunk is the prefix read whole
 
+    def report(self, problem: str) -> str:
+        """What /readyz says when the check found ``problem``."""
+        return f"{self.name} off, {self.fallback}: {problem}"
+
 
 def _row_ops(choice: KernelChoice) -> Any:
     from router.backends.torch.kernels.row_ops import row_ops
@@ -159,7 +163,7 @@ def device_fallbacks(choice: KernelChoice, device: Any, dtype: Any, wanted: tupl
             continue
         problem = op.check(choice, device, dtype)
         if problem:
-            out.append(f"{op.name} off, {op.fallback}: {problem}")
+            out.append(op.report(problem))
     return out
 
 

@@ -54,7 +54,7 @@ def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlot
 def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from router.backends.torch.kernels import row_ops
-    from router.backends.torch.model import choice
+    from router.backends.torch.model import ops
 
     model, tokenizer = parts
     backend = TorchBackend(make_reader(options(), model, tokenizer), tokenizer, options(),
@@ -64,7 +64,7 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
         raise AssertionError("the CUDA kernel checks are not asked on the CPU")
 
     monkeypatch.setattr(row_ops, "triton_problem", never)
-    monkeypatch.setattr(choice, "fused_moe_problem", never)
+    monkeypatch.setattr(ops, "fused_moe_problem", never)
     serving = backend.serving()
     assert isinstance(backend.reader, DiffusionSlotReader)
     assert serving == {"kind": "diffusion", "device": "cpu", "compiled": False, "ready": True,
@@ -144,7 +144,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the memoised checks are asked again (here stood in: no GPU in the tests)."""
     from router.backends.torch.kernels import row_ops
-    from router.backends.torch.model import choice
+    from router.backends.torch.model import ops
 
     model, tokenizer = parts
     backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(),
@@ -160,7 +160,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         return "fused experts disagree"
 
     monkeypatch.setattr(row_ops, "triton_problem", triton_problem)
-    monkeypatch.setattr(choice, "fused_moe_problem", fused_moe_problem)
+    monkeypatch.setattr(ops, "fused_moe_problem", fused_moe_problem)
 
     class OnCuda:
         device = torch.device("cuda")
@@ -170,10 +170,9 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
         "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
     assert asked == [("triton", "cuda"), ("moe", "cuda")]
-    # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither
+    # float32: default_choice never asks the fused MoE's check
     OnCuda.model = torch.nn.Linear(2, 2)
     assert len(backend._device_fallbacks(OnCuda(), KernelChoice())) == 1
-    assert backend._device_fallbacks(OnCuda(), TWO_PASS) == []
     assert len(asked) == 3
 
 
