@@ -27,7 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from router.backends.torch.kernels.attention import CUDNN_HOPPER_MAX_DIM, KERNEL_BY_NAME, pick_attention
+from router.backends.torch.kernels.attention import (
+    CUDNN_HOPPER_MAX_DIM,
+    KERNEL_BY_NAME,
+    pick_attention,
+)
 from router.backends.torch.kernels.split_kv import SPLIT_KV_CHUNKS, SPLIT_KV_ITEMS
 from router.backends.torch.model.ops import OP_BY_SWITCH, build_layer_ops, fused_moe_problem
 from router.errors import ConfigError

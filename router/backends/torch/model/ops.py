@@ -14,22 +14,28 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from router.backends.torch.kernels.attention import attend_by_dim, causal_by_dim, no_causal_dims
 from router.backends.torch.kernels.split_kv import split_attend
 from router.backends.torch.model.joint_streams import ffn_joint
-from router.backends.torch.model.layer_ops import EAGER, LayerOps, ffn_half_fused, ffn_half_rows, ffn_step
+from router.backends.torch.model.layer_ops import (
+    EAGER,
+    LayerOps,
+    ffn_half_fused,
+    ffn_half_rows,
+    ffn_step,
+)
 
 log = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from router.backends.torch.model.choice import KernelChoice
+# A choice.py KernelChoice (not imported: choice.py builds on this table, not the reverse)
+KernelChoice = Any
 
 # (choice, the ops built so far) -> the slots the fast form fills
-Fast = Callable[["KernelChoice", LayerOps], dict[str, Any]]
+Fast = Callable[[KernelChoice, LayerOps], dict[str, Any]]
 # (choice, device, dtype) -> why the fast form cannot serve there ("" when it can)
-Check = Callable[["KernelChoice", Any, Any], str]
+Check = Callable[[KernelChoice, Any, Any], str]
 
 
 def no_check(choice: KernelChoice, device: Any, dtype: Any) -> str:

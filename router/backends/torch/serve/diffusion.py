@@ -17,7 +17,13 @@ from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.model.inputs import OnePassBatch
 from router.backends.torch.model.joint_streams import weights_shared
 from router.backends.torch.model.onepass import OnePass
-from router.backends.torch.serve.batch import PrefixEncoder, Rows, prepare_batch, read_in_groups, slot_reads
+from router.backends.torch.serve.batch import (
+    PrefixEncoder,
+    Rows,
+    prepare_batch,
+    read_in_groups,
+    slot_reads,
+)
 from router.backends.torch.serve.graphs import GraphSet, GraphShapes
 from router.backends.torch.serve.prefix_lru import PrefixLRU
 from router.backends.torch.serve.reader import SlotItem, SlotRead, SlotReader

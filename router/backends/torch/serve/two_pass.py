@@ -17,7 +17,13 @@ from typing import Any
 from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.model.inputs import OnePassBatch
 from router.backends.torch.model.onepass import at_slots, slot_read
-from router.backends.torch.serve.batch import PrefixEncoder, Rows, prepare_batch, read_in_groups, slot_reads
+from router.backends.torch.serve.batch import (
+    PrefixEncoder,
+    Rows,
+    prepare_batch,
+    read_in_groups,
+    slot_reads,
+)
 from router.backends.torch.serve.kv_cache import cache_kwarg, fork_cache, select_cache_rows
 from router.backends.torch.serve.prefix_lru import PrefixLRU
 from router.backends.torch.serve.reader import SlotItem, SlotRead

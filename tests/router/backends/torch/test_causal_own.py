@@ -31,9 +31,9 @@ from router.backends.torch.kernels.attention import (
 from router.backends.torch.model.choice import KernelChoice, build_layer_ops
 from router.backends.torch.model.inputs import PrefixKV
 from router.backends.torch.model.onepass import OnePass
-from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads

@@ -20,10 +20,10 @@ from router.backends.torch.model.choice import (
     build_layer_ops,
     default_choice,
 )
-from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
-from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.backends.torch.serve.batch import draw_noise, prepare_batch
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 
 VOCAB = 512
 CANVAS = 16

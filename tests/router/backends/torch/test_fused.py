@@ -22,10 +22,10 @@ from router.backends.torch.kernels.attention import (
 )
 from router.backends.torch.model.choice import KernelChoice
 from router.backends.torch.model.onepass import OnePass
-from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import CANVAS_IDS, PREFIX, item, tiny_model
 
