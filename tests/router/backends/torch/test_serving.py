@@ -273,3 +273,24 @@ def test_the_prefix_cache_is_sized_by_its_option_and_shown(parts: tuple[Any, Any
         seen[entries] = backend.serving()["prefix_cache"]
     assert seen[2] == {"entries": 2, "capacity": 2, "hits": 0, "misses": 6, "evictions": 4}
     assert seen[3] == {"entries": 3, "capacity": 3, "hits": 3, "misses": 3, "evictions": 0}
+
+
+def test_an_untied_model_is_read_by_the_two_pass_reader_behind_the_same_port(
+        parts: tuple[Any, Any]) -> None:
+    """make_reader gives a model whose encoder and decoder weights are not tied transformers'
+    two-pass read (two_pass.py), which the one-pass reader refuses; it reads what the one-pass
+    read reads of the tied model, and /readyz says which read serves."""
+    import copy
+
+    from router.backends.torch.serve.two_pass import TwoPassSlotReader
+    from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
+
+    model, tokenizer = parts
+    untied = copy.deepcopy(model)
+    mlp = untied.model.decoder.layers[0].mlp
+    mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight.detach().clone())  # same values
+    reader = make_reader(options(), untied, tokenizer)
+    assert isinstance(reader, TwoPassSlotReader) and reader.warm_up(ITEMS[0]) is reader
+    assert_same_reads([reader.read([it])[0] for it in ITEMS], DiffusionSlotReader(model).read(ITEMS))
+    serving = TorchBackend(reader, tokenizer, options(), model_id="tiny").serving()
+    assert serving["kernels"] == {"two_pass": True} and serving["fallbacks"] == []
