@@ -99,7 +99,7 @@ def params_on_meta() -> Iterator[None]:
             param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
 
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -200,7 +200,7 @@ def raw_blocks(args: argparse.Namespace, model: Any, device: Any, log: Callable[
     fast = make_fast(args, model, device)
     results["raw_compile_capture_s"] = time.monotonic() - started
     log(f"compiled + captured in {results['raw_compile_capture_s']:.1f} s")
-    variants = [("two_pass/eager", two_pass, [(1, 1), (1, args.batches[0])]), ("onepass/eager", eager, configs),
+    variants: list[tuple[str, Any, list[tuple[int, int]]]] = [("two_pass/eager", two_pass, [(1, 1), (1, args.batches[0])]), ("onepass/eager", eager, configs),
                 ("onepass/compiled_graph" if device.type == "cuda" else "onepass/compiled", fast, configs)]
     for name, reader, shapes in variants:
         for draws, batch in shapes:
