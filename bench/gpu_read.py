@@ -17,20 +17,22 @@ on weight values), a 1,400-token static prefix + 200-token message, canvas 64, 7
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.gpu_backend import measure_backend
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
+from router.backends.torch.model.choice import KernelChoice, default_choice
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.backends.torch.serve.warm_up import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +59,10 @@ def tiny_config() -> Any:
 
 
 def build_model(args: argparse.Namespace, device: Any) -> Any:
+    """The model of ``args`` with random weights on ``device``, each tied weight allocated once
+    (``materialize``). Why not ``_from_config`` on the device: it allocates the encoder's AND the
+    decoder's layer weights before ``post_init`` ties them, twice ~48 GB of experts, which does
+    not fit an H100 (78 GiB gone while building)."""
     import torch
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
@@ -73,10 +79,58 @@ def build_model(args: argparse.Namespace, device: Any) -> Any:
     if args.dtype:
         dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    with torch.device(device):
+    with torch.device(device), params_on_meta():
         model = DiffusionGemmaForBlockDiffusion._from_config(  # type: ignore[no-untyped-call]
             config, dtype=dtype, attn_implementation="sdpa", experts_implementation=args.experts)
+    materialize(model, device, dtype)
     return model.eval()
+
+
+@contextlib.contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Parameters created meanwhile go to the meta device (no memory); buffers (the rotary
+    tables, layer scalars) are made where they are asked for, with their values."""
+    import torch
+
+    original = torch.nn.Module.register_parameter
+
+    def register(module: Any, name: str, param: Any) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def materialize(model: Any, device: Any, dtype: Any) -> None:
+    """Each distinct meta parameter (a tied weight is one object in both stacks) allocated once
+    on ``device`` in ``dtype``, drawn at random, then the model's own ``_init_weights`` run over
+    each module that holds parameters (norm scales, router scales: their real start values)."""
+    import torch
+
+    made: dict[int, Any] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and id(param) not in made:
+                kind = dtype if param.is_floating_point() else param.dtype
+                made[id(param)] = torch.nn.Parameter(torch.empty(param.shape, dtype=kind, device=device),
+                                                     requires_grad=False)
+            if param is not None:
+                module._parameters[name] = made[id(param)]
+    with torch.no_grad():
+        for module in model.modules():
+            own = [value for value in module._parameters.values() if value is not None]
+            for value in own:
+                value.normal_(0.0, 0.02)
+            if own:
+                try:
+                    model._init_weights(module)
+                except Exception as exc:  # noqa: BLE001 (speed does not depend on the values)
+                    print(f"build_model: {type(module).__name__} keeps random values: {exc!r}")
 
 
 def make_items(args: argparse.Namespace, vocab: int, n: int, draws: int, seed: int = 1234) -> list[SlotItem]:
@@ -140,13 +194,13 @@ def raw_blocks(args: argparse.Namespace, model: Any, device: Any, log: Callable[
     """Raw-reader variants; returns the compiled, graph-replaying reader for later blocks."""
     vocab = model.config.get_text_config().vocab_size
     configs = [(1, 1), (4, 1), *((1, b) for b in args.batches)]
-    two_pass = DiffusionSlotReader(model, choice=TWO_PASS)
+    two_pass = TwoPassSlotReader(model)
     eager = DiffusionSlotReader(model)
     started = time.monotonic()
     fast = make_fast(args, model, device)
     results["raw_compile_capture_s"] = time.monotonic() - started
     log(f"compiled + captured in {results['raw_compile_capture_s']:.1f} s")
-    variants = [("two_pass/eager", two_pass, [(1, 1), (1, args.batches[0])]), ("onepass/eager", eager, configs),
+    variants: list[tuple[str, Any, list[tuple[int, int]]]] = [("two_pass/eager", two_pass, [(1, 1), (1, args.batches[0])]), ("onepass/eager", eager, configs),
                 ("onepass/compiled_graph" if device.type == "cuda" else "onepass/compiled", fast, configs)]
     for name, reader, shapes in variants:
         for draws, batch in shapes:
@@ -191,7 +245,7 @@ def agreement(args: argparse.Namespace, model: Any, fast: DiffusionSlotReader | 
     # 2 draws an item: the canvases' keys copied per row; 1 draw: read in place
     for draws in (2, 1):
         items = make_items(args, vocab, 8, draws, seed=99)
-        want = DiffusionSlotReader(model, choice=TWO_PASS).read(items)
+        want = TwoPassSlotReader(model).read(items)
         part: dict[str, Any] = {"items": len(items), "draws": draws,
                                 "max_proba": max(float(r.proba.max()) for r in want)}
         for name, make in readers:
@@ -305,7 +359,10 @@ def main() -> None:
         "code_commit": args.commit or head_commit(),
         "measured_on": datetime.date.today().isoformat(),
     }
-    log(f"built model in {time.monotonic() - started:.1f} s on {device}; {results['params_b']} B params")
+    if device.type == "cuda":
+        results["build_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    log(f"built model in {time.monotonic() - started:.1f} s on {device}; {results['params_b']} B params"
+        f"; peak {results.get('build_peak_gib', '-')} GiB")
     fast: Any = None
 
     def shared_fast() -> DiffusionSlotReader:  # one compiled reader for the blocks that need one

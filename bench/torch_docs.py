@@ -43,6 +43,13 @@ def _ms(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
 
 
+def _depth(run: dict[str, Any]) -> str:
+    """"the full architecture", or its first N layers where the run's command cut it (--layers N)."""
+    words = str(run.get("command", "")).split()
+    layers = words[words.index("--layers") + 1] if "--layers" in words[:-1] else "0"
+    return f"the architecture's first {layers} layers" if layers != "0" else "the full architecture"
+
+
 def figures(results: dict[str, dict[str, Any]]) -> str:
     """One table a run (a file), ordered by GPU: the shipped backend's single reads and its
     reads/s by concurrent callers (each run's ``backend`` block), with its command and commit."""
@@ -54,7 +61,7 @@ def figures(results: dict[str, dict[str, Any]]) -> str:
         out.append(f"#### {run.get('device', 'unknown GPU')} (`bench/results/{name}`)\n")
         out.append(f"Code {run.get('code_commit', 'unknown')}, measured {run.get('measured_on', '-')}, "
                    f"torch {run.get('torch', '-')}, transformers {run.get('transformers', '-')}; "
-                   f"`{run.get('command', '-')}`. Random bf16 weights of the full architecture "
+                   f"`{run.get('command', '-')}`. Random bf16 weights of {_depth(run)} "
                    f"({run.get('params_b', '-')} B parameters), a {backend.get('prefix_tokens', '-')}-token "
                    f"cached prefix, {backend.get('suffix_tokens', '-')}-token prompt rests, "
                    f"{run.get('options', '-')} options"

@@ -136,20 +136,20 @@ class TorchBackend(FastBackend):
         prefixes = getattr(reader, "prefixes", None)  # the masked reader caches none
         if isinstance(prefixes, PrefixLRU) and self.options.prefix_cache:
             out["prefix_cache"] = prefixes.stats()
-        choice = getattr(reader, "choice", None)
-        if self.kind != "diffusion" or choice is None:
+        if self.kind != "diffusion":
             return {**out, "fallbacks": []}
+        choice = getattr(reader, "choice", None)  # None: the two-pass read (untied weights)
         graphs = getattr(reader, "graphs", None)
-        fallbacks = list(self._device_fallbacks(reader, choice))
+        fallbacks = self._device_fallbacks(reader, choice) if choice is not None else []
         fallbacks += self._warm_fallbacks
         asked = self.options.compiled if self.options.compiled is not None else (
             reader.device.type == "cuda")
         if asked and self._warm_done() and not reader.compiled and not self._warm_fallbacks:
             fallbacks.append("compiled read asked for, but the reader is not compiled: serving "
-                             "the eager read" + ("" if choice.fused_pass else
+                             "the eager read" + ("" if choice is not None else
                                                  " (the two-pass read: encoder and decoder "
                                                  "weights are not tied)"))
-        return {**out, "kernels": choice.summary(),
+        return {**out, "kernels": choice.summary() if choice is not None else {"two_pass": True},
                 "cuda_graphs": len(graphs.graphs) if graphs is not None else 0,
                 "fallbacks": fallbacks}
 
@@ -157,39 +157,24 @@ class TorchBackend(FastBackend):
         return self._warm is None or self._warm.done()
 
     def _device_fallbacks(self, reader: Any, choice: Any) -> list[str]:
-        """The Triton families and the causal attention forms whose start-up checks failed on
-        this CUDA device (their checks are memoised: asked again, they answer what
-        ``default_choice`` was told). None on the CPU, and none for the two-pass read
-        (``default_choice`` never asked them)."""
-        if reader.device.type != "cuda" or not choice.fused_pass:
+        """The ops whose fast forms ``choice`` leaves off because their device checks failed on
+        this CUDA device (ops.py ``device_fallbacks``; the checks are memoised: asked again, they
+        answer what ``default_choice`` was told). None on the CPU, where the reference forms are
+        the intended ones. The prefix key chunks are asked only where the options want them."""
+        if reader.device.type != "cuda":
             return []
-        import torch
+        from dataclasses import replace
 
-        from router.backends.torch.kernels.attention import causal_problem
-        from router.backends.torch.kernels.row_ops import triton_problem
-        from router.backends.torch.kernels.split_kv import SPLIT_KV_CHUNKS, split_problem
-        from router.backends.torch.model.choice import fused_moe_problem
+        from router.backends.torch.kernels.split_kv import SPLIT_KV_CHUNKS
+        from router.backends.torch.model.ops import OP_BY_SWITCH, device_fallbacks
 
-        out = []
-        problem = triton_problem(reader.device)
-        if problem:
-            out.append(f"Triton row kernels off, the torch row ops serve: {problem}")
-        # default_choice asks the fused MoE's check for bfloat16 models only
         dtype = next(reader.model.parameters()).dtype
-        if dtype == torch.bfloat16:
-            problem = fused_moe_problem(reader.device)
-            if problem:
-                out.append(f"fused Triton MoE off, the row-copy experts serve: {problem}")
-        if not choice.causal_own:  # default_choice turns it off only on a failed check
-            problem = causal_problem(choice.attention, reader.device, dtype)
-            if problem:
-                out.append("causal attention for the prompt rests' own keys off, their dense "
-                           f"causal bias serves: {problem}")
-        if self.options.split_kv_items != 0 and choice.prefix_splits == 1:  # off by a failed check
+        out = device_fallbacks(choice, reader.device, dtype, ("triton", "fused_moe", "causal_own"))
+        if self.options.split_kv_items != 0 and choice.prefix_splits == 1:  # asked for, not served
             chunks = self.options.split_kv_chunks or SPLIT_KV_CHUNKS
-            problem = split_problem(choice.attention, chunks, reader.device, dtype)
-            if problem:
-                out.append(f"the prefix read in key chunks off, it is read whole: {problem}")
+            op = OP_BY_SWITCH["prefix_splits"]
+            problem = op.check(replace(choice, prefix_splits=chunks), reader.device, dtype)
+            out += [op.report(problem)] if problem else []
         return out
 
     def _alphabet(self, labels: Sequence[str] | None) -> LabelAlphabet:

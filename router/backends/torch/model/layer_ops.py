@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from router.backends.torch.kernels.attention import (
@@ -17,7 +18,7 @@ from router.backends.torch.kernels.attention import (
     merge_grouped3,
     merge_parts,
 )
-from router.backends.torch.model.joint_streams import qkv_merged
+from router.backends.torch.model.joint_streams import ffn_joint, qkv_merged
 
 if TYPE_CHECKING:
     from router.backends.torch.kernels.row_ops import RowOps
@@ -124,12 +125,14 @@ class LayerOps:
     norm: Callable[[Any, Any], Any]  # (RMSNorm module, hidden) -> normed
     qkv: Callable[[Any, Any, Any, Any], tuple[Any, Any, Any]]  # (attention, hidden, cos, sin)
     ffn: Callable[..., Any]  # (layer, attention out, residual): ffn_half(_rows, _fused)
-    ffn_step: Callable[..., tuple[Any, Any]] | None  # (layer, attns, hiddens, scalars)
+    # both streams' feed-forward half: apart (layer, attns, hiddens, scalars), ``ffn_step`` over
+    # ``ffn``; joint (layer, attn rows, rows, scalars, n_enc), ``joint_streams.ffn_joint``
+    ffn_step: Callable[..., tuple[Any, Any]]
     rows_kv: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
     merge: Callable[[Any, Any, Any, Any], Any]  # grouped views -> (B, M, H*D)
     attend: Attend
     band_softmax: Callable[[Any, Any, Any, Any, Any], tuple[Any, Any]]
-    ffn_joint: Callable[..., Any] | None = None  # (layer, attn rows, rows, scalars, n_enc)
+    ffn_joint: Callable[..., Any]
     # (attention, merged weight, merged bias, hidden, cos, sin): joint_streams' q/k/v product
     qkv_merged: Callable[..., tuple[Any, Any, Any]] = qkv_merged
     # (queries (B, H, S, D), keys, values (B, H_kv, S, D)) -> folded (out, lse): the prompt rests'
@@ -147,5 +150,7 @@ class LayerOps:
     attend_prefix: Attend | None = None
 
 
-EAGER = LayerOps(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=None, rows_kv=rows_kv,
-               merge=merge_grouped, attend=attend_math, band_softmax=band_softmax)
+EAGER = LayerOps(norm=rms_norm, qkv=qkv_half, ffn=ffn_half, ffn_step=partial(ffn_step, ffn_half),
+               rows_kv=rows_kv, merge=merge_grouped, attend=attend_math, band_softmax=band_softmax,
+               ffn_joint=partial(ffn_joint, ffn_half))
+"""The reference forms: what every op of ops.py replaces with its fast form when switched on."""

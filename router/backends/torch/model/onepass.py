@@ -21,8 +21,7 @@ The per-layer functions it calls (norms, q/k/v, feed-forward half) are a ``Layer
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from functools import partial
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from router.backends.torch.kernels.attention import (
@@ -37,14 +36,13 @@ from router.backends.torch.model.frozen import Frozen
 from router.backends.torch.model.inputs import OnePassBatch, PrefixKV
 from router.backends.torch.model.joint_streams import (
     QkvStreams,
-    ffn_joint,
     joined,
     merged_qkv_weights,
     o_proj_joint,
     qkv_joint,
     weights_shared,
 )
-from router.backends.torch.model.layer_ops import EAGER, LayerOps, ffn_step
+from router.backends.torch.model.layer_ops import EAGER, LayerOps
 
 
 class OnePass(Frozen):
@@ -79,6 +77,7 @@ class OnePass(Frozen):
             raise ConfigError("kernel choice: joint_streams needs tied encoder/decoder attention "
                               "weights", field="joint_streams")
         self.joint_streams = joint_streams
+        self.streams = JointStreams if joint_streams else ApartStreams
         # per layer (tied: the encoder's serve both streams), built before sealing; or another
         # OnePass's over this model (``qkv_weights``), so two readers hold one copy
         if joint_streams and qkv_weights is None:
@@ -90,7 +89,10 @@ class OnePass(Frozen):
 
     def __call__(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
         """(label proba (R, L), full-vocab entropy (R,), label mass (R,)) of every row. ``prefix``:
-        the batch's shared prefix (None: the prompt rests are whole prompts)."""
+        the batch's shared prefix (None: the prompt rests are whole prompts). One path through
+        the layers: how the streams are projected (``self.streams``), how the prompt rests read
+        their own keys (``own_attend``) and how the shared prefix joins (``prefix_part``) are
+        chosen before the loop, from this OnePass and the batch's static shapes."""
         import torch
 
         enc_h = self.encoder.embed_tokens(batch.input_ids)
@@ -100,57 +102,37 @@ class OnePass(Frozen):
         enc_pos, row_start, row_len = self.positions(prefix, batch)
         dec_pos = (row_start + row_len)[:, None] + torch.arange(canvas_len, device=enc_h.device)
         types = self.kinds()
-        enc_pe = {t: self.encoder.rotary_emb(enc_h, enc_pos, t) for t in set(types)}
-        dec_pe = {t: self.decoder.rotary_emb(dec_h, dec_pos, t) for t in set(types)}
+        rotary = ({t: self.encoder.rotary_emb(enc_h, enc_pos, t) for t in set(types)},
+                  {t: self.decoder.rotary_emb(dec_h, dec_pos, t) for t in set(types)})
         masks = self.masks(prefix, batch, enc_pos, row_start, row_len, enc_h.dtype)
+        part = prefix_part(self, prefix)
+        own = {kind: self.own_attend(kind, width) for kind in set(types)}
+        state = self.streams.start(self, (enc_h, dec_h), rotary)
         layers = list(zip(self.encoder.layers, self.decoder.layers, strict=True))
-        # joint_streams: both streams' rows end to end (T, E) and their rotary tables (T, 1, D)
-        joint = joined((enc_h, dec_h), enc_pe, dec_pe) if self.joint_streams else None
         for index, (enc, dec) in enumerate(layers[:-1]):
             kind = types[index]
-            if joint is not None:
-                (q_e, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
-                                                                  enc_h.shape[:2], dec_h.shape[:2])
-                q_e, q_d = q_e.contiguous(), q_d.contiguous()
-            else:
-                q_e, k_e, v_e = self.ops.qkv(enc.self_attn,
-                                                self.ops.norm(enc.input_layernorm, enc_h),
-                                                *enc_pe[kind])
-                q_d, k_d, v_d = self.ops.qkv(dec.self_attn,
-                                                self.ops.norm(dec.input_layernorm, dec_h),
-                                                *dec_pe[kind])
-            n_heads, n_kv = q_e.shape[1], k_e.shape[1]
-            if self.causal_own(kind, width):
-                out_e, lse_e = self.ops.attend_causal(q_e, k_e, v_e)  # type: ignore[misc]
-            else:
-                out_e, lse_e = self.ops.attend(fold_groups(q_e, n_kv), k_e, v_e, masks[("enc", kind)])
+            (q_e, k_e, v_e), (q_d, k_d, v_d) = self.streams.qkv(self, index, state, kind)
+            q_e, q_d = q_e.contiguous(), q_d.contiguous()  # (views where the streams are joint)
+            out_e, lse_e = own[kind](q_e, k_e, v_e, masks.get(("enc", kind)))
             out_d, lse_d = self.canvas_attend(q_d, (k_e, v_e), (k_d, v_d), batch, masks, kind,
-                                              merged=prefix is None)
-            if prefix is None:  # (B, H, M, D) -> (B, M, H*D), as with_prefix returns them
-                out_e = unfold_groups(out_e, n_heads).transpose(1, 2).flatten(2)
-                out_d = unfold_groups(out_d, n_heads).transpose(1, 2).flatten(2)
-            else:
-                out_e, out_d = self.with_prefix(prefix, index, (q_e, q_d), (out_e, out_d),
-                                                (lse_e, lse_d), masks[("prefix", kind)])
-            scalars = (enc.layer_scalar, dec.layer_scalar)
-            if joint is not None:
-                step = self.ops.ffn_joint or partial(ffn_joint, self.ops.ffn)
-                n_enc = enc_h.shape[0] * enc_h.shape[1]
-                rows = step(enc, o_proj_joint(enc.self_attn, out_e, out_d), joint[0], scalars,
-                            n_enc)
-                enc_h, dec_h = rows[:n_enc].view(enc_h.shape), rows[n_enc:].view(dec_h.shape)
-                joint = (rows, joint[1])
-                continue
-            attn = (enc.self_attn.o_proj(out_e), dec.self_attn.o_proj(out_d))
-            if self.ops.ffn_step is not None:
-                enc_h, dec_h = self.ops.ffn_step(enc, attn, (enc_h, dec_h), scalars)
-            else:
-                enc_h, dec_h = ffn_step(self.ops.ffn, enc, attn, (enc_h, dec_h), scalars)
+                                              merged=part.merged_own)
+            attn = part.join(index, (q_e, q_d), (out_e, out_d), (lse_e, lse_d),
+                             masks.get(("prefix", kind)))
+            state = self.streams.ffn(self, (enc, dec), attn, state)
         (enc, dec), index = layers[-1], len(layers) - 1
-        at_slot = self.last_layer(enc, dec, index, (enc_h, dec_h), (enc_pe, dec_pe), prefix,
-                                  batch, masks, joint)
+        at_slot = self.last_layer(enc, dec, index, state, part, batch, masks)
         return slot_read(self.model, self.softcap, self.decoder.norm(at_slot), batch.label_index,
                          batch.label_valid)
+
+    def own_attend(self, kind: str, width: int) -> Callable[[Any, Any, Any, Any], tuple[Any, Any]]:
+        """The prompt rests' attention to their own keys at layer ``kind`` for ``width`` tokens,
+        folded (out, lse): causal with no bias where ``causal_own`` holds, else under their
+        dense bias (the "enc" mask)."""
+        if self.causal_own(kind, width):
+            causal = self.ops.attend_causal
+            assert causal is not None
+            return lambda q, k, v, mask: causal(q, k, v)
+        return lambda q, k, v, mask: self.ops.attend(fold_groups(q, k.shape[1]), k, v, mask)
 
     def positions(self, prefix: PrefixKV | None, batch: OnePassBatch) -> tuple[Any, Any, Any]:
         """The prompt rests' token positions (B, S), the prefix length (0-d) and each canvas
@@ -321,41 +303,26 @@ class OnePass(Frozen):
             offset += q.shape[0] * q.shape[2]
         return merged
 
-    def last_layer(self, enc: Any, dec: Any, index: int, hidden: tuple[Any, Any],
-                   rotary: tuple[dict[str, Any], dict[str, Any]], prefix: PrefixKV | None,
-                   batch: OnePassBatch, masks: dict[tuple[str, str], Any],
-                   joint: tuple[Any, dict[str, Any]] | None = None) -> Any:
+    def last_layer(self, enc: Any, dec: Any, index: int, state: Any, part: PrefixPart,
+                   batch: OnePassBatch, masks: dict[tuple[str, str], Any]) -> Any:
         """The last layer cut to what the read uses, returning each row's state at its slot (R, E).
         Why it is exact: the read takes the last hidden state at the slot only, and the last
         layer's encoder tokens feed nothing but their keys/values (which the canvas reads); every
         step after attention is per position. So the encoder stops at its keys/values, and the
         decoder runs attention and the feed-forward half for one query a row: of a batch of 32
-        reads (8,448 tokens) the feed-forward half runs over 32. ``joint``: the rows and rotary
-        tables of ``joined``, projected together (``joint_streams``)."""
+        reads (8,448 tokens) the feed-forward half runs over 32. ``state``: the streams' state
+        after the layers before (``self.streams``)."""
         import torch
 
-        (enc_h, dec_h), (enc_pe, dec_pe), kind = hidden, rotary, self.kinds()[index]
-        if joint is not None:
-            (_, k_e, v_e), (q_d, k_d, v_d) = self.qkv_joint(index, joint[0], joint[1][kind],
-                                                            enc_h.shape[:2], dec_h.shape[:2])
-        else:
-            _, k_e, v_e = self.ops.qkv(enc.self_attn,
-                                          self.ops.norm(enc.input_layernorm, enc_h),
-                                          *enc_pe[kind])
-            q_d, k_d, v_d = self.ops.qkv(dec.self_attn,
-                                            self.ops.norm(dec.input_layernorm, dec_h),
-                                            *dec_pe[kind])
+        kind = self.kinds()[index]
+        (_, k_e, v_e), (q_d, k_d, v_d) = self.streams.qkv(self, index, state, kind)
         rows = torch.arange(q_d.shape[0], device=q_d.device)
         query = q_d[rows, :, batch.slots].unsqueeze(2).contiguous()  # (R, H, 1, D)
-        n_heads = query.shape[1]
         out, lse = self.canvas_attend(query, (k_e, v_e), (k_d, v_d), batch, masks, kind, slot=True,
-                                      merged=prefix is None)
-        if prefix is None:
-            out = unfold_groups(out, n_heads).transpose(1, 2).flatten(2)
-        else:
-            (out,) = self.with_prefix(prefix, index, (query,), (out,), (lse,),
-                                      masks[("prefix_slot", kind)])
+                                      merged=part.merged_own)
+        (out,) = part.join(index, (query,), (out,), (lse,), masks.get(("prefix_slot", kind)))
         attn = dec.self_attn.o_proj(out).flatten(0, 1)  # (R, E)
+        dec_h = self.streams.hidden(state)[1]
         return self.ops.ffn(dec, attn, at_slots(dec_h, batch.slots)) * dec.layer_scalar
 
     def prefix_kv(self, cache: Any, prefix_len: int) -> PrefixKV:
@@ -377,6 +344,91 @@ class OnePass(Frozen):
     def kv_heads(self, kind: str) -> int:
         index = self.kinds().index(kind)
         return int(self.config.per_layer_config[index].num_key_value_heads)
+
+
+class ApartStreams:
+    """Each stream normed and projected by its own calls (the streams' state: their hidden
+    states, encoder (B, S, E) and decoder (R, C, E), and their rotary tables)."""
+
+    @staticmethod
+    def start(onepass: OnePass, hidden: tuple[Any, Any], rotary: tuple[dict[str, Any], dict[str, Any]]) -> Any:
+        return hidden, rotary
+
+    @staticmethod
+    def qkv(onepass: OnePass, index: int, state: Any, kind: str) -> QkvStreams:
+        (enc_h, dec_h), (enc_pe, dec_pe) = state
+        enc, dec, ops = onepass.encoder.layers[index], onepass.decoder.layers[index], onepass.ops
+        return (ops.qkv(enc.self_attn, ops.norm(enc.input_layernorm, enc_h), *enc_pe[kind]),
+                ops.qkv(dec.self_attn, ops.norm(dec.input_layernorm, dec_h), *dec_pe[kind]))
+
+    @staticmethod
+    def ffn(onepass: OnePass, layers: tuple[Any, Any], attn: Sequence[Any], state: Any) -> Any:
+        (enc, dec), (hidden, rotary) = layers, state
+        projected = (enc.self_attn.o_proj(attn[0]), dec.self_attn.o_proj(attn[1]))
+        return onepass.ops.ffn_step(enc, projected, hidden, (enc.layer_scalar, dec.layer_scalar)), rotary
+
+    @staticmethod
+    def hidden(state: Any) -> tuple[Any, Any]:
+        return state[0]  # type: ignore[no-any-return]
+
+
+class JointStreams:
+    """Both streams' rows end to end, (T, E) encoder first, normed and projected by one call over
+    the merged q/k/v weights and one o_proj call (joint_streams.py). The state: the rows, the
+    streams' shapes and the rotary tables joined the same way."""
+
+    @staticmethod
+    def start(onepass: OnePass, hidden: tuple[Any, Any], rotary: tuple[dict[str, Any], dict[str, Any]]) -> Any:
+        rows, pe = joined(hidden, *rotary)
+        return rows, (hidden[0].shape, hidden[1].shape), pe
+
+    @staticmethod
+    def qkv(onepass: OnePass, index: int, state: Any, kind: str) -> QkvStreams:
+        rows, (enc_shape, dec_shape), pe = state
+        return onepass.qkv_joint(index, rows, pe[kind], enc_shape[:2], dec_shape[:2])
+
+    @staticmethod
+    def ffn(onepass: OnePass, layers: tuple[Any, Any], attn: Sequence[Any], state: Any) -> Any:
+        (enc, dec), (rows, shapes, pe) = layers, state
+        n_enc = shapes[0][0] * shapes[0][1]
+        rows = onepass.ops.ffn_joint(enc, o_proj_joint(enc.self_attn, *attn), rows,
+                                     (enc.layer_scalar, dec.layer_scalar), n_enc)
+        return rows, shapes, pe
+
+    @staticmethod
+    def hidden(state: Any) -> tuple[Any, Any]:
+        rows, (enc_shape, dec_shape), _ = state
+        n_enc = enc_shape[0] * enc_shape[1]
+        return rows[:n_enc].view(enc_shape), rows[n_enc:].view(dec_shape)
+
+
+class PrefixPart:
+    """How each stream's own-key attention becomes its attention output, (B, M, H*D): with no
+    shared prefix, unfolded as it is (``merged_own``: the canvases' two own-key parts merged);
+    with one, merged with every query's read of the prefix (``OnePass.with_prefix``)."""
+
+    merged_own = True
+
+    def __init__(self, onepass: OnePass, prefix: PrefixKV | None) -> None:
+        self.onepass, self.prefix = onepass, prefix
+
+    def join(self, index: int, queries: Sequence[Any], outs: Sequence[Any], lses: Sequence[Any],
+             mask: Any) -> list[Any]:
+        n_heads = queries[0].shape[1]
+        return [unfold_groups(out, n_heads).transpose(1, 2).flatten(2) for out in outs]
+
+
+class SharedPrefixPart(PrefixPart):
+    merged_own = False
+
+    def join(self, index: int, queries: Sequence[Any], outs: Sequence[Any], lses: Sequence[Any],
+             mask: Any) -> list[Any]:
+        assert self.prefix is not None
+        return self.onepass.with_prefix(self.prefix, index, queries, outs, lses, mask)
+
+
+def prefix_part(onepass: OnePass, prefix: PrefixKV | None) -> PrefixPart:
+    return PrefixPart(onepass, None) if prefix is None else SharedPrefixPart(onepass, prefix)
 
 
 def at_slots(hidden: Any, slots: Any) -> Any:

@@ -16,20 +16,25 @@ MAX_LABELS = 128  # the most labels a read's alphabet holds (so a graph bucket's
 
 
 def make_reader(options: TorchOptions, model: Any, tokenizer: Any) -> SlotReader:
-    """The reader ``options.kind`` names over ``model``. A diffusion reader gets its device's
-    kernels (choice.py), compiled (``options.compiled``; default: on CUDA) with CUDA graphs of
-    ``GraphShapes.from_options(options)``."""
+    """The reader ``options.kind`` names over ``model``. A diffusion reader of a tied model is the
+    one-pass read with its device's kernels (choice.py), compiled (``options.compiled``; default:
+    on CUDA) with CUDA graphs of ``GraphShapes.from_options(options)``; of an untied one,
+    transformers' two-pass read (two_pass.py)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if options.kind == "diffusion":
         from router.backends.torch.model.choice import default_choice
+        from router.backends.torch.model.joint_streams import weights_shared
         from router.backends.torch.serve.diffusion import DiffusionSlotReader
+        from router.backends.torch.serve.two_pass import TwoPassSlotReader
 
+        if not weights_shared(model, attention=False):  # the one pass needs them tied
+            return TwoPassSlotReader(model, use_prefix_cache=options.prefix_cache, pad_id=pad,
+                                     prefix_cache_entries=options.prefix_cache_entries)
         on_cuda = next(model.parameters()).device.type == "cuda"
         compiled = options.compiled if options.compiled is not None else on_cuda
         choice = default_choice(model, compiled=compiled, split_kv_items=options.split_kv_items,
                                 split_kv_chunks=options.split_kv_chunks)
-        graphs = (GraphShapes.from_options(options, capture=on_cuda, labels=MAX_LABELS)
-                  if compiled and choice.fused_pass else None)
+        graphs = GraphShapes.from_options(options, capture=on_cuda, labels=MAX_LABELS) if compiled else None
         return DiffusionSlotReader(model, choice=choice, graphs=graphs,
                                    use_prefix_cache=options.prefix_cache, pad_id=pad,
                                    prefix_cache_entries=options.prefix_cache_entries)

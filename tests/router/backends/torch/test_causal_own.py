@@ -28,11 +28,12 @@ from router.backends.torch.kernels.attention import (
     fold_groups,
     no_causal_dims,
 )
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice, build_layer_ops
+from router.backends.torch.model.choice import KernelChoice, build_layer_ops
 from router.backends.torch.model.inputs import PrefixKV
 from router.backends.torch.model.onepass import OnePass
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
@@ -86,7 +87,7 @@ def test_causal_forms_are_checked_and_named() -> None:
 @pytest.mark.parametrize("window", [64, 8], ids=["window>prompt", "window<prompt"])
 def test_causal_own_reads_what_the_two_pass_read_reads(window: int) -> None:
     model = tiny_model(window=window)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     for cached in (True, False):
         for causal in (True, False):
             for joint in (True, False):
@@ -106,7 +107,7 @@ def test_the_causal_path_is_the_one_read() -> None:
     """Mutation check: a causal form that lets every query see every key of its prompt rest
     changes the read, so the equality above tests the causal path and not the bias."""
     model = tiny_model(window=64)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
 
     def everything(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
         from router.backends.torch.kernels.attention import attend_math
@@ -135,7 +136,7 @@ def read_masks(onepass: OnePass, prefix: PrefixKV, batch: Any) -> dict[tuple[str
 
 def test_joint_streams_items_joins_only_the_small_buckets() -> None:
     model = tiny_model(window=8)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     shapes = GraphShapes(batches=(1, 4), draws=(3,), widths=(16,), prefix_tokens=64, labels=6,
                          capture=False)
     reader = DiffusionSlotReader(model, choice=KernelChoice(joint_streams_items=1), graphs=shapes)
@@ -161,7 +162,6 @@ def test_joint_streams_items_joins_only_the_small_buckets() -> None:
     ({"joint_streams_items": -1}, "joint_streams_items"),
     ({"joint_streams_items": True}, "joint_streams_items"),
     ({"joint_streams_items": 2, "joint_streams": False}, "joint_streams_items"),
-    ({"fused_pass": False, "joint_streams": False}, "causal_own"),
 ])
 def test_bad_bucket_and_causal_switches_are_refused_naming_them(switches: dict[str, Any],
                                                                 field: str) -> None:
@@ -187,8 +187,8 @@ ONE_DRAW = [replace(it, draws=1) for it in ITEMS]  # one canvas row an item: row
 @pytest.mark.parametrize("window", [64, 8], ids=["window>prompt", "window<prompt"])
 def test_rows_in_place_and_copied_read_what_the_two_pass_read_reads(window: int) -> None:
     model = tiny_model(window=window)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
-    want_mixed = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ONE_DRAW]
+    want_mixed = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     for cached in (True, False):
         for causal, joint in product((True, False), repeat=2):
             choice = KernelChoice(causal_own=causal, joint_streams=joint)
@@ -229,7 +229,7 @@ def test_the_in_place_path_is_the_one_read() -> None:
 
 def test_buckets_of_one_row_an_item_take_only_one_draw_batches() -> None:
     model = tiny_model(window=8)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ONE_DRAW]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ONE_DRAW]
     two_draws = [replace(ONE_DRAW[0], draws=2), ONE_DRAW[1]]  # 3 rows: fits 4 rows, not in place
     for draws, want_key in (((1,), None), ((1, 4), (4, 16, 16))):
         shapes = GraphShapes(batches=(4,), draws=draws, widths=(16,), prefix_tokens=64, labels=6,

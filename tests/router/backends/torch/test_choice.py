@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from router.backends.torch.model.choice import (
-    TWO_PASS,
     KernelChoice,
     build_layer_ops,
     default_choice,
@@ -24,13 +23,14 @@ from router.backends.torch.model.choice import (
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import PREFIX, tiny_model
 from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
 
 KINDS = ("sliding_attention", "full_attention")
 BANDS = [frozenset(b) for b in ((), ("full_attention",), ("sliding_attention",), KINDS)]
-SWITCHES = {"fused_pass": (True, False), "band": BANDS, "rows_moe": (False, True),
+SWITCHES = {"band": BANDS, "rows_moe": (False, True),
             "merge_op": (False, True), "triton": (False, True), "compiled": (False, True),
             "fused_moe": (False, True),  # CUDA only
             "attention": ((), ((16, "cudnn"),)),  # CUDA only
@@ -84,12 +84,10 @@ def full_matrix() -> list[KernelChoice]:
     return [one_pass(**dict(zip(FACTORS, values, strict=True))) for values in product(*FACTORS.values())]
 
 
-CHOICES = [TWO_PASS, *dict.fromkeys(each_alone() + pairwise())]
+CHOICES = list(dict.fromkeys(each_alone() + pairwise()))
 
 
 def choice_id(choice: KernelChoice) -> str:
-    if not choice.fused_pass:
-        return "two_pass"
     band = "+".join(sorted(k.split("_")[0] for k in choice.band)) or "dense"
     on = [name for name in ("rows_moe", "merge_op", "compiled") if getattr(choice, name)]
     on += [] if choice.joint_streams else ["apart"]
@@ -105,7 +103,7 @@ def model() -> Any:
 
 def two_pass_reads(model: Any) -> list[Any]:
     """transformers' two-pass read of ITEMS and LONG, one at a time: the reference."""
-    two = DiffusionSlotReader(model, choice=TWO_PASS)
+    two = TwoPassSlotReader(model)
     return [two.read([it])[0] for it in [*ITEMS, LONG]]
 
 
@@ -127,11 +125,8 @@ def test_every_combination_is_shippable_or_refused_naming_a_switch() -> None:
             assert exc.field in names and exc.field in str(exc)
             continue
         accepted += 1
-        if not choice.fused_pass:
-            assert choice == replace(TWO_PASS, compile_backend="aot_eager")
-            continue
         assert choice in matrix, choice  # accepted here: so it is in the full matrix
-    assert accepted == len(matrix) + 1
+    assert accepted == len(matrix)
 
 
 def test_the_covering_set_meets_every_pair_of_switch_values() -> None:
@@ -146,13 +141,9 @@ def test_the_covering_set_meets_every_pair_of_switch_values() -> None:
 
 def read_as_two_pass(model: Any, want: list[Any], choice: KernelChoice) -> None:
     """``choice``'s reads of ITEMS (through a padded graph bucket) and LONG (eager) are the
-    two-pass read's."""
-    if not choice.fused_pass:
-        # transformers' read is exact unpadded only (its sliding cache keeps a padded row's pads
-        # in the window): it is the reference, read one item at a time
-        reader = DiffusionSlotReader(model, choice=choice)
-        assert_same_reads([reader.read([it])[0] for it in [*ITEMS, LONG]], want)
-        return
+    two-pass read's (transformers' read, two_pass.py, is exact unpadded only: its sliding
+    cache keeps a padded row's pads in the window; so it is the reference, read one item at a
+    time, ``want``)."""
     reader = DiffusionSlotReader(model, choice=choice, graphs=SHAPES)
     assert reader.graphs is not None
     reader.graphs.warm_up(PREFIX, ITEMS[0].canvas_ids, ITEMS[0].slot)
@@ -177,10 +168,6 @@ def test_every_other_combination_reads_what_the_two_pass_read_reads(model: Any, 
 
 def test_refusals_name_the_switch(model: Any) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"fused_pass": False, "compiled": True}, "compiled"),
-        ({"fused_pass": False, "band": frozenset({"full_attention"})}, "band"),
-        ({"fused_pass": False}, "joint_streams"),
-        ({"fused_pass": False, "joint_streams": False}, "causal_own"),
         ({"triton": True}, "triton"), ({"attention": ((16, "flash"),)}, "attention"),
         ({"fused_moe": True, "rows_moe": True}, "fused_moe"),
         ({"joint_streams_items": -1}, "joint_streams_items"),
@@ -197,8 +184,13 @@ def test_refusals_name_the_switch(model: Any) -> None:
             DiffusionSlotReader(model, choice=choice)
     with pytest.raises(ConfigError, match="capture"):
         DiffusionSlotReader(model, graphs=replace(SHAPES, capture=True))
-    with pytest.raises(ConfigError, match="one-pass"):
-        DiffusionSlotReader(model, choice=TWO_PASS, graphs=SHAPES)
+    untied = tiny_model(window=8)
+    mlp = untied.model.decoder.layers[0].mlp  # the decoder's own feed-forward weight: untied
+    mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight.detach() * 1.5)
+    for build in (lambda: DiffusionSlotReader(untied), lambda: default_choice(untied)):
+        with pytest.raises(ConfigError, match="two_pass") as info:
+            build()
+        assert info.value.field == "model"
 
 
 def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> None:
@@ -212,7 +204,7 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
     compiled = one_pass(**{**DEFAULT, "compiled": True})
     eager = replace(compiled, compiled=False)
     assert compiled.eager() == eager
-    assert build_layer_ops(compiled).ffn_step is not None and build_layer_ops(eager).ffn_step is None
+    assert build_layer_ops(compiled).ffn_step is not build_layer_ops(eager).ffn_step
     assert {f.name for f in fields(KernelChoice)} >= set(SWITCHES)
 
 
@@ -220,14 +212,15 @@ def test_a_reader_and_its_one_pass_are_immutable_and_choose_once(model: Any) -> 
                                                            ("", "fused MoE differs")])
 def test_one_kernel_familys_failed_check_turns_only_that_family_off(
         monkeypatch: pytest.MonkeyPatch, rows_problem: str, moe_problem: str) -> None:
-    """The row ops (row_ops.triton_problem) and the fused MoE (choice.fused_moe_problem) are checked
+    """The row ops (row_ops.triton_problem) and the fused MoE (ops.fused_moe_problem) are checked
     apart: a failed row-op check leaves the fused MoE on, and the other way round (one wrong
     check must not turn every Triton kernel off, the fused MoE included)."""
     from router.backends.torch.kernels import row_ops
     from router.backends.torch.model import choice as choice_module
+    from router.backends.torch.model import ops
 
     monkeypatch.setattr(row_ops, "triton_problem", lambda device: rows_problem)
-    monkeypatch.setattr(choice_module, "fused_moe_problem", lambda device: moe_problem)
+    monkeypatch.setattr(ops, "fused_moe_problem", lambda device: moe_problem)
     model = tiny_model(window=8).to(torch.bfloat16)
     fast = choice_module.default_choice(model, fast_kernels=True)
     assert fast.fused_moe is (not moe_problem)

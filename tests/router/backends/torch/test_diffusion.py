@@ -13,9 +13,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from policies.types import DecisionRequest, Option
-from router.backends.torch.model.choice import TWO_PASS
-from router.backends.torch.serve.diffusion import DiffusionSlotReader, draw_noise
+from router.backends.torch.serve.batch import draw_noise, prepare_batch
+from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 
 VOCAB = 512
 CANVAS = 16
@@ -57,8 +58,8 @@ def item(suffix: tuple[int, ...], *, draws: int = 1, seed: int = 3, labels: tupl
 
 
 def test_noise_only_at_the_slot(model: Any) -> None:
-    reader = DiffusionSlotReader(model)
-    batch = reader.prepare([item((70, 71, 72), draws=4)], prefix_len=len(PREFIX))
+    batch = prepare_batch([item((70, 71, 72), draws=4)], prefix_len=len(PREFIX), vocab_size=VOCAB,
+                          pad_id=0)
     canvases = batch.canvas.tolist()
     template = list(CANVAS_IDS)
     for row in canvases:
@@ -200,7 +201,7 @@ def test_fused_pass_matches_the_two_pass_read(model: Any) -> None:
     for cached in (True, False):
         fused = DiffusionSlotReader(model, use_prefix_cache=cached)
         assert fused.onepass is not None  # the tiny model ties encoder and decoder weights
-        two_pass = DiffusionSlotReader(model, choice=TWO_PASS, use_prefix_cache=cached)
+        two_pass = TwoPassSlotReader(model, use_prefix_cache=cached)
         for items in ([item((70, 71, 72))], [item((70, 71, 72), draws=3), item((80, 81, 82), seed=4)]):
             for a, b in zip(fused.read(items), two_pass.read(items)):
                 np.testing.assert_allclose(a.draws, b.draws, rtol=1e-4, atol=1e-6)

@@ -20,11 +20,12 @@ from router.backends.torch.kernels.attention import (
     to_bias,
     unfold_groups,
 )
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice
+from router.backends.torch.model.choice import KernelChoice
 from router.backends.torch.model.onepass import OnePass
 from router.backends.torch.serve.diffusion import DiffusionSlotReader
 from router.backends.torch.serve.graphs import GraphShapes
 from router.backends.torch.serve.reader import SlotItem
+from router.backends.torch.serve.two_pass import TwoPassSlotReader
 from router.errors import ConfigError
 from tests.router.backends.torch.test_diffusion import CANVAS_IDS, PREFIX, item, tiny_model
 
@@ -50,7 +51,7 @@ def assert_same_reads(got: list[Any], want: list[Any]) -> None:
 def test_one_pass_batch_equals_two_pass_reads_one_at_a_time(model: Any, cached: bool) -> None:
     one = DiffusionSlotReader(model, use_prefix_cache=cached)
     assert one.onepass is not None
-    two = DiffusionSlotReader(model, use_prefix_cache=cached, choice=TWO_PASS)
+    two = TwoPassSlotReader(model, use_prefix_cache=cached)
     # different prompt lengths: the batch is right-padded, the two-pass reads are not
     assert_same_reads(one.read(ITEMS), [two.read([it])[0] for it in ITEMS])
 
@@ -61,7 +62,7 @@ def test_the_trimmed_last_layer_reads_what_the_two_pass_read_reads(band: tuple[s
     read is transformers' whole last layer's, over three layers, cached or not."""
     # (transformers makes a DiffusionGemma's last layer full attention, whatever the config says)
     model = tiny_model(window=8, layers=("sliding_attention", "sliding_attention", "full_attention"))
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     for cached in (True, False):
         reader = DiffusionSlotReader(model, choice=KernelChoice(band=frozenset(band)),
                                      use_prefix_cache=cached)
@@ -77,7 +78,7 @@ def test_joint_streams_read_what_the_streams_apart_read_under_their_own_layer_sc
     for index, (enc, dec) in enumerate(layers):
         enc.layer_scalar.fill_(0.5 + 0.25 * index)
         dec.layer_scalar.fill_(1.5 - 0.25 * index)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     for cached, joint in product((True, False), (True, False)):
         choice = KernelChoice(band=frozenset({"full_attention"}), joint_streams=joint)
         reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
@@ -162,7 +163,7 @@ def test_merged_qkv_weights_are_a_copy_and_a_swap_of_k_and_v_is_seen() -> None:
     model = tiny_model(window=8)
     before = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
     onepass = OnePass(model)
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     reader = DiffusionSlotReader(model, choice=KernelChoice())
     assert reader.onepass is not None and reader.onepass.joint_streams
     assert_same_reads(reader.read(ITEMS), want)
@@ -212,7 +213,7 @@ def test_joint_streams_with_attention_biases_read_what_the_two_pass_read_reads()
     model = with_attention_biases(tiny_model(window=8, layers=("sliding_attention",
                                                                "sliding_attention",
                                                                "full_attention")))
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     for cached, joint in product((True, False), (True, False)):
         choice = KernelChoice(joint_streams=joint)
         reader = DiffusionSlotReader(model, choice=choice, use_prefix_cache=cached)
@@ -229,7 +230,7 @@ def test_joint_streams_needs_tied_attention_weights() -> None:
     assert info.value.field == "joint_streams"
     reader = DiffusionSlotReader(model)  # the default choice reads the streams apart
     assert not reader.choice.joint_streams
-    want = [DiffusionSlotReader(model, choice=TWO_PASS).read([it])[0] for it in ITEMS]
+    want = [TwoPassSlotReader(model).read([it])[0] for it in ITEMS]
     assert_same_reads(reader.read(ITEMS), want)
 
 

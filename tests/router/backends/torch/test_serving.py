@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from router.backends.torch.backend import TorchBackend
-from router.backends.torch.model.choice import TWO_PASS, KernelChoice, default_choice
+from router.backends.torch.model.choice import KernelChoice, default_choice
 from router.backends.torch.options import TorchOptions
 from router.backends.torch.serve import warm_up
 from router.backends.torch.serve.build import make_reader
@@ -54,7 +54,7 @@ def failing_warm_up(parts: tuple[Any, Any]) -> tuple[TorchBackend, DiffusionSlot
 def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from router.backends.torch.kernels import row_ops
-    from router.backends.torch.model import choice
+    from router.backends.torch.model import ops
 
     model, tokenizer = parts
     backend = TorchBackend(make_reader(options(), model, tokenizer), tokenizer, options(),
@@ -64,7 +64,7 @@ def test_a_cpu_backend_reports_its_choice_and_no_fallback(parts: tuple[Any, Any]
         raise AssertionError("the CUDA kernel checks are not asked on the CPU")
 
     monkeypatch.setattr(row_ops, "triton_problem", never)
-    monkeypatch.setattr(choice, "fused_moe_problem", never)
+    monkeypatch.setattr(ops, "fused_moe_problem", never)
     serving = backend.serving()
     assert isinstance(backend.reader, DiffusionSlotReader)
     assert serving == {"kind": "diffusion", "device": "cpu", "compiled": False, "ready": True,
@@ -144,7 +144,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA the memoised checks are asked again (here stood in: no GPU in the tests)."""
     from router.backends.torch.kernels import row_ops
-    from router.backends.torch.model import choice
+    from router.backends.torch.model import ops
 
     model, tokenizer = parts
     backend = TorchBackend(DiffusionSlotReader(model), tokenizer, options(),
@@ -160,7 +160,7 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         return "fused experts disagree"
 
     monkeypatch.setattr(row_ops, "triton_problem", triton_problem)
-    monkeypatch.setattr(choice, "fused_moe_problem", fused_moe_problem)
+    monkeypatch.setattr(ops, "fused_moe_problem", fused_moe_problem)
 
     class OnCuda:
         device = torch.device("cuda")
@@ -170,10 +170,9 @@ def test_failed_kernel_checks_on_cuda_are_listed(parts: tuple[Any, Any],
         "Triton row kernels off, the torch row ops serve: RuntimeError: merge disagrees",
         "fused Triton MoE off, the row-copy experts serve: fused experts disagree"]
     assert asked == [("triton", "cuda"), ("moe", "cuda")]
-    # float32: default_choice never asks the fused MoE's check; the two-pass read asks neither
+    # float32: default_choice never asks the fused MoE's check
     OnCuda.model = torch.nn.Linear(2, 2)
     assert len(backend._device_fallbacks(OnCuda(), KernelChoice())) == 1
-    assert backend._device_fallbacks(OnCuda(), TWO_PASS) == []
     assert len(asked) == 3
 
 
@@ -274,3 +273,24 @@ def test_the_prefix_cache_is_sized_by_its_option_and_shown(parts: tuple[Any, Any
         seen[entries] = backend.serving()["prefix_cache"]
     assert seen[2] == {"entries": 2, "capacity": 2, "hits": 0, "misses": 6, "evictions": 4}
     assert seen[3] == {"entries": 3, "capacity": 3, "hits": 3, "misses": 3, "evictions": 0}
+
+
+def test_an_untied_model_is_read_by_the_two_pass_reader_behind_the_same_port(
+        parts: tuple[Any, Any]) -> None:
+    """make_reader gives a model whose encoder and decoder weights are not tied transformers'
+    two-pass read (two_pass.py), which the one-pass reader refuses; it reads what the one-pass
+    read reads of the tied model, and /readyz says which read serves."""
+    import copy
+
+    from router.backends.torch.serve.two_pass import TwoPassSlotReader
+    from tests.router.backends.torch.test_fused import ITEMS, assert_same_reads
+
+    model, tokenizer = parts
+    untied = copy.deepcopy(model)
+    mlp = untied.model.decoder.layers[0].mlp
+    mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight.detach().clone())  # same values
+    reader = make_reader(options(), untied, tokenizer)
+    assert isinstance(reader, TwoPassSlotReader) and reader.warm_up(ITEMS[0]) is reader
+    assert_same_reads([reader.read([it])[0] for it in ITEMS], DiffusionSlotReader(model).read(ITEMS))
+    serving = TorchBackend(reader, tokenizer, options(), model_id="tiny").serving()
+    assert serving["kernels"] == {"two_pass": True} and serving["fallbacks"] == []

@@ -157,10 +157,7 @@ def test_the_switches_are_checked_naming_them_and_limit_reads_by_item_count() ->
     for switches, field in (({"prefix_splits": 0}, "prefix_splits"),
                             ({"prefix_splits": True}, "prefix_splits"),
                             ({"split_kv_items": -1}, "split_kv_items"),
-                            ({"split_kv_items": 1}, "split_kv_items"),  # limits a split that is off
-                            ({"fused_pass": False, "joint_streams": False,
-                              "causal_own": False, "prefix_splits": 4},
-                             "prefix_splits")):  # TWO_PASS with the split on
+                            ({"split_kv_items": 1}, "split_kv_items")):  # limits a split that is off
         with pytest.raises(ConfigError, match=field) as info:
             KernelChoice(**switches)
         assert info.value.field == field

@@ -22,7 +22,7 @@ with interpreted_imports():
     from router.backends.torch.kernels import triton_router
     from router.backends.torch.kernels.triton_router import route, route_top_k, route_top_k_torch
     from router.backends.torch.model import layer_ops
-    from router.backends.torch.model.choice import _fused_moe_disagreement
+    from router.backends.torch.model.ops import _fused_moe_disagreement
     from tests.router.backends.torch.test_diffusion import tiny_model
     from tests.router.backends.torch.test_triton_moe import _interpreter  # noqa: F401
 
@@ -177,7 +177,7 @@ def test_the_fused_feed_forward_half_routes_through_the_kernel(monkeypatch: Any)
 
 
 def test_the_start_up_check_passes_the_kernel_and_names_a_broken_one(monkeypatch: Any) -> None:
-    """choice.fused_moe_problem's check, run here on the CPU: "" with the real kernels; a router
+    """ops.fused_moe_problem's check, run here on the CPU: "" with the real kernels; a router
     kernel that picks other experts, or gives other weights, turns the fused MoE family off with
     a problem that names it."""
     cpu = torch.device("cpu")
