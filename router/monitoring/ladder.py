@@ -121,3 +121,20 @@ def _audit_rate(snapshot: WatchSnapshot) -> float:
             on_alarm == "audit_then_escalate" and "drift" in snapshot.alarms):
         return max(snapshot.audit_rate, snapshot.audit_boost)
     return snapshot.audit_rate
+
+
+def state_word(snapshot: WatchSnapshot) -> str:
+    """The watch in one word, as each decision's receipt states it: "alarmed" (an accuracy alarm
+    stands), "suspect" (a drift alarm, or traffic less sure than the tuning rows), "clear"."""
+    return ("alarmed" if "accuracy" in snapshot.alarms
+            else "suspect" if snapshot.suspect else "clear")
+
+
+def action_words(gate: Gate, on_alarm: str) -> str:
+    """What an alarm makes the policy do, as its warning says it."""
+    if gate.escalate:
+        return "escalating every decision it would accept until cleared or re-tuned"
+    if on_alarm == "audit_then_escalate":
+        return (f"audit rate raised to {gate.audit_rate:g}; its accepted decisions escalate "
+                "once the audits show accuracy below the target")
+    return "alert only (on_alarm: alert_only)"

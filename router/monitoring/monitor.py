@@ -25,7 +25,7 @@ from policies.types import DecisionRequest
 from router.monitoring.audits import AuditJob, AuditQueue
 from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, Checkpoints, checkpoint_path
 from router.monitoring.fingerprint import input_key
-from router.monitoring.ladder import WatchSnapshot, ladder
+from router.monitoring.ladder import WatchSnapshot, action_words, ladder, state_word
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
 from router.routing.ports import Label, Observation, SlowModel
 from router.store.records import AlarmRecord
@@ -152,14 +152,9 @@ class Monitor:
         return None if snapshot is None else ladder(snapshot).reason
 
     def watch_state(self, policy_id: str) -> str | None:
-        """The watch in one word, for each decision's receipt: "alarmed" (an accuracy alarm
-        stands), "suspect" (a drift alarm, or traffic less sure than the tuning rows), "clear";
-        None when the policy is not watched."""
+        """The watch in one word for receipts (``ladder.state_word``); None: not watched."""
         snapshot = self.snapshot(policy_id)
-        if snapshot is None:
-            return None
-        return ("alarmed" if "accuracy" in snapshot.alarms
-                else "suspect" if snapshot.suspect else "clear")
+        return None if snapshot is None else state_word(snapshot)
 
     def snapshot(self, policy_id: str) -> WatchSnapshot | None:
         """The facts the ladder acts on for ``policy_id`` (None when it is not watched)."""
@@ -183,7 +178,7 @@ class Monitor:
                            "%d (not an alarm: unsure traffic puts no wrong answer in front of "
                            "anyone); %s; accuracy is tested on the labels from here on too",
                            watch.policy_id, watch.n_decisions,
-                           _action(watch) if watch.gate.escalate else
+                           action_words(watch.gate, watch.settings.on_alarm) if watch.gate.escalate else
                            f"audit rate raised to {watch.audit_rate:g}"
                            if watch.audit_rate > watch.settings.audit_rate else "no action")
             self.export()
@@ -227,7 +222,7 @@ class Monitor:
         watch = self.watches[alarm.policy_id]
         logger.warning("ALARM %s on policy %s%s: %s; %s", alarm.kind, alarm.policy_id,
                        " (raised on another replica)" if shared else "", alarm.detail,
-                       _action(watch))
+                       action_words(watch.gate, watch.settings.on_alarm))
         record = alarm_record(alarm, on_alarm=watch.settings.on_alarm, shared=shared)
         self._emit(record)
         if self._board is not None and not shared:
@@ -455,15 +450,6 @@ def _alarm(record: AlarmRecord) -> Alarm | None:
     if record.kind == "clear":
         return None
     return Alarm(record.policy_id, record.kind, record.decision, record.time, record.detail)
-
-
-def _action(watch: PolicyWatch) -> str:
-    if watch.gate.escalate:
-        return "escalating every decision it would accept until cleared or re-tuned"
-    if watch.settings.on_alarm == "audit_then_escalate":
-        return (f"audit rate raised to {watch.audit_rate:g}; its accepted decisions escalate "
-                "once the audits show accuracy below the target")
-    return "alert only (on_alarm: alert_only)"
 
 
 def make_monitor(settings: Settings, *, metrics: Metrics, decision_log: Any,
