@@ -1,8 +1,9 @@
 """Operational routes: liveness (``/healthz``), readiness (``/readyz``) and Prometheus metrics
 (``/metrics``).
 
-Readiness is "this replica can answer decisions": the fast backend answers and the decision log
-is writable (its file's permissions, and whether its last write went through: a full disk shows
+Readiness is "this replica can answer decisions": the fast backend answers, every fast tier has
+made its first read (the start-up warm-up; ``warm`` in the body names those still pending), and
+the decision log is writable (its file's permissions, and whether its last write went through: a full disk shows
 only when a write fails; ``decision_log`` in the body then says why). What the fast backend serves with (its kernels, and any fallback to slower ones:
 ``fast_backend``, ``slotgate_fast_backend_fallbacks``) is reported, never a readiness condition.
 Redis is a cache: while it is down or hung decisions are still answered (uncached),
@@ -46,6 +47,11 @@ def make_router() -> APIRouter:
                 state.decision_log_path)
             if failing is not None:
                 body["decision_log"] = {"failing": failing}
+        if state.warm_up is not None:  # every tier has made its first read (start-up warm-up)
+            warming = state.warm_up.pending
+            checks["warm"] = not warming
+            if warming:
+                body["warm"] = {"pending": warming}
         required = sorted(checks)
         serving = _fast_backend_seen(state)
         if serving:  # reported, never a readiness condition: a fallback still serves
