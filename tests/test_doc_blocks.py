@@ -166,17 +166,28 @@ def sample_csv(source: Path, target: Path, per_class: int, seed: int) -> None:
         writer.writerows({"text": r["text"], "category": r["category"]} for r in picked)
 
 
+# Messages per intent in the samples of train.csv and test.csv a document's blocks read:
+# enough for the README's policy to find a threshold; fewer for a document that only shows commands.
+SAMPLES = {"README.md": (20, 6), "docs/cascade.md": (10, 4)}
+
+
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory, banking77_dir: Path) -> Path:
-    """Seeded samples of BANKING77's train.csv and test.csv (20 and 6 messages of each intent;
-    what the docs' $SLOTGATE_DATA_DIR names), so the blocks run in seconds."""
-    folder = tmp_path_factory.mktemp("data")
-    sample_csv(banking77_dir / "train.csv", folder / "train.csv", 20, seed=0)
-    sample_csv(banking77_dir / "test.csv", folder / "test.csv", 6, seed=1)
-    return folder
+def data_dirs(tmp_path_factory: pytest.TempPathFactory, banking77_dir: Path) -> dict[str, Path]:
+    """Seeded samples of BANKING77's train.csv and test.csv (``SAMPLES``; what the docs'
+    $SLOTGATE_DATA_DIR names), so the blocks run in seconds: {doc: folder}."""
+    folders: dict[str, Path] = {}
+    for doc in DOCS:
+        train, test = SAMPLES.get(doc, SAMPLES["README.md"])
+        folder = tmp_path_factory.getbasetemp() / f"data-{train}-{test}"
+        if not folder.exists():
+            folder.mkdir()
+            sample_csv(banking77_dir / "train.csv", folder / "train.csv", train, seed=0)
+            sample_csv(banking77_dir / "test.csv", folder / "test.csv", test, seed=1)
+        folders[doc] = folder
+    return folders
 
 
-Runs = dict[str, tuple[Path, list[tuple[Block, subprocess.CompletedProcess[str]]]]]
+Runs = list[tuple[Block, subprocess.CompletedProcess[str]]]
 
 
 def run_block(block: Block, folder: Path, data: Path) -> subprocess.CompletedProcess[str]:
@@ -185,51 +196,68 @@ def run_block(block: Block, folder: Path, data: Path) -> subprocess.CompletedPro
                           check=False)
 
 
-@pytest.fixture(scope="module")
-def slotgate_runs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Runs:
-    """Every document's ``slotgate`` blocks (but those with their own environment) run once, in
-    order, in a fresh folder per document: {doc: (folder, [(block, result)])}."""
-    runs: Runs = {}
-    for block in blocks_of("slotgate"):
-        if (block.doc, block.heading) == SHADOW:
-            continue
-        folder = runs.setdefault(block.doc, (tmp_path_factory.mktemp(Path(block.doc).stem), []))[0]
-        runs[block.doc][1].append((block, run_block(block, folder, data_dir)))
-    return runs
+class DocRuns:
+    """Each document's ``slotgate`` blocks (but those with their own environment), run once, in
+    order, in a fresh folder per document, when a test first asks for that document."""
 
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, data_dirs: dict[str, Path]):
+        self._tmp, self._data = tmp_path_factory, data_dirs
+        self._runs: dict[str, tuple[Path, Runs]] = {}
 
-def assert_ran(runs: Runs) -> None:
-    assert runs
-    for _, results in runs.values():
-        for block, result in results:
+    def folder(self, doc: str) -> Path:
+        return self.of(doc)[0]
+
+    def of(self, doc: str) -> tuple[Path, Runs]:
+        if doc not in self._runs:
+            folder = self._tmp.mktemp(Path(doc).stem)
+            self._runs[doc] = folder, [
+                (block, run_block(block, folder, self._data[doc]))
+                for block in blocks_of("slotgate", doc) if (block.doc, block.heading) != SHADOW]
+        return self._runs[doc]
+
+    def assert_ran(self, doc: str) -> None:
+        _, runs = self.of(doc)
+        assert runs, doc
+        for block, result in runs:
             assert result.returncode == 0, (block.doc, block.heading, result.stdout[-2000:],
                                             result.stderr[-3000:])
 
 
-@pytest.mark.long
-def test_slotgate_blocks_run_as_written(slotgate_runs: Runs) -> None:
-    assert_ran(slotgate_runs)
-    assert {"README.md", "docs/cascade.md"} <= set(slotgate_runs)
+@pytest.fixture(scope="module")
+def doc_runs(tmp_path_factory: pytest.TempPathFactory, data_dirs: dict[str, Path]) -> DocRuns:
+    return DocRuns(tmp_path_factory, data_dirs)
+
+
+# The documents whose CLI blocks run in a plain folder (the shadow recipe has its own test).
+CLI_DOCS = sorted({b.doc for b in blocks_of("slotgate") if (b.doc, b.heading) != SHADOW})
 
 
 @pytest.mark.long
-def test_slotgate_blocks_write_only_where_git_ignores(slotgate_runs: Runs) -> None:
+@pytest.mark.parametrize("doc", CLI_DOCS)
+def test_slotgate_blocks_run_as_written(doc_runs: DocRuns, doc: str) -> None:
+    assert {"README.md", "docs/cascade.md"} <= set(CLI_DOCS)
+    doc_runs.assert_ran(doc)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("doc", CLI_DOCS)
+def test_slotgate_blocks_write_only_where_git_ignores(doc_runs: DocRuns, doc: str) -> None:
     """A newcomer runs the blocks in the checkout: what they write must not show in git status."""
-    assert_ran(slotgate_runs)
-    for folder, _ in slotgate_runs.values():
-        written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-        assert written
-        ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT,
-                                 capture_output=True, text=True, check=False).stdout.split()
-        assert sorted(ignored) == written, set(written) - set(ignored)
+    doc_runs.assert_ran(doc)
+    folder = doc_runs.folder(doc)
+    written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert written
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT,
+                             capture_output=True, text=True, check=False).stdout.split()
+    assert sorted(ignored) == written, set(written) - set(ignored)
 
 
 @pytest.mark.long
 def test_client_blocks_run_against_a_served_slotgate(
-    data_dir: Path, standin: StandinHandle, slotgate_runs: Runs,
+    data_dirs: dict[str, Path], standin: StandinHandle, doc_runs: DocRuns,
 ) -> None:
-    assert_ran(slotgate_runs)
-    workdir = slotgate_runs["README.md"][0]
+    doc_runs.assert_ran("README.md")
+    workdir = doc_runs.folder("README.md")
     model, policy = workdir / "var/tune/m.joblib", workdir / "var/tune/policy.json"  # tune block
     port = free_port()
     env = environment() | {
@@ -249,7 +277,7 @@ def test_client_blocks_run_against_a_served_slotgate(
             code = block.text.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
             # $SLOTGATE_DATA_DIR: the data the CLI block trained on (the intents it learnt).
             result = subprocess.run([sys.executable, "-c", code], cwd=workdir,
-                                    env=environment(data_dir),
+                                    env=environment(data_dirs["README.md"]),
                                     capture_output=True, text=True, timeout=120, check=False)
             assert result.returncode == 0, (block.doc, block.heading, result.stderr[-3000:])
             assert result.stdout.strip(), block.heading
@@ -293,7 +321,7 @@ def merged(base: dict[str, Any], edit: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.long
 def test_settings_blocks_load_with_what_the_cli_blocks_wrote(
-    tmp_path: Path, slotgate_runs: Runs,
+    tmp_path: Path, doc_runs: DocRuns,
 ) -> None:
     """A settings block, merged over slotgate.yaml where its document's commands ran, loads; its
     fast tiers are built and its policy files load against them (a cascade's tiers checked by
@@ -303,14 +331,14 @@ def test_settings_blocks_load_with_what_the_cli_blocks_wrote(
     from router.routing.registry import PolicyRegistry
     from router.settings import load_settings
 
-    assert_ran(slotgate_runs)
     blocks = blocks_of("settings")
     assert blocks
     base = yaml.safe_load((ROOT / "slotgate.yaml").read_text(encoding="utf-8"))
     cwd = Path.cwd()
     try:
         for block in blocks:
-            os.chdir(slotgate_runs[block.doc][0])  # the block's relative paths are the CLI's
+            doc_runs.assert_ran(block.doc)
+            os.chdir(doc_runs.folder(block.doc))  # the block's relative paths are the CLI's
             config = merged(base, yaml.safe_load(block.text))
             (tmp_path / "slotgate.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
             settings = load_settings(tmp_path / "slotgate.yaml")
@@ -342,13 +370,14 @@ def ask_intent(url: str, text: str, intents: list[str]) -> None:
 
 @pytest.mark.long
 def test_the_shadow_recipe_tunes_the_policy_the_server_reloads(
-        tmp_path: Path, data_dir: Path) -> None:
+        tmp_path: Path, data_dirs: dict[str, Path]) -> None:
     """docs/calibration.md's cold start, as it says: `make serve`'s fast model and config with no
     policy yet, `SLOTGATE_POLICY__SHADOW=true`, the disagreeing stand-in LLM as the slow model,
     decisions logged; then the recipe's commands, run as written beside the live server, write the
     policy that server reloads (no restart) and routes with."""
     blocks = [b for b in blocks_of("slotgate", SHADOW[0]) if b.heading == SHADOW[1]]
     assert len(blocks) == 1
+    data_dir = data_dirs[SHADOW[0]]
     shutil.copy(ROOT / "slotgate.yaml", tmp_path)
     trained = subprocess.run(  # the Makefile's fast model, on the sampled rows
         [str(Path(sys.executable).parent / "slotgate"), "train", "--data",
