@@ -168,7 +168,7 @@ def sample_csv(source: Path, target: Path, per_class: int, seed: int) -> None:
 
 # Messages per intent in the samples of train.csv and test.csv a document's blocks read:
 # enough for the README's policy to find a threshold; fewer for a document that only shows commands.
-SAMPLES = {"README.md": (20, 6), "docs/cascade.md": (10, 4)}
+SAMPLES = {"README.md": (20, 6), "docs/cascade.md": (6, 2), "docs/calibration.md": (6, 3)}
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +360,14 @@ def test_merged_edits_section_by_section() -> None:
         "policy": {"default": "banking77", "files": ["p.json"]}, "tiers": []}
 
 
+# What `make serve` builds into var/ (the Makefile's var/policy.json recipe), as `slotgate` arguments.
+MAKE_SERVE_ARTIFACTS = [
+    ("train --data {data}/train.csv --label-column category --question intent "
+     "--out var/banking77-tfidf.joblib --cv 5 --oof-out var/banking77-oof.jsonl --seed 0"),
+    ("tune --preds var/banking77-oof.jsonl --model var/banking77-tfidf.joblib "
+     "--out var/policy.json --target-accuracy 0.95 --name banking77")]
+
+
 def ask_intent(url: str, text: str, intents: list[str]) -> None:
     response = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
         "model": "any", "messages": [{"role": "user", "content": text}],
@@ -371,32 +379,34 @@ def ask_intent(url: str, text: str, intents: list[str]) -> None:
 @pytest.mark.long
 def test_the_shadow_recipe_tunes_the_policy_the_server_reloads(
         tmp_path: Path, data_dirs: dict[str, Path]) -> None:
-    """docs/calibration.md's cold start, as it says: `make serve`'s fast model and config with no
-    policy yet, `SLOTGATE_POLICY__SHADOW=true`, the disagreeing stand-in LLM as the slow model,
-    decisions logged; then the recipe's commands, run as written beside the live server, write the
-    policy that server reloads (no restart) and routes with."""
+    """docs/calibration.md's shadow recipe, where it says it runs: beside `make serve`'s server
+    (its config and artifacts) in shadow mode, `SLOTGATE_POLICY__SHADOW=true`, with the
+    disagreeing stand-in LLM as the slow model and decisions logged; the recipe's commands, run as
+    written, write the policy that server reloads (no restart) and routes with."""
     blocks = [b for b in blocks_of("slotgate", SHADOW[0]) if b.heading == SHADOW[1]]
     assert len(blocks) == 1
     data_dir = data_dirs[SHADOW[0]]
     shutil.copy(ROOT / "slotgate.yaml", tmp_path)
-    trained = subprocess.run(  # the Makefile's fast model, on the sampled rows
-        [str(Path(sys.executable).parent / "slotgate"), "train", "--data",
-         str(data_dir / "train.csv"), "--label-column", "category", "--question", "intent",
-         "--out", "var/banking77-tfidf.joblib", "--seed", "0"],
-        cwd=tmp_path, env=environment(data_dir), capture_output=True, text=True, timeout=300,
-        check=False)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    (tmp_path / "var").mkdir()
+    slotgate = str(Path(sys.executable).parent / "slotgate")
+    for command in MAKE_SERVE_ARTIFACTS:  # the Makefile's, on the sampled rows
+        built = subprocess.run([slotgate, *shlex.split(command.format(data=data_dir))], cwd=tmp_path,
+                               env=environment(data_dir), capture_output=True, text=True,
+                               timeout=300, check=False)
+        assert built.returncode == 0, (command, built.stderr[-3000:])
     standin = start_standin(chooser=estimator_chooser(train_slow_model(data_dir / "train.csv")))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "slotgate"), "serve"], cwd=tmp_path,
-        env=environment(data_dir) | {
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w", encoding="utf-8") as log_file:
+        server = subprocess.Popen([slotgate, "serve"], cwd=tmp_path, env=environment(data_dir) | {
             "SLOTGATE_POLICY__SHADOW": "true", "SLOTGATE_PORT": str(port),
             "SLOTGATE_SLOW_MODEL": "openai/standin", "SLOTGATE_SLOW_API_BASE": standin.api_base},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=log_file, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_until_up(url, server, path="/readyz")
+        wait_until_up(url, server, path="/readyz", output=log_path.read_text)
+        shadowed = httpx.get(f"{url}/readyz", timeout=10).json()["policies"]
+        assert [(p["name"], p["shadow"]) for p in shadowed] == [("banking77", True)], shadowed
         with (data_dir / "test.csv").open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         intents = sorted({row["category"] for row in rows})
@@ -407,13 +417,14 @@ def test_the_shadow_recipe_tunes_the_policy_the_server_reloads(
         deadline = time.monotonic() + 60
         while True:  # the file watch reloads the policy the recipe wrote
             policies = httpx.get(f"{url}/readyz", timeout=10).json()["policies"]
-            if policies:
+            if [p["policy_id"] for p in policies] != [p["policy_id"] for p in shadowed]:
                 break
             assert time.monotonic() < deadline and server.poll() is None, "no reload"
             time.sleep(0.2)
         assert [(p["name"], p["shadow"]) for p in policies] == [("banking77", False)], policies
     finally:
         server.terminate()
-        log = server.communicate(timeout=30)[0]
+        server.wait(timeout=30)
         standin.stop()
+    log = log_path.read_text(encoding="utf-8")
     assert "refused" not in log, log[-3000:]
