@@ -167,23 +167,29 @@ def sample_csv(source: Path, target: Path, per_class: int, seed: int) -> None:
 
 
 # Messages per intent in the samples of train.csv and test.csv a document's blocks read:
-# enough for the README's policy to find a threshold; fewer for a document that only shows commands.
-SAMPLES = {"README.md": (20, 6), "docs/cascade.md": (6, 2), "docs/calibration.md": (6, 3)}
+# enough for the README's one-tier policy to find a threshold (its client block asks that policy);
+# fewer where the blocks only have to run, as the README's second CLI block (the cascade) does.
+SAMPLES: dict[str | tuple[str, int], tuple[int, int]] = {
+    "README.md": (20, 6), ("README.md", 1): (6, 2), "docs/cascade.md": (6, 2),
+    "docs/calibration.md": (6, 3)}
+
+
+def sample_size(doc: str, index: int | None = None) -> tuple[int, int]:
+    """(train, test) messages per intent for ``doc``'s CLI block number ``index`` (from 0)."""
+    return SAMPLES.get((doc, index) if index is not None else doc) or SAMPLES.get(
+        doc, SAMPLES["README.md"])
 
 
 @pytest.fixture(scope="module")
-def data_dirs(tmp_path_factory: pytest.TempPathFactory, banking77_dir: Path) -> dict[str, Path]:
-    """Seeded samples of BANKING77's train.csv and test.csv (``SAMPLES``; what the docs'
-    $SLOTGATE_DATA_DIR names), so the blocks run in seconds: {doc: folder}."""
-    folders: dict[str, Path] = {}
-    for doc in DOCS:
-        train, test = SAMPLES.get(doc, SAMPLES["README.md"])
-        folder = tmp_path_factory.getbasetemp() / f"data-{train}-{test}"
-        if not folder.exists():
-            folder.mkdir()
-            sample_csv(banking77_dir / "train.csv", folder / "train.csv", train, seed=0)
-            sample_csv(banking77_dir / "test.csv", folder / "test.csv", test, seed=1)
-        folders[doc] = folder
+def data_dirs(tmp_path_factory: pytest.TempPathFactory, banking77_dir: Path
+              ) -> dict[tuple[int, int], Path]:
+    """Seeded samples of BANKING77's train.csv and test.csv, one folder per size in ``SAMPLES``
+    (what the docs' $SLOTGATE_DATA_DIR names), so the blocks run in seconds."""
+    folders: dict[tuple[int, int], Path] = {}
+    for train, test in set(SAMPLES.values()):
+        folder = folders[train, test] = tmp_path_factory.mktemp(f"data-{train}-{test}")
+        sample_csv(banking77_dir / "train.csv", folder / "train.csv", train, seed=0)
+        sample_csv(banking77_dir / "test.csv", folder / "test.csv", test, seed=1)
     return folders
 
 
@@ -200,7 +206,8 @@ class DocRuns:
     """Each document's ``slotgate`` blocks (but those with their own environment), run once, in
     order, in a fresh folder per document, when a test first asks for that document."""
 
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory, data_dirs: dict[str, Path]):
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory,
+                 data_dirs: dict[tuple[int, int], Path]):
         self._tmp, self._data = tmp_path_factory, data_dirs
         self._runs: dict[str, tuple[Path, Runs]] = {}
 
@@ -211,8 +218,9 @@ class DocRuns:
         if doc not in self._runs:
             folder = self._tmp.mktemp(Path(doc).stem)
             self._runs[doc] = folder, [
-                (block, run_block(block, folder, self._data[doc]))
-                for block in blocks_of("slotgate", doc) if (block.doc, block.heading) != SHADOW]
+                (block, run_block(block, folder, self._data[sample_size(doc, index)]))
+                for index, block in enumerate(blocks_of("slotgate", doc))
+                if (block.doc, block.heading) != SHADOW]
         return self._runs[doc]
 
     def assert_ran(self, doc: str) -> None:
@@ -224,7 +232,8 @@ class DocRuns:
 
 
 @pytest.fixture(scope="module")
-def doc_runs(tmp_path_factory: pytest.TempPathFactory, data_dirs: dict[str, Path]) -> DocRuns:
+def doc_runs(tmp_path_factory: pytest.TempPathFactory,
+             data_dirs: dict[tuple[int, int], Path]) -> DocRuns:
     return DocRuns(tmp_path_factory, data_dirs)
 
 
@@ -254,7 +263,7 @@ def test_slotgate_blocks_write_only_where_git_ignores(doc_runs: DocRuns, doc: st
 
 @pytest.mark.long
 def test_client_blocks_run_against_a_served_slotgate(
-    data_dirs: dict[str, Path], standin: StandinHandle, doc_runs: DocRuns,
+    data_dirs: dict[tuple[int, int], Path], standin: StandinHandle, doc_runs: DocRuns,
 ) -> None:
     doc_runs.assert_ran("README.md")
     workdir = doc_runs.folder("README.md")
@@ -277,7 +286,7 @@ def test_client_blocks_run_against_a_served_slotgate(
             code = block.text.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
             # $SLOTGATE_DATA_DIR: the data the CLI block trained on (the intents it learnt).
             result = subprocess.run([sys.executable, "-c", code], cwd=workdir,
-                                    env=environment(data_dirs["README.md"]),
+                                    env=environment(data_dirs[sample_size("README.md", 0)]),
                                     capture_output=True, text=True, timeout=120, check=False)
             assert result.returncode == 0, (block.doc, block.heading, result.stderr[-3000:])
             assert result.stdout.strip(), block.heading
@@ -378,14 +387,14 @@ def ask_intent(url: str, text: str, intents: list[str]) -> None:
 
 @pytest.mark.long
 def test_the_shadow_recipe_tunes_the_policy_the_server_reloads(
-        tmp_path: Path, data_dirs: dict[str, Path]) -> None:
+        tmp_path: Path, data_dirs: dict[tuple[int, int], Path]) -> None:
     """docs/calibration.md's shadow recipe, where it says it runs: beside `make serve`'s server
     (its config and artifacts) in shadow mode, `SLOTGATE_POLICY__SHADOW=true`, with the
     disagreeing stand-in LLM as the slow model and decisions logged; the recipe's commands, run as
     written, write the policy that server reloads (no restart) and routes with."""
     blocks = [b for b in blocks_of("slotgate", SHADOW[0]) if b.heading == SHADOW[1]]
     assert len(blocks) == 1
-    data_dir = data_dirs[SHADOW[0]]
+    data_dir = data_dirs[sample_size(SHADOW[0])]
     shutil.copy(ROOT / "slotgate.yaml", tmp_path)
     (tmp_path / "var").mkdir()
     slotgate = str(Path(sys.executable).parent / "slotgate")
