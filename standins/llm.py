@@ -2,7 +2,8 @@
 ``response_format`` with string enums) with a scikit-learn model's choice or a fixed rule, echoes
 plain chats (streamed too), records every call and fails on command.
 
-Run it:  python -m standins.llm --port 8090 [--model MODEL.joblib]
+Run it:  python -m standins.llm --port 8090 [--model MODEL.joblib | --train TRAIN.csv]
+         (--train: standins/slow_model.py, a model that disagrees with the fast tier)
 Routes:  POST /v1/chat/completions, GET /v1/models,
          GET /calls (every recorded call), DELETE /calls,
          GET|POST /control  {"mode": "ok"|"fail500"|"stall"|"ratelimit"|"malformed"|"wrong_option"
@@ -50,7 +51,6 @@ def model_chooser(model_path: Path) -> Chooser:
     ``predict_proba`` and ``classes_`` over option names. Its choice is restricted to the
     request's options; when none of them is a class it knows, the rule decides."""
     import joblib
-    import numpy as np
 
     artifact = joblib.load(model_path)
     if isinstance(artifact, dict) and artifact.get("format") == "slotgate/text-model":
@@ -59,7 +59,14 @@ def model_chooser(model_path: Path) -> Chooser:
         artifact = load_text_model(Path(model_path)).pipeline  # checked: format, version, labels
     elif isinstance(artifact, dict):
         artifact = next(artifact[k] for k in ("pipeline", "model", "estimator") if k in artifact)
-    estimator: Any = artifact
+    return estimator_chooser(artifact)
+
+
+def estimator_chooser(estimator: Any) -> Chooser:
+    """A chooser backed by a fitted classifier with ``predict_proba`` and ``classes_`` over
+    option names, restricted to the request's options (none it knows: the rule decides)."""
+    import numpy as np
+
     classes = [str(c) for c in estimator.classes_]
 
     def choose(text: str, options: Sequence[str]) -> str:
@@ -319,12 +326,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
-    parser.add_argument("--model", type=Path, default=None,
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--model", type=Path, default=None,
                         help="joblib'd scikit-learn classifier over option names (default: a rule)")
+    choice.add_argument("--train", type=Path, default=None, metavar="CSV",
+                        help="fit the disagreeing stand-in (standins/slow_model.py) on a seeded "
+                             "half of this CSV's text,category rows")
     args = parser.parse_args(argv)
-    state = StandinState(chooser=model_chooser(args.model) if args.model else rule_chooser)
-    print(f"stand-in LLM on http://{args.host}:{args.port}/v1 "
-          f"({'model ' + str(args.model) if args.model else 'rule: option named in the text'})")
+    if args.train:
+        from standins.slow_model import train_slow_model
+
+        print(f"stand-in LLM: fitting on half of {args.train} (about 10 s)", flush=True)
+        chooser, what = estimator_chooser(train_slow_model(args.train)), f"fit on {args.train}"
+    elif args.model:
+        chooser, what = model_chooser(args.model), f"model {args.model}"
+    else:
+        chooser, what = rule_chooser, "rule: option named in the text"
+    state = StandinState(chooser=chooser)
+    print(f"stand-in LLM on http://{args.host}:{args.port}/v1 ({what})", flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
 
 

@@ -58,13 +58,17 @@ def create_app(
     cache: ReadCache | None = None,
     decision_log: DecisionLogPart | None = None,
     close_backend: bool = False,
+    warm_up: bool | None = None,
 ) -> FastAPI:
     """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
     are and left open at shutdown; parts the app builds itself, it closes. ``tiers``: the later
     fast tiers' backends by name (default: built from ``settings.tiers``). ``close_backend``:
     the backends passed in are the app's to close (``slotgate serve`` builds them before
     uvicorn starts, so that a bad model file is one message and exit 2, not a lifespan
-    traceback)."""
+    traceback). ``warm_up``: every fast tier reads once at start-up, and /readyz says not ready
+    until each has (router/http/startup.py); default: when the app owns its backends (it builds
+    them, or ``close_backend``), as under ``slotgate serve``."""
+    warm = warm_up if warm_up is not None else backend is None or close_backend
     state = AppState(settings=settings, metrics=Metrics(),
                      decision_log_path=settings.log.decision_log_path if decision_log is None
                      else None)
@@ -82,6 +86,7 @@ def create_app(
                 settings, stack, backend=backend, tiers=tiers, slow=slow, cache=cache,
                 decision_log=decision_log, metrics=state.metrics)
             state.started(service, feedback)
+            warming = await _warm_up(state, service) if warm else None
             from router.routing.reload import live_reload  # SIGHUP and policy file changes
 
             await stack.enter_async_context(
@@ -104,8 +109,9 @@ def create_app(
             refreeze = asyncio.create_task(freeze_after_warm_up(warmed_up)) if isinstance(
                 warmed_up, threading.Event) and not warmed_up.is_set() else None
             yield
-            if refreeze is not None:
-                refreeze.cancel()
+            for task in (refreeze, warming):
+                if task is not None:
+                    task.cancel()
             if not await service.drain(timeout_s=SHUTDOWN_DRAIN_S):
                 log.warning("shutdown with decisions still in flight after %.0f s",
                             SHUTDOWN_DRAIN_S)
@@ -131,6 +137,18 @@ def create_app(
         rate_limit=rate_limit,
     )
     return app
+
+
+async def _warm_up(state: AppState, service: RoutingService) -> asyncio.Task[None] | None:
+    """Every tier's first read, waited for up to ``WARM_UP_GRACE_S``; a slower one goes on in
+    the background (the task returned) while /readyz answers 503."""
+    from router.http.startup import WARM_UP_GRACE_S, WarmUp, warm_up_request
+
+    state.warm_up = WarmUp({name: tier.backend for name, tier in service.tiers.items()})
+    request = warm_up_request([p.file for p in service.registry.loaded()])
+    task = asyncio.create_task(state.warm_up.run(request))
+    done, _ = await asyncio.wait({task}, timeout=WARM_UP_GRACE_S)
+    return None if done else task
 
 
 async def _build_service(

@@ -1,13 +1,14 @@
 """Operational routes: liveness (``/healthz``), readiness (``/readyz``) and Prometheus metrics
 (``/metrics``).
 
-Readiness is "this replica can answer decisions": the fast backend answers and the decision log
-is writable (its file's permissions, and the log's own account of its writes: a full disk shows
-only when a write fails, so while it fails each probe has the log try again, at most once a
-second, and a replica out of rotation sees the space come back; ``decision_log`` in the body then
-says why, and how much is kept in memory meanwhile). What the fast backend serves with (its
-kernels, and any fallback to slower ones: ``fast_backend``, ``slotgate_fast_backend_fallbacks``)
-is reported, never a readiness condition.
+Readiness is "this replica can answer decisions": the fast backend answers, every fast tier has
+made its first read (the start-up warm-up; ``warm`` in the body names those still pending), and
+the decision log is writable (its file's permissions, and the log's own account of its writes: a
+full disk shows only when a write fails, so while it fails each probe has the log try again, at
+most once a second, and a replica out of rotation sees the space come back; ``decision_log`` in
+the body then says why, and how much is kept in memory meanwhile). What the fast backend serves
+with (its kernels, and any fallback to slower ones: ``fast_backend``,
+``slotgate_fast_backend_fallbacks``) is reported, never a readiness condition.
 Redis is a cache: while it is down or hung decisions are still answered (uncached),
 so it is reported (body, ``slotgate_redis_up``, a log line when it changes) but takes the replica
 out only with ``cache.required: true``; otherwise a Redis outage would take every replica of a
@@ -53,6 +54,11 @@ def make_router() -> APIRouter:
                 records, size = getattr(state.feedback, "spooled", (0, 0))
                 body["decision_log"] = {"failing": failing, "spooled_records": records,
                                         "spooled_bytes": size}
+        if state.warm_up is not None:  # every tier has made its first read (start-up warm-up)
+            warming = state.warm_up.pending
+            checks["warm"] = not warming
+            if warming:
+                body["warm"] = {"pending": warming}
         required = sorted(checks)
         serving = _fast_backend_seen(state)
         if serving:  # reported, never a readiness condition: a fallback still serves

@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from router.http.startup import WarmUp
 from router.routing.ports import FeedbackStore, SlowModel
 from router.routing.service import RoutingService
 from router.settings import Settings
@@ -25,6 +26,7 @@ class AppState:
     # The decision log file the app writes (None: a log injected by a test): /readyz checks it.
     decision_log_path: Path | None = None
     redis_up: bool | None = None  # what /readyz last saw of a configured Redis (None: not yet)
+    warm_up: WarmUp | None = None  # the tiers' first reads at start-up (None: none made)
     _service: RoutingService | None = None
     _feedback: FeedbackStore | None = None
 

@@ -33,6 +33,23 @@ def feedback_view(decision_id: str, options: Sequence[str], answer: str | None,
                         escalated=bool(facts.get("escalated")))
 
 
+def labelable(decision: DecisionView | None, namespace: str, *, trusted: bool
+              ) -> DecisionView | None:
+    """The decision a ``/v1/feedback`` caller may label: a trusted key any decision in the log,
+    any other key only the decisions of its own namespace (another tenant's ids are as unknown to
+    it as ids that never existed)."""
+    if decision is None or not (trusted or decision.namespace == namespace):
+        return None
+    return decision
+
+
+def unknown_decision_text(decision_id: str, *, trusted: bool) -> str:
+    """What a ``/v1/feedback`` 404 says, true for the caller's role: a trusted key sees the
+    whole log, any other key only its own decisions."""
+    where = "in the log" if trusted else "among this API key's decisions"
+    return f"decision_id: no decision {decision_id!r} {where}"
+
+
 class DecisionIndex:
     """Recent decisions by id, oldest evicted first once there are more than ``max_entries`` or
     they take more than ``max_bytes``. Option lists are stored once per distinct list (a question

@@ -25,6 +25,7 @@ from router.http.state import app_state, namespace
 from router.http.text_guard import lone_surrogate_field, surrogate_message
 from router.routing.ports import Label, SlowModel
 from router.routing.stages import answer_stages
+from router.store.decision_index import labelable, unknown_decision_text
 
 
 class FeedbackRequest(BaseModel):
@@ -78,10 +79,10 @@ def make_router() -> APIRouter:
         if role == "refused":
             raise Forbidden("authorization: this API key may not label decisions "
                             "(feedback.roles)", field="authorization")
-        decision = await state.feedback.get(body.decision_id)
-        # Another tenant's decision ids are as unknown to this caller as ids that never existed.
-        if decision is None or decision.namespace != caller:
-            raise UnknownDecision(f"decision_id: no decision {body.decision_id!r} in the log",
+        trusted = role == "trusted"
+        decision = labelable(await state.feedback.get(body.decision_id), caller, trusted=trusted)
+        if decision is None:
+            raise UnknownDecision(unknown_decision_text(body.decision_id, trusted=trusted),
                                   field="decision_id")
         if body.label not in decision.options:
             raise InvalidRequest(

@@ -74,8 +74,9 @@ async def slotgate(standin: SystemOneStandin, slow: ScriptedSlow, *, threshold: 
     settings = Settings.model_validate(
         {"policy": {"fallback_threshold": threshold, "shadow": shadow},
          "cache": {"redis_url": redis_url}})
+    # No start-up warm-up read: these tests count the requests the server gets.
     app = create_app(settings, backend=SystemOneBackend(standin.url, options), slow=slow,
-                     decision_log=log or MemoryLog(), close_backend=True)
+                     decision_log=log or MemoryLog(), close_backend=True, warm_up=False)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://slotgate"
     ) as client:
