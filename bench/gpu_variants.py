@@ -79,7 +79,7 @@ def attention_micro(args: argparse.Namespace, reader: DiffusionSlotReader, devic
     from router.backends.torch.model.inputs import FAR
 
     dtype = next(reader.model.parameters()).dtype
-    config = reader.text_config
+    config = reader.model.config.get_text_config()
     n_queries = args.batch * (args.width + args.canvas)
     softmax = torch.compile(band_softmax, dynamic=True) if device.type == "cuda" else band_softmax
     out: dict[str, Any] = {"queries": n_queries}

@@ -34,7 +34,7 @@ def evaluate(policy: Policy, options: tuple[str, ...], proba: FloatArray | Seque
     correct = answers == y_true
     n, n_accepted = len(y_true), int(accepted.sum())
     n_accepted_correct = int(correct[accepted].sum())
-    metrics = {
+    metrics: dict[str, Any] = {
         "n": n,
         "n_accepted": n_accepted,
         "n_novel": int((y_true == NOVEL_LABEL).sum()),

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 from calibration.calibrators import make_calibrator
 from calibration.risk import budget_threshold, guaranteed_threshold
-from policies.answer_floor import AnswerBar, per_answer_bars
+from policies.answer_floor import per_answer_bars
 from policies.rules import BudgetRule, Rule, ThresholdRule
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def _choose(policy: Any, params: PolicyOptions) -> Rule:
     policy.risk_ = guaranteed_threshold(policy.confidence_, policy.correct_,
                                         target_accuracy=params.target_accuracy,
                                         delta=params.delta)
-    policy.answer_bars_: list[AnswerBar] | None = None
+    policy.answer_bars_ = None
     bars_rule = ThresholdRule(policy.risk_.threshold)
     if params.per_answer_floor is not None:
         policy.answer_bars_ = per_answer_bars(

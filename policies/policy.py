@@ -88,7 +88,7 @@ class Judged:
 
     @property
     def escalated(self) -> NDArray[np.bool_]:
-        return self.answered == self.accepted.shape[1]
+        return np.asarray(self.answered == self.accepted.shape[1], dtype=bool)
 
     @property
     def answer(self) -> NDArray[np.int64]:
@@ -125,6 +125,29 @@ class Policy:
     options_: tuple[str, ...] | None = None
     slow_cost_: float | None = None
     tiers_: tuple[Tier, ...]
+    # What ``fit`` learns (``policies.fitting`` writes them), declared for the type checker.
+    params_: PolicyOptions
+    n_calibration_: int
+    n_tune_: int
+    n_folds_: int | None
+    confidence_: FloatArray
+    coverage_: float
+    escalation_rate_: float
+    calibrator_: Calibrator
+    rule_: Rule
+    risk_: Any
+    answer_bars_: list[Any] | None
+    proba_before_: FloatArray
+    proba_after_: FloatArray
+    y_true_: NDArray[np.int64]
+    answers_: NDArray[np.int64]
+    correct_: NDArray[np.bool_]
+    accepted_: NDArray[np.bool_]
+    budget_threshold_: float | None
+    budget_exceeded_: bool
+    thresholds_: Any
+    tier_confidence_: FloatArray
+    answered_: NDArray[np.int64]
 
     def __init__(self, **params: Any) -> None:
         self.params = params
@@ -271,7 +294,7 @@ class Policy:
         if isinstance(tier.rule, ThresholdRule):
             bars = np.array([np.inf if (bar := tier.rule.bar(name)) is None else bar
                              for name in self.options_])
-            return confidence >= bars[answers]
+            return np.asarray(confidence >= bars[answers], dtype=bool)
         window = self.escalation_window() if k == 0 else None
         out = np.zeros(len(answers), dtype=bool)
         for i, (answer, row) in enumerate(zip(answers, calibrated, strict=True)):
@@ -346,6 +369,7 @@ class Policy:
             self.tiers_ = (_with_fingerprint(self.tiers_[0], backend_fingerprint),)
         signature = (logged_signature if question is None
                      else scope_signature(self.options_, question))
+        assert signature is not None  # one of the two, checked above
         return policy_file(self, signature=signature, content={
             "name": name, "data_hash": data_hash, "guarantee": guarantee, "shadow": shadow,
             "audit_rate": audit_rate, "alarm_alpha": alarm_alpha, **watch,

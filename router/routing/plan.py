@@ -223,16 +223,17 @@ def receipt(the_plan: Plan, route: Route, promise: Promise | None, *, tier: str 
     if promise is None:
         return Receipt(guarantee=None, answered_by=answered_by, why=(
             "unscoped: no loaded policy covers this question, so nothing is promised"))
-    facts = {"target_accuracy": promise.target_accuracy, "delta": promise.delta,
-             "policy_digest": promise.digest, "question": promise.question, "watch": watch}
     if served_fast and promise.guarantee is not None:
         what = ("agree with the slow model" if promise.guarantee == "agreement_with_slow"
                 else "are right")
-        return Receipt(guarantee=promise.guarantee, answered_by=answered_by, why=(
-            f"accepted by policy {promise.policy_id}: at least {promise.target_accuracy:g} of "
-            f"the answers it accepts {what}, with probability {1 - promise.delta:g}"), **facts)
-    return Receipt(guarantee=None, answered_by=answered_by,
-                   why=_why_none(the_plan, route, promise), **facts)
+        guarantee: str | None = promise.guarantee
+        why = (f"accepted by policy {promise.policy_id}: at least {promise.target_accuracy:g} "
+               f"of the answers it accepts {what}, with probability {1 - promise.delta:g}")
+    else:
+        guarantee, why = None, _why_none(the_plan, route, promise)
+    return Receipt(guarantee=guarantee, answered_by=answered_by, why=why,
+                   target_accuracy=promise.target_accuracy, delta=promise.delta,
+                   policy_digest=promise.digest, question=promise.question, watch=watch)
 
 
 def _why_none(the_plan: Plan, route: Route, promise: Promise) -> str:
