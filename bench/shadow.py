@@ -145,7 +145,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "policy": {k: getattr(policy, k) for k in ("guarantee", "threshold", "bound", "coverage",
                                                    "n_tune", "n_calibration", "shadow")},
         "reload_s": round(reload_s, 3),
-        "guarantee_after": sorted({str(r["guarantee"]) for r in after_replies}),
+        # The guarantee the accepted fast answers carry; the slow model's answers carry none.
+        "guarantee_after": sorted({str(r["guarantee"]) for r in after_replies
+                                   if not r["escalated"]}),
+        "guarantee_escalated": sorted({str(r["guarantee"]) for r in after_replies
+                                       if r["escalated"]}),
         "agreement_after": sum(agree) / len(agree) if agree else None,
         "fast_share_after": len(accepted) / len(after) if after else None,
         "slow_calls_after": slow_calls_after,

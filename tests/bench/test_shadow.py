@@ -24,6 +24,7 @@ def test_cold_start_tunes_on_the_slow_model_and_keeps_its_promise(
     assert policy["threshold"] is not None and 0.0 < policy["threshold"] < 1.0
     assert policy["bound"] >= 0.95 and 0.0 < policy["coverage"] <= 1.0
     assert result["guarantee_after"] == ["agreement_with_slow"]
+    assert result["guarantee_escalated"] in ([], ["None"])  # the slow model's: no guarantee
     # After the switch: what was not accepted went to the slow model, and nothing else did.
     accepted = round(result["fast_share_after"] * 200)
     assert 0 < accepted <= 200 and result["slow_calls_after"] == 200 - accepted

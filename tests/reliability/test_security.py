@@ -31,7 +31,7 @@ from tests.reliability.conftest import (
 
 KEY_A, KEY_B = "client-key-A-7f3c", "client-key-B-19ad"
 HASHES = [hashlib.sha256(k.encode()).hexdigest() for k in (KEY_A, KEY_B)]
-KEY_RE = re.compile(r"^slotgate:v1:(?:[A-Za-z0-9_.-]{1,64}:(?:read|slow):[0-9a-f]{64}"
+KEY_RE = re.compile(r"^slotgate:v1:(?:[A-Za-z0-9_.-]{1,64}:(?:read:[0-9a-f]{16}|slow):[0-9a-f]{64}"
                     r"|log|log:(?:decision|options):[0-9a-f]{64}|log:replica:[0-9a-f]{32})$")
 
 

@@ -32,7 +32,7 @@ def test_readyz_is_503_until_every_tier_has_read_once(tmp_path: Path) -> None:
         reads.append(("deep", request.state))
         return [0.5, 0.5]
 
-    settings = Settings(tiers=[{"name": "deep", "kind": "mock"}],
+    settings = Settings(tiers=[{"name": "fast", "kind": "mock"}, {"name": "deep", "kind": "mock"}],
                         log={"decision_log_path": tmp_path / "decisions.jsonl"})
     server = LiveServer(settings, backend=MockBackend(cold_first),
                         tiers={"deep": MockBackend(deep, label="deep")}, warm_up=True)
