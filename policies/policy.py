@@ -244,10 +244,6 @@ class Policy:
         step = self.step(0, scores, escalations=escalations)
         return step.verdict, step.calibrated
 
-    def decide_tier(self, k: int, scores: OptionScores) -> tuple[Verdict, list[float]]:
-        step = self.step(k, scores)
-        return step.verdict, step.calibrated
-
     def calibrate(self, scores: OptionScores) -> list[float]:
         return self.tiers_[0].calibrate(scores.proba)
 

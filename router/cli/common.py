@@ -99,12 +99,14 @@ def progress() -> Iterator[Callable[[str, int, int], None]]:
 
 
 def single(values: list[str | None], what: str, path: Path) -> str | None:
-    """The one value all rows share (None if no row has one); mixed values are bad input."""
-    distinct = {v for v in values if v is not None}
-    if len(distinct) > 1:
-        fail(f"{path}: field {what!r}: rows carry {len(distinct)} different values "
-             "(predictions of different backends or questions in one file)")
-    return distinct.pop() if distinct else None
+    """The one value all rows share (None if no row has one); mixed values exit 2
+    (``router.tuning.tune.one_value``)."""
+    from router.tuning.tune import TuneError, one_value
+
+    try:
+        return one_value(values, what, path)
+    except TuneError as exc:
+        fail(str(exc))
 
 
 def load_preds(path: Path, *, labelled: bool) -> Predictions:
@@ -197,16 +199,6 @@ def question_of(question: str | None, *, instructions: str = "", context: str = 
                               kind=kind)  # type: ignore[arg-type]  # checked above
     except ValueError as exc:
         fail(f"--question: {exc}")
-
-
-def tuned_question(data: Predictions, named: Question | None) -> Question | None:
-    """The question a policy tuned on ``data`` answers: the one its rows record, or the one the
-    flags name; both, they must agree."""
-    recorded = data.question
-    if named is not None and recorded is not None and named != recorded:
-        fail(f"--question: {data.path} answers question {recorded.describe()}, not "
-             f"{named.describe()}; a policy is tuned on rows of its own question")
-    return named or recorded
 
 
 def question_mismatches(path: Path, data: Predictions, tuned: PolicyFile, *, policy: str,

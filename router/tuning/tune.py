@@ -82,7 +82,7 @@ def tune_policy(data: list[Predictions], request: TuneRequest) -> Tuned:
     try:
         fitter.fit([read.proba[rows] for read in data], first.y_true[rows],
                    options=first.options, folds=folds, tiers=tiers, slow_cost=slow_cost,
-                   fingerprints=[_one(read.fingerprints, "fingerprint", read.path) or "unknown"
+                   fingerprints=[one_value(read.fingerprints, "fingerprint", read.path) or "unknown"
                                  for read in data])
     except ValueError as exc:
         raise TuneError(f"{first.path if len(data) == 1 else '--preds'}: {exc}") from exc
@@ -110,7 +110,7 @@ def _question(data: list[Predictions], named: Question | None
             raise TuneError(f"{read.path}: field 'label': {read.n_novel} rows are labelled with "
                             "none of the options (novel); a policy is tuned on rows of its own "
                             "options only")
-    logged = {_one(read.signatures, "signature", read.path) for read in data} - {None}
+    logged = {one_value(read.signatures, "signature", read.path) for read in data} - {None}
     if len(logged) > 1:
         raise TuneError(f"--preds: the files come from {len(logged)} different logged "
                         "questions (field 'signature'); a cascade's tiers read one question")
@@ -223,7 +223,7 @@ def check_model(data: Predictions, model: Path | None, *, question: Question | N
                         f"not {question.describe()}; it reads no other question")
 
 
-def _one(values: list[str | None], what: str, path: Path) -> str | None:
+def one_value(values: list[str | None], what: str, path: Path) -> str | None:
     """The one value every row carries (None: none does)."""
     distinct = {v for v in values if v is not None}
     if len(distinct) > 1:
