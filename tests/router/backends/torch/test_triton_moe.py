@@ -120,12 +120,20 @@ ALIGNERS = {"torch": triton_moe.align_pairs, "triton": triton_moe.align_pairs_tr
             "triton_16": partial(triton_moe.align_pairs_triton, pairs_a_program=16)}
 
 
-@pytest.mark.parametrize("aligner", list(ALIGNERS))
-@pytest.mark.parametrize("block_m", [4, 16])
-@pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
-@pytest.mark.parametrize("n_tokens", [1, 5, 37])
+KINDS = ("random", "two_experts", "one_expert")
+TOKENS = (1, 5, 37)
+# Every value of each of (tokens, routing kind, aligner, block size) meets every value of each
+# other in at least one case: the nine rows of an orthogonal array of four three-level factors,
+# block size's third level folded onto its first. The full product adds no pair.
+ORTHOGONAL_9 = ((0, 0, 0, 0), (0, 1, 1, 1), (0, 2, 2, 2), (1, 0, 1, 2), (1, 1, 2, 0), (1, 2, 0, 1),
+                (2, 0, 2, 1), (2, 1, 0, 2), (2, 2, 1, 0))
+ALIGNMENT_CASES = [(TOKENS[t], KINDS[k], list(ALIGNERS)[a], (4, 16, 4)[b])
+                   for t, k, a, b in ORTHOGONAL_9]
+
+
+@pytest.mark.parametrize(("n_tokens", "kind", "aligner", "block_m"), ALIGNMENT_CASES)
 def test_alignment_holds_every_pair_once_in_single_expert_blocks(n_tokens: int, kind: str,
-                                                                 block_m: int, aligner: str) -> None:
+                                                                 aligner: str, block_m: int) -> None:
     """Every aligner (``align_pairs``, the torch reference; ``align_pairs_triton``, what the fused
     kernels use, in one program or three kernels): every pair once, blocks of one expert in
     expert order, padding only past each expert's pairs and after the last; the torch one keeps
@@ -174,11 +182,15 @@ def test_triton_alignment_equals_the_torch_one_at_the_real_sizes(block_m: int, a
         assert torch.equal(of[0].sort().values, of[1].sort().values)
 
 
-@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
-@pytest.mark.parametrize("kind", ["random", "two_experts", "one_expert"])
-@pytest.mark.parametrize("n_tokens", [1, 5, 37])
-def test_float32_fused_experts_equal_the_row_copy_experts(n_tokens: int, kind: str,
-                                                          config: str) -> None:
+# Every config with every routing kind; the token counts cycle so that each config and each kind
+# also meets every token count.
+FUSED_CASES = [(config, kind, TOKENS[(c + k) % len(TOKENS)])
+               for c, config in enumerate(CONFIGS) for k, kind in enumerate(KINDS)]
+
+
+@pytest.mark.parametrize(("config", "kind", "n_tokens"), FUSED_CASES)
+def test_float32_fused_experts_equal_the_row_copy_experts(config: str, kind: str,
+                                                          n_tokens: int) -> None:
     # Both multiply in float32 (the row-copy path through its bmm fallback, the kernels with
     # ieee dots) and sum over k in the same order: only the GEMMs' summation order differs.
     experts = experts_module()
