@@ -4,6 +4,7 @@ relayed to the System One server that serves its ``model``, else passed to the s
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -213,9 +214,9 @@ async def _refuse_unknown_while_lists_fail(upstreams: Upstreams | None, model: s
 def _model_of(body: bytes, where: str) -> str:
     """The ``model`` of a relayed body: a JSON object, checked as every body is (credential
     fields, lone surrogates)."""
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
+    try:  # the standard parser, as for every route: orjson refuses a lone surrogate unnamed
+        value = json.loads(body)
+    except ValueError:
         value = None
     if not isinstance(value, dict):
         raise InvalidRequest("body: not a valid JSON object", field="body")

@@ -25,6 +25,7 @@ from standins.systemone_server import SystemOneStandin
 from tests.conftest import free_port
 from tests.live import LiveServer
 from tests.router.backends.standins import small_reader
+from tests.router.http.systemone.test_differences import difference
 
 SLOW_MODEL = "openai/standin"
 CLIENT_KEY = "client-key"
@@ -89,6 +90,8 @@ def test_models_list_names_the_servers_models_beside_slotgates_own(gate: LiveSer
     assert dgemma["slotgate"] == {"route": "passthrough", "tier": "fast"}
     assert listing["slotgate"]["upstreams"] == [{"tier": "fast", "models": ["dgemma"],
                                                  "error": None}]
+    row = difference("`GET /v1/models`")
+    assert "always 200" in row["slotgate"] and row["deliberate"].startswith("yes")
 
 
 def test_a_plain_chat_stream_is_relayed_chunk_by_chunk(
@@ -118,6 +121,7 @@ def test_a_plain_chat_stream_is_relayed_chunk_by_chunk(
                             "chat_template_kwargs": {"enable_thinking": False}}  # as sent
     assert server_one.stats.auth_headers == [f"Bearer {TIER_KEY}"]  # the tier's key, not ours
     assert standin.calls() == []
+    assert "streamed chunk by chunk" in difference("plain chat")["slotgate"]
 
 
 def test_a_plain_chat_comes_back_as_the_server_answered(
@@ -128,6 +132,8 @@ def test_a_plain_chat_comes_back_as_the_server_answered(
     assert raw.parse().choices[0].message.content == "echo: stream these words through please"
     assert raw.headers["x-slotgate-upstream"] == "fast"
     assert "x-slotgate-route" not in raw.headers  # no decision was made
+    assert "content-length" not in raw.headers  # streamed on as it came
+    assert "no `content-length`" in difference("answer headers")["slotgate"]
     fresh.set_mode("fail500", times=1, error_message="engine dead")
     failed = httpx.post(f"{gate.url}/v1/chat/completions",
                         headers={"authorization": f"Bearer {CLIENT_KEY}"},
@@ -177,6 +183,7 @@ def test_other_v1_posts_are_relayed_by_model(gate: LiveServer, fresh: StandinHan
     assert isinstance(error, dict) and error["param"] == "model"
     assert "'gpt-x'" in error["message"] and "['dgemma']" in error["message"]
     assert isinstance(no_model.value.body, dict) and no_model.value.body["param"] == "model"
+    assert "404 naming `model`" in difference("other `/v1/...` POSTs")["slotgate"]
 
 
 def test_admission_still_applies_to_relayed_requests(gate: LiveServer, fresh: StandinHandle) -> None:
@@ -185,7 +192,15 @@ def test_admission_still_applies_to_relayed_requests(gate: LiveServer, fresh: St
         r = httpx.post(f"{gate.url}/v1/chat/completions", headers=headers,
                        json={"model": "dgemma", "messages": CHAT, "stream": True})
         assert r.status_code == 401 and r.json()["error"]["param"] == "authorization"
+    auth = {"authorization": f"Bearer {CLIENT_KEY}"}
+    smuggled = httpx.post(f"{gate.url}/v1/completions", headers=auth,
+                          json={"model": "dgemma", "prompt": "x", "api_base": "http://evil"})
+    surrogate = httpx.post(f"{gate.url}/v1/completions", headers=auth,
+                           content=b'{"model": "dgemma", "prompt": "\\ud800"}')
+    assert (smuggled.status_code, smuggled.json()["error"]["param"]) == (403, "api_base")
+    assert (surrogate.status_code, surrogate.json()["error"]["param"]) == (400, "prompt")
     assert fresh.calls() == []
+    assert "tier's `api_key` sent to the server" in difference("keys and refusals")["slotgate"]
 
 
 def test_the_rate_limit_counts_relayed_requests(
@@ -240,3 +255,29 @@ def test_a_model_list_is_reused_within_its_ttl(gate: LiveServer, fresh: StandinH
     finally:
         fresh.state.served_models = ("dgemma",)
     assert listing["slotgate"]["upstreams"][0]["models"] == ["dgemma"]  # cached, 30 s
+
+
+def test_the_standin_routes_as_the_example_server_does(
+        server_one: SystemOneStandin, fresh: StandinHandle) -> None:
+    """structured_server.py (mmastrac/djev 28b1e26): /v1/models and other POSTs relayed with
+    their status, a body that is not JSON a 400, an unreachable upstream a 503."""
+    schema = json.dumps({"questions": [{"id": "q", "type": "noul"}]})
+    with httpx.Client(base_url=server_one.url,
+                      headers={"authorization": f"Bearer {TIER_KEY}"}) as http:
+        models = http.get("/v1/models")
+        raw = http.post("/v1/raw/chat/completions", json={"model": "dgemma", "messages": CHAT})
+        missing = http.post("/v1/nowhere", json={"model": "dgemma"})
+        structured = http.post("/v1/chat/completions", json={"model": "dgemma", "messages": [
+            {"role": "developer", "content": schema}, {"role": "user", "content": "{}"}]})
+        not_json = http.post("/v1/chat/completions", content=b"{")
+    assert [m["id"] for m in models.json()["data"]] == ["dgemma"]
+    assert raw.json()["choices"][0]["message"]["content"].startswith("echo: ")
+    assert missing.status_code == 404  # vLLM's own 404, relayed
+    assert structured.status_code == 400 and "/v1/systemone only" in structured.text
+    assert not_json.status_code == 400 and "invalid body" in not_json.text
+    dead = SystemOneStandin(reader=server_one.reader, upstream=f"http://127.0.0.1:{free_port()}")
+    with dead, httpx.Client(base_url=dead.url) as http:
+        down = http.get("/v1/models")
+        chat = http.post("/v1/chat/completions", json={"model": "dgemma", "messages": CHAT})
+    assert (down.status_code, chat.status_code) == (503, 503)
+    assert down.json()["error"]["message"].startswith("upstream unavailable: ")
