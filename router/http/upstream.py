@@ -20,13 +20,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from router.errors import InvalidRequest, PassthroughTimeout, PassthroughUnavailable
 from router.routing.backpressure import ConcurrencyLimit
@@ -138,10 +139,11 @@ class UpstreamServer:
         stack.push_async_callback(response.aclose)
         headers = {k: v for k in RELAYED_HEADERS if (v := response.headers.get(k)) is not None}
         headers["x-slotgate-upstream"] = self.tier
-        return StreamingResponse(self._body(response, stack), status_code=response.status_code,
-                                 headers=headers)
+        return _Relayed(self._body(response, stack), status_code=response.status_code,
+                        headers=headers)
 
-    async def _body(self, response: httpx.Response, stack: AsyncExitStack) -> AsyncIterator[bytes]:
+    async def _body(self, response: httpx.Response,
+                    stack: AsyncExitStack) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
@@ -157,6 +159,22 @@ class UpstreamServer:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class _Relayed(StreamingResponse):
+    """A relayed answer whose body is closed as soon as sending ends, however it ends: a client
+    that left releases the upstream connection and the concurrency slot then, not whenever the
+    abandoned generator is collected."""
+
+    def __init__(self, body: AsyncGenerator[bytes, None], **kwargs: Any) -> None:
+        super().__init__(body, **kwargs)
+        self._generator = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._generator.aclose()
 
 
 class Upstreams:
