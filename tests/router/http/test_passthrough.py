@@ -281,3 +281,20 @@ def test_the_standin_routes_as_the_example_server_does(
         chat = http.post("/v1/chat/completions", json={"model": "dgemma", "messages": CHAT})
     assert (down.status_code, chat.status_code) == (503, 503)
     assert down.json()["error"]["message"].startswith("upstream unavailable: ")
+
+
+def test_a_stream_that_breaks_on_the_way_ends_with_an_error_event(
+        vllm: StandinHandle, standin: StandinHandle, tmp_path: Path) -> None:
+    """The tier's server here is the OpenAI-compatible stand-in itself (it lists ``dgemma``),
+    which cuts the stream after two chunks: slotgate's read of it breaks midway."""
+    vllm.reset()
+    vllm.set_mode("cut", times=1)
+    with LiveServer(settings(standin, tmp_path, fast_url=vllm.url),
+                    backend=MockBackend(lambda r: [1.0] + [0.0] * (len(r.options) - 1))) as live, \
+            httpx.stream("POST", f"{live.url}/v1/chat/completions",
+                         json={"model": "dgemma", "messages": CHAT, "stream": True}) as r:
+        events = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and len(events) == 3
+    last = json.loads(events[-1].removeprefix("data: "))
+    assert last["error"]["type"] == "upstream_error" and "tier 'fast'" in last["error"]["message"]
+    assert "data: [DONE]" not in events
