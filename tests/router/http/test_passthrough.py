@@ -298,3 +298,17 @@ def test_a_stream_that_breaks_on_the_way_ends_with_an_error_event(
     last = json.loads(events[-1].removeprefix("data: "))
     assert last["error"]["type"] == "upstream_error" and "tier 'fast'" in last["error"]["message"]
     assert "data: [DONE]" not in events
+
+
+def test_passthrough_off_leaves_every_name_to_the_slow_path(
+        server_one: SystemOneStandin, fresh: StandinHandle, standin: StandinHandle,
+        tmp_path: Path) -> None:
+    with LiveServer(settings(standin, tmp_path, fast_url=server_one.url,
+                             passthrough={"enabled": False}),
+                    backend=SystemOneBackend(server_one.url, api_key=TIER_KEY)) as live:
+        chat = httpx.post(f"{live.url}/v1/chat/completions",
+                          json={"model": "dgemma", "messages": CHAT})
+        listing = httpx.get(f"{live.url}/v1/models").json()
+    assert chat.status_code == 403 and chat.json()["error"]["param"] == "model"  # not allowed
+    assert "slotgate" not in listing and "dgemma" not in [m["id"] for m in listing["data"]]
+    assert fresh.calls() == []
