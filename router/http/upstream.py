@@ -122,25 +122,30 @@ class UpstreamServer:
         concurrency slot is held until the answer's last byte (or the client leaves)."""
         stack = AsyncExitStack()
         await stack.enter_async_context(self._limit.acquire())
+        try:  # a failure or a cancellation (the client left) gives the slot back
+            response = await self._send(path, body, content_type)
+        except BaseException:
+            await stack.aclose()
+            raise
+        stack.push_async_callback(response.aclose)
+        headers = {k: v for k in RELAYED_HEADERS if (v := response.headers.get(k)) is not None}
+        headers["x-slotgate-upstream"] = self.tier
+        return _Relayed(self._body(response, stack), stack, status_code=response.status_code,
+                        headers=headers)
+
+    async def _send(self, path: str, body: bytes, content_type: str) -> httpx.Response:
         request = self._client.build_request(
             "POST", path, content=body, headers={"content-type": content_type})
         try:
-            response = await self._client.send(request, stream=True)
+            return await self._client.send(request, stream=True)
         except httpx.TimeoutException as exc:
-            await stack.aclose()
             raise PassthroughTimeout(
                 f"the System One server of tier {self.tier!r} did not answer {path} within "
                 f"passthrough.timeout_s ({self.settings.timeout_s:g} s)") from exc
         except httpx.HTTPError as exc:
-            await stack.aclose()
             raise PassthroughUnavailable(
                 f"the System One server of tier {self.tier!r} could not be reached for {path}: "
                 f"{type(exc).__name__}") from exc
-        stack.push_async_callback(response.aclose)
-        headers = {k: v for k in RELAYED_HEADERS if (v := response.headers.get(k)) is not None}
-        headers["x-slotgate-upstream"] = self.tier
-        return _Relayed(self._body(response, stack), status_code=response.status_code,
-                        headers=headers)
 
     async def _body(self, response: httpx.Response,
                     stack: AsyncExitStack) -> AsyncGenerator[bytes, None]:
@@ -162,19 +167,23 @@ class UpstreamServer:
 
 
 class _Relayed(StreamingResponse):
-    """A relayed answer whose body is closed as soon as sending ends, however it ends: a client
-    that left releases the upstream connection and the concurrency slot then, not whenever the
-    abandoned generator is collected."""
+    """A relayed answer whose upstream response and concurrency slot are released as soon as
+    sending ends, however it ends: a client that left frees them then, not whenever the abandoned
+    body is collected (and also when it left before the body was first read, which closing the
+    body alone would not cover: an unstarted generator runs no ``finally``)."""
 
-    def __init__(self, body: AsyncGenerator[bytes, None], **kwargs: Any) -> None:
+    def __init__(self, body: AsyncGenerator[bytes, None], held: AsyncExitStack,
+                 **kwargs: Any) -> None:
         super().__init__(body, **kwargs)
         self._generator = body
+        self._held = held
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._generator.aclose()
+            await self._held.aclose()  # a no-op when the body's own finally released it
 
 
 class Upstreams:

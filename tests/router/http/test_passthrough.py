@@ -312,3 +312,27 @@ def test_passthrough_off_leaves_every_name_to_the_slow_path(
     assert chat.status_code == 403 and chat.json()["error"]["param"] == "model"  # not allowed
     assert "slotgate" not in listing and "dgemma" not in [m["id"] for m in listing["data"]]
     assert fresh.calls() == []
+
+
+def test_a_client_that_leaves_midstream_gives_its_slot_back(
+        server_one: SystemOneStandin, fresh: StandinHandle, standin: StandinHandle,
+        tmp_path: Path) -> None:
+    """One relayed call at a time: the next one is served (it would wait forever on a slot the
+    client that left still held)."""
+    held = threading.Event()
+    fresh.state.last_chunk_gate = held
+    try:
+        with LiveServer(settings(standin, tmp_path, fast_url=server_one.url,
+                                 passthrough={"max_concurrency": 1}),
+                        backend=SystemOneBackend(server_one.url, api_key=TIER_KEY)) as live:
+            with httpx.stream("POST", f"{live.url}/v1/chat/completions",
+                              json={"model": "dgemma", "messages": CHAT, "stream": True}) as r:
+                first = next(r.iter_lines())
+            held.set()  # the client has left; the upstream may finish
+            after = httpx.post(f"{live.url}/v1/chat/completions", timeout=10,
+                               json={"model": "dgemma", "messages": CHAT})
+    finally:
+        fresh.state.last_chunk_gate = None
+        held.set()
+    assert first.startswith("data: ")
+    assert after.status_code == 200 and len(fresh.calls()) == 2
