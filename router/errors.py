@@ -21,6 +21,9 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     │   ├── SlowPathTimeout          504
     │   ├── SlowPathRateLimited      429 passed through, with Retry-After
     │   └── SlowPathInvalidAnswer    502: no valid option after one corrective retry
+    ├── PassthroughError             502: the System One server a request was relayed to failed
+    │   ├── PassthroughUnavailable   503: it could not be reached (or its model list cannot)
+    │   └── PassthroughTimeout       504
     ├── LogUnavailable               503: the decision log cannot store a label now (a full disk)
     └── ConfigError                  bad settings, policy or artifact, found at start-up or load
 """
@@ -135,6 +138,22 @@ class SlowPathRateLimited(SlowPathError):
 
 class SlowPathInvalidAnswer(SlowPathError):
     pass
+
+
+class PassthroughError(SlotgateError):
+    """A request relayed as sent to a ``systemone`` tier's server (router/http/upstream.py)
+    could not be answered by it; what the server itself answers is relayed, never this."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+
+class PassthroughUnavailable(PassthroughError):
+    status_code = 503
+
+
+class PassthroughTimeout(PassthroughError):
+    status_code = 504
 
 
 class LogUnavailable(SlotgateError):

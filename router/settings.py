@@ -217,6 +217,21 @@ class FeedbackSettings(Section):
         return self.default_role
 
 
+class PassthroughSettings(Section):
+    """Plain chat and other ``/v1/...`` POSTs to a ``systemone`` tier's own server
+    (docs/proxy.md, "Passthrough to the System One server"): a request whose ``model`` names a
+    model that server lists on ``GET /v1/models`` is relayed to it as sent, streaming included."""
+
+    enabled: bool = True
+    # How long a server's model list is reused; a failed fetch is retried after models_retry_s.
+    models_ttl_s: float = Field(30.0, gt=0)
+    models_retry_s: float = Field(5.0, gt=0)
+    # A relayed call's budget to connect and between bytes (a long generation keeps sending).
+    timeout_s: float = Field(600.0, gt=0)
+    # Relayed calls open at once per server; past it plus max_queue waiting: 429.
+    max_concurrency: int = Field(64, ge=1)
+
+
 class LogSettings(Section):
     decision_log_path: Path = Path("var/decisions.jsonl")
     redis_stream: str = "slotgate:v1:log"
@@ -268,6 +283,7 @@ class Settings(BaseSettings):
     log: LogSettings = Field(default_factory=LogSettings)
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
+    passthrough: PassthroughSettings = Field(default_factory=PassthroughSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
     _split_tier_form: bool = PrivateAttr(default=False)

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -17,8 +18,10 @@ POLL_S = 0.02  # how often the serving thread looks for stop()
 @dataclass
 class Reply:
     status: int
-    body: Any  # dict/list -> JSON, str/bytes -> sent as is
-    headers: dict[str, str] = field(default_factory=dict)
+    # dict/list -> JSON, str/bytes -> sent as is, an iterator of bytes -> each chunk written as
+    # it comes, the connection closed after the last (HTTP/1.0 style, as a relay streams)
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)  # a content-type here wins
 
 
 @dataclass
@@ -126,19 +129,33 @@ def _make_handler(owner: StandinServer) -> type[BaseHTTPRequestHandler]:
             self._answer(owner._serve("POST", self.path, self.headers.get("authorization"), body))
 
         def _answer(self, reply: Reply) -> None:
+            if isinstance(reply.body, Iterator):
+                self._stream(reply)
+                return
             if isinstance(reply.body, (dict, list)):
                 data = json.dumps(reply.body).encode()
                 content_type = "application/json"
             else:
                 data = reply.body.encode() if isinstance(reply.body, str) else reply.body
                 content_type = "text/plain"
+            headers = {"content-type": content_type, **reply.headers,
+                       "content-length": str(len(data))}
             self.send_response(reply.status)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            for key, value in reply.headers.items():
+            for key, value in headers.items():
                 self.send_header(key, value)
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, reply: Reply) -> None:
+            self.send_response(reply.status)
+            for key, value in reply.headers.items():
+                self.send_header(key, value)
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            for chunk in reply.body:
+                self.wfile.write(chunk)
+                self.wfile.flush()
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # tests would drown in access lines

@@ -4,7 +4,7 @@ plain chats (streamed too), records every call and fails on command.
 
 Run it:  python -m standins.llm --port 8090 [--model MODEL.joblib | --train TRAIN.csv]
          (--train: standins/slow_model.py, a model that disagrees with the fast tier)
-Routes:  POST /v1/chat/completions, GET /v1/models,
+Routes:  POST /v1/chat/completions, POST /v1/completions (echo), GET /v1/models,
          GET /calls (every recorded call), DELETE /calls,
          GET|POST /control  {"mode": "ok"|"fail500"|"stall"|"ratelimit"|"malformed"|"wrong_option"
                                       |"cut" (a stream drops its connection after two chunks)
@@ -97,6 +97,8 @@ class StandinState:
     last_chunk_gate: threading.Event | None = None
     gate_waits: list[bool] = field(default_factory=list)  # per held stream: opened before timeout
     stopping: bool = False
+    # What GET /v1/models lists (vLLM: --served-model-name); every name is answered alike.
+    served_models: tuple[str, ...] = ("standin",)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_mode(self) -> str:
@@ -221,9 +223,26 @@ def create_app(state: StandinState) -> FastAPI:
                                      media_type="text/event-stream")
         return completion(body, content)
 
+    @app.post("/v1/completions")
+    async def text_completion(request: Request) -> dict[str, Any]:
+        """The legacy completions route: the prompt echoed (recorded as chats are)."""
+        body = await request.json()
+        with state.lock:
+            state.calls.append({"body": body, "mode": "ok", "time": time.time(),
+                                "authorization": request.headers.get("authorization")})
+        return {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
+                "created": int(time.time()), "model": body.get("model", "standin"),
+                "choices": [{"index": 0, "text": f"echo: {body.get('prompt', '')}",
+                             "finish_reason": "stop", "logprobs": None}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": "standin", "object": "model"}]}
+        """vLLM's list shape: one card per served name."""
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+             "root": name, "parent": None, "max_model_len": 8192}
+            for name in state.served_models]}
 
     @app.get("/calls")
     async def calls() -> list[dict[str, Any]]:
@@ -294,8 +313,10 @@ class StandinHandle:
 
 
 def start_standin(*, chooser: Chooser | None = None, model_path: Path | None = None,
-                  port: int = 0, host: str = "127.0.0.1") -> StandinHandle:
-    """Start the stand-in on ``port`` (0: a free one) in a daemon thread; returns once it listens."""
+                  port: int = 0, host: str = "127.0.0.1",
+                  served_models: Sequence[str] = ("standin",)) -> StandinHandle:
+    """Start the stand-in on ``port`` (0: a free one) in a daemon thread; returns once it listens.
+    ``served_models``: the names GET /v1/models lists."""
     import socket
 
     import uvicorn
@@ -304,7 +325,8 @@ def start_standin(*, chooser: Chooser | None = None, model_path: Path | None = N
         with socket.socket() as s:
             s.bind((host, 0))
             port = int(s.getsockname()[1])
-    state = StandinState(chooser=chooser or (model_chooser(model_path) if model_path else rule_chooser))
+    state = StandinState(chooser=chooser or (model_chooser(model_path) if model_path else rule_chooser),
+                         served_models=tuple(served_models))
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level="warning",
                             lifespan="off", ws="none", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
@@ -332,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     choice.add_argument("--train", type=Path, default=None, metavar="CSV",
                         help="fit the disagreeing stand-in (standins/slow_model.py) on a seeded "
                              "half of this CSV's text,category rows")
+    parser.add_argument("--served-model-name", nargs="+", default=["standin"],
+                        help="the names GET /v1/models lists, as vLLM's flag of that name")
     args = parser.parse_args(argv)
     if args.train:
         from standins.slow_model import train_slow_model
@@ -342,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         chooser, what = model_chooser(args.model), f"model {args.model}"
     else:
         chooser, what = rule_chooser, "rule: option named in the text"
-    state = StandinState(chooser=chooser)
+    state = StandinState(chooser=chooser, served_models=tuple(args.served_model_name))
     print(f"stand-in LLM on http://{args.host}:{args.port}/v1 ({what})", flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
 

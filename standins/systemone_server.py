@@ -15,7 +15,17 @@ question lines and then the earlier answers (``id: name``); the probabilities mo
 the server's do, and a stage read on its own gets other ones.
 Token counts use ``BYTES_PER_TOKEN`` (no tokenizer here).
 
+Everything else goes to ``upstream`` (an OpenAI-compatible server: standins/llm.py in tests) as the
+server sends it to its vLLM: ``GET /v1/models`` relayed; a ``/v1/chat/completions`` that is not a
+structured read (first message a system or developer message whose text is a JSON object with
+``questions``), ``/v1/raw/chat/completions`` and every other ``/v1/...`` POST relayed as sent,
+status, content type and body, the body streamed as it arrives; an unreachable upstream is a 503.
+Two differences: the stand-in answers structured reads on ``/v1/systemone`` only (a structured
+chat gets a 400 saying so), and it sends a chat with ``tool_choice`` "required" or a named
+function as it is (the server pins the call's opening on a diffusion canvas first).
+
     python -m standins.systemone_server --port 8011 [--data ../shared/data/banking77]
+        [--upstream http://127.0.0.1:8090]
 """
 
 from __future__ import annotations
@@ -23,6 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +58,24 @@ class SchemaError(Exception):
 
 class SystemOneStandin(StandinServer):
     def __init__(self, *, reader: Banking77Reader, model: str = "dgemma",
-                 max_alternatives: int = 26, **kwargs: Any) -> None:
+                 max_alternatives: int = 26, upstream: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reader = reader
         self.model = model
         self.max_alternatives = max_alternatives
+        self.upstream = upstream  # the OpenAI-compatible server relayed requests go to
 
     def handle(self, method: str, path: str, body: bytes) -> Reply:
         if method == "GET":
             if path == "/health":
                 return Reply(200, {"status": "ok"})
+            if path == "/v1/models":
+                return relay_models(self.upstream)
             return Reply(404, {"error": {"message": "unknown route"}})
+        if path == "/v1/raw/chat/completions":
+            return relay(self.upstream, "/v1/chat/completions", body)
         if path != "/v1/systemone":
-            return Reply(404, {"error": {"message": "unknown route"}})
+            return other_post(self.upstream, path, body)
         try:
             request = json.loads(body)
             problem = "" if isinstance(request, dict) else "expected a JSON object"
@@ -198,6 +216,81 @@ class SystemOneStandin(StandinServer):
                 "probabilities": dict(zip(names, proba)), "confidence": proba[top]}, top
 
 
+def other_post(upstream: str | None, path: str, body: bytes) -> Reply:
+    """A POST other than ``/v1/systemone``, routed as the example server routes it."""
+    try:
+        request = json.loads(body)
+    except ValueError as exc:
+        return Reply(400, {"error": {"message": f"invalid body: {exc}",
+                                     "type": "invalid_request_error"}})
+    if path == "/v1/chat/completions" and is_structured(request):
+        return Reply(400, {"error": {"message": "the stand-in reads structured requests on "
+                                                "/v1/systemone only", "type": "invalid_request_error"}})
+    if path.startswith("/v1/"):
+        return relay(upstream, path, body)
+    return Reply(404, {"error": {"message": "unknown route"}})
+
+
+def is_structured(request: Any) -> bool:
+    """The server's test: the first message is a system (or developer) message whose text is a
+    JSON object with a "questions" key."""
+    messages = request.get("messages") if isinstance(request, dict) else None
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if not isinstance(first, dict) or first.get("role") not in ("system", "developer"):
+        return False
+    content = first.get("content", "")
+    text = "".join(p.get("text", "") for p in content if isinstance(p, dict)) \
+        if isinstance(content, list) else content if isinstance(content, str) else ""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "questions" in value
+
+
+def relay(upstream: str | None, path: str, body: bytes) -> Reply:
+    """``POST upstream+path`` with the body as sent; the upstream's status, content type and
+    body come back, the body streamed as it arrives."""
+    if upstream is None:
+        return _unavailable("no upstream configured")
+    request = urllib.request.Request(upstream.rstrip("/") + path, data=body,
+                                     headers={"content-type": "application/json"})
+    try:
+        response = urllib.request.urlopen(request, timeout=600)
+    except urllib.error.HTTPError as exc:
+        response = exc
+    except OSError as exc:
+        return _unavailable(str(exc))
+    headers = {"content-type": response.headers.get("content-type", "application/json")}
+    if response.headers.get("content-length"):
+        headers["content-length"] = response.headers["content-length"]
+    return Reply(response.code, _chunks(response), headers)
+
+
+def _chunks(response: Any) -> Iterator[bytes]:
+    with response:
+        while chunk := response.read1(65536):
+            yield chunk
+
+
+def relay_models(upstream: str | None) -> Reply:
+    """``GET /v1/models`` passed to the upstream: its status and body."""
+    if upstream is None:
+        return _unavailable("no upstream configured")
+    try:
+        with urllib.request.urlopen(upstream.rstrip("/") + "/v1/models", timeout=10) as response:
+            code, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        code, body = exc.code, exc.read()
+    except OSError as exc:
+        return _unavailable(str(exc))
+    return Reply(code, body, {"content-type": "application/json"})
+
+
+def _unavailable(why: str) -> Reply:
+    return Reply(503, {"error": {"message": f"upstream unavailable: {why}"}})
+
+
 def _text(value: Any) -> str | None:
     """A description as the server prints it: text as given, anything else through str()."""
     return None if value is None else str(value)
@@ -294,10 +387,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-per-class", type=int, default=None)
     parser.add_argument("--noise", type=float, default=0.0)
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--upstream", default=None,
+                        help="OpenAI-compatible server for relayed requests (standins.llm)")
     args = parser.parse_args(argv)
     reader = Banking77Reader(data_dir=args.data, max_per_class=args.max_per_class, noise=args.noise)
     server = SystemOneStandin(reader=reader, model=args.model, max_alternatives=args.max_alternatives,
-                              host=args.host, port=args.port, api_key=args.api_key)
+                              host=args.host, port=args.port, api_key=args.api_key,
+                              upstream=args.upstream)
     print(f"System One stand-in on {server.url} (model {args.model})", flush=True)
     server.serve_forever()
 

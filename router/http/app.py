@@ -29,12 +29,14 @@ from router.errors import (
     TooManyRequests,
 )
 from router.http.admission import AdmissionGuard
+from router.http.openai.routes import make_relay_router as relay_routes
 from router.http.openai.routes import make_router as openai_routes
 from router.http.ops import make_router as ops_routes
 from router.http.ratelimit import make_rate_limit
 from router.http.startup_freeze import freeze_after_warm_up, freeze_heap
 from router.http.state import AppState
 from router.http.systemone.routes import make_router as systemone_routes
+from router.http.upstream import Upstreams
 from router.routing.backpressure import ConcurrencyLimit
 from router.routing.ports import DecisionSink, FeedbackStore, ReadCache, SlowModel
 from router.routing.service import RoutingService
@@ -86,6 +88,9 @@ def create_app(
                 settings, stack, backend=backend, tiers=tiers, slow=slow, cache=cache,
                 decision_log=decision_log, metrics=state.metrics)
             state.started(service, feedback)
+            state.upstreams = Upstreams.from_settings(settings, state.metrics)
+            if state.upstreams is not None:
+                stack.push_async_callback(state.upstreams.aclose)
             warming = await _warm_up(state, service) if warm else None
             from router.routing.reload import live_reload  # SIGHUP and policy file changes
 
@@ -123,6 +128,7 @@ def create_app(
     app.include_router(openai_routes())
     app.include_router(systemone_routes())
     app.include_router(ops_routes())
+    app.include_router(relay_routes())  # last: every other /v1 POST, by its body's model
     app.add_exception_handler(SlotgateError, _on_slotgate_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _on_http_exception)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from router.http.startup import WarmUp
+from router.http.upstream import Upstreams
 from router.routing.ports import FeedbackStore, SlowModel
 from router.routing.service import RoutingService
 from router.settings import Settings
@@ -27,6 +28,8 @@ class AppState:
     decision_log_path: Path | None = None
     redis_up: bool | None = None  # what /readyz last saw of a configured Redis (None: not yet)
     warm_up: WarmUp | None = None  # the tiers' first reads at start-up (None: none made)
+    # The System One servers plain chat may pass through to (None: no systemone tier, or off)
+    upstreams: Upstreams | None = None
     _service: RoutingService | None = None
     _feedback: FeedbackStore | None = None
 

@@ -1,8 +1,10 @@
-"""The OpenAI-compatible routes: ``POST /v1/chat/completions`` (decisions routed, everything else
-passed to the slow path), ``POST /v1/feedback`` and ``GET /v1/models``."""
+"""The OpenAI-compatible routes: ``POST /v1/chat/completions`` (decisions routed; everything else
+relayed to the System One server that serves its ``model``, else passed to the slow path),
+``POST /v1/feedback``, ``GET /v1/models``, and every other ``/v1`` POST (relayed by its model)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,9 +15,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.types import summary_route
-from router.errors import Forbidden, InvalidRequest, NoSlowModel, UnprocessableRequest
+from router.errors import (
+    Forbidden,
+    InvalidRequest,
+    NoSlowModel,
+    PassthroughUnavailable,
+    UnprocessableRequest,
+)
 from router.http.openai.chat_variant import parse_variant, render_variant, schema_payload
 from router.http.openai.wire import (
+    CREDENTIAL_FIELDS,
     ChatCompletionRequest,
     plan_decisions,
     render_reply,
@@ -23,8 +32,10 @@ from router.http.openai.wire import (
 )
 from router.http.state import app_state, namespace
 from router.http.text_guard import lone_surrogate_field, surrogate_message
+from router.http.upstream import ModelNotServed, Upstreams
 from router.routing.ports import Label, SlowModel
 from router.routing.stages import answer_stages
+from router.settings import SlowPathSettings
 from router.store.decision_index import labelable, unknown_decision_text
 
 
@@ -56,6 +67,10 @@ def make_router() -> APIRouter:
         plan = plan_decisions(
             body, max_options=settings.max_options, max_questions=settings.max_questions)
         if plan is None:
+            relayed = await _relay(request, body.model)
+            if relayed is not None:
+                return relayed
+            await _refuse_unknown_while_lists_fail(state.upstreams, body.model, settings.slow)
             state.metrics.request(surface="openai_passthrough", route="slow")
             return await _passthrough(state.slow, body)
         decisions = await state.service.route(plan.requests, namespace=namespace(request))
@@ -102,15 +117,33 @@ def make_router() -> APIRouter:
 
     @router.get("/v1/models", tags=["openai"])
     async def models(request: Request) -> dict[str, Any]:
+        """slotgate's slow models and fast tier, and the models of every System One server
+        (passed through), said per server under ``slotgate.upstreams`` (with why a list is
+        missing)."""
         state = app_state(request)
         settings, backend = state.settings, state.service.backend
+        listed = await state.upstreams.lists() if state.upstreams is not None else []
+        served: dict[str, dict[str, Any]] = {}
+        for server, found in listed:
+            for entry in found.entries:
+                served.setdefault(entry["id"], {"object": "model", "created": 0,
+                                                "owned_by": f"upstream:{server.tier}"}
+                                  | entry | {"slotgate": {"route": "passthrough",
+                                                         "tier": server.tier}})
         slow_models = dict.fromkeys(
-            [m for m in [settings.slow.model, *settings.slow.allowed_models] if m])
+            [m for m in [settings.slow.model, *settings.slow.allowed_models]
+             if m and m not in served])  # a name a server lists is relayed to it
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "slotgate:slow"}
                 for m in slow_models]
+        data += served.values()
         data.append({"id": f"slotgate-fast:{backend.name}", "object": "model",
                      "created": 0, "owned_by": "slotgate:fast", "fingerprint": backend.fingerprint})
-        return {"object": "list", "data": data}
+        reply: dict[str, Any] = {"object": "list", "data": data}
+        if listed:
+            reply["slotgate"] = {"upstreams": [
+                {"tier": server.tier, "models": list(found.names), "error": found.error}
+                for server, found in listed]}
+        return reply
 
     return router
 
@@ -121,6 +154,84 @@ async def _refuse_lone_surrogates(request: Request) -> None:
     field = lone_surrogate_field(await request.json())
     if field is not None:
         raise InvalidRequest(surrogate_message(field), field=field)
+
+
+def make_relay_router() -> APIRouter:
+    """Every ``/v1`` POST no other route takes (``/v1/completions``, ``/v1/embeddings``...):
+    relayed to the System One server serving the body's ``model``. Included last."""
+    router = APIRouter()
+
+    # Out of the OpenAPI document: what it takes is the upstream's to describe.
+    @router.post("/v1/{path:path}", tags=["openai"], response_model=None, include_in_schema=False)
+    async def relay(path: str, request: Request) -> Response:
+        where = f"POST /v1/{path}"
+        model = _model_of(await request.body(), where)
+        state = app_state(request)
+        if state.upstreams is None:
+            raise ModelNotServed(
+                f"no route {where}: other /v1 POSTs are passed through only to the server of a "
+                "systemone tier, and none is configured (or passthrough.enabled is false)")
+        relayed = await _relay(request, model)
+        if relayed is not None:
+            return relayed
+        await _refuse_unknown_while_lists_fail(state.upstreams, model, None)
+        names = sorted({n for _, found in await state.upstreams.lists() for n in found.names})
+        raise ModelNotServed(f"model: {model!r} is not served here; {where} is passed through "
+                             f"only for the System One servers' models {names}", field="model")
+
+    return router
+
+
+async def _relay(request: Request, model: str) -> Response | None:
+    """The request relayed as sent to the System One server listing ``model``; None when no
+    server lists it."""
+    state = app_state(request)
+    server = await state.upstreams.serving(model) if state.upstreams is not None else None
+    if server is None:
+        return None
+    state.metrics.request(surface="passthrough", route="upstream")
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return await server.relay(target, await request.body(),
+                              request.headers.get("content-type", "application/json"))
+
+
+async def _refuse_unknown_while_lists_fail(upstreams: Upstreams | None, model: str,
+                                           slow: SlowPathSettings | None) -> None:
+    """A model neither the slow path takes (``slow``: None, no slow path for this route)
+    nor a server lists, while a server's list cannot be read: a 503 saying so, not a 403/404
+    that would blame the name."""
+    if upstreams is None:
+        return
+    if slow is not None and model in {slow.model, *slow.allowed_models, *slow.model_aliases}:
+        return
+    problems = await upstreams.problems()
+    if problems:
+        raise PassthroughUnavailable(
+            f"model: {model!r} is not a model slotgate knows, and the model list of a System One "
+            f"server that may serve it is unavailable ({'; '.join(problems)})", field="model")
+
+
+def _model_of(body: bytes, where: str) -> str:
+    """The ``model`` of a relayed body: a JSON object, checked as every body is (credential
+    fields, lone surrogates)."""
+    try:  # the standard parser, as for every route: orjson refuses a lone surrogate unnamed
+        value = json.loads(body)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise InvalidRequest("body: not a valid JSON object", field="body")
+    chosen = sorted(CREDENTIAL_FIELDS & set(value))
+    if chosen:
+        raise Forbidden(f"{chosen[0]} cannot be set by clients; the upstream is configured "
+                        "by the operator", field=chosen[0])
+    field = lone_surrogate_field(value)
+    if field is not None:
+        raise InvalidRequest(surrogate_message(field), field=field)
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(f"model: required: {where} is passed through to the System One "
+                             "server that serves the body's model", field="model")
+    return model
 
 
 async def _chat_variant(request: Request, body: ChatCompletionRequest,
