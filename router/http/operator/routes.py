@@ -19,9 +19,12 @@ from router.http.operator.sessions import COOKIE, PREFIX, SESSION_TTL_S, Session
 from router.http.operator.view import page_view
 from router.http.state import app_state
 from router.monitoring.monitor import Monitor
+from router.settings import Settings
 
 log = logging.getLogger("slotgate")
 REFRESH_S = 15  # the page reloads itself this often
+CLEAR_TTL_S = 7 * 24 * 3600  # a shared clear outlives any alarm it supersedes (as the CLI's)
+CLEAR_DETAIL = "cleared by an operator (the operator page)"
 
 
 def make_router(admin_key_hashes: Sequence[str]) -> APIRouter:
@@ -80,13 +83,38 @@ def make_router(admin_key_hashes: Sequence[str]) -> APIRouter:
             known = ", ".join(sorted(monitor.watches)) if isinstance(monitor, Monitor) else "none"
             return html("message.html", status_code=404, back=True,
                         message=f"policy_id: no watched policy {policy_id!r} (watched: {known}).")
-        monitor.clear(policy_id, time.time())
+        at = time.time()
+        monitor.clear(policy_id, at)  # here, and logged: a restart does not re-arm them
         log.warning("operator page: admin key %s cleared the alarms of policy %s", session.admin,
                     policy_id)
-        await monitor.sync_alarms()  # with a shared board, the clear reaches it now
+        failed = await _share_clear(app_state(request).settings, policy_id, at)
+        if failed is not None:
+            return html("message.html", status_code=503, back=True, message=(
+                f"The alarms of policy {policy_id} are cleared here and the clear is logged, "
+                f"but it was not shared through Redis ({failed}): other replicas clear when "
+                "restarted, or clear again."))
         return RedirectResponse(f"{PREFIX}?cleared={quote(policy_id)}", status_code=303)
 
     return router
+
+
+async def _share_clear(settings: Settings, policy_id: str, at: float) -> str | None:
+    """With a shared Redis, the clear as ``slotgate alarms clear --redis-url`` writes it: the
+    clear record and the shared alarms it supersedes deleted, in one transaction, so every
+    replica clears within ``monitoring.alarm_sync_s``. The error's words when Redis fails."""
+    if not settings.cache.redis_url or not settings.monitoring.share_alarms:
+        return None
+    from router.store.alarm_board import RedisAlarmBoard
+    from router.store.redis_client import redis_errors
+
+    board = RedisAlarmBoard(settings.cache.redis_url, ttl_s=CLEAR_TTL_S)
+    try:
+        await board.clear(policy_id, at, CLEAR_DETAIL)
+    except redis_errors() as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await board.aclose()
+    return None
 
 
 def cleared_words(request: Request, policy_id: str) -> str:

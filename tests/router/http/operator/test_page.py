@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -17,6 +19,7 @@ from router.cli.alarms import standing
 from router.http.operator.render import share
 from router.http.state import app_state
 from router.store.alarm_board import RedisAlarmBoard
+from router.store.records import AlarmRecord
 from tests.router.http.operator.conftest import (
     ADMIN_KEY,
     ALARM_DETAIL,
@@ -25,6 +28,8 @@ from tests.router.http.operator.conftest import (
     serve,
     signed_in,
 )
+
+T = TypeVar("T")
 
 
 def test_without_admin_keys_the_page_is_off_and_says_how_to_turn_it_on(tmp_path: Path) -> None:
@@ -116,6 +121,9 @@ def test_a_clear_with_the_token_is_logged_and_shared_as_the_cli_does(
         tmp_path: Path, redis_url: str) -> None:
     server, policy_id = serve(tmp_path, cache={"redis_url": redis_url},
                               monitoring={"alarm_sync_s": 60})
+    # the alarm as another replica shared it
+    asyncio.run(on_board(redis_url, lambda board: board.post(AlarmRecord(
+        policy_id=policy_id, kind="drift", decision=0, time=1.0, detail=ALARM_DETAIL))))
     with server:
         with signed_in(server) as client:
             token = csrf_of(client.get("/operator").text)
@@ -134,17 +142,10 @@ def test_a_clear_with_the_token_is_logged_and_shared_as_the_cli_does(
     clears = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
               if '"clear"' in line]
     assert len(clears) == 1 and clears[0]["policy_id"] == policy_id
-    # shared at once (not at the next sync, 60 s away): other replicas read the clear
-    board = RedisAlarmBoard(redis_url, ttl_s=60)
-
-    async def read() -> list[str]:
-        try:
-            records = await board.read([policy_id])
-            return [r.kind for r in records or []]
-        finally:
-            await board.aclose()
-
-    assert "clear" in asyncio.run(read())
+    # shared at once (not at the next sync, 60 s away), as `slotgate alarms clear
+    # --redis-url` shares it: the clear stands on the board and the alarm it superseded is gone
+    shared = asyncio.run(on_board(redis_url, lambda board: board.read([policy_id])))
+    assert [r.kind for r in shared or []] == ["clear"]
 
 
 def test_signing_out_ends_the_session(tmp_path: Path) -> None:
@@ -160,3 +161,11 @@ def test_signing_out_ends_the_session(tmp_path: Path) -> None:
     assert out.status_code == 303 and "max-age=0" in out.headers["set-cookie"].lower()
     assert again.status_code == 200 and 'name="key"' in again.text
     assert policy_id not in again.text  # the old cookie opens nothing
+
+
+async def on_board(redis_url: str, action: Callable[[RedisAlarmBoard], Awaitable[T]]) -> T:
+    board = RedisAlarmBoard(redis_url, ttl_s=60)
+    try:
+        return await action(board)
+    finally:
+        await board.aclose()
