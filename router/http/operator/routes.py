@@ -5,7 +5,6 @@ over HTTPS). Without ``admin_key_hashes`` the page is off: every route answers 4
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -36,10 +35,11 @@ def make_router(admin_key_hashes: Sequence[str]) -> APIRouter:
         session = sessions.get(request.cookies.get(COOKIE))
         if not sessions.enabled or session is None:
             return _signed_out(sessions)
-        view = await asyncio.to_thread(page_view, app_state(request))
-        cleared = request.query_params.get("cleared")
-        return html("page.html", view=view, csrf=session.csrf, refresh_s=REFRESH_S,
-                    flash=None if cleared is None else cleared_words(request, cleared))
+        view = await page_view(app_state(request))
+        cleared = request.query_params.get("cleared")  # named by the clear's redirect
+        flash = (cleared_words(request, cleared) if cleared in
+                 {p.policy_id for p in view.policies} else None)
+        return html("page.html", view=view, csrf=session.csrf, refresh_s=REFRESH_S, flash=flash)
 
     @router.post("/login")
     async def login(request: Request) -> Response:

@@ -5,6 +5,7 @@ sequences, the watch state, the alarms standing) and the last decisions in the d
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
 import time
@@ -114,17 +115,18 @@ class PageView:
     log_path: str
 
 
-def page_view(state: AppState) -> PageView:
-    """The page's data now; the last decisions are read from the log file (blocking I/O: call it
-    in a thread)."""
+async def page_view(state: AppState) -> PageView:
+    """The page's data now. The policies and watches are read on the event loop, between two
+    decisions (the loop changes them); the log file's tail in a thread."""
     service, settings = state.service, state.settings
     monitor = service.monitor if isinstance(service.monitor, Monitor) else None
+    policies = [policy_view(p, service.registry, monitor) for p in service.registry.loaded()]
     log_path = settings.log.decision_log_path
     return PageView(
         replica=socket.gethostname(), generated_at=time.time(), monitoring=monitor is not None,
         shared_alarms=bool(settings.cache.redis_url) and settings.monitoring.share_alarms,
-        policies=[policy_view(p, service.registry, monitor) for p in service.registry.loaded()],
-        decisions=last_decisions(log_path), log_path=str(log_path))
+        policies=policies, decisions=await asyncio.to_thread(last_decisions, log_path),
+        log_path=str(log_path))
 
 
 def policy_view(policy: LoadedPolicy, registry: PolicyRegistry,
@@ -167,7 +169,7 @@ def watch_view(monitor: Monitor, policy_id: str) -> WatchView | None:
 def last_decisions(path: Path, *, limit: int = LAST_DECISIONS,
                    tail_bytes: int = TAIL_BYTES) -> list[DecisionRow]:
     """The last ``limit`` decisions in the log file, newest first, from its last ``tail_bytes``
-    (a line cut by that start, or a damaged one, is skipped). None for a missing file."""
+    (a line cut by that start, or a damaged one, is skipped); none for a missing file."""
     try:
         with path.open("rb") as f:
             size = f.seek(0, 2)
