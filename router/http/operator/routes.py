@@ -84,7 +84,8 @@ def make_router(admin_key_hashes: Sequence[str]) -> APIRouter:
             return html("message.html", status_code=404, back=True,
                         message=f"policy_id: no watched policy {policy_id!r} (watched: {known}).")
         at = time.time()
-        monitor.clear(policy_id, at)  # here, and logged: a restart does not re-arm them
+        # here, and logged: a restart does not re-arm them
+        monitor.clear(policy_id, at, detail=CLEAR_DETAIL)
         log.warning("operator page: admin key %s cleared the alarms of policy %s", session.admin,
                     policy_id)
         failed = await _share_clear(app_state(request).settings, policy_id, at)

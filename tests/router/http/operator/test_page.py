@@ -20,6 +20,7 @@ from router.http.operator.render import share
 from router.http.state import app_state
 from router.store.alarm_board import RedisAlarmBoard
 from router.store.records import AlarmRecord
+from tests.conftest import free_port
 from tests.router.http.operator.conftest import (
     ADMIN_KEY,
     ALARM_DETAIL,
@@ -142,10 +143,23 @@ def test_a_clear_with_the_token_is_logged_and_shared_as_the_cli_does(
     clears = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
               if '"clear"' in line]
     assert len(clears) == 1 and clears[0]["policy_id"] == policy_id
+    assert clears[0]["detail"] == "cleared by an operator (the operator page)"
     # shared at once (not at the next sync, 60 s away), as `slotgate alarms clear
     # --redis-url` shares it: the clear stands on the board and the alarm it superseded is gone
     shared = asyncio.run(on_board(redis_url, lambda board: board.read([policy_id])))
     assert [r.kind for r in shared or []] == ["clear"]
+
+
+def test_a_clear_redis_does_not_take_is_logged_and_the_page_says_it_was_not_shared(
+        tmp_path: Path) -> None:
+    nothing_there = f"redis://127.0.0.1:{free_port()}/0"
+    server, policy_id = serve(tmp_path, cache={"redis_url": nothing_there})
+    with server, signed_in(server) as client:
+        token = csrf_of(client.get("/operator").text)
+        cleared = client.post("/operator/alarms/clear", data={"policy_id": policy_id, "csrf": token})
+    assert cleared.status_code == 503
+    assert "cleared here and the clear is logged, but it was not shared" in cleared.text
+    assert standing(tmp_path / "decisions.jsonl", policy_id) == {}
 
 
 def test_signing_out_ends_the_session(tmp_path: Path) -> None:
