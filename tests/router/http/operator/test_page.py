@@ -58,6 +58,8 @@ def test_the_admin_key_is_taken_once_for_an_http_only_strict_session_cookie(
                          timeout=10)
         forged = httpx.get(f"{server.url}/operator", cookies={"slotgate_operator": "forged"},
                            timeout=10)
+        # only the page's own paths are outside the API key check
+        beside = httpx.get(f"{server.url}/operatorx", timeout=10)
     assert signed_out.status_code == 200 and 'name="key"' in signed_out.text
     assert policy_id not in signed_out.text  # nothing of the policies before signing in
     assert wrong.status_code == 401 and "not an admin key" in wrong.text
@@ -70,6 +72,7 @@ def test_the_admin_key_is_taken_once_for_an_http_only_strict_session_cookie(
     assert "default-src 'none'" in page.headers["content-security-policy"]
     assert page.headers["cache-control"] == "no-store"
     assert forged.status_code == 200 and policy_id not in forged.text
+    assert beside.status_code == 401
 
 
 def test_the_page_shows_question_promise_live_figures_alarm_and_last_decisions(
