@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
@@ -114,6 +115,7 @@ def colour_pixels(png: bytes, colour: tuple[int, int, int]) -> int:
     return int(np.sum(np.all(np.abs(pixels.astype(int) - colour) <= 8, axis=1)))
 
 
+@pytest.mark.long  # Chromium starting and stopping: seconds
 def test_the_page_signs_in_and_renders_the_policy_and_its_figures_in_chromium(
         tmp_path: Path) -> None:
     server, policy_id = serve(tmp_path)
