@@ -1,7 +1,8 @@
 """The operator page in a real headless Chromium (Debian's package; .ci/run installs it), driven
 over the DevTools protocol: it signs in through the page's own form, keeps the session cookie out
 of the page's scripts (HttpOnly), loads nothing from anywhere but slotgate, and renders the data:
-the policy's name and figures in the DOM, and the confidence sequences' bars in the screenshot."""
+the policy's name and figures in the DOM, and the confidence sequences' bars in the screenshot.
+Its clear button asks first, then clears."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
+from router.http.state import app_state
 from tests.router.http.operator.conftest import ADMIN_KEY, decide, serve
 
 BAND = (0x1F, 0x6F, 0xEB)  # the intervals' fill (--band in templates/base.html)
@@ -116,7 +118,7 @@ def colour_pixels(png: bytes, colour: tuple[int, int, int]) -> int:
 
 
 @pytest.mark.long  # Chromium starting and stopping: seconds
-def test_the_page_signs_in_and_renders_the_policy_and_its_figures_in_chromium(
+def test_the_page_signs_in_renders_the_figures_and_clears_the_alarm_in_chromium(
         tmp_path: Path) -> None:
     server, policy_id = serve(tmp_path)
     with server:
@@ -136,8 +138,21 @@ def test_the_page_signs_in_and_renders_the_policy_and_its_figures_in_chromium(
             rows = page.evaluate("document.querySelectorAll('#decisions tr').length")
             screenshot = base64.b64decode(page.send("Page.captureScreenshot",
                                                     format="png")["data"])
+            # The clear button: the page's script asks first (a confirm), the form carries the
+            # session's CSRF token and the browser its SameSite=Strict cookie (same origin).
+            mark = len(page.events)
+            page.evaluate("setTimeout(() => document.querySelector('form.clear button')"
+                          ".click(), 0)")
+            dialog = page.wait_for("Page.javascriptDialogOpening", after=mark)
+            page.send("Page.handleJavaScriptDialog", accept=True)
+            page.wait_for("Page.loadEventFired", after=mark)
+            after_clear = page.evaluate("document.body.innerText")
             requested = [e["params"]["request"]["url"] for e in page.events
                          if e.get("method") == "Network.requestWillBeSent"]
+        standing = app_state(server.app).service.monitor.watches[policy_id].alarms
+    assert dialog["params"]["type"] == "confirm"
+    assert "Cleared the alarms of policy" in after_clear and "None standing." in after_clear
+    assert standing == {}
     (tmp_path / "operator.png").write_bytes(screenshot)  # kept beside the test's files
     assert "intents" in dom and policy_id in dom
     assert cookie == ""  # the session cookie is HttpOnly: no script on the page can read it
