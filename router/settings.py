@@ -260,6 +260,8 @@ class Settings(BaseSettings):
     max_questions: int = Field(64, ge=1)
     max_queue: int = Field(1024, ge=1)  # decisions waiting beyond the backend caps -> 429
     api_key_hashes: list[str] = Field(default_factory=list)  # sha256 hex of client keys; empty = open
+    # sha256 hex of the keys that open the operator page (/operator); empty = the page is off
+    admin_key_hashes: list[str] = Field(default_factory=list)
     # Per client key (one bucket for all when no keys are configured): requests per second, None = off.
     rate_limit_rps: float | None = Field(None, gt=0)
     rate_limit_burst: int = Field(20, ge=1)
@@ -288,12 +290,13 @@ class Settings(BaseSettings):
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
     _split_tier_form: bool = PrivateAttr(default=False)
 
-    @field_validator("api_key_hashes")
+    @field_validator("api_key_hashes", "admin_key_hashes")
     @classmethod
-    def _hex_hashes(cls, value: list[str]) -> list[str]:
+    def _hex_hashes(cls, value: list[str], info: ValidationInfo) -> list[str]:
         for h in value:
             if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
-                raise ValueError("api_key_hashes must be sha256 hex digests (64 hex characters)")
+                raise ValueError(f"{info.field_name} must be sha256 hex digests (64 hex "
+                                 "characters)")
         return [h.lower() for h in value]
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.errors import InvalidRequest, PayloadTooLarge, SlotgateError, Unauthorized
+from router.http.operator.sessions import PREFIX
 from router.http.ratelimit import TokenBuckets
 from router.http.text_guard import depth_message, too_deep_field
 
@@ -64,7 +65,10 @@ class AdmissionGuard:
     def _namespace(self, scope: Scope) -> str:
         """The cache namespace of the caller; raises Unauthorized when keys are configured and
         the request carries none of them."""
-        if not self.api_key_hashes or scope["path"] in _OPEN_PATHS:
+        path = scope["path"]
+        # The operator page checks its own admin key and session (router/http/operator/).
+        if (not self.api_key_hashes or path in _OPEN_PATHS or path == PREFIX
+                or path.startswith(f"{PREFIX}/")):
             return self.default_namespace
         key = _bearer(scope)
         if key is None:

@@ -31,6 +31,7 @@ from router.errors import (
 from router.http.admission import AdmissionGuard
 from router.http.openai.routes import make_relay_router as relay_routes
 from router.http.openai.routes import make_router as openai_routes
+from router.http.operator.routes import make_router as operator_routes
 from router.http.ops import make_router as ops_routes
 from router.http.ratelimit import make_rate_limit
 from router.http.startup_freeze import freeze_after_warm_up, freeze_heap
@@ -128,6 +129,7 @@ def create_app(
     app.include_router(openai_routes())
     app.include_router(systemone_routes())
     app.include_router(ops_routes())
+    app.include_router(operator_routes(settings.admin_key_hashes))
     app.include_router(relay_routes())  # last: every other /v1 POST, by its body's model
     app.add_exception_handler(SlotgateError, _on_slotgate_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]

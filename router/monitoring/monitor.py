@@ -40,6 +40,7 @@ SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 # Served fast answers whose input key is remembered, so a label of one counts once per input.
 _INPUT_MEMORY = 20_000  # about 4.5 MiB at most (tracemalloc, 42-character decision ids)
+CLEAR_DETAIL = "cleared by an operator (slotgate alarms clear)"
 
 
 class AlarmBoard(Protocol):
@@ -229,9 +230,11 @@ class Monitor:
             self._spawn(self._board.post(record))
         self.export()
 
-    def clear(self, policy_id: str, at: float, *, shared: bool = False) -> bool:
+    def clear(self, policy_id: str, at: float, *, shared: bool = False,
+              detail: str = CLEAR_DETAIL) -> bool:
         """An operator's clear of a policy's alarms raised before ``at`` (``slotgate alarms
-        clear``, read from the board): logged, so a restart does not re-arm them."""
+        clear``, read from the board, or the operator page's ``detail``): logged, so a restart
+        does not re-arm them."""
         watch = self.watches.get(policy_id)
         if watch is None or at <= watch.cleared_at:
             return False
@@ -240,7 +243,7 @@ class Monitor:
         logger.warning("policy %s: alarms cleared by an operator%s (%s); its decisions are "
                        "routed by the policy again", policy_id, " on another replica" if shared
                        else "", ", ".join(had) or "none standing here")
-        self._emit(_clear_record(policy_id, at, watch.n_decisions, shared=shared))
+        self._emit(_clear_record(policy_id, at, watch.n_decisions, shared=shared, detail=detail))
         self.export()
         return True
 
@@ -432,10 +435,10 @@ def _watch_resets(metrics: Metrics) -> Counter:
     return counter
 
 
-def _clear_record(policy_id: str, at: float, decision: int, *,
-                  shared: bool = False) -> AlarmRecord:
+def _clear_record(policy_id: str, at: float, decision: int, *, shared: bool = False,
+                  detail: str = CLEAR_DETAIL) -> AlarmRecord:
     return AlarmRecord(policy_id=policy_id, kind="clear", decision=decision, time=at,
-                       detail="cleared by an operator (slotgate alarms clear)", shared=shared)
+                       detail=detail, shared=shared)
 
 
 def _remember(memory: OrderedDict[str, str], key: str, value: str, limit: int) -> None:
