@@ -229,6 +229,21 @@ class LogSettings(Section):
     spool_bytes: int = Field(16 * 2**20, ge=0)
 
 
+class TracingSettings(Section):
+    """OpenTelemetry traces (docs/proxy.md): a span per decision, exported over OTLP/HTTP, the
+    W3C ``traceparent`` of a request taken as its parent and sent on to the slow model. Off by
+    default; needs the ``tracing`` extra (opentelemetry-sdk and its OTLP exporter)."""
+
+    enabled: bool = False
+    # The collector's OTLP/HTTP traces URL; None: the exporter's own default, or the standard
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT variables.
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")
+    service_name: str = Field("slotgate", min_length=1)
+    # The decision's message text and answer as span attributes: off, since traces often go to
+    # a store with wider access than the decision log.
+    record_text: bool = False
+
+
 class Settings(BaseSettings):
     """slotgate's configuration. Nested fields use ``__`` in the environment, e.g.
     ``SLOTGATE_CACHE__REDIS_URL``. ``SLOTGATE_SLOW_MODEL`` / ``SLOTGATE_SLOW_API_BASE`` are
@@ -268,6 +283,7 @@ class Settings(BaseSettings):
     log: LogSettings = Field(default_factory=LogSettings)
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
     _split_tier_form: bool = PrivateAttr(default=False)

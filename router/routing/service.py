@@ -54,6 +54,7 @@ from router.routing.ports import (
 from router.routing.reads import FastReads
 from router.routing.registry import PolicyRegistry
 from router.routing.tiers import Climb, FastTier, climb
+from router.routing.tracing import NO_TRACING, DecisionTracing
 from router.settings import Settings
 from router.store.metrics import Metrics
 from router.store.records import DecisionRecord
@@ -77,8 +78,10 @@ class RoutingService:
         metrics: Metrics,
         settings: Settings,
         monitor: DecisionObserver | None = None,
+        tracing: DecisionTracing = NO_TRACING,
     ) -> None:
         self.backend = backend
+        self.tracing = tracing  # a span per decision (router/routing/tracing.py); off: NO_TRACING
         self.monitor = monitor  # production monitoring: told of every decision with a fast read
         self.cache = cache
         self.registry = registry
@@ -221,6 +224,28 @@ class RoutingService:
         return await self.reads.read_upstream(requests, read)
 
     async def _route(
+        self,
+        request: DecisionRequest,
+        read: FastRead,
+        policy: Policy | None,
+        *,
+        namespace: str,
+        started: float,
+        read_later: Callable[[], Awaitable[FastRead]],
+        climb: Climb | None = None,
+    ) -> Decision:
+        """One decision, in its span when tracing is on."""
+        if not self.tracing.enabled:
+            return await self._decide(request, read, policy, namespace=namespace,
+                                      started=started, read_later=read_later, climb=climb)
+        with self.tracing.decision(started) as span:
+            decision = await self._decide(request, read, policy, namespace=namespace,
+                                          started=started, read_later=read_later, climb=climb)
+            self.tracing.describe(span, request, read if climb is None else climb.read,
+                                  decision, namespace=namespace)
+            return decision
+
+    async def _decide(
         self,
         request: DecisionRequest,
         read: FastRead,
