@@ -244,6 +244,34 @@ class TracingSettings(Section):
     record_text: bool = False
 
 
+class BudgetSettings(Section):
+    """An escalation budget per API key (docs/proxy.md): at most ``limit`` units of slow calls
+    in each fixed window of ``window_s`` seconds, a slow call costing ``call_cost`` units (1:
+    the budget counts calls; a price: it counts money). Shared through Redis when
+    ``cache.redis_url`` is set. ``on_spent``: what a decision that needs the slow model gets
+    once its key's budget is spent. Off while ``limit`` is unset."""
+
+    limit: float | None = Field(None, gt=0)
+    window_s: float = Field(3600.0, gt=0)
+    call_cost: float = Field(1.0, gt=0)
+    on_spent: Literal["unverified", "refuse", "cheaper_model"] = "refuse"
+    cheaper_model: str | None = None  # a litellm model string, for on_spent: cheaper_model
+    per_key: dict[str, float] = Field(default_factory=dict)  # key sha256 hex -> its own limit
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetSettings:
+        if self.on_spent == "cheaper_model" and not self.cheaper_model:
+            raise ValueError("budget.cheaper_model: on_spent 'cheaper_model' needs a model to "
+                             "answer with (a litellm model string)")
+        for digest, limit in self.per_key.items():
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"budget.per_key: {digest!r} is not a key's sha256 hex digest "
+                                 "(64 lowercase hex digits, as in api_key_hashes)")
+            if limit <= 0:
+                raise ValueError(f"budget.per_key[{digest[:16]}...]: the limit must be > 0")
+        return self
+
+
 class Settings(BaseSettings):
     """slotgate's configuration. Nested fields use ``__`` in the environment, e.g.
     ``SLOTGATE_CACHE__REDIS_URL``. ``SLOTGATE_SLOW_MODEL`` / ``SLOTGATE_SLOW_API_BASE`` are
@@ -284,6 +312,7 @@ class Settings(BaseSettings):
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
     _split_tier_form: bool = PrivateAttr(default=False)

@@ -39,6 +39,7 @@ from router.routing.backpressure import ConcurrencyLimit
 from router.routing.ports import DecisionSink, FeedbackStore, ReadCache, SlowModel
 from router.routing.service import RoutingService
 from router.settings import Settings
+from router.store.budgets import KeyBudgets, make_budgets
 from router.store.metrics import Metrics
 
 log = logging.getLogger("slotgate")
@@ -85,11 +86,14 @@ def create_app(
                     stack.push_async_callback(later.aclose)
             if rate_limit is not None:
                 stack.push_async_callback(rate_limit.aclose)
+            if budgets is not None:
+                stack.push_async_callback(budgets.aclose)
             if provider is not None and tracer_provider is None:
                 stack.push_async_callback(asyncio.to_thread, provider.shutdown)
             service, feedback = await _build_service(
                 settings, stack, backend=backend, tiers=tiers, slow=slow, cache=cache,
-                decision_log=decision_log, metrics=state.metrics, tracer_provider=provider)
+                decision_log=decision_log, metrics=state.metrics, tracer_provider=provider,
+                budgets=budgets)
             state.started(service, feedback)
             warming = await _warm_up(state, service) if warm else None
             from router.routing.reload import live_reload  # SIGHUP and policy file changes
@@ -123,6 +127,7 @@ def create_app(
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 
     rate_limit = make_rate_limit(settings)  # shared through Redis when one is configured
+    budgets = make_budgets(settings)  # per-key escalation budgets, shared the same way
     provider = None
     if settings.tracing.enabled:
         from router.http.tracing import make_tracer_provider
@@ -137,6 +142,11 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _on_http_exception)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _on_unexpected)
+    if budgets is not None:  # inside the guard, which names the caller's namespace
+        from router.http.budget_headers import BudgetHeaders
+
+        app.add_middleware(BudgetHeaders, budgets=budgets,
+                           default_namespace=settings.cache.namespace)
     app.add_middleware(
         AdmissionGuard,
         api_key_hashes=settings.api_key_hashes,
@@ -169,6 +179,7 @@ async def _build_service(
     settings: Settings, stack: AsyncExitStack, *, backend: FastBackend | None,
     tiers: Mapping[str, FastBackend] | None, slow: SlowModel | None, cache: ReadCache | None,
     decision_log: DecisionLogPart | None, metrics: Metrics, tracer_provider: Any | None,
+    budgets: KeyBudgets | None,
 ) -> tuple[RoutingService, FeedbackStore]:
     from router.routing.registry import PolicyRegistry
     from router.routing.tracing import NO_TRACING
@@ -240,8 +251,23 @@ async def _build_service(
     service = RoutingService(backend=backend, tiers=tiers, cache=cache, registry=registry,
                              slow=slow,
                              log=decision_log, metrics=metrics, settings=settings, monitor=monitor,
-                             tracing=tracing)
+                             tracing=tracing, budgets=budgets,
+                             cheaper=_cheaper_model(settings, stack, tracer_provider))
     return service, decision_log
+
+
+def _cheaper_model(settings: Settings, stack: AsyncExitStack,
+                   tracer_provider: Any | None) -> SlowModel | None:
+    """The slow path to ``budget.cheaper_model`` when a spent budget asks for it, else None."""
+    if settings.budget.limit is None or settings.budget.on_spent != "cheaper_model":
+        return None
+    from router.routing.slow import SlowPath
+    from router.routing.tracing import trace_headers
+
+    cheaper = SlowPath(settings.slow.model_copy(update={"model": settings.budget.cheaper_model}),
+                       trace_headers=None if tracer_provider is None else trace_headers)
+    stack.push_async_callback(cheaper.aclose)
+    return cheaper
 
 
 # ---- the one mapping from the error tree to HTTP -------------------------------------------
