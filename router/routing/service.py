@@ -1,14 +1,16 @@
 """The routing service: read -> plan -> execute -> log. Each decision is read (cache, fast
 backend), judged by its policy (pure; the budget windows are state owned here), planned by
-``router.routing.plan.plan`` (the one place shadow mode, an alarm's gate, ``policy.unscoped`` and
-``slow.serve_unverified_on_failure`` act), executed (escalation) and logged. It speaks
+``router.routing.plan.plan`` (the one place shadow mode, an alarm's gate, ``policy.unscoped``,
+``slow.serve_unverified_on_failure`` and a caller's spent escalation budget act; the budgets'
+counts are looked up and charged here), executed (escalation) and logged. It speaks
 DecisionRequest/Decision only (no HTTP types), so every wire surface shares one behaviour.
 
 Failure semantics: a fast backend that fails or passes ``fast.timeout_s`` escalates (counted);
 an escalation with no usable slow path raises a ``SlowPathError`` (``NoSlowModel`` when none is
 configured: 503, its message says escalation is unavailable) unless
 ``slow.serve_unverified_on_failure``, which returns the fast answer with route ``unverified`` and
-a note. A full fast-backend or slow-model queue raises ``TooManyRequests``.
+a note. A full fast-backend or slow-model queue raises ``TooManyRequests``; a decision refused
+for its caller's spent budget, ``BudgetSpent``.
 """
 
 from __future__ import annotations
@@ -352,10 +354,10 @@ class RoutingService:
         """The slow answer (``Escalation.answer``), from ``budget.cheaper_model`` when the plan
         says so; a slow call of the caller's own is charged to its budget (the cheaper model's,
         once the budget is spent, and answers shared or cached are not)."""
-        cheaper = the_plan.cheaper and self.cheaper is not None
-        escalation = self.cheaper if cheaper and self.cheaper is not None else self.escalation
+        escalation = (self.cheaper if the_plan.cheaper and self.cheaper is not None
+                      else self.escalation)
         answer, from_cache = await escalation.answer(request, namespace=namespace)
-        if self.budgets is not None and not from_cache and not cheaper:
+        if self.budgets is not None and not from_cache and escalation is self.escalation:
             cost = self.settings.budget.call_cost
             await self.budgets.charge(namespace, cost)
             self.metrics.budget_charged(namespace, cost)
