@@ -119,3 +119,17 @@ def test_an_otlp_endpoint_that_is_not_a_url_is_refused_naming_the_field() -> Non
 
     with pytest.raises(ConfigError, match=r"tracing\.otlp_endpoint"):
         load_settings(tracing={"enabled": True, "otlp_endpoint": "collector:4318"})
+
+
+def test_a_passthrough_chat_passes_the_callers_traceparent_on(
+        standin: StandinHandle, tmp_path: Path, exporter: InMemorySpanExporter) -> None:
+    settings = settings_for(standin, tmp_path, tracing={"enabled": True})
+    with Server(settings, backend=MockBackend(Recorder()),
+                tracer_provider=provider_for(exporter)) as server:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
+                           headers={"traceparent": PARENT},
+                           json={"model": "any", "messages": [{"role": "user", "content": "hi"}]})
+    assert reply.status_code == 200, reply.text
+    assert decision_spans(exporter) == []  # not a decision
+    [call] = standin.calls()
+    assert call["traceparent"] == PARENT
