@@ -164,3 +164,25 @@ def test_bad_budget_settings_are_refused_naming_the_field(
         budget: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_settings(budget=budget)
+
+
+def test_with_redis_unreachable_each_process_counts_on_its_own(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from tests.conftest import free_port
+
+    async def run() -> tuple[float, float]:
+        budgets = RedisKeyBudgets(f"redis://127.0.0.1:{free_port()}/0", limit=2, window_s=60)
+        try:
+            await budgets.charge("key-a", 1)
+            charged = await budgets.charge("key-a", 1)  # within retry_interval_s: no new try
+            return charged.used, (await budgets.state("key-a")).remaining
+        finally:
+            await budgets.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="router.store.budgets"):
+        used, left = asyncio.run(run())
+    assert (used, left) == (2, 0)  # never unlimited
+    assert [r.message for r in caplog.records if "redis unavailable" in r.message]
