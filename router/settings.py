@@ -244,6 +244,49 @@ class LogSettings(Section):
     spool_bytes: int = Field(16 * 2**20, ge=0)
 
 
+class TracingSettings(Section):
+    """OpenTelemetry traces (docs/proxy.md): a span per decision, exported over OTLP/HTTP, the
+    W3C ``traceparent`` of a request taken as its parent and sent on to the slow model. Off by
+    default; needs the ``tracing`` extra (opentelemetry-sdk and its OTLP exporter)."""
+
+    enabled: bool = False
+    # The collector's OTLP/HTTP traces URL; None: the exporter's own default, or the standard
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT variables.
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")
+    service_name: str = Field("slotgate", min_length=1)
+    # The decision's message text and answer as span attributes: off, since traces often go to
+    # a store with wider access than the decision log.
+    record_text: bool = False
+
+
+class BudgetSettings(Section):
+    """An escalation budget per API key (docs/proxy.md): at most ``limit`` units of slow calls
+    in each fixed window of ``window_s`` seconds, a slow call costing ``call_cost`` units (1:
+    the budget counts calls; a price: it counts money). Shared through Redis when
+    ``cache.redis_url`` is set. ``on_spent``: what a decision that needs the slow model gets
+    once its key's budget is spent. Off while ``limit`` is unset."""
+
+    limit: float | None = Field(None, gt=0)
+    window_s: float = Field(3600.0, gt=0)
+    call_cost: float = Field(1.0, gt=0)
+    on_spent: Literal["unverified", "refuse", "cheaper_model"] = "refuse"
+    cheaper_model: str | None = None  # a litellm model string, for on_spent: cheaper_model
+    per_key: dict[str, float] = Field(default_factory=dict)  # key sha256 hex -> its own limit
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetSettings:
+        if self.on_spent == "cheaper_model" and not self.cheaper_model:
+            raise ValueError("budget.cheaper_model: on_spent 'cheaper_model' needs a model to "
+                             "answer with (a litellm model string)")
+        for digest, limit in self.per_key.items():
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"budget.per_key: {digest!r} is not a key's sha256 hex digest "
+                                 "(64 lowercase hex digits, as in api_key_hashes)")
+            if limit <= 0:
+                raise ValueError(f"budget.per_key[{digest[:16]}...]: the limit must be > 0")
+        return self
+
+
 class Settings(BaseSettings):
     """slotgate's configuration. Nested fields use ``__`` in the environment, e.g.
     ``SLOTGATE_CACHE__REDIS_URL``. ``SLOTGATE_SLOW_MODEL`` / ``SLOTGATE_SLOW_API_BASE`` are
@@ -286,6 +329,8 @@ class Settings(BaseSettings):
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     passthrough: PassthroughSettings = Field(default_factory=PassthroughSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
     slow_model: str | None = None  # shorthand, folded into slow.model
     slow_api_base: str | None = None  # shorthand, folded into slow.api_base
     _split_tier_form: bool = PrivateAttr(default=False)

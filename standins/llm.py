@@ -203,7 +203,8 @@ def create_app(state: StandinState) -> FastAPI:
         mode = state.take_mode()
         with state.lock:
             state.calls.append({"body": body, "mode": mode, "time": time.time(),
-                                "authorization": request.headers.get("authorization")})
+                                "authorization": request.headers.get("authorization"),
+                                "traceparent": request.headers.get("traceparent")})
         if mode == "fail500" or (mode == "cut" and not body.get("stream")):
             return JSONResponse({"error": {"message": state.error_message, "type": "server_error"}},
                                 status_code=500)

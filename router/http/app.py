@@ -42,6 +42,7 @@ from router.routing.backpressure import ConcurrencyLimit
 from router.routing.ports import DecisionSink, FeedbackStore, ReadCache, SlowModel
 from router.routing.service import RoutingService
 from router.settings import Settings
+from router.store.budgets import KeyBudgets, make_budgets
 from router.store.metrics import Metrics
 
 log = logging.getLogger("slotgate")
@@ -62,6 +63,7 @@ def create_app(
     decision_log: DecisionLogPart | None = None,
     close_backend: bool = False,
     warm_up: bool | None = None,
+    tracer_provider: Any | None = None,
 ) -> FastAPI:
     """A new app for ``settings``. Parts passed in (tests inject a MockBackend) are used as they
     are and left open at shutdown; parts the app builds itself, it closes. ``tiers``: the later
@@ -70,7 +72,9 @@ def create_app(
     uvicorn starts, so that a bad model file is one message and exit 2, not a lifespan
     traceback). ``warm_up``: every fast tier reads once at start-up, and /readyz says not ready
     until each has (router/http/startup.py); default: when the app owns its backends (it builds
-    them, or ``close_backend``), as under ``slotgate serve``."""
+    them, or ``close_backend``), as under ``slotgate serve``. ``tracer_provider``: the
+    OpenTelemetry provider of the decision spans under ``tracing.enabled`` (default: one
+    exporting over OTLP, shut down, flushed, with the app; one passed in is left open)."""
     warm = warm_up if warm_up is not None else backend is None or close_backend
     state = AppState(settings=settings, metrics=Metrics(),
                      decision_log_path=settings.log.decision_log_path if decision_log is None
@@ -85,9 +89,14 @@ def create_app(
                     stack.push_async_callback(later.aclose)
             if rate_limit is not None:
                 stack.push_async_callback(rate_limit.aclose)
+            if budgets is not None:
+                stack.push_async_callback(budgets.aclose)
+            if provider is not None and tracer_provider is None:
+                stack.push_async_callback(asyncio.to_thread, provider.shutdown)
             service, feedback = await _build_service(
                 settings, stack, backend=backend, tiers=tiers, slow=slow, cache=cache,
-                decision_log=decision_log, metrics=state.metrics)
+                decision_log=decision_log, metrics=state.metrics, tracer_provider=provider,
+                budgets=budgets)
             state.started(service, feedback)
             state.upstreams = Upstreams.from_settings(settings, state.metrics)
             if state.upstreams is not None:
@@ -124,6 +133,12 @@ def create_app(
             # leaving the stack closes slow path, backend, cache, then the decision log (flushed)
 
     rate_limit = make_rate_limit(settings)  # shared through Redis when one is configured
+    budgets = make_budgets(settings)  # per-key escalation budgets, shared the same way
+    provider = None
+    if settings.tracing.enabled:
+        from router.http.tracing import make_tracer_provider
+
+        provider = tracer_provider or make_tracer_provider(settings.tracing)
     app = FastAPI(title="slotgate", version="0.1.0", lifespan=lifespan)
     app.state.slotgate = state  # read back only through router.http.state.app_state
     app.include_router(openai_routes())
@@ -135,6 +150,11 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _on_http_exception)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _on_unexpected)
+    if budgets is not None:  # inside the guard, which names the caller's namespace
+        from router.http.budget_headers import BudgetHeaders
+
+        app.add_middleware(BudgetHeaders, budgets=budgets,
+                           default_namespace=settings.cache.namespace)
     app.add_middleware(
         AdmissionGuard,
         api_key_hashes=settings.api_key_hashes,
@@ -144,6 +164,10 @@ def create_app(
         on_status=state.metrics.response,
         rate_limit=rate_limit,
     )
+    if provider is not None:
+        from router.http.tracing import TraceContext
+
+        app.add_middleware(TraceContext)
     return app
 
 
@@ -162,9 +186,17 @@ async def _warm_up(state: AppState, service: RoutingService) -> asyncio.Task[Non
 async def _build_service(
     settings: Settings, stack: AsyncExitStack, *, backend: FastBackend | None,
     tiers: Mapping[str, FastBackend] | None, slow: SlowModel | None, cache: ReadCache | None,
-    decision_log: DecisionLogPart | None, metrics: Metrics,
+    decision_log: DecisionLogPart | None, metrics: Metrics, tracer_provider: Any | None,
+    budgets: KeyBudgets | None,
 ) -> tuple[RoutingService, FeedbackStore]:
     from router.routing.registry import PolicyRegistry
+    from router.routing.tracing import NO_TRACING
+
+    tracing = NO_TRACING
+    if tracer_provider is not None:
+        from router.http.tracing import decision_tracing
+
+        tracing = decision_tracing(settings.tracing, tracer_provider)
 
     # Closed in reverse order of registration: the log last, so it records every drained decision.
     if decision_log is None:
@@ -195,13 +227,15 @@ async def _build_service(
             stack.push_async_callback(tiers[tier.name].aclose)
     if slow is None:
         from router.routing.slow import SlowPath  # litellm itself is imported lazily
+        from router.routing.tracing import trace_headers
 
         # The slow model's one concurrency cap: escalations and passthrough beyond it plus
         # max_queue waiting get 429 at once instead of waiting until the timeout makes them 504s.
         limit = ConcurrencyLimit(
             "slow path", capacity=settings.slow.max_concurrency, max_waiting=settings.max_queue,
             on_reject=lambda: metrics.queue_rejected("slow"))
-        built_slow = SlowPath(settings.slow, limit=limit)
+        built_slow = SlowPath(settings.slow, limit=limit,
+                              trace_headers=None if tracer_provider is None else trace_headers)
         stack.push_async_callback(built_slow.aclose)
         slow = built_slow
     monitor = None
@@ -224,8 +258,24 @@ async def _build_service(
         restore_from_log(monitor, settings.log.decision_log_path)
     service = RoutingService(backend=backend, tiers=tiers, cache=cache, registry=registry,
                              slow=slow,
-                             log=decision_log, metrics=metrics, settings=settings, monitor=monitor)
+                             log=decision_log, metrics=metrics, settings=settings, monitor=monitor,
+                             tracing=tracing, budgets=budgets,
+                             cheaper=_cheaper_model(settings, stack, tracer_provider))
     return service, decision_log
+
+
+def _cheaper_model(settings: Settings, stack: AsyncExitStack,
+                   tracer_provider: Any | None) -> SlowModel | None:
+    """The slow path to ``budget.cheaper_model`` when a spent budget asks for it, else None."""
+    if settings.budget.limit is None or settings.budget.on_spent != "cheaper_model":
+        return None
+    from router.routing.slow import SlowPath
+    from router.routing.tracing import trace_headers
+
+    cheaper = SlowPath(settings.slow.model_copy(update={"model": settings.budget.cheaper_model}),
+                       trace_headers=None if tracer_provider is None else trace_headers)
+    stack.push_async_callback(cheaper.aclose)
+    return cheaper
 
 
 # ---- the one mapping from the error tree to HTTP -------------------------------------------

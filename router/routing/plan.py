@@ -5,8 +5,10 @@ routing mode (shadow, ``policy.unscoped`` with its fixed bar, ``slow.serve_unver
 an alarm's gate and the decision's scope into a ``Plan``. Precedence, highest first: scope (an
 unscoped decision follows ``policy.unscoped`` alone, no gate applies), a failed or missing read
 (only the slow path can answer), the alarm's gate (it turns an accept into an escalation), shadow
-mode (the slow answer is served, the verdict logged), the policy's verdict. Pure: no I/O, no
-state; the routing service reads, executes the plan and logs the decision."""
+mode (the slow answer is served, the verdict logged), the policy's verdict. Last, the caller's
+escalation budget (``spent``): a plan that would call the slow model gets ``budget.on_spent``
+instead once it is spent. Pure: no I/O, no state; the routing service reads, executes the plan
+and logs the decision."""
 
 from __future__ import annotations
 
@@ -29,10 +31,13 @@ UNSCOPED_POLICY_ID = "fallback"
 # shadow: the slow model answers; the fast read, and the policy's verdict when there is one,
 # are logged beside it. unverified: serve the fast answer marked unverified (no policy covers
 # the question and ``policy.unscoped: unverified`` asks for it).
-Action = Literal["fast", "escalate", "shadow", "unverified"]
+# refuse: the caller's escalation budget is spent and ``budget.on_spent: refuse`` asks for a 429.
+Action = Literal["fast", "escalate", "shadow", "unverified", "refuse"]
 # What a failed slow path leads to: the error reaches the caller (refuse), or the fast answer
 # is served marked unverified (``slow.serve_unverified_on_failure``; read then if none was).
 Fallback = Literal["refuse", "unverified"]
+# What a decision that needs the slow model gets once its caller's budget is spent.
+OnSpent = Literal["unverified", "refuse", "cheaper_model"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +68,9 @@ class Plan:
     takes). ``note``: the decision's note once the plan ran as planned; ``fallback_note``
     follows the slow path's error message when the fast answer is served unverified instead;
     ``error_note`` follows it in the error a refused decision raises (None: unchanged).
-    ``calibrated``: every option's probability as the verdict saw it (None: no verdict)."""
+    ``calibrated``: every option's probability as the verdict saw it (None: no verdict).
+    ``cheaper``: the slow call goes to ``budget.cheaper_model``; ``retry_after_s``: when a
+    refused decision's caller has budget again."""
 
     action: Action
     fallback: Fallback = "refuse"
@@ -73,6 +80,19 @@ class Plan:
     fallback_note: str = ""
     error_note: str | None = None
     calibrated: list[float] | None = None
+    cheaper: bool = False
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Spent:
+    """The caller's escalation budget is spent: ``limit`` units per ``window_s`` seconds, the
+    window resets in ``reset_s``; ``on_spent`` says what a decision needing the slow model gets."""
+
+    on_spent: OnSpent
+    limit: float
+    window_s: float
+    reset_s: float
 
 
 def reads_first_tier(policy: Policy | None, mode: Mode) -> bool:
@@ -95,14 +115,44 @@ def judged_scores(read: FastRead, *, shadow: bool) -> OptionScores | None:
 
 
 def plan(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None,
-         scope: Scope, calibrated: list[float] | None = None) -> Plan:
+         scope: Scope, calibrated: list[float] | None = None, *,
+         spent: Spent | None = None) -> Plan:
     """The plan for one decision. ``verdict``: the covering policy's on ``judged_scores``
     (None when there are none, or no policy covers the decision), with ``calibrated``, the
     probabilities it saw; ``gate``: why an alarm on that policy escalates what it accepts
-    (None: its verdicts stand)."""
+    (None: its verdicts stand); ``spent``: the caller's escalation budget, when it is spent."""
     if not scope.covered:
-        return _unscoped(read, mode, scope.question)
-    return dataclasses.replace(_covered(read, verdict, mode, gate), calibrated=calibrated)
+        the_plan = _unscoped(read, mode, scope.question)
+    else:
+        the_plan = dataclasses.replace(_covered(read, verdict, mode, gate), calibrated=calibrated)
+    if spent is not None and calls_slow_model(the_plan):
+        return _over_budget(the_plan, read, spent)
+    return the_plan
+
+
+def calls_slow_model(the_plan: Plan) -> bool:
+    """Whether carrying out ``the_plan`` asks the slow model (what a caller's budget counts)."""
+    return the_plan.action in ("escalate", "shadow")
+
+
+def _over_budget(the_plan: Plan, read: FastRead, spent: Spent) -> Plan:
+    """``budget.on_spent`` for a plan that would call the slow model: the cheaper model answers,
+    or the fast answer is served unverified (read late if none was made; a failed read leaves
+    nothing to serve: refused), or the decision is refused until the window resets."""
+    why = (f"this API key's escalation budget is spent ({spent.limit:g} per {spent.window_s:g} s "
+           f"window, budget.on_spent: {spent.on_spent}; it resets in {spent.reset_s:.0f} s)")
+    if spent.on_spent == "cheaper_model":
+        return dataclasses.replace(the_plan, cheaper=True, note="; ".join(
+            filter(None, (the_plan.note, f"{why}: answered by budget.cheaper_model"))))
+    scores = judged_scores(read, shadow=the_plan.action == "shadow")
+    if spent.on_spent == "unverified" and (scores is not None or read.skipped):
+        return dataclasses.replace(
+            the_plan, action="unverified", fallback="refuse", error_note=why,
+            retry_after_s=spent.reset_s, note=f"{why}; the fast answer is served unverified")
+    if spent.on_spent == "unverified":  # asked for the fast answer, but no read can give one
+        why += f"; no fast answer to serve instead ({read.failure})"
+    return dataclasses.replace(the_plan, action="refuse", fallback="refuse", error_note=why,
+                               retry_after_s=spent.reset_s)
 
 
 def _covered(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None) -> Plan:

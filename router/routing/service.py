@@ -1,14 +1,16 @@
 """The routing service: read -> plan -> execute -> log. Each decision is read (cache, fast
 backend), judged by its policy (pure; the budget windows are state owned here), planned by
-``router.routing.plan.plan`` (the one place shadow mode, an alarm's gate, ``policy.unscoped`` and
-``slow.serve_unverified_on_failure`` act), executed (escalation) and logged. It speaks
+``router.routing.plan.plan`` (the one place shadow mode, an alarm's gate, ``policy.unscoped``,
+``slow.serve_unverified_on_failure`` and a caller's spent escalation budget act; the budgets'
+counts are looked up and charged here), executed (escalation) and logged. It speaks
 DecisionRequest/Decision only (no HTTP types), so every wire surface shares one behaviour.
 
 Failure semantics: a fast backend that fails or passes ``fast.timeout_s`` escalates (counted);
 an escalation with no usable slow path raises a ``SlowPathError`` (``NoSlowModel`` when none is
 configured: 503, its message says escalation is unavailable) unless
 ``slow.serve_unverified_on_failure``, which returns the fast answer with route ``unverified`` and
-a note. A full fast-backend or slow-model queue raises ``TooManyRequests``.
+a note. A full fast-backend or slow-model queue raises ``TooManyRequests``; a decision refused
+for its caller's spent budget, ``BudgetSpent``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from policies.scope import describe
 from policies.types import Decision, DecisionRequest, OptionScores, Route
 from router.backends.base import FastBackend
 from router.errors import (
+    BudgetSpent,
     SlowPathError,
 )
 from router.routing.backpressure import ConcurrencyLimit
@@ -38,6 +41,8 @@ from router.routing.plan import (
     Mode,
     Plan,
     Scope,
+    Spent,
+    calls_slow_model,
     judged_scores,
     plan,
     reads_first_tier,
@@ -54,7 +59,9 @@ from router.routing.ports import (
 from router.routing.reads import FastReads
 from router.routing.registry import PolicyRegistry
 from router.routing.tiers import Climb, FastTier, climb
+from router.routing.tracing import NO_TRACING, DecisionTracing
 from router.settings import Settings
+from router.store.budgets import KeyBudgets
 from router.store.metrics import Metrics
 from router.store.records import DecisionRecord
 
@@ -77,8 +84,12 @@ class RoutingService:
         metrics: Metrics,
         settings: Settings,
         monitor: DecisionObserver | None = None,
+        tracing: DecisionTracing = NO_TRACING,
+        budgets: KeyBudgets | None = None,
+        cheaper: SlowModel | None = None,
     ) -> None:
         self.backend = backend
+        self.tracing = tracing  # a span per decision (router/routing/tracing.py); off: NO_TRACING
         self.monitor = monitor  # production monitoring: told of every decision with a fast read
         self.cache = cache
         self.registry = registry
@@ -103,6 +114,12 @@ class RoutingService:
                 configured[name])
         self._first = first
         self.escalation = Escalation(slow=slow, cache=cache, metrics=metrics, settings=settings)
+        # Per-key escalation budgets (``budget``; None: off) and the model that answers once a
+        # key's is spent under ``budget.on_spent: cheaper_model``.
+        self.budgets = budgets
+        self.cheaper = None if settings.budget.on_spent != "cheaper_model" else Escalation(
+            slow=cheaper, cache=cache, metrics=metrics, settings=settings.model_copy(update={
+                "slow": settings.slow.model_copy(update={"model": settings.budget.cheaper_model})}))
         self.reads = FastReads(first, cache=cache, metrics=metrics)
         # The budget windows of the policies that have one: state of running a policy, kept
         # here so that a policy's ``decide`` stays pure.
@@ -231,21 +248,51 @@ class RoutingService:
         read_later: Callable[[], Awaitable[FastRead]],
         climb: Climb | None = None,
     ) -> Decision:
+        """One decision, in its span when tracing is on."""
+        if not self.tracing.enabled:
+            return await self._decide(request, read, policy, namespace=namespace,
+                                      started=started, read_later=read_later, climb=climb)
+        with self.tracing.decision(started) as span:
+            decision = await self._decide(request, read, policy, namespace=namespace,
+                                          started=started, read_later=read_later, climb=climb)
+            self.tracing.describe(span, request, read if climb is None else climb.read,
+                                  decision, namespace=namespace)
+            return decision
+
+    async def _decide(
+        self,
+        request: DecisionRequest,
+        read: FastRead,
+        policy: Policy | None,
+        *,
+        namespace: str,
+        started: float,
+        read_later: Callable[[], Awaitable[FastRead]],
+        climb: Climb | None = None,
+    ) -> Decision:
         """One decision: its climb's last step (the policy's verdict on the last read), the
         plan, its execution."""
         registry = self.registry
         shadow = registry.shadow_all if policy is None else registry.mode(policy)[0]
         if climb is not None:
             read = climb.read
-        the_plan = plan(
-            read, None if climb is None else climb.verdict,
-            Mode(shadow=shadow, unscoped=registry.unscoped,
-                 serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure,
-                 fallback_threshold=registry.fallback_threshold),
-            None if policy is None else registry.gate(policy),
-            Scope(covered=policy is not None,
-                  question="" if policy is not None else describe(request)),
-            calibrated=None if climb is None else climb.calibrated)
+        facts = (read, None if climb is None else climb.verdict,
+                 Mode(shadow=shadow, unscoped=registry.unscoped,
+                      serve_unverified_on_failure=self.settings.slow.serve_unverified_on_failure,
+                      fallback_threshold=registry.fallback_threshold),
+                 None if policy is None else registry.gate(policy),
+                 Scope(covered=policy is not None,
+                       question="" if policy is not None else describe(request)),
+                 None if climb is None else climb.calibrated)
+        the_plan = plan(*facts)
+        if self.budgets is not None and calls_slow_model(the_plan):
+            budget = await self.budgets.state(namespace)
+            if budget.spent:  # the same facts, with the caller's budget spent
+                on_spent = self.settings.budget.on_spent
+                the_plan = plan(*facts, spent=Spent(
+                    on_spent=on_spent, limit=budget.limit,
+                    window_s=self.settings.budget.window_s, reset_s=budget.reset_s))
+                self.metrics.budget_spent(namespace, on_spent)
         decision = await self._execute(
             request, read, the_plan, namespace=namespace, started=started,
             read_later=read_later, policy=policy, climb=climb)
@@ -302,20 +349,37 @@ class RoutingService:
             shadow=the_plan.action == "shadow", guarantee=promised.guarantee, tier=tier,
             tiers=None if climb is None else climb.evidence(), receipt=promised)
 
+    async def _escalate(self, request: DecisionRequest, the_plan: Plan, *,
+                        namespace: str) -> tuple[str, bool]:
+        """The slow answer (``Escalation.answer``), from ``budget.cheaper_model`` when the plan
+        says so; a slow call of the caller's own is charged to its budget (the cheaper model's,
+        once the budget is spent, and answers shared or cached are not)."""
+        escalation = (self.cheaper if the_plan.cheaper and self.cheaper is not None
+                      else self.escalation)
+        answer, from_cache = await escalation.answer(request, namespace=namespace)
+        if self.budgets is not None and not from_cache and escalation is self.escalation:
+            cost = self.settings.budget.call_cost
+            await self.budgets.charge(namespace, cost)
+            self.metrics.budget_charged(namespace, cost)
+        return answer, from_cache
+
     async def _answer(
         self, request: DecisionRequest, read: FastRead, the_plan: Plan, *, namespace: str,
         read_later: Callable[[], Awaitable[FastRead]],
     ) -> tuple[str, Route, str | None, OptionScores | None]:
         """The answer served, its route, the note and the scores it came from (None: none)."""
         action, note = the_plan.action, the_plan.note
+        if action == "unverified" and read.skipped:  # the caller's budget is spent: read now
+            read = await read_later()
         scores = judged_scores(read, shadow=action == "shadow")
+        _refuse_if_over_budget(the_plan, read, scores)
         if action not in ("escalate", "shadow"):
             assert scores is not None  # planned only on a read
             route: Route = ("unverified" if action == "unverified"
                             else "cache" if read.cached else "fast")
             return scores.options[scores.top_index], route, note, scores
         try:
-            answer, from_cache = await self.escalation.answer(request, namespace=namespace)
+            answer, from_cache = await self._escalate(request, the_plan, namespace=namespace)
             return answer, "cache" if from_cache else "slow", note, scores
         except SlowPathError as exc:
             late_failure = None
@@ -329,6 +393,17 @@ class RoutingService:
                 raise _explained(exc, the_plan.error_note, late_failure) from exc
             return (scores.options[scores.top_index], "unverified",
                     f"{exc.message}; {the_plan.fallback_note}", scores)
+
+
+def _refuse_if_over_budget(the_plan: Plan, read: FastRead, scores: OptionScores | None) -> None:
+    """A decision refused for its caller's spent budget: planned so, or planned unverified
+    with a read made late that failed."""
+    if the_plan.action == "refuse":
+        raise BudgetSpent(the_plan.error_note or "escalation budget spent",
+                          retry_after_s=the_plan.retry_after_s or 1.0)
+    if the_plan.action == "unverified" and scores is None:
+        raise BudgetSpent(f"{the_plan.error_note}; no fast answer to serve instead "
+                          f"({read.failure})", retry_after_s=the_plan.retry_after_s or 1.0)
 
 
 def _explained(exc: SlowPathError, error_note: str | None, failure: str | None) -> SlowPathError:

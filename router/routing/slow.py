@@ -123,9 +123,12 @@ class SlowPath:
     (tests); its exceptions are translated as litellm's are."""
 
     def __init__(self, settings: SlowPathSettings, *, completion: Completion | None = None,
-                 limit: ConcurrencyLimit | None = None) -> None:
+                 limit: ConcurrencyLimit | None = None,
+                 trace_headers: Callable[[], dict[str, str]] | None = None) -> None:
         self.settings = settings
         self._completion = completion
+        # The W3C trace context of the current span, sent with each call (tracing on only).
+        self._trace_headers = trace_headers
         self._limit = limit or ConcurrencyLimit(
             "slow path", capacity=settings.max_concurrency, max_waiting=sys.maxsize,
             on_reject=lambda: None)
@@ -336,6 +339,8 @@ class SlowPath:
                 raise SlowPathTimeout(f"slow model: no time left of slow.timeout_s = "
                                       f"{self.settings.timeout_s:g} s")
             kwargs.update(timeout=budget_s, max_retries=0, num_retries=0)
+            if self._trace_headers is not None and (traced := self._trace_headers()):
+                kwargs["extra_headers"] = {**kwargs.get("extra_headers", {}), **traced}
             if self.settings.api_base:
                 kwargs["api_base"] = self.settings.api_base
             api_key = self._check_credentials(kwargs["model"]).api_key

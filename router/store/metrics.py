@@ -77,6 +77,15 @@ class Metrics:
             "Reads a cascade policy judged, by fast tier and whether the tier accepted the "
             "answer (a tier's accepted share: its coverage of what reached it)",
             ["tier", "accepted"], registry=r)
+        # By key namespace: bounded by the configured API keys.
+        self._budget_charged = Counter(
+            "slotgate_budget_charged_units",
+            "Units of per-key escalation budget spent on slow calls (budget.call_cost each)",
+            ["namespace"], registry=r)
+        self._budget_spent = Counter(
+            "slotgate_budget_spent_decisions",
+            "Decisions that needed the slow model after their key's budget was spent, by what "
+            "they got instead (budget.on_spent)", ["namespace", "on_spent"], registry=r)
         self._queue_rejections = Counter(
             "slotgate_queue_rejections", "Requests refused with 429 because a queue was full",
             ["backend"], registry=r)
@@ -185,6 +194,12 @@ class Metrics:
         first = (policy_id, field) not in self._near_miss_seen
         self._near_miss_seen.add((policy_id, field))
         return first
+
+    def budget_charged(self, namespace: str, units: float) -> None:
+        self._budget_charged.labels(namespace=namespace).inc(units)
+
+    def budget_spent(self, namespace: str, on_spent: str) -> None:
+        self._budget_spent.labels(namespace=namespace, on_spent=on_spent).inc()
 
     def queue_rejected(self, backend: str) -> None:
         self._queue_rejections.labels(backend=backend).inc()
