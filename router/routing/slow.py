@@ -204,6 +204,14 @@ class SlowPath:
             f"slow model {model} gave no valid option after one corrective retry "
             f"(last answer: {self._sanitise((content or '')[:200])!r})")
 
+    async def ask_messages(self, messages: list[dict[str, Any]]) -> tuple[str | None, str]:
+        """The slow model's reply to ``messages`` (a span question, which no option list
+        confines) and the model's name; as ``ask``, under the cap and ``slow.timeout_s``."""
+        model = self._require_model("escalation")
+        response = await self._acompletion(model=model, messages=messages,
+                                           response_format={"type": "json_object"})
+        return (response.choices[0].message.content if response.choices else None), model
+
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A non-decision chat request passed through; returns the OpenAI-shaped response."""
         kwargs = self._passthrough(body)

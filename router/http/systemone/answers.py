@@ -26,6 +26,7 @@ from typing import Any
 
 from policies.types import Decision
 from router.http.systemone.wire import Question, SystemOneRequest
+from router.routing.spans import SpanDecision
 from router.routing.stages import StagedOutcome
 
 # Routes whose answer is the fast read's, so the calibrated distribution describes it.
@@ -69,22 +70,28 @@ def _from_slow(decision: Decision) -> bool:
 
 
 def render_response(
-    request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float, engine: str = "slotgate"
+    request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float,
+    engine: str = "slotgate", spans: dict[str, SpanDecision] | None = None,
 ) -> dict[str, Any]:
-    """The whole 200 body: ``model``, ``answers`` (request order), ``usage``, ``diagnostics``."""
+    """The whole 200 body: ``model``, ``answers`` (request order), ``usage``, ``diagnostics``.
+    A span answer is the server's shape plus ``route``."""
+    spans = spans or {}
     answers = {
         q.id: render_answer(q, outcome.decisions[q.id]) if q.id in outcome.decisions else None
         for q in request.questions
-    }
-    routes = {qid: d.facts() for qid, d in outcome.decisions.items()}
+    } | {qid: s.answer.render() | {"route": s.decision.route} for qid, s in spans.items()}
+    if request.order:
+        answers = {qid: answers.get(qid) for qid in request.order}
+    decisions = [*outcome.decisions.values(), *(s.decision for s in spans.values())]
+    routes = {d.question_id: d.facts() for d in decisions}
     return {
         "model": request.model if request.model is not None else "slotgate",
         "answers": answers,
         "usage": {
             "input_tokens": 0,
             "output_tokens": 0,
-            "decisions": len(outcome.decisions),
-            "escalations": sum(d.escalated for d in outcome.decisions.values()),
+            "decisions": len(decisions),
+            "escalations": sum(d.escalated for d in decisions),
         },
         "diagnostics": diagnostics(request, outcome, total_ms=total_ms, engine=engine) | {
             "routes": routes},

@@ -8,7 +8,7 @@ from email import policy as email_policy
 from email.parser import BytesParser
 from typing import Any
 
-from router.http.systemone.wire import InvalidBody, SystemOneError
+from router.http.systemone.errors import InvalidBody, SystemOneError
 from router.http.text_guard import lone_surrogate_field, surrogate_message
 
 

@@ -3,6 +3,7 @@ answered through the routing service. Errors use that server's dialect, not Open
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -13,8 +14,10 @@ from policies.types import summary_route
 from router.http.state import app_state, namespace
 from router.http.systemone.answers import render_response
 from router.http.systemone.body import decode_body
-from router.http.systemone.wire import parse_request
-from router.routing.stages import answer_stages
+from router.http.systemone.wire import SystemOneRequest, parse_request
+from router.routing.service import RoutingService
+from router.routing.spans import SpanDecision, SpanRouting
+from router.routing.stages import StagedOutcome, answer_stages
 
 
 def make_router() -> APIRouter:
@@ -36,17 +39,47 @@ def make_router() -> APIRouter:
             decode_body(await request.body(), content_type=request.headers.get("content-type")),
             max_questions=settings.max_questions,
             max_options=settings.max_options,
+            spans=True,
         )
         service, caller = state.service, namespace(request)
-        outcome = await answer_stages(service, parsed.staged(), namespace=caller)
+        outcome, spans = await _answer(service, parsed, caller)
         # One label per request, as on the OpenAI surface: the least verified route taken.
-        state.metrics.request(surface="systemone",
-                              route=summary_route(outcome.decisions.values()))
+        state.metrics.request(surface="systemone", route=summary_route(
+            [*outcome.decisions.values(), *(d.decision for d in spans.values())]))
         total_ms = (time.perf_counter() - started) * 1e3
         return JSONResponse(render_response(parsed, outcome, total_ms=total_ms,
-                                            engine=f"slotgate:{service.backend.name}"))
+                                            engine=f"slotgate:{service.backend.name}",
+                                            spans=spans))
 
     return router
+
+
+async def _answer(service: RoutingService, parsed: SystemOneRequest, caller: str
+                  ) -> tuple[StagedOutcome, dict[str, SpanDecision]]:
+    """The label questions in stages and the span questions beside them, as the server runs
+    them; either failing cancels the other."""
+    labels = (answer_stages(service, parsed.staged(), namespace=caller) if parsed.questions
+              else _no_labels())
+    spans = SpanRouting(backend=service.backend, registry=service.registry, slow=service.slow,
+                        settings=service.settings, metrics=service.metrics)
+    span_answers = (spans.route(parsed.span_state(), parsed.spans) if parsed.spans
+                    else _no_spans())
+    outcome_task, spans_task = asyncio.ensure_future(labels), asyncio.ensure_future(span_answers)
+    try:
+        return await outcome_task, await spans_task
+    except BaseException:
+        for task in (outcome_task, spans_task):
+            task.cancel()
+        await asyncio.gather(outcome_task, spans_task, return_exceptions=True)
+        raise
+
+
+async def _no_labels() -> StagedOutcome:
+    return StagedOutcome()
+
+
+async def _no_spans() -> dict[str, SpanDecision]:
+    return {}
 
 
 def _openapi_body() -> dict[str, Any]:
@@ -55,11 +88,14 @@ def _openapi_body() -> dict[str, Any]:
         "type": "object",
         "required": ["type"],
         "properties": {
-            "type": {"enum": ["noul", "bool", "boolean", "choice", "score"]},
+            "type": {"enum": ["noul", "bool", "boolean", "choice", "score", "span", "spans"]},
             "instructions": {"type": "string"},
             "criteria": {"anyOf": [
                 {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
                 {"type": "array", "items": {"type": "string"}},
+                {"type": "object", "properties": {  # span / spans
+                    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 96},
+                    "max_items": {"type": "integer", "minimum": 1, "maximum": 64}}},
             ]},
             "depends_on": {"type": "array", "items": {"type": "string"}},
             "ask_if": {"type": "object", "additionalProperties": {
