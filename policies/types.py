@@ -36,6 +36,11 @@ class ReadExtension:
     what of it a read depends on. Subclasses are frozen dataclasses: requests that differ in
     their knobs must compare unequal, so they are never read as one."""
 
+    def identity(self) -> dict[str, Any]:
+        """What of the knobs changes the question itself (part of ``signature()``, so of the
+        policy that covers it and of every cache key); nothing by default."""
+        return {}
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionRequest:
@@ -76,12 +81,15 @@ class DecisionRequest:
         """Hash of what defines the *question* (not the state): kind, context, text, ordered options."""
         if self._signature is not None:
             return self._signature
-        payload = {
+        payload: dict[str, Any] = {
             "kind": self.kind,
             "context": self.context,
             "instructions": self.instructions,
             "options": [[o.name, o.description] for o in self.options],
         }
+        identity = self.extension.identity() if self.extension is not None else {}
+        if identity:  # only when set: a question without knobs keeps the signature it had
+            payload["extension"] = identity
         signature = canonical_hash(payload)
         object.__setattr__(self, "_signature", signature)  # frozen: memoised once, never changed
         return signature
@@ -235,6 +243,9 @@ class Decision:
     tier: str | None = None
     tiers: tuple[TierRead, ...] | None = None
     receipt: Receipt | None = None
+    # The thought a System One fast tier wrote before the read this answer came from (the
+    # server's ``diagnostics.thought`` for ``think``), passed on; not in ``facts()``.
+    thought: dict[str, Any] | None = None
 
     def facts(self) -> dict[str, Any]:
         """The decision as the flat JSON object every surface shows and the decision log keeps

@@ -148,7 +148,7 @@ class SystemOneBackend(FastBackend):
             "joint": o.joint,
             "stages": "server" if o.server_runs_stages else "router",
             "engine": [o.steps, o.think, o.chunk_rows, o.chunk_prompt],
-        }
+        } | {flag: True for flag in ("constrained", "engine_samples") if getattr(o, flag)}
 
     @property
     def reads_jointly(self) -> bool:
@@ -346,6 +346,9 @@ class SystemOneBackend(FastBackend):
         if total <= 0 or any(p < 0 for p in proba):
             raise BackendMalformed(f"answers[{qid!r}] probabilities are not a distribution")
         raw = {"server_confidence": answer.get("confidence"), "server_model": payload.get("model")}
+        diagnostics = payload.get("diagnostics")
+        if isinstance(diagnostics, dict) and isinstance(diagnostics.get("thought"), dict):
+            raw["server_thought"] = diagnostics["thought"]
         return OptionScores(names, tuple(p / total for p in proba), raw)
 
     async def ready(self) -> bool:

@@ -300,7 +300,8 @@ class RoutingService:
             latency_ms=_ms(started), probabilities=probabilities, note=note,
             escalated=escalates and route in ("slow", "cache"),
             shadow=the_plan.action == "shadow", guarantee=promised.guarantee, tier=tier,
-            tiers=None if climb is None else climb.evidence(), receipt=promised)
+            tiers=None if climb is None else climb.evidence(), receipt=promised,
+            thought=None if scores is None else scores.raw.get("server_thought"))
 
     async def _answer(
         self, request: DecisionRequest, read: FastRead, the_plan: Plan, *, namespace: str,

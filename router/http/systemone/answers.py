@@ -15,13 +15,15 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
   (``Decision.escalated``).
 - ``usage`` has ``input_tokens`` and ``output_tokens`` set to 0: slotgate does not see its
   backends' token counts. It adds ``decisions`` (questions asked) and ``escalations`` (slow answers).
-- ``diagnostics`` has the server's ``steps``, ``stages``, ``skipped``, ``conditioning``,
+- ``diagnostics`` has the server's ``steps``, ``thought`` (a System One fast tier's, for
+  ``think``), ``stages``, ``skipped``, ``conditioning``,
   ``samples``, ``timing`` (``total_ms``, ``reads``: answers not served from the cache) and
   ``engine`` (``slotgate:<fast backend>``), plus ``routes`` (each decision's routing facts).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from policies.types import Decision
@@ -105,8 +107,13 @@ def diagnostics(request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: 
     policy = ({"mode": "auto"} if request.samples_auto else
               {"mode": "fixed", "n": request.samples})
     fresh = sum(d.route != "cache" for d in outcome.decisions.values())
+    thoughts = list({json.dumps(d.thought, sort_keys=True): d.thought
+                     for d in outcome.decisions.values() if d.thought is not None}.values())
     return {
         "steps": steps,
+        # The server's thought for ``think``: one, or one per read that wrote one; none from
+        # the cache (a cached read's thought is not kept).
+        "thought": thoughts[0] if len(thoughts) == 1 else thoughts or None,
         "stages": outcome.stages,
         "skipped": outcome.skipped,
         "conditioning": outcome.conditioning,
