@@ -68,6 +68,9 @@ class DecisionRequest:
     # What the caller asked of one fast-backend family beyond the question (System One's samples
     # "auto" and engine knobs): carried through routing unread; the backend it is for reads it.
     extension: ReadExtension | None = None
+    # Images shown ahead of the state, as data URLs: part of the state (every cache key holds
+    # their digests), read only by a fast tier that reads images, and shown to the slow model.
+    images: tuple[str, ...] = field(default=(), repr=False)
     turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
     # signature() memoised: the registry, the cache key and the decision log each need it, and
     # hashing it is most of a cache hit's own CPU. Not part of equality, hashing or repr.
@@ -76,6 +79,10 @@ class DecisionRequest:
     @property
     def option_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.options)
+
+    def image_digests(self) -> list[str]:
+        """The images' SHA-256 digests, in order: how keys and logs name them."""
+        return [hashlib.sha256(url.encode()).hexdigest() for url in self.images]
 
     def signature(self) -> str:
         """Hash of what defines the *question* (not the state): kind, context, text, ordered options."""

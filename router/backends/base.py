@@ -41,8 +41,10 @@ class FastBackend(ABC):
     """Base class of fast backends. Subclasses set ``name`` and implement ``read``."""
 
     name: str = "backend"
-    # Whether ``read_spans`` answers span questions; the others go to the slow model.
+    # Whether ``read_spans`` answers span questions, and whether a read sees
+    # ``DecisionRequest.images``; what a backend cannot read goes to the slow model.
     reads_spans: bool = False
+    reads_images: bool = False
 
     @abstractmethod
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
@@ -59,7 +61,8 @@ class FastBackend(ABC):
         """What the read of ``request`` (asked within ``batch``) depends on. Default: the
         question's signature (kind, context, text, options), the state, the draws and the seed."""
         return {"signature": request.signature(), "state": request.state,
-                "samples": request.samples, "seed": request.seed}
+                "samples": request.samples, "seed": request.seed,
+                **({"images": request.image_digests()} if request.images else {})}
 
     @property
     def reads_jointly(self) -> bool:

@@ -109,7 +109,8 @@ class SystemOneBackend(FastBackend):
         self.options = options = options or SystemOneOptions()
         limits = DIALECTS[options.dialect]
         self.dialect = options.dialect
-        self.reads_spans = options.dialect == "example"  # OpenJev and Jev answer no spans
+        # OpenJev and Jev answer no spans and take no images.
+        self.reads_spans = self.reads_images = options.dialect == "example"
         self.model = options.model or limits.model
         self.max_options = options.max_options or limits.max_choice_options
         self.max_score_levels = limits.max_score_levels
@@ -180,7 +181,7 @@ class SystemOneBackend(FastBackend):
         by_key: dict[tuple[Any, ...], list[int]] = {}
         for i, r in enumerate(batch):
             if not self._alone(r):
-                key = (r.state, r.context, r.samples, r.seed, systemone_knobs(r))
+                key = (r.state, r.images, r.context, r.samples, r.seed, systemone_knobs(r))
                 by_key.setdefault(key, []).append(i)
         return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
                 for k in range(0, len(idx), MAX_QUESTIONS)]
@@ -306,6 +307,8 @@ class SystemOneBackend(FastBackend):
         }
         if first.context:
             body["instructions"] = first.context  # example-server extension; OpenJev ignores it
+        if first.images:
+            body["images"] = list(first.images)
         for knob in ("steps", "think", "chunk_rows", "chunk_prompt"):
             if getattr(o, knob) is not None:
                 body[knob] = getattr(o, knob)

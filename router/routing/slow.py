@@ -97,6 +97,10 @@ def decision_messages(request: DecisionRequest) -> list[dict[str, Any]]:
     system = {"role": "system", "content": options_prompt(request)}
     if request.turns:
         return [system, *({"role": role, "content": text} for role, text in request.turns)]
+    if request.images:  # shown ahead of the state, as the System One server shows them
+        return [system, {"role": "user", "content": [
+            *({"type": "image_url", "image_url": {"url": url}} for url in request.images),
+            {"type": "text", "text": request.state}]}]
     return [system, {"role": "user", "content": request.state}]
 
 
@@ -203,6 +207,14 @@ class SlowPath:
         raise SlowPathInvalidAnswer(
             f"slow model {model} gave no valid option after one corrective retry "
             f"(last answer: {self._sanitise((content or '')[:200])!r})")
+
+    def supports_images(self) -> bool:
+        """Whether the slow model takes images: ``slow.vision`` when set, else litellm's
+        ``supports_vision`` (False for a model litellm does not know)."""
+        model = self.settings.model
+        if not model or self.settings.vision is not None:
+            return bool(model) and bool(self.settings.vision)
+        return bool(_litellm().supports_vision(model))
 
     async def ask_messages(self, messages: list[dict[str, Any]]) -> tuple[str | None, str]:
         """The slow model's reply to ``messages`` (a span question, which no option list

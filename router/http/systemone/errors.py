@@ -17,3 +17,10 @@ class InvalidBody(SystemOneError):
 
     status_code = 400
     error_type = "invalid_request_error"
+
+
+class ImagesRefused(SystemOneError):
+    """Images in a body whose escalations would go to a slow model that cannot take them: 400."""
+
+    status_code = 400
+    error_type = "invalid_request_error"

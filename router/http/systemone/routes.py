@@ -14,6 +14,7 @@ from policies.types import summary_route
 from router.http.state import app_state, namespace
 from router.http.systemone.answers import render_response
 from router.http.systemone.body import decode_body
+from router.http.systemone.errors import ImagesRefused
 from router.http.systemone.wire import SystemOneRequest, parse_request
 from router.routing.service import RoutingService
 from router.routing.spans import SpanDecision, SpanRouting
@@ -35,13 +36,14 @@ def make_router() -> APIRouter:
         started = time.perf_counter()
         state = app_state(request)
         settings = state.settings
-        parsed = parse_request(
-            decode_body(await request.body(), content_type=request.headers.get("content-type")),
-            max_questions=settings.max_questions,
-            max_options=settings.max_options,
-            spans=True,
-        )
+        payload, form_images = decode_body(await request.body(),
+                                           content_type=request.headers.get("content-type"))
+        parsed = parse_request(payload, max_questions=settings.max_questions,
+                               max_options=settings.max_options, spans=True,
+                               form_images=form_images)
         service, caller = state.service, namespace(request)
+        if parsed.images:
+            _check_slow_sees_images(service)
         outcome, spans = await _answer(service, parsed, caller)
         # One label per request, as on the OpenAI surface: the least verified route taken.
         state.metrics.request(surface="systemone", route=summary_route(
@@ -72,6 +74,18 @@ async def _answer(service: RoutingService, parsed: SystemOneRequest, caller: str
             task.cancel()
         await asyncio.gather(outcome_task, spans_task, return_exceptions=True)
         raise
+
+
+def _check_slow_sees_images(service: RoutingService) -> None:
+    """A 400 naming the slow model when it cannot take images: any question may escalate, and
+    the slow model would answer about the text alone."""
+    slow = service.slow
+    model, supports = getattr(slow, "model", None), getattr(slow, "supports_images", None)
+    if model and supports is not None and not supports():
+        raise ImagesRefused(
+            f"images: the slow model {model} cannot take images (litellm's supports_vision is "
+            "false for it), and any question may be escalated to it; send no images, or "
+            "configure a slow model that takes them", field="images")
 
 
 async def _no_labels() -> StagedOutcome:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from router.backends.spans import SpanQuestion, SpanState
 # Re-exported: the wire's errors were first defined here, and the chat variant imports them here.
 from router.http.systemone.errors import InvalidBody as InvalidBody  # noqa: PLC0414
 from router.http.systemone.errors import SystemOneError as SystemOneError  # noqa: PLC0414
+from router.http.systemone.images import json_images
 from router.http.systemone.span_wire import span_question, span_text_problem
 from router.routing.stages import stage_order
 
@@ -88,11 +90,12 @@ class SystemOneRequest:
     spans: tuple[SpanQuestion, ...] = ()  # the asked span questions, routed apart
     order: tuple[str, ...] = ()  # every asked id, in request order (the answers' order)
     state_value: Any = None  # the state as sent: span offsets index it (or its "text")
+    images: tuple[str, ...] = ()  # data URLs shown ahead of the state
 
     def span_state(self) -> SpanState:
         """What the span questions are asked about."""
         return SpanState(value=self.state_value, text=self.state, context=self.context,
-                         seed=self.seed, engine=self.engine)
+                         seed=self.seed, images=self.images, engine=self.engine)
 
     def question(self, question_id: str) -> Question:
         return next(q for q in self.questions if q.id == question_id)
@@ -117,13 +120,15 @@ class SystemOneRequest:
             seed=self.seed,
             policy=question.policy or self.policy,
             extension=SystemOneKnobs(samples_auto=self.samples_auto, engine=engine),
+            images=self.images,
         )
 
 
 def parse_request(payload: Any, *, max_questions: int, max_options: int,
-                  spans: bool = False) -> SystemOneRequest:
+                  spans: bool = False, form_images: Sequence[str] = ()) -> SystemOneRequest:
     """Validate a decoded payload; raises ``SystemOneError`` (or ``InvalidBody``) naming the field.
-    ``spans``: span questions are taken (``/v1/systemone``); elsewhere they are refused."""
+    ``spans``: span questions are taken (``/v1/systemone``); elsewhere they are refused.
+    ``form_images``: a multipart form's image parts, shown ahead of the body's ``images``."""
     if not isinstance(payload, dict):
         raise InvalidBody("invalid body: expected a JSON object")
     if payload.get("state") is None:
@@ -133,8 +138,6 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int,
         raise SystemOneError("questions: needs a non-empty map of id -> question", field="questions")
     if len(raw_questions) > max_questions:
         raise SystemOneError(f"schema: at most {max_questions} questions", field="questions")
-    if payload.get("images"):
-        raise SystemOneError("images: slotgate reads text state only; send no images", field="images")
     every = _questions(raw_questions, max_options=max_options, spans=spans)
     asked_ids = _asked(payload.get("ask"), every)
     asked = {qid: q for qid, q in asked_ids.items() if isinstance(q, Question)}
@@ -156,6 +159,7 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int,
         spans=asked_spans,
         order=tuple(asked_ids),
         state_value=payload["state"],
+        images=(*form_images, *json_images(payload.get("images"))),
     )
 
 

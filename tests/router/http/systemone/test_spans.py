@@ -41,9 +41,10 @@ def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
 
 
 @contextlib.asynccontextmanager
-async def serving(backend: Any, completion: ScriptedCompletion | None = None,
+async def serving(backend: Any, completion: ScriptedCompletion | None = None, *,
+                  slow_settings: dict[str, Any] | None = None,
                   **policy: Any) -> AsyncIterator[httpx.AsyncClient]:
-    slow = slow_path(completion or ScriptedCompletion(GROUNDED))
+    slow = slow_path(completion or ScriptedCompletion(GROUNDED), **(slow_settings or {}))
     app = create_app(Settings(fast={"timeout_s": 10.0}, policy=policy), backend=backend,
                      slow=slow, decision_log=MemoryLog())
     async with app.router.lifespan_context(app), httpx.AsyncClient(
