@@ -182,9 +182,10 @@ class SystemOneStandin(StandinServer):
         kind = question.get("type")
         criteria = question.get("criteria")
         if kind in SPAN_KINDS:
+            text = question.get("instructions", "")
             return {"id": qid, "type": kind, "span": span_config(qid, question), "options": [],
                     "depends_on": None, "ask_if": None, "alone": False,
-                    "instructions": str(question.get("instructions", ""))}
+                    "instructions": text if isinstance(text, str) else json.dumps(text)}
         if kind == "choice":
             if not isinstance(criteria, dict) or not criteria:
                 raise SchemaError(f"question {qid!r}: choice criteria must map option names "

@@ -41,7 +41,7 @@ def _form(body: bytes, content_type: str) -> tuple[bytes, list[str]]:
     head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
     message = BytesParser(policy=email_policy.HTTP).parsebytes(head + body)
     if not message.is_multipart():
-        raise InvalidBody("invalid body: a multipart form needs a 'request' part")
+        raise InvalidBody("invalid body: multipart needs a part named request holding the JSON body")
     found: bytes | None = None
     images: list[str] = []
     for part in message.iter_parts():
@@ -57,5 +57,5 @@ def _form(body: bytes, content_type: str) -> tuple[bytes, list[str]]:
             raise InvalidBody(f"invalid body: part {name!r}: neither the request JSON nor an "
                               "image")
     if found is None:
-        raise InvalidBody("invalid body: a multipart form needs a 'request' part")
+        raise InvalidBody("invalid body: multipart needs a part named request holding the JSON body")
     return found, images

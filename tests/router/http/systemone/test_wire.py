@@ -340,5 +340,5 @@ def test_multipart_image_parts_are_images_and_other_parts_are_refused() -> None:
     raw = raw.replace(b'filename="a.png"\r\n', b'filename="a.png"\r\nContent-Type: image/png\r\n')
     payload, images = decode_body(raw, content_type=ctype)
     assert payload == {} and images == ["data:image/png;base64,iVBORw=="]
-    with pytest.raises(InvalidBody, match="needs a 'request' part"):
+    with pytest.raises(InvalidBody, match="multipart needs a part named request holding the JSON body"):
         decode_body(b"garbage", content_type="multipart/form-data; boundary=zz")
