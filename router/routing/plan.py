@@ -200,8 +200,9 @@ def span_plan(confidence: float | None, mode: Mode, question: str,
               no_read: str | None = None) -> Plan:
     """The plan for one span question. Span answers are unscoped (no policy is tuned on spans),
     so ``policy.unscoped`` decides, as for any unscoped decision; ``threshold`` holds the
-    server's own span confidence to the fixed bar. ``confidence``: the fast tier's (None: no
-    read, ``no_read`` says why)."""
+    server's own span confidence to the fixed bar. ``confidence``: the fast tier's (None: none
+    made, or none to be had, ``no_read`` saying why); a failed escalation falls back to the fast
+    answer under ``slow.serve_unverified_on_failure`` wherever one can be read."""
     why = f"unscoped: no loaded policy was tuned on {question} (span answers carry no guarantee)"
     if no_read:
         why += f"; {no_read}"
@@ -221,7 +222,7 @@ def span_plan(confidence: float | None, mode: Mode, question: str,
     return Plan(
         action="shadow" if shadow else "escalate",
         fallback=("unverified" if mode.serve_unverified_on_failure and not shadow
-                  and confidence is not None else "refuse"),
+                  and not no_read else "refuse"),
         note=(f"{why}; answered by the slow model (policy.unscoped: "
               f"{'shadow' if shadow else mode.unscoped}{bar})"),
         fallback_note=f"{why}; the fast answer was not verified",

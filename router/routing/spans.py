@@ -67,20 +67,21 @@ class SpanRouting:
                     questions: Sequence[SpanQuestion]) -> dict[str, SpanDecision]:
         started = time.perf_counter()
         mode = self.mode()
-        reads, no_read = await self._read(state, questions, mode)
+        reads, no_read = await self._read(state, questions, needed=reads_first_tier(None, mode))
         decided = await asyncio.gather(*(
             self._decide(state, q, read, mode, no_read, started)
             for q, read in zip(questions, reads)))
         return {q.id: d for q, d in zip(questions, decided)}
 
-    async def _read(self, state: SpanState, questions: Sequence[SpanQuestion],
-                    mode: Mode) -> tuple[list[SpanAnswer | None], str | None]:
-        """The first tier's answers (None each where there are none) and why there are none."""
+    async def _read(self, state: SpanState, questions: Sequence[SpanQuestion], *,
+                    needed: bool = True) -> tuple[list[SpanAnswer | None], str | None]:
+        """The first tier's answers (None each where there are none) and why there are none
+        (None too when the read was not ``needed``: ``policy.unscoped: escalate``)."""
         none: list[SpanAnswer | None] = [None] * len(questions)
         if not getattr(self.backend, "reads_spans", False):
             return none, (f"the fast tier ({self.backend.name}) reads no span questions, so "
                           "the slow model answers them")
-        if not reads_first_tier(None, mode):
+        if not needed:
             return none, None
         try:
             async with asyncio.timeout(self.settings.fast.timeout_s):
@@ -115,10 +116,13 @@ class SpanRouting:
         try:
             return await self.ask_slow(state, question), "slow", the_plan.note
         except SlowPathError as exc:
+            failure = None
+            if the_plan.fallback == "unverified" and read is None:  # not read: read it now
+                [read], failure = await self._read(state, [question])
             if the_plan.fallback == "unverified" and read is not None:
                 return read, "unverified", f"{exc.message}; {the_plan.fallback_note}"
             self.metrics.decision(route="failed", escalated=True)
-            raise _explained(exc, the_plan.error_note) from exc
+            raise _explained(exc, the_plan.error_note, failure) from exc
 
     async def ask_slow(self, state: SpanState, question: SpanQuestion) -> SpanAnswer:
         """The slow model's answer, grounded in ``state.source``; one corrective retry, then
@@ -197,10 +201,12 @@ def parse_slow_answer(content: str | None, question: SpanQuestion
     return SpanAnswer(question.kind, tuple(items), 1.0), ""
 
 
-def _explained(exc: SlowPathError, error_note: str | None) -> SlowPathError:
+def _explained(exc: SlowPathError, error_note: str | None,
+               failure: str | None = None) -> SlowPathError:
+    """The slow path's error with why the question needed the slow model (a copy)."""
     if error_note is None:
         return exc
     explained = copy.copy(exc)
-    explained.message = f"{exc.message}; {error_note}"
+    explained.message = f"{exc.message}; {error_note}" + (f"; {failure}" if failure else "")
     explained.args = (explained.message,)
     return explained

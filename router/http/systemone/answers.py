@@ -1,7 +1,9 @@
 """Render the example server's answer shapes for a System One body answered in stages
 (``router.routing.stages``), each answer with slotgate's route and calibrated confidence.
 
-Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``confidence``):
+Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``confidence``; a
+span answer is the server's shape plus ``route``, its numbers the server's own, or 1.0 from the
+slow model, ``router.routing.spans``):
 
 - ``confidence`` is the *calibrated* probability of the chosen answer (the policy's number), not
   the raw top probability the example server reports nor OpenJev's entropy score.

@@ -138,6 +138,11 @@ def _openapi_body() -> dict[str, Any]:
             "auto_max": {"type": "integer"},
             "auto_threshold": {"type": "number"},
             "sequential": {"type": "boolean"},
+            # Shown ahead of the state; multipart image parts are images too.
+            "images": {"type": "array", "items": {"anyOf": [
+                {"type": "string", "pattern": "^data:image/"},
+                {"type": "object", "required": ["content_type", "base64"], "properties": {
+                    "content_type": {"type": "string"}, "base64": {"type": "string"}}}]}},
         },
     }
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}

@@ -42,10 +42,12 @@ def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
 
 @contextlib.asynccontextmanager
 async def serving(backend: Any, completion: ScriptedCompletion | None = None, *,
-                  slow_settings: dict[str, Any] | None = None,
+                  slow_settings: dict[str, Any] | None = None, serve_unverified: bool = False,
                   **policy: Any) -> AsyncIterator[httpx.AsyncClient]:
     slow = slow_path(completion or ScriptedCompletion(GROUNDED), **(slow_settings or {}))
-    app = create_app(Settings(fast={"timeout_s": 10.0}, policy=policy), backend=backend,
+    app = create_app(Settings(fast={"timeout_s": 10.0}, policy=policy,
+                              slow={"serve_unverified_on_failure": serve_unverified}),
+                     backend=backend,
                      slow=slow, decision_log=MemoryLog())
     async with app.router.lifespan_context(app), httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://test"
@@ -237,3 +239,20 @@ async def test_a_fast_span_off_its_offsets_is_a_failed_read_and_escalates(
     assert r.json()["answers"]["invoice_id"]["route"] == "slow"
     note = r.json()["diagnostics"]["routes"]["invoice_id"]["note"]
     assert "the fast read failed: answers['invoice_id']: text 'A-1042' is not the text at [0, 6)" in note
+
+
+async def test_a_failed_span_escalation_reads_the_fast_tier_late_when_told_to_serve_it(
+    upstream: SystemOneStandin,
+) -> None:
+    completion = ScriptedCompletion("not json")
+    async with serving(SystemOneBackend(upstream.url), completion,
+                       serve_unverified=True) as client:  # escalate: no read made first
+        before = upstream.stats.requests
+        r = await client.post("/v1/systemone", json={
+            "state": INVOICE, "questions": {"invoice_id": SPANS["invoice_id"]}})
+    assert r.status_code == 200, r.text
+    answer = r.json()["answers"]["invoice_id"]
+    assert answer["route"] == "unverified" and answer["text"] == "A-1042"
+    assert upstream.stats.requests == before + 1  # read once, after the slow model failed
+    note = r.json()["diagnostics"]["routes"]["invoice_id"]["note"]
+    assert "it is not JSON" in note and "the fast answer was not verified" in note
