@@ -3,13 +3,15 @@ it, into typed questions ordered in dependency stages. Errors speak the example 
 
 Accepted: ``model`` (echoed), ``state`` (required; a string as is, anything else as JSON text),
 ``questions`` (id -> ``{type, criteria, instructions, depends_on, ask_if}``; types ``noul``
-(``bool``/``boolean`` too), ``choice``, ``score``; ids trimmed, as the server trims them; levels,
+(``bool``/``boolean`` too), ``choice``, ``score``, and ``span``/``spans`` where the caller takes
+them (``span_wire``: routed apart, ``router.routing.spans``); ids trimmed, as the server trims them; levels,
 descriptions and criteria values of any JSON type are read as text, as the server prints them:
 ``str()``, a falsy description left out; a question's non-string ``instructions`` as
 ``json.dumps`` with ASCII escapes; an empty ``depends_on``/``ask_if`` is none, as there),
 top-level ``instructions`` (shared context; ``str()`` of a non-string, a falsy one left out, as
 the server prints it), ``samples`` (``"auto"`` or 1..32, larger counts capped; ``true`` is 1, as there),
-``seed`` (``int()`` of it, as there), ``ask`` (a subset of ids) and the slotgate extension
+``seed`` (``int()`` of it, as there), ``ask`` (a subset of ids), ``images`` (``images``: data
+URLs shown ahead of the state, with a multipart form's image parts) and the slotgate extension
 ``policy`` (a tuned policy's name, top level or per question). The example server's engine
 knobs ``steps``, ``think``, ``chunk_rows``, ``chunk_prompt``, ``auto_max``, ``auto_threshold``,
 ``sequential`` and the per-question ``alone`` are validated with its rules (``sequential`` and
@@ -30,7 +32,7 @@ from policies.types import DecisionRequest, Option, QuestionKind, StagedQuestion
 from router.backends.knobs import SystemOneKnobs
 from router.backends.spans import SpanQuestion, SpanState
 
-# Re-exported: the wire's errors were first defined here, and the chat variant imports them here.
+# Re-exported for the modules that take the wire's errors from here (the chat variant).
 from router.http.systemone.errors import InvalidBody as InvalidBody  # noqa: PLC0414
 from router.http.systemone.errors import SystemOneError as SystemOneError  # noqa: PLC0414
 from router.http.systemone.images import json_images
