@@ -6,15 +6,13 @@ slow model when it cannot take them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import pytest
 
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
 from router.backends.systemone import SystemOneBackend
-from standins.reader import Banking77Reader
 from standins.systemone_server import SystemOneStandin
 from tests.router.http.systemone.test_e2e import confident
 from tests.router.http.systemone.test_spans import serving
@@ -28,11 +26,9 @@ BODY = {"state": "What does the card in the photo say?",
 VISION = {"vision": True}
 
 
-@pytest.fixture(scope="module")
-def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
-    with SystemOneStandin(reader=Banking77Reader(data_dir=banking77_dir,
-                                                 max_per_class=3)) as server:
-        yield server
+@pytest.fixture
+def upstream(systemone_standin: SystemOneStandin) -> SystemOneStandin:
+    return systemone_standin
 
 
 async def test_images_reach_a_system_one_tier_and_their_bytes_are_in_the_cache_key(

@@ -1,13 +1,13 @@
-"""Span questions (``span`` / ``spans``) on /v1/systemone: validated as the example server
-validates them, read by a System One fast tier (the stand-in over loopback HTTP), routed by
+"""Span questions (``span`` / ``spans``) on /v1/systemone (slotgate under uvicorn on loopback):
+validated as the example server validates them, read by a System One fast tier (the stand-in
+over loopback HTTP), routed by
 ``policy.unscoped``, and escalated to a slow model whose answer must be grounded in the text."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -16,11 +16,10 @@ import pytest
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
 from router.backends.systemone import SystemOneBackend
-from router.http.app import create_app
 from router.settings import Settings
 from standins.harness import Reply
-from standins.reader import Banking77Reader
 from standins.systemone_server import SystemOneStandin
+from tests.live import LiveServer
 from tests.router.http.systemone.test_e2e import MemoryLog, confident
 from tests.router.routing.test_slow import ScriptedCompletion, slow_path
 
@@ -33,11 +32,9 @@ SPANS = {
 GROUNDED = json.dumps({"found": True, "text": "A-1042", "start": 9, "end": 15})
 
 
-@pytest.fixture(scope="module")
-def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
-    reader = Banking77Reader(data_dir=banking77_dir, max_per_class=3)
-    with SystemOneStandin(reader=reader) as server:
-        yield server
+@pytest.fixture
+def upstream(systemone_standin: SystemOneStandin) -> SystemOneStandin:
+    return systemone_standin
 
 
 @contextlib.asynccontextmanager
@@ -45,14 +42,11 @@ async def serving(backend: Any, completion: ScriptedCompletion | None = None, *,
                   slow_settings: dict[str, Any] | None = None, serve_unverified: bool = False,
                   **policy: Any) -> AsyncIterator[httpx.AsyncClient]:
     slow = slow_path(completion or ScriptedCompletion(GROUNDED), **(slow_settings or {}))
-    app = create_app(Settings(fast={"timeout_s": 10.0}, policy=policy,
-                              slow={"serve_unverified_on_failure": serve_unverified}),
-                     backend=backend,
-                     slow=slow, decision_log=MemoryLog())
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://test"
-    ) as c:
-        yield c
+    settings = Settings(fast={"timeout_s": 10.0}, policy=policy,
+                        slow={"serve_unverified_on_failure": serve_unverified})
+    with LiveServer(settings, backend=backend, slow=slow, decision_log=MemoryLog()) as live:
+        async with httpx.AsyncClient(base_url=live.url, timeout=10.0) as c:
+            yield c
 
 
 async def test_span_answers_come_back_in_the_servers_shapes_from_the_fast_tier(

@@ -5,16 +5,12 @@ a probability means are part of the tier's fingerprint."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from policies.types import DecisionRequest, Option
 from router.backends.knobs import SystemOneKnobs
 from router.backends.options import SystemOneOptions
 from router.backends.systemone import SystemOneBackend
-from standins.reader import Banking77Reader
 from standins.systemone_server import SystemOneStandin
 from tests.router.http.systemone.test_spans import serving
 
@@ -22,11 +18,9 @@ BODY = {"state": "My card has not arrived yet.",
         "questions": {"urgent": {"type": "noul", "instructions": "Reply today?"}}}
 
 
-@pytest.fixture(scope="module")
-def upstream(banking77_dir: Path) -> Iterator[SystemOneStandin]:
-    with SystemOneStandin(reader=Banking77Reader(data_dir=banking77_dir,
-                                                 max_per_class=3)) as server:
-        yield server
+@pytest.fixture
+def upstream(systemone_standin: SystemOneStandin) -> SystemOneStandin:
+    return systemone_standin
 
 
 async def test_the_servers_thought_reaches_the_client_and_think_is_in_the_cache_key(
