@@ -139,3 +139,19 @@ def read_form(body: bytes, content_type: str) -> tuple[Any, list[str]]:
     if request is None:
         raise ValueError("multipart needs a part named request holding the JSON body")
     return request, images
+
+
+def slow_span_answer(system: str, user_text: str) -> dict[str, Any] | None:
+    """The stand-in LLM's answer to slotgate's span question (``router.routing.spans``): the
+    value ``_matches`` finds, with offsets into the state's ``"text"`` field when the question
+    says so; None when ``system`` is not a span question."""
+    found = re.search(r"^Question: (.*)$", system, re.MULTILINE)
+    if found is None or "Offsets are 0-based character offsets" not in system:
+        return None
+    text = user_text
+    if '"text" field' in system:
+        text = str(json.loads(user_text).get("text", ""))
+    spans = [{"text": text[a:b], "start": a, "end": b} for a, b in _matches(found[1], text)]
+    if '"items"' in system:
+        return {"items": spans}
+    return {"found": True, **spans[0]} if spans else {"found": False}

@@ -18,6 +18,7 @@ from router.backends.mock import MockBackend
 from router.backends.systemone import SystemOneBackend
 from router.settings import Settings
 from standins.harness import Reply
+from standins.llm import StandinHandle
 from standins.systemone_server import SystemOneStandin
 from tests.live import LiveServer
 from tests.router.http.systemone.test_e2e import MemoryLog, confident
@@ -250,3 +251,22 @@ async def test_a_failed_span_escalation_reads_the_fast_tier_late_when_told_to_se
     assert upstream.stats.requests == before + 1  # read once, after the slow model failed
     note = r.json()["diagnostics"]["routes"]["invoice_id"]["note"]
     assert "it is not JSON" in note and "the fast answer was not verified" in note
+
+
+async def test_a_span_escalation_through_litellm_to_the_stand_in_llm(
+    upstream: SystemOneStandin, standin: StandinHandle,
+) -> None:
+    settings = Settings(fast={"timeout_s": 10.0}, slow={
+        "model": "openai/standin", "api_base": standin.api_base, "api_key": "sk-test-standin-key"})
+    body = {"state": {"customer": "Northwind", "text": INVOICE}, "questions": {
+        "invoice_id": SPANS["invoice_id"], "dates": SPANS["dates"]}}
+    with LiveServer(settings, backend=SystemOneBackend(upstream.url),
+                    decision_log=MemoryLog()) as live:
+        async with httpx.AsyncClient(base_url=live.url, timeout=10.0) as client:
+            r = await client.post("/v1/systemone", json=body)
+    assert r.status_code == 200, r.text
+    answers = r.json()["answers"]
+    assert answers["invoice_id"]["route"] == "slow"
+    assert (answers["invoice_id"]["text"], answers["invoice_id"]["start"]) == ("A-1042", 9)
+    assert [i["start"] for i in answers["dates"]["items"]] == [INVOICE.index("2024-03-15")]
+    assert {c["body"]["response_format"]["type"] for c in standin.calls()} == {"json_object"}
