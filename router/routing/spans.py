@@ -24,7 +24,13 @@ from router.backends.spans import (
     SpanState,
     ungrounded,
 )
-from router.errors import BackendError, NoSlowModel, SlowPathError, SlowPathInvalidAnswer
+from router.errors import (
+    BackendError,
+    NoSlowModel,
+    SlowPathError,
+    SlowPathInvalidAnswer,
+    SlowPathUnavailable,
+)
 from router.routing.plan import UNSCOPED_POLICY_ID, Mode, Plan, reads_first_tier, span_plan
 from router.routing.registry import PolicyRegistry
 from router.settings import Settings
@@ -68,9 +74,15 @@ class SpanRouting:
         started = time.perf_counter()
         mode = self.mode()
         reads, no_read = await self._read(state, questions, needed=reads_first_tier(None, mode))
-        decided = await asyncio.gather(*(
-            self._decide(state, q, read, mode, no_read, started)
-            for q, read in zip(questions, reads)))
+        tasks = [asyncio.ensure_future(self._decide(state, q, read, mode, no_read, started))
+                 for q, read in zip(questions, reads)]
+        try:
+            decided = await asyncio.gather(*tasks)
+        except BaseException:  # one failed question fails the body: no slow call runs on
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return {q.id: d for q, d in zip(questions, decided)}
 
     async def _read(self, state: SpanState, questions: Sequence[SpanQuestion], *,
@@ -102,8 +114,8 @@ class SpanRouting:
         return SpanDecision(answer, Decision(
             decision_id=uuid.uuid4().hex, question_id=question.id, answer=first, route=route,
             probability=None, raw_probability=None if read is None else read.confidence,
-            threshold=(mode.fallback_threshold if mode.unscoped == "threshold" and read
-                       else None),
+            threshold=(mode.fallback_threshold
+                       if mode.unscoped == "threshold" and read is not None else None),
             policy_id=UNSCOPED_POLICY_ID, latency_ms=(time.perf_counter() - started) * 1e3,
             note=note, escalated=escalated and route == "slow",
             shadow=the_plan.action == "shadow"))
@@ -129,6 +141,9 @@ class SpanRouting:
         ``SlowPathInvalidAnswer`` saying what was wrong."""
         slow = self.slow
         if slow is None or not getattr(slow, "available", False):
+            reason = getattr(slow, "unavailable_reason", None)
+            if reason and self.settings.slow.model:  # configured, but no credentials for it
+                raise SlowPathUnavailable(reason)
             raise NoSlowModel()
         if not isinstance(slow, MessagesModel):
             raise SlowPathInvalidAnswer("the slow model answers no span questions")

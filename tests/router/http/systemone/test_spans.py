@@ -270,3 +270,13 @@ async def test_a_span_escalation_through_litellm_to_the_stand_in_llm(
     assert (answers["invoice_id"]["text"], answers["invoice_id"]["start"]) == ("A-1042", 9)
     assert [i["start"] for i in answers["dates"]["items"]] == [INVOICE.index("2024-03-15")]
     assert {c["body"]["response_format"]["type"] for c in standin.calls()} == {"json_object"}
+
+
+async def test_a_span_question_with_no_slow_model_to_escalate_to_is_a_503_saying_why() -> None:
+    with LiveServer(Settings(), backend=MockBackend(confident), decision_log=MemoryLog()) as live:
+        async with httpx.AsyncClient(base_url=live.url, timeout=10.0) as client:
+            r = await client.post("/v1/systemone", json={
+                "state": INVOICE, "questions": {"invoice_id": SPANS["invoice_id"]}})
+    assert r.status_code == 503
+    message = r.json()["error"]["message"]
+    assert "the fast tier (mock) reads no span questions" in message
