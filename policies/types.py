@@ -36,6 +36,11 @@ class ReadExtension:
     what of it a read depends on. Subclasses are frozen dataclasses: requests that differ in
     their knobs must compare unequal, so they are never read as one."""
 
+    def identity(self) -> dict[str, Any]:
+        """What of the knobs changes the question itself (part of ``signature()``, so of the
+        policy that covers it and of every cache key); nothing by default."""
+        return {}
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionRequest:
@@ -63,6 +68,9 @@ class DecisionRequest:
     # What the caller asked of one fast-backend family beyond the question (System One's samples
     # "auto" and engine knobs): carried through routing unread; the backend it is for reads it.
     extension: ReadExtension | None = None
+    # Images shown ahead of the state, as data URLs: part of the state (every cache key holds
+    # their digests), read only by a fast tier that reads images, and shown to the slow model.
+    images: tuple[str, ...] = field(default=(), repr=False)
     turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
     # signature() memoised: the registry, the cache key and the decision log each need it, and
     # hashing it is most of a cache hit's own CPU. Not part of equality, hashing or repr.
@@ -72,16 +80,23 @@ class DecisionRequest:
     def option_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.options)
 
+    def image_digests(self) -> list[str]:
+        """The images' SHA-256 digests, in order: how keys and logs name them."""
+        return [hashlib.sha256(url.encode()).hexdigest() for url in self.images]
+
     def signature(self) -> str:
         """Hash of what defines the *question* (not the state): kind, context, text, ordered options."""
         if self._signature is not None:
             return self._signature
-        payload = {
+        payload: dict[str, Any] = {
             "kind": self.kind,
             "context": self.context,
             "instructions": self.instructions,
             "options": [[o.name, o.description] for o in self.options],
         }
+        identity = self.extension.identity() if self.extension is not None else {}
+        if identity:  # only when set: a question without knobs keeps the signature it had
+            payload["extension"] = identity
         signature = canonical_hash(payload)
         object.__setattr__(self, "_signature", signature)  # frozen: memoised once, never changed
         return signature
@@ -235,6 +250,9 @@ class Decision:
     tier: str | None = None
     tiers: tuple[TierRead, ...] | None = None
     receipt: Receipt | None = None
+    # The thought a System One fast tier wrote before the read this answer came from (the
+    # server's ``diagnostics.thought`` for ``think``), passed on; not in ``facts()``.
+    thought: dict[str, Any] | None = None
 
     def facts(self) -> dict[str, Any]:
         """The decision as the flat JSON object every surface shows and the decision log keeps

@@ -115,6 +115,9 @@ class SlowPathSettings(Section):
     model_aliases: list[str] = Field(default_factory=lambda: ["any"])
     # When the slow path is down, answer with the fast read marked "unverified" instead of an error.
     serve_unverified_on_failure: bool = False
+    # Whether ``model`` takes images (a System One body with images is a 400 naming it when
+    # not); None: litellm's ``supports_vision`` says, False for a model litellm does not know.
+    vision: bool | None = None
 
 
 class CacheSettings(Section):

@@ -84,7 +84,12 @@ class StandinServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _serve(self, method: str, path: str, auth: str | None, body: bytes) -> Reply:
+    def handle_typed(self, method: str, path: str, body: bytes, content_type: str) -> Reply:
+        """``handle`` for a server whose answer depends on the body's content type."""
+        return self.handle(method, path, body)
+
+    def _serve(self, method: str, path: str, auth: str | None, body: bytes,
+               content_type: str = "") -> Reply:
         if method == "GET":
             return self.handle(method, path, body)
         with self._lock:
@@ -105,7 +110,7 @@ class StandinServer:
                                              "type": "authentication_error"}})
             if fault is not None:
                 return fault
-            return self.handle(method, path, body)
+            return self.handle_typed(method, path, body, content_type)
         finally:
             with self._lock:
                 self.stats.in_flight -= 1
@@ -126,7 +131,8 @@ def _make_handler(owner: StandinServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length)
-            self._answer(owner._serve("POST", self.path, self.headers.get("authorization"), body))
+            self._answer(owner._serve("POST", self.path, self.headers.get("authorization"), body,
+                                      self.headers.get("content-type") or ""))
 
         def _answer(self, reply: Reply) -> None:
             if isinstance(reply.body, Iterator):

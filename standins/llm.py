@@ -31,6 +31,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from standins.spans import slow_span_answer
+
 GATE_WAIT_S = 10.0
 MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut", "nested")
 NESTED_DEPTH = 5000  # mode "nested" answers arrays nested this deep (past Python's json parser)
@@ -157,7 +159,10 @@ def answer_content(state: StandinState, body: dict[str, Any], mode: str) -> str:
     if mode == "nested":
         return "[" * NESTED_DEPTH + "]" * NESTED_DEPTH
     if questions is None:
-        return f"echo: {text}"
+        system = next((str(m.get("content")) for m in body.get("messages") or []
+                       if m.get("role") == "system"), "")
+        span = slow_span_answer(system, text)  # slotgate's span question: JSON with offsets
+        return f"echo: {text}" if span is None else json.dumps(span)
     shape, by_name = questions
     chosen = {name: ("not-an-option" if mode == "wrong_option" else state.chooser(text, options))
               for name, options in by_name.items()}

@@ -13,7 +13,8 @@ stage continues the answers the server gave (prefilled after the prompt). The st
 reads text, so it reads those as text: in a chained body each read sees the state followed by the
 question lines and then the earlier answers (``id: name``); the probabilities move with them, as
 the server's do, and a stage read on its own gets other ones.
-Token counts use ``BYTES_PER_TOKEN`` (no tokenizer here).
+Token counts use ``BYTES_PER_TOKEN`` (no tokenizer here). Span questions, ``think`` and images
+follow the server at mmastrac/djev 28b1e26 (``standins/spans.py``).
 
 Everything else goes to ``upstream`` (an OpenAI-compatible server: standins/llm.py in tests) as the
 server sends it to its vLLM: ``GET /v1/models`` relayed; a ``/v1/chat/completions`` that is not a
@@ -41,6 +42,16 @@ from typing import Any
 
 from standins.harness import Reply, StandinServer
 from standins.reader import Banking77Reader
+from standins.spans import (
+    SPAN_KINDS,
+    StandinSchemaError,
+    answer_span,
+    json_images,
+    read_form,
+    span_config,
+    span_source,
+    thought,
+)
 
 MAX_QUESTIONS = 64
 MAX_SAMPLES = 32
@@ -52,8 +63,7 @@ AUTO_DRAWS = 4
 AUTO_THRESHOLD_NATS = 0.1
 
 
-class SchemaError(Exception):
-    """A request the example server answers with 422."""
+SchemaError = StandinSchemaError  # a request the example server answers with 422
 
 
 class SystemOneStandin(StandinServer):
@@ -64,8 +74,12 @@ class SystemOneStandin(StandinServer):
         self.model = model
         self.max_alternatives = max_alternatives
         self.upstream = upstream  # the OpenAI-compatible server relayed requests go to
+        self.images_seen: list[list[str]] = []  # the images of each decision, as data URLs
 
     def handle(self, method: str, path: str, body: bytes) -> Reply:
+        return self.handle_typed(method, path, body, "application/json")
+
+    def handle_typed(self, method: str, path: str, body: bytes, content_type: str) -> Reply:
         if method == "GET":
             if path == "/health":
                 return Reply(200, {"status": "ok"})
@@ -76,8 +90,12 @@ class SystemOneStandin(StandinServer):
             return relay(self.upstream, "/v1/chat/completions", body)
         if path != "/v1/systemone":
             return other_post(self.upstream, path, body)
+        images: list[str] = []
         try:
-            request = json.loads(body)
+            if content_type.lower().startswith("multipart/form-data"):
+                request, images = read_form(body, content_type)
+            else:
+                request = json.loads(body)
             problem = "" if isinstance(request, dict) else "expected a JSON object"
         except ValueError as exc:
             problem = str(exc)
@@ -85,15 +103,19 @@ class SystemOneStandin(StandinServer):
             return Reply(400, {"error": {"message": f"invalid body: {problem}",
                                          "type": "invalid_request_error"}})
         try:
-            return Reply(200, self.decide(request))
+            return Reply(200, self.decide(request, images))
         except SchemaError as exc:
             return Reply(422, {"error": {"message": str(exc), "type": "validation_error"}})
 
-    def decide(self, request: dict[str, Any]) -> dict[str, Any]:
+    def decide(self, request: dict[str, Any], form_images: list[str] | None = None
+               ) -> dict[str, Any]:
         if "state" not in request:
             raise SchemaError("state: required")
         state = request["state"]
-        state_text = state if isinstance(state, str) else json.dumps(state)
+        # The model reads non-ASCII text as itself (the server's ensure_ascii=False).
+        state_text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+        images = (form_images or []) + json_images(request.get("images"))
+        self.images_seen.append(images)
         questions = request.get("questions")
         if not isinstance(questions, dict) or not questions:
             raise SchemaError("questions: needs a non-empty map of id -> question")
@@ -110,6 +132,17 @@ class SystemOneStandin(StandinServer):
             if question["id"] in parsed:
                 raise SchemaError(f"duplicate question id {question['id']!r}")
             parsed[question["id"]] = question
+        spans = {qid: q for qid, q in parsed.items() if q["type"] in SPAN_KINDS}
+        for qid, q in parsed.items():
+            for dep in [*(q["depends_on"] or []), *(q["ask_if"] or {})]:
+                if dep in spans:
+                    raise SchemaError(f"question {qid!r}: cannot depend on the span question "
+                                      f"{dep!r}")
+        source = span_source(state, state_text)
+        if spans and not source.strip():
+            raise SchemaError("a span question needs a text state to point into")
+        span_answers = {qid: answer_span(q, source) for qid, q in spans.items()}
+        parsed = {qid: q for qid, q in parsed.items() if qid not in spans}
         stages = _stages(parsed)
         _check_answer_names(parsed)
         answers: dict[str, Any] = {}
@@ -141,13 +174,21 @@ class SystemOneStandin(StandinServer):
                 previous_top = previous_top if alone else top
             earlier += [f"{qid}: {_answer_name(answers[qid])}" for qid in asked]
             asked_stages.append(asked)
+        answers.update(span_answers)
+        diagnostics: dict[str, Any] = {
+            "engine": "standin", "stages": asked_stages, "skipped": skipped,
+            "conditioning": "prefill" if len(asked_stages) > 1 else None, "samples": samples}
+        if parsed:  # a decision of span questions alone has no thought (the server's too)
+            diagnostics["thought"] = thought(request.get("think", 0), state_text)
+        if spans:
+            diagnostics["spans"] = {"steps": 4, "reads": sum(a["reads"] for a in
+                                                            span_answers.values()),
+                                    "source": "state" if not images else "text part"}
         return {
             "model": self.model,
-            "answers": {qid: answers[qid] for qid in parsed},
+            "answers": {str(qid).strip(): answers[str(qid).strip()] for qid in questions},
             "usage": {"input_tokens": len(state_text.split()), "output_tokens": 2 * len(questions)},
-            "diagnostics": {"engine": "standin", "stages": asked_stages, "skipped": skipped,
-                            "conditioning": "prefill" if len(asked_stages) > 1 else None,
-                            "samples": samples},
+            "diagnostics": diagnostics,
         }
 
     def _question(self, raw_id: str, question: Any) -> dict[str, Any]:
@@ -158,6 +199,11 @@ class SystemOneStandin(StandinServer):
             raise SchemaError(f"question {qid!r}: must be an object")
         kind = question.get("type")
         criteria = question.get("criteria")
+        if kind in SPAN_KINDS:
+            text = question.get("instructions", "")
+            return {"id": qid, "type": kind, "span": span_config(qid, question), "options": [],
+                    "depends_on": None, "ask_if": None, "alone": False,
+                    "instructions": text if isinstance(text, str) else json.dumps(text)}
         if kind == "choice":
             if not isinstance(criteria, dict) or not criteria:
                 raise SchemaError(f"question {qid!r}: choice criteria must map option names "

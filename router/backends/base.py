@@ -15,6 +15,8 @@ Contract for every implementation (checked by ``tests/router/backends/test_contr
   question, None for one the server skipped. The router's side of it is ``routing.stages``.
 - ``DecisionRequest.extension`` carries knobs for one backend family (``router.backends.knobs``):
   a backend reads its own and ignores the others.
+- ``read_spans(state, questions)`` (only where ``reads_spans``: a System One backend) answers
+  span questions (``router.backends.spans``), one ``SpanAnswer`` per question, in order.
 - ``fingerprint`` identifies everything that changes what a read returns (model, prompt
   template version, canvas, samples, label alphabet...). Policies are tuned for one fingerprint
   and cache keys include it, so it must change whenever reads could change.
@@ -27,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies.types import DecisionRequest, OptionScores, StagedQuestion, canonical_hash
+from router.backends.spans import SpanAnswer, SpanQuestion, SpanState
+from router.errors import BackendRejected
 
 # System One's draw seeds: draw j of a read with seed s uses s + DRAW_SEED_STRIDE * j (the example
 # server's rule; the vllm and torch readers follow it so that their draws match).
@@ -37,10 +41,19 @@ class FastBackend(ABC):
     """Base class of fast backends. Subclasses set ``name`` and implement ``read``."""
 
     name: str = "backend"
+    # Whether ``read_spans`` answers span questions, and whether a read sees
+    # ``DecisionRequest.images``; what a backend cannot read goes to the slow model.
+    reads_spans: bool = False
+    reads_images: bool = False
 
     @abstractmethod
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         """Read every request; see the module docstring for the contract."""
+
+    async def read_spans(self, state: SpanState,
+                         questions: Sequence[SpanQuestion]) -> list[SpanAnswer]:
+        """One answer per span question, in order (only where ``reads_spans``)."""
+        raise BackendRejected(f"the {self.name} backend reads no span questions")
 
     def read_inputs(
         self, request: DecisionRequest, batch: Sequence[DecisionRequest]
@@ -48,7 +61,8 @@ class FastBackend(ABC):
         """What the read of ``request`` (asked within ``batch``) depends on. Default: the
         question's signature (kind, context, text, options), the state, the draws and the seed."""
         return {"signature": request.signature(), "state": request.state,
-                "samples": request.samples, "seed": request.seed}
+                "samples": request.samples, "seed": request.seed,
+                **({"images": request.image_digests()} if request.images else {})}
 
     @property
     def reads_jointly(self) -> bool:

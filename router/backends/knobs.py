@@ -19,6 +19,11 @@ class SystemOneKnobs(ReadExtension):
     samples_auto: bool = False
     engine: tuple[tuple[str, Any], ...] = ()
 
+    def identity(self) -> dict[str, Any]:
+        """A thought budget changes the question: the read answers after a thought."""
+        think = dict(self.engine).get("think")
+        return {"think": think} if think else {}
+
 
 NO_KNOBS = SystemOneKnobs()
 

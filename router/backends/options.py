@@ -45,7 +45,8 @@ class SystemOneOptions(RetryOptions):
     stage go upstream in one body and are read jointly, as a client calling the server directly
     gets them; False asks one question per request. ``server_revision`` names the server build
     (its prompt template is out of sight) for the fingerprint. ``steps``/``think``/``chunk_rows``/
-    ``chunk_prompt`` are the example server's engine knobs, forwarded when set. ``stages``: who
+    ``chunk_prompt`` are the example server's engine knobs, forwarded when set. ``constrained`` and
+    ``engine_samples`` say the server runs with ``--constrained`` / ``--engine-samples``. ``stages``: who
     runs the stages of a body with ``depends_on``/``ask_if``: ``"server"`` sends the body whole,
     so later stages continue the answers the server gave, as for its own clients (the example
     dialect's default); ``"router"`` reads stage by stage (OpenJev and Jev ignore dependencies,
@@ -64,6 +65,12 @@ class SystemOneOptions(RetryOptions):
     chunk_rows: int | None = Field(None, ge=8)
     chunk_prompt: Literal["shared", "own"] | None = None
     stages: Literal["server", "router"] | None = None
+    # The server's --constrained: reads over the labels only, so label probabilities always
+    # sum to 1 (another meaning of every probability: part of the fingerprint). The server
+    # does not report it; say it here. --engine-samples (a fixed count as one engine request)
+    # draws otherwise than one request per draw: part of the fingerprint too.
+    constrained: bool = False
+    engine_samples: bool = False
 
     @field_validator("stages")
     @classmethod

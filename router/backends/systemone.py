@@ -37,6 +37,13 @@ from router.backends.grouping import grouped_read
 from router.backends.http_post import JsonPoster
 from router.backends.knobs import systemone_knobs
 from router.backends.options import SystemOneOptions
+from router.backends.spans import (
+    SpanAnswer,
+    SpanQuestion,
+    SpanState,
+    parse_server_answer,
+    ungrounded,
+)
 from router.errors import BackendMalformed, BackendRejected, ConfigError
 from router.settings import FastBackendSettings
 
@@ -102,6 +109,8 @@ class SystemOneBackend(FastBackend):
         self.options = options = options or SystemOneOptions()
         limits = DIALECTS[options.dialect]
         self.dialect = options.dialect
+        # OpenJev and Jev answer no spans and take no images.
+        self.reads_spans = self.reads_images = options.dialect == "example"
         self.model = options.model or limits.model
         self.max_options = options.max_options or limits.max_choice_options
         self.max_score_levels = limits.max_score_levels
@@ -140,7 +149,7 @@ class SystemOneBackend(FastBackend):
             "joint": o.joint,
             "stages": "server" if o.server_runs_stages else "router",
             "engine": [o.steps, o.think, o.chunk_rows, o.chunk_prompt],
-        }
+        } | {flag: True for flag in ("constrained", "engine_samples") if getattr(o, flag)}
 
     @property
     def reads_jointly(self) -> bool:
@@ -172,7 +181,7 @@ class SystemOneBackend(FastBackend):
         by_key: dict[tuple[Any, ...], list[int]] = {}
         for i, r in enumerate(batch):
             if not self._alone(r):
-                key = (r.state, r.context, r.samples, r.seed, systemone_knobs(r))
+                key = (r.state, r.images, r.context, r.samples, r.seed, systemone_knobs(r))
                 by_key.setdefault(key, []).append(i)
         return [idx[k:k + MAX_QUESTIONS] for idx in by_key.values()
                 for k in range(0, len(idx), MAX_QUESTIONS)]
@@ -208,6 +217,39 @@ class SystemOneBackend(FastBackend):
             raise BackendMalformed("System One answer has no answers object")
         return [None if qid in answers and answers[qid] is None  # skipped by the server
                 else self.parse_answer(r, payload, qid) for r, qid in zip(requests, ids)]
+
+    async def read_spans(self, state: SpanState,
+                         questions: Sequence[SpanQuestion]) -> list[SpanAnswer]:
+        """Every span question about ``state`` in one body, as the server's own client sends it
+        (the state as sent, so offsets index the same text); each answer must be grounded."""
+        if not self.reads_spans:
+            return await super().read_spans(state, questions)
+        body: dict[str, Any] = {
+            "model": self.model, "state": state.value, "seed": state.seed,
+            "questions": {q.id: {"type": q.kind, "instructions": q.instructions,
+                                 **({"criteria": q.criteria()} if q.given else {})}
+                          for q in questions},
+        }
+        if state.context:
+            body["instructions"] = state.context
+        if state.images:
+            body["images"] = list(state.images)
+        for knob in ("steps", "think"):
+            if getattr(self.options, knob) is not None:
+                body[knob] = getattr(self.options, knob)
+        body.update((k, v) for k, v in state.engine if k not in QUESTION_KNOBS)
+        payload = await self._poster.post("/v1/systemone", body)
+        answers = payload.get("answers")
+        if not isinstance(answers, dict):
+            raise BackendMalformed("System One answer has no answers object")
+        out = []
+        for q in questions:
+            answer = parse_server_answer(q, answers.get(q.id))
+            why = ungrounded(answer, state.source)
+            if why is not None:
+                raise BackendMalformed(f"answers[{q.id!r}]: {why}")
+            out.append(answer)
+        return out
 
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
         groups = self._joint_groups(requests)
@@ -265,6 +307,8 @@ class SystemOneBackend(FastBackend):
         }
         if first.context:
             body["instructions"] = first.context  # example-server extension; OpenJev ignores it
+        if first.images:
+            body["images"] = list(first.images)
         for knob in ("steps", "think", "chunk_rows", "chunk_prompt"):
             if getattr(o, knob) is not None:
                 body[knob] = getattr(o, knob)
@@ -305,6 +349,9 @@ class SystemOneBackend(FastBackend):
         if total <= 0 or any(p < 0 for p in proba):
             raise BackendMalformed(f"answers[{qid!r}] probabilities are not a distribution")
         raw = {"server_confidence": answer.get("confidence"), "server_model": payload.get("model")}
+        diagnostics = payload.get("diagnostics")
+        if isinstance(diagnostics, dict) and isinstance(diagnostics.get("thought"), dict):
+            raw["server_thought"] = diagnostics["thought"]
         return OptionScores(names, tuple(p / total for p in proba), raw)
 
     async def ready(self) -> bool:

@@ -246,6 +246,39 @@ def _held_to_bar(scores: OptionScores, bar: float) -> Plan:
                 calibrated=list(scores.proba))
 
 
+def span_plan(confidence: float | None, mode: Mode, question: str,
+              no_read: str | None = None) -> Plan:
+    """The plan for one span question. Span answers are unscoped (no policy is tuned on spans),
+    so ``policy.unscoped`` decides, as for any unscoped decision; ``threshold`` holds the
+    server's own span confidence to the fixed bar. ``confidence``: the fast tier's (None: none
+    made, or none to be had, ``no_read`` saying why); a failed escalation falls back to the fast
+    answer under ``slow.serve_unverified_on_failure`` wherever one can be read."""
+    why = f"unscoped: no loaded policy was tuned on {question} (span answers carry no guarantee)"
+    if no_read:
+        why += f"; {no_read}"
+    shadow = mode.shadow or mode.unscoped == "shadow"
+    if confidence is not None and not shadow and mode.unscoped == "unverified":
+        return Plan(action="unverified", note=(f"{why}; the fast answer is served unverified "
+                                               "(policy.unscoped: unverified)"))
+    bar = ""
+    if confidence is not None and not shadow and mode.unscoped == "threshold":
+        accept = confidence >= mode.fallback_threshold
+        bar = (f", span confidence {confidence:.3f} {'>=' if accept else '<'} threshold "
+               f"{mode.fallback_threshold:.3f}")
+        if accept:
+            return Plan(action="fast", note=(f"{why}; the server's confidence is held to a "
+                                             f"fixed bar, no guarantee (policy.unscoped: "
+                                             f"threshold{bar})"))
+    return Plan(
+        action="shadow" if shadow else "escalate",
+        fallback=("unverified" if mode.serve_unverified_on_failure and not shadow
+                  and not no_read else "refuse"),
+        note=(f"{why}; answered by the slow model (policy.unscoped: "
+              f"{'shadow' if shadow else mode.unscoped}{bar})"),
+        fallback_note=f"{why}; the fast answer was not verified",
+        error_note=f"{why} (policy.unscoped: {mode.unscoped})")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Promise:
     """What a covering policy promises, as its receipt states it: its file's guarantee (None

@@ -151,13 +151,18 @@ class RoutingService:
                 policies = self.lookup(requests)
             elif len(policies) != len(requests):
                 raise ValueError(f"{len(policies)} policies given for {len(requests)} requests")
+            # A state the first tier cannot see (images) is unscoped and read by none.
+            blind = [self._blind(r) for r in requests]
+            policies = [None if why else p for why, p in zip(blind, policies, strict=True)]
             if reads is None:
                 reads = await self._fast_reads(
                     requests, namespace=namespace, fingerprint=fingerprint,
-                    needed=[self.reads_fast(p) for p in policies])
+                    needed=[self.reads_fast(p) and not why for why, p in zip(blind, policies)])
             elif len(reads) != len(requests):
                 raise ValueError(f"{len(reads)} reads given for {len(requests)} requests")
-            reads = list(reads)  # a read made late (``read_later``) is logged in its place
+            # A read made late (``read_later``) is logged in its place.
+            reads = [FastRead(None, cached=False, failure=why) if why else read
+                     for why, read in zip(blind, reads, strict=True)]
             climbs = await climb(
                 requests, reads, policies, tiers=self.tiers,
                 shadow=lambda policy: self.registry.mode(policy)[0], window=self._window,
@@ -201,6 +206,13 @@ class RoutingService:
         except TimeoutError:
             return False
         return True
+
+    def _blind(self, request: DecisionRequest) -> str | None:
+        """Why the first tier cannot read ``request`` (None: it can)."""
+        if request.images and not self.backend.reads_images:
+            return (f"the fast tier ({self.backend.name}) reads no images, so the slow model "
+                    "answers")
+        return None
 
     def lookup(self, requests: Sequence[DecisionRequest]) -> list[Policy | None]:
         """The policy of each request (``PolicyRegistry.lookup``; None: unscoped). Done before
@@ -347,7 +359,8 @@ class RoutingService:
             latency_ms=_ms(started), probabilities=probabilities, note=note,
             escalated=escalates and route in ("slow", "cache"),
             shadow=the_plan.action == "shadow", guarantee=promised.guarantee, tier=tier,
-            tiers=None if climb is None else climb.evidence(), receipt=promised)
+            tiers=None if climb is None else climb.evidence(), receipt=promised,
+            thought=None if scores is None else scores.raw.get("server_thought"))
 
     async def _escalate(self, request: DecisionRequest, the_plan: Plan, *,
                         namespace: str) -> tuple[str, bool]:

@@ -97,6 +97,10 @@ def decision_messages(request: DecisionRequest) -> list[dict[str, Any]]:
     system = {"role": "system", "content": options_prompt(request)}
     if request.turns:
         return [system, *({"role": role, "content": text} for role, text in request.turns)]
+    if request.images:  # shown ahead of the state, as the System One server shows them
+        return [system, {"role": "user", "content": [
+            *({"type": "image_url", "image_url": {"url": url}} for url in request.images),
+            {"type": "text", "text": request.state}]}]
     return [system, {"role": "user", "content": request.state}]
 
 
@@ -206,6 +210,22 @@ class SlowPath:
         raise SlowPathInvalidAnswer(
             f"slow model {model} gave no valid option after one corrective retry "
             f"(last answer: {self._sanitise((content or '')[:200])!r})")
+
+    def supports_images(self) -> bool:
+        """Whether the slow model takes images: ``slow.vision`` when set, else litellm's
+        ``supports_vision`` (False for a model litellm does not know)."""
+        model = self.settings.model
+        if not model or self.settings.vision is not None:
+            return bool(model) and bool(self.settings.vision)
+        return bool(_litellm().supports_vision(model))
+
+    async def ask_messages(self, messages: list[dict[str, Any]]) -> tuple[str | None, str]:
+        """The slow model's reply to ``messages`` (a span question, which no option list
+        confines) and the model's name; as ``ask``, under the cap and ``slow.timeout_s``."""
+        model = self._require_model("escalation")
+        response = await self._acompletion(model=model, messages=messages,
+                                           response_format={"type": "json_object"})
+        return (response.choices[0].message.content if response.choices else None), model
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A non-decision chat request passed through; returns the OpenAI-shaped response."""

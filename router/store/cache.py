@@ -278,7 +278,8 @@ def read_key(namespace: str, request: DecisionRequest, fingerprint: str,
     backend's fingerprint."""
     if inputs is None:
         inputs = {"signature": request.signature(), "state": request.state,
-                  "samples": request.samples, "seed": request.seed}
+                  "samples": request.samples, "seed": request.seed,
+                  **({"images": request.image_digests()} if request.images else {})}
     # The tier's fingerprint, hashed, leads the key, so `slotgate cache purge` finds a tier's
     # reads by pattern (``read_pattern``).
     return _key(namespace, f"read:{_tier_part(fingerprint)}", {**inputs, "fingerprint": fingerprint})
@@ -297,4 +298,5 @@ def slow_key(namespace: str, request: DecisionRequest, model: str) -> str:
     """Key of a slow answer: the question's signature, the state and the slow model."""
     return _key(namespace, "slow", {
         "signature": request.signature(), "state": request.state, "model": model,
+        **({"images": request.image_digests()} if request.images else {}),
     })

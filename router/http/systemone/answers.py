@@ -1,7 +1,9 @@
 """Render the example server's answer shapes for a System One body answered in stages
 (``router.routing.stages``), each answer with slotgate's route and calibrated confidence.
 
-Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``confidence``):
+Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``confidence``; a
+span answer is the server's shape plus ``route``, its numbers the server's own, or 1.0 from the
+slow model, ``router.routing.spans``):
 
 - ``confidence`` is the *calibrated* probability of the chosen answer (the policy's number), not
   the raw top probability the example server reports nor OpenJev's entropy score.
@@ -15,17 +17,20 @@ Answer fields (the example server's shapes, plus ``answer``, ``route`` and ``con
   (``Decision.escalated``).
 - ``usage`` has ``input_tokens`` and ``output_tokens`` set to 0: slotgate does not see its
   backends' token counts. It adds ``decisions`` (questions asked) and ``escalations`` (slow answers).
-- ``diagnostics`` has the server's ``steps``, ``stages``, ``skipped``, ``conditioning``,
+- ``diagnostics`` has the server's ``steps``, ``thought`` (a System One fast tier's, for
+  ``think``), ``stages``, ``skipped``, ``conditioning``,
   ``samples``, ``timing`` (``total_ms``, ``reads``: answers not served from the cache) and
   ``engine`` (``slotgate:<fast backend>``), plus ``routes`` (each decision's routing facts).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from policies.types import Decision
 from router.http.systemone.wire import Question, SystemOneRequest
+from router.routing.spans import SpanDecision
 from router.routing.stages import StagedOutcome
 
 # Routes whose answer is the fast read's, so the calibrated distribution describes it.
@@ -69,22 +74,28 @@ def _from_slow(decision: Decision) -> bool:
 
 
 def render_response(
-    request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float, engine: str = "slotgate"
+    request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: float,
+    engine: str = "slotgate", spans: dict[str, SpanDecision] | None = None,
 ) -> dict[str, Any]:
-    """The whole 200 body: ``model``, ``answers`` (request order), ``usage``, ``diagnostics``."""
+    """The whole 200 body: ``model``, ``answers`` (request order), ``usage``, ``diagnostics``.
+    A span answer is the server's shape plus ``route``."""
+    spans = spans or {}
     answers = {
         q.id: render_answer(q, outcome.decisions[q.id]) if q.id in outcome.decisions else None
         for q in request.questions
-    }
-    routes = {qid: d.facts() for qid, d in outcome.decisions.items()}
+    } | {qid: s.answer.render() | {"route": s.decision.route} for qid, s in spans.items()}
+    if request.order:
+        answers = {qid: answers.get(qid) for qid in request.order}
+    decisions = [*outcome.decisions.values(), *(s.decision for s in spans.values())]
+    routes = {d.question_id: d.facts() for d in decisions}
     return {
         "model": request.model if request.model is not None else "slotgate",
         "answers": answers,
         "usage": {
             "input_tokens": 0,
             "output_tokens": 0,
-            "decisions": len(outcome.decisions),
-            "escalations": sum(d.escalated for d in outcome.decisions.values()),
+            "decisions": len(decisions),
+            "escalations": sum(d.escalated for d in decisions),
         },
         "diagnostics": diagnostics(request, outcome, total_ms=total_ms, engine=engine) | {
             "routes": routes},
@@ -98,8 +109,13 @@ def diagnostics(request: SystemOneRequest, outcome: StagedOutcome, *, total_ms: 
     policy = ({"mode": "auto"} if request.samples_auto else
               {"mode": "fixed", "n": request.samples})
     fresh = sum(d.route != "cache" for d in outcome.decisions.values())
+    thoughts = list({json.dumps(d.thought, sort_keys=True): d.thought
+                     for d in outcome.decisions.values() if d.thought is not None}.values())
     return {
         "steps": steps,
+        # The server's thought for ``think``: one, or one per read that wrote one; none from
+        # the cache (a cached read's thought is not kept).
+        "thought": thoughts[0] if len(thoughts) == 1 else thoughts or None,
         "stages": outcome.stages,
         "skipped": outcome.skipped,
         "conditioning": outcome.conditioning,

@@ -3,6 +3,7 @@ answered through the routing service. Errors use that server's dialect, not Open
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -13,8 +14,11 @@ from policies.types import summary_route
 from router.http.state import app_state, namespace
 from router.http.systemone.answers import render_response
 from router.http.systemone.body import decode_body
-from router.http.systemone.wire import parse_request
-from router.routing.stages import answer_stages
+from router.http.systemone.errors import ImagesRefused
+from router.http.systemone.wire import SystemOneRequest, parse_request
+from router.routing.service import RoutingService
+from router.routing.spans import SpanDecision, SpanRouting
+from router.routing.stages import StagedOutcome, answer_stages
 
 
 def make_router() -> APIRouter:
@@ -32,21 +36,64 @@ def make_router() -> APIRouter:
         started = time.perf_counter()
         state = app_state(request)
         settings = state.settings
-        parsed = parse_request(
-            decode_body(await request.body(), content_type=request.headers.get("content-type")),
-            max_questions=settings.max_questions,
-            max_options=settings.max_options,
-        )
+        payload, form_images = decode_body(await request.body(),
+                                           content_type=request.headers.get("content-type"))
+        parsed = parse_request(payload, max_questions=settings.max_questions,
+                               max_options=settings.max_options, spans=True,
+                               form_images=form_images)
         service, caller = state.service, namespace(request)
-        outcome = await answer_stages(service, parsed.staged(), namespace=caller)
+        if parsed.images:
+            _check_slow_sees_images(service)
+        outcome, spans = await _answer(service, parsed, caller)
         # One label per request, as on the OpenAI surface: the least verified route taken.
-        state.metrics.request(surface="systemone",
-                              route=summary_route(outcome.decisions.values()))
+        state.metrics.request(surface="systemone", route=summary_route(
+            [*outcome.decisions.values(), *(d.decision for d in spans.values())]))
         total_ms = (time.perf_counter() - started) * 1e3
         return JSONResponse(render_response(parsed, outcome, total_ms=total_ms,
-                                            engine=f"slotgate:{service.backend.name}"))
+                                            engine=f"slotgate:{service.backend.name}",
+                                            spans=spans))
 
     return router
+
+
+async def _answer(service: RoutingService, parsed: SystemOneRequest, caller: str
+                  ) -> tuple[StagedOutcome, dict[str, SpanDecision]]:
+    """The label questions in stages and the span questions beside them, as the server runs
+    them; either failing cancels the other."""
+    labels = (answer_stages(service, parsed.staged(), namespace=caller) if parsed.questions
+              else _no_labels())
+    spans = SpanRouting(backend=service.backend, registry=service.registry, slow=service.slow,
+                        settings=service.settings, metrics=service.metrics)
+    span_answers = (spans.route(parsed.span_state(), parsed.spans) if parsed.spans
+                    else _no_spans())
+    outcome_task, spans_task = asyncio.ensure_future(labels), asyncio.ensure_future(span_answers)
+    try:
+        return await outcome_task, await spans_task
+    except BaseException:
+        for task in (outcome_task, spans_task):
+            task.cancel()
+        await asyncio.gather(outcome_task, spans_task, return_exceptions=True)
+        raise
+
+
+def _check_slow_sees_images(service: RoutingService) -> None:
+    """A 400 naming the slow model when it cannot take images: any question may escalate, and
+    the slow model would answer about the text alone."""
+    slow = service.slow
+    model, supports = getattr(slow, "model", None), getattr(slow, "supports_images", None)
+    if model and supports is not None and not supports():
+        raise ImagesRefused(
+            f"images: the slow model {model} cannot take images (litellm's supports_vision is "
+            "false for it), and any question may be escalated to it; send no images, or "
+            "configure a slow model that takes them", field="images")
+
+
+async def _no_labels() -> StagedOutcome:
+    return StagedOutcome()
+
+
+async def _no_spans() -> dict[str, SpanDecision]:
+    return {}
 
 
 def _openapi_body() -> dict[str, Any]:
@@ -55,11 +102,14 @@ def _openapi_body() -> dict[str, Any]:
         "type": "object",
         "required": ["type"],
         "properties": {
-            "type": {"enum": ["noul", "bool", "boolean", "choice", "score"]},
+            "type": {"enum": ["noul", "bool", "boolean", "choice", "score", "span", "spans"]},
             "instructions": {"type": "string"},
             "criteria": {"anyOf": [
                 {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
                 {"type": "array", "items": {"type": "string"}},
+                {"type": "object", "properties": {  # span / spans
+                    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 96},
+                    "max_items": {"type": "integer", "minimum": 1, "maximum": 64}}},
             ]},
             "depends_on": {"type": "array", "items": {"type": "string"}},
             "ask_if": {"type": "object", "additionalProperties": {
@@ -88,6 +138,11 @@ def _openapi_body() -> dict[str, Any]:
             "auto_max": {"type": "integer"},
             "auto_threshold": {"type": "number"},
             "sequential": {"type": "boolean"},
+            # Shown ahead of the state; multipart image parts are images too.
+            "images": {"type": "array", "items": {"anyOf": [
+                {"type": "string", "pattern": "^data:image/"},
+                {"type": "object", "required": ["content_type", "base64"], "properties": {
+                    "content_type": {"type": "string"}, "base64": {"type": "string"}}}]}},
         },
     }
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}

@@ -3,13 +3,15 @@ it, into typed questions ordered in dependency stages. Errors speak the example 
 
 Accepted: ``model`` (echoed), ``state`` (required; a string as is, anything else as JSON text),
 ``questions`` (id -> ``{type, criteria, instructions, depends_on, ask_if}``; types ``noul``
-(``bool``/``boolean`` too), ``choice``, ``score``; ids trimmed, as the server trims them; levels,
+(``bool``/``boolean`` too), ``choice``, ``score``, and ``span``/``spans`` where the caller takes
+them (``span_wire``: routed apart, ``router.routing.spans``); ids trimmed, as the server trims them; levels,
 descriptions and criteria values of any JSON type are read as text, as the server prints them:
 ``str()``, a falsy description left out; a question's non-string ``instructions`` as
 ``json.dumps`` with ASCII escapes; an empty ``depends_on``/``ask_if`` is none, as there),
 top-level ``instructions`` (shared context; ``str()`` of a non-string, a falsy one left out, as
 the server prints it), ``samples`` (``"auto"`` or 1..32, larger counts capped; ``true`` is 1, as there),
-``seed`` (``int()`` of it, as there), ``ask`` (a subset of ids) and the slotgate extension
+``seed`` (``int()`` of it, as there), ``ask`` (a subset of ids), ``images`` (``images``: data
+URLs shown ahead of the state, with a multipart form's image parts) and the slotgate extension
 ``policy`` (a tuned policy's name, top level or per question). The example server's engine
 knobs ``steps``, ``think``, ``chunk_rows``, ``chunk_prompt``, ``auto_max``, ``auto_threshold``,
 ``sequential`` and the per-question ``alone`` are validated with its rules (``sequential`` and
@@ -22,12 +24,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from policies.types import DecisionRequest, Option, QuestionKind, StagedQuestion
 from router.backends.knobs import SystemOneKnobs
-from router.errors import InvalidRequest
+from router.backends.spans import SpanQuestion, SpanState
+
+# Re-exported for the modules that take the wire's errors from here (the chat variant).
+from router.http.systemone.errors import InvalidBody as InvalidBody  # noqa: PLC0414
+from router.http.systemone.errors import SystemOneError as SystemOneError  # noqa: PLC0414
+from router.http.systemone.images import json_images
+from router.http.systemone.span_wire import span_question, span_text_problem
 from router.routing.stages import stage_order
 
 MAX_SAMPLES = 32  # the example server's cap; larger counts are clamped, not refused
@@ -39,20 +48,6 @@ MAX_THINK = 4096
 _KINDS: dict[str, QuestionKind] = {
     "noul": "noul", "bool": "noul", "boolean": "noul", "choice": "choice", "score": "score",
 }
-
-
-class SystemOneError(InvalidRequest):
-    """A schema error in a System One body: 422 ``validation_error``, as the example server says it."""
-
-    status_code = 422
-    error_type = "validation_error"
-
-
-class InvalidBody(SystemOneError):
-    """A body that is not a JSON object (or a form without a ``request`` part): 400."""
-
-    status_code = 400
-    error_type = "invalid_request_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +89,15 @@ class SystemOneRequest:
     policy: str | None = None
     samples_auto: bool = False  # samples "auto": a System One backend forwards it as such
     engine: tuple[tuple[str, Any], ...] = ()  # the engine knobs given, (name, value) in order
+    spans: tuple[SpanQuestion, ...] = ()  # the asked span questions, routed apart
+    order: tuple[str, ...] = ()  # every asked id, in request order (the answers' order)
+    state_value: Any = None  # the state as sent: span offsets index it (or its "text")
+    images: tuple[str, ...] = ()  # data URLs shown ahead of the state
+
+    def span_state(self) -> SpanState:
+        """What the span questions are asked about."""
+        return SpanState(value=self.state_value, text=self.state, context=self.context,
+                         seed=self.seed, images=self.images, engine=self.engine)
 
     def question(self, question_id: str) -> Question:
         return next(q for q in self.questions if q.id == question_id)
@@ -118,11 +122,15 @@ class SystemOneRequest:
             seed=self.seed,
             policy=question.policy or self.policy,
             extension=SystemOneKnobs(samples_auto=self.samples_auto, engine=engine),
+            images=self.images,
         )
 
 
-def parse_request(payload: Any, *, max_questions: int, max_options: int) -> SystemOneRequest:
-    """Validate a decoded payload; raises ``SystemOneError`` (or ``InvalidBody``) naming the field."""
+def parse_request(payload: Any, *, max_questions: int, max_options: int,
+                  spans: bool = False, form_images: Sequence[str] = ()) -> SystemOneRequest:
+    """Validate a decoded payload; raises ``SystemOneError`` (or ``InvalidBody``) naming the field.
+    ``spans``: span questions are taken (``/v1/systemone``); elsewhere they are refused.
+    ``form_images``: a multipart form's image parts, shown ahead of the body's ``images``."""
     if not isinstance(payload, dict):
         raise InvalidBody("invalid body: expected a JSON object")
     if payload.get("state") is None:
@@ -132,16 +140,12 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int) -> Syst
         raise SystemOneError("questions: needs a non-empty map of id -> question", field="questions")
     if len(raw_questions) > max_questions:
         raise SystemOneError(f"schema: at most {max_questions} questions", field="questions")
-    if payload.get("images"):
-        raise SystemOneError("images: slotgate reads text state only; send no images", field="images")
-    questions: dict[str, Question] = {}
-    for qid, raw in raw_questions.items():
-        question = _question(qid, raw, max_options=max_options)
-        if question.id in questions:  # two ids the same once trimmed
-            raise SystemOneError(f"duplicate question id '{question.id}'", field="questions")
-        questions[question.id] = question
-    _check_references(questions)
-    asked = _asked(payload.get("ask"), questions)
+    every = _questions(raw_questions, max_options=max_options, spans=spans)
+    asked_ids = _asked(payload.get("ask"), every)
+    asked = {qid: q for qid, q in asked_ids.items() if isinstance(q, Question)}
+    asked_spans = tuple(q for q in asked_ids.values() if isinstance(q, SpanQuestion))
+    if asked_spans and (problem := span_text_problem(payload["state"])):
+        raise SystemOneError(problem, field="state")
     model = payload.get("model")
     return SystemOneRequest(
         model=model if isinstance(model, str) else None,
@@ -154,7 +158,26 @@ def parse_request(payload: Any, *, max_questions: int, max_options: int) -> Syst
         policy=_policy_name(payload.get("policy"), "policy"),
         samples_auto=payload.get("samples", "auto") == "auto",
         engine=_engine(payload),
+        spans=asked_spans,
+        order=tuple(asked_ids),
+        state_value=payload["state"],
+        images=(*form_images, *json_images(payload.get("images"))),
     )
+
+
+def _questions(raw_questions: dict[str, Any], *, max_options: int,
+               spans: bool) -> dict[str, Question | SpanQuestion]:
+    """Every question by its trimmed id, in request order, references checked."""
+    every: dict[str, Question | SpanQuestion] = {}
+    for qid, raw in raw_questions.items():
+        question = (span_question(qid, raw, allowed=spans)
+                    or _question(qid, raw, max_options=max_options))
+        if question.id in every:  # two ids the same once trimmed
+            raise SystemOneError(f"duplicate question id '{question.id}'", field="questions")
+        every[question.id] = question
+    _check_references({k: q for k, q in every.items() if isinstance(q, Question)},
+                      {k: q for k, q in every.items() if isinstance(q, SpanQuestion)})
+    return every
 
 
 def _question(raw_id: str, raw: Any, *, max_options: int) -> Question:
@@ -318,9 +341,14 @@ def _ask_if(where: str, raw: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple(out)
 
 
-def _check_references(questions: dict[str, Question]) -> None:
+def _check_references(questions: dict[str, Question],
+                      spans: dict[str, SpanQuestion]) -> None:
     for q in questions.values():
         for dep in q.dependencies:
+            if dep in spans:
+                raise SystemOneError(
+                    f"question '{q.id}': cannot depend on the span question '{dep}'",
+                    field="depends_on")
             if dep == q.id or dep not in questions:
                 raise SystemOneError(f"question '{q.id}': depends on unknown question '{dep}'",
                                      field="depends_on")
@@ -333,7 +361,8 @@ def _check_references(questions: dict[str, Question]) -> None:
                 )
 
 
-def _asked(raw: Any, questions: dict[str, Question]) -> dict[str, Question]:
+def _asked(raw: Any, questions: dict[str, Question | SpanQuestion]
+           ) -> dict[str, Question | SpanQuestion]:
     """The ``ask`` subset (default: every question); it must hold everything it depends on."""
     if raw is None:
         return questions
@@ -341,7 +370,7 @@ def _asked(raw: Any, questions: dict[str, Question]) -> dict[str, Question]:
             or not all(isinstance(i, str) and i in questions for i in raw)):
         raise SystemOneError("schema: ask must list question ids from this schema", field="ask")
     for qid in raw:
-        missing = [dep for dep in questions[qid].dependencies if dep not in raw]
+        missing = [dep for dep in getattr(questions[qid], "dependencies", ()) if dep not in raw]
         if missing:
             raise SystemOneError(f"schema: ask names '{qid}' but not everything it depends on "
                                  f"('{missing[0]}')", field="ask")

@@ -10,7 +10,7 @@ import pytest
 
 from policies.scope import UnscopedMode
 from policies.types import OptionScores, Verdict
-from router.routing.plan import Mode, Scope, judged_scores, plan
+from router.routing.plan import Mode, Scope, judged_scores, plan, span_plan
 from router.routing.ports import NOT_READ, FastRead
 
 SCORES = OptionScores(("yes", "no"), (0.97, 0.03))
@@ -95,3 +95,19 @@ def test_a_doubted_read_is_judged_only_in_shadow_mode() -> None:
     assert judged_scores(DOUBTED, shadow=False) is None
     assert judged_scores(DOUBTED, shadow=True) is SCORES
     assert judged_scores(READ, shadow=False) is SCORES
+
+
+def test_span_plans_follow_policy_unscoped_and_never_promise() -> None:
+    def mode(unscoped: Any, shadow: bool = False) -> Mode:
+        return Mode(shadow=shadow, unscoped=unscoped, serve_unverified_on_failure=False,
+                    fallback_threshold=0.8)
+
+    assert span_plan(0.5, mode("unverified"), "q").action == "unverified"
+    assert span_plan(0.9, mode("threshold"), "q").action == "fast"
+    low = span_plan(0.5, mode("threshold"), "q")
+    assert low.action == "escalate" and "0.500 < threshold 0.800" in (low.note or "")
+    assert span_plan(0.9, mode("escalate"), "q").action == "escalate"
+    assert span_plan(0.9, mode("threshold", shadow=True), "q").action == "shadow"
+    no_read = span_plan(None, mode("unverified"), "q", "the fast tier reads no spans")
+    assert no_read.action == "escalate" and no_read.fallback == "refuse"
+    assert "the fast tier reads no spans" in (no_read.note or "")

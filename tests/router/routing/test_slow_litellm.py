@@ -213,3 +213,11 @@ async def test_aclose_closes_the_clients_litellm_cached_for_this_loop(llm: Stand
     assert all(getattr(c, "is_closed", lambda: True)() for c in mine)  # ...and never closes it
     assert (await slow.ask(request())).answer == "card_arrival"  # a later call gets a new one
     await slow.aclose()
+
+
+def test_whether_the_slow_model_takes_images_is_litellms_word_unless_set(
+        llm: StandinHandle) -> None:
+    assert slow_path(llm, model="openai/gpt-4o").supports_images()
+    assert not slow_path(llm).supports_images()  # a model litellm does not know
+    assert slow_path(llm, vision=True).supports_images()
+    assert not slow_path(llm, model="openai/gpt-4o", vision=False).supports_images()

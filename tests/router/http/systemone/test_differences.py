@@ -1,5 +1,5 @@
 """Differences from the vLLM example server, each checked against the server's code
-(examples/features/structured_diffusion/structured_server.py): matched, or marked deliberate in
+(mmastrac/djev structured_server.py at 28b1e26): matched, or marked deliberate in
 docs/proxy.md's differences table. Every row here is tested twice: slotgate's
 behaviour over HTTP, and the table's word for it."""
 
@@ -14,10 +14,15 @@ import pytest
 
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
+from router.backends.options import SystemOneOptions
+from router.backends.systemone import SystemOneBackend
 from router.http.app import create_app
 from router.settings import Settings
+from standins.systemone_server import SystemOneStandin
 from tests.conftest import ROOT
 from tests.router.http.systemone.test_e2e import MemoryLog, RecordingSlow, confident
+from tests.router.http.systemone.test_spans import INVOICE, SPANS, serving
+from tests.router.http.systemone.test_spans import upstream as upstream  # noqa: PLC0414 - a fixture
 
 SCHEMA = {"questions": [{"id": "urgent", "type": "noul",
                          "instructions": "Does the customer need a reply within the hour?"}]}
@@ -171,3 +176,89 @@ async def test_a_skip_on_a_fast_answer_has_no_note(client: httpx.AsyncClient) ->
         "kind": {"type": "noul", "ask_if": {"money": ["yes"]}}}})
     assert r.json()["diagnostics"]["skipped"]["kind"] == {
         "because": "money", "was": "no", "wanted": ["yes"]}
+
+
+# The rows of the server's newer features (mmastrac/djev 28b1e26), each against the stand-in
+# that follows it: what slotgate answers and what the server (stand-in) answers directly.
+
+async def direct(upstream: SystemOneStandin, body: Any, **kw: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=upstream.url) as plain:
+        if body is None:
+            return await plain.post("/v1/systemone", **kw)
+        return await plain.post("/v1/systemone", json=body)
+
+
+def test_the_table_names_the_servers_revision() -> None:
+    text = (ROOT / "docs/proxy.md").read_text().split("## Differences from the vLLM example", 1)[1]
+    assert "mmastrac/djev" in text and "28b1e26" in text.split("|", 1)[0]
+
+
+async def test_span_answers_are_the_servers_through_a_system_one_tier(
+    upstream: SystemOneStandin,
+) -> None:
+    body = {"state": {"text": INVOICE}, "questions": SPANS}
+    async with serving(SystemOneBackend(upstream.url), unscoped="unverified") as client:
+        ours = (await client.post("/v1/systemone", json=body)).json()["answers"]
+    theirs = (await direct(upstream, body)).json()["answers"]
+    assert {qid: {k: v for k, v in a.items() if k != "route"} for qid, a in ours.items()} == theirs
+    assert difference("`span` / `spans` questions")["deliberate"].startswith(
+        "matches through a System One fast tier on `/v1/systemone`")
+
+
+async def test_a_span_escalation_is_grounded_and_the_table_says_why_it_is_unscoped(
+    upstream: SystemOneStandin,
+) -> None:
+    async with serving(SystemOneBackend(upstream.url)) as client:  # escalate: the slow model
+        r = await client.post("/v1/systemone", json={"state": INVOICE, "questions": {
+            "invoice_id": SPANS["invoice_id"]}})
+    answer = r.json()["answers"]["invoice_id"]
+    assert answer["route"] == "slow" and INVOICE[answer["start"]:answer["end"]] == answer["text"]
+    row = difference("routing a span answer")
+    assert row["deliberate"].startswith("yes: ") and "never guaranteed" in row["slotgate"]
+
+
+async def test_the_servers_thought_is_passed_on(upstream: SystemOneStandin) -> None:
+    body = {"state": "My card has not arrived.", "think": 4,
+            "questions": {"late": {"type": "noul", "instructions": "Is it late?"}}}
+    async with serving(SystemOneBackend(upstream.url), unscoped="unverified") as client:
+        ours = (await client.post("/v1/systemone", json=body)).json()["diagnostics"]["thought"]
+    assert ours == (await direct(upstream, body)).json()["diagnostics"]["thought"]
+    assert difference("`think` and `diagnostics.thought`")["deliberate"].startswith("matches through a System One")
+
+
+async def test_images_follow_the_servers_rules_and_go_to_the_slow_model_past_a_blind_tier(
+    client: httpx.AsyncClient, upstream: SystemOneStandin, asked: list[DecisionRequest],
+) -> None:
+    bad = {"state": "s", "images": ["https://x/y.png"], "questions": {"q": {"type": "noul"}}}
+    ours, theirs = await client.post("/v1/systemone", json=bad), await direct(upstream, bad)
+    assert ours.status_code == theirs.status_code == 422
+    assert ours.json()["error"]["message"] == theirs.json()["error"]["message"]
+    r = await client.post("/v1/systemone", json={**bad, "images": ["data:image/png;base64,AA"]})
+    assert r.json()["answers"]["q"]["route"] == "slow" and asked == []  # the mock reads no images
+    assert "reads no images" in r.json()["diagnostics"]["routes"]["q"]["note"]
+    assert "deliberate: the 400" in difference("images (")["deliberate"]
+
+
+async def test_a_form_without_a_request_part_is_the_servers_400(
+    client: httpx.AsyncClient, upstream: SystemOneStandin,
+) -> None:
+    headers = {"content-type": "multipart/form-data; boundary=zz"}
+    raw = b'--zz\r\nContent-Disposition: form-data; name="other"\r\n\r\n{}\r\n--zz--\r\n'
+    ours = await client.post("/v1/systemone", content=raw, headers=headers)
+    theirs = await direct(upstream, None, content=raw, headers=headers)
+    assert ours.status_code == theirs.status_code == 400
+    assert ours.json()["error"]["message"] == theirs.json()["error"]["message"]
+    empty = b"--zz--\r\n"
+    ours = await client.post("/v1/systemone", content=empty, headers=headers)
+    theirs = await direct(upstream, None, content=empty, headers=headers)
+    assert ours.json()["error"]["message"] == theirs.json()["error"]["message"]
+    assert difference("multipart without a `request` part")["deliberate"] == "matches"
+
+
+def test_constrained_and_engine_samples_are_options_of_the_tier() -> None:
+    plain = SystemOneBackend("http://127.0.0.1:9").fingerprint
+    constrained = SystemOneBackend("http://127.0.0.1:9",
+                                   SystemOneOptions(constrained=True)).fingerprint
+    assert constrained != plain
+    row = difference("`--constrained`, `--engine-samples`")
+    assert row["server"].startswith("not at 28b1e26") and "fingerprint" in row["slotgate"]

@@ -200,9 +200,15 @@ def test_seed_and_policy() -> None:
     assert error_of({**body(a=NOUL), "policy": 3}).message == "policy: must be a policy name"
 
 
-def test_images_refused_clearly() -> None:
-    err = error_of({**body(a=NOUL), "images": ["data:image/png;base64,AAAA"]})
-    assert err.message.startswith("images:") and err.status_code == 422
+def test_images_are_data_urls_or_content_type_and_base64_objects() -> None:
+    parsed = parse({**body(a=NOUL), "images": [
+        "data:image/png;base64,AAAA", {"content_type": "image/jpeg", "base64": "BBBB"}]})
+    assert parsed.images == ("data:image/png;base64,AAAA", "data:image/jpeg;base64,BBBB")
+    assert parsed.decision_request(parsed.questions[0]).images == parsed.images
+    err = error_of({**body(a=NOUL), "images": ["data:image/png;base64,AAAA", "https://x/y.png"]})
+    assert (err.message, err.field, err.status_code) == (
+        "images[1]: a data:image/... URL or an object with content_type and base64",
+        "images.1", 422)
 
 
 def test_unknown_and_self_references() -> None:
@@ -321,17 +327,18 @@ def multipart(*parts: tuple[str, str | None, bytes]) -> tuple[bytes, str]:
 
 def test_multipart_request_part() -> None:
     raw, ctype = multipart(("request", None, b'{"state": "s", "questions": {"u": {"type": "noul"}}}'))
-    parsed = parse(decode_body(raw, content_type=ctype))
-    assert parsed.state == "s" and parsed.questions[0].id == "u"
+    payload, images = decode_body(raw, content_type=ctype)
+    parsed = parse(payload)
+    assert parsed.state == "s" and parsed.questions[0].id == "u" and images == []
 
 
-def test_multipart_without_request_part_or_with_images() -> None:
+def test_multipart_image_parts_are_images_and_other_parts_are_refused() -> None:
     raw, ctype = multipart(("other", None, b"{}"))
-    with pytest.raises(InvalidBody, match="unexpected form part 'other'"):
+    with pytest.raises(InvalidBody, match="part 'other': neither the request JSON nor an image"):
         decode_body(raw, content_type=ctype)
     raw, ctype = multipart(("request", None, b"{}"), ("image", "a.png", b"\x89PNG"))
-    with pytest.raises(SystemOneError, match="^images:") as info:
-        decode_body(raw, content_type=ctype)
-    assert info.value.status_code == 422
-    with pytest.raises(InvalidBody, match="needs a 'request' part"):
+    raw = raw.replace(b'filename="a.png"\r\n', b'filename="a.png"\r\nContent-Type: image/png\r\n')
+    payload, images = decode_body(raw, content_type=ctype)
+    assert payload == {} and images == ["data:image/png;base64,iVBORw=="]
+    with pytest.raises(InvalidBody, match="multipart needs a part named request holding the JSON body"):
         decode_body(b"garbage", content_type="multipart/form-data; boundary=zz")
