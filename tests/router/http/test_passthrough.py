@@ -61,13 +61,18 @@ def server_one(vllm: StandinHandle, banking77_dir: Path) -> Iterator[SystemOneSt
         yield server
 
 
+# The app closes the tier's client at shutdown (no connection outlives the server); no warm-up
+# read, so the upstream sees the tests' requests alone.
+OWNED = {"close_backend": True, "warm_up": False}
+
+
 @pytest.fixture(scope="module")
 def gate(server_one: SystemOneStandin, standin: StandinHandle,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     key_hash = hashlib.sha256(CLIENT_KEY.encode()).hexdigest()
     backend = SystemOneBackend(server_one.url, api_key=TIER_KEY)
     with LiveServer(settings(standin, tmp_path_factory.mktemp("gate"), fast_url=server_one.url,
-                             api_key_hashes=[key_hash]), backend=backend) as live:
+                             api_key_hashes=[key_hash]), backend=backend, **OWNED) as live:
         yield live
 
 
@@ -208,7 +213,8 @@ def test_the_rate_limit_counts_relayed_requests(
         tmp_path: Path) -> None:
     with LiveServer(settings(standin, tmp_path, fast_url=server_one.url, rate_limit_rps=0.001,
                              rate_limit_burst=1),
-                    backend=SystemOneBackend(server_one.url, api_key=TIER_KEY)) as live:
+                    backend=SystemOneBackend(server_one.url, api_key=TIER_KEY),
+                    **OWNED) as live:
         body = {"model": "dgemma", "messages": CHAT}
         first = httpx.post(f"{live.url}/v1/chat/completions", json=body)
         second = httpx.post(f"{live.url}/v1/chat/completions", json=body)
@@ -305,7 +311,8 @@ def test_passthrough_off_leaves_every_name_to_the_slow_path(
         tmp_path: Path) -> None:
     with LiveServer(settings(standin, tmp_path, fast_url=server_one.url,
                              passthrough={"enabled": False}),
-                    backend=SystemOneBackend(server_one.url, api_key=TIER_KEY)) as live:
+                    backend=SystemOneBackend(server_one.url, api_key=TIER_KEY),
+                    **OWNED) as live:
         chat = httpx.post(f"{live.url}/v1/chat/completions",
                           json={"model": "dgemma", "messages": CHAT})
         listing = httpx.get(f"{live.url}/v1/models").json()
@@ -324,7 +331,8 @@ def test_a_client_that_leaves_midstream_gives_its_slot_back(
     try:
         with LiveServer(settings(standin, tmp_path, fast_url=server_one.url,
                                  passthrough={"max_concurrency": 1}),
-                        backend=SystemOneBackend(server_one.url, api_key=TIER_KEY)) as live:
+                        backend=SystemOneBackend(server_one.url, api_key=TIER_KEY),
+                    **OWNED) as live:
             with httpx.stream("POST", f"{live.url}/v1/chat/completions",
                               json={"model": "dgemma", "messages": CHAT, "stream": True}) as r:
                 first = next(r.iter_lines())

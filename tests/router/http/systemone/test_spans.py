@@ -45,7 +45,10 @@ async def serving(backend: Any, completion: ScriptedCompletion | None = None, *,
     slow = slow_path(completion or ScriptedCompletion(GROUNDED), **(slow_settings or {}))
     settings = Settings(fast={"timeout_s": 10.0}, policy=policy,
                         slow={"serve_unverified_on_failure": serve_unverified})
-    with LiveServer(settings, backend=backend, slow=slow, decision_log=MemoryLog()) as live:
+    # The app closes the tier's client at shutdown; no warm-up read (the upstream's request
+    # counts are the tests' own).
+    with LiveServer(settings, backend=backend, slow=slow, decision_log=MemoryLog(),
+                    close_backend=True, warm_up=False) as live:
         async with httpx.AsyncClient(base_url=live.url, timeout=10.0) as c:
             yield c
 
