@@ -5,8 +5,10 @@ routing mode (shadow, ``policy.unscoped`` with its fixed bar, ``slow.serve_unver
 an alarm's gate and the decision's scope into a ``Plan``. Precedence, highest first: scope (an
 unscoped decision follows ``policy.unscoped`` alone, no gate applies), a failed or missing read
 (only the slow path can answer), the alarm's gate (it turns an accept into an escalation), shadow
-mode (the slow answer is served, the verdict logged), the policy's verdict. Pure: no I/O, no
-state; the routing service reads, executes the plan and logs the decision."""
+mode (the slow answer is served, the verdict logged), the policy's verdict, and last a broken
+cost promise (``CostAlarm``: under ``serve_unverified`` the policy's own escalations serve the
+fast answer marked unverified). Pure: no I/O, no state; the routing service reads, executes the
+plan and logs the decision."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from policies.scope import UnscopedMode
 from policies.types import OptionScores, Receipt, Route, Verdict
-from router.routing.ports import FastRead
+from router.routing.ports import CostAlarm, FastRead
 
 if TYPE_CHECKING:
     from policies.policy import Policy
@@ -95,14 +97,23 @@ def judged_scores(read: FastRead, *, shadow: bool) -> OptionScores | None:
 
 
 def plan(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None,
-         scope: Scope, calibrated: list[float] | None = None) -> Plan:
+         scope: Scope, calibrated: list[float] | None = None, *,
+         cost_alarm: CostAlarm | None = None) -> Plan:
     """The plan for one decision. ``verdict``: the covering policy's on ``judged_scores``
     (None when there are none, or no policy covers the decision), with ``calibrated``, the
     probabilities it saw; ``gate``: why an alarm on that policy escalates what it accepts
-    (None: its verdicts stand)."""
+    (None: its verdicts stand); ``cost_alarm``: that policy's cost promise is broken (None:
+    it holds, or the policy has none)."""
     if not scope.covered:
         return _unscoped(read, mode, scope.question)
-    return dataclasses.replace(_covered(read, verdict, mode, gate), calibrated=calibrated)
+    planned = _covered(read, verdict, mode, gate)
+    if (cost_alarm is not None and cost_alarm.on_cost_alarm == "serve_unverified"
+            and planned.action == "escalate" and planned.verdict is not None
+            and not planned.accepted):
+        planned = Plan(action="unverified", verdict=planned.verdict, note=(
+            f"the fast answer is below the threshold ({planned.verdict.reason}); served "
+            f"unverified, not escalated: {cost_alarm.detail} (on_cost_alarm: serve_unverified)"))
+    return dataclasses.replace(planned, calibrated=calibrated)
 
 
 def _covered(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None) -> Plan:

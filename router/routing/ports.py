@@ -122,6 +122,22 @@ class Label:
     source: Literal["feedback", "audit"]
 
 
+# What a broken cost promise does (the policy file's ``on_cost_alarm``): alert_only changes no
+# decision; serve_unverified serves the fast answer, marked unverified, where the policy's own
+# verdict escalates (an accuracy alarm's escalations still reach the slow model).
+OnCostAlarm = Literal["alert_only", "serve_unverified"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostAlarm:
+    """The live check found the covering policy's cost promise broken
+    (``router.monitoring.cost``), as ``router.routing.plan`` takes it: the operator's choice
+    and why."""
+
+    on_cost_alarm: OnCostAlarm
+    detail: str
+
+
 class DecisionObserver(Protocol):
     """Production monitoring as routing sees it (``router.monitoring.monitor.Monitor``): told of
     each policy file the registry loads, asked by the registry whether an alarm makes a policy
@@ -140,6 +156,10 @@ class DecisionObserver(Protocol):
 
     def watch_state(self, policy_id: str) -> str | None:
         """"clear", "suspect" or "alarmed" (None: not watched), as the receipt states it."""
+        ...
+
+    def cost_alarm(self, policy_id: str) -> CostAlarm | None:
+        """The policy's cost promise found broken, and what that does; None while it holds."""
         ...
 
     def decided(self, observation: Observation) -> None: ...

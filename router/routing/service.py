@@ -245,7 +245,8 @@ class RoutingService:
             None if policy is None else registry.gate(policy),
             Scope(covered=policy is not None,
                   question="" if policy is not None else describe(request)),
-            calibrated=None if climb is None else climb.calibrated)
+            calibrated=None if climb is None else climb.calibrated,
+            cost_alarm=None if policy is None else registry.cost_alarm(policy))
         decision = await self._execute(
             request, read, the_plan, namespace=namespace, started=started,
             read_later=read_later, policy=policy, climb=climb)
