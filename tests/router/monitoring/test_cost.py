@@ -5,16 +5,24 @@ on one within it, counts fixed blocks, hands the routing plan the operator's cho
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from policies.file import PolicyFile
+from policies.types import DecisionRequest, Option
 from router.monitoring.cost import CostSettings, CostWatch
 from router.monitoring.monitor import Monitor
+from router.backends.mock import MockBackend
 from router.routing.ports import Observation
+from router.routing.registry import PolicyRegistry
+from router.routing.service import RoutingService
+from router.settings import PolicySettings, Settings
+from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
-from tests.router.monitoring.conftest import watched_policy
+from tests.router.routing.test_service import ListLog, RecordingSlow
+from tests.router.monitoring.conftest import OPTIONS, spelled, watched_policy
 from tests.router.monitoring.test_monitor import request
 
 # The slow share promised for each block of 200, the escalation probability past which it fails.
@@ -91,3 +99,38 @@ def test_blocks_are_fixed_and_counted_once_full() -> None:
     report = check.report()
     assert (report["blocks"], report["blocks_over"]) == (2, 1)  # (3 of 4), (1 of 4); 2 waiting
     assert report["slow_share"] == 0.7
+
+
+def picked(i: int) -> DecisionRequest:
+    """A decision of the question the policy covers (``PICK``)."""
+    return DecisionRequest("pick", "", tuple(Option(o) for o in OPTIONS), f"state {spelled(i)}")
+
+
+async def test_the_service_serves_unverified_once_the_promise_is_broken(tmp_path: Path) -> None:
+    """Real registry, monitor and routing service: a read below the policy's threshold goes to
+    the slow model while the promise holds, and is served fast, marked unverified, once the
+    live check has found it broken (on_cost_alarm: serve_unverified)."""
+    backend = MockBackend(lambda request: [0.34, 0.33, 0.33])
+    policy = promised(on_cost_alarm="serve_unverified",
+                      backend_fingerprint=backend.fingerprint)
+    path = tmp_path / "policy.json"
+    policy.write(path)
+    monitor = Monitor()
+    registry = PolicyRegistry.load(PolicySettings(files=[path]),
+                                   backend_fingerprint=backend.fingerprint, monitor=monitor)
+    slow = RecordingSlow()
+    service = RoutingService(
+        backend=backend,
+        cache=MemoryCache(max_entries=100, ttl_s=60), registry=registry,
+        slow=slow, log=ListLog(), metrics=Metrics(), settings=Settings(),  # type: ignore[arg-type]
+        monitor=monitor)
+    [before] = await service.route([picked(0)], namespace="t")
+    assert before.route == "slow" and len(slow.calls) == 1
+    for n in range(1, 60):  # every decision escalates: far past the promise's cap
+        await service.route([picked(n)], namespace="t")
+    assert registry.cost_alarm(registry.loaded()[0].runtime) is not None
+    calls = len(slow.calls)
+    [after] = await service.route([picked(60)], namespace="t")
+    assert (after.route, after.guarantee, after.answer) == ("unverified", None, "a")
+    assert after.note is not None and "on_cost_alarm: serve_unverified" in after.note
+    assert len(slow.calls) == calls
