@@ -12,18 +12,18 @@ import numpy as np
 
 from policies.file import PolicyFile
 from policies.types import DecisionRequest, Option
+from router.backends.mock import MockBackend
 from router.monitoring.cost import CostSettings, CostWatch
 from router.monitoring.monitor import Monitor
-from router.backends.mock import MockBackend
 from router.routing.ports import Observation
 from router.routing.registry import PolicyRegistry
 from router.routing.service import RoutingService
 from router.settings import PolicySettings, Settings
 from router.store.cache import MemoryCache
 from router.store.metrics import Metrics
-from tests.router.routing.test_service import ListLog, RecordingSlow
 from tests.router.monitoring.conftest import OPTIONS, spelled, watched_policy
 from tests.router.monitoring.test_monitor import request
+from tests.router.routing.test_service import ListLog, RecordingSlow
 
 # The slow share promised for each block of 200, the escalation probability past which it fails.
 PROMISE = {"share": 0.3, "block": 200, "delta": 0.05, "n": 1000, "n_escalated": 200,
