@@ -292,8 +292,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibrator", default="temperature")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-mapie", action="store_true", help="skip the MAPIE comparison")
-    parser.add_argument("--cost-share", type=float, default=0.2,
-                        help="the cost promise's slow share of each block (default 0.2)")
+    parser.add_argument("--cost-share", type=float, default=0.15,
+                        help="the cost promise's slow share of each block (default 0.15)")
     parser.add_argument("--cost-block", type=int, default=1000,
                         help="decisions in one block of the cost promise")
     parser.add_argument("--cost-delta", type=float, default=0.05,

@@ -84,7 +84,7 @@ def test_a_run_on_any_labelled_csv_prints_and_writes_the_report(
         assert set(per) >= {"expected_cost", "best_single_tier_cost", "cost_promise"}
         paired = per["cost_promise"]["cascade"]
         assert 0.0 <= paired["claimed_rate"] <= 1.0 and paired["blocks"] == 0  # too few rows
-    assert printed["cost_promise"] == {"share": 0.2, "block": 1000, "delta": 0.05}
+    assert printed["cost_promise"] == {"share": 0.15, "block": 1000, "delta": 0.05}
 
 
 def test_the_cost_promise_counts_fixed_blocks_of_draws_that_claimed_it() -> None:
