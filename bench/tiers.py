@@ -241,31 +241,39 @@ def summary(draws: list[dict[str, Any]], *, names: list[str], fast: list[str], d
                 f"few rows near a high target it stops earlier than the one-tier walk, whose "
                 f"order is exact (docs/cascade.md)")
         if "cascade + cost promise" in draws[0][key]:
-            targets[key]["cost_promise"] = cost_summary(draws, key, fast=fast, delta=delta,
-                                                        cascade=cascade)
+            targets[key]["cost_promise"] = cost_summary(draws, key, fast=fast, delta=delta)
     return targets
 
 
-def cost_summary(draws: list[dict[str, Any]], key: str, *, fast: list[str], delta: float,
-                 cascade: dict[str, Any]) -> dict[str, Any]:
+def cost_summary(draws: list[dict[str, Any]], key: str, *, fast: list[str], delta: float
+                 ) -> dict[str, Any]:
     """Both promises' violation rates over the draws, for the cascade fit with the cost
-    promise and each tier alone held to it, and what the pair costs the cascade in coverage."""
-    def rates(method: str) -> dict[str, Any]:
+    promise and each tier alone held to it; coverage and cost over the draws that claimed the
+    pair (the others tune nothing: ``tune`` refuses them), beside the accuracy promise alone's
+    on the same draws."""
+    def rates(method: str, alone: str) -> dict[str, Any]:
         rows = [draw[key][method] for draw in draws]
+        claimed = [(row, draw[key][alone]) for row, draw in zip(rows, draws, strict=True)
+                   if row["claimed"]]
         blocks = sum(r["blocks"] for r in rows)
+
+        def mean(field: str, pick: int) -> float | None:
+            values = [(1.0 - pair[pick]["coverage_by_tier"][-1]) if field == "coverage"
+                      else pair[pick][field] for pair in claimed]
+            return round(float(np.mean(values)), 4) if values else None
+
         return {"claimed_rate": float(np.mean([r["claimed"] for r in rows])),
                 "accuracy_violation_rate": float(np.mean([r["violated"] for r in rows])),
                 "block_violation_rate": (sum(r["blocks_over"] for r in rows) / blocks
                                          if blocks else None),
                 "blocks": blocks,
-                "coverage": round(1.0 - float(np.mean([r["coverage_by_tier"][-1]
-                                                       for r in rows])), 4),
-                "expected_cost": round(float(np.mean([r["cost"] for r in rows])), 3)}
+                "coverage_when_claimed": mean("coverage", 0),
+                "coverage_accuracy_alone": mean("coverage", 1),
+                "expected_cost_when_claimed": mean("cost", 0),
+                "expected_cost_accuracy_alone": mean("cost", 1)}
 
-    paired = rates("cascade + cost promise")
-    return {"cascade": {**paired, "coverage_accuracy_alone": cascade["coverage"],
-                        "expected_cost_accuracy_alone": cascade["expected_cost"]},
-            "single_tiers": {kind: rates(f"{kind} + cost promise") for kind in fast},
+    return {"cascade": rates("cascade + cost promise", "cascade"),
+            "single_tiers": {kind: rates(f"{kind} + cost promise", kind) for kind in fast},
             "accuracy_delta": delta}
 
 
@@ -386,7 +394,7 @@ def show(report: dict[str, Any], *, costs: dict[str, float], elapsed_s: float, r
                   f"{paired['claimed_rate']:.2f} of draws; accuracy violations "
                   f"{paired['accuracy_violation_rate']:.3f} (delta {per['delta']}), blocks past "
                   f"the share {paired['block_violation_rate']} of {paired['blocks']}; "
-                  f"coverage {paired['coverage']} (accuracy alone "
+                  f"coverage where claimed {paired['coverage_when_claimed']} (accuracy alone "
                   f"{paired['coverage_accuracy_alone']}); singles "
                   f"{per['cost_promise']['single_tiers']}", file=sys.stderr)
 
