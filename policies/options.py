@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from calibration.calibrators import calibrator_kinds
 from policies.specs import OpenUnit, TargetAccuracy, Unit
@@ -55,6 +55,14 @@ class PolicyOptions(BaseModel):
         if value not in kinds:
             raise ValueError(f"must be one of {', '.join(sorted(kinds))}, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _cost_fields_go_together(self) -> PolicyOptions:
+        if self.cost_share is None:
+            for name in ("cost_block", "cost_delta"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name}: belongs to a cost promise; set cost_share too")
+        return self
 
     def check_shape(self, n_tiers: int) -> None:
         """Refuse the fields the policy's shape does not use (ValueError naming the field)."""

@@ -106,10 +106,10 @@ def tune(
              "--cost-block consecutive decisions with probability at most --cost-delta "
              "(blocks fixed, tuning rows and traffic exchangeable; docs/calibration.md). "
              "Held with the accuracy promise; tuning fails when no rule keeps both.")] = None,
-    cost_block: Annotated[int, typer.Option(
-        help="Decisions in one block of the cost promise.")] = 1000,
-    cost_delta: Annotated[float, typer.Option(
-        help="Allowed chance that a block breaks the cost promise.")] = 0.05,
+    cost_block: Annotated[int | None, typer.Option(
+        help="Decisions in one block of the cost promise (default 1000).")] = None,
+    cost_delta: Annotated[float | None, typer.Option(
+        help="Allowed chance that a block breaks the cost promise (default 0.05).")] = None,
     on_cost_alarm: Annotated[str | None, typer.Option(
         help="What the router does when its live check finds the cost promise broken: "
              "alert_only (the default) or serve_unverified (the fast answer is served, marked "
@@ -155,7 +155,7 @@ def tune(
               "calibration_fraction": calibration_fraction, "seed": seed,
               "max_escalation": max_escalation, "budget_window": budget_window,
               "per_answer_floor": per_answer_floor, "max_slow_share": max_slow_share,
-              "cost_share": cost_share, "cost_block": cost_block, "cost_delta": cost_delta}
+              **cost_params(cost_share, block=cost_block, delta=cost_delta)}
     # Monitoring flags left out take the policy file's defaults.
     watch = {key: value for key, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost),
                                            ("on_cost_alarm", on_cost_alarm))
@@ -184,6 +184,19 @@ def tune(
                            f"of {preds_files[0].name} (target {target_accuracy}, delta {delta})")
     show = show_tuned if len(data) == 1 else show_cascade
     show(tuned.file, tuned.fitted, out=out, n_slow=tuned.n_slow, n_labelled=tuned.n_labelled)
+
+
+def cost_params(share: float | None, *, block: int | None, delta: float | None
+                ) -> dict[str, Any]:
+    """The cost promise's options as given (a block or delta without a share is refused)."""
+    if share is None:
+        for flag, value in (("--cost-block", block), ("--cost-delta", delta)):
+            if value is not None:
+                fail(f"{flag}: belongs to a cost promise; pass --cost-share too")
+        return {}
+    return {"cost_share": share,
+            **({} if block is None else {"cost_block": block}),
+            **({} if delta is None else {"cost_delta": delta})}
 
 
 def signing_key_of_environment() -> bytes | None:

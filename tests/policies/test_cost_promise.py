@@ -47,6 +47,12 @@ def test_per_answer_bars_are_refused_with_a_cost_promise() -> None:
         Policy(cost_share=0.5, per_answer_floor=0.8).fit(proba, y_true)
 
 
+def test_a_block_without_a_share_names_the_field() -> None:
+    proba, y_true = overconfident_reads(500, seed=3)
+    with pytest.raises(ValueError, match="cost_block: belongs to a cost promise"):
+        Policy(cost_block=500).fit(proba, y_true)
+
+
 def _two_tiers(n: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
     proba, y_true = overconfident_reads(n, seed=seed)
     noisy = np.clip(proba + np.random.default_rng(seed).normal(0, 0.1, proba.shape), 1e-3, None)

@@ -53,3 +53,13 @@ def test_a_pair_no_rule_keeps_is_refused_naming_the_flag(tmp_path: Path) -> None
                     "--target-accuracy", 0.95, "--cost-share", 0.05)
     assert result.exit_code == 2 and "--cost-share" in result.stderr
     assert "cost_delta 0.05" in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--cost-block", "500"), ("--cost-delta", "0.1")])
+def test_a_block_or_delta_without_a_share_is_refused(tmp_path: Path, flag: str,
+                                                     value: str) -> None:
+    preds = write_jsonl(tmp_path / "p.jsonl", synthetic_rows(40))
+    out = tmp_path / "x.json"
+    result = invoke("tune", "--question", "q", "--preds", preds, "--out", out, flag, value)
+    assert result.exit_code == 2 and f"{flag}: belongs to a cost promise" in result.stderr
+    assert not out.exists()
