@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from calibration.block_cost import SlowShareTest
-from router.routing.ports import CostAlarm, OnCostAlarm
+from policies.file import OnCostAlarm
+from router.routing.ports import CostAlarm
 
 if TYPE_CHECKING:
     from router.store.metrics import Metrics

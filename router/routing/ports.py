@@ -13,7 +13,7 @@ from policies.types import DecisionRequest, OptionScores
 from router.store.records import DecisionRecord, DecisionView
 
 if TYPE_CHECKING:
-    from policies.file import PolicyFile
+    from policies.file import OnCostAlarm, PolicyFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,17 +122,13 @@ class Label:
     source: Literal["feedback", "audit"]
 
 
-# What a broken cost promise does (the policy file's ``on_cost_alarm``): alert_only changes no
-# decision; serve_unverified serves the fast answer, marked unverified, where the policy's own
-# verdict escalates (an accuracy alarm's escalations still reach the slow model).
-OnCostAlarm = Literal["alert_only", "serve_unverified"]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostAlarm:
     """The live check found the covering policy's cost promise broken
     (``router.monitoring.cost``), as ``router.routing.plan`` takes it: the operator's choice
-    and why."""
+    (the policy file's ``on_cost_alarm``: alert_only changes no decision; serve_unverified
+    serves the fast answer, marked unverified, where the policy's own verdict escalates, while
+    an accuracy alarm's escalations still reach the slow model) and why."""
 
     on_cost_alarm: OnCostAlarm
     detail: str

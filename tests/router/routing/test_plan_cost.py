@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from policies.file import OnCostAlarm
 from router.routing.plan import Mode, Plan, Scope, plan, receipt
-from router.routing.ports import CostAlarm, OnCostAlarm
+from router.routing.ports import CostAlarm
 from tests.router.routing.test_plan import ACCEPT, FAILED, GATE, READ, REJECT
 
 MODE = Mode(shadow=False, unscoped="escalate", serve_unverified_on_failure=False)
