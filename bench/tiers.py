@@ -16,6 +16,13 @@ alone (it takes one label per row, so it cannot fit a cascade whose answer comes
 tier accepts); the slow model alone. A draw *violates* when the accepted held-back answers are
 less accurate than the target.
 
+The cost promise (``--cost-share``, ``--cost-block``, ``--cost-delta``; ``calibration.block_cost``):
+the cascade is also fit with it, as ``slotgate tune --cost-share`` fits it, and each tier alone
+is held to it; the held-back rows, in their random order, are cut into fixed blocks. Its
+violation rate is the share of blocks, over every draw, whose slow share exceeds the promise in
+a draw that claimed it (the promise is P(a block exceeds the share) <= cost_delta, over draws
+and blocks); the accuracy promise's violation rate is counted for the same rule.
+
 Usage: python -m bench.tiers [--draws 100] [--labelled 4000] [--targets 0.90,0.95,0.98]
 [--data F.csv --text-column text --label-column label] [--quick] [--out JSON]
 The last stdout line is the JSON written to bench/results/tiers.json; a run on other data,
@@ -90,11 +97,29 @@ def outcome(answered: NDArray[np.int64], correct: NDArray[np.bool_], slow_correc
             "cost": float(cost.mean()), "accuracy": float(overall)}
 
 
+def with_cost_promise(routing: dict[str, Any], promise: Any, *, tuned: NDArray[np.int64],
+                      held: NDArray[np.int64], n_tiers: int, passed: bool) -> dict[str, Any]:
+    """``routing``'s outcome with the cost promise's figures: whether the tuning rows claimed
+    it (``tuned``: the tier answering each threshold row), and the held-back rows' fixed blocks
+    (``held``: the tier answering each), those past the promised share counted where claimed."""
+    bound = promise.bound(int((tuned == n_tiers).sum()), len(tuned), n_tiers=n_tiers)
+    claimed = passed and bound.kept
+    slow = held == n_tiers
+    per_block = slow[: len(slow) // promise.block * promise.block].reshape(-1, promise.block)
+    over = int((per_block.sum(axis=1) > promise.allowed).sum())
+    return {**routing, "claimed": claimed, "blocks": len(per_block),
+            "blocks_over": over if claimed else 0,
+            "violated": routing["violated"] and claimed}
+
+
 def one_draw(reads: dict[str, NDArray[Any]], y: NDArray[np.int64], *, fast: list[str],
              slow: str, costs: dict[str, float], labelled: int, targets: list[float],
-             delta: float, calibrator: str, seed: int, mapie: bool) -> dict[str, Any]:
-    """Every method's outcome per target on one re-draw of labelled and held-back rows."""
+             delta: float, calibrator: str, seed: int, mapie: bool,
+             cost: tuple[float, int, float] | None = None) -> dict[str, Any]:
+    """Every method's outcome per target on one re-draw of labelled and held-back rows
+    (``cost``: the cost promise's share, block and delta; None: none)."""
     from bench.guarantee_methods import Scored, mapie_threshold
+    from calibration.block_cost import BlockCostPromise
     from calibration.calibrators import make_calibrator
     from calibration.cascade import CascadeThresholds
     from policies.fitting import answer_confidence
@@ -112,6 +137,8 @@ def one_draw(reads: dict[str, NDArray[Any]], y: NDArray[np.int64], *, fast: list
             conf[part][:, k], correct[part][:, k] = confidence, answers == y[rows]
     slow_correct = reads[slow][held].argmax(axis=1) == y[held]
     slow_cost = costs["slow"]
+    promise = None if cost is None else BlockCostPromise(share=cost[0], block=cost[1],
+                                                         delta=cost[2])
     out: dict[str, Any] = {}
     for target in targets:
         per: dict[str, Any] = {}
@@ -122,6 +149,19 @@ def one_draw(reads: dict[str, NDArray[Any]], y: NDArray[np.int64], *, fast: list
         per["cascade"] = outcome(joint.route(conf["held"]), correct["held"], slow_correct,
                                  joint.costs(conf["held"]), target)
         per["cascade"]["passed"] = joint.passed_
+        if promise is not None:
+            paired = CascadeThresholds(
+                target_accuracy=target, delta=delta, tier_costs=[costs[k] for k in fast],
+                slow_cost=slow_cost, cost_level=promise.level,
+                cost_cap=promise.max_escalation(promise.delta - promise.level),
+            ).fit(conf["tune"], correct["tune"], order_confidence=conf["cal"],
+                  order_correct=correct["cal"])
+            held_route = paired.route(conf["held"])
+            per["cascade + cost promise"] = with_cost_promise(
+                outcome(held_route, correct["held"], slow_correct, paired.costs(conf["held"]),
+                        target),
+                promise, tuned=paired.route(conf["tune"]), held=held_route,
+                n_tiers=len(fast), passed=paired.passed_)
         label_free = CascadeThresholds(target_accuracy=target, delta=delta,
                                        tier_costs=[costs[k] for k in fast], slow_cost=slow_cost
                                        ).fit(conf["tune"], correct["tune"])
@@ -135,6 +175,10 @@ def one_draw(reads: dict[str, NDArray[Any]], y: NDArray[np.int64], *, fast: list
             held_k = conf["held"][:, [k]]
             per[kind] = outcome(alone.route(held_k), correct["held"][:, [k]], slow_correct,
                                 alone.costs(held_k), target)
+            if promise is not None:  # one tier: the rule chosen for accuracy, held to the promise
+                per[f"{kind} + cost promise"] = with_cost_promise(
+                    per[kind], promise, tuned=alone.route(conf["tune"][:, [k]]),
+                    held=alone.route(held_k), n_tiers=1, passed=alone.passed_)
             if mapie:
                 threshold = mapie_threshold(
                     Scored(conf["tune"][:, k], correct["tune"][:, k], conf["held"][:, k],
@@ -196,7 +240,41 @@ def summary(draws: list[dict[str, Any]], *, names: list[str], fast: list[str], d
                 f"larger family of vectors in an order estimated from labelled rows, so with "
                 f"few rows near a high target it stops earlier than the one-tier walk, whose "
                 f"order is exact (docs/cascade.md)")
+        if "cascade + cost promise" in draws[0][key]:
+            targets[key]["cost_promise"] = cost_summary(draws, key, fast=fast, delta=delta)
     return targets
+
+
+def cost_summary(draws: list[dict[str, Any]], key: str, *, fast: list[str], delta: float
+                 ) -> dict[str, Any]:
+    """Both promises' violation rates over the draws, for the cascade fit with the cost
+    promise and each tier alone held to it; coverage and cost over the draws that claimed the
+    pair (the others tune nothing: ``tune`` refuses them), beside the accuracy promise alone's
+    on the same draws."""
+    def rates(method: str, alone: str) -> dict[str, Any]:
+        rows = [draw[key][method] for draw in draws]
+        claimed = [(row, draw[key][alone]) for row, draw in zip(rows, draws, strict=True)
+                   if row["claimed"]]
+        blocks = sum(r["blocks"] for r in rows)
+
+        def mean(field: str, pick: int) -> float | None:
+            values = [(1.0 - pair[pick]["coverage_by_tier"][-1]) if field == "coverage"
+                      else pair[pick][field] for pair in claimed]
+            return round(float(np.mean(values)), 4) if values else None
+
+        return {"claimed_rate": float(np.mean([r["claimed"] for r in rows])),
+                "accuracy_violation_rate": float(np.mean([r["violated"] for r in rows])),
+                "block_violation_rate": (sum(r["blocks_over"] for r in rows) / blocks
+                                         if blocks else None),
+                "blocks": blocks,
+                "coverage_when_claimed": mean("coverage", 0),
+                "coverage_accuracy_alone": mean("coverage", 1),
+                "expected_cost_when_claimed": mean("cost", 0),
+                "expected_cost_accuracy_alone": mean("cost", 1)}
+
+    return {"cascade": rates("cascade + cost promise", "cascade"),
+            "single_tiers": {kind: rates(f"{kind} + cost promise", kind) for kind in fast},
+            "accuracy_delta": delta}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -222,6 +300,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibrator", default="temperature")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-mapie", action="store_true", help="skip the MAPIE comparison")
+    parser.add_argument("--cost-share", type=float, default=0.15,
+                        help="the cost promise's slow share of each block (default 0.15)")
+    parser.add_argument("--cost-block", type=int, default=1000,
+                        help="decisions in one block of the cost promise")
+    parser.add_argument("--cost-delta", type=float, default=0.05,
+                        help="allowed chance that a block breaks the cost promise")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 10 draws on a 3,000-row subset of the pool")
     parser.add_argument("--work", type=Path, default=WORK, help="cache of out-of-fold reads")
@@ -250,6 +334,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--costs: no cost for {missing} (e.g. --costs {missing[0]}=1.0)")
     if args.draws < 1:
         parser.error(f"--draws must be at least 1, got {args.draws}")
+    from calibration.block_cost import BlockCostPromise
+
+    try:
+        BlockCostPromise(share=args.cost_share, block=args.cost_block, delta=args.cost_delta)
+    except ValueError as exc:
+        parser.error(f"--{str(exc).split()[0].replace('_', '-')}: {exc}")
     return args
 
 
@@ -267,11 +357,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = (delayed(one_draw)(reads, y, fast=fast, slow=args.slow, costs=args.costs,
                               labelled=labelled, targets=targets, delta=args.delta,
                               calibrator=args.calibrator, seed=args.seed + 1000 + draw,
-                              mapie=not args.no_mapie) for draw in range(args.draws))
+                              mapie=not args.no_mapie,
+                              cost=(args.cost_share, args.cost_block, args.cost_delta))
+            for draw in range(args.draws))
     draws = list(Parallel(n_jobs=1)(work))
     names = [*fast, f"{args.slow} (slow)"]
-    report = {"tiers": names, "targets": summary(draws, names=names, fast=fast,
-                                                 delta=args.delta, slow_cost=args.costs["slow"])}
+    report = {"tiers": names,
+              "cost_promise": {"share": args.cost_share, "block": args.cost_block,
+                               "delta": args.cost_delta},
+              "targets": summary(draws, names=names, fast=fast, delta=args.delta,
+                                 slow_cost=args.costs["slow"])}
     show(report, costs=args.costs, elapsed_s=time.perf_counter() - started, rows=len(y),
          labelled=labelled)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -293,6 +388,15 @@ def show(report: dict[str, Any], *, costs: dict[str, float], elapsed_s: float, r
               f"singles {per['single_tiers']}; MAPIE {per['mapie']}", file=sys.stderr)
         if "note" in per:
             print(f"target {key}: {per['note']}", file=sys.stderr)
+        if "cost_promise" in per:
+            paired = per["cost_promise"]["cascade"]
+            print(f"target {key}, with the cost promise {report['cost_promise']}: claimed in "
+                  f"{paired['claimed_rate']:.2f} of draws; accuracy violations "
+                  f"{paired['accuracy_violation_rate']:.3f} (delta {per['delta']}), blocks past "
+                  f"the share {paired['block_violation_rate']} of {paired['blocks']}; "
+                  f"coverage where claimed {paired['coverage_when_claimed']} (accuracy alone "
+                  f"{paired['coverage_accuracy_alone']}); singles "
+                  f"{per['cost_promise']['single_tiers']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -70,13 +70,17 @@ class CascadeThresholds:
     ``calibration.risk``'s multi-start fixed-sequence walks at level
     delta / (starts * (tolerated_failures + 1)); the cheapest vector any walk certified is kept.
     With one tier it is ``calibration.risk.guaranteed_threshold`` on the same rows. A cap keeps
-    only the vectors whose slow share plus ``slow_share_margin`` is within it.
+    only the vectors whose slow share plus ``slow_share_margin`` is within it. A cost promise's
+    ``cost_cap`` (``calibration.block_cost``) keeps only the vectors whose slow share plus the
+    margin at ``cost_level`` is within it; that level is the cost promise's own, so delta stays
+    the accuracy's.
     """
 
     def __init__(self, *, target_accuracy: float, delta: float, tier_costs: Sequence[float],
                  slow_cost: float, max_slow_share: float | None = None, min_accepted: int = 100,
                  starts: int = STARTS, tolerated_failures: int = 0, grid_step: float = GRID_STEP,
-                 levels: int = LEVELS) -> None:
+                 levels: int = LEVELS, cost_cap: float | None = None,
+                 cost_level: float | None = None) -> None:
         self.target_accuracy = target_accuracy
         self.delta = delta
         self.tier_costs = tier_costs
@@ -87,6 +91,8 @@ class CascadeThresholds:
         self.tolerated_failures = tolerated_failures
         self.grid_step = grid_step
         self.levels = levels
+        self.cost_cap = cost_cap
+        self.cost_level = cost_level
 
     def fit(self, confidence: ArrayLike, correct: ArrayLike, *,
             order_confidence: ArrayLike | None = None, order_correct: ArrayLike | None = None
@@ -117,10 +123,12 @@ class CascadeThresholds:
         cap = 1.0 if self.max_slow_share is None else self.max_slow_share
         margin = 0.0 if self.max_slow_share is None else slow_share_margin(
             n, n_tiers=n_tiers, delta=delta)
+        cost_cap, cost_margin = self._cost_filter(n, n_tiers)
         parts = []
         for part in _enumerate(conf, hits, costs, slow_cost=self.slow_cost, levels=self.levels,
                                order=order):
-            within = part.take(np.flatnonzero(part.n_slow / n + margin <= cap))
+            within = part.take(np.flatnonzero((part.n_slow / n + margin <= cap)
+                                              & (part.n_slow / n + cost_margin <= cost_cap)))
             parts.append(within.take(_pareto(within, fewest)))
         candidates = _Candidates.concat(parts, n_tiers)
         walk = candidates.take(_pareto(candidates, fewest)[::-1])  # safest (dearest) first
@@ -158,6 +166,15 @@ class CascadeThresholds:
         self.accepted_accuracy_ = (float(np.mean(hits[accepted, tiers[accepted]]))
                                    if accepted.any() else None)
         return self
+
+    def _cost_filter(self, n: int, n_tiers: int) -> tuple[float, float]:
+        """The cost promise's cap on the slow share and its margin (1 and 0: no promise)."""
+        if self.cost_cap is None:
+            return 1.0, 0.0
+        if self.cost_level is None or not 0.0 < self.cost_level < 1.0:
+            raise ValueError(f"cost_level must be in (0, 1) with cost_cap, got "
+                             f"{self.cost_level!r}")
+        return self.cost_cap, slow_share_margin(n, n_tiers=n_tiers, delta=self.cost_level)
 
     def route(self, confidence: ArrayLike) -> NDArray[np.int64]:
         """The tier that answers each row: 0 .. n_tiers - 1, or n_tiers for the slow model."""

@@ -58,13 +58,19 @@ OnAlarm = Literal["audit_then_escalate", "escalate_all", "alert_only"]
 # How the policy is watched in production, not what it decides: left out of ``policy_id``, so
 # changing them keeps a policy's identity (and its alarm) while re-tuning gives a new one.
 MONITORING_FIELDS = frozenset({"audit_rate", "on_alarm", "alarm_alpha", "reference",
-                               "audit_boost"})
+                               "audit_boost", "on_cost_alarm"})
 # Fields added after version 1, hashed only when set: older files keep their ids.
-LATER_FIELDS = ("options", "per_answer_floor", "question", "cascade")
+LATER_FIELDS = ("options", "per_answer_floor", "question", "cascade", "cost_promise")
+# Fields added after digests were, digested only when set: older files keep their digests.
+LATER_DIGESTED = ("cost_promise",)
 # What an operator edits in a tuned file on purpose (docs/calibration.md): its mode and how it
 # is watched. Every other field is what tuning produced, and ``digest`` covers it.
 OPERATOR_FIELDS = frozenset({"shadow", "audit_rate", "on_alarm", "alarm_alpha", "audit_boost",
-                             "created_at", "digest", "hmac"})
+                             "on_cost_alarm", "created_at", "digest", "hmac"})
+# What the router does once the live check finds the cost promise broken
+# (``router.monitoring.cost``): alert_only (default) raises the alarm; serve_unverified also
+# serves the fast answer, marked unverified, where the policy would escalate.
+OnCostAlarm = Literal["alert_only", "serve_unverified"]
 
 
 class PolicyFileError(ValueError):
@@ -130,6 +136,43 @@ class TierSpec(BaseModel):
     reference: ReferenceSummary | None = None
 
 
+class CostPromiseRecord(BaseModel):
+    """The promise on cost tuning held the policy to (``calibration.block_cost``): the slow
+    model answers more than ``share`` of a block of ``block`` consecutive decisions with
+    probability at most ``delta``, blocks fixed, under exchangeability. The evidence, on the
+    ``n`` threshold rows: ``n_escalated`` of them escalated, ``escalation_upper`` bounds the
+    escalation probability (level delta / 2), ``block_bound`` the chance of a block past the
+    share (<= delta). ``live_cap``: the escalation probability the live check tests against;
+    ``coverage_alone``: the coverage the accuracy promise alone gave (the file's ``coverage``
+    is the pair's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: Unit
+    block: int = Field(ge=1)
+    delta: OpenUnit
+    n: int = Field(ge=1)
+    n_escalated: int = Field(ge=0)
+    escalation_upper: Unit
+    block_bound: Unit
+    live_cap: OpenUnit
+    coverage_alone: Unit
+
+    @model_validator(mode="after")
+    def _kept(self) -> CostPromiseRecord:
+        if self.n_escalated > self.n:
+            raise ValueError(f"field 'cost_promise.n_escalated' is {self.n_escalated}, more "
+                             f"than its {self.n} rows")
+        if self.block_bound > self.delta:
+            raise ValueError(f"field 'cost_promise.block_bound' is {self.block_bound}, above "
+                             f"its delta {self.delta}: the promise was not kept")
+        return self
+
+    def options(self) -> dict[str, Any]:
+        """The ``PolicyOptions`` fields this promise was tuned with."""
+        return {"cost_share": self.share, "cost_block": self.block, "cost_delta": self.delta}
+
+
 class CascadeSpec(BaseModel):
     """The fast tiers of a cascade policy, in the order they read (``calibration.cascade``):
     a decision goes to the first tier read, each accepts when its calibrated top probability is
@@ -181,7 +224,9 @@ class PolicyFile(BaseModel):
     Monitoring (docs/monitoring.md): ``audit_rate`` is the seeded share of accepted decisions
     also sent to the slow model after the reply; ``on_alarm`` what an alarm does;
     ``alarm_alpha`` the false-alarm probability of the drift and accuracy alarms together;
-    ``reference`` the tuning rows' summary (None in older files: no drift alarm).
+    ``reference`` the tuning rows' summary (None in older files: no drift alarm);
+    ``on_cost_alarm`` what the cost promise's live check does when it alarms.
+    ``cost_promise``: the promise on the slow share of fixed blocks it was tuned to keep.
 
     Scope (``policies.scope``): ``question`` is the question the policy was tuned for and
     ``signature`` its hash with the option names (``scope-v2:``); a policy tuned on rows exported
@@ -220,6 +265,7 @@ class PolicyFile(BaseModel):
     on_alarm: OnAlarm = "audit_then_escalate"
     audit_boost: Unit = 0.75  # audit rate while a drift alarm stands (docs/monitoring.md)
     alarm_alpha: OpenUnit = 0.05
+    on_cost_alarm: OnCostAlarm = "alert_only"
     reference: ReferenceSummary | None = None
     # The option names tuned on, in order (None in files written before it was recorded):
     # `slotgate eval` refuses predictions over other options.
@@ -228,6 +274,8 @@ class PolicyFile(BaseModel):
     question: QuestionRecord | None = None
     # Several fast tiers under one guarantee (None: one fast tier, the calibrator and the rule).
     cascade: CascadeSpec | None = None
+    # The promise on cost it was tuned to keep (None: none).
+    cost_promise: CostPromiseRecord | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     # SHA-256 over what tuning produced (every field but ``OPERATOR_FIELDS``), written by
     # ``slotgate tune``: a file edited since is refused, or served without its guarantee
@@ -348,7 +396,9 @@ class PolicyFile(BaseModel):
 
     def content_digest(self) -> str:
         """The digest of what tuning produced: every field but those an operator may edit."""
-        return canonical_hash(self.model_dump(mode="json", exclude=set(OPERATOR_FIELDS)))
+        exclude = set(OPERATOR_FIELDS)
+        exclude.update(name for name in LATER_DIGESTED if getattr(self, name) is None)
+        return canonical_hash(self.model_dump(mode="json", exclude=exclude))
 
     def sealed(self, signing_key: bytes | None = None) -> PolicyFile:
         """This file with its ``digest`` (and, given a key, its ``hmac``) written in."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from calibration.block_cost import BlockCostPromise
 from calibration.calibrators import make_calibrator
 from calibration.risk import budget_threshold, guaranteed_threshold
 from policies.answer_floor import per_answer_bars
@@ -97,7 +98,39 @@ def _choose(policy: Any, params: PolicyOptions) -> Rule:
         policy.budget_exceeded_ = policy.escalation_rate_ > params.max_escalation
         rule = BudgetRule(rule, max_escalation=params.max_escalation,
                           window=params.budget_window)
+    # A budget rule only turns escalations into accepts: the threshold's escalations bound it.
+    hold_cost_promise(policy, params, n_escalated=int((~policy.accepted_).sum()),
+                      n=len(policy.accepted_), n_tiers=1, coverage_alone=policy.coverage_)
     return rule
+
+
+def cost_promise_of(params: PolicyOptions) -> BlockCostPromise | None:
+    """The cost promise the options ask for (None: none)."""
+    if params.cost_share is None:
+        return None
+    return BlockCostPromise(share=params.cost_share, block=params.cost_block,
+                            delta=params.cost_delta)
+
+
+def hold_cost_promise(policy: Any, params: PolicyOptions, *, n_escalated: int, n: int,
+                      n_tiers: int, coverage_alone: float) -> None:
+    """The cost promise's bound at the chosen rule into ``policy.cost_bound_`` (None: no
+    promise asked); a ValueError naming ``cost_share`` when the rule breaks it."""
+    policy.cost_bound_, policy.coverage_alone_ = None, coverage_alone
+    promise = cost_promise_of(params)
+    if promise is None:
+        return
+    bound = promise.bound(n_escalated, n, n_tiers=n_tiers)
+    if not bound.kept:
+        raise ValueError(
+            f"cost_share (--cost-share): the accuracy promise (target {params.target_accuracy}, "
+            f"delta {params.delta}) needs a rule that escalates {bound.n_escalated} of {n} "
+            f"threshold rows ({bound.escalation_rate:.4f}, upper bound "
+            f"{bound.escalation_upper:.4f}); a block of {promise.block} decisions then has more "
+            f"than {promise.allowed} escalations (share {promise.share}) with probability up to "
+            f"{bound.block_bound:.4f} > cost_delta {promise.delta}: raise --cost-share or "
+            "--cost-delta, or lower --target-accuracy")
+    policy.cost_bound_ = bound
 
 
 def fit_cascade(policy: Any, reads: Sequence[FloatArray], labels: NDArray[np.int64],
@@ -113,11 +146,24 @@ def fit_cascade(policy: Any, reads: Sequence[FloatArray], labels: NDArray[np.int
                    for read in reads]
     conf_cal, hits_cal = tier_confidence(reads, calibrators, labels, cal)
     conf, hits = tier_confidence(reads, calibrators, labels, tune)
-    policy.thresholds_ = CascadeThresholds(
-        target_accuracy=params.target_accuracy, delta=params.delta,
-        tier_costs=[t.cost for t in tiers], slow_cost=slow_cost,
-        max_slow_share=params.max_slow_share,
-    ).fit(conf, hits, order_confidence=conf_cal, order_correct=hits_cal)
+    promise = cost_promise_of(params)
+
+    def search(cost_cap: float | None) -> CascadeThresholds:
+        return CascadeThresholds(
+            target_accuracy=params.target_accuracy, delta=params.delta,
+            tier_costs=[t.cost for t in tiers], slow_cost=slow_cost,
+            max_slow_share=params.max_slow_share, cost_cap=cost_cap,
+            cost_level=None if promise is None else promise.level,
+        ).fit(conf, hits, order_confidence=conf_cal, order_correct=hits_cal)
+
+    policy.thresholds_ = search(None if promise is None else
+                                promise.max_escalation(promise.delta - promise.level))
+    if promise is not None and not policy.thresholds_.passed_:
+        raise ValueError(f"cost_share (--cost-share): no threshold vector keeps both promises "
+                         f"(accuracy {params.target_accuracy} at delta {params.delta}, slow "
+                         f"share <= {promise.share} of each block of {promise.block} at "
+                         f"cost_delta {promise.delta}): raise --cost-share or --cost-delta, or "
+                         "lower --target-accuracy")
     thresholds = list(policy.thresholds_.thresholds_)
     policy.n_calibration_, policy.n_tune_ = len(cal), len(tune)
     policy.n_folds_ = None
@@ -125,6 +171,9 @@ def fit_cascade(policy: Any, reads: Sequence[FloatArray], labels: NDArray[np.int
     policy.confidence_ = _deciding(conf, policy.answered_, [t is not None for t in thresholds])
     policy.coverage_ = 1.0 - policy.thresholds_.coverage_by_tier_[-1]
     policy.escalation_rate_ = 1.0 - policy.coverage_
+    alone = policy.coverage_ if promise is None else 1.0 - search(None).coverage_by_tier_[-1]
+    hold_cost_promise(policy, params, n_escalated=int((policy.answered_ == len(tiers)).sum()),
+                      n=len(tune), n_tiers=len(tiers), coverage_alone=alone)
     return calibrators, thresholds
 
 

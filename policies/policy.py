@@ -116,7 +116,8 @@ class Policy:
     ``answer_bars_``, ``proba_before_``, ``proba_after_``, ``y_true_``, ``answers_``,
     ``correct_``, ``accepted_``, ``budget_threshold_``, ``budget_exceeded_``. Several:
     ``thresholds_`` (``calibration.cascade.CascadeThresholds``), ``slow_cost_``,
-    ``tier_confidence_``, ``answered_``. ``from_file`` gives ``params_``, ``options_``,
+    ``tier_confidence_``, ``answered_``. Any shape: ``cost_bound_`` (the cost promise's bound,
+None without one) and ``coverage_alone_`` (the accuracy promise's alone). ``from_file`` gives ``params_``, ``options_``,
     ``tiers_``, ``slow_cost_`` and ``file_``; ``policy_id`` names it in decision logs (the
     file's id, "unsaved" before one is written)."""
 
@@ -148,6 +149,8 @@ class Policy:
     thresholds_: Any
     tier_confidence_: FloatArray
     answered_: NDArray[np.int64]
+    cost_bound_: Any  # calibration.block_cost.CostBound, None without a cost promise
+    coverage_alone_: float
 
     def __init__(self, **params: Any) -> None:
         self.params = params
@@ -415,4 +418,5 @@ def _tuned_with(file: PolicyFile) -> PolicyOptions:
         seed=file.seed, max_escalation=file.max_escalation,
         budget_window=rule.window if isinstance(rule, BudgetRuleSpec) else 1000,
         per_answer_floor=file.per_answer_floor,
-        max_slow_share=None if cascade is None else cascade.max_slow_share)
+        max_slow_share=None if cascade is None else cascade.max_slow_share,
+        **({} if file.cost_promise is None else file.cost_promise.options()))

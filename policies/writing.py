@@ -21,7 +21,21 @@ def policy_file(policy: Any, *, signature: str, content: dict[str, Any]) -> Poli
     from policies.file import PolicyFile
 
     fitted = _cascade_fields(policy) if len(policy.tiers_) > 1 else _one_tier_fields(policy)
-    return PolicyFile.model_validate({"signature": signature, **content, **fitted})
+    return PolicyFile.model_validate({"signature": signature, **content, **fitted,
+                                      "cost_promise": _cost_promise(policy)})
+
+
+def _cost_promise(policy: Any) -> dict[str, Any] | None:
+    """The cost promise's record (None: the policy was tuned without one)."""
+    from policies.fitting import cost_promise_of
+
+    bound, promise = getattr(policy, "cost_bound_", None), cost_promise_of(policy.params_)
+    if bound is None or promise is None:
+        return None
+    return {"share": promise.share, "block": promise.block, "delta": promise.delta,
+            "n": bound.n, "n_escalated": bound.n_escalated,
+            "escalation_upper": bound.escalation_upper, "block_bound": bound.block_bound,
+            "live_cap": promise.live_cap, "coverage_alone": policy.coverage_alone_}
 
 
 def _one_tier_fields(policy: Any) -> dict[str, Any]:

@@ -72,8 +72,24 @@ def show_cascade(policy: PolicyFile, fitted: Policy, *, out: Path, n_slow: int,
         ("question", "one logged question (its signature)" if fitted_question is None
          else fitted_question.describe()),
         ("backend fingerprints", ", ".join(t.backend_fingerprint for t in cascade.tiers)),
+        *cost_rows(policy),
     ]
     show_table(f"policy {policy.policy_id} -> {out}", rows)
+
+
+def cost_rows(policy: PolicyFile) -> list[tuple[str, str]]:
+    """The cost promise's rows of a tuned policy's table (none without one)."""
+    cost = policy.cost_promise
+    if cost is None:
+        return []
+    return [
+        (f"cost promise (1-delta = {1 - cost.delta:.2f})",
+         (f"slow share <= {cost.share:g} in each block of {cost.block}: bound "
+          f"{cost.block_bound:.4f} (escalated {cost.n_escalated} of {cost.n} threshold rows, "
+          f"upper bound {cost.escalation_upper:.4f}; live check at {cost.live_cap:.4f})")),
+        ("coverage: both promises / accuracy alone",
+         f"{policy.coverage:.4f} / {cost.coverage_alone:.4f}"),
+    ]
 
 
 def show_cascade_metrics(metrics: dict[str, Any], tuned: PolicyFile, *, n_files: int) -> None:

@@ -101,6 +101,19 @@ def tune(
     max_slow_share: Annotated[float | None, typer.Option(
         help="A cascade's cap on the share of decisions reaching the slow model, held with "
              "probability 1 - delta together with the accuracy (delta is split in two).")] = None,
+    cost_share: Annotated[float | None, typer.Option(
+        help="A promise on cost: the slow model answers more than this share of a block of "
+             "--cost-block consecutive decisions with probability at most --cost-delta "
+             "(blocks fixed, tuning rows and traffic exchangeable; docs/calibration.md). "
+             "Held with the accuracy promise; tuning fails when no rule keeps both.")] = None,
+    cost_block: Annotated[int | None, typer.Option(
+        help="Decisions in one block of the cost promise (default 1000).")] = None,
+    cost_delta: Annotated[float | None, typer.Option(
+        help="Allowed chance that a block breaks the cost promise (default 0.05).")] = None,
+    on_cost_alarm: Annotated[str | None, typer.Option(
+        help="What the router does when its live check finds the cost promise broken: "
+             "alert_only (the default) or serve_unverified (the fast answer is served, marked "
+             "unverified, where the policy would escalate).")] = None,
 ) -> None:
     """Tune a policy: calibrator and guaranteed threshold from labelled predictions.
 
@@ -120,7 +133,8 @@ def tune(
     A cascade (several --preds, each with its --tier, and --slow-cost): each tier gets its own
     calibrator, and the thresholds of all tiers are fit jointly so that the answers every tier
     accepts are together at least --target-accuracy accurate with probability 1 - delta, at the
-    least expected cost (docs/cascade.md). A tier may be left unread. --max-escalation,
+    least expected cost (docs/cascade.md). A tier may be left unread. --cost-share adds a
+    promise on the slow share of each block, for one tier or a cascade. --max-escalation,
     --per-answer-floor, --cv, --model and --report are one tier's.
     """
     from router.cli.cascade import show_cascade, tier_costs
@@ -140,9 +154,11 @@ def tune(
     params = {"calibrator": calibrator, "target_accuracy": target_accuracy, "delta": delta,
               "calibration_fraction": calibration_fraction, "seed": seed,
               "max_escalation": max_escalation, "budget_window": budget_window,
-              "per_answer_floor": per_answer_floor, "max_slow_share": max_slow_share}
+              "per_answer_floor": per_answer_floor, "max_slow_share": max_slow_share,
+              **cost_params(cost_share, block=cost_block, delta=cost_delta)}
     # Monitoring flags left out take the policy file's defaults.
-    watch = {key: value for key, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost))
+    watch = {key: value for key, value in (("on_alarm", on_alarm), ("audit_boost", audit_boost),
+                                           ("on_cost_alarm", on_cost_alarm))
              if value is not None}
     check_tune_flags(params, audit_rate=audit_rate, alarm_alpha=alarm_alpha, watch=watch)
     request = TuneRequest(
@@ -168,6 +184,19 @@ def tune(
                            f"of {preds_files[0].name} (target {target_accuracy}, delta {delta})")
     show = show_tuned if len(data) == 1 else show_cascade
     show(tuned.file, tuned.fitted, out=out, n_slow=tuned.n_slow, n_labelled=tuned.n_labelled)
+
+
+def cost_params(share: float | None, *, block: int | None, delta: float | None
+                ) -> dict[str, Any]:
+    """The cost promise's options as given (a block or delta without a share is refused)."""
+    if share is None:
+        for flag, value in (("--cost-block", block), ("--cost-delta", delta)):
+            if value is not None:
+                fail(f"{flag}: belongs to a cost promise; pass --cost-share too")
+        return {}
+    return {"cost_share": share,
+            **({} if block is None else {"cost_block": block}),
+            **({} if delta is None else {"cost_delta": delta})}
 
 
 def signing_key_of_environment() -> bytes | None:
@@ -207,6 +236,7 @@ def check_tune_flags(params: dict[str, Any], *, audit_rate: float, alarm_alpha: 
 def show_tuned(policy: PolicyFile, fitted: Policy, *, out: Path, n_slow: int,
                n_labelled: int) -> None:
     from calibration.metrics import ece
+    from router.cli.cascade import cost_rows
 
     risk, max_escalation = fitted.risk_, fitted.params_.max_escalation
     fitted_question = None if policy.question is None else policy.question.question()
@@ -228,6 +258,7 @@ def show_tuned(policy: PolicyFile, fitted: Policy, *, out: Path, n_slow: int,
         ("question", "one logged question (its signature)" if fitted_question is None
          else fitted_question.describe()),
         ("backend fingerprint", policy.backend_fingerprint),
+        *cost_rows(policy),
     ]
     if fitted.answer_bars_ is not None:
         closed = sum(bar.bar is None for bar in fitted.answer_bars_)

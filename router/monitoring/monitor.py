@@ -24,10 +24,11 @@ from prometheus_client import Counter
 from policies.types import DecisionRequest
 from router.monitoring.audits import AuditJob, AuditQueue
 from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, Checkpoints, checkpoint_path
+from router.monitoring.cost import CostChecks
 from router.monitoring.fingerprint import input_key
 from router.monitoring.ladder import WatchSnapshot, action_words, ladder, state_word
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
-from router.routing.ports import Label, Observation, SlowModel
+from router.routing.ports import CostAlarm, Label, Observation, SlowModel
 from router.store.records import AlarmRecord
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class Monitor:
                  audit_workers: int = 2, dedupe_window_s: float = DEDUPE_WINDOW_S) -> None:
         self.metrics = metrics
         self.watches: dict[str, PolicyWatch] = {}
+        self.costs = CostChecks(metrics)
         self._events = events
         self._answer = answer
         self._dedupe_window_s = dedupe_window_s
@@ -92,6 +94,7 @@ class Monitor:
         the file's ``on_alarm``, ``audit_rate`` and ``audit_boost`` at once; with another basis
         the watch is rebuilt on the file's own reference (logged and counted, with why). No
         tuning summary: no drift test (warned)."""
+        self.costs.watch(policy_file)
         settings = WatchSettings.of(policy_file)
         watch = self.watches.get(settings.policy_id)
         if watch is not None and watch.settings.basis == settings.basis:
@@ -114,7 +117,7 @@ class Monitor:
         """The registry now serves exactly ``policy_ids``: the watch of every other policy (a
         re-tuned one's old id, a removed file) goes, with its gauges, its checkpoint and its
         queued audits' labels (they are logged, counted nowhere)."""
-        keep = set(policy_ids)
+        self.costs.retire_others(keep := set(policy_ids))
         for policy_id in [p for p in self.watches if p not in keep]:
             watch = self.watches.pop(policy_id)
             logger.info("policy %s retired: its watch (%d decisions) and its gauges are dropped",
@@ -152,6 +155,9 @@ class Monitor:
         snapshot = self.snapshot(policy_id)
         return None if snapshot is None else ladder(snapshot).reason
 
+    def cost_alarm(self, policy_id: str) -> CostAlarm | None:  # a cost promise's (``.cost``)
+        return self.costs.alarm(policy_id)
+
     def watch_state(self, policy_id: str) -> str | None:
         """The watch in one word for receipts (``ladder.state_word``); None: not watched."""
         snapshot = self.snapshot(policy_id)
@@ -165,6 +171,7 @@ class Monitor:
     def decided(self, observation: Observation) -> None:
         """One decision with a fast read: the watch takes it (identical inputs once per window)
         and an accepted, served, new input may be drawn for an audit (queued, never waited on)."""
+        self.costs.decided(observation.policy_id, accepted=observation.accepted)
         watch = self.watches.get(observation.policy_id)
         if watch is None:
             return

@@ -5,10 +5,11 @@ routing mode (shadow, ``policy.unscoped`` with its fixed bar, ``slow.serve_unver
 an alarm's gate and the decision's scope into a ``Plan``. Precedence, highest first: scope (an
 unscoped decision follows ``policy.unscoped`` alone, no gate applies), a failed or missing read
 (only the slow path can answer), the alarm's gate (it turns an accept into an escalation), shadow
-mode (the slow answer is served, the verdict logged), the policy's verdict. Last, the caller's
-escalation budget (``spent``): a plan that would call the slow model gets ``budget.on_spent``
-instead once it is spent. Pure: no I/O, no state; the routing service reads, executes the plan
-and logs the decision."""
+mode (the slow answer is served, the verdict logged), the policy's verdict; then a broken cost
+promise (``CostAlarm``: under ``serve_unverified`` the policy's own escalations serve the fast
+answer marked unverified); last, the caller's escalation budget (``spent``): a plan that still
+would call the slow model gets ``budget.on_spent`` instead once it is spent. Pure: no I/O, no
+state; the routing service reads, executes the plan and logs the decision."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from policies.scope import UnscopedMode
 from policies.types import OptionScores, Receipt, Route, Verdict
-from router.routing.ports import FastRead
+from router.routing.ports import CostAlarm, FastRead
 
 if TYPE_CHECKING:
     from policies.policy import Policy
@@ -116,18 +117,33 @@ def judged_scores(read: FastRead, *, shadow: bool) -> OptionScores | None:
 
 def plan(read: FastRead, verdict: Verdict | None, mode: Mode, gate: str | None,
          scope: Scope, calibrated: list[float] | None = None, *,
-         spent: Spent | None = None) -> Plan:
+         cost_alarm: CostAlarm | None = None, spent: Spent | None = None) -> Plan:
     """The plan for one decision. ``verdict``: the covering policy's on ``judged_scores``
     (None when there are none, or no policy covers the decision), with ``calibrated``, the
     probabilities it saw; ``gate``: why an alarm on that policy escalates what it accepts
-    (None: its verdicts stand); ``spent``: the caller's escalation budget, when it is spent."""
+    (None: its verdicts stand); ``cost_alarm``: that policy's cost promise is broken (None:
+    it holds, or the policy has none); ``spent``: the caller's escalation budget, when it is
+    spent. In that order: the cost promise acts on the policy's plan, the budget last."""
     if not scope.covered:
         the_plan = _unscoped(read, mode, scope.question)
     else:
-        the_plan = dataclasses.replace(_covered(read, verdict, mode, gate), calibrated=calibrated)
+        the_plan = dataclasses.replace(_over_cost(_covered(read, verdict, mode, gate), cost_alarm),
+                                       calibrated=calibrated)
     if spent is not None and calls_slow_model(the_plan):
         return _over_budget(the_plan, read, spent)
     return the_plan
+
+
+def _over_cost(planned: Plan, cost_alarm: CostAlarm | None) -> Plan:
+    """Under a broken cost promise with ``on_cost_alarm: serve_unverified``, the policy's own
+    escalations (a verdict below the threshold) serve the fast answer unverified; an alarm's
+    escalations, shadow mode and failed reads are left as they are."""
+    if (cost_alarm is None or cost_alarm.on_cost_alarm != "serve_unverified"
+            or planned.action != "escalate" or planned.verdict is None or planned.accepted):
+        return planned
+    return Plan(action="unverified", verdict=planned.verdict, note=(
+        f"the fast answer is below the threshold ({planned.verdict.reason}); served "
+        f"unverified, not escalated: {cost_alarm.detail} (on_cost_alarm: serve_unverified)"))
 
 
 def calls_slow_model(the_plan: Plan) -> bool:

@@ -13,7 +13,7 @@ from policies.types import DecisionRequest, OptionScores
 from router.store.records import DecisionRecord, DecisionView
 
 if TYPE_CHECKING:
-    from policies.file import PolicyFile
+    from policies.file import OnCostAlarm, PolicyFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,18 @@ class Label:
     source: Literal["feedback", "audit"]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostAlarm:
+    """The live check found the covering policy's cost promise broken
+    (``router.monitoring.cost``), as ``router.routing.plan`` takes it: the operator's choice
+    (the policy file's ``on_cost_alarm``: alert_only changes no decision; serve_unverified
+    serves the fast answer, marked unverified, where the policy's own verdict escalates, while
+    an accuracy alarm's escalations still reach the slow model) and why."""
+
+    on_cost_alarm: OnCostAlarm
+    detail: str
+
+
 class DecisionObserver(Protocol):
     """Production monitoring as routing sees it (``router.monitoring.monitor.Monitor``): told of
     each policy file the registry loads, asked by the registry whether an alarm makes a policy
@@ -140,6 +152,10 @@ class DecisionObserver(Protocol):
 
     def watch_state(self, policy_id: str) -> str | None:
         """"clear", "suspect" or "alarmed" (None: not watched), as the receipt states it."""
+        ...
+
+    def cost_alarm(self, policy_id: str) -> CostAlarm | None:
+        """The policy's cost promise found broken, and what that does; None while it holds."""
         ...
 
     def decided(self, observation: Observation) -> None: ...

@@ -24,7 +24,7 @@ from router.settings import PolicySettings
 
 if TYPE_CHECKING:
     from policies.file import PolicyFile
-    from router.routing.ports import DecisionObserver
+    from router.routing.ports import CostAlarm, DecisionObserver
 
 log = logging.getLogger("slotgate")
 
@@ -160,6 +160,12 @@ class PolicyRegistry:
         accepts (``on_alarm``, docs/monitoring.md); None while its verdicts stand."""
         monitor = self._source[2] if self._source is not None else None
         return None if monitor is None else monitor.gate(policy.policy_id)
+
+    def cost_alarm(self, policy: Policy) -> CostAlarm | None:
+        """The policy's broken cost promise and the operator's choice (None: it holds, it has
+        none, or nothing watches it)."""
+        monitor = self._source[2] if self._source is not None else None
+        return None if monitor is None else monitor.cost_alarm(policy.policy_id)
 
     def watch_state(self, policy: Policy) -> str | None:
         """The policy's watch in one word ("clear", "suspect", "alarmed"; None: unwatched)."""

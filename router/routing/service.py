@@ -296,12 +296,13 @@ class RoutingService:
                  Scope(covered=policy is not None,
                        question="" if policy is not None else describe(request)),
                  None if climb is None else climb.calibrated)
-        the_plan = plan(*facts)
+        cost_alarm = None if policy is None else registry.cost_alarm(policy)
+        the_plan = plan(*facts, cost_alarm=cost_alarm)
         if self.budgets is not None and calls_slow_model(the_plan):
             budget = await self.budgets.state(namespace)
             if budget.spent:  # the same facts, with the caller's budget spent
                 on_spent = self.settings.budget.on_spent
-                the_plan = plan(*facts, spent=Spent(
+                the_plan = plan(*facts, cost_alarm=cost_alarm, spent=Spent(
                     on_spent=on_spent, limit=budget.limit,
                     window_s=self.settings.budget.window_s, reset_s=budget.reset_s))
                 self.metrics.budget_spent(namespace, on_spent)

@@ -114,6 +114,21 @@ class Metrics:
         self._policy_alarm = Gauge(
             "slotgate_policy_alarm", "1 while the policy is in alarm (drift or accuracy)",
             ["policy", "kind"], registry=r)
+        self._cost_slow_share = Gauge(
+            "slotgate_policy_slow_share",
+            "Share of the policy's decisions its own verdict escalated, since start (its cost "
+            "promise's check)", ["policy"], registry=r)
+        self._cost_martingale = Gauge(
+            "slotgate_policy_cost_log_martingale",
+            "Log of the cost promise's test martingale (alarm at log(1/alpha))", ["policy"],
+            registry=r)
+        self._cost_blocks = Gauge(
+            "slotgate_policy_cost_blocks",
+            "Full blocks of the cost promise since start: all, and those past its slow share",
+            ["policy", "blocks"], registry=r)
+        self._cost_alarm = Gauge(
+            "slotgate_policy_cost_alarm", "1 once the cost promise's check found it broken",
+            ["policy"], registry=r)
         self._audits = Counter(
             "slotgate_audits", "Audits of accepted decisions by result (done|dropped|failed)",
             ["policy", "result"], registry=r)
@@ -237,6 +252,20 @@ class Metrics:
             self._policy_alarm.labels(policy=policy, kind=kind).set(
                 1.0 if state.get("alarm") == kind else 0.0)
 
+    def cost_state(self, state: dict[str, object]) -> None:
+        """A cost check's report (``router.monitoring.cost.CostWatch.report``) as gauges."""
+        policy = str(state["policy_id"])
+        for gauge, key in ((self._cost_slow_share, "slow_share"),
+                           (self._cost_martingale, "log_martingale")):
+            value = state.get(key)
+            if isinstance(value, int | float):
+                gauge.labels(policy=policy).set(float(value))
+        for blocks, key in (("all", "blocks"), ("over_share", "blocks_over")):
+            value = state.get(key)
+            if isinstance(value, int):
+                self._cost_blocks.labels(policy=policy, blocks=blocks).set(value)
+        self._cost_alarm.labels(policy=policy).set(1.0 if state.get("alarm") else 0.0)
+
     def forget_policy(self, policy: str) -> None:
         """Drop a retired policy's series (its gauges and audit counters)."""
         series: list[tuple[Gauge | Counter, tuple[str, ...]]] = [
@@ -245,6 +274,9 @@ class Metrics:
                 self._policy_accuracy_lower, self._policy_accuracy_upper, self._policy_labels,
                 self._policy_drift)]
         series += [(self._policy_alarm, (policy, kind)) for kind in ("drift", "accuracy")]
+        series += [(gauge, (policy,)) for gauge in (
+            self._cost_slow_share, self._cost_martingale, self._cost_alarm)]
+        series += [(self._cost_blocks, (policy, blocks)) for blocks in ("all", "over_share")]
         series += [(self._audits, (policy, result)) for result in ("done", "dropped", "failed")]
         for metric, labels in series:
             try:

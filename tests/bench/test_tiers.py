@@ -81,7 +81,27 @@ def test_a_run_on_any_labelled_csv_prints_and_writes_the_report(
         assert 0.0 <= per["violation_rate"] <= 1.0
         assert sum(per["coverage_by_tier"].values()) == pytest.approx(1.0, abs=1e-3)
         assert per["slow_only_cost"] == 500.0
-        assert set(per) >= {"expected_cost", "best_single_tier_cost"}
+        assert set(per) >= {"expected_cost", "best_single_tier_cost", "cost_promise"}
+        paired = per["cost_promise"]["cascade"]
+        assert 0.0 <= paired["claimed_rate"] <= 1.0 and paired["blocks"] == 0  # too few rows
+    assert printed["cost_promise"] == {"share": 0.15, "block": 1000, "delta": 0.05}
+
+
+def test_the_cost_promise_counts_fixed_blocks_of_draws_that_claimed_it() -> None:
+    from calibration.block_cost import BlockCostPromise
+
+    promise = BlockCostPromise(share=0.25, block=4, delta=0.2)
+    routing = {"violated": True, "coverage_by_tier": [0.5, 0.5], "cost": 1.0}
+    tuned = np.array([0] * 95 + [1] * 5)  # 5 of 100 threshold rows escalated: kept
+    held = np.array([1, 1, 0, 0, 0, 0, 0, 1, 1, 1])  # blocks: 2 of 4 (over), 1 of 4; 2 left
+    claimed = tiers.with_cost_promise(routing, promise, tuned=tuned, held=held, n_tiers=1,
+                                      passed=True)
+    assert claimed["claimed"] and (claimed["blocks"], claimed["blocks_over"]) == (2, 1)
+    assert claimed["violated"]
+    unclaimed = tiers.with_cost_promise(routing, promise, tuned=np.ones(100, dtype=np.int64),
+                                        held=held, n_tiers=1, passed=True)
+    assert not unclaimed["claimed"] and unclaimed["blocks_over"] == 0
+    assert not unclaimed["violated"]  # a policy that was never tuned is never served
 
 
 def test_a_local_run_never_writes_the_committed_result() -> None:
@@ -99,6 +119,8 @@ def test_a_local_run_never_writes_the_committed_result() -> None:
     (["--costs", "wordllama=cheap"], "--costs"),
     (["--fast", "minilm", "--slow", "tfidf"], "no cost for ['minilm']"),
     (["--draws", "0"], "--draws"),
+    (["--cost-share", "1.5"], "--cost-share"),
+    (["--cost-block", "0"], "--cost-block"),
 ])
 def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
