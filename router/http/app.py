@@ -240,7 +240,7 @@ async def _build_service(
         slow = built_slow
     monitor = None
     if settings.monitoring.enabled:
-        from router.monitoring.monitor import make_monitor, restore_from_log
+        from router.monitoring.startup import make_monitor, restore_from_log
 
         monitor = make_monitor(settings, metrics=metrics, decision_log=decision_log, slow=slow)
         if settings.cache.redis_url and settings.monitoring.share_alarms:

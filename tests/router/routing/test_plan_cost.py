@@ -47,3 +47,16 @@ def test_serve_unverified_touches_only_the_policys_own_escalations(
     alone: Plan = plan(*args)  # type: ignore[arg-type]
     with_alarm: Plan = plan(*args, cost_alarm=broken("serve_unverified"))  # type: ignore[arg-type]
     assert with_alarm == alone, case
+
+
+def test_the_cost_promise_acts_before_the_callers_budget() -> None:
+    """The precedence docs/proxy.md states: a broken cost promise under serve_unverified leaves
+    no slow call for a spent budget to refuse; under alert_only the budget's answer stands."""
+    from router.routing.plan import Spent
+
+    spent = Spent(on_spent="refuse", limit=3, window_s=60, reset_s=12.0)
+    served = plan(READ, REJECT, MODE, None, COVERED, cost_alarm=broken("serve_unverified"),
+                  spent=spent)
+    assert served == plan(READ, REJECT, MODE, None, COVERED, cost_alarm=broken("serve_unverified"))
+    refused = plan(READ, REJECT, MODE, None, COVERED, cost_alarm=broken("alert_only"), spent=spent)
+    assert refused.action == "refuse" and refused.retry_after_s == 12.0
