@@ -224,16 +224,19 @@ def simulate(reads: Reads, p_wrong: NDArray[np.float64], setting: Setting, *,
         edge_old = drawn["audit_draws"] * wrong / pis["audit_draws"][idx] - allowed
         edge_label = setting.target - (~wrong).astype(np.float64)
         accepted_all = np.tile(accepted, (len(WEIGHTED), 1))
+        first = step
         for t in range(size):
             step += 1
-            for kind, got in drawn.items():
-                labels[kind] += got[:, t]
             per_label.bet(edge_label[:, t], drawn["uniform"][:, t], step)
             old.bet(edge_old[:, t], accepted[:, t], step)
             per_decision.bet(edge_weighted[:, t], accepted_all[:, t], step)
-            for m, alarm_at in alarms.items():
-                new = (alarm_at >= 0) & (labels_at[m] < 0)
-                labels_at[m][new] = labels[METHODS[m][0]][new]
+        cumulative = {kind: labels[kind][:, None] + np.cumsum(got, axis=1)
+                      for kind, got in drawn.items()}
+        for m, alarm_at in alarms.items():  # the labels each alarm of this chunk came with
+            new = (alarm_at > first) & (labels_at[m] < 0)
+            labels_at[m][new] = cumulative[METHODS[m][0]][new, alarm_at[new] - first - 1]
+        for kind in labels:
+            labels[kind] = cumulative[kind][:, -1]
         if all((a >= 0).all() for a in alarms.values()):
             break
     # no alarm: the labels the run had at its end
