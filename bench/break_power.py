@@ -64,6 +64,7 @@ from bench.common import (
 from calibration.monitoring import SHORTFALL_FRACTIONS
 from calibration.weighted_audits import (
     Q_CAP,
+    RISK_EDGES,
     WEIGHTED_GAPS,
     WEIGHTED_JUMP,
     AuditDesign,
@@ -315,18 +316,41 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                   "break_points": finite(100 * (args.target - accuracy), 2),
                                   "method": method, **summarise(got, args.horizon)})
     edge = edge_check(reads, args, test_alpha)
+    design = AuditDesign(reads.accepted_reference, floor=args.floor)
     targets = check_targets(cells, edge, args)
     print_tables(cells, rates, accuracies, args)
     result = {"quick": args.quick, "target": args.target, "alarm_alpha": args.alarm_alpha,
               "test_alpha": test_alpha, "floor": args.floor, "runs": args.runs,
               "horizon": args.horizon, "accept_share": finite(reads.accept_share, 4),
               "reads": int(reads.confidence.size), "low_share": LOW_SHARE,
+              "design": {"risk_edges": list(RISK_EDGES), "probabilities": [
+                  finite(p, 4) for p in design.probabilities(args.audit_rate)]},
+              "audit_draws_growth": audit_draws_growth(reads, args),
               "edge": edge, "targets": targets, "cells": cells}
     recorded = not args.quick and is_default_data(args.data)
     out = args.out or result_path("break_power.json", recorded=recorded)
     save_json(out, {"machine": machine_info(), **result})
     print(json.dumps({k: v for k, v in result.items() if k != "cells"}))
     return result
+
+
+def audit_draws_growth(reads: Reads, args: argparse.Namespace) -> dict[str, Any]:
+    """bench.audit_draws' bet on one accepted decision, ``1 + lam (A e / pi - allowed)``, at a
+    2-point break: its expected log-growth per decision at each of its stakes and at 0.1 (exact,
+    over the reads' confidences and error probabilities)."""
+    allowed = 1.0 - args.target
+    old_pi = draw_probability(np.asarray(reads.accepted_reference), rate=args.audit_rate,
+                              floor=args.floor)
+    accepted = reads.accepted
+    pi = np.array([old_pi(float(c)) for c in reads.confidence[accepted]])
+    out: dict[str, Any] = {"accuracy": finite(args.target - 0.02, 4)}
+    for profile in PROFILES:
+        p = wrong_probability(reads, args.target - 0.02, profile)[accepted]
+        hit = p * pi  # drawn and wrong
+        out[profile] = {f"{lam:g}": finite(float(np.mean(
+            hit * np.log1p(lam * (1.0 / pi - allowed)) + (1.0 - hit) * np.log1p(-lam * allowed))),
+            6) for lam in (*(f / allowed for f in SHORTFALL_FRACTIONS[1:]), 0.1)}
+    return out
 
 
 def edge_check(reads: Reads, args: argparse.Namespace, test_alpha: float) -> dict[str, Any]:
