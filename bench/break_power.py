@@ -369,21 +369,22 @@ def edge_check(reads: Reads, args: argparse.Namespace, test_alpha: float) -> dic
 
 def check_targets(cells: list[dict[str, Any]], edge: dict[str, Any],
                   args: argparse.Namespace) -> dict[str, Any]:
-    """The targets at ``--audit-rate``: per method and profile, the 2-point break in a median of
-    at most 500 labels and the 3-point one in at most 200, each alarmed in at least 90% of runs,
-    and false alarms at the edge within the binomial tolerance of ``alarm_alpha / 4``."""
-    wanted = {2.0: 500.0, 3.0: 200.0}
+    """The targets at ``--audit-rate``, per method and profile: the 2-point break in a median of
+    at most 500 labels and the 3-point one in at most 200, each alarmed in at least 90% of runs
+    (None where the run had no such cell), and false alarms at the edge within the binomial
+    tolerance of ``alarm_alpha / 4``."""
+    wanted = {"2_points": (2.0, 500.0), "3_points": (3.0, 200.0)}
     out: dict[str, Any] = {}
     for method in METHODS:
         for profile in PROFILES:
-            met = edge[profile][method] <= edge["tolerance"]
-            for points, most in wanted.items():
+            met: dict[str, bool | None] = {"edge": edge[profile][method] <= edge["tolerance"]}
+            for name, (points, most) in wanted.items():
                 cell = next((c for c in cells if c["method"] == method and c["profile"] == profile
                              and c["audit_rate"] == args.audit_rate
                              and c["break_points"] == points), None)
-                if cell is not None:
-                    met = met and cell["labels_median"] <= most and cell["detected_share"] >= 0.9
-            out[f"{method}/{profile}"] = bool(met)
+                met[name] = None if cell is None else bool(
+                    cell["labels_median"] <= most and cell["detected_share"] >= 0.9)
+            out[f"{method}/{profile}"] = met
     return out
 
 
