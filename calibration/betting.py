@@ -93,11 +93,12 @@ class JumperBet:
         down = math.log(self.jump / len(self._stakes) * worst) if worst > 0.0 else -math.inf
         return down, math.log(best) if best > 0.0 else -math.inf
 
-    def _bet(self, edge: float) -> None:
-        """One step: each expert's wealth times ``1 + stake * edge``, after the jumps."""
+    def _bet(self, edge: float, *, most: float = math.inf) -> None:
+        """One step: each expert's wealth times ``1 + min(stake, most) * edge``, after the
+        jumps (``most``: the largest stake this step's edge allows, set before it is seen)."""
         share = self.jump / len(self._wealth) * sum(self._wealth)
         keep = 1.0 - self.jump
-        self._wealth = [max(0.0, (keep * w + share) * (1.0 + s * edge))
+        self._wealth = [max(0.0, (keep * w + share) * (1.0 + min(s, most) * edge))
                         for w, s in zip(self._wealth, self._stakes, strict=True)]
         scale = sum(self._wealth)
         if scale > _KEPT_HIGH or scale < _KEPT_LOW:  # keep floats finite over unbounded streams
