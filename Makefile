@@ -51,10 +51,11 @@ var/policy.json:
 	$(BIN)/slotgate tune --preds var/banking77-oof.jsonl --model var/banking77-tfidf.joblib \
 		--out var/policy.json --target-accuracy 0.95 --name banking77
 
-# What CI runs (.ci/run): every test but the benchmarks' --quick runs (`make bench-smoke`), in one
-# process: two workers (`-n 2`) take 10 min instead of 15 but fail timing-bound reliability tests.
+# What CI runs (.ci/run): every test but the benchmarks' --quick runs (`make bench-smoke`), in two
+# workers (pytest-xdist), one per core. `--dist loadfile` keeps each test file in one worker, so a
+# module's fixtures (live servers, the doc runner's trained models) are built once, not in both.
 test: setup
-	$(BIN)/pytest -q --durations=25 -m "not matrix"
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=25 -m "not matrix"
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not long and not matrix"

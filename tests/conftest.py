@@ -35,9 +35,23 @@ def pytest_configure(config: pytest.Config) -> None:
                    "--bench-smoke (make bench-smoke) is given")
 
 
+# The files of a minute or more of CPU, longest first: they run first. ``make test``'s two workers
+# take whole files (``--dist loadfile``) in collection order; one of these started last would
+# leave the other worker idle while it runs.
+LONGEST_FIRST = ("test_doc_blocks.py", "tests/bench/", "reliability/test_fuzz.py",
+                 "reliability/test_memory.py", "reliability/test_claim_holder_death.py")
+
+
+def _longest_first(item: pytest.Item) -> int:
+    path = item.path.as_posix()
+    return next((i for i, part in enumerate(LONGEST_FIRST) if part in path), len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``make test`` leaves the benchmarks' smoke runs to ``make bench-smoke``: minutes each,
-    and what they report is checked, at a small size, by tests that stay."""
+    """The longest files first (``LONGEST_FIRST``; the rest keep their order). ``make test``
+    leaves the benchmarks' smoke runs to ``make bench-smoke``: minutes each, and what they
+    report is checked, at a small size, by tests that stay."""
+    items.sort(key=_longest_first)  # stable
     if config.getoption("--bench-smoke"):
         return
     smoke = [item for item in items if item.get_closest_marker("bench_smoke")]
@@ -56,13 +70,11 @@ class RedisServer:
     """A redis-server this test session starts on its own port and stops; it keeps nothing on
     disk. Tests may flush it freely: nobody else uses it.
 
-    It never outlives the test process. Before, every run that did not reach its teardown left
-    its redis-server running (two seen, on ports 40985 and 38427): a run stopped by SIGTERM
-    (``timeout 600 pytest ...``, a cancelled CI job) or SIGKILL runs no fixture teardown, and
-    ``stop()`` of a server a test had SIGSTOPped waited 10 s for a SIGTERM that stays pending
-    while stopped, raised, and left it. Now the kernel sends it SIGTERM when the thread that
-    started it ends (``setpriv --pdeathsig``, util-linux; the main thread here, so: when the
-    test process ends however it ends), and ``stop()`` resumes, terminates, then kills it.
+    It never outlives the test process, however that ends: a run stopped by SIGTERM (``timeout
+    600 pytest ...``, a cancelled CI job) or SIGKILL runs no fixture teardown, so the kernel sends
+    the server SIGTERM when the thread that started it ends (``setpriv --pdeathsig``, util-linux;
+    the main thread here: when the test process ends); and ``stop()`` resumes a server a test
+    SIGSTOPped before it terminates, then kills it (a SIGTERM stays pending while stopped).
     tests/test_redis_server_cleanup.py checks both."""
 
     def __init__(self, workdir: Path) -> None:
