@@ -31,7 +31,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from standins.spans import slow_span_answer
+if not __package__:  # run as a script (python standins/llm.py): the project root on the path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from standins.spans import slow_span_answer  # noqa: E402 (after the path, when a script)
 
 GATE_WAIT_S = 10.0
 MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut", "nested")

@@ -199,6 +199,9 @@ async def _build_service(
         tracing = decision_tracing(settings.tracing, tracer_provider)
 
     # Closed in reverse order of registration: the log last, so it records every drained decision.
+    # The watch's alarms and checkpoint live beside the log file the settings name: a log passed
+    # in (tests, embedding) writes no file there, so nothing is restored from or kept beside it.
+    log_file = decision_log is None
     if decision_log is None:
         from router.http.startup import check_decision_log
         from router.store.log_factory import make_decision_log
@@ -254,7 +257,7 @@ async def _build_service(
         settings.policy, backend_fingerprint=backend.fingerprint, monitor=monitor,
         tiers=[(settings.fast.name, backend.fingerprint)]
         + [(name, later.fingerprint) for name, later in tiers.items()])
-    if monitor is not None:
+    if monitor is not None and log_file:
         restore_from_log(monitor, settings.log.decision_log_path)
     service = RoutingService(backend=backend, tiers=tiers, cache=cache, registry=registry,
                              slow=slow,
