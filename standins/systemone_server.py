@@ -28,6 +28,7 @@ from typing import Any
 
 from standins.harness import Reply, StandinServer
 from standins.reader import Banking77Reader
+from standins.vllm_server import model_list
 
 MAX_QUESTIONS = 64
 MAX_SAMPLES = 32
@@ -45,16 +46,22 @@ class SchemaError(Exception):
 
 class SystemOneStandin(StandinServer):
     def __init__(self, *, reader: Banking77Reader, model: str = "dgemma",
-                 max_alternatives: int = 26, **kwargs: Any) -> None:
+                 max_alternatives: int = 26, upstream_root: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reader = reader
         self.model = model
         self.max_alternatives = max_alternatives
+        # None: the snapshot server (any GET but /health is a 404); a weights path: djev, which
+        # passes GET /v1/models through to the vLLM behind it
+        self.upstream_root = upstream_root
 
     def handle(self, method: str, path: str, body: bytes) -> Reply:
         if method == "GET":
             if path == "/health":
                 return Reply(200, {"status": "ok"})
+            if path == "/v1/models" and self.upstream_root is not None:
+                return Reply(200, model_list(self.model, self.upstream_root, 8192))
             return Reply(404, {"error": {"message": "unknown route"}})
         if path != "/v1/systemone":
             return Reply(404, {"error": {"message": "unknown route"}})
