@@ -10,7 +10,9 @@ id each time) at 20% of traffic; a campaign of distinct messages the policy neve
 of traffic (each under the ladder and under ``escalate_all``, which escalates on the traffic
 test's trip). Harmful streams: rare intents becoming common (bench.drift's
 data); intents the model never learnt at 25% and at 5% of traffic; the novel share rising
-linearly from 0 to 50% over 5,000 rows. Each replay feeds the proxy's PolicyWatch row by row
+linearly from 0 to 50% over 5,000 rows. Many API keys: the campaign at 50% from one hostile key
+among 20 ordinary ones; one key sending copies of 5 unsure messages spelt differently (case,
+spacing, punctuation) at 50%; novel_25 spread over 20 keys. Each replay feeds the proxy's PolicyWatch row by row
 (texts keyed by the proxy's fingerprint, ``router.monitoring.fingerprint.normalised``: a
 templated text counts once; audits answered at once with the true label) under every action, and
 MAPIE's RiskMonitoring the audit labels drawn with no action, as bench.drift does. Harmful
@@ -54,6 +56,8 @@ class Scenario:
     settings: Any  # WatchSettings
     order: Callable[[np.random.Generator], Order]
     note: str
+    # each row's caller (API key) given the order; None: one caller (a deployment without keys)
+    callers: Callable[[np.random.Generator, NDArray[np.int64]], list[str]] | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -124,6 +128,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     unsure = np.flatnonzero(~d_rows.accepted)
     d_set, s_set, n_set = (settings_of(b.policy) for b in (default, split, novel_model))
     nk, nv = len(known.texts), len(fresh.texts)
+    f_rows, n_farm = with_variants(default, test, d_rows, seed=args.seed), len(d_rows.texts)
     return [
         Scenario("crossfit_random", "benign", d_rows, d_set,
                  lambda rng: (rng.permutation(len(d_rows.texts)), None),
@@ -167,7 +172,61 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
         Scenario("slow_drift", "harmful", n_rows, n_set,
                  lambda rng: (novel_order(rng, nk, nv, 1000, np.linspace(0, 0.5, 5000)), 1000),
                  "novel share rising linearly from 0 to 50% over 5,000 rows after row 1,000"),
+        *key_scenarios(d_rows, d_set, unsure, f_rows, n_farm, n_rows, n_set, nk, nv),
     ]
+
+
+def key_scenarios(d_rows: Scored, d_set: Any, unsure: NDArray[np.int64], f_rows: Scored,
+                  n_test: int, n_rows: Scored, n_set: Any, nk: int,
+                  nv: int) -> list[Scenario]:
+    """Many API keys: a hostile key among twenty ordinary ones, and a novel class spread over
+    twenty keys (each caller's share of the traffic evidence is capped)."""
+    ordinary = np.setdiff1d(np.arange(n_test), unsure)
+    n_campaign = min(2000, 2 * len(unsure))
+    return [
+        Scenario("hostile_key_unsure_50", "benign", d_rows, d_set,
+                 lambda rng: (mixed(rng, ordinary, unsure, n=n_campaign, share=0.5), None),
+                 "unsure_campaign_50's distinct unsure messages all from one key, the rest "
+                 "from 20 ordinary keys", callers=hostile_callers(set(unsure.tolist()))),
+        Scenario("hostile_key_farm_50", "benign", f_rows, d_set,
+                 lambda rng: (mixed(rng, np.arange(n_test), np.arange(n_test, len(f_rows.texts)),
+                                    n=3000, share=0.5), None),
+                 "one key sending copies of 5 unsure messages that differ by case, spacing "
+                 "and punctuation at 50% of 3,000 rows, the rest from 20 ordinary keys",
+                 callers=hostile_callers(set(range(n_test, len(f_rows.texts))))),
+        Scenario("novel_25_many_keys", "harmful", n_rows, n_set,
+                 lambda rng: (novel_order(rng, nk, nv, 1000, np.full(4000, 0.25)), 1000),
+                 "novel_25's stream, every row from one of 20 keys at random",
+                 callers=lambda rng, order: [f"key-{k}" for k in rng.integers(20, size=len(order))]),
+    ]
+
+
+def hostile_callers(hostile_rows: set[int]) -> Callable[[np.random.Generator, NDArray[np.int64]],
+                                                         list[str]]:
+    """``hostile`` for the given rows, one of 20 ordinary keys at random for the rest."""
+    def callers(rng: np.random.Generator, order: NDArray[np.int64]) -> list[str]:
+        keys = rng.integers(20, size=len(order))
+        return ["hostile" if int(i) in hostile_rows else f"key-{k}"
+                for i, k in zip(order, keys, strict=True)]
+    return callers
+
+
+def with_variants(built: Built, test: list[tuple[str, str]], rows: Scored, *, seed: int,
+                  messages: int = 5, copies: int = 400) -> Scored:
+    """``rows`` and, after them, ``copies`` spellings of each of ``messages`` test messages the
+    policy does not accept (case, spacing, trailing punctuation), scored by the model."""
+    rng = np.random.default_rng(seed + 1)
+    picked = rng.choice(np.flatnonzero(~rows.accepted), size=messages, replace=False)
+    cases = (str.lower, str.upper, str.capitalize, lambda t: t)
+    marks = ("!", "?", "...", "?!", ".")
+    spelt = []
+    for j in picked:
+        text, label = test[int(j)]
+        for c in range(copies):
+            case, mark = cases[c % len(cases)], marks[(c // len(cases)) % len(marks)]
+            repeat = 1 + c // (len(cases) * len(marks))
+            spelt.append((" " * (c % 2) + case(text) + mark * repeat, label))
+    return concat(rows, score(built, spelt))
 
 
 def settings_of(policy_path: Path) -> Any:
@@ -270,9 +329,10 @@ def novel_order(rng: np.random.Generator, n_known: int, n_novel: int, n_pre: int
 
 
 def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
-           shift_at: int | None) -> dict[str, Any]:
-    """The proxy's PolicyWatch fed row by row under ``action``: a gated decision escalates
-    (a slow call, never audited), an audited one is a slow call too (its label counts at once)."""
+           shift_at: int | None, callers: Sequence[str] | None = None) -> dict[str, Any]:
+    """The proxy's PolicyWatch fed row by row under ``action``, each row from its caller (None:
+    one caller): a gated decision escalates (a slow call, never audited), an audited one is a
+    slow call too (its label counts at once)."""
     from router.monitoring.fingerprint import normalised
     from router.monitoring.watch import PolicyWatch
 
@@ -288,7 +348,8 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
         accepted = bool(rows.accepted[i])
         served = accepted and not gated
         counted, _ = watch.take(float(rows.confidence[i]), accepted=accepted,
-                                key=normalised(rows.texts[i]), now=0.0)
+                                key=normalised(rows.texts[i]), now=0.0,
+                                caller="" if callers is None else callers[position])
         audited = served and counted and watch.wants_audit()
         if audited:
             labelled.append(position)
@@ -304,6 +365,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
             slow_after += slow
     return {"alarm_row": first_alarm, "alarm_kind": kind, "escalated_from": escalated_from,
             "traffic_row": traffic_row,
+            "traffic_capped": 0 if watch.callers is None else watch.callers.capped,
             "labelled": labelled, "wrong_after": wrong_after, "slow_after": slow_after,
             "slow_all": slow_all}
 
@@ -318,10 +380,11 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
     n_rows, shift_at = 0, None
     for r in range(replays):
         order, shift_at = scenario.order(rng)
+        callers = None if scenario.callers is None else scenario.callers(rng, order)
         n_rows = len(order)
         settings = replace(scenario.settings, seed=r)
         for action in actions:
-            runs[action].append(replay(scenario.rows, order, settings, action, shift_at))
+            runs[action].append(replay(scenario.rows, order, settings, action, shift_at, callers))
         peer_run = runs[actions[0]][-1]  # audit labels drawn with no action (benign: the ladder's)
         mapie_rows.append(mapie_alarm_row(peer_run, scenario.rows, order, target))
         window = order if shift_at is None else order[shift_at:]
@@ -353,6 +416,8 @@ def benign_result(runs: dict[str, list[dict[str, Any]]], mapie_rows: list[int | 
         "mapie_false_alarm_rate": finite(mean([m is not None for m in mapie_rows]), 4),
         "accepted_accuracy": finite(mean(accepted_accuracy), 4),
         "slow_calls_audit_then_escalate": finite(mean([r["slow_all"] for r in ladder]), 1),
+        # decisions the traffic detector did not rank: their caller's evidence was spent
+        "traffic_capped_mean": finite(mean([r["traffic_capped"] for r in ladder]), 1),
     }
 
 

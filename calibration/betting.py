@@ -6,6 +6,7 @@ on (rank p-values, labels) lives in ``calibration.monitoring``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -185,12 +186,22 @@ class ShiryaevRoberts:
                                 f"trip level {self._threshold:g}")
         self._values, self._log_scale, self.n, self.alarm_at = values, log_scale, n, alarm_at
 
-    def bet(self, p_value: float) -> None:
+    @property
+    def bets(self) -> tuple[Bet, ...]:
+        return self._bets
+
+    def bet(self, p_value: float, most: Sequence[float] | None = None) -> list[float]:
         """One step on a rank p-value in [0, 1]: every expert's statistic plus one new start,
-        times its bet on ``p_value``."""
+        times its bet on ``p_value``, clipped at its ``most`` entry when given (a bound chosen
+        before ``p_value`` is seen: a clipped e-value still has conditional mean at most 1).
+        Returns the factors applied."""
+        factors = [b.factor(p_value) for b in self._bets]
+        if most is not None:
+            if len(most) != len(self._bets) or not all(m >= 0.0 for m in most):
+                raise ValueError(f"most must be {len(self._bets)} numbers >= 0, got {most!r}")
+            factors = [min(f, m) for f, m in zip(factors, most, strict=True)]
         fresh = math.exp(-self._log_scale)  # a martingale started now, on the kept scale
-        self._values = [(v + fresh) * b.factor(p_value)
-                        for v, b in zip(self._values, self._bets, strict=True)]
+        self._values = [(v + fresh) * f for v, f in zip(self._values, factors, strict=True)]
         scale = max(self._values)
         if scale > _KEPT_HIGH:  # keep floats finite over unbounded streams
             self._values = [v / scale for v in self._values]
@@ -198,6 +209,7 @@ class ShiryaevRoberts:
         self.n += 1
         if self.alarm_at is None and self.log_value >= self._threshold:
             self.alarm_at = self.n
+        return factors
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,7 @@ class _RankedConfidences:
     alarm_at: int | None
 
     if TYPE_CHECKING:
-        def _bet(self, edge: float) -> None: ...
+        def bet(self, p_value: float) -> object: ...
 
     def _rank_reference(self, reference: ArrayLike, seed: int) -> None:
         ref = np.asarray(reference, dtype=np.float64).ravel()
@@ -107,19 +108,17 @@ class _RankedConfidences:
 
     def update(self, confidence: float) -> bool:
         """Take one decision's confidence; True when the alarm is (already or newly) raised."""
-        if not 0.0 <= confidence <= 1.0 or math.isnan(confidence):
-            raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
-        self.bet(self.p_value(confidence))
+        self.bet(self.p_value(_checked(confidence)))
+        self._record(confidence)
+        return self.alarm_at is not None
+
+    def _record(self, confidence: float) -> None:
+        """Rank later confidences against this one too."""
         b = _bin(confidence)
         self._counts[b] += 1
         self._ranked[b] = self._ranked.get(b, 0) + 1
         _add(self._tree, b)
         self._total += 1
-        return self.alarm_at is not None
-
-    def bet(self, p_value: float) -> None:
-        """One step on a p-value in [0, 1]: only p-values below 1/2 win."""
-        self._bet(0.5 - p_value)
 
     def _ranked_state(self) -> dict[str, Any]:
         return {"ranked": {str(b): c for b, c in self._ranked.items()}}
@@ -178,6 +177,10 @@ class ConfidenceDropTest(JumperBet, _RankedConfidences):
                            edges=(-0.5, 0.5))  # the edge 1/2 - p of a p-value in [0, 1]
         self._rank_reference(reference, seed)
 
+    def bet(self, p_value: float) -> None:
+        """One step on a p-value in [0, 1]: only p-values below 1/2 win."""
+        self._bet(0.5 - p_value)
+
     def state(self) -> dict[str, Any]:
         """The wealth and the confidences ranked since the reference (sparse: bin -> count)."""
         return JumperBet.state(self) | self._ranked_state()
@@ -209,6 +212,13 @@ class ConfidenceDropDetector(ShiryaevRoberts, _RankedConfidences):
         ShiryaevRoberts.__init__(self, linear_bets(stakes) if bets is None else bets, arl=arl)
         self._rank_reference(reference, seed)
 
+    def take(self, confidence: float, most: Sequence[float]) -> list[float]:
+        """``update`` with each bet's factor clipped at its ``most`` entry, chosen before the
+        confidence is ranked (``ShiryaevRoberts.bet``); returns the factors applied."""
+        factors = self.bet(self.p_value(_checked(confidence)), most)
+        self._record(confidence)
+        return factors
+
     def state(self) -> dict[str, Any]:
         """The detector and the confidences ranked since the reference (sparse: bin -> count)."""
         return ShiryaevRoberts.state(self) | self._ranked_state()
@@ -218,6 +228,12 @@ class ConfidenceDropDetector(ShiryaevRoberts, _RankedConfidences):
         ranked = self._parse_ranked(state)
         ShiryaevRoberts.resume(self, state)
         self._take_ranked(ranked)
+
+
+def _checked(confidence: float) -> float:
+    if not 0.0 <= confidence <= 1.0 or math.isnan(confidence):
+        raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
+    return confidence
 
 
 def _fenwick(counts: list[int]) -> list[int]:

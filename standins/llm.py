@@ -35,7 +35,7 @@ if not __package__:  # run as a script (python standins/llm.py): the project roo
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from standins.spans import slow_span_answer  # noqa: E402 (after the path, when a script)
+from standins.spans import slow_span_answer  # after the path, when run as a script
 
 GATE_WAIT_S = 10.0
 MODES = ("ok", "fail500", "stall", "ratelimit", "malformed", "wrong_option", "cut", "nested")

@@ -52,6 +52,7 @@ from standins.spans import (
     span_source,
     thought,
 )
+from standins.vllm_server import model_list
 
 MAX_QUESTIONS = 64
 MAX_SAMPLES = 32
@@ -68,13 +69,17 @@ SchemaError = StandinSchemaError  # a request the example server answers with 42
 
 class SystemOneStandin(StandinServer):
     def __init__(self, *, reader: Banking77Reader, model: str = "dgemma",
-                 max_alternatives: int = 26, upstream: str | None = None, **kwargs: Any) -> None:
+                 max_alternatives: int = 26, upstream: str | None = None,
+                 upstream_root: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reader = reader
         self.model = model
         self.max_alternatives = max_alternatives
         self.upstream = upstream  # the OpenAI-compatible server relayed requests go to
         self.images_seen: list[list[str]] = []  # the images of each decision, as data URLs
+        # None: the snapshot server (any GET but /health is a 404); a weights path: djev, which
+        # passes GET /v1/models through to the vLLM behind it
+        self.upstream_root = upstream_root
 
     def handle(self, method: str, path: str, body: bytes) -> Reply:
         return self.handle_typed(method, path, body, "application/json")
@@ -83,8 +88,10 @@ class SystemOneStandin(StandinServer):
         if method == "GET":
             if path == "/health":
                 return Reply(200, {"status": "ok"})
-            if path == "/v1/models":
+            if path == "/v1/models" and self.upstream is not None:
                 return relay_models(self.upstream)
+            if path == "/v1/models" and self.upstream_root is not None:
+                return Reply(200, model_list(self.model, self.upstream_root, 8192))
             return Reply(404, {"error": {"message": "unknown route"}})
         if path == "/v1/raw/chat/completions":
             return relay(self.upstream, "/v1/chat/completions", body)

@@ -27,6 +27,8 @@ import argparse
 import json
 import math
 import re
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,19 @@ LOGPROB_TOKEN_ID_CAP = 128
 LABEL_MASS = 0.9  # unconstrained reads leave some mass on non-label tokens, as a real model does
 
 
+def model_list(model: str, root: str, max_model_len: int) -> dict[str, Any]:
+    """vLLM's answer to GET /v1/models (``ModelList`` of one ``ModelCard``)."""
+    return {"object": "list", "data": [{
+        "id": model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+        "root": root, "parent": None, "max_model_len": max_model_len,
+        "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                        "created": int(time.time()), "allow_create_engine": False,
+                        "allow_sampling": True, "allow_logprobs": True,
+                        "allow_search_indices": False, "allow_view": True,
+                        "allow_fine_tuning": False, "organization": "*", "group": None,
+                        "is_blocking": False}]}]}
+
+
 class BadRequest(Exception):
     pass
 
@@ -50,11 +65,16 @@ class VllmStandin(StandinServer):
     def __init__(self, *, reader: Banking77Reader, tokenizer: Any, model: str = "dgemma",
                  canvas_length: int = 64, max_logprobs: int = 32, max_samples: int = 8,
                  vocab_size: int = ENGINE_VOCAB, engine_samples: bool = True,
+                 root: str | None = None, max_model_len: int = 8192,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reader = reader
         self.tokenizer = tokenizer
         self.model = model
+        # What GET /v1/models says of the model, as vLLM's ModelCard does: ``root`` is the
+        # weights it loaded (a repo id or a path), served under the name ``model``.
+        self.root = root if root is not None else f"standin/{model}"
+        self.max_model_len = max_model_len
         self.canvas_length = canvas_length
         self.max_logprobs = max_logprobs
         self.max_samples = max_samples
@@ -66,7 +86,7 @@ class VllmStandin(StandinServer):
             if path == "/health":
                 return Reply(200, "")
             if path == "/v1/models":
-                return Reply(200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
+                return Reply(200, model_list(self.model, self.root, self.max_model_len))
             return Reply(404, {"detail": "Not Found"})
         if path != "/v1/chat/completions":
             return Reply(404, {"detail": "Not Found"})

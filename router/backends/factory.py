@@ -10,7 +10,7 @@ from typing import Any
 from policies.types import DecisionRequest
 from router.backends.base import FastBackend
 from router.backends.options import MockOptions
-from router.errors import ConfigError
+from router.errors import BackendError, ConfigError
 from router.settings import FastBackendSettings
 
 # kind -> (module, class). A module may instead offer ``build(settings) -> FastBackend``;
@@ -23,6 +23,20 @@ _BACKENDS = {
     "torch": ("router.backends.torch.backend", "TorchBackend"),
 }
 _FROM_MODEL_PATH = ("sklearn", "embedding")  # their constructors take the artifact path only
+
+
+async def learn_upstreams(backends: Sequence[tuple[str, FastBackend]]) -> None:
+    """Each (config field, backend) learns what its server says of itself before its
+    fingerprint is used; a server that cannot be asked stops the start-up (ConfigError naming
+    the field): a policy is checked against the model it was tuned on, which only it can say."""
+    for field, backend in backends:
+        try:
+            await backend.learn_upstream()
+        except BackendError as exc:
+            raise ConfigError(
+                f"{field}: cannot learn which model the {backend.name} server serves (GET "
+                f"/v1/models): {exc}; start it before slotgate, which checks each policy "
+                "against the model it was tuned on", field=field) from exc
 
 
 def build_backend(settings: FastBackendSettings) -> FastBackend:

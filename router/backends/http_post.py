@@ -98,13 +98,11 @@ class JsonPoster:
         self._retry_backoff_s = retry_backoff_s
         self._max_retry_wait_s = max_retry_wait_s
         self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._client_args: dict[str, Any] = {
+            "base_url": base_url.rstrip("/"), "headers": headers,
+            "timeout": httpx.Timeout(timeout_s), "transport": transport}
         self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_concurrency),
-            transport=transport,
-        )
+            limits=httpx.Limits(max_connections=max_concurrency), **self._client_args)
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """The decoded JSON object of a 200 answer, or a ``BackendError``."""
@@ -173,6 +171,24 @@ class JsonPoster:
         except httpx.HTTPError:
             return False
         return response.is_success
+
+    async def get_json(self, path: str) -> dict[str, Any] | None:
+        """The JSON object a GET answers with 200, None on a 404 (the server has no such
+        route), a ``BackendError`` otherwise. A client of its own, closed before it returns, so
+        it may run in any event loop (``slotgate serve`` asks before uvicorn's loop starts)."""
+        try:
+            async with httpx.AsyncClient(**self._client_args) as client:
+                response = await client.get(path)
+        except httpx.TimeoutException as exc:
+            raise BackendTimeout(f"{self._what} timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"{self._what} unreachable: {exc!r}") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise BackendUnavailable(f"{self._what} answered GET {path} with "
+                                     f"{response.status_code}: {error_message(response)}")
+        return self._decode(response)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -44,6 +44,7 @@ from router.backends.spans import (
     parse_server_answer,
     ungrounded,
 )
+from router.backends.upstream import UpstreamWatch, upstream_identity
 from router.errors import BackendMalformed, BackendRejected, ConfigError
 from router.settings import FastBackendSettings
 
@@ -122,6 +123,7 @@ class SystemOneBackend(FastBackend):
             transport=transport, what=f"System One server ({options.dialect})",
             caller_statuses=frozenset({422}),
         )
+        self._upstream = UpstreamWatch(self._poster, self.model, f"the System One server at {url}")
 
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> SystemOneBackend:
@@ -149,7 +151,8 @@ class SystemOneBackend(FastBackend):
             "joint": o.joint,
             "stages": "server" if o.server_runs_stages else "router",
             "engine": [o.steps, o.think, o.chunk_rows, o.chunk_prompt],
-        } | {flag: True for flag in ("constrained", "engine_samples") if getattr(o, flag)}
+        } | {flag: True for flag in ("constrained", "engine_samples") if getattr(o, flag)
+             } | upstream_identity(self._upstream)
 
     @property
     def reads_jointly(self) -> bool:
@@ -199,6 +202,7 @@ class SystemOneBackend(FastBackend):
     async def read_staged(
         self, questions: Sequence[StagedQuestion]
     ) -> list[OptionScores | None]:
+        self._upstream.check()
         requests = [q.request for q in questions]
         ids = wire_ids(requests)
         wire = dict(zip((r.question_id for r in requests), ids))
@@ -251,7 +255,11 @@ class SystemOneBackend(FastBackend):
             out.append(answer)
         return out
 
+    async def learn_upstream(self) -> None:
+        await self._upstream.learn()
+
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
+        self._upstream.check()
         groups = self._joint_groups(requests)
         joint = {i for group in groups for i in group}
         singles = [i for i in range(len(requests)) if i not in joint]
@@ -367,7 +375,9 @@ class SystemOneBackend(FastBackend):
                           status)
         if not self._key_ok:
             return False
-        return await self._poster.get_ok("/health") if self._has_health else True
+        if self._has_health and not await self._poster.get_ok("/health"):
+            return False
+        return await self._upstream.still_same()
 
     async def aclose(self) -> None:
         await self._poster.aclose()

@@ -41,6 +41,7 @@ from router.backends.grouping import grouped_read
 from router.backends.http_post import JsonPoster
 from router.backends.labels import load_tokenizer
 from router.backends.options import VLLM_LABEL_CAP, VllmOptions
+from router.backends.upstream import UpstreamWatch, upstream_identity
 from router.errors import BackendMalformed, ConfigError, UnprocessableRequest
 from router.settings import FastBackendSettings
 
@@ -87,6 +88,7 @@ class VllmBackend(FastBackend):
             retries_5xx=options.retries_5xx, max_retry_wait_s=options.max_retry_wait_s,
             transport=transport, what="vLLM server",
         )
+        self._upstream = UpstreamWatch(self._poster, self.model, f"the vLLM server at {url}")
 
     @classmethod
     def from_settings(cls, settings: FastBackendSettings) -> VllmBackend:
@@ -164,7 +166,7 @@ class VllmBackend(FastBackend):
             "thinking": o.enable_thinking,
             "labels": list(self.alphabet),
             "grouping": [o.grouping, o.group_size],
-        }
+        } | upstream_identity(self._upstream)
 
     def read_inputs(
         self, request: DecisionRequest, batch: Sequence[DecisionRequest]
@@ -172,7 +174,11 @@ class VllmBackend(FastBackend):
         # The question id is prompt text ("Question {id}:" and the answer template "{id}: A").
         return {**super().read_inputs(request, batch), "question_id": request.question_id}
 
+    async def learn_upstream(self) -> None:
+        await self._upstream.learn()
+
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
+        self._upstream.check()
         return list(await asyncio.gather(*(self._read(r) for r in requests)))
 
     async def _read(self, request: DecisionRequest) -> OptionScores:
@@ -261,7 +267,7 @@ class VllmBackend(FastBackend):
         }
 
     async def ready(self) -> bool:
-        return await self._poster.get_ok("/health")
+        return await self._poster.get_ok("/health") and await self._upstream.still_same()
 
     async def aclose(self) -> None:
         await self._poster.aclose()

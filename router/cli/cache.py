@@ -71,7 +71,7 @@ def _fingerprints(*, policy: str | None, tier: str | None, fingerprint: str | No
         if file.cascade is None:
             return [file.backend_fingerprint]
         return [t.backend_fingerprint for t in file.cascade.tiers]
-    from router.backends.factory import build_backend
+    from router.backends.factory import build_backend, learn_upstreams
     from router.settings import load_settings
 
     settings = load_settings(config if config is not None else _default_config())
@@ -79,7 +79,9 @@ def _fingerprints(*, policy: str | None, tier: str | None, fingerprint: str | No
     if not named:
         fail(f"--tier: no configured tier is named {tier!r} (configured: "
              + ", ".join(t.name for t in settings.all_tiers) + ")")
-    return [build_backend(named[0]).fingerprint]
+    backend = build_backend(named[0])
+    asyncio.run(learn_upstreams([("--tier", backend)]))
+    return [backend.fingerprint]
 
 
 def _default_config() -> Path | None:

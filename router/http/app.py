@@ -253,6 +253,10 @@ async def _build_service(
             stack.push_async_callback(board.aclose)  # after the monitor stops reading it
             monitor.share(board, interval_s=settings.monitoring.alarm_sync_s)
         stack.push_async_callback(monitor.aclose)  # audits finish before the slow path closes
+    from router.backends.factory import learn_upstreams
+
+    await learn_upstreams([("fast.url", backend)] + [
+        (f"tiers.{name}.url", later) for name, later in tiers.items()])
     registry = PolicyRegistry.load(
         settings.policy, backend_fingerprint=backend.fingerprint, monitor=monitor,
         tiers=[(settings.fast.name, backend.fingerprint)]

@@ -32,7 +32,7 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
     import uvicorn
 
     from router import parse_lock
-    from router.backends.factory import build_backend
+    from router.backends.factory import build_backend, learn_upstreams
     from router.http.app import create_app
     from router.http.startup import check_decision_log
     from router.monitoring.checkpoint import check_unclaimed
@@ -49,6 +49,8 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         check_unclaimed(settings.log.decision_log_path)  # one replica per checkpoint
         backend = build_backend(settings.fast)
         tiers = {tier.name: build_backend(tier) for tier in settings.tiers}
+        asyncio.run(learn_upstreams([("fast.url", backend)] + [
+            (f"tiers.{name}.url", later) for name, later in tiers.items()]))
         PolicyRegistry.load(
             settings.policy, backend_fingerprint=backend.fingerprint,
             tiers=[(settings.fast.name, backend.fingerprint)]

@@ -177,7 +177,7 @@ class Monitor:
         key = input_key(observation.request)
         tripped = watch.traffic_tripped
         counted, alarm = watch.take(observation.confidence, accepted=observation.accepted,
-                                    key=key)
+                                    key=key, caller=observation.caller)
         if alarm is not None:
             self.alarmed(alarm)
         if watch.traffic_tripped and not tripped:

@@ -236,7 +236,8 @@ class _Replay:
     def _step(self, record: DecisionRecord, verdict: Verdict, confidence: float,
               labels: LabelJoin) -> None:
         watch, series, i = self.watch, self.series, len(self.series.accepted)
-        raised = watch.observe(confidence, accepted=verdict.accept)
+        raised = watch.observe(confidence, accepted=verdict.accept, caller=record.namespace,
+                               now=record.time or None)
         series.accepted.append(verdict.accept)
         for read in record.tiers or ():
             tally = series.tiers.setdefault(str(read["tier"]), TierTally())

@@ -21,6 +21,7 @@ from calibration.monitoring import (
     ConfidenceDropTest,
 )
 from calibration.state import DamagedState, count, field, number_value, optional_count
+from router.monitoring.caller_evidence import CALLER_EVIDENCE_SHARE, CallerEvidence
 from router.monitoring.ladder import AlarmKind, Gate, WatchSnapshot, ladder
 from router.monitoring.watch_settings import Alarm, WatchSettings
 
@@ -115,6 +116,9 @@ class PolicyWatch:
             self.settings.reference, arl=self.detector_arl, seed=self.settings.seed + 1,
             bets=TRAFFIC_BETS))
         self.traffic_tripped_at: int | None = None  # the decision count when it tripped
+        # No caller supplies more than CALLER_EVIDENCE_SHARE of the trip level's log a day.
+        self.callers = (None if self.traffic is None else CallerEvidence(
+            len(self.traffic.bets), cap=CALLER_EVIDENCE_SHARE * self.traffic.threshold))
 
     def _suspect(self) -> None:
         """The traffic detector tripped or the drift alarm was raised: start the accuracy test
@@ -195,16 +199,18 @@ class PolicyWatch:
         fresh.cleared_at = self.cleared_at
         return fresh
 
-    def observe(self, confidence: float, *, accepted: bool,
-                key: str | None = None) -> Alarm | None:
+    def observe(self, confidence: float, *, accepted: bool, key: str | None = None,
+                caller: str = "", now: float | None = None) -> Alarm | None:
         """``take``, returning only the alarm this decision raised (replays)."""
-        return self.take(confidence, accepted=accepted, key=key)[1]
+        return self.take(confidence, accepted=accepted, key=key, caller=caller, now=now)[1]
 
     def take(self, confidence: float, *, accepted: bool, key: str | None = None,
-             now: float | None = None) -> tuple[bool, Alarm | None]:
+             caller: str = "", now: float | None = None) -> tuple[bool, Alarm | None]:
         """One decision with a fast read: its confidence (calibrated probability of the fast
-        answer), whether the policy accepted it and its input's key (None: always new).
-        Returns whether it counted (a new input in the window) and the alarm it raised."""
+        answer), whether the policy accepted it, its input's key (None: always new) and its
+        caller (the API key's namespace; its share of the traffic detector's evidence is
+        capped, ``CallerEvidence``). Returns whether it counted (a new input in the window)
+        and the alarm it raised."""
         self.n_decisions += 1
         self.n_accepted += int(accepted)
         self._recent.append(accepted)
@@ -212,10 +218,7 @@ class PolicyWatch:
                                                 self._dedupe_max_keys):
             return False, None
         self.n_counted += 1
-        if self.traffic is not None and self.traffic.update(min(1.0, max(0.0, confidence))) and (
-                self.traffic_tripped_at is None):
-            self.traffic_tripped_at = self.n_decisions
-            self._suspect()
+        self._rank_traffic(min(1.0, max(0.0, confidence)), caller, now)
         if self.drift is None or not accepted:
             return True, None
         # Kept up to date after an alarm too, so the gauge and plots still show the evidence.
@@ -225,6 +228,18 @@ class PolicyWatch:
                 f"the confidence-drop martingale reached {self.drift.log_value:.2f} (log) >= "
                 f"log(1/{self.drift.alpha:g}) after {self.drift.n} distinct accepted inputs"))
         return True, None
+
+    def _rank_traffic(self, confidence: float, caller: str, now: float | None) -> None:
+        """The traffic detector takes the decision at the stakes its caller has left."""
+        if self.traffic is None or self.callers is None:
+            return
+        most = self.callers.most(caller, self.traffic.n, now)
+        if most is None:  # the caller's evidence is spent
+            return
+        self.callers.took(caller, self.traffic.take(confidence, most))
+        if self.traffic.alarm and self.traffic_tripped_at is None:
+            self.traffic_tripped_at = self.n_decisions
+            self._suspect()
 
     def wants_audit(self) -> bool:
         """Draw for one accepted decision: audit it?"""
@@ -300,6 +315,9 @@ class PolicyWatch:
             "traffic_log_martingale": (None if self.traffic is None or self.traffic.n == 0
                                        else self.traffic.log_value),
             "traffic_tripped_at": self.traffic_tripped_at,
+            # decisions the traffic detector did not rank: their caller's evidence was spent
+            "traffic_capped": None if self.callers is None else self.callers.capped,
+            "traffic_spent_callers": None if self.callers is None else self.callers.spent(),
             "suspect_from": self.suspect_from,
             "suspect_labels": None if self.suspect_shortfall is None else self.suspect_shortfall.n,
             "labels": bounds.n,
@@ -327,6 +345,7 @@ class PolicyWatch:
                 "drift": None if self.drift is None else self.drift.state(),
                 "traffic": None if self.traffic is None else self.traffic.state(),
                 "traffic_tripped_at": self.traffic_tripped_at,
+                "traffic_callers": None if self.callers is None else self.callers.state(),
                 "suspect_from": self.suspect_from,
                 "suspect_shortfall": (None if self.suspect_shortfall is None
                                       else self.suspect_shortfall.state()),
@@ -372,6 +391,12 @@ class PolicyWatch:
                 raise DamagedState("traffic_tripped_at must be given exactly when the traffic "
                                    f"detector has tripped, got {tripped_at!r}")
             self.traffic_tripped_at = tripped_at
+            callers = state.get("traffic_callers")  # absent in a checkpoint of an older version
+            callers_of = self.callers
+            if callers is not None and callers_of is not None:
+                traffic = self.traffic
+                _section("traffic_callers",
+                         lambda saved: callers_of.resume(saved, ranked=traffic.n), state)
         _section("shortfall", self.shortfall.resume, state)
         _section("accuracy", self.accuracy.resume, state)
         if self.accuracy.n != self.shortfall.n:

@@ -116,15 +116,22 @@ class PolicyRegistry:
         ``check_cascade``). With a ``monitor``, every loaded policy is watched in production
         (its ``decide`` stays pure: the service reports to the monitor, ``gate`` asks it)."""
 
-        loaded = []
+        loaded, missing = [], []
         for path in settings.files:
             if settings.shadow and not path.exists():
                 # Cold start: nothing is tuned yet and every decision is shadowed; the file is
                 # loaded once `slotgate tune` writes it (live reload).
                 log.warning("policy file %s not found yet: shadow mode until it is tuned", path)
+                missing.append(path)
                 continue
             loaded.append(_checked(path, settings, backend_fingerprint, tiers))
-        registry = cls(loaded, default=settings.default,
+        default = settings.default
+        if missing and default is not None and default not in {p.name for p in loaded}:
+            # Its file is one of those not written yet: the reload that loads it sets it.
+            log.warning("policy.default names %r, not loaded yet (not written: %s): no default "
+                        "policy until it is", default, ", ".join(map(str, missing)))
+            default = None
+        registry = cls(loaded, default=default,
                        fallback_threshold=settings.fallback_threshold, shadow=settings.shadow,
                        unscoped=settings.unscoped_mode)
         registry._source = (settings, backend_fingerprint, monitor, tuple(tiers))

@@ -14,7 +14,16 @@ import pytest
 
 from bench.drift import delay
 from bench.drift_data import Scored
-from bench.watch import in_blocks, main, mixed, novel_order, replay, with_popular, with_repeats
+from bench.watch import (
+    hostile_callers,
+    in_blocks,
+    main,
+    mixed,
+    novel_order,
+    replay,
+    with_popular,
+    with_repeats,
+)
 from router.monitoring.fingerprint import normalised
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from tests.router.monitoring.conftest import spelled
@@ -136,3 +145,20 @@ def test_quick_run_meets_the_targets(tmp_path: Path, banking77_dir: Path) -> Non
     assert novel["traffic_trip_delay_median"] <= 200  # the label-free detection
     assert (novel["wrong_accepted_after_shift_with_audit_then_escalate"]
             <= 0.15 * novel["wrong_accepted_after_shift_no_action"])
+
+
+def test_a_replay_with_callers_keeps_one_key_s_campaign_from_tripping_the_detector() -> None:
+    """The many-keys scenarios' replay: a campaign of distinct messages under the bar, so unsure
+    that it trips the detector from one caller alone, leaves it untripped when it all comes
+    from one key among twenty, whose inputs are counted as capped."""
+    rows, settings, n_known = world()
+    unsure = np.flatnonzero(rows.confidence[:n_known] < 0.55)
+    order = mixed(np.random.default_rng(3), np.flatnonzero(rows.accepted[:n_known]), unsure,
+                  n=600, share=0.5)
+    alone = replay(rows, order, settings, "audit_then_escalate", None)
+    callers = hostile_callers({int(i) for i in unsure})(np.random.default_rng(4), order)
+    assert {c for c, i in zip(callers, order, strict=True) if i in set(unsure)} == {"hostile"}
+    assert len(set(callers)) == 21
+    keyed = replay(rows, order, settings, "audit_then_escalate", None, callers)
+    assert alone["traffic_row"] is not None and keyed["traffic_row"] is None
+    assert keyed["traffic_capped"] > 100
