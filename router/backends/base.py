@@ -82,10 +82,10 @@ class FastBackend(ABC):
         order, None for a question the server skipped (its ``ask_if`` failed there)."""
         raise NotImplementedError(f"the {self.name} backend does not read staged bodies")
 
-    async def learn_upstream(self) -> None:
+    async def learn_upstream(self, *, strict: bool = True) -> None:
         """Learn what a remote server says of itself, before ``fingerprint`` is used (a remote
-        tier's fingerprint includes it: ``router.backends.upstream``). Default: nothing to
-        learn."""
+        tier's fingerprint includes it: ``router.backends.upstream``); not ``strict``: a server
+        that cannot be asked leaves the tier unread until it can. Default: nothing to learn."""
 
     def identity(self) -> Mapping[str, Any]:
         """What goes into the fingerprint. Override to add model, template, canvas, samples."""

@@ -25,18 +25,21 @@ _BACKENDS = {
 _FROM_MODEL_PATH = ("sklearn", "embedding")  # their constructors take the artifact path only
 
 
-async def learn_upstreams(backends: Sequence[tuple[str, FastBackend]]) -> None:
+async def learn_upstreams(backends: Sequence[tuple[str, FastBackend]], *,
+                          strict: bool = True) -> None:
     """Each (config field, backend) learns what its server says of itself before its
-    fingerprint is used; a server that cannot be asked stops the start-up (ConfigError naming
-    the field): a policy is checked against the model it was tuned on, which only it can say."""
+    fingerprint is used. ``strict``: a server that cannot be asked is a ConfigError naming the
+    field (``cache purge --tier`` needs the fingerprint). Not strict (the server's start-up): the
+    tier's reads fail, so its decisions escalate, until a readiness probe reaches the server,
+    as with any fast-tier outage; /readyz says not ready meanwhile."""
     for field, backend in backends:
         try:
-            await backend.learn_upstream()
+            await backend.learn_upstream(strict=strict)
         except BackendError as exc:
             raise ConfigError(
                 f"{field}: cannot learn which model the {backend.name} server serves (GET "
-                f"/v1/models): {exc}; start it before slotgate, which checks each policy "
-                "against the model it was tuned on", field=field) from exc
+                f"/v1/models): {exc}; start it first: each policy is checked against the model "
+                "it was tuned on", field=field) from exc
 
 
 def build_backend(settings: FastBackendSettings) -> FastBackend:

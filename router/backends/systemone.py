@@ -202,7 +202,7 @@ class SystemOneBackend(FastBackend):
     async def read_staged(
         self, questions: Sequence[StagedQuestion]
     ) -> list[OptionScores | None]:
-        self._upstream.check()
+        await self._upstream.ensure()
         requests = [q.request for q in questions]
         ids = wire_ids(requests)
         wire = dict(zip((r.question_id for r in requests), ids))
@@ -255,11 +255,11 @@ class SystemOneBackend(FastBackend):
             out.append(answer)
         return out
 
-    async def learn_upstream(self) -> None:
-        await self._upstream.learn()
+    async def learn_upstream(self, *, strict: bool = True) -> None:
+        await self._upstream.learn(strict=strict)
 
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
-        self._upstream.check()
+        await self._upstream.ensure()
         groups = self._joint_groups(requests)
         joint = {i for group in groups for i in group}
         singles = [i for i in range(len(requests)) if i not in joint]

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from router.backends.http_post import JsonPoster
-from router.errors import BackendMalformed, BackendUnavailable
+from router.errors import BackendError, BackendUnavailable
 
 log = logging.getLogger("slotgate")
 
@@ -50,15 +50,35 @@ def upstream_identity(watch: UpstreamWatch) -> dict[str, Any]:
 class UpstreamWatch:
     """A remote tier's self-report: learnt once (``learn``, before the fingerprint is used) and
     checked again by each readiness probe (``still_same``); once it differs every read fails
-    (``check``) until a restart checks the policies against the new model."""
+    (``ensure``) until a restart checks the policies against the new model. A server that cannot
+    be asked at start-up (``learn(strict=False)``: down, or failing) is asked again before each
+    read, whose error its failure is (decisions escalate, as in any fast-tier outage): a server
+    with no ``/v1/models`` is read then; a report learnt late was not checked against the
+    policies, so it too fails every read until a restart."""
 
     def __init__(self, poster: JsonPoster, model: str, what: str) -> None:
         self._poster, self._model, self._what = poster, model, what
         self.report: dict[str, Any] | None = None
         self.changed: dict[str, Any] | None = None  # what it reports now, when it differs
+        self.unknown: str | None = None  # why the start-up could not ask (asked again)
 
-    async def learn(self) -> None:
-        self.report = await self_report(self._poster, self._model)
+    async def learn(self, *, strict: bool = True) -> None:
+        try:
+            self.report = await self_report(self._poster, self._model)
+        except BackendError as exc:
+            if strict:
+                raise
+            self.unknown = str(exc)
+            log.error("%s cannot say which model it serves (GET /v1/models: %s): it is asked "
+                      "again before each read, and its decisions escalate until it answers",
+                      self._what, exc)
+
+    async def ensure(self) -> None:
+        """Before a read: while what the server serves is not known, ask (its failure is the
+        read's); raise ``BackendUnavailable`` once it reported another model."""
+        if self.unknown is not None:
+            self._compare(await self_report(self._poster, self._model))
+        self.check()
 
     async def still_same(self) -> bool:
         """False (and logged once) when the server now reports another model than it did."""
@@ -66,14 +86,18 @@ class UpstreamWatch:
             return False
         try:
             now = await self_report(self._poster, self._model)
-        except (BackendUnavailable, BackendMalformed):
-            return True  # unreachable or garbled now: the reads will say so
+        except BackendError:
+            return self.unknown is None  # unreachable or garbled now: the reads will say so
+        self._compare(now)
+        return self.changed is None
+
+    def _compare(self, now: dict[str, Any] | None) -> None:
+        self.unknown = None
         if now != self.report:
             self.changed = now if now is not None else {}
             log.error("%s now reports %s, not %s as at start-up: it is another tier, whose reads "
                       "fail until slotgate restarts and checks the policies against it",
                       self._what, now, self.report)
-        return self.changed is None
 
     def check(self) -> None:
         """Raise ``BackendUnavailable`` once the server reported another model."""

@@ -174,11 +174,11 @@ class VllmBackend(FastBackend):
         # The question id is prompt text ("Question {id}:" and the answer template "{id}: A").
         return {**super().read_inputs(request, batch), "question_id": request.question_id}
 
-    async def learn_upstream(self) -> None:
-        await self._upstream.learn()
+    async def learn_upstream(self, *, strict: bool = True) -> None:
+        await self._upstream.learn(strict=strict)
 
     async def read(self, requests: Sequence[DecisionRequest]) -> list[OptionScores]:
-        self._upstream.check()
+        await self._upstream.ensure()
         return list(await asyncio.gather(*(self._read(r) for r in requests)))
 
     async def _read(self, request: DecisionRequest) -> OptionScores:

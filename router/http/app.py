@@ -256,7 +256,7 @@ async def _build_service(
     from router.backends.factory import learn_upstreams
 
     await learn_upstreams([("fast.url", backend)] + [
-        (f"tiers.{name}.url", later) for name, later in tiers.items()])
+        (f"tiers.{name}.url", later) for name, later in tiers.items()], strict=False)
     registry = PolicyRegistry.load(
         settings.policy, backend_fingerprint=backend.fingerprint, monitor=monitor,
         tiers=[(settings.fast.name, backend.fingerprint)]

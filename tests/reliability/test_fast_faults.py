@@ -73,11 +73,14 @@ def test_slow_fast_read_escalates_within_its_timeout(
 
 
 class SystemOneFaults(StandinServer):
-    """A System One server that answers every POST with ``reply`` (5xx, garbage, wrong options)."""
+    """A System One server that answers every POST with ``reply`` (5xx, garbage, wrong options);
+    its GETs are the example server's (``/health`` ok, no ``/v1/models``: a 404)."""
 
     reply = Reply(200, "{not json")
 
     def handle(self, method: str, path: str, body: bytes) -> Reply:
+        if method == "GET":
+            return Reply(200, {"status": "ok"}) if path == "/health" else Reply(404, {})
         return self.reply
 
 

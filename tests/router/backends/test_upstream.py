@@ -1,7 +1,8 @@
 """A remote tier's fingerprint includes what its server says of itself (GET /v1/models, over
 real HTTP against the vLLM and System One stand-ins): another model behind the same name is
 another tier, refused by the policies tuned on the old one; a server that swaps its model
-while slotgate runs fails the readiness probe and every read after it."""
+while slotgate runs fails the readiness probe and every read after it; one that cannot be asked
+at start-up leaves its tier unread (decisions escalate) rather than stopping the server."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from router.backends.factory import learn_upstreams
 from router.backends.options import SystemOneOptions, VllmOptions
 from router.backends.systemone import SystemOneBackend
 from router.backends.vllm import VllmBackend
@@ -17,6 +19,7 @@ from router.http.app import create_app
 from router.settings import Settings
 from standins.systemone_server import SystemOneStandin
 from standins.vllm_server import VllmStandin
+from tests.conftest import free_port
 from tests.router.backends.standins import bpe_tokenizer, intent_request, small_reader
 from tests.router.monitoring.conftest import watched_policy
 
@@ -109,13 +112,30 @@ async def test_a_policy_tuned_on_other_weights_is_refused_at_start_up(
                     pass
 
 
-async def test_a_server_that_cannot_be_asked_stops_the_start_up_naming_the_field(
-        tmp_path: Path) -> None:
-    settings = Settings(fast={"kind": "systemone", "url": "http://127.0.0.1:9"},
-                        log={"decision_log_path": tmp_path / "log.jsonl"},
-                        monitoring={"enabled": False})
-    app = create_app(settings, warm_up=False)
+async def test_a_server_that_cannot_be_asked_at_start_up_leaves_its_tier_unread(
+        banking77_dir: Path) -> None:
+    """The server's start-up goes on (decisions escalate, as in any fast-tier outage): each read
+    asks the server again and fails while it cannot be reached; what it reports once it answers
+    was not checked against the policies, so its reads stay refused until a restart."""
+    port = free_port()
+    backend = VllmBackend(f"http://127.0.0.1:{port}", VllmOptions(), tokenizer=bpe_tokenizer())
+    await backend.learn_upstream(strict=False)  # nothing listens yet
+    with pytest.raises(BackendUnavailable):  # asked again: still nothing there
+        await backend.read([intent_request(FOUR, seed=1)])
+    assert not await backend.ready()
+    with VllmStandin(reader=small_reader(banking77_dir), tokenizer=bpe_tokenizer(),
+                     root="google/dgemma-1", port=port) as server:
+        assert not await backend.ready()  # it answers now, with a model nobody checked
+        with pytest.raises(BackendUnavailable, match="dgemma-1.*restart slotgate"):
+            await backend.read([intent_request(FOUR, seed=1)])
+        assert server.stats.bodies == []
+    await backend.aclose()
+
+
+async def test_a_server_that_cannot_be_asked_is_a_config_error_naming_the_field() -> None:
+    """Where the fingerprint is needed now (``slotgate cache purge --tier``)."""
+    backend = VllmBackend("http://127.0.0.1:9", VllmOptions(), tokenizer=bpe_tokenizer())
     with pytest.raises(ConfigError, match="fast.url: cannot learn which model") as raised:
-        async with app.router.lifespan_context(app):
-            pass
+        await learn_upstreams([("fast.url", backend)])
     assert raised.value.field == "fast.url"
+    await backend.aclose()
