@@ -50,7 +50,7 @@ def serve(*, config: Path | None = None, host: str | None = None, port: int | No
         backend = build_backend(settings.fast)
         tiers = {tier.name: build_backend(tier) for tier in settings.tiers}
         asyncio.run(learn_upstreams([("fast.url", backend)] + [
-            (f"tiers.{name}.url", later) for name, later in tiers.items()]), strict=False)
+            (f"tiers.{name}.url", later) for name, later in tiers.items()], strict=False))
         PolicyRegistry.load(
             settings.policy, backend_fingerprint=backend.fingerprint,
             tiers=[(settings.fast.name, backend.fingerprint)]
