@@ -117,7 +117,8 @@ class CostWatch:
 class CostChecks:
     """The cost check of every loaded policy tuned with a cost promise, per replica: kept
     across a reload of the same basis (taking the file's ``on_cost_alarm``), started afresh on
-    another, dropped with the policy. A breach is logged and latched until the policy is
+    another, dropped with the policy. A breach is logged and latched until an operator clears
+    the policy's alarms (the check starts afresh: new evidence, its own alpha), the policy is
     re-tuned or the router restarts. Their gauges are read at each scrape of ``metrics``."""
 
     def __init__(self, metrics: Metrics | None = None) -> None:
@@ -136,6 +137,14 @@ class CostChecks:
             check.settings = settings
             return
         self.checks[settings.policy_id] = CostWatch(settings)
+
+    def clear(self, policy_id: str) -> bool:
+        """An operator's clear: a broken promise's check starts afresh; True when one was."""
+        check = self.checks.get(policy_id)
+        if check is None or check.alarm is None:
+            return False
+        self.checks[policy_id] = CostWatch(check.settings)
+        return True
 
     def retire_others(self, keep: Iterable[str]) -> None:
         kept = set(keep)

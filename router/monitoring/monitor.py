@@ -239,12 +239,12 @@ class Monitor:
     def clear(self, policy_id: str, at: float, *, shared: bool = False,
               detail: str = CLEAR_DETAIL) -> bool:
         """An operator's clear of a policy's alarms raised before ``at`` (``slotgate alarms
-        clear``, read from the board, or the operator page's ``detail``): logged, so a restart
-        does not re-arm them."""
+        clear``, read from the board, or the operator page's ``detail``), a broken cost promise's
+        included: logged, so a restart does not re-arm them."""
         watch = self.watches.get(policy_id)
         if watch is None or at <= watch.cleared_at:
             return False
-        had = sorted(watch.alarms)
+        had = sorted(watch.alarms) + (["cost"] if self.costs.clear(policy_id) else [])
         watch.clear(at)
         logger.warning("policy %s: alarms cleared by an operator%s (%s); its decisions are "
                        "routed by the policy again", policy_id, " on another replica" if shared

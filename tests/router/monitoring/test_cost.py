@@ -56,6 +56,13 @@ def test_a_stream_past_the_cap_breaks_the_promise_and_hands_the_plan_the_choice(
     text = metrics.render().decode()
     assert f'slotgate_policy_cost_alarm{{policy="{policy.policy_id}"}} 1.0' in text
     assert "slotgate_policy_slow_share" in text and "slotgate_policy_cost_blocks" in text
+    # An operator's clear ends the breach and starts the check afresh (the evidence so far
+    # does not re-raise it); the stream past the cap breaks it again.
+    assert monitor.clear(policy.policy_id, at=1.0)
+    assert monitor.cost_alarm(policy.policy_id) is None
+    assert monitor.costs.checks[policy.policy_id].n_decisions == 0
+    feed(monitor, policy, 0.4, 800, seed=2)
+    assert monitor.cost_alarm(policy.policy_id) is not None
     # A reload that only changes the operator's choice keeps the evidence and the breach.
     monitor.watch(promised(on_cost_alarm="alert_only"))
     again = monitor.cost_alarm(policy.policy_id)
