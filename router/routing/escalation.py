@@ -7,10 +7,11 @@ subclasses, ``TooManyRequests``)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 
 from policies.types import DecisionRequest
-from router.errors import NoSlowModel, SlowPathTimeout, SlowPathUnavailable
+from router.errors import NoSlowModel, SlowPathError, SlowPathTimeout, SlowPathUnavailable
 from router.routing.deadline import deadline_in, queue_refusal
 from router.routing.ports import ReadCache, SlowModel
 from router.routing.singleflight import SingleFlight
@@ -136,3 +137,15 @@ def _slow_answer(blob: bytes | None, request: DecisionRequest) -> str | None:
         return None
     answer = blob.decode(errors="replace")
     return answer if answer in request.option_names else None
+
+
+def explained(exc: SlowPathError, error_note: str | None,
+              failure: str | None = None) -> SlowPathError:
+    """The slow path's error, with why the decision needed the slow model appended (a copy:
+    single flight hands one exception object to every waiter of the question)."""
+    if error_note is None:
+        return exc
+    out = copy.copy(exc)
+    out.message = f"{exc.message}; {error_note}" + (f"; {failure}" if failure else "")
+    out.args = (out.message,)
+    return out

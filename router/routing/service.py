@@ -16,7 +16,6 @@ for its caller's spent budget, ``BudgetSpent``.
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import time
 import uuid
@@ -34,7 +33,7 @@ from router.errors import (
     SlowPathError,
 )
 from router.routing.backpressure import ConcurrencyLimit
-from router.routing.escalation import Escalation
+from router.routing.escalation import Escalation, explained
 from router.routing.near_miss import count_near_misses
 from router.routing.plan import (
     UNSCOPED_POLICY_ID,
@@ -404,7 +403,7 @@ class RoutingService:
                 scores = judged_scores(read, shadow=action == "shadow")
             if the_plan.fallback == "refuse" or scores is None:
                 self.metrics.decision(route="failed", escalated=True)
-                raise _explained(exc, the_plan.error_note, late_failure) from exc
+                raise explained(exc, the_plan.error_note, late_failure) from exc
             return (scores.options[scores.top_index], "unverified",
                     f"{exc.message}; {the_plan.fallback_note}", scores)
 
@@ -418,17 +417,6 @@ def _refuse_if_over_budget(the_plan: Plan, read: FastRead, scores: OptionScores 
     if the_plan.action == "unverified" and scores is None:
         raise BudgetSpent(f"{the_plan.error_note}; no fast answer to serve instead "
                           f"({read.failure})", retry_after_s=the_plan.retry_after_s or 1.0)
-
-
-def _explained(exc: SlowPathError, error_note: str | None, failure: str | None) -> SlowPathError:
-    """The slow path's error, with why the decision needed the slow model appended (a copy:
-    single flight hands one exception object to every waiter of the question)."""
-    if error_note is None:
-        return exc
-    explained = copy.copy(exc)
-    explained.message = f"{exc.message}; {error_note}" + (f"; {failure}" if failure else "")
-    explained.args = (explained.message,)
-    return explained
 
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, Decision]]) -> list[Decision]:

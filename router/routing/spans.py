@@ -7,7 +7,6 @@ Span answers are not cached and not in the decision log: no policy is tuned on t
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import json
 import time
@@ -31,6 +30,7 @@ from router.errors import (
     SlowPathInvalidAnswer,
     SlowPathUnavailable,
 )
+from router.routing.escalation import explained
 from router.routing.plan import UNSCOPED_POLICY_ID, Mode, Plan, reads_first_tier, span_plan
 from router.routing.registry import PolicyRegistry
 from router.settings import Settings
@@ -134,7 +134,7 @@ class SpanRouting:
             if the_plan.fallback == "unverified" and read is not None:
                 return read, "unverified", f"{exc.message}; {the_plan.fallback_note}"
             self.metrics.decision(route="failed", escalated=True)
-            raise _explained(exc, the_plan.error_note, failure) from exc
+            raise explained(exc, the_plan.error_note, failure) from exc
 
     async def ask_slow(self, state: SpanState, question: SpanQuestion) -> SpanAnswer:
         """The slow model's answer, grounded in ``state.source``; one corrective retry, then
@@ -214,14 +214,3 @@ def parse_slow_answer(content: str | None, question: SpanQuestion
             return None, "an item lacks a text and integer start and end"
         items.append(SpanItem(it["text"], it["start"], it["end"]))
     return SpanAnswer(question.kind, tuple(items), 1.0), ""
-
-
-def _explained(exc: SlowPathError, error_note: str | None,
-               failure: str | None = None) -> SlowPathError:
-    """The slow path's error with why the question needed the slow model (a copy)."""
-    if error_note is None:
-        return exc
-    explained = copy.copy(exc)
-    explained.message = f"{exc.message}; {error_note}" + (f"; {failure}" if failure else "")
-    explained.args = (explained.message,)
-    return explained
