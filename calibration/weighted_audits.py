@@ -1,13 +1,18 @@
 """Audits drawn where the risk is, and the accuracy test that weighs them back.
 
 ``AuditDesign`` gives each accepted decision a draw probability that depends on its calibrated
-confidence ``c`` (risk ``q = 1 - c``): proportional to ``sqrt(q (1 - q))``, the spread of a
-calibrated answer's 0/1 error around its prediction ``q``, which is the variance-optimal draw
-for the prediction-powered estimate below (Neyman allocation over strata of ``q``). The strata's
-shares come from unlabelled traffic (every accepted decision is seen, labelled or not), so the
-average draw probability over that traffic is the audit rate: the budget keeps its meaning as
-an expected share. A ``floor`` (a share of the rate) keeps every decision drawable, which bounds
-what one label can weigh when errors come where the model is sure.
+confidence ``c`` (risk ``q = 1 - c``): proportional to the spread of the 0/1 error ``e`` around
+its prediction ``q`` in the decision's stratum of ``q``, ``sqrt(E[(e - q)^2])``, which is the
+variance-optimal draw for the prediction-powered estimate below (Neyman allocation over strata
+of ``q``). Before a stratum has labels that spread is a calibrated answer's, ``sqrt(q (1 - q))``;
+its audits' labels (``learn``) then move it towards what they show, ``DESIGN_PRIOR_LABELS``
+labels' worth of the calibrated spread kept as a prior: where a shift puts errors the model
+does not expect, the spread grows and the draws follow it. Each draw probability depends only
+on labels that came before it, so the estimate stays unbiased. The strata's shares come from
+unlabelled traffic (every accepted decision is seen, labelled or not), so the average draw
+probability over that traffic is the audit rate: the budget keeps its meaning as an expected
+share. A ``floor`` (a share of the rate) keeps every decision drawable, which bounds what one
+label can weigh when errors come where the model is sure.
 
 ``WeightedShortfallTest`` bets on every accepted decision, labelled or not, with the
 prediction-powered (PPI) estimate of its error,
@@ -41,9 +46,13 @@ from calibration.betting import JumperBet
 from calibration.state import DamagedState, count, numbers
 from calibration.validation import check_fraction
 
-__all__ = ["PI_MIN", "Q_CAP", "RISK_EDGES", "WEIGHTED_GAPS", "WEIGHTED_JUMP",
+__all__ = ["DESIGN_PRIOR_LABELS", "PI_MIN", "Q_CAP", "RISK_EDGES", "WEIGHTED_GAPS", "WEIGHTED_JUMP",
            "AuditDesign", "WeightedShortfallTest"]
 
+# The calibrated spread of a stratum counts as this many labels against its audits' own
+# (``AuditDesign.learn``). ``python -m bench.break_power`` measured 50 against 20 and 100: within
+# a few labels of each other on the low-confidence break, 50 the best on the even one.
+DESIGN_PRIOR_LABELS = 50.0
 # Strata of the risk q = 1 - confidence: finer where sure answers crowd (most accepted
 # answers are right with probability above 0.99).
 RISK_EDGES = (0.0, 0.001, 0.003, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0)
@@ -70,6 +79,8 @@ class AuditDesign:
         k = len(RISK_EDGES) - 1
         self.counts = [0] * k
         self.sums = [0.0] * k  # of q, per stratum
+        self.labelled = [0] * k  # audits' labels learnt, per stratum
+        self.squares = [0.0] * k  # of (e - q)^2 over them
         self._cache: dict[float, list[float]] = {}
         for confidence in reference:
             self.see(confidence)
@@ -86,10 +97,30 @@ class AuditDesign:
         self.sums[b] += min(1.0, max(0.0, 1.0 - confidence))
         self._cache.clear()
 
+    def learn(self, confidence: float, *, wrong: bool) -> None:
+        """One audit's label of an accepted decision drawn by this design: its stratum's spread
+        moves towards what the labels show. Only audits drawn by the design's own probabilities
+        belong here (within a stratum they are a uniform sample of it)."""
+        b = self.stratum(confidence)
+        q = min(1.0, max(0.0, 1.0 - confidence))
+        self.labelled[b] += 1
+        self.squares[b] += (float(wrong) - q) ** 2
+        self._cache.clear()
+
+    def spread(self, b: int) -> float:
+        """Stratum ``b``'s spread of the error around its prediction: the calibrated
+        ``q (1 - q)`` at its mean risk, weighted ``DESIGN_PRIOR_LABELS`` against its labels'
+        mean of ``(e - q)^2``, square-rooted."""
+        n = self.counts[b]
+        q = self.sums[b] / n if n else _middle(b)
+        prior = DESIGN_PRIOR_LABELS * q * (1.0 - q)
+        return math.sqrt(max((prior + self.squares[b]) / (DESIGN_PRIOR_LABELS + self.labelled[b]),
+                             1e-12))
+
     def probabilities(self, rate: float) -> list[float]:
-        """Each stratum's draw probability at audit ``rate``: ``c sqrt(q (1 - q))`` at the
-        stratum's mean risk, at least ``floor * rate`` (and ``PI_MIN``), at most 1, with ``c``
-        set so the strata's shares average ``rate``. Uniform before any decision was seen."""
+        """Each stratum's draw probability at audit ``rate``: ``c`` times its ``spread``, at
+        least ``floor * rate`` (and ``PI_MIN``), at most 1, with ``c`` set so the strata's
+        shares average ``rate``. Uniform before any decision was seen."""
         check_fraction(rate, name="rate", low_open=True)
         cached = self._cache.get(rate)
         if cached is not None:
@@ -100,9 +131,8 @@ class AuditDesign:
             probs = [rate] * len(self.counts)
         else:
             shares = [n / total for n in self.counts]
-            spread = [_spread(s / n if n else _middle(b)) for b, (s, n) in
-                      enumerate(zip(self.sums, self.counts, strict=True))]
-            probs = _water_fill(shares, spread, rate=rate, low=low)
+            probs = _water_fill(shares, [self.spread(b) for b in range(len(self.counts))],
+                                rate=rate, low=low)
         self._cache[rate] = probs
         return probs
 
@@ -138,22 +168,28 @@ class AuditDesign:
         return self.variance(rate, eta=eta, allowed=allowed), self.bound(rate, eta=eta)
 
     def state(self) -> dict[str, Any]:
-        return {"counts": list(self.counts), "sums": list(self.sums)}
+        return {"counts": list(self.counts), "sums": list(self.sums),
+                "labelled": list(self.labelled), "squares": list(self.squares)}
 
     def resume(self, state: dict[str, Any]) -> None:
         """Take back ``state()``; a stratum whose risk sum lies outside what its count of
-        risks in the stratum's range can add up to is refused (DamagedState naming it)."""
+        risks in the stratum's range can add up to, or whose squares exceed its labels (each
+        is at most 1), is refused (DamagedState naming it) and nothing is taken."""
         k = len(self.counts)
-        counts = numbers(state, "counts", length=k, low=0.0)
+        counts = _whole(numbers(state, "counts", length=k, low=0.0), "counts")
         sums = numbers(state, "sums", length=k, low=0.0)
+        labelled = _whole(numbers(state, "labelled", length=k, low=0.0), "labelled")
+        squares = numbers(state, "squares", length=k, low=0.0)
         for b, (n, s) in enumerate(zip(counts, sums, strict=True)):
-            if n != int(n):
-                raise DamagedState(f"counts[{b}] must be a whole number, got {n!r}")
             low, high = RISK_EDGES[b] * n, RISK_EDGES[b + 1] * n
             if not low - 1e-6 * (1 + n) <= s <= high + 1e-6 * (1 + n):
-                raise DamagedState(f"sums[{b}] must be in [{low:g}, {high:g}] for {int(n)} "
+                raise DamagedState(f"sums[{b}] must be in [{low:g}, {high:g}] for {n} "
                                    f"risks in [{RISK_EDGES[b]:g}, {RISK_EDGES[b + 1]:g}], got {s!r}")
-        self.counts, self.sums = [int(n) for n in counts], list(sums)
+            if squares[b] > labelled[b] + 1e-6 * (1 + labelled[b]):
+                raise DamagedState(f"squares[{b}] must be at most labelled[{b}] "
+                                   f"({labelled[b]}), got {squares[b]!r}")
+        self.counts, self.sums = counts, list(sums)
+        self.labelled, self.squares = labelled, list(squares)
         self._cache.clear()
 
 
@@ -161,8 +197,11 @@ def _middle(b: int) -> float:
     return (RISK_EDGES[b] + RISK_EDGES[b + 1]) / 2.0
 
 
-def _spread(q: float) -> float:
-    return math.sqrt(max(q * (1.0 - q), 1e-12))
+def _whole(values: list[float], name: str) -> list[int]:
+    for i, v in enumerate(values):
+        if v != int(v):
+            raise DamagedState(f"{name}[{i}] must be a whole number, got {v!r}")
+    return [int(v) for v in values]
 
 
 def _water_fill(shares: list[float], spread: list[float], *, rate: float,

@@ -62,6 +62,49 @@ def test_a_design_resumes_its_strata_and_refuses_sums_no_count_could_add_up_to()
         AuditDesign().resume(state)
 
 
+def test_labels_that_show_errors_where_the_model_is_sure_move_the_draws_there() -> None:
+    design = AuditDesign(REFERENCE)
+    before = design.probabilities(0.25)
+    sure = 0.9995  # the surest stratum: calibrated, about one answer in 2,000 wrong
+    b = design.stratum(sure)
+    for i in range(200):  # its audits find one answer in five wrong
+        design.learn(sure, wrong=i % 5 == 0)
+    after = design.probabilities(0.25)
+    assert after[b] > 2 * before[b]
+    assert sum(n * p for n, p in zip(design.counts, after, strict=True)) / sum(
+        design.counts) == pytest.approx(0.25, rel=1e-6)  # the budget holds
+
+
+def test_labels_that_match_the_calibrated_risk_leave_the_draws_close_to_where_they_were() -> None:
+    design = AuditDesign(REFERENCE)
+    before = design.probabilities(0.25)
+    draw = random.Random(3)
+    for c in REFERENCE * 10:
+        if draw.random() < design.probability(c, 0.25):
+            design.learn(c, wrong=draw.random() < 1.0 - c)
+    # Where errors are common enough to be seen (risk 0.04 and up); in the surest strata a few
+    # hundred labels mostly show none, and those sit at the floor until one does.
+    assert design.probabilities(0.25)[5:] == pytest.approx(before[5:], rel=0.2)
+
+
+def test_a_design_resumes_what_it_learnt_and_refuses_squares_past_its_labels() -> None:
+    design = AuditDesign(REFERENCE)
+    for _ in range(30):
+        design.learn(0.7, wrong=True)
+    again = AuditDesign()
+    again.resume(design.state())
+    assert again.probabilities(0.25) == design.probabilities(0.25)
+    b = design.stratum(0.7)
+    state = design.state()
+    state["squares"][b] = state["labelled"][b] + 5.0  # each label adds at most 1
+    with pytest.raises(DamagedState, match=rf"squares\[{b}\]"):
+        AuditDesign().resume(state)
+    state = design.state()
+    state["labelled"][b] = 2.5
+    with pytest.raises(DamagedState, match=rf"labelled\[{b}\]"):
+        AuditDesign().resume(state)
+
+
 def run_stream(accuracy_at: float, *, decisions: int, seed: int, alpha: float) -> int | None:
     """Accepted decisions of REFERENCE's confidences, each wrong with its calibrated risk shifted
     so the mean accuracy is ``accuracy_at``; audits drawn by the design at rate 0.25."""
