@@ -9,6 +9,7 @@ import pytest
 
 from bench.break_power import (
     METHODS,
+    Designs,
     Jumpers,
     Reads,
     Setting,
@@ -53,6 +54,28 @@ def test_the_vectorised_wealth_is_the_weighted_tests_step_by_step() -> None:
         z = (1.0 - c) + audited * (float(not right) - (1.0 - c)) / pi
         jumpers.bet(np.array([(z - 0.05) / variance]), np.ones(1, dtype=bool), step)
         assert jumpers.log_scale[0] == pytest.approx(test.log_value, abs=1e-9)
+
+
+def test_the_vectorised_designs_learn_and_draw_as_the_library_design_does() -> None:
+    reference = AuditDesign(READS.accepted_reference, floor=0.25)
+    runs = Designs(reference, 3)
+    singles = [AuditDesign(READS.accepted_reference, floor=0.25) for _ in range(3)]
+    draw = np.random.default_rng(5)
+    confidences = CONFIDENCE[READS.accepted]
+    for _ in range(150):  # labels for each run, errors where the model is unsure more often
+        run = int(draw.integers(3))
+        c = float(draw.choice(confidences))
+        wrong = bool(draw.random() < (1.0 - c) * (1 + 3 * run))
+        singles[run].learn(c, wrong=wrong)
+        runs.learn(np.array([run]), np.array([AuditDesign.stratum(c)]), np.array([wrong]),
+                   np.array([1.0 - c]))
+    probs = runs.probabilities(0.25)
+    for run, single in enumerate(singles):
+        assert probs[run] == pytest.approx(single.probabilities(0.25), rel=1e-6)
+        variance, loss = runs.scale(probs, eta=1.0, allowed=0.05)
+        assert (variance[run], loss[run]) == pytest.approx(single.scale(0.25, allowed=0.05),
+                                                           rel=1e-6)
+    assert not np.allclose(probs[0], probs[2])  # the runs learnt apart
 
 
 @pytest.mark.parametrize("profile", ["low", "even"])
