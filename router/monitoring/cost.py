@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -260,7 +260,7 @@ class CostChecks:
         check.alarm = CostBreach(record.policy_id, record.decision, record.time, record.detail)
         return check.alarm
 
-    def restore(self, records: Iterable[AlarmRecord], cleared_at: Mapping[str, float]) -> int:
+    def restore(self, records: Sequence[AlarmRecord], cleared_at: Mapping[str, float]) -> int:
         """Re-arm the breaches a decision log holds (``records``, in log order), once the
         watches took its clears (``cleared_at``: each policy's latest clear). A checkpointed
         breach found before the latest clear ends; a logged one after it is latched. Returns
