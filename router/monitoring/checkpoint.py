@@ -1,6 +1,11 @@
 """The watches' evidence on disk, beside the decision log, so it outlives the process: claimed
 by one process at a time, read once at start-up (each watch resumes what passes its checks),
-written atomically every few seconds and at shutdown (``Monitor.keep_checkpoints``)."""
+written atomically every few seconds and at shutdown (``Monitor.keep_checkpoints``).
+
+The file is one JSON object: each watch's ``PolicyWatch.state()`` under its policy id, and the
+cost checks' ``CostChecks.state()`` under ``COST_KEY`` (no policy id takes that form), left out
+when no policy has a cost promise. A reader that knows no cost checks skips that entry; one
+reading a file without it starts the cost checks afresh."""
 
 from __future__ import annotations
 
@@ -16,10 +21,12 @@ from typing import IO
 
 from calibration.state import DamagedState
 from router.errors import ConfigError
+from router.monitoring.cost import CostChecks
 from router.monitoring.watch import PolicyWatch
 
 logger = logging.getLogger("slotgate.monitoring")
 CHECKPOINT_EVERY_S = 10.0  # how often each watch's evidence is written
+COST_KEY = "cost"  # the cost checks' entry; policy ids are "name@hash"
 
 
 class CheckpointInUse(ConfigError):
@@ -41,11 +48,12 @@ def check_unclaimed(decision_log_path: Path) -> None:
         handle.close()
 
 
-def resume(path: Path, watches: Mapping[str, PolicyWatch]) -> int:
-    """Resume each watch from its entry at ``path``. An entry gathered on another basis or
-    format is not taken; a damaged file or entry is discarded with one warning naming the
-    file, the policy and the field. Either way those watches start afresh. Returns how many
-    resumed."""
+def resume(path: Path, watches: Mapping[str, PolicyWatch],
+           costs: CostChecks | None = None) -> int:
+    """Resume each watch from its entry at ``path``, and each of ``costs``' checks from the
+    cost entry (``CostChecks.resume``). An entry gathered on another basis or format is not
+    taken; a damaged file or entry is discarded with one warning naming the file, the policy
+    and the field. Either way those watches start afresh. Returns how many watches resumed."""
     try:
         states = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
@@ -67,14 +75,19 @@ def resume(path: Path, watches: Mapping[str, PolicyWatch]) -> int:
         except DamagedState as exc:
             logger.warning("watch checkpoint %s: policy %s: %s; that watch starts afresh", path,
                            policy_id, exc)
+    if costs is not None:
+        costs.resume(states.get(COST_KEY), path)
     return resumed
 
 
-def write(path: Path, watches: Mapping[str, PolicyWatch]) -> None:
-    """Every watch's evidence to ``path``, atomically (a temporary file, then a rename: a crash
-    mid-write leaves the previous checkpoint; a failed write leaves no temporary file). A
-    retired policy's watch is no longer in it."""
-    states = {policy_id: watch.state() for policy_id, watch in watches.items()}
+def write(path: Path, watches: Mapping[str, PolicyWatch],
+          costs: CostChecks | None = None) -> None:
+    """Every watch's and cost check's evidence to ``path``, atomically (a temporary file, then
+    a rename: a crash mid-write leaves the previous checkpoint; a failed write leaves no
+    temporary file). A retired policy's watch and cost check are no longer in it."""
+    states: dict[str, object] = {policy_id: watch.state() for policy_id, watch in watches.items()}
+    if costs is not None and costs.checks:
+        states[COST_KEY] = costs.state()
     temporary = path.with_name(path.name + ".tmp")
     try:
         temporary.write_text(json.dumps(states, allow_nan=False), encoding="utf-8")
@@ -92,21 +105,23 @@ class Checkpoints:
     ``close`` (the last write, then the lock goes)."""
 
     def __init__(self, path: Path, watches: Mapping[str, PolicyWatch],
-                 lock: IO[str] | None) -> None:
+                 lock: IO[str] | None, costs: CostChecks | None = None) -> None:
         self.path = path
         self._watches = watches
+        self._costs = costs
         self._lock = lock
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def open(cls, path: Path, watches: Mapping[str, PolicyWatch]) -> Checkpoints:
-        return cls(path, watches, _claim(path))
+    def open(cls, path: Path, watches: Mapping[str, PolicyWatch],
+             costs: CostChecks | None = None) -> Checkpoints:
+        return cls(path, watches, _claim(path), costs)
 
     def resume(self) -> int:
-        return resume(self.path, self._watches)
+        return resume(self.path, self._watches, self._costs)
 
     def write(self) -> None:
-        write(self.path, self._watches)
+        write(self.path, self._watches, self._costs)
 
     def start(self, every_s: float) -> None:
         self._task = asyncio.get_running_loop().create_task(self._every(every_s))

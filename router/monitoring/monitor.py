@@ -4,9 +4,10 @@ decision (label-free drift), by audits and by trusted labels (accuracy); alarms 
 exported as gauges, written to the decision log and acted on per policy (``on_alarm``, through
 ``gate``); a retired policy's watch and gauges go. With a shared alarm board (Redis:
 ``router/store/alarm_board.py``) an alarm one replica raises is latched by every replica serving
-that policy within ``monitoring.alarm_sync_s``, and an operator's clear (``slotgate alarms
-clear``) reaches them all the same way. Each watch's evidence is checkpointed beside the
-decision log and resumed at a restart (``keep_checkpoints``)."""
+that policy within ``monitoring.alarm_sync_s`` (a broken cost promise too: records of kind
+``cost``), and an operator's clear (``slotgate alarms clear``) reaches them all the same way.
+Each watch's and cost check's evidence is checkpointed beside the decision log and resumed at a
+restart (``keep_checkpoints``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from prometheus_client import Counter
 from policies.types import DecisionRequest
 from router.monitoring.audits import AuditJob, AuditQueue
 from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, Checkpoints
-from router.monitoring.cost import CostChecks
+from router.monitoring.cost import CostBreach, CostChecks
 from router.monitoring.fingerprint import input_key
 from router.monitoring.ladder import WatchSnapshot, action_words, ladder, state_word
 from router.monitoring.watch import DEDUPE_WINDOW_S, Alarm, PolicyWatch, WatchSettings
@@ -170,7 +171,9 @@ class Monitor:
     def decided(self, observation: Observation) -> None:
         """One decision with a fast read: the watch takes it (identical inputs once per window)
         and an accepted, served, new input may be drawn for an audit (queued, never waited on)."""
-        self.costs.decided(observation.policy_id, accepted=observation.accepted)
+        breach = self.costs.decided(observation.policy_id, accepted=observation.accepted)
+        if breach is not None:
+            self.cost_alarmed(breach)
         watch = self.watches.get(observation.policy_id)
         if watch is None:
             return
@@ -210,19 +213,22 @@ class Monitor:
 
     def restore(self, records: Iterable[AlarmRecord]) -> int:
         """Re-arm the alarms a decision log holds for policies loaded now, in log order: a clear
-        record wins over the alarms before it. Returns how many alarms stand afterwards."""
+        record wins over the alarms before it. A broken cost promise is re-armed the same way
+        (``CostChecks.restore``). Returns how many alarms were re-armed."""
+        records = list(records)
         before = sum(len(w.alarms) for w in self.watches.values())
         for record in records:
             watch = self.watches.get(record.policy_id)
-            if watch is None:
+            if watch is None or record.kind == "cost":
                 continue
             alarm = _alarm(record)
             if alarm is None:
                 watch.clear(record.time)
             else:
                 watch.restore(alarm)
+        costs = self.costs.restore(records, {p: w.cleared_at for p, w in self.watches.items()})
         self.export()
-        return sum(len(w.alarms) for w in self.watches.values()) - before
+        return sum(len(w.alarms) for w in self.watches.values()) - before + costs
 
     def alarmed(self, alarm: Alarm, *, shared: bool = False) -> None:
         """An alarm raised here (posted to the board, if any) or latched from the board."""
@@ -236,6 +242,17 @@ class Monitor:
             self._spawn(self._board.post(record))
         self.export()
 
+    def cost_alarmed(self, breach: CostBreach, *, shared: bool = False) -> None:
+        """A broken cost promise found here (posted to the board, if any) or latched from the
+        board: logged, and written to the decision log so a restart re-arms it."""
+        record = self.costs.record(breach, shared=shared)
+        logger.warning("COST ALARM on policy %s%s: %s (decision %d)", breach.policy_id,
+                       " (raised on another replica)" if shared else "", breach.detail,
+                       breach.decision)
+        self._emit(record)
+        if self._board is not None and not shared:
+            self._spawn(self._board.post(record))
+
     def clear(self, policy_id: str, at: float, *, shared: bool = False,
               detail: str = CLEAR_DETAIL) -> bool:
         """An operator's clear of a policy's alarms raised before ``at`` (``slotgate alarms
@@ -244,7 +261,7 @@ class Monitor:
         watch = self.watches.get(policy_id)
         if watch is None or at <= watch.cleared_at:
             return False
-        had = sorted(watch.alarms) + (["cost"] if self.costs.clear(policy_id) else [])
+        had = sorted(watch.alarms) + (["cost"] if self.costs.clear(policy_id, at) else [])
         watch.clear(at)
         logger.warning("policy %s: alarms cleared by an operator%s (%s); its decisions are "
                        "routed by the policy again", policy_id, " on another replica" if shared
@@ -264,6 +281,7 @@ class Monitor:
         here are latched, then alarms standing here that the board lost (Redis restarted empty,
         the key expired) are posted again, and so is the latest clear seen here: a replica that
         re-arms an alarm from its log and re-posts it must meet the clear that supersedes it.
+        Broken cost promises (records of kind ``cost``) are latched and posted again alike.
         Returns how many alarms were latched."""
         if self._board is None:
             return 0
@@ -292,6 +310,23 @@ class Monitor:
             if watch.cleared_at > shared_clears.get(watch.policy_id, -math.inf):
                 await self._board.post(_clear_record(watch.policy_id, watch.cleared_at,
                                                      watch.n_decisions))
+        return latched + await self._sync_costs(records)
+
+    async def _sync_costs(self, records: Sequence[AlarmRecord]) -> int:
+        """``sync_alarms``' round for broken cost promises, after the clears: latch those not
+        standing here, post again those standing here that the board lost."""
+        assert self._board is not None
+        latched = 0
+        for record in records:
+            watch = self.watches.get(record.policy_id)
+            breach = None if watch is None else self.costs.latch(record, watch.cleared_at)
+            if breach is not None:
+                self.cost_alarmed(breach, shared=True)
+                latched += 1
+        on_board = {record.policy_id for record in records if record.kind == "cost"}
+        for record in self.costs.standing():
+            if record.policy_id not in on_board:
+                await self._board.post(record)
         return latched
 
     async def _sync_every(self, interval_s: float) -> None:
@@ -336,9 +371,10 @@ class Monitor:
 
     def keep_checkpoints(self, path: Path, *, every_s: float = CHECKPOINT_EVERY_S) -> int:
         """Claim the checkpoint at ``path`` (``CheckpointInUse`` when another process holds
-        it), resume each watch from it, then write one there every ``every_s`` seconds and at
-        shutdown (a task of the running loop). Returns how many watches resumed."""
-        self._checkpoints = Checkpoints.open(path, self.watches)
+        it), resume each watch and cost check from it, then write one there every ``every_s``
+        seconds and at shutdown (a task of the running loop). Returns how many watches
+        resumed."""
+        self._checkpoints = Checkpoints.open(path, self.watches, self.costs)
         resumed = self._checkpoints.resume()
         self.export()
         self._checkpoints.start(every_s)
@@ -455,7 +491,8 @@ def _remember(memory: OrderedDict[str, str], key: str, value: str, limit: int) -
 
 
 def _alarm(record: AlarmRecord) -> Alarm | None:
-    """The alarm a record raised; None for an operator's clear."""
-    if record.kind == "clear":
+    """The alarm a record raised; None for an operator's clear and a broken cost promise (its
+    alarm is the cost check's, ``CostChecks.latch``)."""
+    if record.kind == "clear" or record.kind == "cost":
         return None
     return Alarm(record.policy_id, record.kind, record.decision, record.time, record.detail)

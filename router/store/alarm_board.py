@@ -3,9 +3,10 @@ every replica reads the records of the policies it serves every ``monitoring.ala
 latches the alarms it has not raised itself, applies an operator's clear, and posts again an
 alarm it holds that Redis lost (a restart with an empty store, an expired key).
 
-Keys: ``slotgate:v1:alarm:{sha256 of the policy id}:{kind}`` for ``drift`` and ``accuracy`` (the
-first alarm of a kind kept, ``SET NX``) and ``...:clear`` (the latest clear, overwritten), each an
-``AlarmRecord``'s JSON (router/store/records.py) expiring with the cache's TTL. Ids are hashed so no text reaches a key. A re-tuned policy has a
+Keys: ``slotgate:v1:alarm:{sha256 of the policy id}:{kind}`` for ``drift``, ``accuracy`` and
+``cost`` (a broken cost promise; the first alarm of a kind kept, ``SET NX``) and ``...:clear``
+(the latest clear, overwritten), each an ``AlarmRecord``'s JSON (router/store/records.py)
+expiring with the cache's TTL. Ids are hashed so no text reaches a key. A re-tuned policy has a
 new id, so its replicas start clean. Redis failing costs the sharing only (logged once a
 minute); a damaged record costs its own key only (logged once a minute), never the others'."""
 
@@ -26,6 +27,7 @@ from router.store.redis_client import redis_client, redis_errors
 logger = logging.getLogger(__name__)
 KEY_PREFIX = "slotgate:v1:alarm:"
 KINDS: tuple[AlarmRecordKind, ...] = get_args(AlarmRecordKind)
+ALARM_KINDS = tuple(kind for kind in KINDS if kind != "clear")  # what a clear supersedes
 LOG_INTERVAL_S = 60.0
 
 
@@ -71,7 +73,7 @@ class RedisAlarmBoard:
                              detail=detail)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(alarm_key(policy_id, "clear"), encode(record), ex=self.ttl_s)
-            pipe.delete(alarm_key(policy_id, "drift"), alarm_key(policy_id, "accuracy"))
+            pipe.delete(*(alarm_key(policy_id, kind) for kind in ALARM_KINDS))
             await pipe.execute()
 
     async def read(self, policy_ids: Sequence[str]) -> list[AlarmRecord] | None:

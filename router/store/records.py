@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 # What a decision id may be: the service writes uuid4 hex, feedback ids are checked to 128.
 DecisionId = Annotated[str, Field(min_length=1)]
-# What an alarm record says: an alarm of one of the two kinds, or an operator's clear of them.
-AlarmRecordKind = Literal["drift", "accuracy", "clear"]
+# What an alarm record says: a watch's alarm (drift, accuracy), a broken cost promise (cost:
+# ``router.monitoring.cost``), or an operator's clear of a policy's alarms.
+AlarmRecordKind = Literal["drift", "accuracy", "cost", "clear"]
 FAST_ROUTES = ("fast", "cache")  # where a fast answer reached the caller (cache: a cached read)
 
 

@@ -5,6 +5,7 @@ on one within it, counts fixed blocks, hands the routing plan the operator's cho
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def test_a_stream_past_the_cap_breaks_the_promise_and_hands_the_plan_the_choice(
     assert "slotgate_policy_slow_share" in text and "slotgate_policy_cost_blocks" in text
     # An operator's clear ends the breach and starts the check afresh (the evidence so far
     # does not re-raise it); the stream past the cap breaks it again.
-    assert monitor.clear(policy.policy_id, at=1.0)
+    assert monitor.clear(policy.policy_id, at=time.time())
     assert monitor.cost_alarm(policy.policy_id) is None
     assert monitor.costs.checks[policy.policy_id].n_decisions == 0
     feed(monitor, policy, 0.4, 800, seed=2)

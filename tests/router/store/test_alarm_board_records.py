@@ -38,7 +38,7 @@ def test_a_record_without_its_type_field_reads() -> None:
     (b'{"policy_id": 7, "kind": "drift", "decision": 7, "time": 1, "detail": "d"}',
      "policy_id: Input should be a valid string"),
     (b'{"policy_id": "p@1", "kind": "fire", "decision": 7, "time": 1, "detail": "d"}',
-     "kind: Input should be 'drift', 'accuracy' or 'clear'"),
+     "kind: Input should be 'drift', 'accuracy', 'cost' or 'clear'"),
     (b'{"type": "audit", "policy_id": "p@1", "kind": "drift", "decision": 7, "time": 1}',
      "type: Input should be 'alarm'"),
     (b"not json", "record: Invalid JSON"),
