@@ -211,7 +211,8 @@ class Designs:
             mid = (lo + hi) / 2.0
             mean = (np.clip(mid[:, None] * spread, low, 1.0) * self.shares).sum(axis=1)
             lo, hi = np.where(mean < rate, mid, lo), np.where(mean < rate, hi, mid)
-        return np.clip(hi[:, None] * spread, low, 1.0)
+        probs: NDArray[np.float64] = np.clip(hi[:, None] * spread, low, 1.0)
+        return probs
 
     def scale(self, probs: NDArray[np.float64], *, eta: float,
               allowed: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -258,9 +259,9 @@ def simulate(reads: Reads, p_wrong: NDArray[np.float64], setting: Setting, *,
     for j, m in enumerate(WEIGHTED):  # the uniform draws' stakes are fixed
         kind, eta = METHODS[m]
         if kind == "uniform":
-            v, loss = uniform.scale(rate, eta=eta, allowed=allowed)
-            variance[j * runs:(j + 1) * runs] = v
-            stakes[j * runs:(j + 1) * runs] = np.minimum(WEIGHTED_GAPS, v / (allowed + loss))
+            fixed, most = uniform.scale(rate, eta=eta, allowed=allowed)
+            variance[j * runs:(j + 1) * runs] = fixed
+            stakes[j * runs:(j + 1) * runs] = np.minimum(WEIGHTED_GAPS, fixed / (allowed + most))
     labels = {kind: np.zeros(runs, dtype=np.int64) for kind in ("uniform", "weighted",
                                                                 "audit_draws")}
     labels_at = {m: np.full(runs, -1, dtype=np.int64) for m in METHODS}
