@@ -33,7 +33,7 @@ Each test runs at ``3 alarm_alpha / 8``, the share the live watch gives its test
 since it started (``router.monitoring.watch``). The tests' wealth is computed for all runs at once (``Jumpers``: the jumper's arithmetic on numpy
 arrays; tests/bench/test_break_power.py checks it against the library classes step by step).
 
-    python -m bench.break_power [--quick] [--runs 200] [--edge-runs 1000] [--horizon 20000]
+    python -m bench.break_power [--quick] [--runs 500] [--edge-runs 1000] [--horizon 20000]
         [--data DIR] [--work var/break_power] [--out bench/results/break_power.json]
 
 The last line printed is one JSON object.
@@ -344,7 +344,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the rate the targets and the false-alarm check are measured at")
     parser.add_argument("--floor", type=float, default=0.25,
                         help="least weighted draw probability, as a share of the audit rate")
-    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--edge-runs", type=int, default=1000,
                         help="runs at accuracy exactly the target (the false-alarm check)")
     parser.add_argument("--horizon", type=int, default=20_000,
