@@ -72,7 +72,8 @@ class Monitor:
         self._answer = answer
         self._dedupe_window_s = dedupe_window_s
         self.audits = AuditQueue(self._audit_answer, self._audit_label, capacity=audit_capacity,
-                                 workers=audit_workers, on_count=self._audit_counted)
+                                 workers=audit_workers, on_count=self._audit_counted,
+                                 on_lost=self._audit_lost)
         self._labelled: OrderedDict[str, str] = OrderedDict()
         self._inputs: OrderedDict[str, str] = OrderedDict()  # served fast: decision id -> key
         self._checkpoints: Checkpoints | None = None
@@ -138,7 +139,7 @@ class Monitor:
             "decisions (%d distinct inputs, %d labels, drift log-martingale %s) gathered "
             "against the old one%s", settings.policy_id, " and ".join(changed),
             old.reference_id, settings.reference_id, old.alarm_alpha, settings.alarm_alpha,
-            watch.n_decisions, watch.n_counted, watch.accuracy.bounds().n,
+            watch.n_decisions, watch.n_counted, watch.accuracy().n,
             "none" if watch.drift is None else f"{watch.drift.log_value:.2f}",
             "" if not fresh.alarms else (
                 f"; standing alarms stay until cleared ({', '.join(sorted(fresh.alarms))}: "
@@ -169,7 +170,8 @@ class Monitor:
 
     def decided(self, observation: Observation) -> None:
         """One decision with a fast read: the watch takes it (identical inputs once per window)
-        and an accepted, served, new input may be drawn for an audit (queued, never waited on)."""
+        and an accepted, served, new input may be drawn for an audit (queued, never waited on)
+        with a probability by its risk (``PolicyWatch.draw``), its ticket carried with it."""
         self.costs.decided(observation.policy_id, accepted=observation.accepted)
         watch = self.watches.get(observation.policy_id)
         if watch is None:
@@ -191,11 +193,17 @@ class Monitor:
             self.export()
         if observation.served_fast:
             _remember(self._inputs, observation.decision_id, key, _INPUT_MEMORY)
-        if (counted and observation.served_fast and observation.answer is not None
-                and self._answer is not None and watch.wants_audit()):
+        if not (counted and observation.accepted and observation.served_fast
+                and observation.answer is not None and self._answer is not None):
+            return
+        draw, alarm = watch.draw(observation.confidence)
+        if alarm is not None:
+            self.alarmed(alarm)
+        if draw is not None:
             self.audits.submit(AuditJob(observation.policy_id, observation.decision_id,
                                         observation.answer, observation.request,
-                                        caller=observation.caller))
+                                        caller=observation.caller, ticket=draw.ticket,
+                                        probability=draw.probability))
 
     async def labelled(self, label: Label) -> None:
         """A trusted label of a served fast answer, counted once per decision (the first label
@@ -351,12 +359,26 @@ class Monitor:
     async def _audit_label(self, job: AuditJob, label: str) -> None:
         correct = label == job.answer
         watch = self.watches.get(job.policy_id)  # None: the policy was retired meanwhile
-        if watch is not None and self._first_label(job.decision_id, "audit"):
-            self._label(watch, correct, input_key(job.request))
+        if watch is not None:  # a decision a trusted label judged already: its audit counts none
+            first = self._first_label(job.decision_id, "audit")
+            alarm = watch.audited(job.ticket, correct if first else None,
+                                  key=input_key(job.request))
+            if alarm is not None:
+                self.alarmed(alarm)
         if self._events is not None:
             await self._events({"type": "audit", "decision_id": job.decision_id,
                                 "policy_id": job.policy_id, "label": label,
-                                "answer": job.answer, "correct": correct})
+                                "answer": job.answer, "correct": correct,
+                                "probability": job.probability})
+
+    def _audit_lost(self, job: AuditJob) -> None:
+        """An audit capped, dropped or failed: its decision is bet on as one whose label never
+        came (counted right: the weighted test stays valid)."""
+        watch = self.watches.get(job.policy_id)
+        if watch is not None:
+            alarm = watch.audited(job.ticket, None)
+            if alarm is not None:
+                self.alarmed(alarm)
 
     def _label(self, watch: PolicyWatch, correct: bool, key: str | None) -> None:
         alarm = watch.label(correct, key=key)

@@ -150,13 +150,13 @@ def watch_view(monitor: Monitor, policy_id: str) -> WatchView | None:
     watch = monitor.watches.get(policy_id)
     if watch is None:
         return None
-    # Both intervals at the accuracy sequence's level, so the two read alike.
-    alpha = watch.accuracy.alpha
+    # Both intervals at the accuracy gauge's level (``PolicyWatch.accuracy``), so they read alike.
+    alpha = watch.settings.alarm_alpha / 2.0
     gate = watch.gate
     return WatchView(
         state=state_word(watch.snapshot()), decisions=watch.n_decisions,
         coverage=Interval.of(rate_sequence(watch.n_accepted, watch.n_decisions, alpha=alpha)),
-        recent_coverage=watch.accept_share, accuracy=Interval.of(watch.accuracy.bounds()),
+        recent_coverage=watch.accept_share, accuracy=Interval.of(watch.accuracy()),
         level=1.0 - alpha,
         alarms=[AlarmView(a.kind, a.time, a.decision, a.detail)
                 for a in sorted(watch.alarms.values(), key=lambda a: a.time)],
