@@ -32,6 +32,10 @@ from router.monitoring.sections import at_most, section
 __all__ = ["PENDING_MAX", "Draw", "WeightedAccuracy", "WeightedWatch", "lowest_probability"]
 
 PENDING_MAX = 10_000  # decisions waiting for an older label; past it the oldest drawn is lost
+# Decisions drawn on one copy of the design before it takes the decisions seen since: the
+# design's draw probabilities cost ~0.2 ms to work out afresh (a bisection over its strata),
+# and 64 more confidences among thousands barely move them.
+REFRESH = 64
 FLOOR = 0.25  # ``AuditDesign``'s floor: no draw probability under this share of the rate
 
 
@@ -144,13 +148,20 @@ class WeightedWatch:
     ``suspect`` on those from the moment traffic turned suspect (``start_suspect``) at
     ``alpha / 8``, and the gauge. ``reference``: the tuning rows the policy accepted (the
     design's first counts; None: uniform draws). Tickets number the decisions entered, and go
-    on from ``first_ticket`` (a rebuilt watch's, so an older watch's labels match nothing)."""
+    on from ``first_ticket`` (a rebuilt watch's, so an older watch's labels match nothing).
+
+    Draw probabilities and stakes come from ``drawing``, a copy of ``design`` (which counts
+    every decision entered, after its probability was set) taken every ``refresh`` decisions:
+    both depend only on decisions before the one drawn, as the test needs."""
 
     def __init__(self, *, target: float, alpha: float, reference: tuple[float, ...] | None,
-                 seed: str, first_ticket: int = 0, max_pending: int = PENDING_MAX) -> None:
+                 seed: str, first_ticket: int = 0, max_pending: int = PENDING_MAX,
+                 refresh: int = REFRESH) -> None:
         self.target, self.alpha, self.allowed = target, alpha, 1.0 - target
         self.floor = 1.0 if reference is None else FLOOR
         self.design = AuditDesign(reference or (), floor=self.floor)
+        self.drawing = AuditDesign(reference or (), floor=self.floor)
+        self.refresh, self._unseen = refresh, 0  # decisions ``drawing`` has not counted
         self.next_ticket = first_ticket
         self.max_pending = max_pending
         self._pending: deque[_Pending] = deque()
@@ -194,12 +205,16 @@ class WeightedWatch:
         the design as it stood before it (then the design counts it), and the draw (``drawn``:
         the one a replayed log records, at its logged ``probability``). Returns the draw
         when it is to be audited; the decision is bet on once those ahead of it are."""
-        pi = max(PI_MIN, self.design.probability(confidence, rate))
-        variance, loss = self.design.scale(rate, eta=1.0, allowed=self.allowed)
+        if self._unseen >= self.refresh:
+            self.drawing.resume(self.design.state())
+            self._unseen = 0
+        pi = max(PI_MIN, self.drawing.probability(confidence, rate))
+        variance, loss = self.drawing.scale(rate, eta=1.0, allowed=self.allowed)
         if probability is not None:  # a logged draw: its own loss bounds its bet
             pi = probability
             loss = max(loss, risk(confidence) * (1.0 / pi - 1.0))
         self.design.see(confidence)
+        self._unseen += 1
         audited = self._rng.random() < pi if drawn is None else drawn
         entry = _Pending(self.next_ticket, confidence, pi, (variance, loss), audited,
                          resolved=not audited)
@@ -298,6 +313,8 @@ class WeightedWatch:
         overflowed = count(state, "overflowed", high=lost)
         self.design, self.next_ticket, self.whole, self.whole_from = (
             design, tickets, whole, whole_from)
+        self.drawing.resume(design.state())
+        self._unseen = 0
         self.suspect, self.suspect_from, self.gauge, self.gauge_from = (
             suspect, suspect_from, gauge, gauge_from)
         self.lost, self.overflowed = lost, overflowed
