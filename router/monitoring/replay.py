@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.monitoring import Bounds
 from calibration.per_answer import AnswerAccuracy, PerAnswerTally
 from policies.policy import Policy
 from policies.types import OptionScores, Verdict
@@ -248,18 +249,7 @@ class _Replay:
         counted, raised = watch.take(confidence, accepted=verdict.accept,
                                      caller=record.namespace, now=record.time or None)
         series.accepted.append(verdict.accept)
-        for read in record.tiers or ():
-            tally = series.tiers.setdefault(str(read["tier"]), TierTally())
-            tally.read += 1
-            tier_watch = self.tier_watches.get(str(read["tier"]))
-            if tier_watch is not None and tier_watch.drift is not None:
-                tier_raised = tier_watch.observe(float(read["probability"]),
-                                                 accepted=bool(read["accepted"]))
-                tally.drift = tier_watch.drift.log_value
-                if tier_raised is not None and tally.drift_alarm is None:
-                    tally.drift_alarm = i
-                if tier_watch.traffic_tripped and tally.traffic_tripped_at is None:
-                    tally.traffic_tripped_at = i
+        self._tier_reads(record, i)
         if watch.drift is not None:
             series.drift.append(watch.drift.log_value)
         fast = record.served_fast and record.answer is not None
@@ -271,13 +261,7 @@ class _Replay:
             correct = joined[0] == record.answer
             series.unweighted_audits += joined[1] == "slow"
             raised = watch.label(correct) or raised
-            bounds = watch.trusted.bounds()
-            series.labels.append((i, correct, bounds.lower, bounds.upper))
-            self.tally.add(str(record.answer), correct)
-            if record.tier is not None:
-                tally = series.tiers.setdefault(record.tier, TierTally())
-                tally.labelled += 1
-                tally.correct += correct
+            self._labelled(record, correct, i, watch.trusted.bounds())
         if record.tier is not None and record.served_fast:
             series.tiers.setdefault(record.tier, TierTally()).answered += 1
         if raised is not None:
@@ -294,10 +278,33 @@ class _Replay:
             return raised
         correct = audit == record.answer
         raised = self.watch.audited(draw.ticket, correct) or raised
-        bounds = self.watch.accuracy()
+        self._labelled(record, correct, i, self.watch.accuracy())
+        return raised
+
+    def _labelled(self, record: DecisionRecord, correct: bool, i: int, bounds: Bounds) -> None:
+        """A label taken: the series' row (with the interval it feeds), the per-answer and the
+        tier's tallies."""
         self.series.labels.append((i, correct, bounds.lower, bounds.upper))
         self.tally.add(str(record.answer), correct)
-        return raised
+        if record.tier is not None:
+            tally = self.series.tiers.setdefault(record.tier, TierTally())
+            tally.labelled += 1
+            tally.correct += correct
+
+    def _tier_reads(self, record: DecisionRecord, i: int) -> None:
+        """A cascade's tiers: each read counted and fed to its tier's own watch."""
+        for read in record.tiers or ():
+            tally = self.series.tiers.setdefault(str(read["tier"]), TierTally())
+            tally.read += 1
+            tier_watch = self.tier_watches.get(str(read["tier"]))
+            if tier_watch is not None and tier_watch.drift is not None:
+                tier_raised = tier_watch.observe(float(read["probability"]),
+                                                 accepted=bool(read["accepted"]))
+                tally.drift = tier_watch.drift.log_value
+                if tier_raised is not None and tally.drift_alarm is None:
+                    tally.drift_alarm = i
+                if tier_watch.traffic_tripped and tally.traffic_tripped_at is None:
+                    tally.traffic_tripped_at = i
 
     def finish(self, labels: LabelJoin) -> Series:
         self.flush(labels)
