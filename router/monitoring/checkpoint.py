@@ -68,8 +68,8 @@ def resume(path: Path, watches: Mapping[str, PolicyWatch]) -> int:
             if not taken and state.get("version") != STATE_VERSION:
                 logger.warning(
                     "watch checkpoint %s: policy %s: its entry is of format %r and this slotgate "
-                    "keeps format %d (audits drawn by risk, the accuracy alarm weighting them "
-                    "back): that evidence cannot be carried over, so its watch starts afresh",
+                    "keeps format %d: evidence saved in another format cannot be carried over, "
+                    "so its watch starts afresh",
                     path, policy_id, state.get("version"), STATE_VERSION)
         except DamagedState as exc:
             logger.warning("watch checkpoint %s: policy %s: %s; that watch starts afresh", path,

@@ -364,7 +364,7 @@ class PolicyWatch:
             "traffic_spent_callers": None if self.callers is None else self.callers.spent(),
             "suspect_from": self.suspect_from,
             "suspect_labels": None if weighted.suspect is None else weighted.suspect.labels,
-            # the weighted estimate: audit labels that came, and drawn decisions whose never did
+            # the weighted estimate's audit labels; lost: drawn decisions whose label never came
             "labels": bounds.n,
             "audits_lost": weighted.lost,
             "audits_overflowed": weighted.overflowed,

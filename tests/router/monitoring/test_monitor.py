@@ -321,3 +321,27 @@ def test_a_reload_with_the_same_reference_keeps_the_running_watch(
     assert (watch.n_decisions, watch.n_counted, watch.drift.log_value) == evidence  # type: ignore[union-attr]
     assert watch.audit_rate == 0.2  # the action field still applies at once
     assert "starts afresh" not in caplog.text and resets(metrics) == []
+
+
+async def test_a_trusted_label_before_the_audit_leaves_the_audit_unlabelled() -> None:
+    """The first label of a decision counts: a trusted label that comes while its audit is out
+    goes to the trusted labels' test, and the audit's decision is bet on as unlabelled."""
+    release = asyncio.Event()
+
+    async def slow(req: DecisionRequest) -> str:
+        await release.wait()
+        return "b"
+
+    monitor = Monitor(answer=slow)
+    policy = watched_policy(audit_rate=1.0, on_alarm="alert_only")
+    monitor.watch(policy)
+    watch = monitor.watches[policy.policy_id]
+    decide(monitor, policy, 0.98, 0)
+    await asyncio.sleep(0)
+    assert watch.weighted.pending == 1
+    await monitor.labelled(Label("d0", policy.policy_id, True, True, "feedback"))
+    release.set()
+    await monitor.audits.join()
+    assert watch.trusted.n == 1 and watch.weighted.lost == 1 and watch.weighted.pending == 0
+    assert watch.accuracy().n == 0 and watch.accuracy().mean == 1.0  # no label, counted right
+    await monitor.aclose()

@@ -102,3 +102,14 @@ def test_after_a_trip_the_suspect_test_alarms_on_fewer_labels_than_the_whole_str
     assert alarm is not None and "since the traffic turned suspect" in str(alarm)
     assert not weighted.whole.alarm  # the whole-stream test is still paying its prefix back
     assert weighted.suspect.n < weighted.whole.n
+
+
+def test_a_rebuilt_watch_takes_no_label_of_an_audit_drawn_before() -> None:
+    settings = WatchSettings.of(watched_policy(audit_rate=1.0))
+    old = PolicyWatch(settings)
+    draw, _ = old.draw(0.95)
+    assert draw is not None
+    fresh = old.rebuilt(WatchSettings.of(watched_policy(audit_rate=1.0, alarm_alpha=0.01)))
+    assert fresh.weighted.next_ticket == old.weighted.next_ticket
+    assert fresh.audited(draw.ticket, False) is None and fresh.weighted.whole.n == 0
+    assert not fresh.weighted.labelled(draw.ticket, False)  # the ticket is not one of its own
