@@ -75,6 +75,8 @@ def replay_both(rows: Scored, order: NDArray[np.int64], settings: Any, *, rate: 
     pi_of = draw_probability(np.asarray(settings.accepted_reference), rate=rate, floor=floor)
     weighted = WeightedShortfallTest(settings.target_accuracy, alpha=settings.alarm_alpha / 2)
     draws = random.Random(f"weighted:{seed}")
+    # Uniform draws at the rate, each label fed to the watch's per-label test (trusted labels')
+    uniform_draws = random.Random(f"uniform:{seed}")
     out: dict[str, Any] = {"uniform_row": None, "weighted_row": None, "uniform_audits": 0,
                            "weighted_audits": 0}
     for position, i in enumerate(order):
@@ -83,7 +85,7 @@ def replay_both(rows: Scored, order: NDArray[np.int64], settings: Any, *, rate: 
                                   key=normalised(rows.texts[i]), now=0.0)
         if not (accepted and counted):
             continue
-        if uniform.wants_audit():
+        if uniform_draws.random() < rate:
             out["uniform_audits"] += 1
             uniform.label(bool(rows.correct[i]))
             if out["uniform_row"] is None and "accuracy" in uniform.alarms:

@@ -189,10 +189,11 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
     for position, i in enumerate(order):
         accepted = bool(rows.accepted[i])
         watch.observe(float(rows.confidence[i]), accepted=accepted)
-        if accepted and watch.wants_audit():
+        draw = watch.draw(float(rows.confidence[i]))[0] if accepted else None
+        if draw is not None:
             labelled.append(position)
-            if not watch.gate.escalate:  # escalated decisions are not audited
-                watch.label(bool(rows.correct[i]))
+            # escalated decisions are not audited: their draws are bet on as unlabelled
+            watch.audited(draw.ticket, None if watch.gate.escalate else bool(rows.correct[i]))
         if alarm_row is None and watch.alarm is not None:
             alarm_row = position
         if escalated_row is None and watch.gate.escalate:

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     within = max(monitor["peak_rss_mib"], export["peak_rss_mib"]) < LIMIT_MIB
     result = {"log_mib": log_mib, "decisions": n, "limit_mib": LIMIT_MIB, "within_limit": within,
               "monitor": monitor | {"decisions_replayed": state["decisions"],
-                                    "labels": state["labels"]},
+                                    "labels": state["labels"],
+                                    "trusted_labels": state["trusted_labels"]},
               "export_log": export | {"rows": exported}, "machine": machine_info()}
     print_table(f"peak RSS on a {log_mib} MiB log ({n} decisions)", ["command", "peak RSS MiB",
                 "wall s"], [["monitor --plot", monitor["peak_rss_mib"], monitor["wall_s"]],

@@ -350,10 +350,11 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
         counted, _ = watch.take(float(rows.confidence[i]), accepted=accepted,
                                 key=normalised(rows.texts[i]), now=0.0,
                                 caller="" if callers is None else callers[position])
-        audited = served and counted and watch.wants_audit()
-        if audited:
+        draw = watch.draw(float(rows.confidence[i]))[0] if served and counted else None
+        audited = draw is not None
+        if draw is not None:  # drawn by risk, its label bet by the weighted test
             labelled.append(position)
-            watch.label(bool(rows.correct[i]))
+            watch.audited(draw.ticket, bool(rows.correct[i]))
         if first_alarm is None and watch.alarm is not None:
             first_alarm, kind = position, watch.alarm.kind
         if traffic_row is None and watch.traffic_tripped:

@@ -245,6 +245,7 @@ class WeightedShortfallTest(JumperBet):
             raise ValueError(f"gaps must be in [0, 1], got {gaps!r}")
         self.allowed = 1.0 - target
         self.eta = eta
+        self.gaps = tuple(gaps)
         floor = self.allowed * target  # V is at least the label's own variance at the edge
         super().__init__(tuple(gaps), alpha=alpha, jump=jump,
                          edges=(-(self.allowed + Q_CAP / PI_MIN) / floor,

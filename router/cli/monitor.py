@@ -53,10 +53,12 @@ def monitor(
             ("drift martingale (log) / alarm at",
              "no tuning summary: no drift test" if s.drift_threshold is None else
              f"{fmt(state['drift_log_martingale'])} / {fmt(s.drift_threshold)}"),
-            ("labelled accepted decisions", str(state["labels"])),
-            ("accepted accuracy (anytime-valid bounds)",
+            ("labelled accepted decisions (audits, weighted)", str(state["labels"])),
+            ("accepted accuracy, weighted (anytime-valid bounds)",
              (f"{fmt(state['accuracy'])} [{fmt(state['accuracy_lower'])}, "
              f"{fmt(state['accuracy_upper'])}] (target {state['target_accuracy']})")),
+            ("trusted labels (accuracy)",
+             f"{state['trusted_labels']} ({fmt(state['trusted_accuracy'])})"),
             ("alarm (replayed)", "none" if not s.alarms else
              f"{s.alarms[0]['kind']} at decision {s.alarms[0]['decision'] + 1}: "
              f"{s.alarms[0]['detail']}"),

@@ -30,6 +30,8 @@ class AuditJob:
     answer: str  # what the fast tier served
     request: DecisionRequest  # its ``turns`` carry the caller's conversation, when there was one
     caller: str = ""  # the namespace (API key) whose decision it audits
+    ticket: int = -1  # the decision's place in its watch's weighted test (-1: none)
+    probability: float | None = None  # its draw probability
 
 
 @dataclass(slots=True)
@@ -48,16 +50,20 @@ class AuditCounts:
 
 class AuditQueue:
     """``submit`` never waits; ``answer(job)`` (the slow model) runs in one of ``workers``
-    background tasks and ``on_label(job, label)`` gets its answer. Workers start on the first
-    submit, on the running loop; ``aclose`` finishes what is queued (up to ``timeout_s``)."""
+    background tasks and ``on_label(job, label)`` gets its answer; ``on_lost(job)`` hears of an
+    audit whose label will never come (capped, dropped, failed), so the weighted test can count
+    it. Workers start on the first submit, on the running loop; ``aclose`` finishes what is
+    queued (up to ``timeout_s``)."""
 
     def __init__(self, answer: Callable[[AuditJob], Awaitable[str]],
                  on_label: Callable[[AuditJob, str], Awaitable[None]], *,
                  capacity: int = 1000, workers: int = 2,
-                 on_count: Callable[[str, str], None] | None = None) -> None:
+                 on_count: Callable[[str, str], None] | None = None,
+                 on_lost: Callable[[AuditJob], None] | None = None) -> None:
         self._answer = answer
         self._on_label = on_label
         self._on_count = on_count
+        self._on_lost = on_lost
         self.capacity = capacity
         self.n_workers = workers
         self.counts = AuditCounts()
@@ -76,12 +82,12 @@ class AuditQueue:
             self._workers = [loop.create_task(self._work()) for _ in range(self.n_workers)]
         self._saw(job.caller)
         if len(self._seen) > 1 and self._held[job.caller] >= self.share():
-            self._count(job.policy_id, "capped")
+            self._count(job, "capped")
             return False
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
-            self._count(job.policy_id, "dropped")
+            self._count(job, "dropped")
             return False
         self._held[job.caller] += 1
         return True
@@ -126,10 +132,10 @@ class AuditQueue:
             try:
                 label = await self._answer(job)
             except SlotgateError as exc:  # the slow path's errors are already translated
-                self._count(job.policy_id, "failed")
+                self._count(job, "failed")
                 logger.info("audit of %s failed: %s", job.decision_id, exc.message)
             else:
-                self._count(job.policy_id, "done")
+                self._count(job, "done")
                 try:
                     await self._on_label(job, label)
                 except OSError as exc:  # the log could not take the label: the worker goes on
@@ -138,7 +144,9 @@ class AuditQueue:
                 self._held[job.caller] -= 1
                 self._queue.task_done()
 
-    def _count(self, policy_id: str, result: str) -> None:
-        self.counts.count(policy_id, result)
+    def _count(self, job: AuditJob, result: str) -> None:
+        self.counts.count(job.policy_id, result)
+        if result != "done" and self._on_lost is not None:
+            self._on_lost(job)
         if self._on_count is not None:
-            self._on_count(policy_id, result)
+            self._on_count(job.policy_id, result)

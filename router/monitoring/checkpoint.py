@@ -22,7 +22,7 @@ from typing import IO
 from calibration.state import DamagedState
 from router.errors import ConfigError
 from router.monitoring.cost import CostChecks
-from router.monitoring.watch import PolicyWatch
+from router.monitoring.watch import STATE_VERSION, PolicyWatch
 
 logger = logging.getLogger("slotgate.monitoring")
 CHECKPOINT_EVERY_S = 10.0  # how often each watch's evidence is written
@@ -51,9 +51,10 @@ def check_unclaimed(decision_log_path: Path) -> None:
 def resume(path: Path, watches: Mapping[str, PolicyWatch],
            costs: CostChecks | None = None) -> int:
     """Resume each watch from its entry at ``path``, and each of ``costs``' checks from the
-    cost entry (``CostChecks.resume``). An entry gathered on another basis or format is not
-    taken; a damaged file or entry is discarded with one warning naming the file, the policy
-    and the field. Either way those watches start afresh. Returns how many watches resumed."""
+    cost entry (``CostChecks.resume``). An entry gathered on another basis is not taken; one of
+    another format is not taken either, with one warning naming the policy and both formats; a
+    damaged file or entry is discarded with one warning naming the file, the policy and the
+    field. Either way those watches start afresh. Returns how many watches resumed."""
     try:
         states = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
@@ -71,7 +72,14 @@ def resume(path: Path, watches: Mapping[str, PolicyWatch],
         try:
             if not isinstance(state, dict):
                 raise DamagedState(f"the entry must be a JSON object, got {type(state).__name__}")
-            resumed += watch.resume(state)
+            taken = watch.resume(state)
+            resumed += taken
+            if not taken and state.get("version") != STATE_VERSION:
+                logger.warning(
+                    "watch checkpoint %s: policy %s: its entry is of format %r and this slotgate "
+                    "keeps format %d: evidence saved in another format cannot be carried over, "
+                    "so its watch starts afresh",
+                    path, policy_id, state.get("version"), STATE_VERSION)
         except DamagedState as exc:
             logger.warning("watch checkpoint %s: policy %s: %s; that watch starts afresh", path,
                            policy_id, exc)

@@ -14,16 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-from prometheus_client import Counter
+from typing import TYPE_CHECKING, Any
 
 from policies.types import DecisionRequest
 from router.monitoring.audits import AuditJob, AuditQueue
+from router.monitoring.board import (
+    CLEAR_DETAIL,
+    AlarmBoard,
+    alarm_of,
+    alarm_record,
+    clear_record,
+    watch_resets,
+)
 from router.monitoring.checkpoint import CHECKPOINT_EVERY_S, Checkpoints
 from router.monitoring.cost import CostBreach, CostChecks
 from router.monitoring.fingerprint import input_key
@@ -41,22 +46,6 @@ SlowAnswer = Callable[[DecisionRequest], Awaitable[str]]
 _LABELLED_MEMORY = 100_000  # decision ids already counted once (a later label is logged only)
 # Served fast answers whose input key is remembered, so a label of one counts once per input.
 _INPUT_MEMORY = 20_000  # about 4.5 MiB at most (tracemalloc, 42-character decision ids)
-CLEAR_DETAIL = "cleared by an operator (slotgate alarms clear)"
-
-
-class AlarmBoard(Protocol):
-    """Where replicas share alarm and clear records. Never raises: ``read`` answers None while
-    the store fails (so nothing is taken for lost), and skips a damaged record, its key only."""
-
-    async def post(self, record: AlarmRecord) -> None: ...
-
-    async def read(self, policy_ids: Sequence[str]) -> list[AlarmRecord] | None: ...
-
-
-def alarm_record(alarm: Alarm, *, on_alarm: str | None = None,
-                 shared: bool = False) -> AlarmRecord:
-    return AlarmRecord(policy_id=alarm.policy_id, kind=alarm.kind, decision=alarm.decision,
-                       time=alarm.time, detail=alarm.detail, on_alarm=on_alarm, shared=shared)
 
 
 class Monitor:
@@ -73,7 +62,8 @@ class Monitor:
         self._answer = answer
         self._dedupe_window_s = dedupe_window_s
         self.audits = AuditQueue(self._audit_answer, self._audit_label, capacity=audit_capacity,
-                                 workers=audit_workers, on_count=self._audit_counted)
+                                 workers=audit_workers, on_count=self._audit_counted,
+                                 on_lost=self._audit_lost)
         self._labelled: OrderedDict[str, str] = OrderedDict()
         self._inputs: OrderedDict[str, str] = OrderedDict()  # served fast: decision id -> key
         self._checkpoints: Checkpoints | None = None
@@ -81,7 +71,7 @@ class Monitor:
         self._board: AlarmBoard | None = None
         self._sync: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
-        self._resets = None if metrics is None else _watch_resets(metrics)
+        self._resets = None if metrics is None else watch_resets(metrics)
         if metrics is not None:
             metrics.on_render(self.export)
 
@@ -139,7 +129,7 @@ class Monitor:
             "decisions (%d distinct inputs, %d labels, drift log-martingale %s) gathered "
             "against the old one%s", settings.policy_id, " and ".join(changed),
             old.reference_id, settings.reference_id, old.alarm_alpha, settings.alarm_alpha,
-            watch.n_decisions, watch.n_counted, watch.accuracy.bounds().n,
+            watch.n_decisions, watch.n_counted, watch.accuracy().n,
             "none" if watch.drift is None else f"{watch.drift.log_value:.2f}",
             "" if not fresh.alarms else (
                 f"; standing alarms stay until cleared ({', '.join(sorted(fresh.alarms))}: "
@@ -170,7 +160,8 @@ class Monitor:
 
     def decided(self, observation: Observation) -> None:
         """One decision with a fast read: the watch takes it (identical inputs once per window)
-        and an accepted, served, new input may be drawn for an audit (queued, never waited on)."""
+        and an accepted, served, new input may be drawn for an audit (queued, never waited on)
+        with a probability by its risk (``PolicyWatch.draw``), its ticket carried with it."""
         breach = self.costs.decided(observation.policy_id, accepted=observation.accepted)
         if breach is not None:
             self.cost_alarmed(breach)
@@ -194,11 +185,17 @@ class Monitor:
             self.export()
         if observation.served_fast:
             _remember(self._inputs, observation.decision_id, key, _INPUT_MEMORY)
-        if (counted and observation.served_fast and observation.answer is not None
-                and self._answer is not None and watch.wants_audit()):
+        if not (counted and observation.accepted and observation.served_fast
+                and observation.answer is not None and self._answer is not None):
+            return
+        draw, alarm = watch.draw(observation.confidence)
+        if alarm is not None:
+            self.alarmed(alarm)
+        if draw is not None:
             self.audits.submit(AuditJob(observation.policy_id, observation.decision_id,
                                         observation.answer, observation.request,
-                                        caller=observation.caller))
+                                        caller=observation.caller, ticket=draw.ticket,
+                                        probability=draw.probability))
 
     async def labelled(self, label: Label) -> None:
         """A trusted label of a served fast answer, counted once per decision (the first label
@@ -221,7 +218,7 @@ class Monitor:
             watch = self.watches.get(record.policy_id)
             if watch is None or record.kind == "cost":
                 continue
-            alarm = _alarm(record)
+            alarm = alarm_of(record)
             if alarm is None:
                 watch.clear(record.time)
             else:
@@ -266,7 +263,7 @@ class Monitor:
         logger.warning("policy %s: alarms cleared by an operator%s (%s); its decisions are "
                        "routed by the policy again", policy_id, " on another replica" if shared
                        else "", ", ".join(had) or "none standing here")
-        self._emit(_clear_record(policy_id, at, watch.n_decisions, shared=shared, detail=detail))
+        self._emit(clear_record(policy_id, at, watch.n_decisions, shared=shared, detail=detail))
         self.export()
         return True
 
@@ -295,7 +292,7 @@ class Monitor:
         present = set()
         for record in records:
             watch = self.watches.get(record.policy_id)
-            alarm = _alarm(record)
+            alarm = alarm_of(record)
             if watch is None or alarm is None:
                 continue
             present.add((watch.policy_id, alarm.kind))
@@ -308,7 +305,7 @@ class Monitor:
                 if (watch.policy_id, kind) not in present:
                     await self._board.post(alarm_record(alarm, on_alarm=watch.settings.on_alarm))
             if watch.cleared_at > shared_clears.get(watch.policy_id, -math.inf):
-                await self._board.post(_clear_record(watch.policy_id, watch.cleared_at,
+                await self._board.post(clear_record(watch.policy_id, watch.cleared_at,
                                                      watch.n_decisions))
         return latched + await self._sync_costs(records)
 
@@ -387,12 +384,26 @@ class Monitor:
     async def _audit_label(self, job: AuditJob, label: str) -> None:
         correct = label == job.answer
         watch = self.watches.get(job.policy_id)  # None: the policy was retired meanwhile
-        if watch is not None and self._first_label(job.decision_id, "audit"):
-            self._label(watch, correct, input_key(job.request))
+        if watch is not None:  # a decision a trusted label judged already: its audit counts none
+            first = self._first_label(job.decision_id, "audit")
+            alarm = watch.audited(job.ticket, correct if first else None,
+                                  key=input_key(job.request))
+            if alarm is not None:
+                self.alarmed(alarm)
         if self._events is not None:
             await self._events({"type": "audit", "decision_id": job.decision_id,
                                 "policy_id": job.policy_id, "label": label,
-                                "answer": job.answer, "correct": correct})
+                                "answer": job.answer, "correct": correct,
+                                "probability": job.probability})
+
+    def _audit_lost(self, job: AuditJob) -> None:
+        """An audit capped, dropped or failed: its decision is bet on as one whose label never
+        came (counted right: the weighted test stays valid)."""
+        watch = self.watches.get(job.policy_id)
+        if watch is not None:
+            alarm = watch.audited(job.ticket, None)
+            if alarm is not None:
+                self.alarmed(alarm)
 
     def _label(self, watch: PolicyWatch, correct: bool, key: str | None) -> None:
         alarm = watch.label(correct, key=key)
@@ -460,39 +471,8 @@ class Monitor:
             logger.warning("monitoring record not written to the decision log: %s", exc)
 
 
-# One counter per metrics registry (a second Monitor on the same Metrics shares it).
-_RESET_COUNTERS: weakref.WeakKeyDictionary[Any, Counter] = weakref.WeakKeyDictionary()
-
-
-def _watch_resets(metrics: Metrics) -> Counter:
-    """``slotgate_policy_watch_resets_total{policy, reason}``: watches rebuilt because a reload
-    of the same policy id brought another basis (``reason``: the fields that changed)."""
-    registry = metrics.registry
-    counter = _RESET_COUNTERS.get(registry)
-    if counter is None:
-        counter = _RESET_COUNTERS[registry] = Counter(
-            "slotgate_policy_watch_resets", "Policy watches started afresh because a reload of "
-            "the same policy id changed what they measure against (reason: reference, "
-            "alarm_alpha)", ["policy", "reason"], registry=registry)
-    return counter
-
-
-def _clear_record(policy_id: str, at: float, decision: int, *, shared: bool = False,
-                  detail: str = CLEAR_DETAIL) -> AlarmRecord:
-    return AlarmRecord(policy_id=policy_id, kind="clear", decision=decision, time=at,
-                       detail=detail, shared=shared)
-
-
 def _remember(memory: OrderedDict[str, str], key: str, value: str, limit: int) -> None:
     memory[key] = value
     memory.move_to_end(key)
     while len(memory) > limit:
         memory.popitem(last=False)
-
-
-def _alarm(record: AlarmRecord) -> Alarm | None:
-    """The alarm a record raised; None for an operator's clear and a broken cost promise (its
-    alarm is the cost check's, ``CostChecks.latch``)."""
-    if record.kind == "clear" or record.kind == "cost":
-        return None
-    return Alarm(record.policy_id, record.kind, record.decision, record.time, record.detail)

@@ -8,7 +8,11 @@ own steps (``verdict_on``: per-option bars, margins and the budget as served; a 
 decision climbs its tiers again on the tiers' logged reads, or, logged without them, its logged
 verdict is replayed and counted in ``logged_verdicts``); labels are joined
 by ``router.store.log_join`` and count, as live, for decisions whose fast answer was served,
-and, as live, only audits and trusted keys' labels (a client's labels judge nothing)."""
+and, as live, only audits and trusted keys' labels (a client's labels judge nothing). Where the
+proxy logged its audits' draw probabilities, the weighted test takes every accepted, served,
+new input as live (``router.monitoring.weighted``): an audited one at its logged probability
+with its audit's label, the others as not drawn; an audit label logged without a probability
+(an older log) is taken as a trusted label (one warning says how many)."""
 
 from __future__ import annotations
 
@@ -19,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from calibration.monitoring import Bounds
 from calibration.per_answer import AnswerAccuracy, PerAnswerTally
 from policies.policy import Policy
 from policies.types import OptionScores, Verdict
-from router.monitoring.watch import PolicyWatch, WatchSettings
+from router.monitoring.watch import Alarm, PolicyWatch, WatchSettings
 from router.store.log_join import LabelJoin, distinct_decisions
 from router.store.log_reader import ReadCounts, read_log
-from router.store.records import AlarmRecord, DecisionRecord
+from router.store.records import AlarmRecord, AuditRecord, DecisionRecord
 
 ROLLING = 200  # decisions behind the plotted accept share
 BATCH = 1024  # decisions calibrated in one call (memory: BATCH x options floats)
@@ -83,6 +88,8 @@ class Series:
     damaged_lines: int = 0  # of the whole log
     # A cascade's decisions logged without every tier's read: their logged verdicts replayed.
     logged_verdicts: int = 0
+    # Audit labels logged without their draw probability: taken as trusted labels.
+    unweighted_audits: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """What ``slotgate monitor --json`` prints of this policy."""
@@ -90,7 +97,8 @@ class Series:
                 "per_answer": [row.as_dict() for row in self.per_answer],
                 "tiers": {name: vars(tally) for name, tally in self.tiers.items()},
                 "unfit_decisions": self.unfit, "damaged_lines": self.damaged_lines,
-                "logged_verdicts": self.logged_verdicts}
+                "logged_verdicts": self.logged_verdicts,
+                "unweighted_audits": self.unweighted_audits}
 
     def per_answer_rows(self, *, limit: int = 20) -> list[tuple[str, str]]:
         """The per-answer table's rows, worst first: (answer, accuracy [bounds] (n labelled))."""
@@ -201,7 +209,9 @@ def cascade_verdict(record: DecisionRecord) -> tuple[Verdict, float] | None:
 class _Replay:
     """One policy's state while the log streams past."""
 
-    def __init__(self, policy: Any, logged_alarms: list[dict[str, Any]], damaged: int) -> None:
+    def __init__(self, policy: Any, logged_alarms: list[dict[str, Any]], damaged: int, *,
+                 weighs: bool = False) -> None:
+        self.weighs = weighs  # the log holds audits with their draw probabilities
         self.judge = _Judge(Policy.from_file(policy))
         self.watch = PolicyWatch(WatchSettings.of(policy))
         # A cascade's tiers, each watched on its own reads for drift (label-free, shown only).
@@ -236,11 +246,55 @@ class _Replay:
     def _step(self, record: DecisionRecord, verdict: Verdict, confidence: float,
               labels: LabelJoin) -> None:
         watch, series, i = self.watch, self.series, len(self.series.accepted)
-        raised = watch.observe(confidence, accepted=verdict.accept, caller=record.namespace,
-                               now=record.time or None)
+        counted, raised = watch.take(confidence, accepted=verdict.accept,
+                                     caller=record.namespace, now=record.time or None)
         series.accepted.append(verdict.accept)
+        self._tier_reads(record, i)
+        if watch.drift is not None:
+            series.drift.append(watch.drift.log_value)
+        fast = record.served_fast and record.answer is not None
+        probability = labels.audit_probability(record.decision_id)
+        if self.weighs and counted and verdict.accept and fast:
+            raised = self._weigh(record, confidence, probability, labels, i) or raised
+        joined = labels.label(record.decision_id)
+        if joined is not None and fast and probability is None:
+            correct = joined[0] == record.answer
+            series.unweighted_audits += joined[1] == "slow"
+            raised = watch.label(correct) or raised
+            self._labelled(record, correct, i, watch.trusted.bounds())
+        if record.tier is not None and record.served_fast:
+            series.tiers.setdefault(record.tier, TierTally()).answered += 1
+        if raised is not None:
+            series.alarms.append({"decision": i, "kind": raised.kind, "detail": raised.detail})
+
+    def _weigh(self, record: DecisionRecord, confidence: float, probability: float | None,
+               labels: LabelJoin, i: int) -> Alarm | None:
+        """An auditable decision for the weighted test: audited at its logged probability, with
+        its audit's label, or not drawn."""
+        audit = labels.audit(record.decision_id)
+        drawn = probability is not None and audit is not None
+        draw, raised = self.watch.draw(confidence, ticket=(drawn, probability))
+        if draw is None:
+            return raised
+        correct = audit == record.answer
+        raised = self.watch.audited(draw.ticket, correct) or raised
+        self._labelled(record, correct, i, self.watch.accuracy())
+        return raised
+
+    def _labelled(self, record: DecisionRecord, correct: bool, i: int, bounds: Bounds) -> None:
+        """A label taken: the series' row (with the interval it feeds), the per-answer and the
+        tier's tallies."""
+        self.series.labels.append((i, correct, bounds.lower, bounds.upper))
+        self.tally.add(str(record.answer), correct)
+        if record.tier is not None:
+            tally = self.series.tiers.setdefault(record.tier, TierTally())
+            tally.labelled += 1
+            tally.correct += correct
+
+    def _tier_reads(self, record: DecisionRecord, i: int) -> None:
+        """A cascade's tiers: each read counted and fed to its tier's own watch."""
         for read in record.tiers or ():
-            tally = series.tiers.setdefault(str(read["tier"]), TierTally())
+            tally = self.series.tiers.setdefault(str(read["tier"]), TierTally())
             tally.read += 1
             tier_watch = self.tier_watches.get(str(read["tier"]))
             if tier_watch is not None and tier_watch.drift is not None:
@@ -251,22 +305,6 @@ class _Replay:
                     tally.drift_alarm = i
                 if tier_watch.traffic_tripped and tally.traffic_tripped_at is None:
                     tally.traffic_tripped_at = i
-        if watch.drift is not None:
-            series.drift.append(watch.drift.log_value)
-        joined = labels.label(record.decision_id)
-        if joined is not None and record.served_fast and record.answer is not None:
-            correct = joined[0] == record.answer
-            raised = watch.label(correct) or raised
-            series.labels.append((i, correct, watch.accuracy.lower, watch.accuracy.upper))
-            self.tally.add(record.answer, correct)
-            if record.tier is not None:
-                tally = series.tiers.setdefault(record.tier, TierTally())
-                tally.labelled += 1
-                tally.correct += correct
-        if record.tier is not None and record.served_fast:
-            series.tiers.setdefault(record.tier, TierTally()).answered += 1
-        if raised is not None:
-            series.alarms.append({"decision": i, "kind": raised.kind, "detail": raised.detail})
 
     def finish(self, labels: LabelJoin) -> Series:
         self.flush(labels)
@@ -275,6 +313,11 @@ class _Replay:
             logger.warning("policy %s: %d cascade decisions were logged without every tier's "
                            "read; their logged verdicts are replayed, not judged again",
                            self.series.policy_id, self.judge.logged_verdicts)
+        if self.series.unweighted_audits:
+            logger.warning("policy %s: %d audit labels were logged without their draw "
+                           "probability (an older slotgate drew audits uniformly): they are taken "
+                           "as trusted labels, not by the weighted test", self.series.policy_id,
+                           self.series.unweighted_audits)
         self.series.state = self.watch.report()
         self.series.per_answer = self.tally.table()
         return self.series
@@ -288,11 +331,14 @@ def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
     labels = LabelJoin()
     logged: dict[str, list[dict[str, Any]]] = {}
     made: dict[str, int] = {}  # policy id -> decisions with a fast read
+    weighs: set[str] = set()  # policy ids with audits logged with their draw probability
     seen: set[str] = set()
     for record in read_log(log_path, counts=counts):
         labels.add(record)
         if isinstance(record, AlarmRecord):
             logged.setdefault(record.policy_id, []).append(record.model_dump())
+        elif isinstance(record, AuditRecord) and record.probability is not None:
+            weighs.add(str(record.policy_id))
         elif (isinstance(record, DecisionRecord) and judged(record)
               and record.decision_id not in seen):
             seen.add(record.decision_id)
@@ -301,7 +347,8 @@ def replay_log(log_path: Path, policies: list[Any]) -> list[Series]:
     if not made:
         raise LogError(f"{log_path}: field 'type': the log holds no decisions (no record of "
                        "type 'decision' with a fast read in 'proba')", field="type")
-    replays = {p.policy_id: _Replay(p, logged.get(p.policy_id, []), counts.damaged)
+    replays = {p.policy_id: _Replay(p, logged.get(p.policy_id, []), counts.damaged,
+                                    weighs=p.policy_id in weighs)
                for p in policies if p.policy_id in made}
     if not replays:
         known = ", ".join(sorted(made)) or "none"

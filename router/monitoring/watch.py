@@ -1,31 +1,33 @@
 """One tuned policy watched in production: its one-sided drift martingale on accepted decisions'
 confidences (label-free), its traffic detector on every decision's (buys audits), its accuracy
-test (trusted labels), the live accept share, the alarms they raise and the action those alarms
-call for (``on_alarm``). No I/O: the Monitor feeds it, checkpoints its evidence
-(``state``/``resume``) and decides what to log, share and export."""
+tests (audits drawn by risk and weighted back, ``router.monitoring.weighted``; trusted labels),
+the live accept share, the alarms they raise and the action those alarms call for
+(``on_alarm``). No I/O: the Monitor feeds it, checkpoints its evidence (``state``/``resume``)
+and decides what to log, share and export. Alarm and WatchSettings (``watch_settings``), a
+watch's vocabulary, are imported from here too."""
 
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from typing import Any
 
 from calibration.monitoring import (
     TRAFFIC_BETS,
     AccuracySequence,
     AccuracyShortfallTest,
+    Bounds,
     ConfidenceDropDetector,
     ConfidenceDropTest,
 )
 from calibration.state import DamagedState, count, field, number_value, optional_count
 from router.monitoring.caller_evidence import CALLER_EVIDENCE_SHARE, CallerEvidence
 from router.monitoring.ladder import AlarmKind, Gate, WatchSnapshot, ladder
+from router.monitoring.sections import at_most, section
 from router.monitoring.watch_settings import Alarm, WatchSettings
+from router.monitoring.weighted import TRUSTED_SHARE, Draw, WeightedWatch
 
-# Alarm and WatchSettings (``watch_settings``) are a watch's vocabulary, imported from here too.
 __all__ = ["ACCEPT_WINDOW", "CLOCK_SKEW_S", "DEDUPE_MAX_KEYS", "DEDUPE_WINDOW_S",
            "FALSE_ALARM_HORIZON", "STATE_VERSION", "Alarm", "PolicyWatch", "WatchSettings"]
 
@@ -37,7 +39,7 @@ ACCEPT_WINDOW = 1000  # decisions behind the live accept share
 # about accuracy either.
 DEDUPE_WINDOW_S = 86_400.0
 DEDUPE_MAX_KEYS = 65_536
-STATE_VERSION = 3  # of ``PolicyWatch.state()``
+STATE_VERSION = 4  # of ``PolicyWatch.state()``
 # An operator's clear saved with a time this far ahead of the clock is damage, not skew: a
 # clear in the future would silence every alarm raised until then.
 CLOCK_SKEW_S = 3600.0
@@ -55,13 +57,18 @@ class PolicyWatch:
     false alarm with probability at most ``alarm_alpha`` while traffic looks like the tuning
     rows (or is surer than them) and the policy keeps its promise.
 
-    The accuracy alarm's half is split again between two betting tests on the same labels
-    (``alarm_alpha / 4`` each, a union bound): ``shortfall``, on every label since the watch
-    started, and ``suspect_shortfall``, started afresh at the first moment the traffic detector
-    trips or the drift alarm is raised (a stopping time, so it is a test martingale from
-    there). The second owes nothing to the right answers labelled before the shift, which the
-    first must earn back: the label-free tests say when to start counting, the labels still
-    decide.
+    The accuracy alarm's half is split between three betting tests (a union bound):
+    ``weighted.whole`` (``3 alarm_alpha / 8``), on every auditable accepted decision since the
+    watch started, its audits drawn by risk and weighted back (``router.monitoring.weighted``);
+    ``weighted.suspect`` (``alarm_alpha / 16``), the same started afresh, with stakes for larger
+    breaks, when the traffic detector first trips or the drift alarm is raised (a stopping
+    time, so a test martingale from there), owing nothing to the right answers audited before;
+    ``shortfall`` (``alarm_alpha / 16``), a per-label test on trusted labels only (clients' with
+    the trusted role): a label the watch did not draw has no known draw probability, so it
+    cannot be weighted, and audit labels drawn by risk are no uniform sample for a per-label
+    test. The label-free tests say when to start counting, the labels decide. The gauge
+    (``accuracy``) is the weighted estimate of accepted accuracy; ``trusted`` the trusted
+    labels' own.
 
     The drift test ranks only accepted decisions, against the tuning rows the policy accepted:
     what the promise covers. Decisions under the bar escalate and put no wrong fast answer in
@@ -90,24 +97,31 @@ class PolicyWatch:
         # policy's accepted decisions escalate until the audit queue drains (the Monitor sets
         # and clears it as audits leave the queue).
         self.audits_short = False
-        self.suspect_from: int | None = None  # the decision count when suspect_shortfall started
+        self.suspect_from: int | None = None  # the decision count when traffic turned suspect
         self._recent: deque[bool] = deque(maxlen=ACCEPT_WINDOW)
         self._seen: OrderedDict[str, float] = OrderedDict()
         self._labelled: OrderedDict[str, float] = OrderedDict()  # inputs already labelled
         self._dedupe_window_s = dedupe_window_s
         self._dedupe_max_keys = dedupe_max_keys
+        self.weighted = self._new_weighted()
         self._start_tests()
-        # Seeded, one stream per policy: which accepted decisions get audited is reproducible.
-        self._audit_rng = random.Random(f"{settings.seed}:{settings.policy_id}")
+
+    def _new_weighted(self, first_ticket: int = 0) -> WeightedWatch:
+        settings = self.settings
+        return WeightedWatch(target=settings.target_accuracy, alpha=settings.alarm_alpha,
+                             reference=settings.accepted_reference,
+                             seed=f"{settings.seed}:{settings.policy_id}",
+                             first_ticket=first_ticket)
 
     def _start_tests(self) -> None:
         half = self.settings.alarm_alpha / 2.0
         reference = self.settings.accepted_reference
         self.drift = (None if reference is None else
                       ConfidenceDropTest(reference, alpha=half, seed=self.settings.seed))
-        self.accuracy = AccuracySequence(alpha=half)  # the gauges' interval
-        self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy, alpha=half / 2.0)
-        self.suspect_shortfall: AccuracyShortfallTest | None = None  # see the class docstring
+        self.trusted = AccuracySequence(alpha=half)  # the trusted labels' interval
+        self.shortfall = AccuracyShortfallTest(self.settings.target_accuracy,
+                                               alpha=TRUSTED_SHARE * self.settings.alarm_alpha)
+        self.weighted.restart()
         self.suspect_from = None
         # Every decision against every tuning row: unsure traffic, accepted or not. Not an
         # alarm (a client's unsure messages can trip it): it buys audits (escalate_all:
@@ -121,11 +135,10 @@ class PolicyWatch:
             len(self.traffic.bets), cap=CALLER_EVIDENCE_SHARE * self.traffic.threshold))
 
     def _suspect(self) -> None:
-        """The traffic detector tripped or the drift alarm was raised: start the accuracy test
-        that counts labels from now on (once; an operator's clear restarts every test)."""
-        if self.suspect_shortfall is None:
-            self.suspect_shortfall = AccuracyShortfallTest(
-                self.settings.target_accuracy, alpha=self.settings.alarm_alpha / 4.0)
+        """The traffic detector tripped or the drift alarm was raised: start the weighted test
+        that counts decisions from now on (once; an operator's clear restarts every test)."""
+        if self.weighted.suspect is None:
+            self.weighted.start_suspect()
             self.suspect_from = self.n_decisions
 
     @property
@@ -197,6 +210,8 @@ class PolicyWatch:
                             dedupe_max_keys=self._dedupe_max_keys)
         fresh.alarms = dict(self.alarms)
         fresh.cleared_at = self.cleared_at
+        # Its tickets go on from this one's, so the labels of audits drawn here match nothing.
+        fresh.weighted = fresh._new_weighted(self.weighted.next_ticket)
         return fresh
 
     def observe(self, confidence: float, *, accepted: bool, key: str | None = None,
@@ -241,35 +256,65 @@ class PolicyWatch:
             self.traffic_tripped_at = self.n_decisions
             self._suspect()
 
-    def wants_audit(self) -> bool:
-        """Draw for one accepted decision: audit it?"""
+    def accuracy(self) -> Bounds:
+        """The gauges' accepted accuracy: the weighted estimate (``WeightedAccuracy``); [0, 1]
+        and no labels before an auditable decision was bet on."""
+        gauge = self.weighted.gauge
+        return Bounds(0.0, 1.0, 0, None) if gauge is None else gauge.bounds()
+
+    def draw(self, confidence: float, *, ticket: tuple[bool, float | None] | None = None
+             ) -> tuple[Draw | None, Alarm | None]:
+        """One counted accepted decision the monitor can audit, at the audit rate now (none
+        while it is 0): whether to audit it (``ticket``: a replayed log's draw and probability),
+        and an alarm its bet, or those of earlier ones it let through, raised."""
         rate = self.audit_rate
-        return rate > 0.0 and self._audit_rng.random() < rate
+        if rate <= 0.0:
+            return None, None
+        drawn, probability = (None, None) if ticket is None else ticket
+        taken = self.weighted.enter(confidence, rate, drawn=drawn, probability=probability)
+        return taken, self._weighed()
+
+    def audited(self, ticket: int, correct: bool | None, *, key: str | None = None,
+                now: float | None = None) -> Alarm | None:
+        """An audit's verdict on the drawn decision ``ticket`` of the input ``key`` (None:
+        unknown), or None when it never came (dropped, capped, failed). A label of an input
+        labelled before inside the dedupe window counts as none (one wrong answer repeated is
+        one piece of evidence). Returns an alarm it raised."""
+        if (correct is not None and key is not None
+                and not _first_sight(self._labelled, key, self._window(now),
+                                     self._dedupe_max_keys)):
+            correct = None
+        self.weighted.labelled(ticket, correct)
+        return self._weighed()
+
+    def _weighed(self) -> Alarm | None:
+        test = self.weighted.tripped
+        if test is None or "accuracy" in self.alarms:
+            return None
+        scope = ("" if test is self.weighted.whole else
+                 f" since the traffic turned suspect at decision {self.suspect_from}")
+        return self._raise("accuracy", (
+            f"accepted accuracy is below the target {self.settings.target_accuracy}: the "
+            f"weighted audits' betting test reached {test.log_value:.2f} (log) >= "
+            f"log(1/{test.alpha:g}) after {test.n} audited decisions ({test.labels} "
+            f"labels){scope}; weighted estimate {_fmt(self.accuracy().mean)}"))
 
     def label(self, correct: bool, *, key: str | None = None,
               now: float | None = None) -> Alarm | None:
-        """One labelled accepted decision (an audit or a trusted label) of the input ``key``
-        (None: unknown, counted). A label of an input labelled before inside the dedupe window
-        is not counted: one wrong answer repeated is one piece of evidence, not a campaign.
+        """One trusted label of an accepted decision of the input ``key`` (None: unknown,
+        counted). A label of an input labelled before inside the dedupe window is not counted.
         Returns an alarm it raised."""
         if key is not None and not _first_sight(self._labelled, key, self._window(now),
                                                 self._dedupe_max_keys):
             return None
-        self.accuracy.update(correct)
-        target = self.settings.target_accuracy
-        whole = self.shortfall.update(correct)
-        suspect = self.suspect_shortfall
-        since = suspect is not None and suspect.update(correct)
-        if (whole or since) and "accuracy" not in self.alarms:
-            test = self.shortfall if whole else suspect
-            assert test is not None
-            scope = ("" if whole else f" since the traffic turned suspect at decision "
-                     f"{self.suspect_from}")
+        self.trusted.update(correct)
+        if self.shortfall.update(correct) and "accuracy" not in self.alarms:
+            test = self.shortfall
             return self._raise("accuracy", (
-                f"accepted accuracy is below the target {target}: the betting test's wealth "
-                f"reached {test.log_value:.2f} (log) >= log(1/{test.alpha:g}) after "
-                f"{test.n} labels{scope} ({self.accuracy.bounds().mean:.3f} of all labels "
-                "right)"))
+                f"accepted accuracy is below the target {self.settings.target_accuracy}: the "
+                f"trusted labels' betting test reached {test.log_value:.2f} (log) >= "
+                f"log(1/{test.alpha:g}) after {test.n} labels "
+                f"({_fmt(self.trusted.bounds().mean)} of them right)"))
         return None
 
     def restore(self, alarm: Alarm) -> bool:
@@ -299,7 +344,7 @@ class PolicyWatch:
 
     def report(self) -> dict[str, Any]:
         """The watch's state for the gauges, the replay's series and ``slotgate monitor``."""
-        bounds = self.accuracy.bounds()
+        bounds, trusted, weighted = self.accuracy(), self.trusted.bounds(), self.weighted
         alarm = self.alarm
         gate = self.gate
         return {
@@ -319,11 +364,16 @@ class PolicyWatch:
             "traffic_capped": None if self.callers is None else self.callers.capped,
             "traffic_spent_callers": None if self.callers is None else self.callers.spent(),
             "suspect_from": self.suspect_from,
-            "suspect_labels": None if self.suspect_shortfall is None else self.suspect_shortfall.n,
+            "suspect_labels": None if weighted.suspect is None else weighted.suspect.labels,
+            # the weighted estimate's audit labels; lost: drawn decisions whose label never came
             "labels": bounds.n,
+            "audits_lost": weighted.lost,
+            "audits_overflowed": weighted.overflowed,
             "accuracy": bounds.mean,
             "accuracy_lower": bounds.lower,
             "accuracy_upper": bounds.upper,
+            "trusted_labels": trusted.n,
+            "trusted_accuracy": trusted.mean,
             "target_accuracy": self.settings.target_accuracy,
             "alarm": None if alarm is None else alarm.kind,
             "alarms": sorted(self.alarms),
@@ -335,8 +385,9 @@ class PolicyWatch:
 
     def state(self) -> dict[str, Any]:
         """The evidence so far, as plain JSON values, for ``resume`` in another process: every
-        test's wealth, the ranked confidences, the counts and the accuracy sums.
-        The dedupe windows are not kept: after a restart an input seen before counts once more."""
+        test's wealth, the ranked confidences, the counts, the accuracy sums and the audit
+        design (``WeightedWatch.state``: audits still out count as labels lost). The dedupe
+        windows are not kept: after a restart an input seen before counts once more."""
         return {"version": STATE_VERSION, "basis": self.settings.reference_id,
                 "alpha": self.settings.alarm_alpha, "target": self.settings.target_accuracy,
                 "decisions": self.n_decisions, "counted": self.n_counted,
@@ -347,9 +398,8 @@ class PolicyWatch:
                 "traffic_tripped_at": self.traffic_tripped_at,
                 "traffic_callers": None if self.callers is None else self.callers.state(),
                 "suspect_from": self.suspect_from,
-                "suspect_shortfall": (None if self.suspect_shortfall is None
-                                      else self.suspect_shortfall.state()),
-                "shortfall": self.shortfall.state(), "accuracy": self.accuracy.state()}
+                "weighted": self.weighted.state(),
+                "shortfall": self.shortfall.state(), "trusted": self.trusted.state()}
 
     def resume(self, state: dict[str, Any]) -> bool:
         """Continue from a ``state()`` of this policy's watch in an earlier process. False (and
@@ -371,6 +421,7 @@ class PolicyWatch:
         try:
             self._resume_tests(state, counts)
         except DamagedState:  # nothing half-taken
+            self.weighted = self._new_weighted(self.weighted.next_ticket)
             self._start_tests()
             raise
         self.n_decisions, self.n_counted, self.n_accepted = counts
@@ -381,11 +432,11 @@ class PolicyWatch:
     def _resume_tests(self, state: dict[str, Any], counts: tuple[int, int, int]) -> None:
         decisions, counted, accepted = counts
         if self.drift is not None:
-            _section("drift", self.drift.resume, state)
-            _at_most("drift.n", self.drift.n, min(counted, accepted))
+            section("drift", self.drift.resume, state)
+            at_most("drift.n", self.drift.n, min(counted, accepted))
         if self.traffic is not None:
-            _section("traffic", self.traffic.resume, state)
-            _at_most("traffic.n", self.traffic.n, counted)
+            section("traffic", self.traffic.resume, state)
+            at_most("traffic.n", self.traffic.n, counted)
             tripped_at = optional_count(state, "traffic_tripped_at", low=1, high=decisions)
             if (tripped_at is not None) != self.traffic.alarm:
                 raise DamagedState("traffic_tripped_at must be given exactly when the traffic "
@@ -395,24 +446,25 @@ class PolicyWatch:
             callers_of = self.callers
             if callers is not None and callers_of is not None:
                 traffic = self.traffic
-                _section("traffic_callers",
+                section("traffic_callers",
                          lambda saved: callers_of.resume(saved, ranked=traffic.n), state)
-        _section("shortfall", self.shortfall.resume, state)
-        _section("accuracy", self.accuracy.resume, state)
-        if self.accuracy.n != self.shortfall.n:
-            raise DamagedState(f"accuracy.n must equal shortfall.n (every label counts in "
-                               f"both), got {self.accuracy.n} and {self.shortfall.n}")
-        if field(state, "suspect_shortfall") is not None:
-            suspect_from = count(state, "suspect_from", high=decisions)
-            self._suspect()
-            assert self.suspect_shortfall is not None
-            _section("suspect_shortfall", self.suspect_shortfall.resume, state)
-            _at_most("suspect_shortfall.n", self.suspect_shortfall.n, self.shortfall.n)
-            self.suspect_from = suspect_from
+        section("shortfall", self.shortfall.resume, state)
+        section("trusted", self.trusted.resume, state)
+        if self.trusted.n != self.shortfall.n:
+            raise DamagedState(f"trusted.n must equal shortfall.n (every trusted label counts "
+                               f"in both), got {self.trusted.n} and {self.shortfall.n}")
+        suspect_from = optional_count(state, "suspect_from", high=decisions)
+        section("weighted", self.weighted.resume, state)  # last: it takes all or nothing
+        at_most("weighted.whole.n", self.weighted.whole.n, min(counted, accepted))
+        if (suspect_from is None) != (self.weighted.suspect is None):
+            raise DamagedState("suspect_from must be given exactly when weighted.suspect is, "
+                               f"got {suspect_from!r}")
+        self.suspect_from = suspect_from
 
     def _tripped(self) -> bool:
         return ((self.drift is not None and self.drift.alarm) or self.traffic_tripped
-                or self.shortfall.alarm or self.suspect_shortfall is not None)
+                or self.shortfall.alarm or self.weighted.tripped is not None
+                or self.weighted.suspect is not None)
 
     def _window(self, now: float | None) -> tuple[float, float]:
         return (time.time() if now is None else now), self._dedupe_window_s
@@ -423,26 +475,15 @@ class PolicyWatch:
         return alarm
 
 
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3f}"
+
+
 def _resumed_counts(state: dict[str, Any]) -> tuple[int, int, int]:
     """The decision counts of a saved watch: decisions, distinct inputs, accepted."""
     decisions = count(state, "decisions")
     return decisions, count(state, "counted", high=decisions), count(
         state, "accepted", high=decisions)
-
-
-def _section(name: str, resume: Callable[[dict[str, Any]], None], state: dict[str, Any]) -> None:
-    """``resume(state[name])``, its damage reported under ``name.``."""
-    section = field(state, name)
-    try:
-        resume(section)
-    except DamagedState as exc:
-        raise DamagedState(f"{name}.{exc}") from exc
-
-
-def _at_most(name: str, value: int, most: int) -> None:
-    if value > most:
-        raise DamagedState(f"{name} must be at most {most} (what it could have counted), "
-                           f"got {value}")
 
 
 def _first_sight(seen: OrderedDict[str, float], key: str, window: tuple[float, float],

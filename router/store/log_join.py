@@ -27,6 +27,7 @@ class LabelJoin:
         self._human: dict[str, tuple[float, str]] = {}
         self._client: dict[str, tuple[float, str]] = {}  # untrusted keys' labels, when joined
         self._audit: dict[str, tuple[float, str]] = {}
+        self._probability: dict[str, float] = {}  # of the audit kept, when it was logged
         self._with_untrusted = untrusted
         self._untrusted: set[str] = set()
 
@@ -38,8 +39,12 @@ class LabelJoin:
                     _keep_latest(self._client, record.decision_id, record.time, record.label)
                 return
             _keep_latest(self._human, record.decision_id, record.time, record.label)
-        elif isinstance(record, AuditRecord):
-            _keep_latest(self._audit, record.decision_id, record.time, record.label)
+        elif isinstance(record, AuditRecord) and _keep_latest(
+                self._audit, record.decision_id, record.time, record.label):
+            if record.probability is None:
+                self._probability.pop(record.decision_id, None)
+            else:
+                self._probability[record.decision_id] = record.probability
 
     @property
     def untrusted(self) -> int:
@@ -52,6 +57,10 @@ class LabelJoin:
     def audit(self, decision_id: str) -> str | None:
         found = self._audit.get(decision_id)
         return None if found is None else found[1]
+
+    def audit_probability(self, decision_id: str) -> float | None:
+        """The draw probability logged with the decision's audit (None: none logged)."""
+        return self._probability.get(decision_id)
 
     def label(self, decision_id: str, *, audits: bool = True
               ) -> tuple[str, LabelSource] | None:
@@ -81,7 +90,9 @@ def alarms(records: Iterable[AnyRecord]) -> Iterator[AlarmRecord]:
 
 
 def _keep_latest(labels: dict[str, tuple[float, str]], decision_id: str, at: float,
-                 label: str) -> None:
+                 label: str) -> bool:
     held = labels.get(decision_id)
     if held is None or at >= held[0]:
         labels[decision_id] = (at, label)
+        return True
+    return False

@@ -99,13 +99,14 @@ class Metrics:
             "Share of the tuning rows the policy accepted", ["policy"], registry=r)
         self._policy_accuracy_lower = Gauge(
             "slotgate_policy_accuracy_lower_bound",
-            "Anytime-valid lower confidence bound on accepted accuracy (audits and feedback)",
+            "Anytime-valid lower confidence bound on accepted accuracy (audits weighted by "
+            "their draw probability)",
             ["policy"], registry=r)
         self._policy_accuracy_upper = Gauge(
             "slotgate_policy_accuracy_upper_bound",
             "Anytime-valid upper confidence bound on accepted accuracy", ["policy"], registry=r)
         self._policy_labels = Gauge(
-            "slotgate_policy_labels", "Labelled accepted decisions behind the bounds",
+            "slotgate_policy_labels", "Audit labels behind the accuracy bounds",
             ["policy"], registry=r)
         self._policy_drift = Gauge(
             "slotgate_policy_drift_log_martingale",

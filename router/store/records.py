@@ -127,6 +127,9 @@ class AuditRecord(_Record):
     label: str
     answer: str | None = None
     correct: bool | None = None
+    # The draw probability of the audited decision (``router.monitoring.weighted``); None in a
+    # record written before audits were drawn by risk: the replay takes it as a trusted label.
+    probability: float | None = Field(default=None, gt=0.0, le=1.0)
     time: float = Field(default_factory=time.time)
 
 

@@ -51,13 +51,15 @@ class AlarmView:
 class WatchView:
     """A policy's watch: ``state`` is the receipts' word ("clear", "suspect", "alarmed");
     ``coverage`` the accepted share of every decision since the watch started and ``accuracy``
-    that of the labelled accepted ones, each with its interval at ``level``."""
+    the weighted estimate of accepted accuracy (``PolicyWatch.accuracy``), each with its
+    interval at ``level``; ``trusted_labels`` the trusted labels, tested apart."""
 
     state: str
     decisions: int
     coverage: Interval
     recent_coverage: float | None
     accuracy: Interval
+    trusted_labels: int
     level: float
     alarms: list[AlarmView]
     escalating: bool
@@ -150,13 +152,14 @@ def watch_view(monitor: Monitor, policy_id: str) -> WatchView | None:
     watch = monitor.watches.get(policy_id)
     if watch is None:
         return None
-    # Both intervals at the accuracy sequence's level, so the two read alike.
-    alpha = watch.accuracy.alpha
+    # Both intervals at the accuracy gauge's level (``PolicyWatch.accuracy``), so they read alike.
+    alpha = watch.settings.alarm_alpha / 2.0
     gate = watch.gate
     return WatchView(
         state=state_word(watch.snapshot()), decisions=watch.n_decisions,
         coverage=Interval.of(rate_sequence(watch.n_accepted, watch.n_decisions, alpha=alpha)),
-        recent_coverage=watch.accept_share, accuracy=Interval.of(watch.accuracy.bounds()),
+        recent_coverage=watch.accept_share, accuracy=Interval.of(watch.accuracy()),
+        trusted_labels=watch.trusted.n,
         level=1.0 - alpha,
         alarms=[AlarmView(a.kind, a.time, a.decision, a.detail)
                 for a in sorted(watch.alarms.values(), key=lambda a: a.time)],

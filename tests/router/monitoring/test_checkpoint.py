@@ -25,14 +25,21 @@ from router.monitoring.monitor import Monitor
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from tests.router.monitoring.conftest import DOUBTFUL, watched_policy
 
-POLICY = watched_policy(on_alarm="alert_only")
+POLICY = watched_policy(on_alarm="alert_only", audit_rate=0.3)
 
 
 def lived() -> PolicyWatch:
-    """A watch that saw confident traffic, doubtful accepted traffic and labels."""
+    """A watch that saw confident traffic, doubtful accepted traffic, audits (one still out)
+    and trusted labels."""
     watch = PolicyWatch(WatchSettings.of(POLICY))
+    out = []
     for i in range(60):
         watch.take(0.99 if i % 2 else 0.9, accepted=True, key=f"k{i}", now=0.0)
+        draw, _ = watch.draw(0.99 if i % 2 else 0.9)
+        if draw is not None:
+            out.append(draw.ticket)
+    for i, ticket in enumerate(out[:-1]):
+        watch.audited(ticket, i % 4 != 0)
     for i in range(20):
         watch.label(i % 5 != 0)
     return watch
@@ -81,7 +88,14 @@ DAMAGE: list[tuple[str, dict[str, Any], str]] = [
     ("more ranked confidences than bets", {"drift.ranked": {"9000": 10**6}}, "drift.ranked"),
     ("a drift wealth past the alarm level without an alarm",
      {"drift.wealth": [1 / 3] * 3, "drift.log_scale": 5.0}, "drift.alarm_at"),
-    ("an accuracy sum above its count", {"accuracy.sum": 1e9}, "accuracy.sum"),
+    ("an accuracy sum above its count", {"trusted.sum": 1e9}, "trusted.sum"),
+    ("a weighted test past its decisions", {"weighted.next_ticket": 3}, "weighted.whole.n"),
+    ("a gauge sum no estimate reaches", {"weighted.gauge.sum": 1e9}, "weighted.gauge.sum"),
+    ("a design sum past its stratum", {"weighted.design.sums": [5.0] * 9},
+     "weighted.design.sums[0]"),
+    ("a suspect test without its start", {"weighted.suspect": {"n": 0}},
+     "weighted.suspect_from"),
+    ("more lost audits than decisions", {"weighted.lost": 10**6}, "weighted.lost"),
     ("a trip with no tripped detector", {"traffic_tripped_at": 3}, "traffic_tripped_at"),
     ("a clear in the future", {"cleared_at": time.time() + 10 * 86_400}, "cleared_at"),
     ("a missing field", {"shortfall": {"n": 3}}, "shortfall.wealth"),
@@ -110,6 +124,18 @@ async def test_a_damaged_entry_is_discarded_with_one_warning_naming_the_file_and
     assert strict(path.read_text())[POLICY.policy_id]["decisions"] == 5
 
 
+async def test_a_checkpoint_of_another_format_starts_afresh_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "decisions.jsonl.watch.json"
+    path.write_text(json.dumps({POLICY.policy_id: saved(version=3)}))
+    with caplog.at_level(logging.WARNING, logger="slotgate.monitoring"):
+        monitor, watch = start(path)
+    [warning] = warnings(caplog)
+    assert POLICY.policy_id in warning.getMessage() and "format 3" in warning.getMessage()
+    assert "starts afresh" in warning.getMessage() and watch.n_decisions == 0
+    await monitor.aclose()
+
+
 async def test_a_file_nested_50000_deep_does_not_stop_the_start(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "decisions.jsonl.watch.json"
@@ -135,6 +161,9 @@ def test_a_long_real_run_still_resumes() -> None:
         for _ in range(decisions):
             n += 1
             watch.take(confidence, accepted=accepted, key=str(n), now=0.0)
+            draw, _ = watch.draw(confidence) if accepted else (None, None)
+            if draw is not None and n % 7:  # every seventh audit's label never comes
+                watch.audited(draw.ticket, labels == 1000 or n % 3 != 0)
         for i in range(labels):
             watch.label(i % 3 != 0 if labels == 100 else True)
         copy_ = PolicyWatch(WatchSettings.of(POLICY))

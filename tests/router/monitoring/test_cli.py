@@ -19,7 +19,10 @@ def invoke(*args: object) -> Any:
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def write_log(path: Path, policy_id: str, *, n: int = 600, shift_at: int = 300) -> None:
+def write_log(path: Path, policy_id: str, *, n: int = 600, shift_at: int = 300,
+              probability: float | None = None) -> None:
+    """Every fifth decision audited; ``probability``: the draw probability its audit records
+    (None: none, as an older slotgate wrote)."""
     rng = np.random.default_rng(0)
     lines = []
     for i in range(n):
@@ -29,7 +32,7 @@ def write_log(path: Path, policy_id: str, *, n: int = 600, shift_at: int = 300) 
                       "route": "fast", "escalated": False})
         if i % 5 == 0:  # audited; the audit of every 50th disagrees, a human overrules one
             lines.append({"type": "audit", "decision_id": f"d{i}", "label": "b" if i % 50 == 0
-                          else "a", "policy_id": policy_id})
+                          else "a", "policy_id": policy_id, "probability": probability})
     lines.append({"type": "feedback", "decision_id": "d0", "label": "a"})
     lines.append({"type": "alarm", "policy_id": policy_id, "kind": "drift", "decision": 320,
                   "time": 0.0, "detail": "logged by the proxy"})
@@ -45,7 +48,9 @@ def test_monitor_replays_the_log_into_json_and_a_png(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     [state] = json.loads(result.stdout)["policies"]
     assert state["policy_id"] == policy.policy_id and state["decisions"] == 600
-    assert state["labels"] == 120 and state["accuracy"] == 1 - 11 / 120  # 12 audits say "b"; the human says "a" for d0
+    # Audits logged without a draw probability are trusted labels: 12 say "b"; the human says "a" for d0
+    assert state["trusted_labels"] == 120 and state["trusted_accuracy"] == 1 - 11 / 120
+    assert state["labels"] == 0 and state["unweighted_audits"] == 119
     assert state["alarm"] == "drift" and 300 < state["alarms"][0]["decision"] < 450
     assert len(state["logged_alarms"]) == 1
     png = (tmp_path / "monitor.png").read_bytes()
@@ -53,6 +58,20 @@ def test_monitor_replays_the_log_into_json_and_a_png(tmp_path: Path) -> None:
     table = invoke("monitor", "--log", tmp_path / "log.jsonl", "--policy",
                    tmp_path / "policy.json")
     assert table.exit_code == 0 and "drift at decision" in table.stdout
+
+
+def test_audits_logged_with_their_draw_probability_feed_the_weighted_estimate(
+        tmp_path: Path) -> None:
+    policy = watched_policy(audit_rate=0.2)
+    log = tmp_path / "log.jsonl"
+    write_log(log, policy.policy_id, probability=0.2)
+    state = monitor_json(tmp_path, log, policy)
+    audited = state["labels"]
+    assert 0 < audited <= 120 and state["unweighted_audits"] == 0
+    assert state["trusted_labels"] == 0  # d0's human label meets an audit drawn by risk
+    # Every accepted decision is bet on; the estimate is 1 - mean(Z), inside its interval.
+    assert state["accuracy_lower"] <= state["accuracy"] <= state["accuracy_upper"]
+    assert state["accuracy_upper"] - state["accuracy_lower"] < 1.0
 
 
 def test_monitor_refuses_a_log_without_decisions_or_without_the_policy(tmp_path: Path) -> None:
@@ -89,7 +108,7 @@ def test_a_log_appended_twice_counts_each_decision_once(tmp_path: Path) -> None:
     twice.write_text(once.read_text() * 2)
     single, doubled = monitor_json(tmp_path, once, policy), monitor_json(tmp_path, twice, policy)
     assert doubled["decisions"] == single["decisions"] == 600
-    assert doubled["labels"] == single["labels"] == 120
+    assert doubled["trusted_labels"] == single["trusted_labels"] == 120
     assert doubled["per_answer"] == single["per_answer"]
     for log in (once, twice):  # export-log agrees: each decision once
         out = tmp_path / f"{log.stem}.preds.jsonl"

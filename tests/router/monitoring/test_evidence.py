@@ -112,18 +112,21 @@ def test_the_traffic_test_runs_on_through_an_on_alarm_reload_and_its_suspect_tes
         watch.take(0.9, accepted=True, key=str(i), now=0.0)
     watch.update_settings(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
     assert watch.traffic is not None and watch.traffic.n == 10  # one detector for every action
-    assert watch.suspect_shortfall is None
+    assert watch.weighted.suspect is None
     for i in range(10, 400):  # unsure traffic trips the detector: the suspect test starts
         watch.take(0.05, accepted=False, key=str(i), now=0.0)
         if watch.traffic_tripped:
             break
     assert watch.traffic_tripped and watch.suspect_from == watch.traffic_tripped_at
-    for _ in range(3):
-        watch.label(False)
-    assert watch.suspect_shortfall is not None and watch.suspect_shortfall.n == 3
+    assert watch.audit_rate > 0  # the trip raised it
+    for _ in range(3):  # accepted decisions the weighted suspect test bets on
+        draw, _ = watch.draw(0.9)
+        if draw is not None:
+            watch.audited(draw.ticket, False)
+    suspect = watch.weighted.suspect
+    assert suspect is not None and suspect.n == 3
     resumed = PolicyWatch(WatchSettings.of(watched_policy(on_alarm="escalate_all")))
     assert resumed.resume(json.loads(json.dumps(watch.state())))
-    assert resumed.suspect_from == watch.suspect_from and resumed.suspect_shortfall is not None
-    assert resumed.suspect_shortfall.log_value == pytest.approx(
-        watch.suspect_shortfall.log_value)
+    assert resumed.suspect_from == watch.suspect_from and resumed.weighted.suspect is not None
+    assert resumed.weighted.suspect.log_value == pytest.approx(suspect.log_value)
     assert resumed.traffic is not None and resumed.traffic.n == watch.traffic.n

@@ -77,7 +77,7 @@ def test_client_labels_are_logged_only_and_trusted_ones_count_once_per_input(
         for decision_id in ids:
             posted = label(a, CLIENT, decision_id, "b")
             assert posted.status_code == 200 and posted.json()["trusted"] is False
-        assert watch_a.accuracy.n == 0 and watch_a.alarm is None
+        assert watch_a.trusted.n == 0 and watch_a.alarm is None
         logged = [r for r in map(json.loads, (tmp_path / "a.jsonl").read_text().splitlines())
                   if r.get("type") == "feedback"]
         assert sorted(r["decision_id"] for r in logged) == sorted(ids)
@@ -91,7 +91,7 @@ def test_client_labels_are_logged_only_and_trusted_ones_count_once_per_input(
         for decision_id in [*own, own[0]]:
             posted = label(a, TRUSTED, decision_id, "b")
             assert posted.status_code == 200 and posted.json()["trusted"] is True
-        assert watch_a.accuracy.n == 1 and watch_a.alarm is None
+        assert watch_a.trusted.n == 1 and watch_a.alarm is None
 
         # Wrong answers on distinct inputs are evidence: the alarm, then the fleet escalates.
         for word in ("lost", "stolen", "blocked", "frozen", "declined", "expired", "damaged"):

@@ -12,9 +12,11 @@ from typing import Any
 
 import httpx
 
+from policies.file import load_policy
 from policies.types import DecisionRequest
 from router.backends.mock import MockBackend
 from router.http.state import app_state
+from router.monitoring.replay import replay_log
 from router.settings import Settings
 from standins.llm import StandinHandle
 from tests.live import LiveServer
@@ -70,6 +72,8 @@ def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
         while monitor.audits.counts.done < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(standin.calls()) == 5  # every accepted decision, after its reply
+        weighted = monitor.watches[policy_id].weighted
+        assert weighted.whole.n == weighted.whole.labels == 5 and weighted.pending == 0
         feedback = httpx.post(f"{server.url}/v1/feedback",
                               json={"decision_id": ids[0], "label": "b"}, timeout=10)
         assert feedback.status_code == 200, feedback.text
@@ -77,6 +81,11 @@ def test_audits_gauges_feedback_and_the_alarm_action(tmp_path: Path,
     audits = records(tmp_path, "audit")
     assert sorted(a["decision_id"] for a in audits) == sorted(ids)
     assert all(a["correct"] and a["policy_id"] == policy_id for a in audits)
+    assert all(a["probability"] == 1.0 for a in audits)  # audit rate 1: every decision drawn
+    # The replay weighs the logged audits as the proxy did (the feedback came after them).
+    [replayed] = replay_log(tmp_path / "decisions.jsonl", [load_policy(tmp_path / "policy.json")])
+    assert replayed.state["labels"] == 5 and replayed.unweighted_audits == 0
+    assert replayed.state["accuracy"] == 1.0
     assert metric_value(metrics, "slotgate_audits_total", policy=policy_id, result="done") == 5
     assert metric_value(metrics, "slotgate_policy_labels", policy=policy_id) == 5  # not 6
     # five labels are too few to bound accuracy away from 0, but the gauges are there

@@ -215,8 +215,13 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
     assert sorted(asked) == ["q0", "q2", "q3", "q4"]
     audits = {r.decision_id: r for r in events.records if isinstance(r, AuditRecord)}
     assert audits["d0"].correct and not audits["d2"].correct and "d3" not in audits
+    assert {r.probability for r in audits.values()} == {1.0}  # every decision drawn at rate 1
     watch = monitor.watches[pid]
-    assert watch.accuracy.n == 3 and watch.accuracy.bounds().mean == pytest.approx(2 / 3)
+    # Four decisions bet in order: three labels, one wrong; the failed audit (d3) counts as
+    # right (no label came), so the weighted estimate is 3/4.
+    assert watch.accuracy().n == 3 and watch.accuracy().mean == pytest.approx(3 / 4)
+    assert watch.weighted.whole.n == 4 and watch.weighted.lost == 1
+    assert watch.weighted.pending == 0
     counts = monitor.audits.counts
     assert (counts.done, counts.failed, counts.dropped) == (3, 1, 0)
     # feedback for an audited decision is not counted twice; for a new one it is; for an
@@ -224,7 +229,7 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
     await monitor.labelled(Label("d0", pid, True, False, "feedback"))
     await monitor.labelled(Label("d9", pid, True, True, "feedback"))
     await monitor.labelled(Label("d8", pid, False, True, "feedback"))
-    assert watch.accuracy.n == 4
+    assert watch.trusted.n == 1 and watch.accuracy().n == 3
     await monitor.aclose()
 
     gate = asyncio.Event()
@@ -240,6 +245,9 @@ async def test_audits_label_accepted_decisions_and_a_full_queue_drops() -> None:
     await asyncio.sleep(0)  # the worker takes one; one waits; the others find the queue full
     decide(small, policy, 0.98, 9)
     assert small.audits.counts.dropped >= 2
+    # The dropped audits' decisions are bet as unlabelled; the one in work still waits.
+    assert small.watches[pid].weighted.lost == small.audits.counts.dropped
+    assert small.watches[pid].weighted.pending >= 1
     assert f'slotgate_audits_total{{policy="{pid}",result="dropped"}}' in metrics.render().decode()
     gate.set()
     await small.aclose()
@@ -313,3 +321,27 @@ def test_a_reload_with_the_same_reference_keeps_the_running_watch(
     assert (watch.n_decisions, watch.n_counted, watch.drift.log_value) == evidence  # type: ignore[union-attr]
     assert watch.audit_rate == 0.2  # the action field still applies at once
     assert "starts afresh" not in caplog.text and resets(metrics) == []
+
+
+async def test_a_trusted_label_before_the_audit_leaves_the_audit_unlabelled() -> None:
+    """The first label of a decision counts: a trusted label that comes while its audit is out
+    goes to the trusted labels' test, and the audit's decision is bet on as unlabelled."""
+    release = asyncio.Event()
+
+    async def slow(req: DecisionRequest) -> str:
+        await release.wait()
+        return "b"
+
+    monitor = Monitor(answer=slow)
+    policy = watched_policy(audit_rate=1.0, on_alarm="alert_only")
+    monitor.watch(policy)
+    watch = monitor.watches[policy.policy_id]
+    decide(monitor, policy, 0.98, 0)
+    await asyncio.sleep(0)
+    assert watch.weighted.pending == 1
+    await monitor.labelled(Label("d0", policy.policy_id, True, True, "feedback"))
+    release.set()
+    await monitor.audits.join()
+    assert watch.trusted.n == 1 and watch.weighted.lost == 1 and watch.weighted.pending == 0
+    assert watch.accuracy().n == 0 and watch.accuracy().mean == 1.0  # no label, counted right
+    await monitor.aclose()

@@ -88,15 +88,16 @@ def test_the_page_shows_question_promise_live_figures_alarm_and_last_decisions(
             page = client.get("/operator").text
         watch = app_state(server.app).service.monitor.watches[policy_id]
         coverage = rate_sequence(watch.n_accepted, watch.n_decisions,
-                                 alpha=watch.accuracy.alpha)
-        accuracy = watch.accuracy.bounds()
+                                 alpha=watch.settings.alarm_alpha / 2)
+        accuracy = watch.accuracy()
     assert "<code>pick</code>" in page and "3: a, b, c" in page  # the question and its options
     assert "at least\n  <strong>0.95</strong>" in page and "accepted\n  <strong>0.600</strong>" in page
     assert (f'data-figure="coverage">{share(coverage.mean)} [{share(coverage.lower)}, '
             f"{share(coverage.upper)}]") in page
     assert (f'data-figure="accuracy">{share(accuracy.mean)} [{share(accuracy.lower)}, '
             f"{share(accuracy.upper)}]") in page
-    assert accuracy.n == 1 and "1 labels" in page
+    # no auditor: no weighted estimate yet; the trusted label is counted apart
+    assert accuracy.n == 0 and "0 labels; 1 trusted labels apart" in page
     assert ALARM_DETAIL in page and 'action="/operator/alarms/clear"' in page
     assert all(d["decision_id"] in page for d in decisions)
     assert "state two" not in page  # the messages themselves are never shown
