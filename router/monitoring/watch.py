@@ -257,8 +257,7 @@ class PolicyWatch:
             self._suspect()
 
     def accuracy(self) -> Bounds:
-        """The gauges' accepted accuracy: the weighted estimate (``WeightedAccuracy``); [0, 1]
-        and no labels before an auditable decision was bet on."""
+        """The gauges' accepted accuracy, the weighted estimate (``WeightedAccuracy``)."""
         gauge = self.weighted.gauge
         return Bounds(0.0, 1.0, 0, None) if gauge is None else gauge.bounds()
 
