@@ -21,11 +21,12 @@ NOVEL_LABEL = -2
 
 
 def evaluate(policy: Policy, options: tuple[str, ...], proba: FloatArray | Sequence[FloatArray],
-             y_true: NDArray[np.int64], *, n_resamples: int = 300, seed: int = 0
-             ) -> dict[str, Any]:
+             y_true: NDArray[np.int64], *, n_resamples: int = 300, seed: int = 0,
+             cost_blocks: tuple[float, int] | None = None) -> dict[str, Any]:
     """Apply a policy to labelled reads (``proba``: one (n_rows, n_options) array per tier, in
     its tier order; one array for a one-tier policy) and measure it, intervals Clopper-Pearson
-    for proportions and bootstrap for ECE; ``per_answer`` worst first."""
+    for proportions and bootstrap for ECE; ``per_answer`` worst first. ``cost_blocks``: a cost
+    promise's share and block, measured on the rows in their order (``block_shares``)."""
     probas = [proba] if isinstance(proba, np.ndarray) else list(proba)
     judged = policy.judge(probas)
     rows = np.arange(len(y_true))
@@ -51,7 +52,22 @@ def evaluate(policy: Policy, options: tuple[str, ...], proba: FloatArray | Seque
     else:
         metrics.update(_tiers(policy, probas, judged, correct, y_true))
     metrics["per_answer"] = per_answer(options, answers, accepted, correct)
+    if cost_blocks is not None:
+        share, block = cost_blocks
+        metrics["cost_promise"] = block_shares(judged.escalated, share=share, block=block)
     return metrics
+
+
+def block_shares(escalated: NDArray[np.bool_], *, share: float, block: int) -> dict[str, Any]:
+    """A cost promise on these rows (``policies.file.CostPromiseRecord``): the rows cut, in
+    their order, into consecutive fixed blocks of ``block`` (a last, shorter one left out), each
+    block's slow share, and how many exceed ``share``; ``blocks`` 0 when the rows fill none."""
+    n_blocks = len(escalated) // block
+    shares = escalated[:n_blocks * block].reshape(n_blocks, block).mean(axis=1)
+    return {"share": share, "block": block, "blocks": n_blocks,
+            "blocks_over": int((shares > share).sum()),
+            "worst_block_share": float(shares.max()) if n_blocks else None,
+            "slow_share": float(escalated.mean()) if len(escalated) else None}
 
 
 def _interval(k: int, m: int) -> list[float]:

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import typer
+
 from router.cli.common import (
     fail,
     fmt,
@@ -90,6 +92,17 @@ def cost_rows(policy: PolicyFile) -> list[tuple[str, str]]:
         ("coverage: both promises / accuracy alone",
          f"{policy.coverage:.4f} / {cost.coverage_alone:.4f}"),
     ]
+
+
+def show_block_shares(blocks: dict[str, Any]) -> None:
+    """``slotgate eval``'s line on a cost promise (``policies.evaluation.block_shares``)."""
+    if not blocks["blocks"]:
+        typer.echo(f"cost promise: these rows fill no block of {blocks['block']} decisions")
+        return
+    typer.echo(f"cost promise: {blocks['blocks_over']} of {blocks['blocks']} blocks of "
+               f"{blocks['block']} rows (in file order) over the slow share {blocks['share']:g};"
+               f" worst block {blocks['worst_block_share']:.4f}, all rows "
+               f"{blocks['slow_share']:.4f}")
 
 
 def show_cascade_metrics(metrics: dict[str, Any], tuned: PolicyFile, *, n_files: int) -> None:

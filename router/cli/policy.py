@@ -304,7 +304,7 @@ def evaluate(
     """
     from policies.evaluation import evaluate as evaluate_policy
     from policies.policy import Policy
-    from router.cli.cascade import show_cascade_metrics
+    from router.cli.cascade import show_block_shares, show_cascade_metrics
     from router.cli.policy_ref import read_policy
 
     if report is not None:
@@ -316,8 +316,10 @@ def evaluate(
     first = data[0]
     mask = first.scored
     try:
+        cost = tuned.cost_promise
         metrics = evaluate_policy(runtime, first.options, [read.proba[mask] for read in data],
-                                  first.y_true[mask])
+                                  first.y_true[mask],
+                                  cost_blocks=None if cost is None else (cost.share, cost.block))
     except ValueError as exc:
         fail(f"{preds_files[0]}: {exc}")
     one_tier = len(runtime.tiers_) == 1
@@ -337,6 +339,8 @@ def evaluate(
         show_metrics(metrics, tuned, where=str(preds_files[0]), answers=answers)
     else:
         show_cascade_metrics(metrics, tuned, n_files=len(preds_files))
+    if "cost_promise" in metrics and not as_json:
+        show_block_shares(metrics["cost_promise"])
 
 
 def eval_inputs(files: list[Path], tuned: PolicyFile, runtime: Policy, *, policy: str,
