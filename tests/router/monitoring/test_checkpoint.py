@@ -7,7 +7,6 @@ share one checkpoint."""
 
 from __future__ import annotations
 
-import copy
 import errno
 import json
 import logging
@@ -24,6 +23,7 @@ from router.monitoring.checkpoint import CheckpointInUse, check_unclaimed
 from router.monitoring.monitor import Monitor
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from tests.router.monitoring.conftest import DOUBTFUL, watched_policy
+from tests.router.monitoring.states import changed
 
 POLICY = watched_policy(on_alarm="alert_only", audit_rate=0.3)
 
@@ -47,14 +47,7 @@ def lived() -> PolicyWatch:
 
 def saved(**changes: Any) -> dict[str, Any]:
     """The lived watch's state with ``changes`` applied (``"drift.wealth"`` reaches inside)."""
-    state = copy.deepcopy(lived().state())
-    for path, value in changes.items():
-        *parents, name = path.split(".")
-        target = state
-        for parent in parents:
-            target = target[parent]
-        target[name] = value
-    return state
+    return changed(lived().state(), changes)
 
 
 def start(path: Path) -> tuple[Monitor, PolicyWatch]:

@@ -8,7 +8,6 @@ operator's clear came after it."""
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import re
@@ -25,6 +24,7 @@ from router.monitoring.monitor import Monitor
 from router.monitoring.startup import restore_from_log
 from router.store.records import AlarmRecord, encode
 from tests.router.monitoring.conftest import watched_policy
+from tests.router.monitoring.states import changed
 from tests.router.monitoring.test_cost import feed, promised
 
 POLICY = promised(on_cost_alarm="serve_unverified")
@@ -44,14 +44,7 @@ def broken() -> CostWatch:
 
 def saved(**changes: Any) -> dict[str, Any]:
     """The broken check's state with ``changes`` applied (``"test.wealth"`` reaches inside)."""
-    state = copy.deepcopy(broken().state())
-    for path, value in changes.items():
-        *parents, name = path.split(".")
-        target = state
-        for parent in parents:
-            target = target[parent]
-        target[name] = value
-    return state
+    return changed(broken().state(), changes)
 
 
 def started(path: Path) -> Monitor:
