@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 from calibration.state import DamagedState
-from router.monitoring.weighted import WeightedAccuracy, WeightedWatch, lowest_probability
+from router.monitoring.weighted import (
+    WHOLE_SHARE,
+    WeightedAccuracy,
+    WeightedWatch,
+    lowest_probability,
+)
 
 REFERENCE = tuple(float(c) for c in np.random.default_rng(0).uniform(0.9, 1.0, size=400))
 
@@ -147,7 +152,8 @@ def alarms(streams: int, decisions: int, *, shortfall: float, seed: int) -> int:
     rng = np.random.default_rng(seed)
     raised = 0
     for s in range(streams):
-        watch = WeightedWatch(target=0.95, alpha=0.4, reference=REFERENCE, seed=f"s{s}")
+        watch = WeightedWatch(target=0.95, alpha=0.1 / WHOLE_SHARE, reference=REFERENCE,
+                              seed=f"s{s}")
         confidence = rng.uniform(0.9, 1.0, size=decisions)
         wrong = rng.random(decisions) < 1.0 - confidence + shortfall
         for c, w in zip(confidence.tolist(), wrong.tolist(), strict=True):
@@ -166,6 +172,8 @@ def test_at_the_edge_of_the_promise_the_alarm_is_false_at_most_alpha_and_a_break
     test (alpha 0.1 here) alarms in at most alpha of the streams, plus three binomial standard
     errors; ten points below, it alarms in nearly every stream."""
     streams, alpha = 200, 0.1
+    assert WeightedWatch(target=0.95, alpha=alpha / WHOLE_SHARE, reference=REFERENCE,
+                         seed="s").whole.alpha == pytest.approx(alpha)
     false = alarms(streams, 1500, shortfall=0.0, seed=3) / streams
     assert false <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / streams)
     assert alarms(20, 1500, shortfall=0.10, seed=4) >= 18
