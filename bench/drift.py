@@ -179,15 +179,23 @@ def shifted_order(n_stream: int, n_all: int, *, n_pre: int, n_post: int, share: 
 
 def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, Any]:
     """The proxy's monitoring fed row by row, audits answered at once with the true label.
-    Audit draws go on after an alarm as if no action were taken (``labelled``), so a peer given
-    the same labels is never starved of them by slotgate's escalation."""
+    Audit draws go on after an alarm as if no action were taken (``labelled``). A peer that
+    reads its labels as a uniform sample (MAPIE) gets its own (``uniform``): each accepted row
+    drawn at the watch's audit rate of the moment, by its own seeded draw, so it has the same
+    expected labels and is never starved of them by slotgate's escalation."""
+    import random
+
     from router.monitoring.watch import PolicyWatch
 
     watch = PolicyWatch(settings)
+    peer = random.Random(f"uniform:{settings.seed}")
     labelled: list[int] = []  # positions in ``order`` of accepted rows drawn for an audit
+    uniform: list[int] = []  # ... drawn uniformly, for the peer
     alarm_row = escalated_row = None
     for position, i in enumerate(order):
         accepted = bool(rows.accepted[i])
+        if accepted and peer.random() < watch.audit_rate:
+            uniform.append(position)
         watch.observe(float(rows.confidence[i]), accepted=accepted)
         draw = watch.draw(float(rows.confidence[i]))[0] if accepted else None
         if draw is not None:
@@ -198,17 +206,19 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
             alarm_row = position
         if escalated_row is None and watch.gate.escalate:
             escalated_row = position
-    return {"alarm_row": alarm_row, "labelled": labelled, "escalated_row": escalated_row,
+    return {"alarm_row": alarm_row, "labelled": labelled, "uniform": uniform,
+            "escalated_row": escalated_row,
             "alarm_kind": None if watch.alarm is None else watch.alarm.kind}
 
 
 def mapie_alarm_row(run: dict[str, Any], rows: Scored, order: NDArray[np.int64],
                     target: float) -> int | None:
-    """MAPIE's RiskMonitoring on a replay's audit labels, alarmed once its online lower bound
-    on the error rate passes 1 - target (the promise slotgate's accuracy alarm checks)."""
+    """MAPIE's RiskMonitoring on a replay's uniform labels (``uniform``: it reads its labels as
+    a uniform sample, which slotgate's risk-drawn audits are not), alarmed once its online lower
+    bound on the error rate passes 1 - target (the promise slotgate's accuracy alarm checks)."""
     from mapie.exchangeability_testing import RiskMonitoring
 
-    positions = run["labelled"]
+    positions = run["uniform"]
     if not positions:
         return None
     index = order[positions]

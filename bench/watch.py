@@ -332,14 +332,20 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
            shift_at: int | None, callers: Sequence[str] | None = None) -> dict[str, Any]:
     """The proxy's PolicyWatch fed row by row under ``action``, each row from its caller (None:
     one caller): a gated decision escalates (a slow call, never audited), an audited one is a
-    slow call too (its label counts at once)."""
+    slow call too (its label counts at once). ``uniform``: the rows a peer that reads its labels
+    as a uniform sample (MAPIE) gets, each served, new, accepted row drawn at the watch's audit
+    rate of the moment by its own seeded draw (not slow calls here)."""
+    import random
+
     from router.monitoring.fingerprint import normalised
     from router.monitoring.watch import PolicyWatch
 
     watch = PolicyWatch(replace(settings, on_alarm=action))
+    peer = random.Random(f"uniform:{settings.seed}")
     first_alarm = escalated_from = traffic_row = None
     kind = None
     labelled: list[int] = []
+    uniform: list[int] = []
     wrong_after = slow_after = slow_all = 0
     for position, i in enumerate(order):
         gated = watch.gate.escalate
@@ -350,6 +356,8 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
         counted, _ = watch.take(float(rows.confidence[i]), accepted=accepted,
                                 key=normalised(rows.texts[i]), now=0.0,
                                 caller="" if callers is None else callers[position])
+        if served and counted and peer.random() < watch.audit_rate:
+            uniform.append(position)
         draw = watch.draw(float(rows.confidence[i]))[0] if served and counted else None
         audited = draw is not None
         if draw is not None:  # drawn by risk, its label bet by the weighted test
@@ -367,7 +375,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
     return {"alarm_row": first_alarm, "alarm_kind": kind, "escalated_from": escalated_from,
             "traffic_row": traffic_row,
             "traffic_capped": 0 if watch.callers is None else watch.callers.capped,
-            "labelled": labelled, "wrong_after": wrong_after, "slow_after": slow_after,
+            "labelled": labelled, "uniform": uniform, "wrong_after": wrong_after, "slow_after": slow_after,
             "slow_all": slow_all}
 
 
@@ -386,7 +394,7 @@ def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, A
         settings = replace(scenario.settings, seed=r)
         for action in actions:
             runs[action].append(replay(scenario.rows, order, settings, action, shift_at, callers))
-        peer_run = runs[actions[0]][-1]  # audit labels drawn with no action (benign: the ladder's)
+        peer_run = runs[actions[0]][-1]  # labels drawn with no action (benign: the ladder's)
         mapie_rows.append(mapie_alarm_row(peer_run, scenario.rows, order, target))
         window = order if shift_at is None else order[shift_at:]
         served = scenario.rows.accepted[window]
