@@ -32,8 +32,8 @@ gives ``(variance, loss)`` in the form ``WeightedShortfallTest.update``'s ``scal
 loss the largest over every stratum. It must be the same for every decision: a cap set by the
 decision's own loss makes the stake depend on the decision's risk (small where ``pi`` is small,
 on sure answers), and the bet then wins on the risky decisions' own error rate, above the
-average the promise is about (``bench.auditor_evidence`` measured false alarms in most runs at
-the edge that way).
+average the promise is about (a development run of ``bench.auditor_evidence`` that capped
+that way alarmed in most runs on reads whose accuracy kept the promise).
 
 A bet at that cap loses everything on the least estimate, and the two-phase estimate meets it
 often (an audit the auditor flags that a trusted label finds right, on a sure decision): every
@@ -200,12 +200,12 @@ class TwoPhaseShortfallTest(WeightedShortfallTest):
         if not variance >= self.allowed * self.target:
             raise ValueError(f"variance must be at least {self.allowed * self.target:g} (a "
                              f"label's own at the edge), got {variance!r}")
-        if audited:
-            self.labels += 1
-            self.trusted += int(trusted)
         d = 0.0 if audit_error is None else check_fraction(audit_error, name="audit_error")
         if d > most_error:
             raise ValueError(f"audit_error {d!r} is above most_error {most_error!r}")
+        if audited:
+            self.labels += 1
+            self.trusted += int(trusted)
         z = float(two_phase_estimate(q, probability, audited, d, trusted, bool(wrong),
                                      rho=self.rho))
         self._bet((z - self.allowed) / variance,
