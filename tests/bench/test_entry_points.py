@@ -41,6 +41,7 @@ HAS_QUICK = {m for m in RUNNABLE if '"--quick"' in source(m)}
 
 # Extra arguments of each quick run: where it may write ({tmp} is the test's folder).
 QUICK_ARGS: dict[str, list[str]] = {
+    "auditor_evidence": ["--work", "{tmp}/work", "--out", "{tmp}/auditor_evidence.json"],
     "break_power": ["--work", "{tmp}/work", "--out", "{tmp}/break_power.json"],
     "cache": [],
     "cascade": ["--work", "{tmp}/work", "--out", "{tmp}/cascade.json",
