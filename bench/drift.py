@@ -5,8 +5,10 @@ known row, a share of the stream comes from those intents and the fast tier's ac
 falls below the target. Measured:
   - replays, in-process (the monitoring code the proxy runs, fed row by row): the false-alarm
     rate on unshifted streams and the detection delay after the shift, for slotgate's
-    label-free drift alarm plus its audited-accuracy alarm, and for MAPIE's RiskMonitoring given
-    the same audit labels;
+    label-free drift alarm plus its audited-accuracy alarm under the policy's action; and, as
+    if no action were taken (every accepted answer served, audits drawn throughout), the
+    accuracy alarm on its risk-drawn audits against MAPIE's RiskMonitoring on uniform audits
+    at the same rate (it reads its labels as a uniform sample);
   - one live run: the proxy under uvicorn (TF-IDF fast tier, the stand-in LLM as slow model and
     auditor, audits on, on_alarm: escalate_all) taking the shifted stream through the OpenAI SDK;
     wrong fast answers served after the shift, against the same stream with alarms ignored.
@@ -54,22 +56,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     settings = WatchSettings.of(policy)
     n_pre, n_post = args.pre_rows, args.post_rows
 
-    null_alarms = null_escalations = mapie_null_alarms = 0
+    # Each stream twice: under the policy's action, and as if no action were taken (every
+    # accepted answer served and audited as drawn), where the accuracy alarm and MAPIE get the
+    # same audit budget: the watch its risk draws, MAPIE uniform ones at the same rate.
+    null_alarms = null_escalations = mapie_null_alarms = accuracy_null_alarms = 0
     for r in range(args.null_replays):
         order = np.random.default_rng(10_000 + r).permutation(n_stream)[:n_pre + n_post]
         run = replay(rows, order, replace(settings, seed=r))
+        quiet = replay(rows, order, replace(settings, seed=r, on_alarm="alert_only"))
         null_alarms += run["alarm_row"] is not None
         null_escalations += run["escalated_row"] is not None
-        mapie_null_alarms += mapie_alarm_row(run, rows, order, policy.target_accuracy) is not None
-    delays, escalations, mapie_delays, kinds = [], [], [], []
+        accuracy_null_alarms += quiet["accuracy_row"] is not None
+        mapie_null_alarms += mapie_alarm_row(quiet, rows, order,
+                                             policy.target_accuracy) is not None
+    delays, escalations, mapie_delays, accuracy_delays, kinds = [], [], [], [], []
     for r in range(args.shift_replays):
         order = shifted_order(n_stream, len(rows.texts), n_pre=n_pre, n_post=n_post,
                               share=args.shift_share, seed=20_000 + r)
         run = replay(rows, order, replace(settings, seed=r))
+        quiet = replay(rows, order, replace(settings, seed=r, on_alarm="alert_only"))
         delays.append(delay(run["alarm_row"], n_pre, n_post))
         escalations.append(delay(run["escalated_row"], n_pre, n_post))
         kinds.append(run["alarm_kind"])
-        mapie_delays.append(delay(mapie_alarm_row(run, rows, order, policy.target_accuracy),
+        accuracy_delays.append(delay(quiet["accuracy_row"], n_pre, n_post))
+        mapie_delays.append(delay(mapie_alarm_row(quiet, rows, order, policy.target_accuracy),
                                   n_pre, n_post))
 
     order = shifted_order(n_stream, len(rows.texts), n_pre=n_pre, n_post=n_post,
@@ -91,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "escalation_delay_median": float(np.median(escalations)),
         "escalated_share": float(np.mean([d <= n_post for d in escalations])),
         "alarm_kinds": {k: kinds.count(k) for k in sorted(set(map(str, kinds)))},
+        # as if no action were taken: the watch's accuracy alarm on its risk-drawn audits
+        "accuracy_false_alarm_rate_no_action": accuracy_null_alarms / args.null_replays,
+        "accuracy_delay_median_no_action": float(np.median(accuracy_delays)),
+        "accuracy_detected_share_no_action": float(np.mean([d <= n_post
+                                                            for d in accuracy_delays])),
         "mapie_detection_delay_median": float(np.median(mapie_delays)),
         "mapie_detected_share": float(np.mean([d <= n_post for d in mapie_delays])),
         "delay_when_missed": n_post + 1,  # a replay with no alarm in the window counts so
@@ -117,6 +132,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
          result["mapie_detection_delay_median"]),
         ("median rows to escalation (alarm or traffic trip)", result["escalation_delay_median"],
          "-"),
+        ("as if no action: accuracy alarm's false-alarm rate",
+         f"{result['accuracy_false_alarm_rate_no_action']:.3f}",
+         f"{result['mapie_false_alarm_rate']:.3f}"),
+        ("as if no action: median rows to the accuracy alarm",
+         result["accuracy_delay_median_no_action"], result["mapie_detection_delay_median"]),
+        ("as if no action: replays with an accuracy alarm in the window",
+         result["accuracy_detected_share_no_action"], result["mapie_detected_share"]),
         ("replays detected within the window", result["detected_share"],
          result["mapie_detected_share"]),
         ("wrong fast answers after the shift", (f"{result['wrong_accepted_after_shift_with_action']}"
@@ -191,7 +213,7 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
     peer = random.Random(f"uniform:{settings.seed}")
     labelled: list[int] = []  # positions in ``order`` of accepted rows drawn for an audit
     uniform: list[int] = []  # ... drawn uniformly, for the peer
-    alarm_row = escalated_row = None
+    alarm_row = escalated_row = accuracy_row = None
     for position, i in enumerate(order):
         accepted = bool(rows.accepted[i])
         if accepted and peer.random() < watch.audit_rate:
@@ -204,9 +226,12 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
             watch.audited(draw.ticket, None if watch.gate.escalate else bool(rows.correct[i]))
         if alarm_row is None and watch.alarm is not None:
             alarm_row = position
+        if accuracy_row is None and "accuracy" in watch.alarms:
+            accuracy_row = position
         if escalated_row is None and watch.gate.escalate:
             escalated_row = position
-    return {"alarm_row": alarm_row, "labelled": labelled, "uniform": uniform,
+    return {"alarm_row": alarm_row, "accuracy_row": accuracy_row, "labelled": labelled,
+            "uniform": uniform,
             "escalated_row": escalated_row,
             "alarm_kind": None if watch.alarm is None else watch.alarm.kind}
 
