@@ -5,8 +5,8 @@ known row, a share of the stream comes from those intents and the fast tier's ac
 falls below the target. Measured:
   - replays, in-process (the monitoring code the proxy runs, fed row by row): the false-alarm
     rate on unshifted streams and the detection delay after the shift, for slotgate's
-    label-free drift alarm plus its audited-accuracy alarm under the policy's action; and, as
-    if no action were taken (every accepted answer served, audits drawn throughout), the
+    label-free drift alarm plus its audited-accuracy alarm under the policy's action; and,
+    under the default ladder (audit_then_escalate: the traffic trip boosts audits), the
     accuracy alarm on its risk-drawn audits against MAPIE's RiskMonitoring on uniform audits
     at the same rate (it reads its labels as a uniform sample);
   - one live run: the proxy under uvicorn (TF-IDF fast tier, the stand-in LLM as slow model and
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -56,14 +57,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     settings = WatchSettings.of(policy)
     n_pre, n_post = args.pre_rows, args.post_rows
 
-    # Each stream twice: under the policy's action, and as if no action were taken (every
-    # accepted answer served and audited as drawn), where the accuracy alarm and MAPIE get the
-    # same audit budget: the watch its risk draws, MAPIE uniform ones at the same rate.
+    # Each stream twice: under the policy's action, and under the default ladder
+    # (audit_then_escalate: the trip raises the audit rate to audit_boost; draws go on after its
+    # alarm), where the accuracy alarm and MAPIE get the same audit budget: the watch its risk
+    # draws, MAPIE uniform ones at the same rate.
     null_alarms = null_escalations = mapie_null_alarms = accuracy_null_alarms = 0
     for r in range(args.null_replays):
         order = np.random.default_rng(10_000 + r).permutation(n_stream)[:n_pre + n_post]
         run = replay(rows, order, replace(settings, seed=r))
-        quiet = replay(rows, order, replace(settings, seed=r, on_alarm="alert_only"))
+        quiet = replay(rows, order, replace(settings, seed=r, on_alarm="audit_then_escalate"))
         null_alarms += run["alarm_row"] is not None
         null_escalations += run["escalated_row"] is not None
         accuracy_null_alarms += quiet["accuracy_row"] is not None
@@ -74,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         order = shifted_order(n_stream, len(rows.texts), n_pre=n_pre, n_post=n_post,
                               share=args.shift_share, seed=20_000 + r)
         run = replay(rows, order, replace(settings, seed=r))
-        quiet = replay(rows, order, replace(settings, seed=r, on_alarm="alert_only"))
+        quiet = replay(rows, order, replace(settings, seed=r, on_alarm="audit_then_escalate"))
         delays.append(delay(run["alarm_row"], n_pre, n_post))
         escalations.append(delay(run["escalated_row"], n_pre, n_post))
         kinds.append(run["alarm_kind"])
@@ -100,12 +102,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # the policy's action (on_alarm: escalate_all): an alarm, or the traffic test's trip
         "escalation_delay_median": float(np.median(escalations)),
         "escalated_share": float(np.mean([d <= n_post for d in escalations])),
-        "alarm_kinds": {k: kinds.count(k) for k in sorted(set(map(str, kinds)))},
-        # as if no action were taken: the watch's accuracy alarm on its risk-drawn audits
-        "accuracy_false_alarm_rate_no_action": accuracy_null_alarms / args.null_replays,
-        "accuracy_delay_median_no_action": float(np.median(accuracy_delays)),
-        "accuracy_detected_share_no_action": float(np.mean([d <= n_post
-                                                            for d in accuracy_delays])),
+        "alarm_kinds": dict(sorted(Counter(map(str, kinds)).items())),
+        # under the default ladder: the accuracy alarm on its risk-drawn audits (MAPIE's
+        # figures below: on uniform draws at the same rate, from the same replays)
+        "accuracy_false_alarm_rate_ladder": accuracy_null_alarms / args.null_replays,
+        "accuracy_delay_median_ladder": float(np.median(accuracy_delays)),
+        "accuracy_detected_share_ladder": float(np.mean([d <= n_post
+                                                         for d in accuracy_delays])),
         "mapie_detection_delay_median": float(np.median(mapie_delays)),
         "mapie_detected_share": float(np.mean([d <= n_post for d in mapie_delays])),
         "delay_when_missed": n_post + 1,  # a replay with no alarm in the window counts so
@@ -128,17 +131,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print_table("drift: alarms and their action", ["what", "slotgate", "MAPIE RiskMonitoring"], [
         ("false-alarm rate (unshifted replays)", f"{result['false_alarm_rate']:.3f}",
          f"{result['mapie_false_alarm_rate']:.3f}"),
-        ("median detection delay (rows)", result["detection_delay_median"],
+        ("median detection delay (rows; under the policy's action)",
+         result["detection_delay_median"],
          result["mapie_detection_delay_median"]),
         ("median rows to escalation (alarm or traffic trip)", result["escalation_delay_median"],
          "-"),
-        ("as if no action: accuracy alarm's false-alarm rate",
-         f"{result['accuracy_false_alarm_rate_no_action']:.3f}",
+        ("default ladder: accuracy alarm's false-alarm rate",
+         f"{result['accuracy_false_alarm_rate_ladder']:.3f}",
          f"{result['mapie_false_alarm_rate']:.3f}"),
-        ("as if no action: median rows to the accuracy alarm",
-         result["accuracy_delay_median_no_action"], result["mapie_detection_delay_median"]),
-        ("as if no action: replays with an accuracy alarm in the window",
-         result["accuracy_detected_share_no_action"], result["mapie_detected_share"]),
+        ("default ladder: median rows to the accuracy alarm",
+         result["accuracy_delay_median_ladder"], result["mapie_detection_delay_median"]),
+        ("default ladder: replays with an accuracy alarm in the window",
+         result["accuracy_detected_share_ladder"], result["mapie_detected_share"]),
         ("replays detected within the window", result["detected_share"],
          result["mapie_detected_share"]),
         ("wrong fast answers after the shift", (f"{result['wrong_accepted_after_shift_with_action']}"
