@@ -315,7 +315,7 @@ class _Replay:
                            self.series.policy_id, self.judge.logged_verdicts)
         if self.series.unweighted_audits:
             logger.warning("policy %s: %d audit labels were logged without their draw "
-                           "probability (an older slotgate drew audits uniformly): they are taken "
+                           "probability (drawn at one rate for every answer): they are taken "
                            "as trusted labels, not by the weighted test", self.series.policy_id,
                            self.series.unweighted_audits)
         self.series.state = self.watch.report()
