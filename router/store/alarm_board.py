@@ -9,9 +9,10 @@ clear, overwritten), each an ``AlarmRecord``'s JSON (router/store/records.py) ex
 cache's TTL. A clear record, however it is posted, ends the policy's alarm keys raised at or
 before its time (one Lua script: the comparison and the deletes are atomic), and an alarm key
 raised at or before the standing clear is overwritten by the next alarm of its kind, so a
-cleared alarm never blocks a later one; an alarm raised after the clear stays. Ids are hashed so no text reaches a key. A re-tuned policy has a
-new id, so its replicas start clean. Redis failing costs the sharing only (logged once a
-minute); a damaged record costs its own key only (logged once a minute), never the others'."""
+cleared alarm never blocks a later one; an alarm raised after the clear stays. Ids are hashed so
+no text reaches a key. A re-tuned policy has a new id, so its replicas start clean. Redis
+failing costs the sharing only (logged once a minute); a damaged record costs its own key only
+(logged once a minute), never the others'."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ def make_router(admin_key_hashes: Sequence[str]) -> APIRouter:
             return _signed_out(sessions)
         view = await page_view(app_state(request))
         cleared = request.query_params.get("cleared")  # named by the clear's redirect
-        flash = (cleared_words(request, cleared) if cleared in
-                 {p.policy_id for p in view.policies} else None)
+        flash = next((cleared_words(request, p.policy_id, cost=p.cost is not None)
+                      for p in view.policies if p.policy_id == cleared), None)
         return html("page.html", view=view, csrf=session.csrf, refresh_s=REFRESH_S, flash=flash)
 
     @router.post("/login")
@@ -101,7 +101,7 @@ def make_router(admin_key_hashes: Sequence[str]) -> APIRouter:
 
 async def _share_clear(settings: Settings, policy_id: str, at: float) -> str | None:
     """With a shared Redis, the clear as ``slotgate alarms clear --redis-url`` writes it: the
-    clear record and the shared alarms it supersedes deleted, in one transaction, so every
+    clear record set and the shared alarms raised at or before it deleted, at once, so every
     replica clears within ``monitoring.alarm_sync_s``. The error's words when Redis fails."""
     if not settings.cache.redis_url or not settings.monitoring.share_alarms:
         return None
@@ -118,10 +118,13 @@ async def _share_clear(settings: Settings, policy_id: str, at: float) -> str | N
     return None
 
 
-def cleared_words(request: Request, policy_id: str) -> str:
+def cleared_words(request: Request, policy_id: str, *, cost: bool) -> str:
+    """``cost``: the policy has a cost promise (the clear ended a breach of it too)."""
     settings = app_state(request).settings
     shared = bool(settings.cache.redis_url) and settings.monitoring.share_alarms
-    return (f"Cleared the alarms of policy {policy_id}: logged in the decision log"
+    return (f"Cleared the alarms of policy {policy_id}"
+            + (", a broken cost promise included (its check starts afresh)" if cost else "")
+            + ": logged in the decision log"
             + ("; shared through Redis, every replica clears within monitoring.alarm_sync_s."
                if shared else "; other replicas clear when restarted (no shared Redis)."))
 

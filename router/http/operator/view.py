@@ -1,7 +1,8 @@
 """What the operator page shows, gathered from the running app as typed records: each loaded
-policy's question, promise and watch (live coverage and accuracy with their confidence
-sequences, the watch state, the alarms standing) and the last decisions in the decision log
-(read from its file's tail; never their message text)."""
+policy's question, promise (its cost promise too, when it has one) and watch (live coverage and
+accuracy with their confidence sequences, the watch state, the alarms standing, a broken cost
+promise among them) and the last decisions in the decision log (read from its file's tail;
+never their message text)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from calibration.monitoring import Bounds
 from calibration.sequences import rate_sequence
+from policies.file import PolicyFile
 from router.http.state import AppState
 from router.monitoring.ladder import state_word
 from router.monitoring.monitor import Monitor
@@ -39,12 +41,38 @@ class Interval:
         return cls(bounds.mean, bounds.lower, bounds.upper, bounds.n)
 
 
+# What a broken cost promise does, by the policy file's ``on_cost_alarm`` (router.routing.plan).
+COST_ACTIONS = {
+    "alert_only": "logged and exported only; no decision changes",
+    "serve_unverified": "where the policy's own verdict escalates, the fast answer is served "
+                        "marked unverified; an accuracy alarm's escalations still reach the "
+                        "slow model",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class AlarmView:
+    """A standing alarm; ``action``: what it does (``on_alarm`` for drift and accuracy, the
+    file's ``on_cost_alarm`` for a broken cost promise, kind ``cost``)."""
+
     kind: str
     time: float
     decision: int
     detail: str
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class CostPromiseView:
+    """A policy's promise on cost: the slow model answers more than ``share`` of a block of
+    ``block`` consecutive decisions with probability at most ``delta``; ``on_cost_alarm`` and
+    ``action`` say what a broken one does."""
+
+    share: float
+    block: int
+    delta: float
+    on_cost_alarm: str
+    action: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +119,7 @@ class PolicyView:
     bound: float
     tuned_coverage: float
     n_tune: int
+    cost: CostPromiseView | None
     watch: WatchView | None
 
 
@@ -144,8 +173,17 @@ def policy_view(policy: LoadedPolicy, registry: PolicyRegistry,
         context="" if question is None else question.context,
         options=list(file.options or []), guarantee=guarantee, unguaranteed=policy.unguaranteed,
         shadow=shadow, target_accuracy=file.target_accuracy, delta=file.delta, bound=file.bound,
-        tuned_coverage=file.coverage, n_tune=file.n_tune,
+        tuned_coverage=file.coverage, n_tune=file.n_tune, cost=cost_promise_view(file),
         watch=None if monitor is None else watch_view(monitor, file.policy_id))
+
+
+def cost_promise_view(file: PolicyFile) -> CostPromiseView | None:
+    promise = file.cost_promise
+    if promise is None:
+        return None
+    return CostPromiseView(share=promise.share, block=promise.block, delta=promise.delta,
+                           on_cost_alarm=file.on_cost_alarm,
+                           action=COST_ACTIONS[file.on_cost_alarm])
 
 
 def watch_view(monitor: Monitor, policy_id: str) -> WatchView | None:
@@ -155,14 +193,22 @@ def watch_view(monitor: Monitor, policy_id: str) -> WatchView | None:
     # Both intervals at the accuracy gauge's level (``PolicyWatch.accuracy``), so they read alike.
     alpha = watch.settings.alarm_alpha / 2.0
     gate = watch.gate
+    on_alarm = f"on_alarm: {watch.settings.on_alarm}"
+    alarms = [AlarmView(a.kind, a.time, a.decision, a.detail, on_alarm)
+              for a in watch.alarms.values()]
+    check = monitor.costs.checks.get(policy_id)
+    if check is not None and check.alarm is not None:  # latched until an operator's clear
+        on_cost_alarm = check.settings.on_cost_alarm
+        alarms.append(AlarmView("cost", check.alarm.time, check.alarm.decision,
+                                check.alarm.detail,
+                                f"on_cost_alarm: {on_cost_alarm}: {COST_ACTIONS[on_cost_alarm]}"))
     return WatchView(
         state=state_word(watch.snapshot()), decisions=watch.n_decisions,
         coverage=Interval.of(rate_sequence(watch.n_accepted, watch.n_decisions, alpha=alpha)),
         recent_coverage=watch.accept_share, accuracy=Interval.of(watch.accuracy()),
         trusted_labels=watch.trusted.n,
         level=1.0 - alpha,
-        alarms=[AlarmView(a.kind, a.time, a.decision, a.detail)
-                for a in sorted(watch.alarms.values(), key=lambda a: a.time)],
+        alarms=sorted(alarms, key=lambda a: a.time),
         escalating=gate.escalate, on_alarm=watch.settings.on_alarm, audit_rate=gate.audit_rate,
         traffic_tripped=watch.traffic_tripped,
         drift_log=None if watch.drift is None else watch.drift.log_value,

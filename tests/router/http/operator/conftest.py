@@ -18,26 +18,31 @@ from router.backends.mock import MockBackend
 from router.settings import Settings
 from tests.live import LiveServer
 from tests.router.monitoring.conftest import watched_policy
+from tests.router.monitoring.test_cost import PROMISE
 from tests.router.monitoring.test_live import body, sure
 
 ADMIN_KEY = "admin-key-2f6b0c41d9e8"
 CLIENT_KEY = "client-key-77aa10"
 ALARM_DETAIL = "the confidence-drop martingale reached 3.70 (log) in a test"
+COST_DETAIL = "cost promise broken: 90 of 200 decisions escalated in a test"
 
 
-def serve(tmp_path: Path, *, admin: bool = True, alarm: bool = True,
+def serve(tmp_path: Path, *, admin: bool = True, alarm: bool = True, cost: bool = False,
           **settings: Any) -> tuple[LiveServer, str]:
     """The server and its policy's id; ``alarm``: a drift alarm is logged before it starts
-    (re-armed at start-up, as after a restart)."""
+    (re-armed at start-up, as after a restart); ``cost``: the policy carries a cost promise
+    (``on_cost_alarm: serve_unverified``) and a breach of it is logged the same way."""
     backend = MockBackend(sure)
+    promise = {"cost_promise": PROMISE, "on_cost_alarm": "serve_unverified"} if cost else {}
     policy = watched_policy(backend_fingerprint=backend.fingerprint, name="intents",
-                            on_alarm="alert_only")
+                            on_alarm="alert_only", **promise)
     policy.write(tmp_path / "policy.json")
     log = tmp_path / "decisions.jsonl"
-    if alarm:
-        log.write_text(json.dumps({"type": "alarm", "policy_id": policy.policy_id,
-                                   "kind": "drift", "decision": 0, "time": 1.0,
-                                   "detail": ALARM_DETAIL}) + "\n")
+    logged = [("drift", ALARM_DETAIL)] if alarm else []
+    logged += [("cost", COST_DETAIL)] if cost else []
+    log.write_text("".join(json.dumps({"type": "alarm", "policy_id": policy.policy_id,
+                                       "kind": kind, "decision": 0, "time": 1.0,
+                                       "detail": detail}) + "\n" for kind, detail in logged))
     return LiveServer(Settings(
         policy={"files": [tmp_path / "policy.json"], "default": policy.name},
         log={"decision_log_path": log}, feedback={"default_role": "trusted"},

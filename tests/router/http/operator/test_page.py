@@ -1,6 +1,7 @@
 """The operator page over real HTTP (uvicorn on loopback, httpx): off without admin keys; the
 sign-in takes an admin key once and answers with an HttpOnly, SameSite=Strict session cookie;
-the page shows the policy's question, promise, live figures, alarm and last decisions; a clear
+the page shows the policy's question, promise, live figures, alarm and last decisions, and a
+cost promise with its breach and what the breach does, clearable by itself; a clear
 without the session's CSRF token is refused and changes nothing; a clear with it does what
 ``slotgate alarms clear`` does (logged, shared through Redis, routed by the policy again)."""
 
@@ -24,6 +25,7 @@ from tests.conftest import free_port
 from tests.router.http.operator.conftest import (
     ADMIN_KEY,
     ALARM_DETAIL,
+    COST_DETAIL,
     csrf_of,
     decide,
     serve,
@@ -103,6 +105,32 @@ def test_the_page_shows_question_promise_live_figures_alarm_and_last_decisions(
     assert "state two" not in page  # the messages themselves are never shown
 
 
+def test_a_broken_cost_promise_shows_beside_the_alarms_and_a_clear_ends_it(
+        tmp_path: Path) -> None:
+    server, policy_id = serve(tmp_path, alarm=False, cost=True)  # the breach stands alone
+    with server:
+        assert app_state(server.app).service.monitor.cost_alarm(policy_id) is not None
+        with signed_in(server) as client:
+            page = client.get("/operator").text
+            cleared = client.post("/operator/alarms/clear",
+                                  data={"policy_id": policy_id, "csrf": csrf_of(page)})
+            after = client.get(cleared.headers["location"]).text
+        breach_after = app_state(server.app).service.monitor.cost_alarm(policy_id)
+    # the promise, from the file: share 0.3 of blocks of 200, at delta 0.05
+    assert "more than <strong>0.3</strong> of a block of\n  <strong>200</strong>" in page
+    assert "probability at most 0.05. If it breaks (on_cost_alarm: serve_unverified)" in page
+    # the breach beside the other alarms, with what it does, and the clear button for it alone
+    row = page.split('<tr data-alarm="cost">')[1].split("</tr>")[0]
+    assert COST_DETAIL in row and "on_cost_alarm: serve_unverified: where the policy&#39;s" in row
+    assert "fast answer is served marked unverified" in row
+    assert "cost promise broken</span>" in page
+    assert 'action="/operator/alarms/clear"' in page and "a broken cost promise (each" in page
+    assert cleared.status_code == 303 and breach_after is None
+    assert "a broken cost promise included" in after and COST_DETAIL not in after
+    assert "None standing." in after and "alarms/clear" not in after
+    assert standing(tmp_path / "decisions.jsonl", policy_id) == {}  # a restart re-arms none
+
+
 def test_a_clear_without_the_sessions_csrf_token_is_refused_and_changes_nothing(
         tmp_path: Path) -> None:
     server, policy_id = serve(tmp_path)
@@ -142,6 +170,7 @@ def test_a_clear_with_the_token_is_logged_and_shared_as_the_cli_does(
     assert unknown.status_code == 404 and "no watched policy &#39;other@000000000000&#39;" in unknown.text
     assert cleared.status_code == 303, cleared.text
     assert standing_alarms == {} and "Cleared the alarms of policy" in after
+    assert "a broken cost promise included" not in after  # it has no cost promise
     # logged: `slotgate alarms list` reads no alarm standing, and a restart re-arms none
     assert standing(tmp_path / "decisions.jsonl", policy_id) == {}
     clears = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
