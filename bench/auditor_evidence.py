@@ -66,7 +66,7 @@ from bench.auditor_data import (
     by_band,
     stratum_mismatch,
 )
-from bench.break_power import Jumpers, Setting, binomial_tolerance
+from bench.break_power import Setting, binomial_tolerance, check_stream_args
 from bench.common import (
     ROOT,
     default_data_dir,
@@ -77,6 +77,7 @@ from bench.common import (
     result_path,
     save_json,
 )
+from bench.many_runs import Jumpers
 from bench.two_phase import (
     CAP_SHARE,
     trusted_only_scale,
@@ -308,14 +309,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="result JSON (default: bench/results/auditor_evidence.json)")
     args = parser.parse_args(argv)
-    for name in ("target", "alarm_alpha", "audit_rate"):
-        value = getattr(args, name)
-        if not 0.0 < value < 1.0:
-            parser.error(f"--{name.replace('_', '-')} must be in (0, 1), got {value}")
-    if not 0.0 <= args.floor <= 1.0:
-        parser.error(f"--floor must be in [0, 1], got {args.floor}")
-    if min(args.runs, args.edge_runs, args.horizon) < 1:
-        parser.error("--runs, --edge-runs and --horizon must be at least 1")
+    check_stream_args(parser, args)
     args.auditors = tuple(a for a in args.auditors.split(",") if a)
     unknown = [a for a in args.auditors if a not in AUDITORS]
     if unknown or not args.auditors:

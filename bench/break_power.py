@@ -63,10 +63,10 @@ from bench.common import (
     result_path,
     save_json,
 )
+from bench.many_runs import Designs, Jumpers
 from calibration.monitoring import SHORTFALL_FRACTIONS
 from calibration.weighted_audits import (
     DESIGN_PRIOR_LABELS,
-    PI_MIN,
     Q_CAP,
     RISK_EDGES,
     WEIGHTED_GAPS,
@@ -144,84 +144,6 @@ def wrong_probability(reads: Reads, accuracy: float, profile: str) -> NDArray[np
         mid = (lo + hi) / 2.0
         lo, hi = (mid, hi) if mean_error(mid) < 1.0 - accuracy else (lo, mid)
     return np.where(shifted, np.clip(risk + hi, 0.0, 1.0), risk)
-
-
-class Jumpers:
-    """``calibration.betting.JumperBet`` for many runs at once: wealth per run and stake, the
-    same fixed-share jumps and bets, renormalised every step (the log kept apart)."""
-
-    def __init__(self, runs: int, stakes: Sequence[float] | NDArray[np.float64], *,
-                 alpha: float, jump: float = 0.01) -> None:
-        # one row of stakes for every run, or one per run (capped per run: ``JumperBet._bet``'s
-        # ``most``, fixed here as the design is)
-        given = np.asarray(stakes, dtype=np.float64)
-        self.stakes = np.broadcast_to(given, (runs, given.shape[-1]))
-        self.k = self.stakes.shape[1]
-        self.jump = jump
-        self.wealth = np.full((runs, self.k), 1.0 / self.k)
-        self.log_scale = np.zeros(runs)
-        self.threshold = math.log(1.0 / alpha)
-        self.alarm_at = np.full(runs, -1, dtype=np.int64)
-
-    def bet(self, edge: NDArray[np.float64], mask: NDArray[np.bool_], step: int) -> None:
-        """Runs in ``mask`` bet ``edge``; the others stand still. ``step`` is recorded as the
-        alarm's time in runs that reach the level now."""
-        w = self.wealth
-        share = self.jump / self.k * w.sum(axis=1, keepdims=True)
-        moved = np.maximum(0.0, ((1.0 - self.jump) * w + share)
-                           * (1.0 + self.stakes * edge[:, None]))
-        w = np.where(mask[:, None], moved, w)
-        total = w.sum(axis=1)
-        self.wealth = w / total[:, None]
-        self.log_scale += np.log(total)
-        hit = (self.log_scale >= self.threshold) & (self.alarm_at < 0)
-        self.alarm_at[hit] = step
-
-
-class Designs:
-    """``calibration.weighted_audits.AuditDesign`` for many runs at once, each learning from its
-    own labels (``learn``): the strata's shares and mean risks from one reference design,
-    each run's spread, draw probabilities (``probabilities``: runs x strata) and stake sizes
-    (``scale``) as the library computes them (tests/bench/test_break_power.py checks them)."""
-
-    def __init__(self, reference: AuditDesign, runs: int) -> None:
-        counts = np.asarray(reference.counts, dtype=np.float64)
-        self.shares = counts / counts.sum()
-        middle = (np.asarray(RISK_EDGES[:-1]) + np.asarray(RISK_EDGES[1:])) / 2.0
-        self.risk = np.where(counts > 0, np.asarray(reference.sums) / np.maximum(counts, 1),
-                             middle)
-        self.floor = reference.floor
-        self.labelled = np.zeros((runs, counts.size))
-        self.squares = np.zeros((runs, counts.size))
-
-    def learn(self, runs: NDArray[np.int64], strata: NDArray[np.int64],
-              wrong: NDArray[np.bool_], risk: NDArray[np.float64]) -> None:
-        np.add.at(self.labelled, (runs, strata), 1.0)
-        np.add.at(self.squares, (runs, strata), (wrong.astype(np.float64) - risk) ** 2)
-
-    def probabilities(self, rate: float) -> NDArray[np.float64]:
-        prior = DESIGN_PRIOR_LABELS * self.risk * (1.0 - self.risk)
-        spread = np.sqrt(np.maximum((prior + self.squares) / (DESIGN_PRIOR_LABELS
-                                                              + self.labelled), 1e-12))
-        low = max(PI_MIN, self.floor * rate)
-        if low >= rate or rate >= 1.0:
-            return np.full(spread.shape, rate)
-        lo, hi = np.zeros(spread.shape[0]), 1.0 / spread.min(axis=1)
-        for _ in range(60):  # the bisection of ``_water_fill``, every run at once
-            mid = (lo + hi) / 2.0
-            mean = (np.clip(mid[:, None] * spread, low, 1.0) * self.shares).sum(axis=1)
-            lo, hi = np.where(mean < rate, mid, lo), np.where(mean < rate, hi, mid)
-        probs: NDArray[np.float64] = np.clip(hi[:, None] * spread, low, 1.0)
-        return probs
-
-    def scale(self, probs: NDArray[np.float64], *, eta: float,
-              allowed: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Per run, ``AuditDesign.scale``: the variance at the edge and the largest loss."""
-        q, qc = self.risk, eta * np.minimum(Q_CAP, self.risk)
-        added = (self.shares * (q * (1.0 - qc) ** 2 + (1.0 - q) * qc ** 2)
-                 * (1.0 / probs - 1.0)).sum(axis=1)
-        top = eta * np.minimum(Q_CAP, np.asarray(RISK_EDGES[1:]))
-        return allowed * (1.0 - allowed) + added, (top * (1.0 / probs - 1.0)).max(axis=1)
 
 
 @dataclass(frozen=True)
@@ -355,6 +277,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="result JSON (default: bench/results/break_power.json)")
     args = parser.parse_args(argv)
+    check_stream_args(parser, args)
+    if args.quick:
+        args.runs, args.edge_runs, args.horizon = 20, 50, 3000
+    args.data = args.data or default_data_dir()
+    return args
+
+
+def check_stream_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The options a stream simulation shares (this one's, bench.auditor_evidence's), checked:
+    a bad one exits 2 naming it."""
     for name in ("target", "alarm_alpha", "audit_rate"):
         value = getattr(args, name)
         if not 0.0 < value < 1.0:
@@ -363,10 +295,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--floor must be in [0, 1], got {args.floor}")
     if min(args.runs, args.edge_runs, args.horizon) < 1:
         parser.error("--runs, --edge-runs and --horizon must be at least 1")
-    if args.quick:
-        args.runs, args.edge_runs, args.horizon = 20, 50, 3000
-    args.data = args.data or default_data_dir()
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -495,7 +423,7 @@ def _seed(rate: float, accuracy: float, profile: str) -> int:
     return round(rate * 1000) * 1_000_003 + round(accuracy * 100_000) + PROFILES.index(profile)
 
 
-__all__ = ["Jumpers", "Reads", "Setting", "simulate", "wrong_probability"]
+__all__ = ["Reads", "Setting", "check_stream_args", "simulate", "wrong_probability"]
 
 if __name__ == "__main__":
     main()

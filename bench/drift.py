@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -209,8 +210,6 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any) -> dict[str, A
     reads its labels as a uniform sample (MAPIE) gets its own (``uniform``): each accepted row
     drawn at the watch's audit rate of the moment, by its own seeded draw, so it has the same
     expected labels and is never starved of them by slotgate's escalation."""
-    import random
-
     from router.monitoring.watch import PolicyWatch
 
     watch = PolicyWatch(settings)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ from bench.common import ROOT, finite, machine_info, print_table, save_json
 from bench.drift import concat, delay, mapie_alarm_row, shifted_order
 from bench.drift_data import Scored
 from bench.watch_data import Built, novel_split, read_csv, score, split_tuned, write_csv
+from bench.watch_streams import in_blocks, mixed, novel_order, with_popular, with_repeats
 
 ACTIONS = ("alert_only", "audit_then_escalate", "escalate_all")
 Order = tuple[NDArray[np.int64], int | None]  # row indices, the position of the shift (or None)
@@ -270,73 +272,12 @@ def with_tickets(built: Built, test: list[tuple[str, str]], rows: Scored, *, see
     return concat(rows, score(built, [(f"Ticket #{i}: {text}", label) for i in ids]))
 
 
-def mixed(rng: np.random.Generator, base: NDArray[np.int64], extra: NDArray[np.int64], *,
-          n: int, share: float) -> NDArray[np.int64]:
-    """``n`` rows, each from ``extra`` with probability ``share`` (while it lasts), else from
-    ``base``; no row twice."""
-    k = min(int(rng.binomial(n, share)), len(extra))
-    if n - k > len(base):
-        raise ValueError(f"n: {n} rows need more than the {len(base)} + {len(extra)} given")
-    from_extra = np.zeros(n, dtype=bool)
-    from_extra[rng.choice(n, size=k, replace=False)] = True
-    order = np.empty(n, dtype=np.int64)
-    order[from_extra] = rng.permutation(extra)[:k]
-    order[~from_extra] = rng.permutation(base)[:n - k]
-    return order
-
-
-def with_repeats(rng: np.random.Generator, rows: Scored, *, n: int,
-                 repeats: int) -> NDArray[np.int64]:
-    sure = np.flatnonzero(rows.accepted & rows.correct & (rows.confidence >= 0.99))
-    canary = int(rng.choice(sure))
-    others = rng.permutation(np.setdiff1d(np.arange(len(rows.texts)), [canary]))[:n - repeats]
-    order = np.full(n, canary, dtype=np.int64)
-    slots = np.sort(rng.choice(n, size=n - repeats, replace=False))
-    order[slots] = others
-    return order
-
-
-def with_popular(rng: np.random.Generator, rows: Scored, *, n: int,
-                 share: float) -> NDArray[np.int64]:
-    common = np.flatnonzero(rows.accepted & rows.correct & (rows.confidence >= 0.9))
-    popular = int(rng.choice(common))
-    is_popular = rng.random(n) < share
-    others = rng.permutation(np.setdiff1d(np.arange(len(rows.texts)), [popular]))
-    order = np.full(n, popular, dtype=np.int64)
-    order[~is_popular] = others[:int((~is_popular).sum())]
-    return order
-
-
-def in_blocks(rng: np.random.Generator, labels: list[str]) -> NDArray[np.int64]:
-    by_label: dict[str, list[int]] = {}
-    for i, label in enumerate(labels):
-        by_label.setdefault(label, []).append(i)
-    names = sorted(by_label)
-    return np.concatenate([rng.permutation(by_label[names[k]])
-                           for k in rng.permutation(len(names))]).astype(np.int64)
-
-
-def novel_order(rng: np.random.Generator, n_known: int, n_novel: int, n_pre: int,
-                shares: NDArray[np.float64]) -> NDArray[np.int64]:
-    """``n_pre`` known rows, then one row per share: novel with that probability; no row twice."""
-    known, novel = rng.permutation(n_known), n_known + rng.permutation(n_novel)
-    from_novel = rng.random(len(shares)) < shares
-    k = int(from_novel.sum())
-    post = np.empty(len(shares), dtype=np.int64)
-    post[from_novel] = novel[:k]
-    post[~from_novel] = known[n_pre:n_pre + len(shares) - k]
-    return np.concatenate([known[:n_pre], post])
-
-
 def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
            shift_at: int | None, callers: Sequence[str] | None = None) -> dict[str, Any]:
     """The proxy's PolicyWatch fed row by row under ``action``, each row from its caller (None:
     one caller): a gated decision escalates (a slow call, never audited), an audited one is a
-    slow call too (its label counts at once). ``uniform``: the rows a peer that reads its labels
-    as a uniform sample (MAPIE) gets, each served, new, accepted row drawn at the watch's audit
-    rate of the moment by its own seeded draw (not slow calls here)."""
-    import random
-
+    slow call too (its label counts at once). ``uniform``: the rows MAPIE, which reads its labels
+    as a uniform sample, gets: served new accepted rows drawn by a seeded draw at the audit rate."""
     from router.monitoring.fingerprint import normalised
     from router.monitoring.watch import PolicyWatch
 
@@ -356,9 +297,11 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
         counted, _ = watch.take(float(rows.confidence[i]), accepted=accepted,
                                 key=normalised(rows.texts[i]), now=0.0,
                                 caller="" if callers is None else callers[position])
-        if served and counted and peer.random() < watch.audit_rate:
-            uniform.append(position)
-        draw = watch.draw(float(rows.confidence[i]))[0] if served and counted else None
+        draw = None
+        if served and counted:
+            if peer.random() < watch.audit_rate:
+                uniform.append(position)
+            draw = watch.draw(float(rows.confidence[i]))[0]
         audited = draw is not None
         if draw is not None:  # drawn by risk, its label bet by the weighted test
             labelled.append(position)
@@ -375,8 +318,8 @@ def replay(rows: Scored, order: NDArray[np.int64], settings: Any, action: str,
     return {"alarm_row": first_alarm, "alarm_kind": kind, "escalated_from": escalated_from,
             "traffic_row": traffic_row,
             "traffic_capped": 0 if watch.callers is None else watch.callers.capped,
-            "labelled": labelled, "uniform": uniform, "wrong_after": wrong_after, "slow_after": slow_after,
-            "slow_all": slow_all}
+            "labelled": labelled, "uniform": uniform, "wrong_after": wrong_after,
+            "slow_after": slow_after, "slow_all": slow_all}
 
 
 def run_scenario(scenario: Scenario, replays: int, target: float) -> dict[str, Any]:

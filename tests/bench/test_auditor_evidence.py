@@ -19,7 +19,8 @@ from bench.auditor_evidence import (
     stream_weights,
     summarise,
 )
-from bench.break_power import Jumpers, Reads, Setting, binomial_tolerance
+from bench.break_power import Reads, Setting, binomial_tolerance
+from bench.many_runs import Jumpers
 from bench.two_phase import (
     CAP_SHARE,
     TwoPhaseShortfallTest,

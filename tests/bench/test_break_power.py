@@ -9,8 +9,6 @@ import pytest
 
 from bench.break_power import (
     METHODS,
-    Designs,
-    Jumpers,
     Reads,
     Setting,
     binomial_tolerance,
@@ -18,6 +16,7 @@ from bench.break_power import (
     summarise,
     wrong_probability,
 )
+from bench.many_runs import Designs, Jumpers
 from calibration.monitoring import SHORTFALL_FRACTIONS, AccuracyShortfallTest
 from calibration.weighted_audits import WEIGHTED_GAPS, AuditDesign, WeightedShortfallTest
 

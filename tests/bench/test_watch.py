@@ -14,16 +14,8 @@ import pytest
 
 from bench.drift import delay
 from bench.drift_data import Scored
-from bench.watch import (
-    hostile_callers,
-    in_blocks,
-    main,
-    mixed,
-    novel_order,
-    replay,
-    with_popular,
-    with_repeats,
-)
+from bench.watch import hostile_callers, main, replay
+from bench.watch_streams import in_blocks, mixed, novel_order, with_popular, with_repeats
 from router.monitoring.fingerprint import normalised
 from router.monitoring.watch import PolicyWatch, WatchSettings
 from tests.router.monitoring.conftest import spelled
